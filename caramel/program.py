@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterator, Union
+from typing import Iterator, NamedTuple, Union
 
 
 class Opcode(enum.Enum):
@@ -113,9 +113,8 @@ class Mem:
 Operand = Union[VReg, SReg, BcuSlot, Mem]
 
 
-@dataclass(frozen=True, slots=True)
-class Instruction:
-    """One instruction line.
+class Instruction(NamedTuple):
+    """One instruction line (an immutable named tuple: cheap to build, compare and unpickle).
 
     ``dst`` is the written register (or the memory name of ``store``/``spill``); ``srcs`` the
     read operands in printed order. ``base`` is the ``| L`` limb index (``None`` where the syntax
@@ -139,6 +138,10 @@ class Instruction:
     out_limbs: tuple[int, ...] = ()
     in_limbs: tuple[int, ...] = ()
     group: tuple[VReg, ...] = ()
+
+    def __reduce__(self):
+        # Rebuild through the C-level tuple constructor: keeps cached loads of large programs fast.
+        return (tuple.__new__, (Instruction, tuple(self)))
 
     @property
     def limb(self) -> int | None:

@@ -1,0 +1,192 @@
+"""Base conversion (the base conversion unit, ISA 4.4) and the register-form ``sud`` lift (ISA 4.3).
+
+Both are bit-identical to :mod:`caramel.ring` (``BaseConverter.convert``, ``sud_lift``) in the three
+modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to output primes p_d (d < D):
+
+* TEXTBOOK: t_k = [x_k Qhat_k^-1]_{q_k}; out_d = sum_k t_k [Qhat_k]_{p_d} mod p_d.
+* EMULATOR: out_d = sum_k x_k F_{k,d} mod p_d, F_{k,d} = [Qhat_k]_{p_d} [Qhat_k^-1]_{q_k} mod p_d.
+* EXACT: t_k as TEXTBOOK; f = sum over increasing k of double(t_k) * r_k (r_k = 1/q_k rounded once on
+  the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
+  out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
+
+The kernel gives one thread per coefficient: it reads the S inputs (coalesced), keeps t_k in shared
+memory and accumulates each output's dot product exactly in 64 bits (S <= 64 products below 2^56),
+then reduces once (Barrett). One launch converts B independent inputs that share the primes
+(e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_constant
+
+THREADS = 128
+MODES = {"textbook": 0, "emulator": 1, "exact": 2}
+
+
+def mode_code(mode) -> int:
+    """Kernel code of a :class:`caramel.ring.Mode` (or its value string)."""
+    name = getattr(mode, "value", mode)
+    if name not in MODES:
+        raise ValueError(f"unknown arithmetic mode {mode!r}")
+    return MODES[name]
+
+
+def _source() -> str:
+    return r"""
+// in_consts: S x 4 (q_k, [Qhat_k^-1]_{q_k}, its Shoup quotient, 0); out_consts: D x 4 (p_d, [Q_S]_{p_d},
+// mu_lo, mu_hi); table: S x D, [Qhat_k]_{p_d} (textbook, exact) or F_{k,d} (emulator); recip: S, 1/q_k.
+// mode: 0 textbook, 1 emulator, 2 exact.
+extern "C" __global__ void __launch_bounds__(128) base_convert(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, int mode,
+        const u32* __restrict__ in_consts, const u32* __restrict__ out_consts, const u32* __restrict__ table,
+        const double* __restrict__ recip, int n, int tiles) {
+    extern __shared__ u32 smem[];
+    u32* tab = smem;            // S * D
+    u32* t = smem + S * D;      // S * blockDim.x
+    const int b = blockIdx.x / tiles;
+    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+    for (int e = threadIdx.x; e < S * D; e += blockDim.x) tab[e] = table[e];
+    double f = 0.0;
+    for (int k = 0; k < S; ++k) {
+        u32 x = i < n ? arena[(size_t)in_slots[b * S + k] * n + i] : 0u;
+        if (mode != 1) x = shoup(x, __ldg(in_consts + 4 * k + 1), __ldg(in_consts + 4 * k + 2), __ldg(in_consts + 4 * k));
+        if (mode == 2) f = __dadd_rn(f, __dmul_rn((double)x, __ldg(recip + k)));
+        t[k * blockDim.x + threadIdx.x] = x;
+    }
+    __syncthreads();
+    if (i >= n) return;
+    const u32 v = mode == 2 ? (u32)floor(__dadd_rn(f, 0.5)) : 0u;
+    for (int d = 0; d < D; ++d) {
+        u64 acc = 0;
+        for (int k = 0; k < S; ++k) acc += (u64)t[k * blockDim.x + threadIdx.x] * tab[k * D + d];
+        const u32 p = __ldg(out_consts + 4 * d);
+        const u64 mu = ((u64)__ldg(out_consts + 4 * d + 3) << 32) | __ldg(out_consts + 4 * d + 2);
+        u32 y = reduce64(acc, p, mu);
+        if (mode == 2) y = sub_mod(y, mul_mod(v, __ldg(out_consts + 4 * d + 1), p, mu), p);
+        arena[(size_t)out_slots[b * D + d] * n + i] = y;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) sud_lift(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ src_prime, const int* __restrict__ dst_prime, const u32* __restrict__ pt,
+        int centred, int n, int tiles) {
+    const int r = blockIdx.x / tiles;
+    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int l = dst_prime[r];
+    const u32 qt = prime_q(pt, src_prime[r]);
+    const u32 ql = prime_q(pt, l);
+    const u64 mu = prime_mu(pt, l);
+    const u32 x = arena[(size_t)in_slots[r] * n + i];
+    u32 y = reduce64(x, ql, mu);
+    if (centred && x > (qt - 1u) / 2u) y = sub_mod(y, reduce64(qt, ql, mu), ql);
+    arena[(size_t)out_slots[r] * n + i] = y;
+}
+"""
+
+
+class BaseConversion:
+    """Device tables of the conversion from limbs ``in_limbs`` to limbs ``out_limbs`` (limb indices).
+
+    The constants come from ``ring.ctx.base_converter(in_limbs, out_limbs)`` (the CPU reference).
+    Call :meth:`convert` any number of times; tables are uploaded once, at construction.
+    """
+
+    def __init__(self, ring: CudaRing, in_limbs, out_limbs):
+        if not 1 <= len(in_limbs) <= 64:
+            raise ValueError(f"base conversion supports 1..64 inputs, got {len(in_limbs)}")
+        self.ring = ring
+        self.in_limbs = tuple(int(l) for l in in_limbs)
+        self.out_limbs = tuple(int(l) for l in out_limbs)
+        conv = ring.ctx.base_converter(self.in_limbs, self.out_limbs)
+        s, d = len(self.in_limbs), len(self.out_limbs)
+        in_consts = np.zeros((s, 4), dtype=np.uint32)
+        for k, q in enumerate(conv.in_primes):
+            w = int(conv.qhat_inv[k])
+            in_consts[k, :3] = [q, w, shoup_constant(w, q)]
+        out_consts = np.zeros((d, 4), dtype=np.uint32)
+        for j, p in enumerate(conv.out_primes):
+            mu = (1 << 64) // p
+            out_consts[j] = [p, int(conv.product_mod_out[j]), mu & 0xFFFFFFFF, mu >> 32]
+        cp = cupy()
+        self._in_consts = cp.asarray(in_consts)
+        self._out_consts = cp.asarray(out_consts)
+        # Tables transposed to (S, D): row k holds the factors of input k for every output.
+        self._qhat = cp.asarray(np.ascontiguousarray(conv.qhat_mod_out.T, dtype=np.uint32))
+        self._factors = cp.asarray(np.ascontiguousarray(conv.factors.T, dtype=np.uint32))
+        self._recip = cp.asarray(conv.reciprocals.astype(np.float64))
+
+    def convert(self, arena, in_slots, out_slots, mode) -> None:
+        """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
+
+        in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
+        ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
+        """
+        ring = self.ring
+        ring.check_arena(arena)
+        s, d = len(self.in_limbs), len(self.out_limbs)
+        batch = index_array(in_slots, cols=s, name="in_slots").shape[0]
+        index_array(out_slots, batch, d, "out_slots")
+        if batch == 0 or d == 0:
+            return
+        code = mode_code(mode)
+        cp = cupy()
+        tiles = -(-ring.n // THREADS)
+        smem = 4 * (s * d + s * THREADS)
+        kernel = ring.kernel("basis", _source, "base_convert")
+        kernel(
+            (batch * tiles,),
+            (THREADS,),
+            (
+                arena,
+                in_slots,
+                out_slots,
+                cp.int32(s),
+                cp.int32(d),
+                cp.int32(code),
+                self._in_consts,
+                self._out_consts,
+                self._factors if code == 1 else self._qhat,
+                self._recip,
+                cp.int32(ring.n),
+                cp.int32(tiles),
+            ),
+            shared_mem=smem,
+        )
+
+
+def sud_lift(ring: CudaRing, arena, in_slots, out_slots, src_prime_idx, dst_prime_idx, mode) -> None:
+    """Register-form ``sud`` lift: arena[out_slots[r]] = lift of arena[in_slots[r]] from q_t to q_l.
+
+    t = src_prime_idx[r], l = dst_prime_idx[r] (int32 (R,) each). EXACT: centred (rb - q_t when
+    rb > (q_t - 1)/2), then mod q_l; TEXTBOOK and EMULATOR: rb mod q_l. Coefficient form.
+    """
+    ring.check_arena(arena)
+    rows = index_array(dst_prime_idx, name="dst_prime_idx").shape[0]
+    index_array(src_prime_idx, rows, name="src_prime_idx")
+    index_array(in_slots, rows, name="in_slots")
+    index_array(out_slots, rows, name="out_slots")
+    if rows == 0:
+        return
+    cp = cupy()
+    threads = min(256, ring.n)
+    tiles = ring.n // threads
+    kernel = ring.kernel("basis", _source, "sud_lift")
+    kernel(
+        (rows * tiles,),
+        (threads,),
+        (
+            arena,
+            in_slots,
+            out_slots,
+            src_prime_idx,
+            dst_prime_idx,
+            ring.prime_table,
+            cp.int32(mode_code(mode) == 2),
+            cp.int32(ring.n),
+            cp.int32(tiles),
+        ),
+    )

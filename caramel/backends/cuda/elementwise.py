@@ -1,0 +1,223 @@
+"""Batched elementwise modular arithmetic over arena rows, and fused elementwise kernels.
+
+Every operation here is an instance of one generated kernel family: a :class:`FusedProgram` is a
+tiny SSA program over vector operands (limbs: arena rows) and scalar operands (residues in a small
+device array), with one or more vector outputs. Its CUDA source is generated once per signature
+(:meth:`FusedProgram.signature`) and cached per :class:`CudaRing`. A launch covers R rows: row r
+reads its operands from ``arena[vec_slots[r, i]]`` and ``scalars[scalar_idx[r, j]]`` and writes
+``arena[out_slots[r, o]]``, all modulo ``q = primes[prime_idx[r]]``. Operands must be canonical
+residues; results are canonical. An output slot may equal an input slot of the same row (each
+thread reads all its operands before it writes), but not a slot that another row reads.
+
+Each thread handles 4 consecutive residues (16-byte loads and stores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from caramel.backends.cuda.context import CudaRing, cupy, index_array
+
+THREADS = 256
+
+#: Operation name -> (arity, C expression template over a, b, q, mu).
+OPS = {
+    "add": (2, "add_mod({a}, {b}, q)"),
+    "sub": (2, "sub_mod({a}, {b}, q)"),
+    "mul": (2, "mul_mod({a}, {b}, q, mu)"),
+    "neg": (1, "neg_mod({a}, q)"),
+}
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One SSA operation: ``op`` (a key of :data:`OPS`) applied to the values ``args``."""
+
+    op: str
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FusedProgram:
+    """An elementwise program over ``n_vec`` vector and ``n_scalar`` scalar operands.
+
+    Value numbering: 0 .. n_vec-1 are the vector operands, n_vec .. n_vec+n_scalar-1 the scalar
+    operands, then one value per entry of ``ops`` in order. ``outputs`` lists the values written
+    (vector-valued; an operand itself may be an output, which makes a copy). A value is a scalar
+    when all its arguments are scalars; at least one output must be a vector.
+    """
+
+    n_vec: int
+    n_scalar: int
+    ops: tuple[FusedOp, ...]
+    outputs: tuple[int, ...]
+
+    def __post_init__(self):
+        if self.n_vec < 0 or self.n_scalar < 0 or not self.outputs:
+            raise ValueError("a fused program needs operands counts >= 0 and at least one output")
+        kinds = self.kinds()
+        for o in self.outputs:
+            if not 0 <= o < len(kinds) or not kinds[o]:
+                raise ValueError(f"output {o} is not a vector value of the program")
+
+    def kinds(self) -> list[bool]:
+        """kinds()[v] is True when value v is a vector (per residue), False for a scalar."""
+        kinds = [True] * self.n_vec + [False] * self.n_scalar
+        for i, op in enumerate(self.ops):
+            arity = OPS.get(op.op, (None,))[0]
+            if arity is None or len(op.args) != arity:
+                raise ValueError(f"op {i}: unknown op {op.op!r} or wrong number of arguments")
+            if any(not 0 <= a < len(kinds) for a in op.args):
+                raise ValueError(f"op {i}: argument out of range {op.args}")
+            kinds.append(any(kinds[a] for a in op.args))
+        return kinds
+
+    def signature(self) -> str:
+        """The canonical text of the program, e.g. ``v2s1|add(0,1);mul(3,2)|4``."""
+        body = ";".join(f"{op.op}({','.join(map(str, op.args))})" for op in self.ops)
+        return f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
+
+    def kernel_name(self) -> str:
+        return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
+
+    def source(self) -> str:
+        """CUDA source of the kernel (without the common helpers)."""
+        kinds = self.kinds()
+        nv, ns, no = self.n_vec, self.n_scalar, len(self.outputs)
+        lines = [
+            f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
+            "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
+            "        const int* __restrict__ out_slots, const int* __restrict__ prime_idx,",
+            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles) {",
+            "    const int r = blockIdx.x / tiles;",
+            "    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;",
+            "    if (i >= n4) return;",
+            "    const int pi = prime_idx[r];",
+            "    const u32 q = prime_q(pt, pi);",
+            "    const u64 mu = prime_mu(pt, pi);",
+            "    (void)mu;",
+        ]
+        for k in range(nv):
+            lines.append(
+                f"    const uint4 x{k} = ((const uint4*)arena)[(size_t)vec_slots[r * {nv} + {k}] * n4 + i];"
+            )
+        for k in range(ns):
+            lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
+        # Scalar-only values are computed once; vector values once per component.
+        for idx, op in enumerate(self.ops):
+            v = nv + ns + idx
+            if not kinds[v]:
+                a, b = (f"x{op.args[0]}", f"x{op.args[-1]}")
+                lines.append(f"    const u32 x{v} = {OPS[op.op][1].format(a=a, b=b)};")
+        for v in range(nv + ns + len(self.ops)):
+            if kinds[v] and v >= nv:
+                lines.append(f"    uint4 x{v};")
+        for c in "xyzw":
+            for idx, op in enumerate(self.ops):
+                v = nv + ns + idx
+                if kinds[v]:
+                    args = [f"x{a}.{c}" if kinds[a] else f"x{a}" for a in op.args]
+                    lines.append(f"    x{v}.{c} = {OPS[op.op][1].format(a=args[0], b=args[-1])};")
+        for k, o in enumerate(self.outputs):
+            lines.append(f"    ((uint4*)arena)[(size_t)out_slots[r * {no} + {k}] * n4 + i] = x{o};")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def fused(
+    ring: CudaRing, program: FusedProgram, arena, out_slots, vec_slots, prime_idx, scalars=None, scalar_idx=None
+) -> None:
+    """Run ``program`` over R rows (see the module docstring).
+
+    out_slots: int32 (R, len(outputs)); vec_slots: int32 (R, n_vec); prime_idx: int32 (R,);
+    scalars: uint32 device array (any length) and scalar_idx: int32 (R, n_scalar), when n_scalar > 0.
+    """
+    ring.check_arena(arena)
+    rows = index_array(prime_idx, name="prime_idx").shape[0]
+    index_array(out_slots, rows, len(program.outputs), "out_slots")
+    if program.n_vec:
+        index_array(vec_slots, rows, program.n_vec, "vec_slots")
+    if program.n_scalar:
+        index_array(scalar_idx, rows, program.n_scalar, "scalar_idx")
+        if scalars is None or scalars.dtype != cupy().uint32:
+            raise ValueError("scalars must be a cupy uint32 array")
+    if rows == 0:
+        return
+    cp = cupy()
+    dummy = prime_idx  # any device pointer for unused arguments
+    n4 = ring.n // 4
+    tiles = -(-n4 // THREADS)
+    name = program.kernel_name()
+    kernel = ring.kernel(name, program.source, name)
+    kernel(
+        (rows * tiles,),
+        (min(THREADS, n4),) if tiles == 1 else (THREADS,),
+        (
+            arena,
+            vec_slots if program.n_vec else dummy,
+            scalar_idx if program.n_scalar else dummy,
+            out_slots,
+            prime_idx,
+            scalars if program.n_scalar else dummy,
+            ring.prime_table,
+            cp.int32(n4),
+            cp.int32(tiles),
+        ),
+    )
+
+
+# Fixed programs for the ISA's elementwise instructions.
+ADD = FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,))
+SUB = FusedProgram(2, 0, (FusedOp("sub", (0, 1)),), (2,))
+MUL = FusedProgram(2, 0, (FusedOp("mul", (0, 1)),), (2,))
+NEG = FusedProgram(1, 0, (FusedOp("neg", (0,)),), (1,))
+COPY = FusedProgram(1, 0, (), (0,))
+ADD_SCALAR = FusedProgram(1, 1, (FusedOp("add", (0, 1)),), (2,))
+SUB_SCALAR = FusedProgram(1, 1, (FusedOp("sub", (0, 1)),), (2,))
+MUL_SCALAR = FusedProgram(1, 1, (FusedOp("mul", (0, 1)),), (2,))
+
+
+def _binary(program):
+    def run(ring: CudaRing, arena, out_slots, in_slots, prime_idx) -> None:
+        fused(ring, program, arena, out_slots[:, None], in_slots, prime_idx)
+
+    return run
+
+
+def _unary(program):
+    def run(ring: CudaRing, arena, out_slots, in_slots, prime_idx) -> None:
+        fused(ring, program, arena, out_slots[:, None], in_slots[:, None], prime_idx)
+
+    return run
+
+
+def _scalar(program):
+    def run(ring: CudaRing, arena, out_slots, in_slots, prime_idx, scalars, scalar_idx) -> None:
+        fused(ring, program, arena, out_slots[:, None], in_slots[:, None], prime_idx, scalars, scalar_idx[:, None])
+
+    return run
+
+
+add = _binary(ADD)
+add.__doc__ = "add(ring, arena, out_slots (R,), in_slots (R, 2), prime_idx (R,)): out = a + b mod q."
+sub = _binary(SUB)
+sub.__doc__ = "sub(ring, arena, out_slots (R,), in_slots (R, 2), prime_idx (R,)): out = a - b mod q."
+mul = _binary(MUL)
+mul.__doc__ = "mul(ring, arena, out_slots (R,), in_slots (R, 2), prime_idx (R,)): out = a * b mod q."
+neg = _unary(NEG)
+neg.__doc__ = "neg(ring, arena, out_slots (R,), in_slots (R,), prime_idx (R,)): out = -a mod q."
+copy = _unary(COPY)
+copy.__doc__ = "copy(ring, arena, out_slots (R,), in_slots (R,), prime_idx (R,)): out = a."
+add_scalar = _scalar(ADD_SCALAR)
+add_scalar.__doc__ = (
+    "add_scalar(ring, arena, out_slots, in_slots, prime_idx, scalars, scalar_idx): out = a + scalars[scalar_idx[r]]."
+)
+sub_scalar = _scalar(SUB_SCALAR)
+sub_scalar.__doc__ = (
+    "sub_scalar(ring, arena, out_slots, in_slots, prime_idx, scalars, scalar_idx): out = a - scalars[scalar_idx[r]]."
+)
+mul_scalar = _scalar(MUL_SCALAR)
+mul_scalar.__doc__ = (
+    "mul_scalar(ring, arena, out_slots, in_slots, prime_idx, scalars, scalar_idx): out = a * scalars[scalar_idx[r]]."
+)

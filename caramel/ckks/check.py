@@ -1,0 +1,584 @@
+"""Check files: how to verify a compiled program by encryption, execution and decryption.
+
+A check file is TOML (read with :mod:`tomllib`) describing, for one program family and valid for
+every limb count and chip count, the inputs to encrypt and, per output, the plaintext formula it
+must decrypt to. Format (unknown keys are errors, to catch typos)::
+
+    description = "Mul: z = rescale(relin(x*y))"     # optional
+
+    [params]                      # optional named constants, evaluated in order; each may use the
+    T = "S**2"                    # built-ins below and earlier params
+
+    [inputs.x]                    # one table per input name of the manifest (names must match)
+    kind = "ciphertext"           # "ciphertext" | "plaintext" | "scalar" (must match the manifest)
+    scale = "S"                   # expression: the encoding scale
+    limbs = "L"                   # optional expression: encrypt on limbs 0..limbs-1
+                                  #   (default: exactly the limbs the manifests list for the input)
+    magnitude = 1.0               # optional: real and imaginary parts drawn uniform in [-m, m]
+    real = false                  # optional: draw real values only (scalars are always real)
+
+    [outputs.z]                   # one table per output name of the manifest
+    formula = "x * y"             # expected slots, over the decoded inputs (see below)
+    scale = "S**2 / q[L-1]"       # the output's true scale: decode the decryption at this scale
+    modulus = "q[0]*q[1]*q[2]"    # optional: reduce the centred decrypted coefficients centred
+                                  #   modulo this integer before decoding (BootstrapModRaise)
+    key = "s"                     # optional: decrypt under "s" (default) or "s_eph"
+    tolerance_bits = 10           # pass if precision >= this; or a table keyed by mode:
+    # tolerance_bits = { exact = 10, textbook = { 1024 = 10, 4096 = 9, 65536 = 4 }, default = 8 }
+
+Tolerance tables: the entry for the arithmetic mode (``exact``, ``textbook``, ``emulator``), else
+``default``; an entry is a number or a table keyed by N thresholds, where the smallest threshold
+>= N applies (the largest one above every threshold). A mode with no entry and no default is
+measured but not judged (``passed`` is None).
+
+Expressions (:mod:`caramel.ckks.expr`, a whitelist-checked ``ast`` evaluator, never ``eval``):
+numbers (also complex, ``1j``), ``+ - * / **``, unary ``-``, ``q[i]`` indexing, and the names
+
+* ``S`` = 2^28 (the fresh scale), ``q`` = the 64 primes (``q[L-1]``), ``N`` ring dimension,
+  ``slots`` = N/2, ``L`` = the program's input limb count: the largest ciphertext input's limb count
+  (max limb index + 1) in the manifest, unless given explicitly to :func:`prepare_check`;
+* params;
+* in formulas only: every input name (a ciphertext or plaintext is its vector of N/2 decoded slots,
+  a scalar is its decoded real number) and the functions ``rot(v, k)`` (rotate LEFT by k, slot i
+  receives slot i+k; negative k rotates right; k acts modulo N/2, ISA.md decision 6), ``conj(v)``,
+  ``scaled(v, s)`` = v * s / scale_out, for a term that reaches the output at true scale s while the
+  output is decoded at scale_out (sums of terms that went through different rescales).
+
+"Decoded inputs" are the exact messages that were encrypted: decode(encode(v)) for vectors and
+round(c * scale) / scale for scalars.
+
+Measures, per output: err_j = |decoded_j - expected_j| over the N/2 slots; with
+M = max(1, max_j |expected_j|): precision = -log2(max_j err_j / M) and median precision
+= -log2(median_j err_j / M), in bits (inf when the error is 0, -inf when decoding overflows).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
+
+import numpy as np
+
+from caramel.ckks.bind import InputKind, Requirements, bind_inputs, read_outputs, requirements
+from caramel.ckks.encoding import decode, encode, rotate_slots
+from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
+from caramel.ckks.expr import ExprError, evaluate, parse
+from caramel.ckks.keys import EvalKey, Secrets
+from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
+from caramel.ckks.sampling import rng_of
+from caramel.errors import CaramelError
+from caramel.program import EvalKeyId, Manifest, Mem, Program
+
+#: Scale of a fresh input, 2^28.
+FRESH_SCALE = 2**28
+#: Where the family check files live: ``<repo>/programs/checks/<Family>.toml``.
+CHECKS_DIR = Path(__file__).resolve().parents[2] / "programs" / "checks"
+MODES = ("exact", "textbook", "emulator")
+
+_BUILTINS = frozenset({"S", "q", "N", "slots", "L"})
+_FUNCTIONS = frozenset({"rot", "conj", "scaled"})
+_TOP_KEYS = {"description", "params", "inputs", "outputs"}
+_INPUT_KEYS = {"kind", "scale", "limbs", "magnitude", "real"}
+_OUTPUT_KEYS = {"formula", "scale", "modulus", "key", "tolerance_bits"}
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PROGRAM_NAME = re.compile(r"^(?P<family>[A-Za-z0-9]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
+
+
+class CheckError(CaramelError):
+    """A malformed check file, or a check file that does not fit a program's manifest."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    kind: InputKind
+    scale: str
+    limbs: str | None = None
+    magnitude: float = 1.0
+    real: bool = False
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    name: str
+    formula: str
+    scale: str
+    modulus: str | None = None
+    key: str = "s"
+    tolerance_bits: Any = None
+
+    def tolerance(self, mode: Any, n: int) -> float | None:
+        """The bar for ``mode`` at ring dimension ``n`` (None: not judged)."""
+        return resolve_tolerance(self.tolerance_bits, mode_name(mode), n)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A parsed, validated check file."""
+
+    path: str
+    description: str
+    params: Mapping[str, str]
+    inputs: Mapping[str, InputSpec]
+    outputs: Mapping[str, OutputSpec]
+
+
+def mode_name(mode: Any) -> str:
+    """'exact' | 'textbook' | 'emulator' from a string or an enum member (e.g. ``caramel.ring.Mode``)."""
+    if isinstance(mode, enum.Enum):
+        mode = mode.value if isinstance(mode.value, str) else mode.name
+    return str(mode).lower()
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _validate_tolerance(tol: Any, where: str) -> None:
+    if tol is None or _is_number(tol):
+        return
+    if not isinstance(tol, dict):
+        raise CheckError(f"{where}: tolerance_bits must be a number or a table keyed by mode")
+    for mode, entry in tol.items():
+        if mode not in MODES and mode != "default":
+            raise CheckError(f"{where}: unknown mode {mode!r} in tolerance_bits (modes: {', '.join(MODES)}, default)")
+        if _is_number(entry):
+            continue
+        if not isinstance(entry, dict) or not entry:
+            raise CheckError(f"{where}: tolerance_bits.{mode} must be a number or a table keyed by N")
+        for k, v in entry.items():
+            if not str(k).isdigit() or not _is_number(v):
+                raise CheckError(f"{where}: tolerance_bits.{mode} needs entries N = bits, got {k!r} = {v!r}")
+
+
+def resolve_tolerance(tol: Any, mode: str, n: int) -> float | None:
+    """Apply the tolerance rules of the module docstring."""
+    if tol is None or _is_number(tol):
+        return None if tol is None else float(tol)
+    entry = tol.get(mode, tol.get("default"))
+    if entry is None or _is_number(entry):
+        return None if entry is None else float(entry)
+    table = sorted((int(k), float(v)) for k, v in entry.items())
+    for threshold, bits in table:
+        if n <= threshold:
+            return bits
+    return table[-1][1]
+
+
+def _expr(text: Any, names, functions, where: str) -> str:
+    if not isinstance(text, str):
+        raise CheckError(f"{where}: expected an expression string, got {text!r}")
+    try:
+        parse(text, names, functions)
+    except ExprError as exc:
+        raise CheckError(f"{where}: {exc}") from None
+    return text
+
+
+def parse_check(data: Mapping[str, Any], path: str = "<check>") -> CheckSpec:
+    """Validate a check document (already loaded TOML) into a :class:`CheckSpec`."""
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise CheckError(f"{path}: unknown top-level keys {sorted(unknown)}")
+    description = data.get("description", "")
+    params_raw = data.get("params", {})
+    inputs_raw = data.get("inputs", {})
+    outputs_raw = data.get("outputs", {})
+    for what, v in (("params", params_raw), ("inputs", inputs_raw), ("outputs", outputs_raw)):
+        if not isinstance(v, dict):
+            raise CheckError(f"{path}: [{what}] must be a table")
+    if not outputs_raw:
+        raise CheckError(f"{path}: no [outputs.<name>] table")
+
+    names = set(_BUILTINS)
+    params: dict[str, str] = {}
+    for name, text in params_raw.items():
+        if not _IDENT.match(name) or name in _BUILTINS or name in _FUNCTIONS:
+            raise CheckError(f"{path}: bad or reserved parameter name {name!r}")
+        params[name] = _expr(text, names, frozenset(), f"{path}: params.{name}")
+        names.add(name)
+    scale_names = frozenset(names)
+
+    inputs: dict[str, InputSpec] = {}
+    for name, t in inputs_raw.items():
+        where = f"{path}: inputs.{name}"
+        if not _IDENT.match(name) or name in scale_names or name in _FUNCTIONS:
+            raise CheckError(f"{where}: bad or reserved input name")
+        if not isinstance(t, dict):
+            raise CheckError(f"{where} must be a table")
+        if set(t) - _INPUT_KEYS:
+            raise CheckError(f"{where}: unknown keys {sorted(set(t) - _INPUT_KEYS)}")
+        try:
+            kind = InputKind(t.get("kind"))
+        except ValueError:
+            raise CheckError(f"{where}: kind must be ciphertext, plaintext or scalar") from None
+        if "scale" not in t:
+            raise CheckError(f"{where}: scale is required")
+        mag = t.get("magnitude", 1.0)
+        if not _is_number(mag) or not 0 < mag < 2**20:
+            raise CheckError(f"{where}: magnitude must be a positive number")
+        real = t.get("real", False)
+        if not isinstance(real, bool):
+            raise CheckError(f"{where}: real must be true or false")
+        limbs = t.get("limbs")
+        inputs[name] = InputSpec(
+            name,
+            kind,
+            _expr(t["scale"], scale_names, frozenset(), f"{where}.scale"),
+            None if limbs is None else _expr(limbs, scale_names, frozenset(), f"{where}.limbs"),
+            float(mag),
+            real,
+        )
+
+    formula_names = scale_names | set(inputs)
+    outputs: dict[str, OutputSpec] = {}
+    for name, t in outputs_raw.items():
+        where = f"{path}: outputs.{name}"
+        if not isinstance(t, dict):
+            raise CheckError(f"{where} must be a table")
+        if set(t) - _OUTPUT_KEYS:
+            raise CheckError(f"{where}: unknown keys {sorted(set(t) - _OUTPUT_KEYS)}")
+        for req in ("formula", "scale"):
+            if req not in t:
+                raise CheckError(f"{where}: {req} is required")
+        key = t.get("key", "s")
+        if key not in ("s", "s_eph"):
+            raise CheckError(f"{where}: key must be 's' or 's_eph'")
+        _validate_tolerance(t.get("tolerance_bits"), where)
+        outputs[name] = OutputSpec(
+            name,
+            _expr(t["formula"], formula_names, _FUNCTIONS, f"{where}.formula"),
+            _expr(t["scale"], scale_names, frozenset(), f"{where}.scale"),
+            None if t.get("modulus") is None else _expr(t["modulus"], scale_names, frozenset(), f"{where}.modulus"),
+            key,
+            t.get("tolerance_bits"),
+        )
+    if not isinstance(description, str):
+        raise CheckError(f"{path}: description must be a string")
+    return CheckSpec(str(path), description, params, inputs, outputs)
+
+
+def load_check(path: str | Path) -> CheckSpec:
+    """Read and validate a check file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise CheckError(f"{p}: {exc}") from None
+    except OSError as exc:
+        raise CheckError(f"{p}: cannot read: {exc}") from None
+    return parse_check(data, str(p))
+
+
+def family_of(program_name: str) -> str:
+    """``Mul`` for ``Mul_4L_1c`` (a bare family name is returned unchanged)."""
+    name = Path(program_name).name
+    m = _PROGRAM_NAME.match(name)
+    return m.group("family") if m else name
+
+
+def check_path(program_name: str, checks_dir: str | Path | None = None) -> Path:
+    """``<checks_dir>/<Family>.toml`` for a program (folder) name or a family name."""
+    return Path(checks_dir or CHECKS_DIR) / f"{family_of(program_name)}.toml"
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a check
+
+
+@dataclass(eq=False)
+class PreparedCheck:
+    """Everything needed to judge a run: the spec, the encrypted inputs and the input memory image."""
+
+    spec: CheckSpec
+    manifest: Manifest
+    ctx: Any
+    secrets: Secrets
+    env: dict[str, Any]
+    values: dict[str, Any]
+    objects: dict[str, Any]
+    memory: dict[Mem, np.ndarray]
+    keys: MutableMapping[EvalKeyId, EvalKey]
+    aliases: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class OutputResult:
+    """How close one decrypted output came to its formula (bits; higher is better)."""
+
+    name: str
+    precision_bits: float
+    median_bits: float
+    max_error: float
+    median_error: float
+    tolerance_bits: float | None
+    passed: bool | None
+    scale: float
+    limbs: tuple[int, ...]
+
+    def __str__(self) -> str:
+        bar = "no bar" if self.tolerance_bits is None else f"bar {self.tolerance_bits:g}"
+        verdict = {True: "PASS", False: "FAIL", None: "----"}[self.passed]
+        return (
+            f"{verdict} {self.name}: precision {self.precision_bits:.1f} bits (median {self.median_bits:.1f}), "
+            f"{bar}, {len(self.limbs)} limbs"
+        )
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Per-output results of one checked run, with the parameters that produced them."""
+
+    check: str
+    mode: str
+    n: int
+    secrets: Mapping[str, str]
+    results: Mapping[str, OutputResult]
+
+    @property
+    def passed(self) -> bool:
+        """No output failed its bar (outputs without a bar do not count)."""
+        return all(r.passed is not False for r in self.results.values())
+
+    def summary(self) -> str:
+        head = f"{self.check} [mode {self.mode}, N = {self.n}, s {self.secrets.get('s')}, s_eph {self.secrets.get('s_eph')}]"
+        return "\n".join([head] + [f"  {r}" for r in self.results.values()])
+
+
+def _scale_env(ctx, L: int, params: Mapping[str, str]) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "S": FRESH_SCALE,
+        "q": tuple(int(p) for p in ctx.primes),
+        "N": int(ctx.n),
+        "slots": int(ctx.n) // 2,
+        "L": int(L),
+    }
+    for name, text in params.items():
+        env[name] = evaluate(text, env)
+    return env
+
+
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, np.ndarray) or not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise CheckError(f"{what} must evaluate to a real number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f) or f <= 0:
+        raise CheckError(f"{what} must be a positive finite number, got {v}")
+    return f
+
+
+def _integer(v: Any, what: str) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise CheckError(f"{what} must evaluate to a positive integer, got {v!r}")
+    return v
+
+
+def default_limb_count(req) -> int:
+    """L: max limb index + 1 over ciphertext inputs (else over all non-key inputs; 0 if none)."""
+    for kinds in ((InputKind.CIPHERTEXT,), tuple(InputKind)):
+        ls = [max(i.limbs) + 1 for i in req.inputs.values() if i.kind in kinds and i.limbs]
+        if ls:
+            return max(ls)
+    return 0
+
+
+def _manifest_of(source: Program | Manifest) -> Manifest:
+    return source.manifest if isinstance(source, Program) else source
+
+
+def fit_problems(spec: CheckSpec, req: Requirements) -> list[str]:
+    """Why ``spec`` does not fit a manifest's requirements (input names and kinds, output names);
+    empty when it fits."""
+    problems = []
+    for name, need in req.inputs.items():
+        if name not in spec.inputs:
+            problems.append(f"manifest input {name} ({need.kind}) is not declared")
+        elif spec.inputs[name].kind != need.kind:
+            problems.append(f"input {name} is a {need.kind} in the manifest, {spec.inputs[name].kind} in the check")
+    problems += [f"declared input {n} is not in the manifest" for n in spec.inputs if n not in req.inputs]
+    problems += [f"manifest output {n} has no formula" for n in req.outputs if n not in spec.outputs]
+    problems += [f"declared output {n} is not in the manifest" for n in spec.outputs if n not in req.outputs]
+    return problems
+
+
+def output_scales(spec: CheckSpec, ctx, L: int) -> dict[str, tuple[float, int | None]]:
+    """(true scale, modulus or None) of every output at limb count ``L`` (validates the expressions)."""
+    try:
+        env = _scale_env(ctx, L, spec.params)
+    except ExprError as exc:
+        raise CheckError(f"{spec.path}: params: {exc}") from None
+    out = {}
+    for name, o in spec.outputs.items():
+        where = f"{spec.path}: outputs.{name}"
+        try:
+            scale = _number(evaluate(o.scale, env), f"{where}.scale")
+            modulus = None if o.modulus is None else _integer(evaluate(o.modulus, env), f"{where}.modulus")
+        except ExprError as exc:
+            raise CheckError(f"{where}: {exc}") from None
+        out[name] = (scale, modulus)
+    return out
+
+
+def prepare_check(
+    spec: CheckSpec | str | Path,
+    source: Program | Manifest,
+    ctx,
+    *,
+    secrets: Secrets | None = None,
+    rng=None,
+    chip_manifests: Sequence[Manifest] | None = None,
+    keys: MutableMapping[EvalKeyId, EvalKey] | None = None,
+    L: int | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> PreparedCheck:
+    """Draw random inputs per ``spec``, encrypt/encode them and bind the program's input image.
+
+    Raises :class:`CheckError` when the spec's inputs or outputs do not match the manifest (names
+    or kinds), and :class:`caramel.errors.BindingError` from binding.
+    """
+    if not isinstance(spec, CheckSpec):
+        spec = load_check(spec)
+    rng = rng_of(rng)
+    secrets = secrets or Secrets.generate(ctx.n, rng)
+    req = requirements(source, chip_manifests, aliases)
+    manifest = _manifest_of(source)
+    problems = fit_problems(spec, req)
+    if problems:
+        raise CheckError(f"{spec.path} does not fit {manifest.path}:\n  " + "\n  ".join(problems))
+
+    L = default_limb_count(req) if L is None else int(L)
+    try:
+        env = _scale_env(ctx, L, spec.params)
+    except ExprError as exc:
+        raise CheckError(f"{spec.path}: params: {exc}") from None
+    slots = ctx.n // 2
+    values: dict[str, Any] = {}
+    objects: dict[str, Any] = {}
+    for name, ins in spec.inputs.items():
+        need = req.inputs[name]
+        where = f"{spec.path}: inputs.{name}"
+        try:
+            scale = _number(evaluate(ins.scale, env), f"{where}.scale")
+            limbs = (
+                need.limbs
+                if ins.limbs is None
+                else tuple(range(_integer(evaluate(ins.limbs, env), f"{where}.limbs")))
+            )
+        except ExprError as exc:
+            raise CheckError(f"{where}: {exc}") from None
+        m = ins.magnitude
+        if ins.kind == InputKind.SCALAR:
+            obj = encode_scalar(ctx, float(rng.uniform(-m, m)), scale, limbs)
+            values[name] = obj.value / scale
+        else:
+            v = rng.uniform(-m, m, slots)
+            if not ins.real:
+                v = v + 1j * rng.uniform(-m, m, slots)
+            coeffs = encode(v, scale, ctx.n)
+            values[name] = decode(coeffs, scale, ctx.n)
+            if ins.kind == InputKind.CIPHERTEXT:
+                obj = encrypt(ctx, secrets.s, coeffs, limbs, rng, scale)
+            else:
+                obj = plaintext_from_coeffs(ctx, coeffs, limbs, scale)
+        objects[name] = obj
+    keys = {} if keys is None else keys
+    memory = bind_inputs(
+        source, ctx, secrets, objects, chip_manifests=chip_manifests, rng=rng, keys=keys, aliases=aliases
+    )
+    return PreparedCheck(spec, manifest, ctx, secrets, env, values, objects, memory, keys, aliases)
+
+
+def _functions(slots: int, scale_out: float) -> dict[str, Callable[..., Any]]:
+    def rot(v, k):
+        if isinstance(k, float) and k.is_integer():
+            k = int(k)
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise ExprError(f"rot step must be an integer, got {k!r}")
+        return rotate_slots(v, k) if isinstance(v, np.ndarray) and v.ndim == 1 else v
+
+    def conj(v):
+        return np.conj(v)
+
+    def scaled(v, s):
+        return v * s / scale_out
+
+    return {"rot": rot, "conj": conj, "scaled": scaled}
+
+
+def expected_output(prepared: PreparedCheck, name: str) -> tuple[np.ndarray, float, int | None]:
+    """(expected slots, true output scale, modulus or None) of output ``name``."""
+    out = prepared.spec.outputs[name]
+    scale, modulus = output_scales(prepared.spec, prepared.ctx, prepared.env["L"])[name]
+    slots = prepared.ctx.n // 2
+    try:
+        value = evaluate(out.formula, {**prepared.env, **prepared.values}, _functions(slots, scale))
+    except ExprError as exc:
+        raise CheckError(f"{prepared.spec.path}: outputs.{name}.formula: {exc}") from None
+    try:
+        value = np.broadcast_to(np.asarray(value, dtype=np.complex128), (slots,))
+    except (TypeError, ValueError):
+        raise CheckError(f"{prepared.spec.path}: outputs.{name}.formula does not give {slots} slots") from None
+    return value, scale, modulus
+
+
+def _bits(err: float, ref: float) -> float:
+    if not math.isfinite(err):
+        return -math.inf
+    return math.inf if err == 0 else -math.log2(err / ref)
+
+
+def evaluate_check(prepared: PreparedCheck, memory: Mapping[Mem, np.ndarray], mode: Any = "exact") -> CheckReport:
+    """Decrypt every output from ``memory`` (the union of the chips' stores over the input image)
+    and compare it with its formula; see the module docstring for the measures."""
+    ctx, spec = prepared.ctx, prepared.spec
+    cts: Mapping[str, Ciphertext] = read_outputs(prepared.manifest, memory, aliases=prepared.aliases)
+    results: dict[str, OutputResult] = {}
+    mode = mode_name(mode)
+    for name, out in spec.outputs.items():
+        expected, scale, modulus = expected_output(prepared, name)
+        ct = cts[name]
+        sk = prepared.secrets.s if out.key == "s" else prepared.secrets.s_eph
+        with np.errstate(all="ignore"):
+            got = decrypt_values(ctx, sk, ct, scale, modulus)
+            err = np.abs(got - expected)
+        finite = bool(np.all(np.isfinite(err)))
+        max_err = float(np.max(err)) if finite else math.inf
+        med_err = float(np.median(err)) if finite else math.inf
+        ref = max(1.0, float(np.max(np.abs(expected))))
+        prec = _bits(max_err, ref)
+        tol = out.tolerance(mode, ctx.n)
+        results[name] = OutputResult(
+            name, prec, _bits(med_err, ref), max_err, med_err, tol, None if tol is None else prec >= tol, scale, ct.limbs
+        )
+    return CheckReport(spec.path, mode, int(ctx.n), prepared.secrets.describe(), results)
+
+
+def run_check(
+    spec: CheckSpec | str | Path,
+    source: Program | Manifest,
+    ctx,
+    execute: Callable[[dict[Mem, np.ndarray]], Mapping[Mem, np.ndarray]],
+    *,
+    mode: Any = "exact",
+    secrets: Secrets | None = None,
+    rng=None,
+    chip_manifests: Sequence[Manifest] | None = None,
+    keys: MutableMapping[EvalKeyId, EvalKey] | None = None,
+    L: int | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> CheckReport:
+    """Prepare inputs, run ``execute(memory_image) -> memory`` (the program's stores; the input image
+    is laid under them, so aliased outputs are found) and judge the outputs."""
+    prepared = prepare_check(
+        spec, source, ctx, secrets=secrets, rng=rng, chip_manifests=chip_manifests, keys=keys, L=L, aliases=aliases
+    )
+    result = execute(dict(prepared.memory))
+    return evaluate_check(prepared, {**prepared.memory, **dict(result)}, mode)

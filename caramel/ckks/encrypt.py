@@ -1,0 +1,103 @@
+"""Symmetric (secret-key) RLWE encryption and decryption of CKKS ciphertexts in RNS/NTT form.
+
+Encryption of an integer plaintext polynomial m on limbs L (per limb l, NTT form, mod q_l):
+
+    c1 = a   (uniform),      c0 = -a * s + m + e   (e ~ CBD(21), one polynomial for all limbs)
+
+Decryption: per limb m_l = c0_l + c1_l * s (mod q_l), INTT, CRT-reconstruct X in [0, Q),
+Q = prod_{l in L} q_l, take the centred representative [X]_Q and, optionally, reduce it centred
+modulo a smaller modulus M (``modulus=``; BootstrapModRaise, ISA.md 5.5). Decoding the result at
+the ciphertext's scale gives the slots (:mod:`caramel.ckks.encoding`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from caramel.ckks.encoding import decode, encode
+from caramel.ckks.keys import SecretKey
+from caramel.ckks.rns import from_residues, mulmod, prime_column, to_ntt
+from caramel.ckks.sampling import cbd, rng_of, uniform_residues
+
+
+@dataclass(frozen=True, eq=False)
+class Ciphertext:
+    """(c0, c1), each (len(limbs), N) uint32 in NTT form; row r is limb ``limbs[r]``.
+
+    ``scale`` is the true scale of the encrypted message (None when unknown, e.g. read back from a
+    program's outputs before a check assigns the expected scale).
+    """
+
+    c0: np.ndarray
+    c1: np.ndarray
+    limbs: tuple[int, ...]
+    scale: float | None = None
+
+    def __post_init__(self) -> None:
+        k = len(self.limbs)
+        if self.c0.shape != self.c1.shape or self.c0.ndim != 2 or self.c0.shape[0] != k:
+            raise ValueError(f"c0 {self.c0.shape} and c1 {self.c1.shape} must both be ({k}, N)")
+
+    @property
+    def n(self) -> int:
+        return int(self.c0.shape[1])
+
+    def part(self, part: int | str) -> np.ndarray:
+        """``c0`` or ``c1`` (0/1 or "c0"/"c1")."""
+        h = {0: 0, 1: 1, "c0": 0, "c1": 1}.get(part)
+        if h is None:
+            raise ValueError(f"ciphertext part must be 0, 1, 'c0' or 'c1', got {part!r}")
+        return (self.c0, self.c1)[h]
+
+    def limb(self, part: int | str, limb: int) -> np.ndarray:
+        """Row of ``part`` on ``limb``: (N,) uint32."""
+        try:
+            r = self.limbs.index(int(limb))
+        except ValueError:
+            raise KeyError(f"ciphertext has no limb {limb} (limbs {list(self.limbs)})") from None
+        return self.part(part)[r]
+
+    def restrict(self, limbs) -> "Ciphertext":
+        """The same ciphertext on a subset of its limbs (a ModSwitch when limbs = 0..l-2)."""
+        rows = [self.limbs.index(int(l)) for l in limbs]
+        return Ciphertext(self.c0[rows], self.c1[rows], tuple(int(l) for l in limbs), self.scale)
+
+    def with_scale(self, scale: float | None) -> "Ciphertext":
+        return Ciphertext(self.c0, self.c1, self.limbs, scale)
+
+
+def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = None) -> Ciphertext:
+    """Encrypt integer plaintext coefficients (int64 or object) on ``limbs`` under ``sk``."""
+    rng = rng_of(rng)
+    limbs = tuple(int(l) for l in limbs)
+    qcol = prime_column(ctx, limbs)
+    a = uniform_residues(ctx, limbs, rng)
+    m = to_ntt(coeffs, ctx, limbs).astype(np.uint64)
+    e = to_ntt(cbd(ctx.n, rng), ctx, limbs).astype(np.uint64)
+    c0 = ((qcol - mulmod(a, sk.ntt_limbs(ctx, limbs), qcol)) + m + e) % qcol
+    return Ciphertext(c0.astype(np.uint32), a, limbs, scale)
+
+
+def encrypt_values(ctx, sk: SecretKey, values, scale: float, limbs, rng=None) -> Ciphertext:
+    """Encode N/2 slot values at ``scale`` and encrypt them on ``limbs``."""
+    return encrypt(ctx, sk, encode(values, scale, ctx.n), limbs, rng, scale)
+
+
+def decrypt(ctx, sk: SecretKey, ct: Ciphertext, modulus: int | None = None) -> np.ndarray:
+    """Centred integer coefficients of c0 + c1*s (object array of Python ints), see module docstring."""
+    qcol = prime_column(ctx, ct.limbs)
+    m = (ct.c0.astype(np.uint64) + mulmod(ct.c1, sk.ntt_limbs(ctx, ct.limbs), qcol)) % qcol
+    coeff = np.asarray(ctx.intt(m.astype(np.uint32), list(ct.limbs)))
+    return from_residues(coeff, ctx, ct.limbs, modulus)
+
+
+def decrypt_values(
+    ctx, sk: SecretKey, ct: Ciphertext, scale: float | None = None, modulus: int | None = None
+) -> np.ndarray:
+    """Decrypt and decode: N/2 complex slots at ``scale`` (default: ``ct.scale``)."""
+    scale = ct.scale if scale is None else scale
+    if scale is None:
+        raise ValueError("decrypt_values needs a scale (the ciphertext has none)")
+    return decode(decrypt(ctx, sk, ct, modulus), scale, ctx.n)

@@ -1,0 +1,205 @@
+"""Secret keys and evaluation keys (ISA.md decision 5 and section 5.3).
+
+Secrets. The client holds two ternary secrets with *explicit* distributions, recorded next to every
+accuracy figure (:meth:`Secrets.describe`):
+
+* s, the main secret: dense ternary by default (each coefficient uniform in {-1, 0, 1}), optionally
+  sparse ternary with Hamming weight h;
+* s_eph, the ephemeral secret used around bootstrapping: sparse ternary, h = 32 by default.
+
+A :class:`SecretKey` stores the small integer coefficients and caches their NTT form per limb.
+
+Evaluation keys (ISA.md 5.3). A key id ``EvalKeyId(type, level, ext=E, rot, digits=D)`` names one
+logical key with limbs {0..level-1} U {64-E..63}, NTT form. With P = prod_{i<E} q_{63-i}, ``a``
+uniform and ``e`` one centred-binomial error polynomial (CBD(21), sigma ~ 3.2) reduced into every limb:
+
+    c1_l = a_l
+    c0_l = -a_l * s_old + e + [l in D] * [P mod q_l] * s_new        (mod q_l)
+
+so that c0 + c1 * s_old = e + [l in D] * P * s_new on every limb. (s_old, s_new) by type:
+
+    RELIN        (s, s^2)              ROTATION step k   (s, s(X^g)), g = 5^(k mod N/2) mod 2N
+    CONJUGATION  (s, s(X^(2N-1)))      EPHEMERAL         (s_eph, s)
+    BOOTSTRAP    (s, q_{level-1} * s)  BOOTSTRAP2        (s, q_{level-1} * s_eph)
+
+s(X^g) is computed in NTT form with ``ctx.automorphism`` (the same permutation the interpreter's
+``rot``/``con`` apply). If level + E > 64 the Q and P index ranges overlap (ISA.md 8.7); the key then
+has one row per distinct limb and, on a shared limb l, P mod q_l = 0 removes the s_new term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from caramel.ckks.rns import mulmod, prime_column, to_ntt
+from caramel.ckks.sampling import cbd, dense_ternary, rng_of, sparse_ternary, uniform_residues
+from caramel.program import EvalKeyId, KeyType
+
+#: Index of the last prime; extension primes count down from here (ISA.md 5.1).
+TOP_LIMB = 63
+
+
+@dataclass(frozen=True, slots=True)
+class SecretDist:
+    """Ternary secret distribution: dense (``hamming_weight=None``) or sparse with weight h."""
+
+    hamming_weight: int | None = None
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.hamming_weight is None:
+            return dense_ternary(n, rng)
+        return sparse_ternary(n, self.hamming_weight, rng)
+
+    def __str__(self) -> str:
+        return "dense-ternary" if self.hamming_weight is None else f"sparse-ternary(h={self.hamming_weight})"
+
+
+#: Default distribution of the main secret s.
+DENSE_TERNARY = SecretDist()
+#: Default distribution of the ephemeral secret s_eph.
+EPHEMERAL_DEFAULT = SecretDist(hamming_weight=32)
+
+
+def sparse(h: int) -> SecretDist:
+    """Sparse ternary distribution with Hamming weight h."""
+    return SecretDist(hamming_weight=int(h))
+
+
+@dataclass(eq=False)
+class SecretKey:
+    """A ternary secret polynomial: ``coeffs`` (N,) int64 in {-1,0,1}, its distribution, NTT cache."""
+
+    coeffs: np.ndarray
+    dist: SecretDist = DENSE_TERNARY
+    _ntt: dict = field(default_factory=dict, repr=False)
+    _ctx: object = field(default=None, repr=False)
+
+    @classmethod
+    def generate(cls, n: int, rng=None, dist: SecretDist = DENSE_TERNARY) -> "SecretKey":
+        return cls(dist.sample(n, rng_of(rng)), dist)
+
+    @property
+    def n(self) -> int:
+        return int(self.coeffs.shape[0])
+
+    def ntt(self, ctx, limb: int) -> np.ndarray:
+        """NTT form of s on limb ``limb``, (N,) uint32, cached per context and limb (read-only)."""
+        if ctx.n != self.n:
+            raise ValueError(f"secret has N = {self.n}, context has N = {ctx.n}")
+        if self._ctx is not ctx:
+            self._ntt.clear()
+            self._ctx = ctx
+        limb = int(limb)
+        if limb not in self._ntt:
+            row = to_ntt(self.coeffs, ctx, [limb])[0]
+            row.setflags(write=False)
+            self._ntt[limb] = row
+        return self._ntt[limb]
+
+    def ntt_limbs(self, ctx, limbs) -> np.ndarray:
+        """NTT form of s on every limb of ``limbs``, shape (len(limbs), N) uint32."""
+        return np.stack([self.ntt(ctx, l) for l in limbs])
+
+
+@dataclass(frozen=True, eq=False)
+class Secrets:
+    """The client's secrets: main ``s`` and ephemeral ``s_eph``."""
+
+    s: SecretKey
+    s_eph: SecretKey
+
+    @classmethod
+    def generate(
+        cls, n: int, rng=None, dist: SecretDist = DENSE_TERNARY, eph_dist: SecretDist = EPHEMERAL_DEFAULT
+    ) -> "Secrets":
+        rng = rng_of(rng)
+        return cls(SecretKey.generate(n, rng, dist), SecretKey.generate(n, rng, eph_dist))
+
+    def describe(self) -> dict[str, str]:
+        """The distributions, to record with accuracy figures: ``{"s": ..., "s_eph": ...}``."""
+        return {"s": str(self.s.dist), "s_eph": str(self.s_eph.dist)}
+
+
+@dataclass(frozen=True, eq=False)
+class EvalKey:
+    """One logical evaluation key: rows ``c0[r]``, ``c1[r]`` belong to limb ``limbs[r]`` (NTT form)."""
+
+    key_id: EvalKeyId
+    limbs: tuple[int, ...]
+    c0: np.ndarray
+    c1: np.ndarray
+
+    def limb(self, half: int | str, limb: int) -> np.ndarray:
+        """Half ``half`` (0/1 or "c0"/"c1") on limb ``limb``: (N,) uint32."""
+        h = {0: 0, 1: 1, "c0": 0, "c1": 1}.get(half)
+        if h is None:
+            raise ValueError(f"key half must be 0, 1, 'c0' or 'c1', got {half!r}")
+        try:
+            r = self.limbs.index(int(limb))
+        except ValueError:
+            raise KeyError(f"key {self.key_id} has no limb {limb} (limbs {list(self.limbs)})") from None
+        return (self.c0, self.c1)[h][r]
+
+
+def key_limbs(key_id: EvalKeyId) -> tuple[int, ...]:
+    """Distinct limbs of a key in ascending order: {0..level-1} U {64-E..63}."""
+    return tuple(sorted(set(key_id.limbs())))
+
+
+def extension_modulus(ctx, ext: int) -> int:
+    """P = prod_{i<E} q_{63-i}."""
+    p = 1
+    for i in range(ext):
+        p *= ctx.q(TOP_LIMB - i)
+    return p
+
+
+def key_secrets(ctx, key_id: EvalKeyId, secrets: Secrets, limbs) -> tuple[np.ndarray, np.ndarray]:
+    """(s_old, s_new) in NTT form on ``limbs``, each (len(limbs), N) uint32, per the table above."""
+    limbs = list(limbs)
+    s, eph = secrets.s, secrets.s_eph
+    t = KeyType(key_id.type)
+    old = (eph if t == KeyType.EPHEMERAL else s).ntt_limbs(ctx, limbs)
+    qcol = prime_column(ctx, limbs)
+    s_ntt = s.ntt_limbs(ctx, limbs)
+    if t == KeyType.RELIN:
+        new = mulmod(s_ntt, s_ntt, qcol)
+    elif t == KeyType.ROTATION:
+        new = ctx.automorphism(s_ntt, ctx.galois_element(key_id.rot))
+    elif t == KeyType.CONJUGATION:
+        new = ctx.automorphism(s_ntt, ctx.conjugation_element)
+    elif t == KeyType.EPHEMERAL:
+        new = s_ntt
+    else:  # BOOTSTRAP, BOOTSTRAP2: q_{level-1} * (s or s_eph)
+        if key_id.level < 1:
+            raise ValueError(f"bootstrap key {key_id} needs level >= 1")
+        base = s_ntt if t == KeyType.BOOTSTRAP else eph.ntt_limbs(ctx, limbs)
+        factor = np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None]
+        new = mulmod(base, factor, qcol)
+    return np.asarray(old, dtype=np.uint32), np.asarray(new, dtype=np.uint32)
+
+
+def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None) -> EvalKey:
+    """Generate the key ``key_id`` exactly as ISA.md 5.3 specifies (see module docstring)."""
+    rng = rng_of(rng)
+    limbs = key_limbs(key_id)
+    in_key = set(limbs)
+    bad = [d for d in key_id.digits if d not in in_key or d >= key_id.level]
+    if bad:
+        raise ValueError(f"key {key_id}: digit limbs {bad} are not among its Q limbs 0..{key_id.level - 1}")
+    if key_id.ext < 0 or key_id.ext > TOP_LIMB + 1 or key_id.level < 0:
+        raise ValueError(f"key {key_id}: bad level or extension size")
+    qcol = prime_column(ctx, limbs)
+    a = uniform_residues(ctx, limbs, rng)
+    e = to_ntt(cbd(ctx.n, rng), ctx, limbs)
+    s_old, s_new = key_secrets(ctx, key_id, secrets, limbs)
+    big_p = extension_modulus(ctx, key_id.ext)
+    p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
+    a_s = mulmod(a, s_old, qcol)
+    c0 = (qcol - a_s + e.astype(np.uint64) + mulmod(s_new, p_mod, qcol)) % qcol
+    c0, c1 = c0.astype(np.uint32), a
+    c0.setflags(write=False)
+    c1.setflags(write=False)
+    return EvalKey(key_id, limbs, c0, c1)

@@ -1,0 +1,78 @@
+"""Plaintext polynomials and scalars as the program's memory holds them.
+
+* A :class:`Plaintext` is an integer polynomial m (e.g. ``encode(values, scale, N)``) stored limb-wise
+  in NTT form: row r = NTT_{q_l}(m mod q_l) for l = limbs[r]. ``mup`` multiplies a ciphertext limb
+  by such a row.
+* A :class:`Scalar` is one constant c at a scale: the integer v = round(c * scale) (computed exactly
+  with rationals, so scales beyond 2^53 are fine), stored per limb as the residue v mod q_l. Adding v
+  to every NTT slot (``ads``) adds the constant polynomial v, i.e. adds c to every slot; ``mus``
+  multiplies every slot by c at the given scale. Only real constants are representable this way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from caramel.ckks.encoding import encode
+from caramel.ckks.rns import to_ntt
+
+
+@dataclass(frozen=True, eq=False)
+class Plaintext:
+    """NTT-form plaintext: ``data`` (len(limbs), N) uint32; ``scale`` the encoding scale (or None)."""
+
+    data: np.ndarray
+    limbs: tuple[int, ...]
+    scale: float | None = None
+
+    def limb(self, limb: int) -> np.ndarray:
+        return self.data[_row(self.limbs, limb, "plaintext")]
+
+
+@dataclass(frozen=True, eq=False)
+class Scalar:
+    """A constant: ``value`` = round(c * scale) as a Python int, ``residues[r]`` = value mod q_{limbs[r]}."""
+
+    value: int
+    residues: np.ndarray
+    limbs: tuple[int, ...]
+    scale: float | None = None
+
+    def limb(self, limb: int) -> np.ndarray:
+        """The residue on ``limb`` as a 0-d uint32 array (the memory-image form of a scalar)."""
+        return np.array(self.residues[_row(self.limbs, limb, "scalar")], dtype=np.uint32)
+
+
+def _row(limbs: tuple[int, ...], limb: int, what: str) -> int:
+    try:
+        return limbs.index(int(limb))
+    except ValueError:
+        raise KeyError(f"{what} has no limb {limb} (limbs {list(limbs)})") from None
+
+
+def plaintext_from_coeffs(ctx, coeffs, limbs, scale: float | None = None) -> Plaintext:
+    """NTT-form plaintext of integer coefficients (int64 or Python-int object array) on ``limbs``."""
+    limbs = tuple(int(l) for l in limbs)
+    data = to_ntt(coeffs, ctx, limbs)
+    data.setflags(write=False)
+    return Plaintext(data, limbs, scale)
+
+
+def encode_plaintext(ctx, values, scale: float, limbs) -> Plaintext:
+    """Encode N/2 slot values at ``scale`` (:func:`caramel.ckks.encoding.encode`) into NTT limbs."""
+    return plaintext_from_coeffs(ctx, encode(values, scale, ctx.n), limbs, scale)
+
+
+def encode_scalar(ctx, value, scale: float, limbs) -> Scalar:
+    """The scalar round(value * scale) reduced into every limb (uint32 residues, shape (k,))."""
+    c = complex(value)
+    if c.imag != 0:
+        raise ValueError(f"a scalar input must be real (constant polynomial), got {value!r}")
+    v = round(Fraction(c.real) * Fraction(scale))
+    limbs = tuple(int(l) for l in limbs)
+    res = np.array([v % ctx.q(l) for l in limbs], dtype=np.uint32)
+    res.setflags(write=False)
+    return Scalar(int(v), res, limbs, float(scale))

@@ -1,0 +1,628 @@
+"""Text -> :class:`~caramel.program.Program`.
+
+Sources: a compiled program folder (``instructions<p>``, ``inputs<p>``, ``program_inputs``), a
+``.tar``/``.tar.gz``/``.tar.xz`` archive of one (``archive.tar.xz#member`` picks one program of an
+archive that holds several), or a single ``instructions`` file.
+
+Two parsers give the same :class:`Program`:
+
+* the **Lark path**, built from ``isa/cinnamon.lark``, the grammar of record; it produces every
+  error message (file, line, column, what was expected);
+* the **fast path**, which splits the fixed format directly (one regular expression per opcode) and
+  falls back to the Lark path for any line it does not accept. Tests check that both give identical
+  programs on every corpus file.
+
+Loaded programs are cached (pickle) under ``$CARAMEL_CACHE`` (default ``~/.cache/caramel``), keyed by
+the SHA-256 of the files' contents and of caramel's parser and grammar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import io
+import os
+import pickle
+import re
+import tarfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Iterable
+
+from caramel.errors import Location, ParseError
+from caramel.program import (
+    BcuSlot,
+    EvalKeyId,
+    Instruction,
+    KeyType,
+    Manifest,
+    ManifestEntry,
+    Mem,
+    Opcode,
+    Program,
+    Section,
+    SReg,
+    Stream,
+    Symbol,
+    VReg,
+)
+from caramel.progress import Progress
+
+GRAMMAR_PATH = Path(__file__).resolve().parent / "grammar" / "cinnamon.lark"
+_PROGRAM_SECTIONS = (Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.OUTPUT, Section.EVALKEY)
+_CHIP_SECTIONS = (Section.INPUT, Section.OUTPUT)
+_MAX_INT = 1 << 62  # numbers above this are rejected: no limb, register or id is that large
+
+
+# ----------------------------------------------------------------------------------------------
+# Lark path: the grammar of record
+# ----------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def grammar():
+    """The Lark LALR parser of ``isa/cinnamon.lark`` (start symbols ``instr``, ``header``, ``manifest_line``)."""
+    from lark import Lark
+
+    return Lark(
+        GRAMMAR_PATH.read_text(),
+        parser="lalr",
+        start=["instr", "header", "manifest_line"],
+        maybe_placeholders=True,
+    )
+
+
+def _num(tok) -> int:
+    value = int(tok)
+    if abs(value) > _MAX_INT:
+        raise ValueError(f"number {tok} is out of range")
+    return value
+
+
+def _reg(tok, dead=None):
+    cls = VReg if tok[0] == "r" else SReg
+    return cls(_num(tok[1:]), dead is not None)
+
+
+def _mem(tok) -> Mem:
+    term, limb = tok[:-1].split("(")
+    _num(term[1:])
+    return Mem(term, _num(limb))
+
+
+def _bout(tok) -> BcuSlot:
+    unit, slot = tok[1:-1].split("{")
+    return BcuSlot(_num(unit), _num(slot))
+
+
+def _tree_to_instruction(tree, line: int) -> Instruction:
+    """Build an :class:`Instruction` from a Lark ``instr`` tree."""
+    node = tree.children[0]
+    kind = node.data
+    ch = node.children
+
+    def src(x):
+        if x is None:
+            return None
+        if hasattr(x, "data"):  # vsrc / ssrc
+            return _reg(x.children[0], x.children[1])
+        if x.type == "BOUT":
+            return _bout(x)
+        return _reg(x)
+
+    def base(x):
+        return _num(x.children[0])
+
+    def ints(x):
+        return tuple(_num(t) for t in x.children)
+
+    def group(x):
+        return tuple(src(c) for c in x.children)
+
+    if kind in ("load", "evg", "loas"):
+        return Instruction(Opcode(kind), dst=_reg(ch[0]), srcs=(_mem(ch[1]),), final=ch[2] is not None, line=line)
+    if kind in ("store", "spill"):
+        return Instruction(Opcode(kind), dst=_mem(ch[1]), srcs=(src(ch[0]),), line=line)
+    if kind in ("binop", "scalarop", "unop"):
+        return Instruction(
+            Opcode(ch[0].strip()), dst=_reg(ch[1]), srcs=tuple(src(c) for c in ch[2:-1]), base=base(ch[-1]), line=line
+        )
+    if kind == "rot":
+        return Instruction(Opcode.ROT, dst=_reg(ch[1]), srcs=(src(ch[2]),), base=base(ch[3]), step=_num(ch[0]), line=line)
+    if kind == "ntt":
+        return Instruction(Opcode.NTT, dst=_reg(ch[0]), srcs=(src(ch[1]),), base=base(ch[2]), line=line)
+    if kind == "sud":
+        return Instruction(Opcode.SUD, dst=_reg(ch[0]), srcs=(src(ch[1]), src(ch[2])), base=base(ch[3]), line=line)
+    if kind == "bci":
+        return Instruction(Opcode.BCI, unit=_num(ch[0][1:]), out_limbs=ints(ch[1]), in_limbs=ints(ch[2]), line=line)
+    if kind in ("pl1", "bcw"):
+        return Instruction(Opcode(kind), unit=_num(ch[0][1:]), srcs=(src(ch[1]),), base=base(ch[2]), line=line)
+    if kind == "rsi":
+        return Instruction(Opcode.RSI, group=group(ch[0]), line=line)
+    if kind == "rsv":
+        return Instruction(
+            Opcode.RSV, group=group(ch[0]), srcs=(src(ch[1]),), in_limbs=ints(ch[2]), base=base(ch[3]), line=line
+        )
+    if kind == "mod":
+        return Instruction(Opcode.MOD, dst=_reg(ch[0]), srcs=group(ch[1]), base=base(ch[2]), line=line)
+    if kind == "dis":
+        return Instruction(Opcode.DIS, sync=_num(ch[0]), size=_num(ch[1]), srcs=(src(ch[2]),), line=line)
+    if kind == "rcv":
+        return Instruction(Opcode.RCV, sync=_num(ch[0]), size=_num(ch[1]), dst=_reg(ch[2]), line=line)
+    if kind == "joi":
+        dst = _reg(ch[2]) if ch[2] is not None else None
+        srcs = (src(ch[3]),) if ch[3] is not None else ()
+        return Instruction(Opcode.JOI, sync=_num(ch[0]), size=_num(ch[1]), dst=dst, srcs=srcs, base=base(ch[4]), line=line)
+    if kind == "rec":
+        return Instruction(Opcode.REC, dst=_reg(ch[0]), srcs=(_mem(ch[1]),), base=base(ch[2]), line=line)
+    if kind == "snd":
+        return Instruction(Opcode.SND, dst=_mem(ch[1]), srcs=(src(ch[0]),), base=base(ch[2]), line=line)
+    raise AssertionError(kind)  # pragma: no cover - the grammar has no other alternative
+
+
+_OPCODE_WORDS = frozenset(op.value for op in Opcode)
+
+
+def _lark_error(exc, loc: Location, text: str) -> ParseError:
+    """Turn a Lark exception into a :class:`ParseError` with a readable reason."""
+    from lark.exceptions import UnexpectedInput
+
+    column = getattr(exc, "column", 0) or 0
+    here = Location(loc.path, loc.line, column if isinstance(column, int) and column > 0 else 0)
+    word = text.split(" ", 1)[0]
+    if word not in _OPCODE_WORDS:
+        return ParseError(Location(loc.path, loc.line, 1), f"unknown opcode {word[:40]!r} in {text[:80]!r}")
+    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
+    hint = f" (expected {', '.join(expected[:6])})" if expected else ""
+    return ParseError(here, f"malformed {word} instruction {text[:80]!r}{hint}")
+
+
+def parse_instruction(text: str, path: str = "<string>", line: int = 1) -> Instruction:
+    """Parse one instruction line with the grammar of record (Lark path)."""
+    from lark.exceptions import LarkError
+
+    loc = Location(path, line)
+    if not text:
+        raise ParseError(loc, "empty line where an instruction was expected")
+    try:
+        tree = grammar().parse(text, start="instr")
+    except LarkError as exc:
+        raise _lark_error(exc, loc, text) from None
+    try:
+        return _tree_to_instruction(tree, line)
+    except ValueError as exc:
+        raise ParseError(loc, f"{exc} in {text!r}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Fast path: one regular expression per opcode over the fixed format
+# ----------------------------------------------------------------------------------------------
+
+_R = r"(r\d+(?:\[X\])?)"
+_S = r"(s\d+(?:\[X\])?)"
+_B = r" \| (\d+)"
+_FAST = {
+    "load": re.compile(r"load (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
+    "evg": re.compile(r"evg (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
+    "loas": re.compile(r"loas (s\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
+    "store": re.compile(rf"store {_R}: ([ipskvt]\d+)\((\d+)\)"),
+    "spill": re.compile(rf"spill {_R}: ([ipskvt]\d+)\((\d+)\)"),
+    "bin": re.compile(rf"(add|sub|mul|mup) (r\d+): {_R}, {_R}{_B}"),
+    "sca": re.compile(rf"(ads|sus|mus) (r\d+): {_R}, {_S}{_B}"),
+    "un": re.compile(rf"(neg|mov|con|int) (r\d+): {_R}{_B}"),
+    "rot": re.compile(rf"rot (-?\d+) (r\d+): {_R}{_B}"),
+    "ntt": re.compile(rf"ntt (r\d+): (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
+    "sud": re.compile(rf"sud (r\d+): {_R}, (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
+    "bci": re.compile(r"bci B(\d+): \[(\d+(?:,\d+)*)\], \[(\d+(?:,\d+)*)\]"),
+    "pl1": re.compile(rf"(pl1|bcw) B(\d+): {_R}{_B}"),
+    "rsi": re.compile(r"rsi \{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}"),
+    "rsv": re.compile(rf"rsv \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}: {_R}: \[(\d+(?:,\d+)*)\]{_B}"),
+    "mod": re.compile(rf"mod (r\d+): \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}{_B}"),
+    "dis": re.compile(rf"dis @ (\d+):(\d+) : {_R}"),
+    "rcv": re.compile(r"rcv @ (\d+):(\d+) (r\d+): "),
+    "joi": re.compile(rf"joi @ (\d+):(\d+) (r\d+)?: {_R}?{_B}"),
+}
+_DISPATCH = {
+    "load": "load", "evg": "evg", "loas": "loas", "store": "store", "spill": "spill",
+    "add": "bin", "sub": "bin", "mul": "bin", "mup": "bin", "ads": "sca", "sus": "sca", "mus": "sca",
+    "neg": "un", "mov": "un", "con": "un", "int": "un", "rot": "rot", "ntt": "ntt", "sud": "sud",
+    "bci": "bci", "pl1": "pl1", "bcw": "pl1", "rsi": "rsi", "rsv": "rsv", "mod": "mod",
+    "dis": "dis", "rcv": "rcv", "joi": "joi",
+}  # fmt: skip
+_LONGEST_NUMBER = 18  # digits; longer numbers go to the Lark path, which reports them
+
+
+class _FastParser:
+    """Parses lines of the fixed format; returns ``None`` for anything it does not accept."""
+
+    def __init__(self):
+        self._ops: dict[str, object] = {}  # operand text -> interned operand object
+        self._lists: dict[str, tuple[int, ...]] = {}
+
+    def op(self, text: str):
+        got = self._ops.get(text)
+        if got is None:
+            if text[0] == "b":
+                got = _bout(text)
+            else:
+                got = _reg(text.removesuffix("[X]"), True if text.endswith("[X]") else None)
+            self._ops[text] = got
+        return got
+
+    def mem(self, term: str, limb: str) -> Mem:
+        key = term + "(" + limb
+        got = self._ops.get(key)
+        if got is None:
+            got = self._ops[key] = Mem(term, int(limb))
+        return got
+
+    def ints(self, text: str) -> tuple[int, ...]:
+        got = self._lists.get(text)
+        if got is None:
+            got = self._lists[text] = tuple(int(x) for x in text.split(","))
+        return got
+
+    def group(self, text: str) -> tuple:
+        return tuple(self.op(t) for t in text.split(", "))
+
+    def parse(self, text: str, line: int) -> Instruction | None:
+        word = text.split(" ", 1)[0]
+        kind = _DISPATCH.get(word)
+        if kind is None or any(len(d) > _LONGEST_NUMBER for d in re.findall(r"\d+", text)):
+            return None
+        m = _FAST[kind].fullmatch(text)
+        if m is None:
+            return None
+        g = m.groups()
+        op = self.op
+        if kind in ("load", "evg", "loas"):
+            return Instruction(Opcode(kind), dst=op(g[0]), srcs=(self.mem(g[1], g[2]),), final=g[3] is not None, line=line)
+        if kind in ("store", "spill"):
+            return Instruction(Opcode(kind), dst=self.mem(g[1], g[2]), srcs=(op(g[0]),), line=line)
+        if kind in ("bin", "sca"):
+            return Instruction(Opcode(g[0]), dst=op(g[1]), srcs=(op(g[2]), op(g[3])), base=int(g[4]), line=line)
+        if kind == "un":
+            return Instruction(Opcode(g[0]), dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
+        if kind == "rot":
+            return Instruction(Opcode.ROT, dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), step=int(g[0]), line=line)
+        if kind == "ntt":
+            return Instruction(Opcode.NTT, dst=op(g[0]), srcs=(op(g[1]),), base=int(g[2]), line=line)
+        if kind == "sud":
+            return Instruction(Opcode.SUD, dst=op(g[0]), srcs=(op(g[1]), op(g[2])), base=int(g[3]), line=line)
+        if kind == "bci":
+            return Instruction(Opcode.BCI, unit=int(g[0]), out_limbs=self.ints(g[1]), in_limbs=self.ints(g[2]), line=line)
+        if kind == "pl1":
+            return Instruction(Opcode(g[0]), unit=int(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
+        if kind == "rsi":
+            return Instruction(Opcode.RSI, group=self.group(g[0]), line=line)
+        if kind == "rsv":
+            return Instruction(
+                Opcode.RSV, group=self.group(g[0]), srcs=(op(g[1]),), in_limbs=self.ints(g[2]), base=int(g[3]), line=line
+            )
+        if kind == "mod":
+            return Instruction(Opcode.MOD, dst=op(g[0]), srcs=self.group(g[1]), base=int(g[2]), line=line)
+        if kind == "dis":
+            return Instruction(Opcode.DIS, sync=int(g[0]), size=int(g[1]), srcs=(op(g[2]),), line=line)
+        if kind == "rcv":
+            return Instruction(Opcode.RCV, sync=int(g[0]), size=int(g[1]), dst=op(g[2]), line=line)
+        # joi
+        return Instruction(
+            Opcode.JOI,
+            sync=int(g[0]),
+            size=int(g[1]),
+            dst=op(g[2]) if g[2] else None,
+            srcs=(op(g[3]),) if g[3] else (),
+            base=int(g[4]),
+            line=line,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------------
+
+
+def _decode(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ParseError(Location(path, line, column), "not a text file (invalid UTF-8 byte)") from None
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def parse_stream(
+    data: bytes | str,
+    path: str,
+    chip: int,
+    *,
+    fast: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Stream:
+    """Parse an ``instructions<chip>`` file: header line then one instruction per line."""
+    text = _decode(data, path) if isinstance(data, bytes) else data
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise ParseError(Location(path, line), "not a text file (NUL byte)")
+    lines = _lines(text)
+    if not lines:
+        raise ParseError(Location(path, 1), "empty instruction file (expected 'Instruction Stream <p>:')")
+    header = lines[0]
+    m = re.fullmatch(r"Instruction Stream (\d+):", header)
+    if m is None:
+        raise ParseError(Location(path, 1), f"expected header 'Instruction Stream {chip}:', found {header[:60]!r}")
+    if int(m.group(1)) != chip:
+        raise ParseError(Location(path, 1), f"header names stream {m.group(1)} but the file is stream {chip}")
+    truncated = not text.endswith("\n")
+    fastp = _FastParser() if fast else None
+    out: list[Instruction] = []
+    step = 4096
+    for i, line_text in enumerate(lines[1:], start=2):
+        ins = fastp.parse(line_text, i) if fastp is not None else None
+        if ins is None:
+            try:
+                ins = parse_instruction(line_text, path, i)
+            except ParseError as exc:
+                if truncated and i == len(lines):
+                    raise ParseError(exc.location, exc.reason + " (the file ends mid-line: truncated?)") from None
+                raise
+        out.append(ins)
+        if progress is not None and i % step == 0:
+            progress(step)
+    if progress is not None:
+        progress(len(lines) % step)
+    return Stream(chip, path, tuple(out))
+
+
+_ENTRY = re.compile(r"([ipskvt]\d+) \| (.*) \| \[(\d+(?:,\d+)*)\]")
+_VALUE_SYMBOL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*):(c0|c1|p|s)")
+_KEY_SYMBOL = re.compile(r"K:(\d+):(\d+):(\d+):(-?\d+):(c0|c1):\[(\d+(?:,\d+)*)\]")
+
+
+def _symbol(text: str, loc: Location) -> Symbol:
+    m = _KEY_SYMBOL.fullmatch(text)
+    if m:
+        t, level, ext, rot, half, digits = m.groups()
+        try:
+            ktype = KeyType(int(t))
+        except ValueError:
+            raise ParseError(loc, f"unknown evaluation key type {t} in {text!r}") from None
+        key = EvalKeyId(ktype, int(level), int(ext), int(rot), tuple(int(d) for d in digits.split(",")))
+        return Symbol(f"K:{key}", half, key)
+    m = _VALUE_SYMBOL.fullmatch(text)
+    if m:
+        return Symbol(m.group(1), m.group(2))
+    raise ParseError(loc, f"malformed symbol {text!r} (expected name:c0|c1|p|s or K:type:level:E:rot:c<h>:[digits])")
+
+
+def parse_manifest(data: bytes | str, path: str, *, chip: bool = False) -> Manifest:
+    """Parse ``program_inputs`` (``chip=False``: 5 sections) or ``inputs<p>`` (``chip=True``: 2 sections)."""
+    text = _decode(data, path) if isinstance(data, bytes) else data
+    expected = _CHIP_SECTIONS if chip else _PROGRAM_SECTIONS
+    lines = _lines(text)
+    entries: list[ManifestEntry] = []
+    section_index, current = 0, None
+    for i, line_text in enumerate(lines, start=1):
+        loc = Location(path, i)
+        if current is None:
+            if section_index == len(expected):
+                raise ParseError(loc, f"unexpected text after the last section: {line_text[:60]!r}")
+            want = f"{expected[section_index].value} Stream:"
+            if line_text != want:
+                raise ParseError(loc, f"expected section header {want!r}, found {line_text[:60]!r}")
+            current = expected[section_index]
+            section_index += 1
+            continue
+        if line_text == ";":
+            current = None
+            continue
+        m = _ENTRY.fullmatch(line_text)
+        if m is None:
+            _manifest_line_error(line_text, loc)
+        term, symbol_text, limbs = m.groups()
+        if current == Section.EVALKEY and term[0] != "k" or current != Section.EVALKEY and term[0] == "k" and current != Section.INPUT:
+            raise ParseError(loc, f"term {term!r} does not belong in the {current.value} section")
+        entries.append(ManifestEntry(current, term, _symbol(symbol_text, loc), tuple(int(x) for x in limbs.split(",")), i))
+    if current is not None or section_index != len(expected):
+        missing = [s.value for s in expected[section_index:]]
+        what = f"section {current.value!r} is not closed by ';'" if current is not None else f"missing sections {missing}"
+        raise ParseError(Location(path, len(lines) + 1), f"manifest ends early: {what} (truncated?)")
+    return Manifest(path, tuple(entries))
+
+
+def _manifest_line_error(text: str, loc: Location):
+    from lark.exceptions import LarkError
+
+    try:
+        grammar().parse(text, start="manifest_line")
+    except LarkError as exc:
+        col = getattr(exc, "column", 0)
+        raise ParseError(Location(loc.path, loc.line, col if isinstance(col, int) and col > 0 else 0),
+                         f"malformed manifest line {text[:80]!r}") from None
+    raise ParseError(loc, f"malformed manifest line {text[:80]!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources: folder, archive, single file; the cache
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Files:
+    """The raw files of one program: name -> bytes, plus a display prefix for error paths."""
+
+    name: str
+    where: str
+    files: dict[str, bytes]
+
+    def path(self, filename: str) -> str:
+        return f"{self.where}/{filename}" if self.where else filename
+
+
+_INSTR = re.compile(r"instructions(\d+)")
+_INPUTS = re.compile(r"inputs(\d+)")
+
+
+def _program_files(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {k: v for k, v in files.items() if _INSTR.fullmatch(k) or _INPUTS.fullmatch(k) or k == "program_inputs"}
+
+
+def _read_folder(path: Path) -> _Files:
+    files = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file() and (
+        _INSTR.fullmatch(p.name) or _INPUTS.fullmatch(p.name) or p.name == "program_inputs")}
+    if not any(_INSTR.fullmatch(k) for k in files):
+        raise ParseError(Location(str(path)), "no 'instructions<p>' files in this folder: not a compiled program")
+    return _Files(path.name, str(path), files)
+
+
+def _read_archive(path: Path, member: str | None) -> _Files:
+    try:
+        with tarfile.open(path) as tar:
+            groups: dict[str, dict[str, bytes]] = {}
+            for info in tar.getmembers():
+                if not info.isfile():
+                    continue
+                folder, _, name = info.name.rpartition("/")
+                if _INSTR.fullmatch(name) or _INPUTS.fullmatch(name) or name == "program_inputs":
+                    groups.setdefault(folder, {})[name] = tar.extractfile(info).read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ParseError(Location(str(path)), f"cannot read archive: {exc}") from None
+    groups = {k: v for k, v in groups.items() if any(_INSTR.fullmatch(n) for n in v)}
+    if not groups:
+        raise ParseError(Location(str(path)), "archive holds no compiled program (no 'instructions<p>' files)")
+    if member is None:
+        if len(groups) > 1:
+            names = ", ".join(sorted(k.rpartition("/")[2] for k in groups))
+            raise ParseError(Location(str(path)), f"archive holds several programs; pick one with '{path}#NAME' ({names})")
+        folder = next(iter(groups))
+    else:
+        matches = [k for k in groups if k == member or k.rpartition("/")[2] == member]
+        if len(matches) != 1:
+            raise ParseError(Location(str(path)), f"archive has no program named {member!r}")
+        folder = matches[0]
+    name = folder.rpartition("/")[2] or path.name.split(".")[0]
+    return _Files(name, f"{path}#{folder}" if folder else str(path), groups[folder])
+
+
+def read_source(source: str | os.PathLike) -> _Files:
+    """Read the raw files of a program from a folder, an archive (``a.tar.xz#member``) or one file."""
+    text = os.fspath(source)
+    member = None
+    if "#" in text and not Path(text).exists():
+        text, member = text.split("#", 1)
+    path = Path(text)
+    if not path.exists():
+        raise ParseError(Location(text), "no such file or folder")
+    if path.is_dir():
+        return _read_folder(path)
+    if tarfile.is_tarfile(path):
+        return _read_archive(path, member)
+    m = _INSTR.fullmatch(path.name)
+    chip = int(m.group(1)) if m else 0
+    return _Files(path.name, str(path.parent), {f"instructions{chip}": path.read_bytes()})
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("CARAMEL_CACHE") or Path.home() / ".cache" / "caramel")
+
+
+@lru_cache(maxsize=1)
+def _parser_fingerprint() -> bytes:
+    h = hashlib.sha256()
+    for p in (Path(__file__), GRAMMAR_PATH, Path(__file__).with_name("program.py")):
+        h.update(p.read_bytes())
+    return h.digest()
+
+
+def _cache_key(files: _Files) -> str:
+    h = hashlib.sha256(_parser_fingerprint())
+    for name in sorted(files.files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files.files[name]).digest())
+    return h.hexdigest()
+
+
+def build_program(files: _Files, *, fast: bool = True, progress: bool | None = None) -> Program:
+    """Parse the raw files of one program into a :class:`Program` (no cache)."""
+    chips = sorted(int(m.group(1)) for k in files.files if (m := _INSTR.fullmatch(k)))
+    if chips != list(range(len(chips))):
+        raise ParseError(Location(files.where), f"instruction files must be numbered 0..K-1, found {chips}")
+    total = sum(files.files[f"instructions{c}"].count(b"\n") for c in chips)
+    streams = []
+    with Progress("parse", total, enabled=progress) as bar:
+        for c in chips:
+            name = f"instructions{c}"
+            streams.append(parse_stream(files.files[name], files.path(name), c, fast=fast, progress=bar.advance))
+    manifest = Manifest(files.path("program_inputs"), ())
+    if "program_inputs" in files.files:
+        manifest = parse_manifest(files.files["program_inputs"], files.path("program_inputs"))
+    chip_manifests = tuple(
+        parse_manifest(files.files[f"inputs{c}"], files.path(f"inputs{c}"), chip=True)
+        for c in chips
+        if f"inputs{c}" in files.files
+    )
+    return Program(files.name, files.where, tuple(streams), manifest, chip_manifests)
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Pause the cyclic garbage collector while building hundreds of thousands of acyclic objects."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def load_program(
+    source: str | os.PathLike,
+    *,
+    cache: bool = True,
+    fast: bool = True,
+    progress: bool | None = None,
+) -> Program:
+    """Load a compiled program (folder, archive or single file), from the cache when possible.
+
+    Raises :class:`~caramel.errors.ParseError` naming the file, line and column of the first
+    malformed line. Validation is separate: :func:`caramel.validate.validate`.
+    """
+    files = read_source(source)
+    if not cache:
+        with _no_gc():
+            return build_program(files, fast=fast, progress=progress)
+    cache_file = _cache_dir() / f"{_cache_key(files)}.pickle"
+    try:
+        with open(cache_file, "rb") as f, _no_gc():
+            program = pickle.load(f)
+        if isinstance(program, Program):
+            return program
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        pass
+    with _no_gc():
+        program = build_program(files, fast=fast, progress=progress)
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(program, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass  # a read-only cache is not an error
+    return program
+
+
+def iter_lines(program: Program) -> Iterable[tuple[Stream, Instruction]]:
+    """Every (stream, instruction) pair of a program, chip by chip."""
+    for stream in program.streams:
+        for ins in stream.instructions:
+            yield stream, ins

@@ -1,0 +1,314 @@
+"""The negacyclic number-theoretic transform of one limb (ISA section 3), batched over limbs.
+
+For a prime q = 1 mod 2N, psi is the smallest integer in [2, q) with psi^N = -1 mod q (a primitive 2N-th
+root of unity). The forward transform maps coefficients a_0..a_{N-1} to
+
+    A[j] = sum_i a_i * psi^((2*br(j) + 1) * i) mod q,        br = bit reversal on log2(N) bits,
+
+that is the evaluations of a(X) at the odd powers of psi, in bit-reversed order; the inverse transform
+is its exact inverse (it includes N^-1). Both outputs are fully reduced.
+
+The kernels are the iterative Cooley-Tukey (forward) and Gentleman-Sande (inverse) butterflies of SEAL
+and Longa-Naehrig, vectorised over whole stages, with Shoup products and Harvey's lazy reduction:
+forward values stay in [0, 4q), inverse values in [0, 2q), and the last step reduces to [0, q).
+Stages whose butterflies span fewer than R points run on a transposed (R, N/R) view so that every
+NumPy operation has a long contiguous inner loop; twiddles for those stages are stored in that layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from caramel.ring.modular import inv_mod
+
+_U64 = np.uint64
+_SHIFT32 = np.uint64(32)
+# Rows of a batched transform are processed in chunks of about this many residues, which keeps the
+# working set (data and two scratch buffers) inside a core's L2 cache.
+_CHUNK_RESIDUES = 1 << 16
+
+
+def bit_reverse(n: int) -> np.ndarray:
+    """bit_reverse returns br as an index array: br[i] = i with its log2(n) bits reversed (n a power of 2)."""
+    log_n = n.bit_length() - 1
+    idx = np.arange(n, dtype=np.int64)
+    rev = np.zeros(n, dtype=np.int64)
+    for b in range(log_n):
+        rev |= ((idx >> b) & 1) << (log_n - 1 - b)
+    return rev
+
+
+def primitive_root_2n(q: int, n: int) -> int:
+    """primitive_root_2n returns psi, the smallest integer in [2, q) with psi^n = -1 mod q.
+
+    Such psi has order exactly 2n (n a power of two), i.e. it is a primitive 2n-th root of unity. The
+    primitive 2n-th roots are r^j for odd j, r any one of them (r = x^((q-1)/2n) for a non-residue x);
+    psi is the least of these n values. Raises ValueError when q != 1 mod 2n or q is not prime.
+    """
+    if n < 1 or (q - 1) % (2 * n):
+        raise ValueError(f"{q} is not 1 mod 2N = {2 * n}: no primitive 2N-th root of unity")
+    for x in range(2, min(q, 1000)):
+        r = pow(x, (q - 1) // (2 * n), q)
+        if pow(r, n, q) == q - 1:
+            break
+    else:
+        raise ValueError(f"no primitive {2 * n}-th root of unity modulo {q} (is it prime?)")
+    odd_powers = _powers(r, 2 * n, q)[1::2]
+    if np.any(odd_powers == 0):
+        raise ValueError(f"{q} is not prime")
+    return int(odd_powers.min())
+
+
+def _powers(base: int, n: int, q: int) -> np.ndarray:
+    """_powers returns [base^0, base^1, ..., base^(n-1)] mod q (uint64), by doubling."""
+    out = np.ones(n, dtype=_U64)
+    if n > 1:
+        out[1] = base % q
+    size = 2
+    while size < n:
+        step = np.uint64(pow(base, size, q))
+        out[size : 2 * size] = out[:size] * step % np.uint64(q)
+        size *= 2
+    return out
+
+
+def _split(log_n: int) -> int:
+    """_split returns R: stages whose butterfly blocks span at most R points use the transposed layout."""
+    return 1 << ((log_n + 1) // 2)
+
+
+def _kernel_layout(w: np.ndarray, n: int, r: int) -> np.ndarray:
+    """_kernel_layout reorders twiddles w (index m + i for stage m, group i) for the kernels.
+
+    Entries [0, n/r) stay put (stages with butterfly distance t >= r). For each later stage m (t = n/2m)
+    the slice w[m:2m], indexed by group i = blk * (r/2t) + s, is stored transposed as [s, blk].
+    """
+    out = w.copy()
+    nblk = n // r
+    m = nblk
+    while m < n:
+        t = n // (2 * m)
+        out[m : 2 * m] = w[m : 2 * m].reshape(nblk, r // (2 * t)).T.reshape(-1)
+        m *= 2
+    return out
+
+
+class NttTable:
+    """NttTable holds the constants of the negacyclic NTT for one prime q and ring degree n.
+
+    Attributes: ``q``, ``n``, ``psi`` (see primitive_root_2n), ``psi_inv`` = psi^-1 mod q,
+    ``n_inv`` = n^-1 mod q, ``psi_powers[k]`` = psi^br(k) and ``psi_inv_powers[k]`` = psi^-br(k) mod q
+    (bit-reversed powers, the twiddles of stage m, group i being entry m + i).
+    """
+
+    def __init__(self, q: int, n: int):
+        q, n = int(q), int(n)
+        if n < 2 or n & (n - 1):
+            raise ValueError(f"N = {n} is not a power of two >= 2")
+        if not 2 < q < 1 << 30:
+            raise ValueError(f"modulus {q} is outside (2, 2^30)")
+        self.q = q
+        self.n = n
+        self.log_n = n.bit_length() - 1
+        self.psi = primitive_root_2n(q, n)
+        self.psi_inv = inv_mod(self.psi, q)
+        self.n_inv = inv_mod(n, q)
+        br = bit_reverse(n)
+        fw = _powers(self.psi, n, q)[br]
+        iw = _powers(self.psi_inv, n, q)[br]
+        self.psi_powers = fw.astype(np.uint32)
+        self.psi_inv_powers = iw.astype(np.uint32)
+        self._r = _split(self.log_n)
+        qq = np.uint64(q)
+        # Kernel twiddles and their Shoup quotients floor(w * 2^32 / q), as uint32 in kernel layout.
+        self._fw = _kernel_layout(fw, n, self._r).astype(np.uint32)
+        self._fwp = ((self._fw.astype(_U64) << _SHIFT32) // qq).astype(np.uint32)
+        self._iw = _kernel_layout(iw, n, self._r).astype(np.uint32)
+        self._iwp = ((self._iw.astype(_U64) << _SHIFT32) // qq).astype(np.uint32)
+        self._n_inv_shoup = (self.n_inv << 32) // q
+        for arr in (self.psi_powers, self.psi_inv_powers, self._fw, self._fwp, self._iw, self._iwp):
+            arr.flags.writeable = False  # tables are shared through the Context cache
+
+    def __repr__(self) -> str:
+        return f"NttTable(q={self.q}, n={self.n}, psi={self.psi})"
+
+    def forward(self, a) -> np.ndarray:
+        """forward returns NTT_q(a) along the last axis (any leading shape), uint32."""
+        return ntt(a, self)
+
+    def inverse(self, a) -> np.ndarray:
+        """inverse returns INTT_q(a) along the last axis (any leading shape), uint32."""
+        return intt(a, self)
+
+
+def ntt(a, tables: NttTable | Sequence[NttTable]) -> np.ndarray:
+    """ntt returns A[j] = sum_i a_i psi^((2 br(j)+1) i) mod q along the last axis, as uint32.
+
+    ``tables`` is one NttTable (applied to every row of a, any leading shape) or a sequence of k tables
+    for a of shape (k, N) (row r modulo tables[r].q). Input residues must be canonical.
+    """
+    return _transform(a, tables, forward=True)
+
+
+def intt(a, tables: NttTable | Sequence[NttTable]) -> np.ndarray:
+    """intt returns a with ntt(a) = A, i.e. a_i = N^-1 sum_j A[j] psi^(-(2 br(j)+1) i) mod q, as uint32.
+
+    Same calling convention as ntt.
+    """
+    return _transform(a, tables, forward=False)
+
+
+def _transform(a, tables, forward: bool) -> np.ndarray:
+    a = np.asarray(a)
+    if isinstance(tables, NttTable):
+        n = tables.n
+        if a.ndim == 0 or a.shape[-1] != n:
+            raise ValueError(f"last axis has length {a.shape[-1] if a.ndim else 0}, want N = {n}")
+        rows = a.reshape(-1, n)
+        row_tables: list[NttTable] | None = None
+    else:
+        row_tables = list(tables)
+        if not row_tables:
+            if a.ndim == 2 and a.shape[0] == 0:
+                return np.empty(a.shape, dtype=np.uint32)
+            raise ValueError(f"no NTT tables given for an array of shape {a.shape}")
+        n = row_tables[0].n
+        if a.ndim != 2 or a.shape != (len(row_tables), n):
+            raise ValueError(f"array of shape {a.shape} does not match {len(row_tables)} tables of N = {n}")
+        if any(t.n != n for t in row_tables):
+            raise ValueError("NTT tables of different ring degrees")
+        rows = a
+    out = np.empty(rows.shape, dtype=np.uint32)
+    chunk = max(1, _CHUNK_RESIDUES // n)
+    kernel = _forward_rows if forward else _inverse_rows
+    for c0 in range(0, rows.shape[0], chunk):
+        c1 = min(c0 + chunk, rows.shape[0])
+        if row_tables is None:
+            tabs = [tables]
+        else:
+            tabs = row_tables[c0:c1]
+            if all(t is tabs[0] for t in tabs):
+                tabs = tabs[:1]
+        kernel(rows[c0:c1], out[c0:c1], tabs)
+    return out.reshape(a.shape)
+
+
+def _stack(tabs: list[NttTable], names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_stack returns (w, w', q) for the rows: twiddles (c, N) uint64, Shoup quotients, moduli (c, 1)."""
+    if len(tabs) == 1:
+        w = getattr(tabs[0], names[0]).astype(_U64)[None]
+        wp = getattr(tabs[0], names[1]).astype(_U64)[None]
+    else:
+        w = np.stack([getattr(t, names[0]) for t in tabs]).astype(_U64)
+        wp = np.stack([getattr(t, names[1]) for t in tabs]).astype(_U64)
+    q = np.array([[t.q] for t in tabs], dtype=_U64)
+    return w, wp, q
+
+
+def _forward_rows(src: np.ndarray, dst: np.ndarray, tabs: list[NttTable]) -> None:
+    """_forward_rows writes NTT(src) into dst (c rows); lazy Cooley-Tukey with values in [0, 4q)."""
+    c, n = src.shape
+    r = tabs[0]._r
+    nblk = n // r
+    w, wp, q = _stack(tabs, ("_fw", "_fwp"))
+    q3, q4 = q.reshape(-1, 1, 1), q.reshape(-1, 1, 1, 1)
+    tq3, tq4 = q3 * _U64(2), q4 * _U64(2)
+    rows = w.shape[0]
+    s1 = np.empty(c * n // 2, dtype=_U64)
+    s2 = np.empty(c * n // 2, dtype=_U64)
+    x = src.astype(_U64)  # a private copy, transformed in place
+    m, t = 1, n // 2
+    while t >= r:  # stages with butterfly distance t >= r: natural layout (c, m, 2, t)
+        blocks = x.reshape(c, m, 2, t)
+        _ct_butterfly(blocks[:, :, 0], blocks[:, :, 1], w[:, m : 2 * m, None], wp[:, m : 2 * m, None],
+                      q3, tq3, s1.reshape(c, m, t), s2.reshape(c, m, t))
+        m, t = m * 2, t // 2
+    z = np.ascontiguousarray(x.reshape(c, nblk, r).transpose(0, 2, 1))  # z[:, s, blk] = x[:, blk*r + s]
+    while m < n:  # stages with 2t <= r: transposed layout (c, r/2t, 2, t, nblk)
+        g = r // (2 * t)
+        blocks = z.reshape(c, g, 2, t, nblk)
+        tw = w[:, m : 2 * m].reshape(rows, g, 1, nblk)
+        twp = wp[:, m : 2 * m].reshape(rows, g, 1, nblk)
+        _ct_butterfly(blocks[:, :, 0], blocks[:, :, 1], tw, twp, q4, tq4,
+                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk))
+        m, t = m * 2, t // 2
+    zz = z.reshape(c, r, nblk)
+    s = np.empty_like(zz)
+    np.subtract(zz, tq3, out=s)
+    np.minimum(zz, s, out=zz)  # [0, 2q)
+    np.subtract(zz, q3, out=s)
+    np.minimum(zz, s, out=zz)  # [0, q)
+    dst.reshape(c, nblk, r)[...] = zz.transpose(0, 2, 1)
+
+
+def _ct_butterfly(x, y, w, wp, q, tq, s1, s2) -> None:
+    """_ct_butterfly: (x, y) <- (x + y*w, x - y*w) mod q, lazily: inputs and outputs in [0, 4q)."""
+    np.multiply(y, wp, out=s1)
+    np.right_shift(s1, _SHIFT32, out=s1)
+    np.multiply(s1, q, out=s1)
+    np.multiply(y, w, out=s2)
+    np.subtract(s2, s1, out=s2)  # v = y*w mod q in [0, 2q) (Shoup)
+    np.subtract(x, tq, out=s1)
+    np.minimum(x, s1, out=x)  # x in [0, 2q)
+    np.subtract(x, s2, out=y)
+    np.add(y, tq, out=y)  # x - v + 2q in (0, 4q)
+    np.add(x, s2, out=x)  # x + v in [0, 4q)
+
+
+def _inverse_rows(src: np.ndarray, dst: np.ndarray, tabs: list[NttTable]) -> None:
+    """_inverse_rows writes INTT(src) into dst (c rows); lazy Gentleman-Sande with values in [0, 2q)."""
+    c, n = src.shape
+    r = tabs[0]._r
+    nblk = n // r
+    w, wp, q = _stack(tabs, ("_iw", "_iwp"))
+    q3, q4 = q.reshape(-1, 1, 1), q.reshape(-1, 1, 1, 1)
+    tq3, tq4 = q3 * _U64(2), q4 * _U64(2)
+    rows = w.shape[0]
+    s1 = np.empty(c * n // 2, dtype=_U64)
+    s2 = np.empty(c * n // 2, dtype=_U64)
+    z = np.empty((c, r, nblk), dtype=_U64)
+    z[...] = src.reshape(c, nblk, r).transpose(0, 2, 1)  # z[:, s, blk] = a[:, blk*r + s]
+    h, t = n // 2, 1
+    while t < r:  # stages with 2t <= r: transposed layout
+        g = r // (2 * t)
+        blocks = z.reshape(c, g, 2, t, nblk)
+        tw = w[:, h : 2 * h].reshape(rows, g, 1, nblk)
+        twp = wp[:, h : 2 * h].reshape(rows, g, 1, nblk)
+        _gs_butterfly(blocks[:, :, 0], blocks[:, :, 1], tw, twp, q4, tq4,
+                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk))
+        h, t = h // 2, t * 2
+    x = np.ascontiguousarray(z.transpose(0, 2, 1)).reshape(c, n)
+    while h >= 1:  # stages with t >= r: natural layout (c, h, 2, t)
+        blocks = x.reshape(c, h, 2, t)
+        _gs_butterfly(blocks[:, :, 0], blocks[:, :, 1], w[:, h : 2 * h, None], wp[:, h : 2 * h, None],
+                      q3, tq3, s1.reshape(c, h, t), s2.reshape(c, h, t))
+        h, t = h // 2, t * 2
+    # Multiply by N^-1 (Shoup) and reduce to [0, q).
+    q2 = q.reshape(-1, 1)
+    ninv = np.array([[tab.n_inv] for tab in tabs], dtype=_U64)
+    ninvp = np.array([[tab._n_inv_shoup] for tab in tabs], dtype=_U64)
+    s = np.empty_like(x)
+    np.multiply(x, ninvp, out=s)
+    np.right_shift(s, _SHIFT32, out=s)
+    np.multiply(s, q2, out=s)
+    np.multiply(x, ninv, out=x)
+    np.subtract(x, s, out=x)  # [0, 2q)
+    np.subtract(x, q2, out=s)
+    np.minimum(x, s, out=x)
+    dst[...] = x
+
+
+def _gs_butterfly(x, y, w, wp, q, tq, s1, s2) -> None:
+    """_gs_butterfly: (x, y) <- (x + y, (x - y)*w) mod q, lazily: inputs and outputs in [0, 2q)."""
+    np.subtract(x, y, out=s2)
+    np.add(s2, tq, out=s2)  # x - y + 2q in (0, 4q)
+    np.add(x, y, out=x)
+    np.subtract(x, tq, out=s1)
+    np.minimum(x, s1, out=x)  # x + y in [0, 2q)
+    np.multiply(s2, wp, out=s1)
+    np.right_shift(s1, _SHIFT32, out=s1)
+    np.multiply(s1, q, out=s1)
+    np.multiply(s2, w, out=y)
+    np.subtract(y, s1, out=y)  # (x - y)*w mod q in [0, 2q) (Shoup)

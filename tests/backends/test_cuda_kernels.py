@@ -1,0 +1,433 @@
+"""The CUDA kernels of caramel.backends.cuda against the CPU reference caramel.ring, limb for limb.
+
+Every check draws fresh random residues (the seed is printed on failure), poisons the output rows with
+0xFFFFFFFF (never a residue) before the launch, scatters the rows over the arena and compares every
+output row with the reference; input rows that are not outputs must come back unchanged.
+Skipped without CuPy or without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from caramel.backends.cuda import CudaRing, FusedOp, FusedProgram, available  # noqa: E402
+
+if not available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from caramel.backends.cuda import automorphism as dauto  # noqa: E402
+from caramel.backends.cuda import basis as dbasis  # noqa: E402
+from caramel.backends.cuda import crt as dcrt  # noqa: E402
+from caramel.backends.cuda import elementwise as ew  # noqa: E402
+from caramel.backends.cuda import ntt as dntt  # noqa: E402
+from caramel.ring import Context, Mode  # noqa: E402
+from caramel.ring import crt as rcrt  # noqa: E402
+from caramel.ring import modular as rmod  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+POISON = np.uint32(0xFFFFFFFF)
+SIZES = [int(s) for s in os.environ.get("CARAMEL_CUDA_TEST_N", "4096,65536").split(",")]
+_RINGS: dict[int, tuple[Context, CudaRing]] = {}
+
+
+def rings(n: int) -> tuple[Context, CudaRing]:
+    """The (CPU context, CUDA ring) pair of degree n, built once per session."""
+    if n not in _RINGS:
+        ctx = Context(n)
+        _RINGS[n] = (ctx, CudaRing(ctx))
+    return _RINGS[n]
+
+
+@pytest.fixture(params=SIZES, ids=lambda n: f"N={n}")
+def pair(request):
+    return rings(request.param)
+
+
+@pytest.fixture
+def rng():
+    seed = int.from_bytes(os.urandom(8), "little")
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+def residues(ctx, limbs, rng) -> np.ndarray:
+    """Uniform random canonical residues, one row per limb index."""
+    return np.stack([rng.integers(0, ctx.q(l), ctx.n, dtype=np.uint64) for l in limbs]).astype(np.uint32)
+
+
+def i32(a) -> object:
+    return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
+
+
+class Arena:
+    """A poisoned device arena with rows handed out at random positions."""
+
+    def __init__(self, n: int, rows: int, rng):
+        self.host = np.full((rows, n), POISON, dtype=np.uint32)
+        self.free = list(rng.permutation(rows))
+        self.inputs: dict[int, np.ndarray] = {}
+
+    def put(self, data: np.ndarray) -> list[int]:
+        slots = [int(self.free.pop()) for _ in range(len(data))]
+        for s, row in zip(slots, data):
+            self.host[s] = row
+            self.inputs[s] = row.copy()
+        return slots
+
+    def take(self, count: int) -> list[int]:
+        return [int(self.free.pop()) for _ in range(count)]
+
+    def upload(self):
+        self.dev = cp.asarray(self.host)
+        return self.dev
+
+    def download(self) -> np.ndarray:
+        return cp.asnumpy(self.dev)
+
+
+def expect_rows(have: np.ndarray, slots, want: np.ndarray, what: str) -> None:
+    for k, (s, w) in enumerate(zip(slots, want)):
+        h = have[s]
+        if not np.array_equal(h, w):
+            bad = np.flatnonzero(h != w)
+            i = int(bad[0])
+            raise AssertionError(
+                f"{what}, row {k} (slot {s}): {bad.size} of {h.size} residues differ; "
+                f"first at {i}: want {int(w[i])}, have {int(h[i])}"
+                + (" (never written)" if h[i] == POISON else "")
+            )
+
+
+def expect_inputs_kept(arena: Arena, have: np.ndarray, written) -> None:
+    for s, row in arena.inputs.items():
+        if s not in set(written):
+            assert np.array_equal(have[s], row), f"input slot {s} was modified"
+
+
+def limb_choice(rng, count: int) -> list[int]:
+    """count limb indices including 0 and 63 (with repeats allowed)."""
+    extra = rng.integers(0, 64, max(0, count - 2)).tolist()
+    out = [0, 63] + extra
+    rng.shuffle(out)
+    return [int(l) for l in out[:count]]
+
+
+# --------------------------------------------------------------------------- NTT
+
+
+@pytest.mark.parametrize("inverse", [False, True], ids=["ntt", "intt"])
+def test_ntt(pair, rng, inverse):
+    ctx, ring = pair
+    rows = 6
+    limbs = limb_choice(rng, rows)
+    x = residues(ctx, limbs, rng)
+    arena = Arena(ctx.n, 3 * rows, rng)
+    src = arena.put(x)
+    dst = arena.take(rows)
+    dst[1] = src[1]  # two rows in place
+    dst[4] = src[4]
+    dev = arena.upload()
+    (dntt.intt if inverse else dntt.ntt)(ring, dev, i32(src), i32(dst), i32(limbs))
+    have = arena.download()
+    want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
+    expect_rows(have, dst, want, "intt" if inverse else "ntt")
+    expect_inputs_kept(arena, have, dst)
+
+
+def test_ntt_roundtrip_all_primes(pair, rng):
+    ctx, ring = pair
+    limbs = list(range(64))
+    x = residues(ctx, limbs, rng)
+    arena = Arena(ctx.n, 64, rng)
+    slots = arena.put(x)
+    dev = arena.upload()
+    s = i32(slots)
+    dntt.ntt(ring, dev, s, s, i32(limbs))
+    mid = arena.download()
+    expect_rows(mid, slots[:: 9], ctx.ntt(x[:: 9], limbs[:: 9]), "ntt")
+    dntt.intt(ring, dev, s, s, i32(limbs))
+    expect_rows(arena.download(), slots, x, "intt(ntt(x))")
+
+
+def test_ntt_small_sizes(rng):
+    for n in (16, 32, 256, 8192):
+        ctx, ring = rings(n)
+        limbs = [0, 63, 31]
+        x = residues(ctx, limbs, rng)
+        arena = Arena(n, 8, rng)
+        src = arena.put(x)
+        dst = arena.take(3)
+        dev = arena.upload()
+        dntt.ntt(ring, dev, i32(src), i32(dst), i32(limbs))
+        expect_rows(arena.download(), dst, ctx.ntt(x, limbs), f"ntt N={n}")
+        dntt.intt(ring, dev, i32(dst), i32(src), i32(limbs))
+        expect_rows(arena.download(), src, x, f"intt N={n}")
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+def _ref_op(op: str, a, b, q):
+    return {
+        "add": lambda: rmod.add_mod(a, b, q),
+        "sub": lambda: rmod.sub_mod(a, b, q),
+        "mul": lambda: rmod.mul_mod(a, b, q),
+        "neg": lambda: rmod.neg_mod(a, q),
+    }[op]()
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "neg", "copy"])
+def test_elementwise(pair, rng, op):
+    ctx, ring = pair
+    rows = 5
+    limbs = limb_choice(rng, rows)
+    a, b = residues(ctx, limbs, rng), residues(ctx, limbs, rng)
+    arena = Arena(ctx.n, 4 * rows, rng)
+    sa, sb = arena.put(a), arena.put(b)
+    dst = arena.take(rows)
+    dst[2] = sa[2]  # in place
+    dev = arena.upload()
+    q = ctx.moduli(limbs)
+    if op in ("add", "sub", "mul"):
+        getattr(ew, op)(ring, dev, i32(dst), i32(np.stack([sa, sb], axis=1)), i32(limbs))
+        want = _ref_op(op, a, b, q)
+    else:
+        getattr(ew, op)(ring, dev, i32(dst), i32(sa), i32(limbs))
+        want = a if op == "copy" else _ref_op(op, a, None, q)
+    have = arena.download()
+    expect_rows(have, dst, want, op)
+    expect_inputs_kept(arena, have, dst)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+def test_elementwise_scalar(pair, rng, op):
+    ctx, ring = pair
+    rows = 5
+    limbs = limb_choice(rng, rows)
+    a = residues(ctx, limbs, rng)
+    svals = np.array([rng.integers(0, ctx.q(l)) for l in limbs], dtype=np.uint32)
+    svals[0] = 0
+    scalars = np.concatenate([rng.integers(0, 1 << 20, 7).astype(np.uint32), svals])  # scalars at 7..
+    arena = Arena(ctx.n, 2 * rows, rng)
+    sa = arena.put(a)
+    dst = arena.take(rows)
+    dev = arena.upload()
+    getattr(ew, f"{op}_scalar")(
+        ring, dev, i32(dst), i32(sa), i32(limbs), cp.asarray(scalars), i32(np.arange(rows) + 7)
+    )
+    want = _ref_op(op, a, svals[:, None], ctx.moduli(limbs))
+    expect_rows(arena.download(), dst, want, f"{op}_scalar")
+
+
+def random_program(rng, n_vec=3, n_scalar=2, n_ops=9) -> FusedProgram:
+    kinds = [True] * n_vec + [False] * n_scalar
+    ops = []
+    for _ in range(n_ops):
+        op = str(rng.choice(["add", "sub", "mul", "neg"]))
+        args = tuple(int(rng.integers(0, len(kinds))) for _ in range(1 if op == "neg" else 2))
+        ops.append(FusedOp(op, args))
+        kinds.append(any(kinds[a] for a in args))
+    vec_values = [v for v, k in enumerate(kinds) if k]
+    outputs = tuple(int(v) for v in rng.choice(vec_values[n_vec:] or vec_values, 3))
+    return FusedProgram(n_vec, n_scalar, tuple(ops), outputs + (0,))
+
+
+def test_fused_program(pair, rng):
+    ctx, ring = pair
+    prog = random_program(rng)
+    rows = 4
+    limbs = limb_choice(rng, rows)
+    vecs = [residues(ctx, limbs, rng) for _ in range(prog.n_vec)]
+    svals = [np.array([rng.integers(0, ctx.q(l)) for l in limbs], dtype=np.uint32) for _ in range(prog.n_scalar)]
+    arena = Arena(ctx.n, (prog.n_vec + len(prog.outputs)) * rows, rng)
+    vslots = np.stack([arena.put(v) for v in vecs], axis=1)
+    oslots = np.array([arena.take(len(prog.outputs)) for _ in range(rows)])
+    oslots[1, 0] = vslots[1, 1]  # an output over an input of the same row
+    scal = np.stack(svals, axis=1).reshape(-1)  # row r, scalar j at r * n_scalar + j
+    sidx = np.arange(rows * prog.n_scalar).reshape(rows, prog.n_scalar)
+    dev = arena.upload()
+    ew.fused(ring, prog, dev, i32(oslots), i32(vslots), i32(limbs), cp.asarray(scal), i32(sidx))
+    q = ctx.moduli(limbs)
+    values = list(vecs) + [s[:, None] for s in svals]
+    for op in prog.ops:
+        a = values[op.args[0]]
+        b = values[op.args[-1]]
+        values.append(_ref_op(op.op, a, b, q))
+    have = arena.download()
+    for k, o in enumerate(prog.outputs):
+        want = np.broadcast_to(values[o], (rows, ctx.n))
+        expect_rows(have, oslots[:, k], want, f"fused {prog.signature()} output {k}")
+
+
+def test_fused_signature_cache(pair):
+    _, ring = pair
+    p1 = FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,))
+    p2 = FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,))
+    assert p1.signature() == p2.signature() == "v2s0|add(0,1)|2"
+    assert p1.kernel_name() == ew.ADD.kernel_name()
+    with pytest.raises(ValueError):
+        FusedProgram(1, 1, (FusedOp("add", (1, 1)),), (2,))  # a scalar output
+
+
+# --------------------------------------------------------------------------- automorphism
+
+
+def test_automorphism(pair, rng):
+    ctx, ring = pair
+    n = ctx.n
+    gs = [ctx.galois_element(s) for s in (1, -1, 5, n // 4 - 3)] + [ctx.conjugation_element, 1]
+    limbs = limb_choice(rng, len(gs))
+    x = residues(ctx, limbs, rng)
+    arena = Arena(n, 2 * len(gs), rng)
+    src = arena.put(x)
+    dst = arena.take(len(gs))
+    dev = arena.upload()
+    dauto.automorphism(ring, dev, i32(src), i32(dst), i32(gs))
+    have = arena.download()
+    want = np.stack([ctx.automorphism(row, g) for row, g in zip(x, gs)])
+    expect_rows(have, dst, want, "automorphism")
+    expect_inputs_kept(arena, have, dst)
+
+
+# --------------------------------------------------------------------------- base conversion and sud
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32)], ids=lambda s: f"S={s[0]},D={s[1]}")
+def test_base_conversion(pair, rng, mode, shape):
+    ctx, ring = pair
+    s, d = shape
+    others = [int(l) for l in rng.permutation(np.arange(1, 63))]
+    in_limbs = sorted([0] + others[: s - 1])  # limb 0 is an input, limb 63 an output
+    out_limbs = sorted(others[s - 1 : s + d - 2] + [63])
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    batch = 2
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    outs = np.array([arena.take(d) for _ in range(batch)])
+    dev = arena.upload()
+    conv.convert(dev, i32(ins), i32(outs), mode)
+    have = arena.download()
+    for b in range(batch):
+        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"base conversion {mode.value} batch {b}")
+    expect_inputs_kept(arena, have, outs.reshape(-1))
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+def test_sud_lift(pair, rng, mode):
+    ctx, ring = pair
+    pairs = [(63, 0), (0, 63), (5, 4), (40, 2), (1, 0)]
+    ts = [t for t, _ in pairs]
+    ls = [l for _, l in pairs]
+    rb = residues(ctx, ts, rng)
+    rb[0, :4] = [0, (ctx.q(63) - 1) // 2, (ctx.q(63) + 1) // 2, ctx.q(63) - 1]  # the centring boundary
+    arena = Arena(ctx.n, 2 * len(pairs), rng)
+    src = arena.put(rb)
+    dst = arena.take(len(pairs))
+    dev = arena.upload()
+    dbasis.sud_lift(ring, dev, i32(src), i32(dst), i32(ts), i32(ls), mode)
+    want = np.stack([ctx.sud_lift(rb[k], t, l, mode) for k, (t, l) in enumerate(pairs)])
+    expect_rows(arena.download(), dst, want, f"sud_lift {mode.value}")
+
+
+# --------------------------------------------------------------------------- rsv / mod
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
+def test_rsv_and_mod(pair, rng, m):
+    ctx, ring = pair
+    n = ctx.n
+    basis = ([0, 63] + [int(l) for l in rng.permutation(np.arange(1, 63))])[:m]
+    rng.shuffle(basis)
+    crt_basis = dcrt.CrtBasis(ring, basis)
+    primes = [ctx.q(l) for l in basis]
+    qb = math.prod(primes)
+    groups = 2
+    # group 0 starts from zero (rsi), group 1 from a random valid X < Q_B
+    start = [np.zeros((m, n), dtype=np.uint32)]
+    start.append(rcrt.ints_to_words(np.array([int(rng.integers(0, 1 << 62)) * int(rng.integers(0, 1 << 62)) % qb
+                                              for _ in range(n)], dtype=object), m))
+    order = [list(range(m)), [int(j) for j in rng.permutation(m)]]  # source positions per group
+    srcs = [residues(ctx, [basis[j] for j in order[g]], rng) for g in range(groups)]
+    arena = Arena(n, groups * 2 * m + 3, rng)
+    acc = np.array([arena.put(start[g]) for g in range(groups)])
+    src = np.array([arena.put(srcs[g]) for g in range(groups)])
+    dev = arena.upload()
+    crt_basis.rsv(dev, i32(acc), i32(src), i32(order))
+    have = arena.download()
+    for g in range(groups):
+        want = start[g]
+        for k, j in enumerate(order[g]):
+            want = rcrt.rsv_accumulate(want, srcs[g][k], primes, j)
+        expect_rows(have, acc[g], want, f"rsv group {g}")
+    # after a full resolve from zero, X is the CRT lift of the sources
+    lifted = rcrt.words_to_ints(have[acc[0]])
+    assert all(np.array_equal(lifted % q, srcs[0][j].astype(object)) for j, q in enumerate(primes))
+    # mod: reduce both accumulators into limbs 0, 63 and a random one
+    out_limbs = [0, 63, int(rng.integers(0, 64))]
+    accs = np.array([acc[g % groups] for g in range(len(out_limbs))])
+    outs = arena.take(len(out_limbs))
+    dcrt.mod(ring, dev, i32(accs), i32(outs), i32(out_limbs))
+    have = arena.download()
+    want = np.stack([rcrt.mod_reduce(have[accs[k]], ctx.q(l)) for k, l in enumerate(out_limbs)])
+    expect_rows(have, outs, want, "mod")
+
+
+def test_mod_any_words(pair, rng):
+    ctx, ring = pair
+    m = 8
+    words = rng.integers(0, 1 << 32, (m, ctx.n), dtype=np.uint64).astype(np.uint32)
+    arena = Arena(ctx.n, m + 2, rng)
+    acc = arena.put(words)
+    out = arena.take(2)
+    dev = arena.upload()
+    dcrt.mod(ring, dev, i32([acc, acc]), i32(out), i32([0, 63]))
+    want = np.stack([rcrt.mod_reduce(words, ctx.q(l)) for l in (0, 63)])
+    expect_rows(arena.download(), out, want, "mod of arbitrary words")
+
+
+# --------------------------------------------------------------------------- graph capture
+
+
+def test_graph_capture(rng):
+    """A sequence of launches (no allocation, no sync) can be captured and replayed as a CUDA graph."""
+    if not hasattr(cp.cuda, "Stream") or not hasattr(cp.cuda.Stream, "begin_capture"):
+        pytest.skip("this CuPy cannot capture graphs")
+    ctx, ring = rings(4096)
+    limbs = [0, 63, 7]
+    x = residues(ctx, limbs, rng)
+    arena = Arena(ctx.n, 9, rng)
+    src = arena.put(x)
+    mid = arena.take(3)
+    out = arena.take(3)
+    dev = arena.upload()
+    s, m, o, p = i32(src), i32(mid), i32(out), i32(limbs)
+    pairs = i32(np.stack([src, mid], axis=1))
+    dev_copy = dev.copy()
+
+    def body():
+        dntt.ntt(ring, dev, s, m, p)
+        ew.add(ring, dev, o, pairs, p)
+        dntt.intt(ring, dev, o, o, p)
+
+    body()  # warm-up: compiles the modules and uploads the tables
+    dev[...] = dev_copy
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        body()
+        graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    have = cp.asnumpy(dev)
+    want = ctx.intt(rmod.add_mod(x, ctx.ntt(x, limbs), ctx.moduli(limbs)), limbs)
+    expect_rows(have, out, want, "graph replay")

@@ -1,0 +1,228 @@
+"""Check files: format, fit with every catalog program, and end-to-end runs with a reference evaluator."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+
+import numpy as np
+import pytest
+
+from caramel.ckks import (
+    CHECKS_DIR,
+    Ciphertext,
+    input_mems,
+    CheckError,
+    check_path,
+    evaluate_check,
+    family_of,
+    fit_problems,
+    load_check,
+    output_scales,
+    parse_check,
+    prepare_check,
+    requirements,
+    run_check,
+    write_outputs,
+)
+from caramel.ckks.bind import read_outputs
+from caramel.ckks.check import default_limb_count, resolve_tolerance
+from caramel.program import Mem
+from caramel.ring import Mode
+
+from ckks_helpers import PROGRAMS, context, load, load_manifest
+from ckks_refeval import Ref, run_family
+
+FAMILIES = [
+    "Add", "AddScalar", "PtSub", "PtMul", "Rotate", "RotMulAdd", "Rescale", "Relin", "Mul", "MulRescale",
+    "MulRotate", "MulAdd", "MulAdd2", "Relin2", "PtMulRescale", "ModSwitchPt", "PolyX8", "BootstrapModRaise",
+]
+N = 4096
+
+
+def _catalog_programs():
+    if not PROGRAMS.exists():
+        return []
+    return sorted(p.name for p in PROGRAMS.iterdir() if (p / "program_inputs").exists() and family_of(p.name) != "BootstrapLike")
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f"checkfile/{f}" for f in FAMILIES])
+def test_check_file_loads(family):
+    spec = load_check(CHECKS_DIR / f"{family}.toml")
+    assert spec.outputs and spec.inputs and spec.description
+    for out in spec.outputs.values():
+        for mode in ("exact", "textbook"):
+            for n in (1024, 4096, 65536):
+                assert out.tolerance(mode, n) is not None
+
+
+def test_every_catalog_program_fits_its_check():
+    """Each family's check file matches every L and chip count: input names/kinds, outputs, scales."""
+    names = _catalog_programs()
+    if not names:
+        pytest.skip("no compiled programs")
+    ctx = context(N)
+    seen = set()
+    for name in names:
+        man = load_manifest(name)
+        spec = load_check(check_path(name))
+        req = requirements(man)
+        assert not req.problems, name
+        assert fit_problems(spec, req) == [], name
+        L = default_limb_count(req)
+        for scale, modulus in output_scales(spec, ctx, L).values():
+            assert math.isfinite(scale) and scale > 0
+            assert modulus is None or modulus > 2**80
+        seen.add(family_of(name))
+    assert seen == set(FAMILIES)
+
+
+def _prepared(name, rng, **kw):
+    prog = load(name)
+    ctx = context(N)
+    return prog, prepare_check(check_path(name), prog, ctx, rng=rng, **kw)
+
+
+def _run(prog, prep, family=None, mode="exact"):
+    outs = run_family(family or family_of(prog.name), Ref(prep.ctx, prep.keys), prep.objects, list(prep.spec.outputs))
+    return evaluate_check(prep, {**prep.memory, **write_outputs(prog, outs)}, mode)
+
+
+E2E = [f"{f}_4L_1c" for f in FAMILIES] + [f"{f}_10L_2c" for f in FAMILIES] + [
+    "Rotate_51L_4c", "Mul_51L_8c", "BootstrapModRaise_51L_2c", "PolyX8_51L_1c",
+]
+
+
+@pytest.mark.parametrize("name", E2E, ids=[f"check-e2e/{n}" for n in E2E])
+def test_reference_run_passes(name, rng):
+    """The family's meaning computed homomorphically with caramel's keys decrypts to the formula."""
+    prog, prep = _prepared(name, rng)
+    report = _run(prog, prep)
+    assert report.passed, report.summary()
+    for r in report.results.values():
+        assert r.passed is True and r.precision_bits > 12 and r.median_bits >= r.precision_bits
+
+
+def test_wrong_results_fail(rng):
+    prog, prep = _prepared("Rotate_4L_1c", rng)
+    right = Ref(prep.ctx, prep.keys).rotate(prep.objects["x"], -2)
+    wrong = type(right)(right.c0, prep.objects["x"].c1, right.limbs)  # a corrupted c1
+    assert evaluate_check(prep, {**prep.memory, **write_outputs(prog, {"z": right})}).passed
+    report = evaluate_check(prep, {**prep.memory, **write_outputs(prog, {"z": wrong})})
+    assert not report.passed and report.results["z"].passed is False
+
+
+def test_bootstrap_needs_the_modulus(rng):
+    prog, prep = _prepared("BootstrapModRaise_4L_1c", rng)
+    outs = run_family("BootstrapModRaise", Ref(prep.ctx, prep.keys), prep.objects, ["z"])
+    memory = {**prep.memory, **write_outputs(prog, outs)}
+    assert evaluate_check(prep, memory).passed
+    data = tomllib.loads((CHECKS_DIR / "BootstrapModRaise.toml").read_text())
+    del data["outputs"]["z"]["modulus"]
+    prep.spec = parse_check(data, "no-modulus")
+    report = evaluate_check(prep, memory)
+    assert report.results["z"].passed is False
+
+
+def _ciphertexts_from_image(prog, image):
+    """Rebuild the input ciphertexts from a memory image (what an executor sees)."""
+    req = requirements(prog)
+    rows = {}
+    for term, src in req.terms.items():
+        if src.kind is not None and src.kind.value == "ciphertext":
+            for l in req.term_limbs[term]:
+                rows.setdefault(src.name, {}).setdefault(src.part, {})[l] = image[Mem(term, l)]
+    out = {}
+    for name, parts in rows.items():
+        limbs = tuple(sorted(parts["c0"]))
+        out[name] = Ciphertext(np.stack([parts["c0"][l] for l in limbs]), np.stack([parts["c1"][l] for l in limbs]), limbs)
+    return out
+
+
+def test_run_check_with_executor_and_mode_enum(rng):
+    prog = load("MulRotate_4L_2c")
+    ctx = context(N)
+    keys = {}
+    seen = {}
+
+    def execute(image):
+        seen["image"] = set(image)
+        objs = _ciphertexts_from_image(prog, image)
+        return write_outputs(prog, run_family("MulRotate", Ref(ctx, keys), objs, ["z"]))
+
+    report = run_check(check_path("MulRotate_4L_2c"), prog, ctx, execute, mode=Mode.TEXTBOOK, rng=rng, keys=keys)
+    assert seen["image"] == input_mems(prog)
+    assert report.mode == "textbook" and report.passed, report.summary()
+    assert "dense-ternary" in report.summary() and "sparse-ternary(h=32)" in report.summary()
+
+
+def test_tolerance_tables():
+    tol = {"exact": 10, "textbook": {"1024": 10, "4096": 9, "65536": 4}}
+    assert resolve_tolerance(tol, "exact", 65536) == 10
+    assert resolve_tolerance(tol, "textbook", 512) == 10
+    assert resolve_tolerance(tol, "textbook", 2048) == 9
+    assert resolve_tolerance(tol, "textbook", 8192) == 4
+    assert resolve_tolerance(tol, "textbook", 131072) == 4
+    assert resolve_tolerance(tol, "emulator", 1024) is None
+    assert resolve_tolerance({**tol, "default": 3}, "emulator", 1024) == 3
+    assert resolve_tolerance(7, "anything", 1) == 7
+
+
+def _doc(**outputs):
+    return {
+        "inputs": {"x": {"kind": "ciphertext", "scale": "S"}},
+        "outputs": {"z": {"formula": "x", "scale": "S", "tolerance_bits": 10, **outputs}},
+    }
+
+
+BAD_DOCS = [
+    ({"formula": "x.real"}, "Attribute"),
+    ({"formula": "y"}, "not declared"),
+    ({"formula": "eval(x)"}, "call"),
+    ({"scale": "x"}, "not declared"),  # inputs are not scale variables
+    ({"tolerance_bits": {"fast": 3}}, "unknown mode"),
+    ({"tolerance_bits": {"exact": {"big": 3}}}, "N = bits"),
+    ({"tolerance_bits": "ten"}, "number or a table"),
+    ({"key": "s2"}, "key must be"),
+    ({"colour": "red"}, "unknown keys"),
+]
+
+
+@pytest.mark.parametrize("extra,why", BAD_DOCS, ids=[f"checkfile-reject/{i}" for i in range(len(BAD_DOCS))])
+def test_parse_check_rejects(extra, why):
+    with pytest.raises(CheckError, match=why):
+        parse_check(_doc(**extra))
+
+
+def test_parse_check_structure_errors():
+    with pytest.raises(CheckError, match="kind"):
+        parse_check({"inputs": {"x": {"kind": "cipher", "scale": "S"}}, "outputs": {"z": {"formula": "1", "scale": "S"}}})
+    with pytest.raises(CheckError, match="reserved"):
+        parse_check({"inputs": {"q": {"kind": "ciphertext", "scale": "S"}}, "outputs": {"z": {"formula": "1", "scale": "S"}}})
+    with pytest.raises(CheckError, match="no \\[outputs"):
+        parse_check({"inputs": {}})
+    with pytest.raises(CheckError, match="unknown top-level"):
+        parse_check({**_doc(), "extra": 1})
+    spec = parse_check({"params": {"T": "S**2", "U": "T / q[0]"}, **_doc(scale="U", formula="scaled(rot(conj(x), -3), T)")})
+    assert spec.params == {"T": "S**2", "U": "T / q[0]"}
+
+
+def test_check_must_fit_the_manifest(rng):
+    prog = load("Mul_4L_1c")
+    spec = parse_check({
+        "inputs": {"x": {"kind": "plaintext", "scale": "S"}, "w": {"kind": "ciphertext", "scale": "S"}},
+        "outputs": {"z": {"formula": "x", "scale": "S"}},
+    })
+    with pytest.raises(CheckError) as exc:
+        prepare_check(spec, prog, context(N), rng=rng)
+    msg = str(exc.value)
+    assert "manifest input y" in msg and "x is a ciphertext in the manifest" in msg and "declared input w" in msg
+
+
+def test_prepared_values_are_the_decoded_messages(rng):
+    prog, prep = _prepared("AddScalar_4L_2c", rng)
+    s = prep.values["s"]
+    assert isinstance(s, float) and abs(s * 2**28 - round(s * 2**28)) < 1e-6
+    assert prep.values["x"].shape == (N // 2,)
+    ct = read_outputs(prog, {**prep.memory, **write_outputs(prog, {"z": prep.objects["x"]})})["z"]
+    assert ct.limbs == (0, 1, 2, 3)
