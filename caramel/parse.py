@@ -26,9 +26,9 @@ import os
 import pickle
 import re
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Callable, Iterable
 
 from caramel.errors import Location, ParseError
@@ -106,8 +106,8 @@ def _tree_to_instruction(tree, line: int) -> Instruction:
     def src(x):
         if x is None:
             return None
-        if hasattr(x, "data"):  # vsrc / ssrc
-            return _reg(x.children[0], x.children[1])
+        if hasattr(x, "data"):  # vsrc / ssrc: the register, then DEAD if marked (``DEAD?`` has no placeholder)
+            return _reg(x.children[0], x.children[1] if len(x.children) > 1 else None)
         if x.type == "BOUT":
             return _bout(x)
         return _reg(x)
@@ -122,7 +122,7 @@ def _tree_to_instruction(tree, line: int) -> Instruction:
         return tuple(src(c) for c in x.children)
 
     if kind in ("load", "evg", "loas"):
-        return Instruction(Opcode(kind), dst=_reg(ch[0]), srcs=(_mem(ch[1]),), final=ch[2] is not None, line=line)
+        return Instruction(Opcode(kind), dst=_reg(ch[0]), srcs=(_mem(ch[1]),), final=len(ch) > 2, line=line)
     if kind in ("store", "spill"):
         return Instruction(Opcode(kind), dst=_mem(ch[1]), srcs=(src(ch[0]),), line=line)
     if kind in ("binop", "scalarop", "unop"):
@@ -463,8 +463,11 @@ class _Files:
     name: str
     where: str
     files: dict[str, bytes]
+    paths: dict[str, str] = field(default_factory=dict)  # display path of a file not at where/filename
 
     def path(self, filename: str) -> str:
+        if filename in self.paths:
+            return self.paths[filename]
         return f"{self.where}/{filename}" if self.where else filename
 
 
@@ -528,7 +531,8 @@ def read_source(source: str | os.PathLike) -> _Files:
         return _read_archive(path, member)
     m = _INSTR.fullmatch(path.name)
     chip = int(m.group(1)) if m else 0
-    return _Files(path.name, str(path.parent), {f"instructions{chip}": path.read_bytes()})
+    key = f"instructions{chip}"
+    return _Files(path.name, str(path.parent), {key: path.read_bytes()}, {key: str(path)})
 
 
 def _cache_dir() -> Path:
@@ -572,6 +576,21 @@ def build_program(files: _Files, *, fast: bool = True, progress: bool | None = N
     return Program(files.name, files.where, tuple(streams), manifest, chip_manifests)
 
 
+def _relocate(program: Program, files: _Files) -> Program:
+    """``program`` with the name and file paths of ``files``.
+
+    The cache is keyed by content, so identical files at another place (a copied folder, or
+    ``Mul_4L_1c`` and ``MulRescale_4L_1c``, which the compiler writes identically) share an entry;
+    the paths that error messages name must still be those of the files actually loaded.
+    """
+    if program.name == files.name and program.path == files.where:
+        return program
+    streams = tuple(Stream(s.chip, files.path(f"instructions{s.chip}"), s.instructions) for s in program.streams)
+    manifest = Manifest(files.path("program_inputs"), program.manifest.entries)
+    chip_manifests = tuple(Manifest(files.path(PurePath(m.path).name), m.entries) for m in program.chip_manifests)
+    return Program(files.name, files.where, streams, manifest, chip_manifests)
+
+
 @contextlib.contextmanager
 def _no_gc():
     """Pause the cyclic garbage collector while building hundreds of thousands of acyclic objects."""
@@ -605,7 +624,7 @@ def load_program(
         with open(cache_file, "rb") as f, _no_gc():
             program = pickle.load(f)
         if isinstance(program, Program):
-            return program
+            return _relocate(program, files)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
         pass
     with _no_gc():

@@ -26,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(256) automorphism(
     // (g (2 br(j) + 1)) mod 2N; 2N divides 2^32, so the wrapped 32-bit product is exact mod 2N.
     const u32 e = (g * (2u * bj + 1u)) & (2u * n - 1u);
     const u32 src = __brev((e - 1u) >> 1) >> (32 - logn);
-    arena[(size_t)out_slots[r] * n + j] = __ldg(arena + (size_t)in_slots[r] * n + src);
+    arena[(u64)out_slots[r] * n + j] = __ldg(arena + (u64)in_slots[r] * n + src);
 }
 """
 

@@ -50,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
     for (int e = threadIdx.x; e < S * D; e += blockDim.x) tab[e] = table[e];
     double f = 0.0;
     for (int k = 0; k < S; ++k) {
-        u32 x = i < n ? arena[(size_t)in_slots[b * S + k] * n + i] : 0u;
+        u32 x = i < n ? arena[(u64)in_slots[b * S + k] * n + i] : 0u;
         if (mode != 1) x = shoup(x, __ldg(in_consts + 4 * k + 1), __ldg(in_consts + 4 * k + 2), __ldg(in_consts + 4 * k));
         if (mode == 2) f = __dadd_rn(f, __dmul_rn((double)x, __ldg(recip + k)));
         t[k * blockDim.x + threadIdx.x] = x;
@@ -65,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
         const u64 mu = ((u64)__ldg(out_consts + 4 * d + 3) << 32) | __ldg(out_consts + 4 * d + 2);
         u32 y = reduce64(acc, p, mu);
         if (mode == 2) y = sub_mod(y, mul_mod(v, __ldg(out_consts + 4 * d + 1), p, mu), p);
-        arena[(size_t)out_slots[b * D + d] * n + i] = y;
+        arena[(u64)out_slots[b * D + d] * n + i] = y;
     }
 }
 
@@ -80,10 +80,10 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
     const u32 qt = prime_q(pt, src_prime[r]);
     const u32 ql = prime_q(pt, l);
     const u64 mu = prime_mu(pt, l);
-    const u32 x = arena[(size_t)in_slots[r] * n + i];
+    const u32 x = arena[(u64)in_slots[r] * n + i];
     u32 y = reduce64(x, ql, mu);
     if (centred && x > (qt - 1u) / 2u) y = sub_mod(y, reduce64(qt, ql, mu), ql);
-    arena[(size_t)out_slots[r] * n + i] = y;
+    arena[(u64)out_slots[r] * n + i] = y;
 }
 """
 

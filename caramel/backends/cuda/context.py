@@ -108,6 +108,7 @@ class CudaRing:
         self._prime_table = None
         self._twiddles = None
         self._modules: dict[str, object] = {}
+        self._functions: dict[tuple[str, str], object] = {}
 
     # ----------------------------------------------------------------- device tables
     @property
@@ -148,8 +149,11 @@ class CudaRing:
         return mod
 
     def kernel(self, key: str, source_fn, name: str):
-        """Function ``name`` of the module ``key`` (see :meth:`module`)."""
-        return self.module(key, source_fn).get_function(name)
+        """Function ``name`` of the module ``key`` (see :meth:`module`), cached."""
+        fn = self._functions.get((key, name))
+        if fn is None:
+            fn = self._functions[(key, name)] = self.module(key, source_fn).get_function(name)
+        return fn
 
     # ----------------------------------------------------------------- checks
     def check_arena(self, arena) -> None:

@@ -34,10 +34,10 @@ __device__ __forceinline__ void rsv_body(u32* arena, const int* __restrict__ acc
     if (i >= n) return;
     u32 x[M];
 #pragma unroll
-    for (int w = 0; w < M; ++w) x[w] = arena[(size_t)acc_slots[g * M + w] * n + i];
+    for (int w = 0; w < M; ++w) x[w] = arena[(u64)acc_slots[g * M + w] * n + i];
     for (int j = 0; j < K; ++j) {
         const u32* c = consts + src_pos[g * K + j] * (3 + M);
-        const u32 rs = arena[(size_t)src_slots[g * K + j] * n + i];
+        const u32 rs = arena[(u64)src_slots[g * K + j] * n + i];
         const u32 a = shoup(rs, __ldg(c + 1), __ldg(c + 2), __ldg(c));
         u64 carry = 0;
 #pragma unroll
@@ -60,7 +60,7 @@ __device__ __forceinline__ void rsv_body(u32* arena, const int* __restrict__ acc
         }
     }
 #pragma unroll
-    for (int w = 0; w < M; ++w) arena[(size_t)acc_slots[g * M + w] * n + i] = x[w];
+    for (int w = 0; w < M; ++w) arena[(u64)acc_slots[g * M + w] * n + i] = x[w];
 }
 
 template <int M>
@@ -76,8 +76,8 @@ __device__ __forceinline__ void mod_body(u32* arena, const int* __restrict__ acc
     u32 y = 0;
 #pragma unroll
     for (int w = M - 1; w >= 0; --w)
-        y = reduce64(((u64)y << 32) | arena[(size_t)acc_slots[r * M + w] * n + i], q, mu);
-    arena[(size_t)out_slots[r] * n + i] = y;
+        y = reduce64(((u64)y << 32) | arena[(u64)acc_slots[r * M + w] * n + i], q, mu);
+    arena[(u64)out_slots[r] * n + i] = y;
 }
 """
     wrappers = []

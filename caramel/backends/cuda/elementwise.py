@@ -100,7 +100,7 @@ class FusedProgram:
         ]
         for k in range(nv):
             lines.append(
-                f"    const uint4 x{k} = ((const uint4*)arena)[(size_t)vec_slots[r * {nv} + {k}] * n4 + i];"
+                f"    const uint4 x{k} = ((const uint4*)arena)[(u64)vec_slots[r * {nv} + {k}] * n4 + i];"
             )
         for k in range(ns):
             lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
@@ -120,7 +120,7 @@ class FusedProgram:
                     args = [f"x{a}.{c}" if kinds[a] else f"x{a}" for a in op.args]
                     lines.append(f"    x{v}.{c} = {OPS[op.op][1].format(a=args[0], b=args[-1])};")
         for k, o in enumerate(self.outputs):
-            lines.append(f"    ((uint4*)arena)[(size_t)out_slots[r * {no} + {k}] * n4 + i] = x{o};")
+            lines.append(f"    ((uint4*)arena)[(u64)out_slots[r * {no} + {k}] * n4 + i] = x{o};")
         lines.append("}")
         return "\n".join(lines) + "\n"
 

@@ -116,9 +116,9 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = 2 * q;
-    const uint2* tw = tw_all + (size_t)pi * NN;
-    const u32* src = arena + (size_t)in_slots[r] * NN;
-    u32* dst = arena + (size_t)out_slots[r] * NN;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    const u32* src = arena + (u64)in_slots[r] * NN;
+    u32* dst = arena + (u64)out_slots[r] * NN;
     for (int i = threadIdx.x; i < NN; i += blockDim.x) sm[i] = src[i];
     __syncthreads();
 {passes}
@@ -137,9 +137,9 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     const int c0 = (blockIdx.x % TILES) * 32;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = 2 * q;
-    const uint2* tw = tw_all + (size_t)pi * NN;
-    const u32* src = arena + (size_t)in_slots[r] * NN + c0;
-    u32* dst = arena + (size_t)out_slots[r] * NN + c0;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    const u32* src = arena + (u64)in_slots[r] * NN + c0;
+    u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (32 << A_BITS); e += blockDim.x)
         sm[e] = src[((e >> 5) << (LOGN - A_BITS)) + (e & 31)];
     __syncthreads();
@@ -159,9 +159,9 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     const int hi0 = (blockIdx.x % TILES) * 8;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = 2 * q;
-    const uint2* tw = tw_all + (size_t)pi * NN;
-    const uint4* src = (const uint4*)(arena + (size_t)in_slots[r] * NN + hi0 * 256);
-    uint4* dst = (uint4*)(arena + (size_t)out_slots[r] * NN + hi0 * 256);
+    const uint2* tw = tw_all + (u64)pi * NN;
+    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
     for (int e = threadIdx.x; e < 8 * 64; e += blockDim.x) {{
         const uint4 v = src[e];
         const int sub = e >> 6, p = (e & 63) * 4;

@@ -1,0 +1,128 @@
+"""The embedding API: load a program, make a context and keys, bind inputs, run, read outputs.
+
+    >>> import caramel
+    >>> program = caramel.load_program("programs/Mul_4L_2c")
+    >>> outcome = caramel.run_program(program, n=4096, check="auto", seed=1)
+    >>> outcome.report.passed
+    True
+
+Lower-level pieces for finer control: :class:`caramel.ring.Context`, :mod:`caramel.ckks`
+(secrets, keys, encryption, :func:`~caramel.ckks.bind.bind_inputs`,
+:func:`~caramel.ckks.bind.read_outputs`) and the executors in :mod:`caramel.execute`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from caramel.ckks.bind import requirements
+from caramel.ckks.check import (
+    CheckReport,
+    CheckSpec,
+    InputSpec,
+    OutputSpec,
+    PreparedCheck,
+    check_path,
+    evaluate_check,
+    load_check,
+    prepare_check,
+)
+from caramel.errors import CaramelError
+from caramel.execute.reference import RunResult, run_reference
+from caramel.program import Mem, Program
+from caramel.ring import Context, Mode
+
+#: Names accepted by ``backend=``: ``cpu`` (reference interpreter), ``auto`` (GPU when one is
+#: usable, else ``cpu``).
+BACKENDS = ("auto", "cpu")
+
+
+def default_spec(program: Program) -> CheckSpec:
+    """Random inputs for any program: every input at the fresh scale 2^28, outputs not judged."""
+    req = requirements(program)
+    inputs = {name: InputSpec(name, need.kind, "S", magnitude=0.5) for name, need in req.inputs.items()}
+    outputs = {name: OutputSpec(name, "0", "S") for name in req.outputs}
+    return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs)
+
+
+def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
+    """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs."""
+    h = hashlib.sha256()
+    for entry in program.manifest.outputs:
+        for limb in entry.limbs:
+            key = Mem(entry.term, limb)
+            h.update(f"{key}\0".encode())
+            if key in memory:
+                h.update(np.ascontiguousarray(memory[key], dtype=np.uint32).tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class RunOutcome:
+    """The result of :func:`run_program`."""
+
+    program: Program
+    ctx: Context
+    mode: Mode
+    backend: str
+    prepared: PreparedCheck
+    result: RunResult
+    report: CheckReport | None
+    seconds: float
+    digest: str
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> ``cpu`` until a GPU backend is usable; unknown names are errors."""
+    if backend not in BACKENDS:
+        raise CaramelError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    return "cpu" if backend == "auto" else backend
+
+
+def executor(program: Program, ctx: Context, mode: Mode, backend: str) -> Callable[[Mapping], RunResult]:
+    """A function ``memory -> RunResult`` running ``program`` on ``backend``."""
+    backend = resolve_backend(backend)
+    return lambda memory: run_reference(program, ctx, memory, mode)
+
+
+def run_program(
+    program: Program,
+    *,
+    n: int = 65536,
+    mode: Mode | str = Mode.EXACT,
+    backend: str = "auto",
+    seed: int = 0,
+    check: str | Path | CheckSpec | None = "auto",
+    ctx: Context | None = None,
+) -> RunOutcome:
+    """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
+
+    ``check="auto"`` uses ``programs/checks/<Family>.toml`` when it exists, else random inputs at
+    scale 2^28 with no judgement (BootstrapLike is checked by comparing limbs, not by decryption).
+    Everything random (secrets, keys, inputs) comes from ``seed``, so a run is reproducible.
+    """
+    mode = Mode(mode)
+    ctx = ctx or Context(n=n)
+    spec: CheckSpec | None
+    if check == "auto":
+        path = check_path(program.name)
+        spec = load_check(path) if path.exists() else None
+    elif check is None or isinstance(check, CheckSpec):
+        spec = check
+    else:
+        spec = load_check(check)
+    rng = np.random.default_rng(seed)
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=rng)
+    run = executor(program, ctx, mode, backend)
+    start = time.perf_counter()
+    result = run(prepared.memory)
+    seconds = time.perf_counter() - start
+    report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+    return RunOutcome(program, ctx, mode, resolve_backend(backend), prepared, result, report, seconds,
+                      output_digest(program, result.memory))

@@ -1,0 +1,161 @@
+"""The ``caramel`` command: ``validate``, ``stats``, and (to come) ``run``, ``plan``, ``profile``.
+
+Every subcommand takes a PROGRAM: a compiled program folder, a ``.tar.xz`` archive (``a.tar.xz#NAME``
+picks one program of several) or a single ``instructions<p>`` file. Exit codes: 0 success,
+1 the program is invalid (``validate``), 2 usage, parse or other caramel errors (printed as
+``caramel: error: <message>``, never a traceback), 3 a subcommand that is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable, Sequence
+
+from caramel import __version__
+from caramel.errors import CaramelError, ValidationError
+
+EXIT_OK, EXIT_INVALID, EXIT_ERROR, EXIT_NOT_IMPLEMENTED = 0, 1, 2, 3
+
+_PROGRAM_HELP = "compiled program: a folder, an archive (a.tar.xz or a.tar.xz#NAME) or one instructions file"
+
+
+def _load(args: argparse.Namespace):
+    from caramel.parse import load_program
+
+    return load_program(args.program, cache=not args.no_cache, progress=False if args.quiet else None)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``caramel validate PROGRAM``: parse, run the static checks, print ``ok`` or every problem."""
+    from caramel.validate import validate
+
+    program = _load(args)
+    try:
+        validate(program, limit=args.limit)
+    except ValidationError as exc:
+        for problem in exc.problems:
+            print(problem)
+        more = f" (stopped at {args.limit}; use --limit to see more)" if exc.truncated else ""
+        print(f"{len(exc.problems)}{'+' if exc.truncated else ''} error(s) in {program.path}{more}")
+        return EXIT_INVALID
+    print(f"ok: {program.instruction_count} instructions on {program.chips} chip{'s' if program.chips != 1 else ''}")
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``caramel stats PROGRAM``: per-chip instruction mix, registers, limbs and traffic."""
+    from caramel.stats import program_stats, render_table
+
+    stats = program_stats(_load(args), n=args.n)
+    if args.json:
+        print(json.dumps(stats.to_dict(), indent=2))
+    else:
+        print(render_table(stats))
+    return EXIT_OK
+
+
+def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        print(f"caramel: {name}: not implemented yet", file=sys.stderr)
+        return EXIT_NOT_IMPLEMENTED
+
+    command.__name__ = f"cmd_{name}"
+    return command
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _ring_dimension(text: str) -> int:
+    value = _positive(text)
+    if value & (value - 1) or value > 65536:
+        raise argparse.ArgumentTypeError(f"N must be a power of two up to 65536, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``caramel`` command (one subparser per subcommand)."""
+    parser = argparse.ArgumentParser(
+        prog="caramel",
+        description="Interpreter and multi-GPU runtime for the Cinnamon limb-level FHE ISA.",
+    )
+    parser.add_argument("--version", action="version", version=f"caramel {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_text: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("program", metavar="PROGRAM", help=_PROGRAM_HELP)
+        p.add_argument("--no-cache", action="store_true", help="parse the files even if a cached parse exists")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        p.set_defaults(func=func)
+        return p
+
+    p = command("validate", "check a compiled program statically (def-use, memory, BCU, communication)",
+                cmd_validate)
+    p.add_argument("--limit", type=_positive, default=50, help="report at most this many errors (default 50)")
+
+    p = command("stats", "per-chip instruction counts, registers, limbs, communication and memory traffic",
+                cmd_stats)
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures "
+                   "(default 65536)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    p = command("run", "execute a program on encrypted inputs (not implemented yet)", _not_implemented("run"))
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
+                   help="arithmetic mode (default exact)")
+    p.add_argument("--backend", choices=("reference", "numpy", "cuda"), default="numpy", help="executor backend")
+    p.add_argument("--devices", type=_positive, default=1, help="number of GPUs (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed for keys and random inputs")
+    p.add_argument("--check", action="store_true", help="decrypt the outputs and compare with the plaintext formula")
+
+    p = command("plan", "build and print the execution plan of a program (not implemented yet)",
+                _not_implemented("plan"))
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    p.add_argument("--devices", type=_positive, default=1, help="number of GPUs (default 1)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the plan to FILE")
+
+    p = command("profile", "time a program per kernel and write a trace (not implemented yet)",
+                _not_implemented("profile"))
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    p.add_argument("--devices", type=_positive, default=1, help="number of GPUs (default 1)")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace to FILE")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``caramel`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    try:
+        return args.func(args)
+    except CaramelError as exc:
+        print(f"caramel: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:  # the reader went away (e.g. `caramel stats X | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        print(f"caramel: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("caramel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""Dependency DAGs of a compiled program: SSA renaming, per-chip graphs and the whole-program graph.
+
+Nodes are instructions, named ``(chip, index)`` with ``index`` the 0-based position in the chip's
+stream (``line`` = index + 2). An edge u -> v means that v must run after u. Resources
+(ISA.md sections 4 and 6):
+
+* vector registers ``rN`` and scalar registers ``sN``;
+* base conversion units: ``bci BK`` writes the unit's group, ``pl1``/``bcw`` write one input limb
+  of it, and the first read of a slot ``bK{M}`` converts (reads every input, writes every output,
+  as the reference does); later reads read that conversion;
+* memory names: ``store``/``spill`` write a name of the chip's private store, ``load``/``evg``/
+  ``loas`` read it (or the read-only input image when the chip never stored that name).
+
+Two graphs, both built in linear time with one dict of last writers (plus one of readers since
+the last write) per resource, never by scanning earlier instructions:
+
+* :func:`resource_graph`: read-after-write (``raw``), write-after-read (``war``) and
+  write-after-write (``waw``) edges on the resources as named in the program;
+* :func:`ssa` renames every write into a new immutable *SSA value*, which leaves only the true
+  (``raw``) edges: :meth:`ChipSSA.graph`. Values are what the plan works on: a value that is a
+  copy of another one (``load``/``evg`` of a memory limb, ``mov``, ``bcw``, ``store``/``spill``
+  and the ``load`` that reads it back) shares its *buffer* (one limb of N residues) instead of
+  being copied.
+
+:func:`program_graph` joins the per-chip graphs with cross-chip edges: every ``dis`` to each
+``rcv`` of its sync id, and every ``joi`` participant to the participant that names a destination
+(``dep="comm"``). :func:`to_dot` (small programs) and :func:`to_json` (any) export a graph.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import networkx as nx
+
+from caramel.errors import Location, LocatedError
+from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+
+#: Kinds of SSA values.
+VECTOR, SCALAR, GROUP = 0, 1, 2
+
+_ELEMENTWISE_2 = frozenset({Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP})
+_SCALAR_OPS = frozenset({Opcode.ADS, Opcode.SUS, Opcode.MUS})
+_UNARY = frozenset({Opcode.NEG, Opcode.INT, Opcode.ROT, Opcode.CON})
+# Instructions after which the reference frees the registers read with [X] (it does not for these).
+_NO_FREE = frozenset({Opcode.STORE, Opcode.SPILL, Opcode.PL1, Opcode.BCW})
+
+
+class PlanError(LocatedError):
+    """A program the planner cannot turn into a plan (a value read before it is written, ...)."""
+
+
+@dataclass
+class Conversion:
+    """One base conversion: the group of a ``bci`` converted at its first slot read (``at``).
+
+    ``inputs`` are the input values in ``in_limbs`` order; ``slots`` maps each slot that is read to
+    its output value (slots never read are not computed by the plan).
+    """
+
+    unit: int
+    at: int
+    in_limbs: tuple[int, ...]
+    out_limbs: tuple[int, ...]
+    inputs: tuple[int, ...]
+    slots: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    value: int
+    in_limbs: tuple[int, ...] = ()
+    out_limbs: tuple[int, ...] = ()
+    inputs: dict[int, int] = field(default_factory=dict)
+    conversion: Conversion | None = None
+
+
+@dataclass
+class ChipSSA:
+    """One chip's stream in SSA form.
+
+    Per instruction i: ``uses[i]`` and ``defs[i]``, the values it reads and writes, positionally:
+
+    ========================  =============================  =====================================
+    instruction               uses                           defs
+    ========================  =============================  =====================================
+    load, evg                 (memory value,)                (v,): same buffer, tag = limb
+    loas                      (memory scalar,)               (scalar,)
+    store, spill              (v,)                           (memory value,): same buffer
+    add, sub, mul, mup        (a, b)                         (d,)
+    ads, sus, mus             (a, scalar)                    (d,)
+    neg, int, rot, con, ntt   (a,)                           (d,)
+    ntt from a slot           (slot value,) [+ conv]         (d,)
+    mov                       (a,)                           (d,): same buffer, tag = base
+    sud                       (a, b or slot value) [+ conv]  (d,)
+    bci                       ()                             (group,)
+    pl1                       (a, group)                     (x,): x = INTT(a), a new buffer
+    bcw                       (a, group)                     (x,): same buffer as a
+    rsi                       ()                             (words...): the chip's zero buffer
+    rsv                       (words..., rs)                 (words...)
+    mod                       (words...)                     (d,)
+    dis / rcv / joi           (v,) / () / (v,) or ()         () / (d,) / (d,) or ()
+    ========================  =============================  =====================================
+
+    [+ conv]: the instruction that first reads a slot of a group also uses the group and its input
+    values (``conversions[i]`` describes that conversion). Per value v: ``kind[v]`` (VECTOR,
+    SCALAR, GROUP), ``tag[v]`` (its limb, -1 for accumulator words), ``buf[v]`` (buffer id of a
+    vector value, else -1) and ``producer[v]`` (the defining instruction, -1 for inputs).
+    """
+
+    chip: int
+    stream: Stream
+    uses: list[tuple[int, ...]]
+    defs: list[tuple[int, ...]]
+    kind: list[int]
+    tag: list[int]
+    buf: list[int]
+    producer: list[int]
+    n_buffers: int
+    inputs: dict[Mem, int]  # vector memory limb read from the input image -> value
+    scalar_inputs: dict[Mem, int]  # scalar memory read by loas -> value
+    stores: dict[Mem, int]  # memory name -> value it holds at the end (stores and spills)
+    conversions: dict[int, Conversion]
+    zero_buffer: int  # buffer of the zeros written by rsi, -1 when the stream has no rsi
+
+    @property
+    def n_values(self) -> int:
+        return len(self.kind)
+
+    def edges(self) -> Iterable[tuple[int, int, int]]:
+        """Every read-after-write edge (producer index, reader index, value) of the stream."""
+        producer = self.producer
+        for i, used in enumerate(self.uses):
+            for v in used:
+                p = producer[v]
+                if p >= 0:
+                    yield p, i, v
+
+    def graph(self) -> nx.DiGraph:
+        """The renamed dependency graph: nodes (chip, index), ``raw`` edges with their ``value``."""
+        c = self.chip
+        g = nx.DiGraph()
+        g.add_nodes_from((c, i) for i in range(len(self.uses)))
+        g.add_edges_from(((c, p), (c, i), {"dep": "raw", "value": v}) for p, i, v in self.edges())
+        return g
+
+
+def _error(stream: Stream, ins: Instruction, reason: str) -> PlanError:
+    return PlanError(Location(stream.path, ins.line), f"{reason} ({ins.text()})")
+
+
+def ssa(stream: Stream) -> ChipSSA:
+    """Rename ``stream`` into SSA values (see :class:`ChipSSA`); raises :class:`PlanError` where the
+    reference would fail (a register or unit input read before it is written, a bad slot)."""
+    kind: list[int] = []
+    tag: list[int] = []
+    buf: list[int] = []
+    producer: list[int] = []
+    n_buffers = 0
+
+    def value(k: int, t: int, b: int, p: int) -> int:
+        kind.append(k)
+        tag.append(t)
+        buf.append(b)
+        producer.append(p)
+        return len(kind) - 1
+
+    regs: dict[int, int] = {}
+    sregs: dict[int, int] = {}
+    memory: dict[Mem, int] = {}
+    inputs: dict[Mem, int] = {}
+    scalar_inputs: dict[Mem, int] = {}
+    groups: dict[int, _Group] = {}
+    conversions: dict[int, Conversion] = {}
+    zero = -1
+    uses: list[tuple[int, ...]] = []
+    defs: list[tuple[int, ...]] = []
+
+    def read(op, ins: Instruction) -> int:
+        got = regs.get(op.index)
+        if got is None:
+            raise _error(stream, ins, f"register r{op.index} is read before it is written")
+        return got
+
+    def group(unit: int) -> _Group:
+        g = groups.get(unit)
+        if g is None:
+            g = groups[unit] = _Group(value(GROUP, -1, -1, -1))
+        return g
+
+    def slot(s: BcuSlot, ins: Instruction, i: int, extra: list[int]) -> int:
+        g = groups.get(s.unit)
+        if g is None or g.conversion is None:
+            missing = [] if g is None else [l for l in g.in_limbs if l not in g.inputs]
+            if g is None or missing or not g.in_limbs:
+                raise _error(stream, ins, f"B{s.unit} is read before inputs {missing} are written")
+            g.conversion = conversions[i] = Conversion(
+                s.unit, i, g.in_limbs, g.out_limbs, tuple(g.inputs[l] for l in g.in_limbs)
+            )
+            extra.append(g.value)
+            extra.extend(g.conversion.inputs)
+        conv = g.conversion
+        if s.slot >= len(conv.out_limbs):
+            raise _error(stream, ins, f"B{s.unit} has no output slot {s.slot}")
+        got = conv.slots.get(s.slot)
+        if got is None:
+            nonlocal n_buffers
+            got = conv.slots[s.slot] = value(VECTOR, ins.base, n_buffers, conv.at)
+            n_buffers += 1
+        return got
+
+    for i, ins in enumerate(stream.instructions):
+        op = ins.op
+        srcs = ins.srcs
+        L = ins.base
+        if op in _ELEMENTWISE_2:
+            u = (read(srcs[0], ins), read(srcs[1], ins))
+            d = (value(VECTOR, L, n_buffers, i),)
+            n_buffers += 1
+        elif op in (Opcode.LOAD, Opcode.EVG):
+            m = srcs[0]
+            src = memory.get(m)
+            if src is None:
+                src = inputs.get(m)
+                if src is None:
+                    src = inputs[m] = value(VECTOR, m.limb, n_buffers, -1)
+                    n_buffers += 1
+            u = (src,)
+            d = (value(VECTOR, m.limb, buf[src], i),)
+        elif op in _SCALAR_OPS:
+            s = sregs.get(srcs[1].index)
+            if s is None:
+                raise _error(stream, ins, f"scalar register s{srcs[1].index} is read before it is written")
+            u = (read(srcs[0], ins), s)
+            d = (value(VECTOR, L, n_buffers, i),)
+            n_buffers += 1
+        elif op in _UNARY:
+            u = (read(srcs[0], ins),)
+            d = (value(VECTOR, L, n_buffers, i),)
+            n_buffers += 1
+        elif op == Opcode.MOV:
+            a = read(srcs[0], ins)
+            u = (a,)
+            d = (value(VECTOR, L, buf[a], i),)
+        elif op == Opcode.NTT or op == Opcode.SUD:
+            extra: list[int] = []
+            u = tuple(read(s, ins) if isinstance(s, VReg) else slot(s, ins, i, extra) for s in srcs) + tuple(extra)
+            d = (value(VECTOR, L, n_buffers, i),)
+            n_buffers += 1
+        elif op in (Opcode.STORE, Opcode.SPILL):
+            a = read(srcs[0], ins)
+            u = (a,)
+            d = (value(VECTOR, tag[a], buf[a], i),)
+            memory[ins.dst] = d[0]
+        elif op == Opcode.LOAS:
+            m = srcs[0]
+            if m in memory:
+                raise _error(stream, ins, f"loas reads {m}, which this chip stored as a vector")
+            src = scalar_inputs.get(m)
+            if src is None:
+                src = scalar_inputs[m] = value(SCALAR, m.limb, -1, -1)
+            u = (src,)
+            d = (value(SCALAR, m.limb, -1, i),)
+            sregs[ins.dst.index] = d[0]
+        elif op == Opcode.BCI:
+            g = groups[ins.unit] = _Group(value(GROUP, -1, -1, i), ins.in_limbs, ins.out_limbs)
+            u, d = (), (g.value,)
+        elif op in (Opcode.PL1, Opcode.BCW):
+            a = read(srcs[0], ins)
+            g = group(ins.unit)
+            u = (a, g.value)
+            if op == Opcode.PL1:
+                d = (value(VECTOR, L, n_buffers, i),)
+                n_buffers += 1
+            else:
+                d = (value(VECTOR, L, buf[a], i),)
+            g.inputs[L] = d[0]
+        elif op == Opcode.RSI:
+            if zero < 0:
+                zero, n_buffers = n_buffers, n_buffers + 1
+            u = ()
+            d = tuple(value(VECTOR, -1, zero, i) for _ in ins.group)
+        elif op == Opcode.RSV:
+            u = tuple(read(r, ins) for r in ins.group) + (read(srcs[0], ins),)
+            d = tuple(value(VECTOR, -1, n_buffers + k, i) for k in range(len(ins.group)))
+            n_buffers += len(ins.group)
+        elif op == Opcode.MOD:
+            u = tuple(read(r, ins) for r in srcs)
+            d = (value(VECTOR, L, n_buffers, i),)
+            n_buffers += 1
+        elif op == Opcode.DIS:
+            u, d = (read(srcs[0], ins),), ()
+        elif op == Opcode.RCV:
+            u = ()
+            d = (value(VECTOR, ins.sync & 0xFFFF, n_buffers, i),)
+            n_buffers += 1
+        elif op == Opcode.JOI:
+            u = (read(srcs[0], ins),) if srcs else ()
+            if ins.dst is not None:
+                d = (value(VECTOR, L, n_buffers, i),)
+                n_buffers += 1
+            else:
+                d = ()
+        else:
+            raise _error(stream, ins, f"'{op.value}' is not supported (never emitted by the compiler)")
+        # Registers read with [X] are freed (as in the reference), then the destination is written.
+        if op not in _NO_FREE:
+            dst = ins.dst.index if isinstance(ins.dst, VReg) else -1
+            for s in srcs:
+                if isinstance(s, VReg) and s.dead and s.index != dst:
+                    regs.pop(s.index, None)
+        if op == Opcode.RSI or op == Opcode.RSV:
+            for r, v in zip(ins.group, d):
+                regs[r.index] = v
+        elif d and isinstance(ins.dst, VReg):
+            regs[ins.dst.index] = d[0]
+        uses.append(u)
+        defs.append(d)
+    stores = {m: v for m, v in memory.items()}
+    return ChipSSA(
+        stream.chip, stream, uses, defs, kind, tag, buf, producer, n_buffers,
+        inputs, scalar_inputs, stores, conversions, zero,
+    )
+
+
+def program_ssa(program: Program) -> list[ChipSSA]:
+    """:func:`ssa` of every stream of ``program``."""
+    return [ssa(s) for s in program.streams]
+
+
+def comm_edges(program: Program) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Cross-chip edges: (chip, index) of each ``dis`` to each ``rcv`` of its sync id, and of each
+    ``joi`` participant to the participant with a destination. Raises :class:`PlanError` when a
+    sync id has no sender (``rcv``) or no destination (``joi``)."""
+    senders: dict[int, tuple[int, int]] = {}
+    receivers: dict[int, list[tuple[int, int]]] = {}
+    joins: dict[int, list[tuple[int, int]]] = {}
+    dests: dict[int, tuple[int, int]] = {}
+    where: dict[int, tuple[Stream, Instruction]] = {}
+    for stream in program.streams:
+        c = stream.chip
+        for i, ins in enumerate(stream.instructions):
+            op = ins.op
+            if op == Opcode.DIS:
+                senders[ins.sync] = (c, i)
+            elif op == Opcode.RCV:
+                receivers.setdefault(ins.sync, []).append((c, i))
+                where[ins.sync] = (stream, ins)
+            elif op == Opcode.JOI:
+                joins.setdefault(ins.sync, []).append((c, i))
+                where.setdefault(ins.sync, (stream, ins))
+                if ins.dst is not None:
+                    dests[ins.sync] = (c, i)
+    edges = []
+    for sync, nodes in receivers.items():
+        src = senders.get(sync)
+        if src is None:
+            raise _error(*where[sync], f"no chip sends sync id {sync}")
+        edges.extend((src, n) for n in nodes)
+    for sync, nodes in joins.items():
+        dst = dests.get(sync)
+        if dst is None:
+            raise _error(*where[sync], f"no participant of joi {sync} names a destination")
+        edges.extend((n, dst) for n in nodes if n != dst)
+    return edges
+
+
+def program_graph(program: Program, chips: list[ChipSSA] | None = None) -> nx.DiGraph:
+    """The whole-program graph: every chip's renamed graph plus the cross-chip ``comm`` edges."""
+    chips = program_ssa(program) if chips is None else chips
+    g = nx.DiGraph()
+    for chip in chips:
+        c = chip.chip
+        g.add_nodes_from((c, i) for i in range(len(chip.uses)))
+        g.add_edges_from(((c, p), (c, i), {"dep": "raw", "value": v}) for p, i, v in chip.edges())
+    g.add_edges_from(comm_edges(program), dep="comm")
+    return g
+
+
+def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], converted: set[int]):
+    """(reads, writes): the resources an instruction reads and writes, as hashable names."""
+    op, srcs = ins.op, ins.srcs
+    reads: list = []
+    writes: list = []
+    for s in srcs:
+        if isinstance(s, VReg):
+            reads.append(f"r{s.index}")
+        elif isinstance(s, SReg):
+            reads.append(f"s{s.index}")
+        elif isinstance(s, Mem):
+            reads.append(str(s))
+        elif isinstance(s, BcuSlot):
+            if s.unit not in converted:  # the first read converts: reads every input
+                converted.add(s.unit)
+                reads.append(f"B{s.unit}")
+                reads.extend(f"B{s.unit}.in{l}" for l in bcu_inputs.get(s.unit, ()))
+                writes.append(f"b{s.unit}")
+            else:
+                reads.append(f"b{s.unit}")
+    if op == Opcode.BCI:
+        writes.append(f"B{ins.unit}")
+        bcu_inputs[ins.unit] = ins.in_limbs
+        converted.discard(ins.unit)
+    elif op in (Opcode.PL1, Opcode.BCW):
+        reads.append(f"B{ins.unit}")
+        writes.append(f"B{ins.unit}.in{ins.base}")
+    elif op in (Opcode.RSI, Opcode.RSV):
+        if op == Opcode.RSV:
+            reads.extend(f"r{r.index}" for r in ins.group)
+        writes.extend(f"r{r.index}" for r in ins.group)
+    elif op == Opcode.MOD:
+        writes.append(f"r{ins.dst.index}")
+    elif ins.dst is not None:
+        d = ins.dst
+        writes.append(str(d) if isinstance(d, Mem) else f"{'s' if isinstance(d, SReg) else 'r'}{d.index}")
+    return reads, writes
+
+
+def resource_graph(stream: Stream) -> nx.DiGraph:
+    """The dependency graph before renaming: ``raw``, ``war`` and ``waw`` edges with the ``res``
+    (resource name) they come from. Linear: one last writer and one reader list per resource."""
+    c = stream.chip
+    writer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    bcu_inputs: dict[int, tuple[int, ...]] = {}
+    converted: set[int] = set()
+    edges: list = []
+    for i, ins in enumerate(stream.instructions):
+        reads, writes = _resources(ins, bcu_inputs, converted)
+        for r in reads:
+            w = writer.get(r)
+            if w is not None and w != i:
+                edges.append(((c, w), (c, i), {"dep": "raw", "res": r}))
+        for r in writes:
+            w = writer.get(r)
+            if w is not None:
+                edges.append(((c, w), (c, i), {"dep": "waw", "res": r}))
+            for rd in readers.get(r, ()):
+                if rd != i:
+                    edges.append(((c, rd), (c, i), {"dep": "war", "res": r}))
+            writer[r] = i
+            readers[r] = []
+        for r in reads:
+            if r not in writes:
+                readers.setdefault(r, []).append(i)
+    g = nx.DiGraph()
+    g.add_nodes_from((c, i) for i in range(len(stream.instructions)))
+    g.add_edges_from(edges)  # a later edge of the same pair keeps the first one's attributes updated
+    return g
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def _label(program: Program, node) -> str:
+    c, i = node
+    return program.streams[c].instructions[i].text()
+
+
+def to_dot(graph: nx.DiGraph, program: Program, max_nodes: int = 2000) -> str:
+    """Graphviz text of ``graph``: one cluster per chip, nodes labelled with their instruction,
+    ``comm`` edges dashed. Refuses graphs above ``max_nodes`` nodes (DOT is for small programs)."""
+    if graph.number_of_nodes() > max_nodes:
+        raise ValueError(f"{graph.number_of_nodes()} nodes: too many for DOT (limit {max_nodes}); use JSON")
+    lines = ["digraph caramel {", '  node [shape=box, fontname="monospace", fontsize=10];']
+    by_chip: dict[int, list] = {}
+    for n in graph.nodes:
+        by_chip.setdefault(n[0], []).append(n)
+    for c, nodes in sorted(by_chip.items()):
+        lines.append(f'  subgraph cluster_{c} {{ label="chip {c}";')
+        for n in sorted(nodes):
+            text = _label(program, n).replace('"', r"\"")
+            lines.append(f'    "{c}:{n[1]}" [label="{n[1]}: {text}"];')
+        lines.append("  }")
+    for u, v, data in graph.edges(data=True):
+        dep = data.get("dep", "raw")
+        style = {"comm": "dashed", "war": "dotted", "waw": "bold"}.get(dep, "solid")
+        res = data.get("res", "")
+        label = f' label="{dep} {res}"' if dep != "raw" or res else ""
+        lines.append(f'  "{u[0]}:{u[1]}" -> "{v[0]}:{v[1]}" [style={style}{label}];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(graph: nx.DiGraph, program: Program) -> str:
+    """JSON of ``graph``: ``{"program", "nodes": [[chip, index, line, text], ...],
+    "edges": [[chip, index, chip, index, dep], ...]}``."""
+    nodes = []
+    for c, i in sorted(graph.nodes):
+        ins = program.streams[c].instructions[i]
+        nodes.append([c, i, ins.line, ins.text()])
+    edges = [[u[0], u[1], v[0], v[1], d.get("dep", "raw")] for u, v, d in graph.edges(data=True)]
+    return json.dumps({"program": program.name, "nodes": nodes, "edges": edges}, separators=(",", ":"))

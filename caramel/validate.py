@@ -1,0 +1,601 @@
+"""Static checks of a compiled program, with located errors collected and reported together.
+
+:func:`check` returns every problem it finds (up to a limit) as :class:`~caramel.errors.LocatedError`
+objects (``path:line:col: reason``); :func:`validate` raises :class:`~caramel.errors.ValidationError`
+holding them. The rules (ISA.md sections 2, 4.4, 6 and 8):
+
+* **Unsupported**: ``rec``/``snd`` are parsed but rejected (ISA.md decision 4).
+* **Def-use** per stream: every vector register, scalar register and base conversion slot is written
+  before it is read, and no register is read after its last use ``[X]`` unless it was rewritten.
+  ``rsi`` initialises a register group, ``rsv`` and ``mod`` need a group that ``rsi`` initialised.
+* **Memory**: every ``load``/``evg``/``loas`` names a ``term(limb)`` that the manifests provide
+  (``program_inputs`` input sections, the chip's ``inputs<p>`` Input section) or that an earlier
+  ``store``/``spill`` of the same stream wrote; every Output entry is stored by some chip or is an
+  input term (ISA.md 8.6). Programs without any manifest (a single instruction file) skip this rule.
+* **Base conversion units** (ISA.md 4.4): ``pl1``/``bcw`` only after a ``bci`` of their unit, on a
+  limb of its input list, each input written once; a read ``bK{M}`` only once every input is
+  written, with M in range, the read's base equal to the M-th output limb, each slot read once; a
+  unit is re-``bci``'d only after every slot of the previous conversion was read; ``bci`` lists are
+  strictly increasing and disjoint (an overlap is the limb collision of ISA.md 8.7).
+* **Limbs**: every base, memory limb, list entry and sync limb is a prime index 0..63; the register
+  form of ``sud`` drops a limb above its base (the tag of its second source).
+* **Communication** (ISA.md 6), across streams: every ``dis`` id has one sender and size-1 receivers
+  on distinct other chips; every ``joi`` id has ``size`` participants on distinct chips, exactly one
+  with a destination, and a base equal to ``id & 0xFFFF``; sizes agree and fit the chip count; no id
+  is used by both. Then the deterministic mailbox schedule of ISA.md 6 is simulated on the
+  communication events alone (linear time) and a deadlock is reported with its cycle of chips.
+
+Everything is one pass per stream over dicts keyed by ints, then a pass over communication events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+from collections import deque
+from pathlib import PurePath
+
+from caramel.errors import LocatedError, Location, UnsupportedError, ValidationError
+from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, Section, SReg, Stream, VReg
+
+#: Number of primes in the context (ISA.md decision 1): every limb index is in 0..LIMBS-1.
+LIMBS = 64
+#: Tag of a register that holds an ``rsi``/``rsv`` accumulator word rather than a limb.
+_ACC = -1
+
+_LOAD, _EVG, _LOAS = Opcode.LOAD, Opcode.EVG, Opcode.LOAS
+_STORE, _SPILL = Opcode.STORE, Opcode.SPILL
+_SUD, _BCI, _PL1, _BCW = Opcode.SUD, Opcode.BCI, Opcode.PL1, Opcode.BCW
+_RSI, _RSV, _MOD = Opcode.RSI, Opcode.RSV, Opcode.MOD
+_DIS, _RCV, _JOI = Opcode.DIS, Opcode.RCV, Opcode.JOI
+_REC, _SND = Opcode.REC, Opcode.SND
+_INPUT_SECTIONS = frozenset({Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.EVALKEY, Section.INPUT})
+
+
+# ----------------------------------------------------------------------------------------------
+# Problems: cheap records while scanning, LocatedError objects only for those reported
+# ----------------------------------------------------------------------------------------------
+
+
+class _Problems:
+    """Collects problems as sortable records; columns are computed only for the reported ones."""
+
+    def __init__(self):
+        self.items: list[tuple] = []
+
+    def add(self, rank: int, path: str, line: int, reason: str, ins: Instruction | None = None, where=None,
+            cls=LocatedError) -> None:
+        """Record ``reason`` at ``path:line``; ``where`` names the operand text that locates the column."""
+        self.items.append((rank, line, len(self.items), path, ins, where, reason, cls))
+
+    def located(self, limit: int) -> tuple[list[LocatedError], bool]:
+        self.items.sort(key=lambda t: (t[0], t[1], t[2]))
+        out = []
+        for _rank, line, _seq, path, ins, where, reason, cls in self.items[:limit]:
+            out.append(cls(Location(path, line, _column(ins, where)), reason))
+        return out, len(self.items) > limit
+
+
+def _column(ins: Instruction | None, where) -> int:
+    """1-based column of ``where`` in the printed instruction (1 when it cannot be located)."""
+    if ins is None:
+        return 1 if where is None else where
+    text = ins.text()
+    if where is None:
+        return 1
+    if where == "base":
+        at = text.rfind(" | ")
+        return at + 4 if at >= 0 else 1
+    if where == "sync":
+        at = text.find("@ ")
+        return at + 3 if at >= 0 else 1
+    if isinstance(where, VReg | SReg):
+        # A read operand: skip the destination register (it precedes the first ": ").
+        start = text.find(": ") + 2 if isinstance(ins.dst, VReg | SReg) else 0
+        m = re.compile(rf"(?<![\w{{]){'r' if isinstance(where, VReg) else 's'}{where.index}(?![\d(])").search(text, start)
+        return m.start() + 1 if m else 1
+    at = text.find(str(where))
+    return at + 1 if at >= 0 else 1
+
+
+def _name(path: str) -> str:
+    return PurePath(path.rpartition("#")[2]).name or path
+
+
+def _desc(ins: Instruction) -> str:
+    return f"{ins.op.value} @ {ins.sync}"
+
+
+# ----------------------------------------------------------------------------------------------
+# One stream: def-use, memory, BCU discipline, limbs
+# ----------------------------------------------------------------------------------------------
+
+
+class _Bcu:
+    """State of one base conversion unit since its last ``bci``."""
+
+    __slots__ = ("line", "outs", "ins", "written", "read", "missing")
+
+    def __init__(self, ins: Instruction):
+        self.line = ins.line
+        self.outs = ins.out_limbs
+        self.ins = frozenset(ins.in_limbs)
+        self.written: dict[int, int] = {}  # input limb -> line of its pl1/bcw
+        self.read: dict[int, int] = {}  # slot -> line of its read
+        self.missing = len(self.ins)  # inputs not yet written
+
+
+def _bad_list(values: tuple[int, ...]) -> str | None:
+    for a, b in zip(values, values[1:]):
+        if a >= b:
+            return "is not strictly increasing"
+    for v in values:
+        if not 0 <= v < LIMBS:
+            return f"has limb {v} outside 0..{LIMBS - 1}"
+    return None
+
+
+def _check_stream(stream: Stream, rank: int, provided: set | None, problems: _Problems, comm: list,
+                  own: set) -> None:
+    """Scan one stream: def-use, memory, BCU, limbs.
+
+    Appends the stream's communication instructions to ``comm`` and the (term, limb) names it stores
+    or spills to ``own`` (a load is satisfied by a store earlier in the same stream).
+    """
+    path = stream.path
+    add = problems.add
+    vdef: dict[int, int] = {}  # live vector register -> tag
+    vdead: dict[int, int] = {}  # register -> line of its last use [X] (not rewritten since)
+    sdef: set[int] = set()
+    sdead: dict[int, int] = {}
+    units: dict[int, _Bcu] = {}
+    check_mem = provided is not None
+
+    def bad_read(reg, line: int, ins: Instruction) -> None:
+        if type(reg) is VReg:
+            dead = vdead.get(reg.index)
+            name = f"r{reg.index}"
+        else:
+            dead = sdead.get(reg.index)
+            name = f"s{reg.index}"
+        if dead is not None:
+            add(rank, path, line, f"register {name} is read after its last use [X] at line {dead}", ins, reg)
+        else:
+            add(rank, path, line, f"register {name} is read before it is written", ins, reg)
+
+    for ins in stream.instructions:
+        op, dst, srcs, base, line, _final, _step, sync, _size, unit, out_limbs, in_limbs, group = ins
+
+        # ---- reads
+        for s in srcs:
+            t = type(s)
+            if t is VReg:
+                if s.index not in vdef:
+                    bad_read(s, line, ins)
+            elif t is SReg:
+                if s.index not in sdef:
+                    bad_read(s, line, ins)
+            elif t is BcuSlot:
+                u = units.get(s.unit)
+                if u is None:
+                    add(rank, path, line, f"b{s.unit}{{{s.slot}}} is read before any bci B{s.unit}", ins, s)
+                elif s.slot >= len(u.outs):
+                    add(rank, path, line, f"b{s.unit}{{{s.slot}}} is out of range: bci B{s.unit} at line {u.line} "
+                        f"has {len(u.outs)} output limb(s)", ins, s)
+                else:
+                    if u.missing:
+                        miss = ",".join(str(x) for x in sorted(u.ins - u.written.keys()))
+                        add(rank, path, line, f"b{s.unit}{{{s.slot}}} is read before every input of bci B{s.unit} "
+                            f"at line {u.line} is written (missing limbs [{miss}])", ins, s)
+                    first = u.read.get(s.slot)
+                    if first is not None:
+                        add(rank, path, line, f"b{s.unit}{{{s.slot}}} is read twice (first read at line {first})",
+                            ins, s)
+                    else:
+                        u.read[s.slot] = line
+                    if base != u.outs[s.slot]:
+                        add(rank, path, line, f"b{s.unit}{{{s.slot}}} holds limb {u.outs[s.slot]} (bci B{s.unit} at "
+                            f"line {u.line}) but is read with base {base}", ins, "base")
+            elif t is Mem:  # load, evg, loas (rec is rejected below)
+                if not 0 <= s.limb < LIMBS:
+                    add(rank, path, line, f"memory limb {s.limb} of {s} is outside 0..{LIMBS - 1}", ins, s)
+                if check_mem and op is not _REC and (s.term, s.limb) not in own and (s.term, s.limb) not in provided:
+                    add(rank, path, line, f"{op.value} of {s}: no manifest entry provides it and no earlier "
+                        f"store or spill of this stream wrote it", ins, s)
+        if group and op is _RSV:
+            for g in group:
+                tag = vdef.get(g.index)
+                if tag is None:
+                    bad_read(g, line, ins)
+                elif tag != _ACC:
+                    add(rank, path, line, f"rsv group register r{g.index} was not initialised by rsi", ins, g)
+
+        # ---- limb index of the instruction
+        if base is not None and not 0 <= base < LIMBS:
+            add(rank, path, line, f"base {base} is outside 0..{LIMBS - 1}", ins, "base")
+
+        # ---- opcode-specific checks
+        if op is _SUD:
+            b = srcs[1]
+            if type(b) is VReg:
+                tag = vdef.get(b.index)
+                if tag is not None and base is not None and tag <= base:
+                    what = "an rsv accumulator" if tag == _ACC else f"limb {tag}"
+                    add(rank, path, line, f"sud drops r{b.index}, which holds {what}; the dropped limb must be "
+                        f"above the base {base}", ins, b)
+        elif op is _PL1 or op is _BCW:
+            u = units.get(unit)
+            if u is None:
+                add(rank, path, line, f"{op.value} B{unit} before any bci B{unit}", ins)
+            elif base not in u.ins:
+                limbs = ",".join(str(x) for x in sorted(u.ins))
+                add(rank, path, line, f"{op.value} B{unit} writes limb {base}, which is not an input of bci B{unit} "
+                    f"at line {u.line} ([{limbs}])", ins, "base")
+            else:
+                first = u.written.get(base)
+                if first is not None:
+                    add(rank, path, line, f"{op.value} B{unit} writes input limb {base} twice (first at line {first})",
+                        ins, "base")
+                else:
+                    u.written[base] = line
+                    u.missing -= 1
+        elif op is _BCI:
+            prev = units.get(unit)
+            if prev is not None and len(prev.read) < len(prev.outs):
+                unread = ",".join(str(m) for m in range(len(prev.outs)) if m not in prev.read)
+                add(rank, path, line, f"bci B{unit} resets the unit before every slot of bci B{unit} at line "
+                    f"{prev.line} was read (unread slots {unread})", ins)
+            for what, values in (("output", out_limbs), ("input", in_limbs)):
+                why = _bad_list(values)
+                if why:
+                    add(rank, path, line, f"bci B{unit} {what} list {why}", ins)
+            both = set(out_limbs) & set(in_limbs)
+            if both:
+                limbs = ",".join(str(x) for x in sorted(both))
+                add(rank, path, line, f"bci B{unit} output and input lists overlap on limb(s) {limbs}: limb index "
+                    f"collision, level + extension > {LIMBS} (ISA.md 8.7)", ins)
+            if not 0 <= unit < 2:
+                add(rank, path, line, f"unit B{unit} does not exist (only B0 and B1)", ins)
+            units[unit] = _Bcu(ins)
+        elif op is _RSV:
+            why = _bad_list(in_limbs)
+            if why:
+                add(rank, path, line, f"rsv basis {why}", ins)
+            if len(group) != len(in_limbs):
+                add(rank, path, line, f"rsv group has {len(group)} register(s) but its basis has {len(in_limbs)} "
+                    f"limb(s)", ins)
+            if base not in in_limbs:
+                add(rank, path, line, f"rsv base {base} is not in its basis", ins, "base")
+        elif op is _MOD:
+            for g in srcs:
+                tag = vdef.get(g.index)
+                if tag is not None and tag != _ACC:
+                    add(rank, path, line, f"mod reads r{g.index}, which was not initialised by rsi", ins, g)
+        elif op is _DIS or op is _RCV or op is _JOI:
+            comm.append(ins)
+            limb = sync & 0xFFFF
+            if not 0 <= limb < LIMBS:
+                add(rank, path, line, f"sync id {sync} names limb {limb}, outside 0..{LIMBS - 1}", ins, "sync")
+        elif op is _REC or op is _SND:
+            add(rank, path, line, f"{op.value} is not supported: the Cinnamon compiler never emits it and its "
+                f"meaning is unspecified (ISA.md 4.1)", ins, None, UnsupportedError)
+
+        # ---- last uses [X], then the destination (an instruction may overwrite a dying source)
+        for s in srcs:
+            if type(s) is VReg:
+                if s.dead and s.index in vdef:
+                    del vdef[s.index]
+                    vdead[s.index] = line
+            elif type(s) is SReg and s.dead and s.index in sdef:
+                sdef.discard(s.index)
+                sdead[s.index] = line
+        for g in group:
+            if g.dead and g.index in vdef:
+                del vdef[g.index]
+                vdead[g.index] = line
+
+        if dst is not None:
+            t = type(dst)
+            if t is VReg:
+                idx = dst.index
+                if op is _LOAD or op is _EVG:
+                    vdef[idx] = srcs[0].limb
+                elif op is _RCV:
+                    vdef[idx] = sync & 0xFFFF
+                elif op is _REC:
+                    vdef[idx] = srcs[0].limb
+                else:
+                    vdef[idx] = base
+                if vdead:
+                    vdead.pop(idx, None)
+            elif t is SReg:
+                sdef.add(dst.index)
+                sdead.pop(dst.index, None)
+            else:  # store / spill / snd
+                if not 0 <= dst.limb < LIMBS:
+                    add(rank, path, line, f"memory limb {dst.limb} of {dst} is outside 0..{LIMBS - 1}", ins, dst)
+                own.add((dst.term, dst.limb))
+        elif op is _RSI:
+            for g in group:
+                vdef[g.index] = _ACC
+                vdead.pop(g.index, None)
+
+    for unit, u in sorted(units.items()):
+        if len(u.read) < len(u.outs):
+            unread = ",".join(str(m) for m in range(len(u.outs)) if m not in u.read)
+            add(rank, path, u.line, f"bci B{unit}: slot(s) {unread} are never read before the stream ends")
+
+
+# ----------------------------------------------------------------------------------------------
+# Communication across streams: pairing, then the mailbox schedule
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_communication(program: Program, comm: list[list[Instruction]], problems: _Problems) -> None:
+    chips = program.chips
+    paths = [s.path for s in program.streams]
+    add = problems.add
+    dis: dict[int, list[tuple[int, Instruction]]] = {}
+    rcv: dict[int, list[tuple[int, Instruction]]] = {}
+    joi: dict[int, list[tuple[int, Instruction]]] = {}
+    for chip, events in enumerate(comm):
+        for ins in events:
+            table = dis if ins.op is _DIS else rcv if ins.op is _RCV else joi
+            table.setdefault(ins.sync, []).append((chip, ins))
+
+    bad: set[int] = set()  # ids whose pairing is broken: not simulated
+
+    def err(chip: int, ins: Instruction, reason: str, where="sync") -> None:
+        add(chip, paths[chip], ins.line, reason, ins, where)
+
+    def check_size(sync: int, parts: list[tuple[int, Instruction]]) -> int:
+        size = parts[0][1].size
+        for chip, ins in parts[1:]:
+            if ins.size != size:
+                c0, i0 = parts[0]
+                err(chip, ins, f"{_desc(ins)} has size {ins.size} but {_name(paths[c0])}:{i0.line} gives size {size}")
+                bad.add(sync)
+        if size > chips or size < 1:
+            err(parts[0][0], parts[0][1], f"{_desc(parts[0][1])} has size {size} but the program has {chips} chip(s)")
+            bad.add(sync)
+        return size
+
+    for sync, senders in dis.items():
+        chip0, ins0 = senders[0]
+        for chip, ins in senders[1:]:
+            err(chip, ins, f"dis @ {sync} has two senders: chip {chip0} ({_name(paths[chip0])}:{ins0.line}) and "
+                f"chip {chip} ({_name(paths[chip])}:{ins.line})")
+            bad.add(sync)
+        if sync in joi:
+            cj, ij = joi[sync][0]
+            err(chip0, ins0, f"sync id {sync} is used by both dis and joi ({_name(paths[cj])}:{ij.line})")
+            bad.add(sync)
+        receivers = rcv.get(sync, [])
+        size = check_size(sync, senders + receivers)
+        seen: dict[int, Instruction] = {}
+        for chip, ins in receivers:
+            if chip == chip0:
+                err(chip, ins, f"rcv @ {sync} is on the sending chip {chip0} ({_name(paths[chip0])}:{ins0.line})")
+                bad.add(sync)
+            elif chip in seen:
+                err(chip, ins, f"rcv @ {sync} is received twice on chip {chip} (also at line {seen[chip].line})")
+                bad.add(sync)
+            seen.setdefault(chip, ins)
+        if len(receivers) != size - 1:
+            on = ", ".join(str(c) for c, _ in receivers) or "none"
+            err(chip0, ins0, f"dis @ {sync}:{size} has {len(receivers)} receiver(s) (chips {on}), expected {size - 1}")
+            bad.add(sync)
+    for sync, receivers in rcv.items():
+        if sync not in dis:
+            for chip, ins in receivers:
+                err(chip, ins, f"rcv @ {sync} has no matching dis on any chip")
+            bad.add(sync)
+    for sync, parts in joi.items():
+        size = check_size(sync, parts)
+        limb = sync & 0xFFFF
+        seen = {}
+        dests = []
+        for chip, ins in parts:
+            if ins.base != limb:
+                err(chip, ins, f"joi @ {sync} has base {ins.base} but its id names limb {limb}", "base")
+            if chip in seen:
+                err(chip, ins, f"joi @ {sync} has two participants on chip {chip} (also at line {seen[chip].line})")
+                bad.add(sync)
+            seen.setdefault(chip, ins)
+            if ins.dst is not None:
+                dests.append((chip, ins))
+        if len(parts) != size:
+            on = ", ".join(str(c) for c, _ in parts)
+            err(parts[0][0], parts[0][1], f"joi @ {sync}:{size} has {len(parts)} participant(s) (chips {on}), "
+                f"expected {size}")
+            bad.add(sync)
+        if len(dests) != 1:
+            if dests:
+                where = ", ".join(f"chip {c} ({_name(paths[c])}:{i.line})" for c, i in dests)
+                err(dests[1][0], dests[1][1], f"joi @ {sync} has {len(dests)} destinations: {where}")
+            else:
+                err(parts[0][0], parts[0][1], f"joi @ {sync} has no participant with a destination register")
+            bad.add(sync)
+
+    _check_schedule(program, comm, dis, joi, bad, problems)
+
+
+def _check_schedule(program, comm, dis, joi, bad: set[int], problems: _Problems) -> None:
+    """Run the deterministic mailbox schedule (ISA.md 6) on communication events; report a deadlock cycle.
+
+    Each chip runs until it blocks on a ``rcv`` whose ``dis`` has not happened or on a ``joi`` with a
+    destination whose participants have not all arrived; completing an event wakes its waiter. Ids
+    with broken pairing never block (they are reported as pairing errors). Linear in the events.
+    """
+    chips = program.chips
+    pos = [0] * chips
+    blocked: dict[int, Instruction] = {}
+    sent: set[int] = set()
+    arrived: dict[int, int] = {}
+    rcv_waiters: dict[int, list[int]] = {}
+    joi_waiter: dict[int, int] = {}
+    ready = deque(range(chips))
+    while ready:
+        chip = ready.popleft()
+        events = comm[chip]
+        i, n = pos[chip], len(events)
+        while i < n:
+            ins = events[i]
+            i += 1
+            sync = ins.sync
+            if sync in bad:
+                continue
+            op = ins.op
+            if op is _DIS:
+                sent.add(sync)
+                for w in rcv_waiters.pop(sync, ()):
+                    del blocked[w]
+                    ready.append(w)
+            elif op is _RCV:
+                if sync not in sent:
+                    rcv_waiters.setdefault(sync, []).append(chip)
+                    blocked[chip] = ins
+                    break
+            else:
+                count = arrived.get(sync, 0) + 1
+                arrived[sync] = count
+                if ins.dst is None:
+                    if count >= ins.size and sync in joi_waiter:
+                        w = joi_waiter.pop(sync)
+                        del blocked[w]
+                        ready.append(w)
+                elif count < ins.size:
+                    joi_waiter[sync] = chip
+                    blocked[chip] = ins
+                    break
+        pos[chip] = i
+    if not blocked:
+        return
+
+    paths = [s.path for s in program.streams]
+
+    def waits_for(chip: int) -> int | None:
+        ins = blocked[chip]
+        if ins.op is _RCV:
+            return dis[ins.sync][0][0]
+        for c, part in joi[ins.sync]:
+            if c != chip and not _passed(comm[c], pos[c], part):
+                return c
+        return None
+
+    order: list[int] = []
+    seen: dict[int, int] = {}
+    chip: int | None = min(blocked)
+    while chip is not None and chip in blocked and chip not in seen:
+        seen[chip] = len(order)
+        order.append(chip)
+        chip = waits_for(chip)
+    cycle = order[seen[chip]:] if chip in seen else order
+    steps = []
+    for k, c in enumerate(cycle):
+        ins = blocked[c]
+        nxt = cycle[(k + 1) % len(cycle)] if chip in seen else waits_for(c)
+        target = f" for chip {nxt}" if nxt is not None else ""
+        steps.append(f"waits at {_name(paths[c])}:{ins.line} ({_desc(ins)}){target}")
+    first = cycle[0]
+    reason = f"deadlock: chip {first} " + ", which ".join(steps)
+    others = sorted(set(blocked) - set(cycle))
+    if others:
+        reason += f" (also blocked: chip{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})"
+    problems.add(first, paths[first], blocked[first].line, reason, blocked[first], "sync")
+
+
+def _passed(events: list[Instruction], pos: int, part: Instruction) -> bool:
+    """Whether a chip whose next event index is ``pos`` has already executed ``part``."""
+    for k in range(pos):
+        if events[k] is part:
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifests and the public entry points
+# ----------------------------------------------------------------------------------------------
+
+
+def _provided(program: Program) -> tuple[set, list[set]] | None:
+    """The (term, limb) names the manifests provide: global inputs, and per chip its own Input section."""
+    if not program.manifest.entries and not program.chip_manifests:
+        return None
+    common = {(e.term, limb) for e in program.manifest.entries if e.section in _INPUT_SECTIONS for limb in e.limbs}
+    per_chip = []
+    for chip in range(program.chips):
+        names = set(common)
+        if chip < len(program.chip_manifests):
+            names.update((e.term, limb) for e in program.chip_manifests[chip].entries
+                         if e.section in _INPUT_SECTIONS for limb in e.limbs)
+        per_chip.append(names)
+    return common, per_chip
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Pause the cyclic collector: the scan allocates no cycles, and collections over a large loaded
+    program (hundreds of thousands of tracked objects) would dominate its run time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _check(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
+    with _no_gc():
+        return _check_all(program, limit)
+
+
+def _check_all(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
+    problems = _Problems()
+    provided = _provided(program)
+    comm: list[list[Instruction]] = []
+    stored_by: list[set[tuple[str, int]]] = []
+    for chip, stream in enumerate(program.streams):
+        events: list[Instruction] = []
+        own: set[tuple[str, int]] = set()
+        _check_stream(stream, chip, provided[1][chip] if provided else None, problems, events, own)
+        comm.append(events)
+        stored_by.append(own)
+    stored = set().union(*stored_by)
+    if program.chips > 1 or any(comm):
+        _check_communication(program, comm, problems)
+    if provided is not None:
+        inputs = provided[0]
+        rank = program.chips
+        for entry in program.manifest.outputs:
+            missing = [limb for limb in entry.limbs if (entry.term, limb) not in stored and (entry.term, limb) not in inputs]
+            if missing:
+                limbs = ",".join(map(str, missing))
+                problems.add(rank, program.manifest.path, entry.line,
+                             f"output {entry.term} ({entry.symbol}) limb(s) [{limbs}] are never stored by any chip "
+                             f"and are not an input", None, 1)
+        for chip, manifest in enumerate(program.chip_manifests):
+            own = stored_by[chip] if chip < len(stored_by) else set()
+            for entry in manifest.outputs:
+                missing = [limb for limb in entry.limbs if (entry.term, limb) not in own
+                           and (entry.term, limb) not in inputs]
+                if missing:
+                    limbs = ",".join(map(str, missing))
+                    problems.add(rank + 1 + chip, manifest.path, entry.line,
+                                 f"output {entry.term} ({entry.symbol}) limb(s) [{limbs}] are never stored by chip "
+                                 f"{chip}", None, 1)
+    return problems.located(limit)
+
+
+def check(program: Program, limit: int = 50) -> list[LocatedError]:
+    """Every static problem of ``program`` (at most ``limit``), sorted by file and line."""
+    return _check(program, limit)[0]
+
+
+def validate(program: Program, *, limit: int = 50) -> None:
+    """Raise :class:`~caramel.errors.ValidationError` with every problem found (at most ``limit``)."""
+    problems, truncated = _check(program, limit)
+    if problems:
+        raise ValidationError(problems, truncated)
