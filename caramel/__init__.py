@@ -1,8 +1,28 @@
-"""caramel: interpreter and multi-GPU runtime for the Cinnamon limb-level FHE ISA."""
+"""caramel: interpreter and multi-GPU runtime for the Cinnamon limb-level FHE ISA.
 
-from caramel.errors import CaramelError, ParseError, ValidationError
+The flow is one way: text -> :class:`Program` (:func:`load_program`) -> :func:`validate` ->
+executor (:func:`run_reference`, or :func:`run_program` for the whole encrypt/run/decrypt chain).
+"""
+
+from caramel.api import RunOutcome, output_digest, run_program
+from caramel.errors import CaramelError, ExecutionError, ParseError, ValidationError
+from caramel.execute.reference import RunResult, run_reference
+from caramel.parse import load_program
 from caramel.program import Instruction, Opcode, Program, Stream
+from caramel.ring import Context, Mode
 
 __version__ = "0.1.0"
 
-__all__ = ["CaramelError", "Instruction", "Opcode", "ParseError", "Program", "Stream", "ValidationError"]
+
+def validate(program: Program, *, limit: int = 50) -> None:
+    """Static checks of ``program``; raises :class:`ValidationError` listing every problem found."""
+    from caramel.validate import validate as _validate
+
+    _validate(program, limit=limit)
+
+
+__all__ = [
+    "CaramelError", "Context", "ExecutionError", "Instruction", "Mode", "Opcode", "ParseError", "Program",
+    "RunOutcome", "RunResult", "Stream", "ValidationError", "load_program", "output_digest", "run_program",
+    "run_reference", "validate",
+]

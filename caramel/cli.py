@@ -39,7 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(problem)
         more = f" (stopped at {args.limit}; use --limit to see more)" if exc.truncated else ""
-        print(f"{len(exc.problems)}{'+' if exc.truncated else ''} error(s) in {program.path}{more}")
+        print(f"{len(exc.problems)}{'+' if exc.truncated else ''} error(s) in {args.program}{more}")
         return EXIT_INVALID
     print(f"ok: {program.instruction_count} instructions on {program.chips} chip{'s' if program.chips != 1 else ''}")
     return EXIT_OK

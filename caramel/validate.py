@@ -67,6 +67,9 @@ class _Problems:
     def add(self, rank: int, path: str, line: int, reason: str, ins: Instruction | None = None, where=None,
             cls=LocatedError) -> None:
         """Record ``reason`` at ``path:line``; ``where`` names the operand text that locates the column."""
+        last = self.items[-1] if self.items else None
+        if last is not None and last[1] == line and last[6] == reason and last[3] == path:
+            return  # the same register read twice by one instruction: report it once
         self.items.append((rank, line, len(self.items), path, ins, where, reason, cls))
 
     def located(self, limit: int) -> tuple[list[LocatedError], bool]:
@@ -93,7 +96,7 @@ def _column(ins: Instruction | None, where) -> int:
     if isinstance(where, VReg | SReg):
         # A read operand: skip the destination register (it precedes the first ": ").
         start = text.find(": ") + 2 if isinstance(ins.dst, VReg | SReg) else 0
-        m = re.compile(rf"(?<![\w{{]){'r' if isinstance(where, VReg) else 's'}{where.index}(?![\d(])").search(text, start)
+        m = re.compile(rf"(?<!\w){'r' if isinstance(where, VReg) else 's'}{where.index}(?![\d(])").search(text, start)
         return m.start() + 1 if m else 1
     at = text.find(str(where))
     return at + 1 if at >= 0 else 1
@@ -381,10 +384,11 @@ def _check_communication(program: Program, comm: list[list[Instruction]], proble
             elif chip in seen:
                 err(chip, ins, f"rcv @ {sync} is received twice on chip {chip} (also at line {seen[chip].line})")
                 bad.add(sync)
-            seen.setdefault(chip, ins)
-        if len(receivers) != size - 1:
-            on = ", ".join(str(c) for c, _ in receivers) or "none"
-            err(chip0, ins0, f"dis @ {sync}:{size} has {len(receivers)} receiver(s) (chips {on}), expected {size - 1}")
+            else:
+                seen[chip] = ins
+        if len(seen) != size - 1:
+            on = ", ".join(str(c) for c in seen) or "none"
+            err(chip0, ins0, f"dis @ {sync}:{size} has {len(seen)} receiver(s) (chips {on}), expected {size - 1}")
             bad.add(sync)
     for sync, receivers in rcv.items():
         if sync not in dis:

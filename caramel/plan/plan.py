@@ -23,7 +23,7 @@ Rules:
   ``in_limbs`` order, outs one buffer per ``out_limbs`` entry (only the slots that are read),
   computed in the run's arithmetic mode. ``SUD_LIFT``: the register form of ``sud`` lifts the
   dropped limb from prime ``arg`` to the row's prime (mode-dependent). ``RSV``: ins (words...,
-  rs), outs (words...), basis ``in_limbs``, ``arg`` = limb of rs. ``MOD``: ins (words...),
+  rs), outs (words...), basis ``in_limbs``, the row's prime is the limb of rs. ``MOD``: ins (words...),
   outs (d,). ``COMM``: no rows; ``comms`` lists independent ``dis``/``rcv``/``joi`` that a
   backend may issue as one collective group (sends first, then receives).
 * ``sud rD: rA, y | L`` becomes [``SUD_LIFT``] -> ``NTT`` -> the elementwise tail
@@ -380,7 +380,9 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> 
     timings["fuse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     levels = fusion.levels(units, [c.stream for c in chips])
-    kernels = [fusion.batch(u, lv) for u, lv in zip(units, levels)]
+    kernels = [
+        fusion.batch(u, lv, [ins.line for ins in c.stream.instructions]) for u, lv, c in zip(units, levels, chips)
+    ]
     timings["batch"] = time.perf_counter() - t0
     plans = []
     for chip, (ops, scalars, n_buffers), (ks, deps), us in zip(chips, lowered, kernels, units):

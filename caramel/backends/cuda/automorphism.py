@@ -14,19 +14,25 @@ THREADS = 256
 
 def _source() -> str:
     return r"""
+// A block of B = min(256, N) consecutive outputs reads exactly one aligned block of B inputs (the
+// varying low bits of j become the high bits of g (2 br(j) + 1) mod 2N, hence the low bits of the
+// source index), so the block stages that input block in shared memory with coalesced loads.
 extern "C" __global__ void __launch_bounds__(256) automorphism(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ galois, int logn, int tiles) {
+    __shared__ u32 sm[256];
     const int r = blockIdx.x / tiles;
     const u32 j = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
     const u32 n = 1u << logn;
-    if (j >= n) return;
     const u32 g = (u32)galois[r];
     const u32 bj = __brev(j) >> (32 - logn);
     // (g (2 br(j) + 1)) mod 2N; 2N divides 2^32, so the wrapped 32-bit product is exact mod 2N.
     const u32 e = (g * (2u * bj + 1u)) & (2u * n - 1u);
     const u32 src = __brev((e - 1u) >> 1) >> (32 - logn);
-    arena[(u64)out_slots[r] * n + j] = __ldg(arena + (u64)in_slots[r] * n + src);
+    const u32 base = src & ~(blockDim.x - 1u);
+    sm[threadIdx.x] = arena[(u64)in_slots[r] * n + base + threadIdx.x];
+    __syncthreads();
+    arena[(u64)out_slots[r] * n + j] = sm[src - base];
 }
 """
 

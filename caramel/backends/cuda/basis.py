@@ -10,8 +10,8 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
 The kernel gives one thread per coefficient: it reads the S inputs (coalesced), keeps t_k in shared
-memory and accumulates each output's dot product exactly in 64 bits (S <= 64 products below 2^56),
-then reduces once (Barrett). One launch converts B independent inputs that share the primes
+memory and accumulates the dot products of 8 outputs at a time exactly in 64 bits (S <= 64
+products below 2^56), then reduces once per output (Barrett). One launch converts B independent inputs that share the primes
 (e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
 """
 
@@ -35,19 +35,22 @@ def mode_code(mode) -> int:
 
 def _source() -> str:
     return r"""
-// in_consts: S x 4 (q_k, [Qhat_k^-1]_{q_k}, its Shoup quotient, 0); out_consts: D x 4 (p_d, [Q_S]_{p_d},
-// mu_lo, mu_hi); table: S x D, [Qhat_k]_{p_d} (textbook, exact) or F_{k,d} (emulator); recip: S, 1/q_k.
-// mode: 0 textbook, 1 emulator, 2 exact.
+// in_consts: S x 4 (q_k, [Qhat_k^-1]_{q_k}, its Shoup quotient, 0); out_consts: D x 4 (p_d, [-Q_S]_{p_d},
+// mu_lo, mu_hi); table: S x DP (DP = D rounded up to a multiple of 8, zero padded), [Qhat_k]_{p_d}
+// (textbook, exact) or F_{k,d} (emulator); recip: S, 1/q_k. mode: 0 textbook, 1 emulator, 2 exact.
+// Each thread accumulates 8 outputs at a time in 64 bits: S <= 64 products below 2^56 plus
+// v [-Q_S]_p < 2^35 stay below 2^64, so one Barrett reduction per output suffices.
 extern "C" __global__ void __launch_bounds__(128) base_convert(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, int mode,
         const u32* __restrict__ in_consts, const u32* __restrict__ out_consts, const u32* __restrict__ table,
         const double* __restrict__ recip, int n, int tiles) {
     extern __shared__ u32 smem[];
-    u32* tab = smem;            // S * D
-    u32* t = smem + S * D;      // S * blockDim.x
+    const int DP = (D + 7) & ~7;
+    u32* tab = smem;            // S * DP
+    u32* t = smem + S * DP;     // S * blockDim.x
     const int b = blockIdx.x / tiles;
     const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
-    for (int e = threadIdx.x; e < S * D; e += blockDim.x) tab[e] = table[e];
+    for (int e = threadIdx.x; e < S * DP; e += blockDim.x) tab[e] = table[e];
     double f = 0.0;
     for (int k = 0; k < S; ++k) {
         u32 x = i < n ? arena[(u64)in_slots[b * S + k] * n + i] : 0u;
@@ -57,33 +60,56 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
     }
     __syncthreads();
     if (i >= n) return;
-    const u32 v = mode == 2 ? (u32)floor(__dadd_rn(f, 0.5)) : 0u;
-    for (int d = 0; d < D; ++d) {
-        u64 acc = 0;
-        for (int k = 0; k < S; ++k) acc += (u64)t[k * blockDim.x + threadIdx.x] * tab[k * D + d];
-        const u32 p = __ldg(out_consts + 4 * d);
-        const u64 mu = ((u64)__ldg(out_consts + 4 * d + 3) << 32) | __ldg(out_consts + 4 * d + 2);
-        u32 y = reduce64(acc, p, mu);
-        if (mode == 2) y = sub_mod(y, mul_mod(v, __ldg(out_consts + 4 * d + 1), p, mu), p);
-        arena[(u64)out_slots[b * D + d] * n + i] = y;
+    const u64 v = mode == 2 ? (u64)floor(__dadd_rn(f, 0.5)) : 0ull;
+    for (int d0 = 0; d0 < D; d0 += 8) {
+        u64 acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = 0;
+        for (int k = 0; k < S; ++k) {
+            const u64 tk = t[k * blockDim.x + threadIdx.x];
+            const uint4 c0 = *(const uint4*)(tab + k * DP + d0);
+            const uint4 c1 = *(const uint4*)(tab + k * DP + d0 + 4);
+            acc[0] += tk * c0.x; acc[1] += tk * c0.y; acc[2] += tk * c0.z; acc[3] += tk * c0.w;
+            acc[4] += tk * c1.x; acc[5] += tk * c1.y; acc[6] += tk * c1.z; acc[7] += tk * c1.w;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int d = d0 + j;
+            if (d < D) {
+                const u32 p = __ldg(out_consts + 4 * d);
+                const u64 mu = ((u64)__ldg(out_consts + 4 * d + 3) << 32) | __ldg(out_consts + 4 * d + 2);
+                const u64 a = acc[j] + v * __ldg(out_consts + 4 * d + 1);
+                arena[(u64)out_slots[b * D + d] * n + i] = reduce64(a, p, mu);
+            }
+        }
     }
 }
 
+// 4 residues per thread (16-byte accesses); n4 = N / 4.
+__device__ __forceinline__ u32 lift1(u32 x, u32 qt, u32 ql, u64 mu, u32 qt_mod_ql, int centred) {
+    u32 y = reduce64(x, ql, mu);
+    if (centred && x > (qt - 1u) / 2u) y = sub_mod(y, qt_mod_ql, ql);
+    return y;
+}
 extern "C" __global__ void __launch_bounds__(256) sud_lift(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ src_prime, const int* __restrict__ dst_prime, const u32* __restrict__ pt,
-        int centred, int n, int tiles) {
+        int centred, int n4, int tiles) {
     const int r = blockIdx.x / tiles;
     const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n4) return;
     const int l = dst_prime[r];
     const u32 qt = prime_q(pt, src_prime[r]);
     const u32 ql = prime_q(pt, l);
     const u64 mu = prime_mu(pt, l);
-    const u32 x = arena[(u64)in_slots[r] * n + i];
-    u32 y = reduce64(x, ql, mu);
-    if (centred && x > (qt - 1u) / 2u) y = sub_mod(y, reduce64(qt, ql, mu), ql);
-    arena[(u64)out_slots[r] * n + i] = y;
+    const u32 qm = reduce64(qt, ql, mu);
+    const uint4 x = ((const uint4*)arena)[(u64)in_slots[r] * n4 + i];
+    uint4 y;
+    y.x = lift1(x.x, qt, ql, mu, qm, centred);
+    y.y = lift1(x.y, qt, ql, mu, qm, centred);
+    y.z = lift1(x.z, qt, ql, mu, qm, centred);
+    y.w = lift1(x.w, qt, ql, mu, qm, centred);
+    ((uint4*)arena)[(u64)out_slots[r] * n4 + i] = y;
 }
 """
 
@@ -103,6 +129,8 @@ class BaseConversion:
         self.out_limbs = tuple(int(l) for l in out_limbs)
         conv = ring.ctx.base_converter(self.in_limbs, self.out_limbs)
         s, d = len(self.in_limbs), len(self.out_limbs)
+        if s * max(conv.in_primes) * max(conv.out_primes, default=1) + (1 << 40) >= 1 << 64:
+            raise ValueError("the 64-bit accumulator of base conversion would overflow with these primes")
         in_consts = np.zeros((s, 4), dtype=np.uint32)
         for k, q in enumerate(conv.in_primes):
             w = int(conv.qhat_inv[k])
@@ -110,13 +138,19 @@ class BaseConversion:
         out_consts = np.zeros((d, 4), dtype=np.uint32)
         for j, p in enumerate(conv.out_primes):
             mu = (1 << 64) // p
-            out_consts[j] = [p, int(conv.product_mod_out[j]), mu & 0xFFFFFFFF, mu >> 32]
+            out_consts[j] = [p, (p - int(conv.product_mod_out[j])) % p, mu & 0xFFFFFFFF, mu >> 32]
         cp = cupy()
         self._in_consts = cp.asarray(in_consts)
         self._out_consts = cp.asarray(out_consts)
-        # Tables transposed to (S, D): row k holds the factors of input k for every output.
-        self._qhat = cp.asarray(np.ascontiguousarray(conv.qhat_mod_out.T, dtype=np.uint32))
-        self._factors = cp.asarray(np.ascontiguousarray(conv.factors.T, dtype=np.uint32))
+        # Tables transposed to (S, DP): row k holds the factors of input k for every output, zero
+        # padded to a multiple of 8 outputs (the kernel reads 8 at a time).
+        self._dp = -(-d // 8) * 8
+        qhat = np.zeros((s, self._dp), dtype=np.uint32)
+        qhat[:, :d] = conv.qhat_mod_out.T
+        factors = np.zeros_like(qhat)
+        factors[:, :d] = conv.factors.T
+        self._qhat = cp.asarray(qhat)
+        self._factors = cp.asarray(factors)
         self._recip = cp.asarray(conv.reciprocals.astype(np.float64))
 
     def convert(self, arena, in_slots, out_slots, mode) -> None:
@@ -135,7 +169,7 @@ class BaseConversion:
         code = mode_code(mode)
         cp = cupy()
         tiles = -(-ring.n // THREADS)
-        smem = 4 * (s * d + s * THREADS)
+        smem = 4 * (s * self._dp + s * THREADS)
         kernel = ring.kernel("basis", _source, "base_convert")
         kernel(
             (batch * tiles,),
@@ -172,8 +206,9 @@ def sud_lift(ring: CudaRing, arena, in_slots, out_slots, src_prime_idx, dst_prim
     if rows == 0:
         return
     cp = cupy()
-    threads = min(256, ring.n)
-    tiles = ring.n // threads
+    n4 = ring.n // 4
+    threads = min(256, n4)
+    tiles = n4 // threads
     kernel = ring.kernel("basis", _source, "sud_lift")
     kernel(
         (rows * tiles,),
@@ -186,7 +221,7 @@ def sud_lift(ring: CudaRing, arena, in_slots, out_slots, src_prime_idx, dst_prim
             dst_prime_idx,
             ring.prime_table,
             cp.int32(mode_code(mode) == 2),
-            cp.int32(ring.n),
+            cp.int32(n4),
             cp.int32(tiles),
         ),
     )

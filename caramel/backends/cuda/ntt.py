@@ -63,11 +63,12 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 
 // Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory.
 // Virtual thread u of a sub-transform owns points base + k*T (k < 2^R); stage S0+d pairs k and
-// k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle (bt << s) + i_local,
-// bt = bt0 + bt_step * sub.
+// k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle (bt << s) + i_local of
+// the table tw, bt = bt0 + bt_step * sub. MODE 2 (rows) reads the twiddle of sub-transform `sub` at
+// tws[sub * 256 + (1 << s) + i_local] in shared memory instead (see row_twiddles).
 template <int LOGM, int G, int MODE, int S0, int R, bool INV>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
-                                         u32 q, u32 two_q) {{
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, const uint2* tws, int bt0,
+                                         int bt_step, u32 q, u32 two_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -78,6 +79,7 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
         const int g = u >> LOGT;
         const int base = (g << (LOGT + R)) + off;
         const int bt = bt0 + bt_step * sub;
+        (void)bt;
         u32 v[1 << R];
 #pragma unroll
         for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
@@ -90,13 +92,33 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
                 const int il = (g << d) + (k >> (R - d));
-                const uint2 w = __ldg(tw + (bt << s) + il);
+                const uint2 w = MODE == 2 ? tws[sub * 256 + (1 << s) + il] : __ldg(tw + (bt << s) + il);
                 if (INV) gs_bfly(v[k], v[k + half], w.x, w.y, q, two_q);
                 else ct_bfly(v[k], v[k + half], w.x, w.y, q, two_q);
             }}
         }}
 #pragma unroll
         for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
+    }}
+}}
+
+// Twiddles of the row kernel, built in shared memory: the table index of stage s, group i_local of
+// row hi is (bt << s) | i_local with bt = 2^a + hi, and bit reversal maps a disjoint OR to a sum of
+// exponents, so w = tw[bt << s] * tw[i_local] mod q. Its Shoup quotient floor(w 2^32 / q) is
+// __umul64hi(w << 32, floor(2^64 / q)), at most one short, then corrected.
+__device__ __forceinline__ void row_twiddles(uint2* tws, const uint2* __restrict__ tw, int bt0, u32 q, u64 mu) {{
+    for (int e = threadIdx.x; e < 8 * 256; e += blockDim.x) {{
+        const int sub = e >> 8, idx = e & 255;
+        if (idx == 0) continue;
+        const int s = 31 - __clz(idx);
+        const int il = idx - (1 << s);
+        const uint2 a = __ldg(tw + ((bt0 + sub) << s));
+        const uint2 b = __ldg(tw + il);
+        const u32 w = shoup(a.x, b.x, b.y, q);
+        const u64 x = (u64)w << 32;
+        u32 wp = (u32)__umul64hi(x, mu);
+        if (x - (u64)wp * q >= q) ++wp;
+        tws[e] = make_uint2(w, wp);
     }}
 }}
 
@@ -154,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[8 * 256];
+    __shared__ uint2 tws[8 * 256];
     constexpr int TILES = (1 << A_BITS) / 8;
     const int r = blockIdx.x / TILES;
     const int hi0 = (blockIdx.x % TILES) * 8;
@@ -170,6 +193,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
         sm[sidx<2>(sub, p + 2)] = v.z;
         sm[sidx<2>(sub, p + 3)] = v.w;
     }}
+    row_twiddles(tws, tw, (1 << A_BITS) + hi0, q, prime_mu(pt, pi));
     __syncthreads();
 {passes}
     __syncthreads();
@@ -196,8 +220,9 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
+    tws = "tws" if mode == 2 else "nullptr"
     calls = [
-        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, {bt0}, {bt_step}, q, two_q);"
+        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, {tws}, {bt0}, {bt_step}, q, two_q);"
         for s0, r in plan
     ]
     return "\n    __syncthreads();\n".join(calls)

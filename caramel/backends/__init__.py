@@ -1,0 +1,86 @@
+"""caramel.backends: the kernel interface that every execution backend implements.
+
+A backend owns an *arena*: S rows of N uint32 residues (one limb per row). Every kernel takes
+int32 NumPy arrays of row indices and per-row prime indices (indices into the context's prime
+list) and runs all rows as one launch; rows of one call are independent, and an output row
+never equals an input row of another row of the same call. Inputs must be written before they
+are read; results are canonical residues. The same calls, with the same arrays, drive the NumPy
+reference backend (:mod:`caramel.backends.numpy_backend`) and a device backend (the CUDA kernels
+of :mod:`caramel.backends.cuda` take exactly these arrays). This package does not import CuPy.
+
+Expressions (``elementwise``) are duck-typed: ``n_vec``, ``n_scalar``, ``ops`` (each with ``op``
+in ``add``/``sub``/``mul``/``neg`` and ``args``) and ``outputs``, numbered like
+:class:`caramel.plan.plan.Expr` and the CUDA ``FusedProgram``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+
+class Backend(abc.ABC):
+    """One device's arena and kernels. Index arguments are int32 arrays: ``ins``/``outs`` hold
+    arena rows, ``primes`` prime indices; shapes are given per method (R = number of rows)."""
+
+    #: The context (ring degree N and primes) the backend computes in.
+    ctx: object
+
+    @abc.abstractmethod
+    def write(self, rows: np.ndarray, data: np.ndarray) -> None:
+        """arena[rows[r]] = data[r] for host data of shape (R, N), uint32."""
+
+    @abc.abstractmethod
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Host copy of arena[rows], shape (R, N), uint32."""
+
+    @abc.abstractmethod
+    def set_scalars(self, values: np.ndarray) -> None:
+        """The scalar table read by ``elementwise`` (uint32, each canonical for the primes of
+        the rows that use it)."""
+
+    @abc.abstractmethod
+    def elementwise(self, expr, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray, scalars: np.ndarray) -> None:
+        """Evaluate ``expr`` per residue: ins (R, n_vec) rows, scalars (R, n_scalar) indices into
+        the scalar table, outs (R, len(outputs)) rows, primes (R,)."""
+
+    @abc.abstractmethod
+    def ntt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:
+        """arena[outs[r]] = NTT_{q_primes[r]}(arena[ins[r]]); ins, outs, primes (R,)."""
+
+    @abc.abstractmethod
+    def intt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:
+        """arena[outs[r]] = INTT_{q_primes[r]}(arena[ins[r]]); ins, outs, primes (R,)."""
+
+    @abc.abstractmethod
+    def automorphism(self, ins: np.ndarray, outs: np.ndarray, galois: np.ndarray) -> None:
+        """arena[outs[r]] = arena[ins[r]] under X -> X^galois[r], in NTT form; (R,) each."""
+
+    @abc.abstractmethod
+    def base_convert(self, in_limbs, out_limbs, ins: np.ndarray, outs: np.ndarray, mode) -> None:
+        """B conversions from limbs ``in_limbs`` to ``out_limbs`` (tuples of limb indices) in
+        arithmetic ``mode``: ins (B, len(in_limbs)) rows in in_limbs order, outs (B, len(out_limbs))."""
+
+    @abc.abstractmethod
+    def sud_lift(self, ins: np.ndarray, outs: np.ndarray, src_primes: np.ndarray, dst_primes: np.ndarray, mode) -> None:
+        """Register-form ``sud`` lift of arena[ins[r]] from q_src to q_dst (coefficient form)."""
+
+    @abc.abstractmethod
+    def rsv(self, basis, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:
+        """``rsv`` on G accumulators of m = len(basis) words: ins (G, m + 1) rows (the words, then
+        rs), outs (G, m) rows of the new words, primes (G,) the limb of each rs."""
+
+    @abc.abstractmethod
+    def mod(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:
+        """``mod``: arena[outs[r]] = X_r mod q_primes[r]; ins (R, m) words, outs (R,)."""
+
+
+def numpy_backend(ctx, rows: int) -> Backend:
+    """A :class:`~caramel.backends.numpy_backend.NumpyBackend` of ``rows`` arena rows."""
+    from caramel.backends.numpy_backend import NumpyBackend
+
+    return NumpyBackend(ctx, rows)
+
+
+__all__ = ["Backend", "numpy_backend"]

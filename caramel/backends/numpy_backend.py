@@ -1,0 +1,86 @@
+"""The NumPy backend: the kernels of :class:`caramel.backends.Backend` on a host arena.
+
+All arithmetic is the reference interpreter's (same :mod:`caramel.ring` functions, same 64-bit
+formulas), so a plan run here is bit-identical to :func:`caramel.execute.reference.run_reference`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from caramel.backends import Backend
+from caramel.ring import Context, Mode
+
+_U64 = np.uint64
+
+
+class NumpyBackend(Backend):
+    """A (rows, N) uint32 arena and the kernels over it."""
+
+    def __init__(self, ctx: Context, rows: int):
+        self.ctx = ctx
+        self.arena = np.zeros((max(rows, 1), ctx.n), dtype=np.uint32)
+        self._q = np.array(ctx.primes, dtype=_U64)
+        self._scalars = np.zeros(0, dtype=_U64)
+
+    def write(self, rows, data) -> None:
+        self.arena[rows] = data
+
+    def read(self, rows) -> np.ndarray:
+        return self.arena[rows].copy()
+
+    def set_scalars(self, values) -> None:
+        self._scalars = np.asarray(values, dtype=_U64)
+
+    def elementwise(self, expr, ins, outs, primes, scalars) -> None:
+        q = self._q[primes][:, None]
+        vals = [self.arena[ins[:, k]].astype(_U64) for k in range(expr.n_vec)]
+        vals += [self._scalars[scalars[:, k]][:, None] for k in range(expr.n_scalar)]
+        for o in expr.ops:
+            a = vals[o.args[0]]
+            if o.op == "add":
+                v = (a + vals[o.args[1]]) % q
+            elif o.op == "sub":
+                v = (a + (q - vals[o.args[1]])) % q
+            elif o.op == "mul":
+                v = (a * vals[o.args[1]]) % q
+            elif o.op == "neg":
+                v = (q - a) % q
+            else:
+                raise ValueError(f"unknown elementwise operation {o.op!r}")
+            vals.append(v)
+        for k, v in enumerate(expr.outputs):
+            self.arena[outs[:, k]] = vals[v]
+
+    def ntt(self, ins, outs, primes) -> None:
+        self.arena[outs] = self.ctx.ntt(self.arena[ins], [int(p) for p in primes])
+
+    def intt(self, ins, outs, primes) -> None:
+        self.arena[outs] = self.ctx.intt(self.arena[ins], [int(p) for p in primes])
+
+    def automorphism(self, ins, outs, galois) -> None:
+        for g in np.unique(galois):
+            sel = galois == g
+            self.arena[outs[sel]] = self.ctx.automorphism(self.arena[ins[sel]], int(g))
+
+    def base_convert(self, in_limbs, out_limbs, ins, outs, mode) -> None:
+        # Every conversion is per coefficient: B inputs side by side are one input of B*N columns.
+        b, n = ins.shape[0], self.ctx.n
+        x = self.arena[ins.T].reshape(len(in_limbs), b * n)
+        y = self.ctx.base_converter(in_limbs, out_limbs).convert(x, Mode(mode))
+        self.arena[outs.T] = y.reshape(len(out_limbs), b, n)
+
+    def sud_lift(self, ins, outs, src_primes, dst_primes, mode) -> None:
+        pairs = np.stack([src_primes, dst_primes], axis=1)
+        for t, l in np.unique(pairs, axis=0):
+            sel = (src_primes == t) & (dst_primes == l)
+            self.arena[outs[sel]] = self.ctx.sud_lift(self.arena[ins[sel]], int(t), int(l), mode)
+
+    def rsv(self, basis, ins, outs, primes) -> None:
+        for r in range(ins.shape[0]):
+            words = self.arena[ins[r, :-1]]
+            self.arena[outs[r]] = self.ctx.rsv_accumulate(words, self.arena[ins[r, -1]], basis, int(primes[r]))
+
+    def mod(self, ins, outs, primes) -> None:
+        for r in range(ins.shape[0]):
+            self.arena[outs[r]] = self.ctx.mod_reduce(self.arena[ins[r]], int(primes[r]))

@@ -1,0 +1,41 @@
+"""caramel.plan: the dependency DAG, fusion, batching and the backend-neutral execution plan.
+
+dag (SSA renaming, networkx graphs, DOT/JSON export), plan (kernel descriptors, :class:`Plan`,
+lowering, :func:`build_plan`, :func:`assign_rows`), fusion (vertical fusion, levels, batching),
+report (:func:`plan_report`).
+"""
+
+from caramel.plan.dag import PlanError, program_graph, resource_graph, ssa, to_dot, to_json
+from caramel.plan.plan import (
+    ChipPlan,
+    Comm,
+    Expr,
+    ExprOp,
+    Kernel,
+    Kind,
+    Plan,
+    Row,
+    ScalarSpec,
+    assign_rows,
+    build_plan,
+)
+
+__all__ = [
+    "ChipPlan",
+    "Comm",
+    "Expr",
+    "ExprOp",
+    "Kernel",
+    "Kind",
+    "Plan",
+    "PlanError",
+    "Row",
+    "ScalarSpec",
+    "assign_rows",
+    "build_plan",
+    "program_graph",
+    "resource_graph",
+    "ssa",
+    "to_dot",
+    "to_json",
+]
