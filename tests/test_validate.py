@@ -483,7 +483,7 @@ def test_deadlock_through_a_joi_destination(tmp_path):
     """)
     assert problems(program) == [
         f"{d}/instructions0:3:7: deadlock: chip 0 waits at instructions0:3 (joi @ 65536) for chip 1, "
-        "which waits at instructions1:3 (rcv @ 65537) for chip 0",
+        "which waits at instructions1:3 (rcv @ 65537) for chip 0 (also blocked: chip 2)",
     ]
 
 
@@ -519,7 +519,7 @@ def test_error_collection_limit(tmp_path):
     program = make(d, "\n".join(f"neg r{i + 1}: r0 | 0" for i in range(60)))
     found = check(program)
     assert len(found) == 50
-    assert str(found[-1]) == f"{d}/instructions0:51:9: register r0 is read before it is written"
+    assert str(found[-1]) == f"{d}/instructions0:51:10: register r0 is read before it is written"
     assert len(check(program, limit=3)) == 3
     with pytest.raises(ValidationError) as info:
         validate(program, limit=10)

@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from caramel.errors import DeadlockError, ExecutionError, Location
+from caramel.execute.memory import check_memory_image
 from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 from caramel.ring import Context, Mode
 from caramel.ring.modular import inv_mod
@@ -272,7 +273,8 @@ class ReferenceInterpreter:
         *,
         on_instruction: Callable[[int, Instruction], None] | None = None,
     ) -> RunResult:
-        """Run every chip to completion over the read-only input image ``memory``."""
+        """Run every chip to completion over the read-only input image ``memory`` (checked first)."""
+        check_memory_image(self.program, self.ctx, memory)
         self.memory = memory
         chips = [ChipState(s) for s in self.program.streams]
         mail: dict[int, _Mail] = {}

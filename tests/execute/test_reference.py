@@ -224,7 +224,20 @@ def test_deadlock_names_every_blocked_chip():
 def test_read_before_write_and_missing_memory_are_errors():
     with pytest.raises(ExecutionError, match=r"instructions0:2 \(add r2: r0, r1 \| 0\): register r0 is read before"):
         run("add r2: r0, r1 | 0", {})
-    with pytest.raises(ExecutionError, match=r"memory i9\(0\) was never provided"):
-        run("load r0: i9(0)", {})
     with pytest.raises(ExecutionError, match="'rec' is not supported"):
         run("rec r0: i1(0) | 0", {Mem("i1", 0): np.zeros(N, np.uint32)})
+
+
+def test_input_image_problems_are_listed_together():
+    from caramel.errors import BindingError
+
+    text = "load r0: i1(0)\nload r1: i2(1)\nload r2: i3(2)\nadd r3: r0, r1 | 0"
+    bad = {Mem("i2", 1): np.full(N, CTX.q(1), dtype=np.uint32), Mem("i3", 2): np.zeros(N + 1, dtype=np.uint32)}
+    with pytest.raises(BindingError) as err:
+        run(text, bad)
+    msg = str(err.value)
+    assert "1 input limb(s) not provided: i1(0) (first loaded at instructions0:2)" in msg
+    assert f"i2(1): residues must lie in [0, q_1 = {CTX.q(1)})" in msg
+    assert "i3(2): shape (65,), expected (64,)" in msg
+    with pytest.raises(BindingError, match=r"i1\(0\): dtype float64 is not an integer type"):
+        run("load r0: i1(0)", {Mem("i1", 0): np.zeros(N)})

@@ -1,0 +1,68 @@
+"""Checks of an input memory image before any executor runs (CPU or GPU).
+
+An image maps :class:`~caramel.program.Mem` names to limbs: arrays of N unsigned residues below the
+limb's prime (scalar entries: one residue, shape ``()`` or ``(1,)``). Every problem is collected and
+reported together in one :class:`~caramel.errors.BindingError`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from caramel.errors import BindingError
+from caramel.program import Mem, Opcode, Program
+from caramel.ring import Context
+
+_LIMIT = 20
+
+
+def loaded_names(program: Program) -> dict[Mem, tuple[str, int]]:
+    """Every memory name a program loads before storing it itself, with the first place it does
+    (file, line); scalars (``loas``) are marked by the opcode in the caller's check."""
+    needed: dict[Mem, tuple[str, int]] = {}
+    for stream in program.streams:
+        stored: set[Mem] = set()
+        for ins in stream.instructions:
+            if ins.op in (Opcode.STORE, Opcode.SPILL):
+                stored.add(ins.dst)
+            elif ins.op in (Opcode.LOAD, Opcode.EVG, Opcode.LOAS):
+                mem = ins.srcs[0]
+                if mem not in stored and mem not in needed:
+                    needed[mem] = (stream.path, ins.line)
+    return needed
+
+
+def _scalar_names(program: Program) -> set[Mem]:
+    return {ins.srcs[0] for s in program.streams for ins in s.instructions if ins.op == Opcode.LOAS}
+
+
+def check_memory_image(program: Program, ctx: Context, memory: Mapping[Mem, np.ndarray]) -> None:
+    """Raise :class:`BindingError` naming every missing, misshaped or out-of-range input limb."""
+    problems: list[str] = []
+    scalars = _scalar_names(program)
+    missing = [(mem, where) for mem, where in loaded_names(program).items() if mem not in memory]
+    if missing:
+        shown = ", ".join(f"{mem} (first loaded at {path}:{line})" for mem, (path, line) in missing[:_LIMIT])
+        more = f" and {len(missing) - _LIMIT} more" if len(missing) > _LIMIT else ""
+        problems.append(f"{len(missing)} input limb(s) not provided: {shown}{more}")
+    for mem, arr in memory.items():
+        if len(problems) > _LIMIT:
+            break
+        if not 0 <= mem.limb < len(ctx.primes):
+            problems.append(f"{mem}: limb index outside the {len(ctx.primes)} primes")
+            continue
+        a = np.asarray(arr)
+        if a.dtype.kind not in "ui":
+            problems.append(f"{mem}: dtype {a.dtype} is not an integer type")
+            continue
+        want = ((), (1,)) if mem in scalars else ((ctx.n,),)
+        if a.shape not in want:
+            problems.append(f"{mem}: shape {a.shape}, expected {want[0] if want[0] else '() (one residue)'} ")
+            continue
+        q = ctx.q(mem.limb)
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= q):
+            problems.append(f"{mem}: residues must lie in [0, q_{mem.limb} = {q}), found {int(a.min())}..{int(a.max())}")
+    if problems:
+        raise BindingError("bad input memory image:\n  " + "\n  ".join(problems))
