@@ -15,6 +15,7 @@ import sys
 from typing import Callable, Sequence
 
 from caramel import __version__
+from caramel.api import BACKENDS
 from caramel.errors import CaramelError, ValidationError
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR, EXIT_NOT_IMPLEMENTED = 0, 1, 2, 3
@@ -55,6 +56,24 @@ def cmd_stats(args: argparse.Namespace) -> int:
     else:
         print(render_table(stats))
     return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``caramel run PROGRAM``: the whole chain on one backend; exit 1 when a check fails."""
+    from caramel.api import run_program
+    from caramel.validate import validate
+
+    program = _load(args)
+    validate(program)
+    check = None if args.no_check else (args.check or "auto")
+    outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check)
+    print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
+          f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
+    print(f"output digest (sha256): {outcome.digest}")
+    if outcome.report is None:
+        return EXIT_OK
+    print(outcome.report.summary())
+    return EXIT_OK if outcome.report.passed else EXIT_INVALID
 
 
 def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
@@ -110,14 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 65536)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
-    p = command("run", "execute a program on encrypted inputs (not implemented yet)", _not_implemented("run"))
+    p = command("run", "generate keys, encrypt random inputs, run the program, decrypt and check", cmd_run)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
-                   help="arithmetic mode (default exact)")
-    p.add_argument("--backend", choices=("reference", "numpy", "cuda"), default="numpy", help="executor backend")
-    p.add_argument("--devices", type=_positive, default=1, help="number of GPUs (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed for keys and random inputs")
-    p.add_argument("--check", action="store_true", help="decrypt the outputs and compare with the plaintext formula")
+                   help="arithmetic of base conversion and rescale (ISA.md decision 2; default exact)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto (a GPU when usable, else the CPU reference) or cpu (default auto)")
+    p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
+    p.add_argument("--check", metavar="CHECK.toml",
+                   help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
+                        "it exists, else random inputs and no judgement)")
+    p.add_argument("--no-check", action="store_true", help="random inputs, no decryption check")
 
     p = command("plan", "build and print the execution plan of a program (not implemented yet)",
                 _not_implemented("plan"))

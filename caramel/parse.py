@@ -165,6 +165,15 @@ def _tree_to_instruction(tree, line: int) -> Instruction:
 _OPCODE_WORDS = frozenset(op.value for op in Opcode)
 
 
+def _terminal_text(name: str) -> str:
+    """A terminal as a reader knows it: the literal text of anonymous terminals (``', '``, not ``__ANON_1``)."""
+    try:
+        pattern = grammar().get_terminal(name).pattern
+    except KeyError:
+        return name
+    return repr(pattern.value) if pattern.type == "str" else name
+
+
 def _lark_error(exc, loc: Location, text: str) -> ParseError:
     """Turn a Lark exception into a :class:`ParseError` with a readable reason."""
     from lark.exceptions import UnexpectedInput
@@ -174,7 +183,8 @@ def _lark_error(exc, loc: Location, text: str) -> ParseError:
     word = text.split(" ", 1)[0]
     if word not in _OPCODE_WORDS:
         return ParseError(Location(loc.path, loc.line, 1), f"unknown opcode {word[:40]!r} in {text[:80]!r}")
-    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
+    names = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or []
+    expected = sorted(_terminal_text(name) for name in names)
     hint = f" (expected {', '.join(expected[:6])})" if expected else ""
     return ParseError(here, f"malformed {word} instruction {text[:80]!r}{hint}")
 
@@ -632,7 +642,7 @@ def load_program(
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f, _no_gc():  # collections over the pickler's memo would double the dump time
             pickle.dump(program, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, cache_file)
     except OSError:

@@ -139,7 +139,7 @@ def _bad_list(values: tuple[int, ...]) -> str | None:
     return None
 
 
-def _check_stream(stream: Stream, rank: int, provided: set | None, problems: _Problems, comm: list,
+def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, problems: _Problems, comm: list,
                   own: set) -> None:
     """Scan one stream: def-use, memory, BCU, limbs.
 
@@ -154,6 +154,7 @@ def _check_stream(stream: Stream, rank: int, provided: set | None, problems: _Pr
     sdead: dict[int, int] = {}
     units: dict[int, _Bcu] = {}
     check_mem = provided is not None
+    common, extra = provided if provided is not None else (set(), set())
 
     def bad_read(reg, line: int, ins: Instruction) -> None:
         if type(reg) is VReg:
@@ -203,7 +204,8 @@ def _check_stream(stream: Stream, rank: int, provided: set | None, problems: _Pr
             elif t is Mem:  # load, evg, loas (rec is rejected below)
                 if not 0 <= s.limb < LIMBS:
                     add(rank, path, line, f"memory limb {s.limb} of {s} is outside 0..{LIMBS - 1}", ins, s)
-                if check_mem and op is not _REC and (s.term, s.limb) not in own and (s.term, s.limb) not in provided:
+                key = (s.term, s.limb)
+                if check_mem and op is not _REC and key not in common and key not in own and key not in extra:
                     add(rank, path, line, f"{op.value} of {s}: no manifest entry provides it and no earlier "
                         f"store or spill of this stream wrote it", ins, s)
         if group and op is _RSV:
@@ -523,19 +525,19 @@ def _passed(events: list[Instruction], pos: int, part: Instruction) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+def _names(entries) -> set[tuple[str, int]]:
+    return {(e.term, limb) for e in entries if e.section in _INPUT_SECTIONS for limb in e.limbs}
+
+
 def _provided(program: Program) -> tuple[set, list[set]] | None:
-    """The (term, limb) names the manifests provide: global inputs, and per chip its own Input section."""
+    """The (term, limb) names the manifests provide: the global inputs, and per chip the extra names of
+    its own Input section; ``None`` for a program without any manifest (the memory rule is skipped)."""
     if not program.manifest.entries and not program.chip_manifests:
         return None
-    common = {(e.term, limb) for e in program.manifest.entries if e.section in _INPUT_SECTIONS for limb in e.limbs}
-    per_chip = []
-    for chip in range(program.chips):
-        names = set(common)
-        if chip < len(program.chip_manifests):
-            names.update((e.term, limb) for e in program.chip_manifests[chip].entries
-                         if e.section in _INPUT_SECTIONS for limb in e.limbs)
-        per_chip.append(names)
-    return common, per_chip
+    common = _names(program.manifest.entries)
+    extra = [_names(m.entries) - common for m in program.chip_manifests]
+    extra += [set() for _ in range(program.chips - len(extra))]
+    return common, extra
 
 
 @contextlib.contextmanager
@@ -552,6 +554,8 @@ def _no_gc():
 
 
 def _check(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
     with _no_gc():
         return _check_all(program, limit)
 
@@ -564,7 +568,8 @@ def _check_all(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
     for chip, stream in enumerate(program.streams):
         events: list[Instruction] = []
         own: set[tuple[str, int]] = set()
-        _check_stream(stream, chip, provided[1][chip] if provided else None, problems, events, own)
+        names = (provided[0], provided[1][chip]) if provided else None
+        _check_stream(stream, chip, names, problems, events, own)
         comm.append(events)
         stored_by.append(own)
     stored = set().union(*stored_by)
@@ -574,7 +579,8 @@ def _check_all(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
         inputs = provided[0]
         rank = program.chips
         for entry in program.manifest.outputs:
-            missing = [limb for limb in entry.limbs if (entry.term, limb) not in stored and (entry.term, limb) not in inputs]
+            missing = [limb for limb in entry.limbs
+                       if (entry.term, limb) not in stored and (entry.term, limb) not in inputs]
             if missing:
                 limbs = ",".join(map(str, missing))
                 problems.add(rank, program.manifest.path, entry.line,

@@ -120,6 +120,15 @@ def benchmark(n: int) -> list:
                       f"{rows / t / 1e6:8.2f} M limbs/s  {4 * rows * limb_bytes / t / 1e9:6.0f} GB/s")
         t = bench.time(lambda s: dntt.ntt(ring, arena, ins[s], ins[s], primes), sets)
         bench.add("ntt in place", f"N={n} R={rows}", t, f"{rows / t / 1e6:8.2f} M limbs/s")
+        if ring.logn > 12:  # the two kernels of the forward transform, one at a time
+            tw, pt = ring.twiddles[0], ring.prime_table
+            variants = (("ntt_fwd_col", dntt.ROWS), ("ntt_fwd_row", 4), ("ntt_fwd_row", 8), ("ntt_fwd_row", 16))
+            for kname, per_block in variants:
+                blocks = 256 // dntt.COLS if kname.endswith("col") else (n >> 8) // per_block
+                k = ring.kernel(f"ntt{n}-rows{per_block}", lambda: dntt._source(ring.logn, per_block), kname)
+                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)), sets)
+                label = f"  {kname} alone" + (f" rows={per_block}" if kname.endswith("row") else "")
+                bench.add(label, f"N={n} R={rows}", t, f"{2 * rows * limb_bytes / t / 1e9:8.0f} GB/s")
         del arena
 
     # Elementwise.
@@ -187,7 +196,8 @@ def benchmark(n: int) -> list:
     t = bench.time(lambda s: crt_basis.rsv(arena, acc, srcs, pos), 1)
     bench.add("rsv (m=4, K=4, G=2)", "", t, f"{2 * m / t / 1e6:8.2f} M rsv limbs/s")
     outs = i32(np.arange(2) + 4 * m)
-    t = bench.time(lambda s: dcrt.mod(ring, arena, acc, outs, i32([0, 1])), 1)
+    mod_primes = i32([0, 1])
+    t = bench.time(lambda s: dcrt.mod(ring, arena, acc, outs, mod_primes), 1)
     bench.add("mod (m=4, R=2)", "", t, f"{2 / t / 1e6:8.2f} M limbs/s")
     return bench.rows
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -13,9 +12,9 @@ from caramel.errors import LocatedError, UnsupportedError, ValidationError
 from caramel.parse import load_program
 from caramel.validate import check, validate
 
-PROGRAMS = Path("/work/shared/programs")
-ARCHIVE = PROGRAMS / "BootstrapLike_51L.tar.xz"
-CORPUS = sorted(p.name for p in PROGRAMS.iterdir() if p.is_dir()) if PROGRAMS.is_dir() else []
+from tests.conftest import corpus
+
+CORPUS = corpus()
 BOOTSTRAP = [f"BootstrapLike_51L_{k}c" for k in (1, 2, 4, 8)]
 
 # A global manifest that provides i1, i2 (ciphertext), s3 (scalar) and k5 (key) on limbs 0..3, no outputs.
@@ -55,27 +54,16 @@ def problems(program, limit: int = 50) -> list[str]:
 # ------------------------------------------------------------------------------------ the corpus
 
 
-@pytest.fixture(scope="module")
-def bootstrap_root(tmp_path_factory) -> Path:
-    """BootstrapLike_51L unpacked once for this module."""
-    if not ARCHIVE.exists():
-        pytest.skip("BootstrapLike_51L.tar.xz is not available")
-    root = tmp_path_factory.mktemp("bootstrap")
-    with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(root, filter="data")
-    return root
-
-
-@pytest.mark.parametrize("name", CORPUS)
-def test_corpus_program_validates_clean(name):
-    program = load_program(PROGRAMS / name)
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
+def test_corpus_program_validates_clean(path):
+    program = load_program(path)
     assert problems(program, limit=5) == []
     validate(program)
 
 
 @pytest.mark.parametrize("name", BOOTSTRAP)
-def test_bootstrap_like_validates_clean_and_fast(name, bootstrap_root):
-    program = load_program(bootstrap_root / name)
+def test_bootstrap_like_validates_clean_and_fast(name, bootstrap51):
+    program = load_program(bootstrap51 / name)
     start = time.perf_counter()
     found = problems(program, limit=5)
     elapsed = time.perf_counter() - start
@@ -101,7 +89,8 @@ def test_register_read_before_write(tmp_path):
 
 def test_same_register_read_twice_is_reported_once(tmp_path):
     d = tmp_path / "p"
-    assert problems(make(d, "add r1: r0, r0 | 0")) == [f"{d}/instructions0:2:9: register r0 is read before it is written"]
+    program = make(d, "add r1: r0, r0 | 0")
+    assert problems(program) == [f"{d}/instructions0:2:9: register r0 is read before it is written"]
 
 
 def test_read_after_last_use(tmp_path):

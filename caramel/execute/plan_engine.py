@@ -114,7 +114,8 @@ class ChipRun:
         if missing:
             raise ExecutionError(f"chip {plan.chip}: memory {missing[0]} was never provided ({len(missing)} missing)")
         if plan.inputs:
-            self.backend.write(_rows(self.rows_of, list(plan.inputs.values())), np.stack(list(map(memory.__getitem__, plan.inputs))))
+            data = np.stack([memory[m] for m in plan.inputs])
+            self.backend.write(_rows(self.rows_of, list(plan.inputs.values())), data)
         if plan.zero_buffer >= 0:
             self.backend.write(_rows(self.rows_of, [plan.zero_buffer]), np.zeros((1, ctx.n), dtype=np.uint32))
         self.backend.set_scalars(np.array([s.value(ctx.primes, memory) for s in plan.scalars], dtype=np.uint32))

@@ -19,6 +19,7 @@ from caramel.plan.plan import (
     assign_rows,
     build_plan,
 )
+from caramel.plan.report import plan_report, plan_stats
 
 __all__ = [
     "ChipPlan",
@@ -33,6 +34,8 @@ __all__ = [
     "ScalarSpec",
     "assign_rows",
     "build_plan",
+    "plan_report",
+    "plan_stats",
     "program_graph",
     "resource_graph",
     "ssa",

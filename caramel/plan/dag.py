@@ -135,7 +135,7 @@ class ChipSSA:
         for i, used in enumerate(self.uses):
             for v in used:
                 p = producer[v]
-                if p >= 0:
+                if 0 <= p < i:  # (p == i: the slot that the converting read itself produced)
                     yield p, i, v
 
     def graph(self) -> nx.DiGraph:
@@ -410,8 +410,6 @@ def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], convert
         if op == Opcode.RSV:
             reads.extend(f"r{r.index}" for r in ins.group)
         writes.extend(f"r{r.index}" for r in ins.group)
-    elif op == Opcode.MOD:
-        writes.append(f"r{ins.dst.index}")
     elif ins.dst is not None:
         d = ins.dst
         writes.append(str(d) if isinstance(d, Mem) else f"{'s' if isinstance(d, SReg) else 'r'}{d.index}")
@@ -420,26 +418,28 @@ def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], convert
 
 def resource_graph(stream: Stream) -> nx.DiGraph:
     """The dependency graph before renaming: ``raw``, ``war`` and ``waw`` edges with the ``res``
-    (resource name) they come from. Linear: one last writer and one reader list per resource."""
+    (resource name) they come from; where one pair has several, the first found (``raw`` before
+    ``waw`` before ``war``) labels the edge. Linear: one last writer and one list of readers
+    since that write per resource."""
     c = stream.chip
     writer: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
     bcu_inputs: dict[int, tuple[int, ...]] = {}
     converted: set[int] = set()
-    edges: list = []
+    edges: dict[tuple[int, int], tuple[str, str]] = {}
     for i, ins in enumerate(stream.instructions):
         reads, writes = _resources(ins, bcu_inputs, converted)
         for r in reads:
             w = writer.get(r)
-            if w is not None and w != i:
-                edges.append(((c, w), (c, i), {"dep": "raw", "res": r}))
+            if w is not None:
+                edges.setdefault((w, i), ("raw", r))
         for r in writes:
             w = writer.get(r)
             if w is not None:
-                edges.append(((c, w), (c, i), {"dep": "waw", "res": r}))
+                edges.setdefault((w, i), ("waw", r))
             for rd in readers.get(r, ()):
                 if rd != i:
-                    edges.append(((c, rd), (c, i), {"dep": "war", "res": r}))
+                    edges.setdefault((rd, i), ("war", r))
             writer[r] = i
             readers[r] = []
         for r in reads:
@@ -447,7 +447,7 @@ def resource_graph(stream: Stream) -> nx.DiGraph:
                 readers.setdefault(r, []).append(i)
     g = nx.DiGraph()
     g.add_nodes_from((c, i) for i in range(len(stream.instructions)))
-    g.add_edges_from(edges)  # a later edge of the same pair keeps the first one's attributes updated
+    g.add_edges_from(((c, u), (c, v), {"dep": d, "res": r}) for (u, v), (d, r) in edges.items())
     return g
 
 

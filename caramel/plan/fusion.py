@@ -46,73 +46,89 @@ class Unit(NamedTuple):
     index: tuple[int, ...]
 
 
-def fuse(ops: list[Op], pinned: set[int], *, enable: bool = True, max_inputs: int = 16) -> list[Unit]:
+def fuse(
+    ops: list[Op], pinned: set[int], n_buffers: int, *, enable: bool = True, max_inputs: int = 16
+) -> list[Unit]:
     """Dead-code removal and vertical fusion of one chip's operations (see the module docstring).
-    ``pinned``: buffers that must hold their value at the end (the chip's stores)."""
-    needed = set(pinned)
+    ``pinned``: buffers that must hold their value at the end (the chip's stores); buffer ids
+    are below ``n_buffers``."""
+    COMM = Kind.COMM
+    needed = [False] * n_buffers
+    for b in pinned:
+        needed[b] = True
     live = [False] * len(ops)
     for j in range(len(ops) - 1, -1, -1):
         o = ops[j]
-        if o.kind is Kind.COMM or any(b in needed for b in o.outs):
+        keep = o.kind is COMM
+        if not keep:
+            for b in o.outs:
+                if needed[b]:
+                    keep = True
+                    break
+        if keep:
             live[j] = True
-            needed.update(o.ins)
-    n_use: dict[int, int] = dict.fromkeys(pinned, 1)
-    consumer: dict[int, int] = {}
-    producer: dict[int, int] = {}
+            for b in o.ins:
+                needed[b] = True
+    # n_use[b]: live operations reading b (each counted once), plus one if b is pinned.
+    n_use = [0] * n_buffers
+    for b in pinned:
+        n_use[b] = 1
+    producer = [-1] * n_buffers
     for j, o in enumerate(ops):
         if live[j]:
-            for b in set(o.ins):
-                n_use[b] = n_use.get(b, 0) + 1
-                consumer[b] = j
+            ins = o.ins
+            for k, b in enumerate(ins):
+                if b not in ins[:k]:
+                    n_use[b] += 1
             for b in o.outs:
                 producer[b] = j
 
-    # Trees, bottom-up in program order: micro-ops (name, args, instruction index) in post-order;
-    # an argument is ("v", buffer), ("s", scalar index) or ("t", position of an earlier micro-op).
+    # Trees, bottom-up in program order: micro-ops (op index, name, args) in post-order. An
+    # argument is 2*buffer (a vector input), 2*scalar+1 (a scalar) or -1-j (the result of op j).
     E = Kind.ELEMENTWISE
     trees: dict[int, list] = {}
     leaves: dict[int, int] = {}
     folded: set[int] = set()
     for j, o in enumerate(ops):
-        if not live[j] or o.kind is not E:
+        if o.kind is not E or not live[j]:
             continue
+        ins = o.ins
+        twice = len(ins) == 2 and ins[0] == ins[1]
+        if twice:
+            ins = ins[:1]
         micro: list = []
         args: list = []
-        seen: dict[int, tuple] = {}
-        n_leaves = len(set(o.ins))
-        for b in o.ins:
-            a = seen.get(b)
-            if a is None:
-                p = producer.get(b)
-                if (
-                    enable
-                    and p is not None
-                    and ops[p].kind is E
-                    and n_use[b] == 1
-                    and ops[p].prime == o.prime
-                    and n_leaves - 1 + leaves[p] <= max_inputs
-                ):
-                    off = len(micro)
-                    for name, sub_args, index in trees.pop(p):
-                        micro.append((name, tuple(("t", x + off) if k == "t" else (k, x) for k, x in sub_args), index))
-                    n_leaves += leaves.pop(p) - 1
-                    folded.add(p)
-                    a = ("t", len(micro) - 1)
-                else:
-                    a = ("v", b)
-                seen[b] = a
-            args.append(a)
-        args.extend(("s", s) for s in o.scalars)
-        micro.append((o.arg, tuple(args), o.index))
+        n_leaves = len(ins)
+        for b in ins:
+            p = producer[b]
+            if (
+                enable
+                and p in trees
+                and n_use[b] == 1
+                and ops[p].prime == o.prime
+                and n_leaves - 1 + leaves[p] <= max_inputs
+            ):
+                micro += trees.pop(p)
+                n_leaves += leaves.pop(p) - 1
+                folded.add(p)
+                args.append(-1 - p)
+            else:
+                args.append(2 * b)
+        if twice:
+            args.append(args[0])
+        for sc in o.scalars:
+            args.append(2 * sc + 1)
+        micro.append((j, o.arg, tuple(args)))
         trees[j] = micro
         leaves[j] = n_leaves
 
     units: list[Unit] = []
+    exprs: dict = {}
     for j, o in enumerate(ops):
         if not live[j] or j in folded:
             continue
         if o.kind is E:
-            units.append(_tree_unit(o, trees[j]))
+            units.append(_tree_unit(o, trees[j], ops, exprs))
         elif o.kind is Kind.COMM:
             units.append(Unit(o.kind, None, o.arg, o.ins, o.outs, (o.index,)))
         elif o.kind is Kind.BASECONV:
@@ -126,26 +142,33 @@ def fuse(ops: list[Op], pinned: set[int], *, enable: bool = True, max_inputs: in
     return units
 
 
-def _tree_unit(root: Op, micro: list) -> Unit:
-    """The canonical :class:`Expr` of a tree and its row: operands numbered by first use."""
-    vec: dict[int, int] = {}
-    sca: dict[int, int] = {}
-    for _, args, _ in micro:
-        for k, x in args:
-            if k == "v":
-                vec.setdefault(x, len(vec))
-            elif k == "s":
-                sca.setdefault(x, len(sca))
+def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
+    """The canonical :class:`Expr` of a tree (one object per distinct expression, kept in
+    ``exprs``) and its row: operands numbered by first use."""
+    num: dict[int, int] = {}
+    vec: list[int] = []
+    sca: list[int] = []
+    for _, _, args in micro:
+        for a in args:
+            if a >= 0 and a not in num:
+                num[a] = 0
+                (sca if a & 1 else vec).append(a)
     nv, ns = len(vec), len(sca)
+    for k, a in enumerate(vec):
+        num[a] = k
+    for k, a in enumerate(sca):
+        num[a] = nv + k
     base = nv + ns
-    ops = tuple(
-        ExprOp(name, tuple(vec[x] if k == "v" else nv + sca[x] if k == "s" else base + x for k, x in args))
-        for name, args, _ in micro
-    )
-    expr = Expr(nv, ns, ops, (base + len(ops) - 1,))
-    ins = tuple(vec)
-    row = Row(root.prime, ins, root.outs, tuple(sca))
-    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({i for _, _, i in micro})))
+    for k, (j, _, _) in enumerate(micro):
+        num[-1 - j] = base + k
+    get = num.__getitem__
+    key = (nv, ns, tuple([(name, tuple(map(get, args))) for _, name, args in micro]))
+    expr = exprs.get(key)
+    if expr is None:
+        expr = exprs[key] = Expr(nv, ns, tuple(ExprOp(*o) for o in key[2]), (base + len(micro) - 1,))
+    ins = tuple([a >> 1 for a in vec])
+    row = Row(root.prime, ins, root.outs, tuple([a >> 1 for a in sca]))
+    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({ops[j].index for j, _, _ in micro})))
 
 
 def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
@@ -210,7 +233,9 @@ def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
             raise DeadlockError("deadlock: every unfinished chip is blocked:\n  " + "\n  ".join(waits))
 
 
-def batch(units: list[Unit], unit_levels: list[int], lines: list[int]) -> tuple[tuple[Kernel, ...], tuple[tuple[int, ...], ...]]:
+def batch(
+    units: list[Unit], unit_levels: list[int], lines: list[int]
+) -> tuple[tuple[Kernel, ...], tuple[tuple[int, ...], ...]]:
     """Kernels of one chip (units of equal level, kind and key batched into rows) in execution
     order, and each kernel's dependencies (the earlier kernels that wrote a buffer it reads).
     ``lines[i]`` is the source line of instruction i."""

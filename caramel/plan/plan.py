@@ -36,6 +36,7 @@ Rules:
 from __future__ import annotations
 
 import enum
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -301,7 +302,8 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
         elif op in (Opcode.INT, Opcode.PL1):
             ops.append(Op(Kind.INTT, L, (buf[u[0]],), (buf[d[0]],), (), None, i))
         elif op in (Opcode.ROT, Opcode.CON):
-            ops.append(Op(Kind.AUTOMORPHISM, L, (buf[u[0]],), (buf[d[0]],), (), ins.step if op == Opcode.ROT else None, i))
+            step = ins.step if op == Opcode.ROT else None
+            ops.append(Op(Kind.AUTOMORPHISM, L, (buf[u[0]],), (buf[d[0]],), (), step, i))
         elif op == Opcode.SUD:
             y = u[1]
             if isinstance(ins.srcs[1], BcuSlot):
@@ -361,8 +363,19 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
-    levels over the whole program and batching (:mod:`caramel.plan.fusion`)."""
-    from caramel.plan import fusion
+    levels over the whole program and batching (:mod:`caramel.plan.fusion`). The cyclic garbage
+    collector is paused meanwhile (planning allocates many small acyclic objects)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(program, fuse, max_inputs)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(program: Program, fuse: bool, max_inputs: int) -> Plan:
+    from caramel.plan import fusion  # (fusion builds on this module's types)
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -374,8 +387,8 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> 
     timings["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     units = [
-        fusion.fuse(ops, {c.buf[v] for v in c.stores.values()}, enable=fuse, max_inputs=max_inputs)
-        for c, (ops, _, _) in zip(chips, lowered)
+        fusion.fuse(ops, {c.buf[v] for v in c.stores.values()}, n, enable=fuse, max_inputs=max_inputs)
+        for c, (ops, _, n) in zip(chips, lowered)
     ]
     timings["fuse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -386,7 +399,8 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> 
     timings["batch"] = time.perf_counter() - t0
     plans = []
     for chip, (ops, scalars, n_buffers), (ks, deps), us in zip(chips, lowered, kernels, units):
-        used = {b for u in us for b in u.ins}
+        stores = {m: chip.buf[v] for m, v in chip.stores.items()}
+        used = {b for u in us for b in u.ins} | set(stores.values())
         plans.append(
             ChipPlan(
                 chip=chip.chip,
@@ -396,7 +410,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> 
                 inputs={m: chip.buf[v] for m, v in chip.inputs.items() if chip.buf[v] in used},
                 zero_buffer=chip.zero_buffer if chip.zero_buffer in used else -1,
                 scalars=tuple(scalars),
-                stores={m: chip.buf[v] for m, v in chip.stores.items()},
+                stores=stores,
                 instructions=len(chip.stream.instructions),
             )
         )

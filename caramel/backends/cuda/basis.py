@@ -51,12 +51,17 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
     const int b = blockIdx.x / tiles;
     const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
     for (int e = threadIdx.x; e < S * DP; e += blockDim.x) tab[e] = table[e];
+    // Raw inputs first (independent loads in flight together), then t_k and the float sum.
+#pragma unroll 8
+    for (int k = 0; k < S; ++k) t[k * blockDim.x + threadIdx.x] = i < n ? arena[(u64)in_slots[b * S + k] * n + i] : 0u;
     double f = 0.0;
-    for (int k = 0; k < S; ++k) {
-        u32 x = i < n ? arena[(u64)in_slots[b * S + k] * n + i] : 0u;
-        if (mode != 1) x = shoup(x, __ldg(in_consts + 4 * k + 1), __ldg(in_consts + 4 * k + 2), __ldg(in_consts + 4 * k));
-        if (mode == 2) f = __dadd_rn(f, __dmul_rn((double)x, __ldg(recip + k)));
-        t[k * blockDim.x + threadIdx.x] = x;
+    if (mode != 1) {
+        for (int k = 0; k < S; ++k) {
+            const u32 x = shoup(t[k * blockDim.x + threadIdx.x], __ldg(in_consts + 4 * k + 1),
+                                __ldg(in_consts + 4 * k + 2), __ldg(in_consts + 4 * k));
+            if (mode == 2) f = __dadd_rn(f, __dmul_rn((double)x, __ldg(recip + k)));
+            t[k * blockDim.x + threadIdx.x] = x;
+        }
     }
     __syncthreads();
     if (i >= n) return;
@@ -66,11 +71,11 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[j] = 0;
         for (int k = 0; k < S; ++k) {
-            const u64 tk = t[k * blockDim.x + threadIdx.x];
+            const u32 tk = t[k * blockDim.x + threadIdx.x];
             const uint4 c0 = *(const uint4*)(tab + k * DP + d0);
             const uint4 c1 = *(const uint4*)(tab + k * DP + d0 + 4);
-            acc[0] += tk * c0.x; acc[1] += tk * c0.y; acc[2] += tk * c0.z; acc[3] += tk * c0.w;
-            acc[4] += tk * c1.x; acc[5] += tk * c1.y; acc[6] += tk * c1.z; acc[7] += tk * c1.w;
+            acc[0] += (u64)tk * c0.x; acc[1] += (u64)tk * c0.y; acc[2] += (u64)tk * c0.z; acc[3] += (u64)tk * c0.w;
+            acc[4] += (u64)tk * c1.x; acc[5] += (u64)tk * c1.y; acc[6] += (u64)tk * c1.z; acc[7] += (u64)tk * c1.w;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {

@@ -27,13 +27,16 @@ from caramel.backends.cuda.context import CudaRing, index_array
 
 THREADS = 256
 COLS = 32  # columns per block in the column kernel
-ROWS = 8  # 256-point rows per block in the row kernel
+ROWS = 16  # 256-point rows per block in the row kernel (a multiple of 4, at most 2^(log2 N - 8))
+RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
 
 _SRC = r"""
 #define LOGN {logn}
 #define NN (1 << LOGN)
 #define A_BITS {a_bits}
+#define ROWS {rows}
+#define RADIX_LOG {radix_log}
 
 // Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q).
 __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 w, u32 wp, u32 q, u32 two_q) {{
@@ -52,23 +55,27 @@ __device__ __forceinline__ void gs_bfly(u32& x, u32& y, u32 w, u32 wp, u32 q, u3
 
 // Shared-memory position of point p of sub-transform `sub`.
 // MODE 0: one transform (p). MODE 1: 32 columns, column-minor (bank = column).
-// MODE 2: 256-point rows, XOR swizzle that makes every pass bank-conflict free.
+// MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
+// pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
+// warp spans two rows, hence the row parity in the swizzle).
 template <int MODE>
 __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 0) return p;
     if (MODE == 1) return p * 32 + sub;
     const int x = p >> 5;
+    if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
 }}
 
 // Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory.
 // Virtual thread u of a sub-transform owns points base + k*T (k < 2^R); stage S0+d pairs k and
 // k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle (bt << s) + i_local of
-// the table tw, bt = bt0 + bt_step * sub. MODE 2 (rows) reads the twiddle of sub-transform `sub` at
-// tws[sub * 256 + (1 << s) + i_local] in shared memory instead (see row_twiddles).
+// the table tw, bt = bt0 + bt_step * sub (read through L1: a warp reads one or a few
+// contiguous twiddles; building the row twiddles in shared memory from two table entries each
+// measured slower, 2026-11-21).
 template <int LOGM, int G, int MODE, int S0, int R, bool INV>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, const uint2* tws, int bt0,
-                                         int bt_step, u32 q, u32 two_q) {{
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
+                                         u32 q, u32 two_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -79,7 +86,6 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
         const int g = u >> LOGT;
         const int base = (g << (LOGT + R)) + off;
         const int bt = bt0 + bt_step * sub;
-        (void)bt;
         u32 v[1 << R];
 #pragma unroll
         for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
@@ -92,33 +98,13 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
                 const int il = (g << d) + (k >> (R - d));
-                const uint2 w = MODE == 2 ? tws[sub * 256 + (1 << s) + il] : __ldg(tw + (bt << s) + il);
+                const uint2 w = __ldg(tw + (bt << s) + il);
                 if (INV) gs_bfly(v[k], v[k + half], w.x, w.y, q, two_q);
                 else ct_bfly(v[k], v[k + half], w.x, w.y, q, two_q);
             }}
         }}
 #pragma unroll
         for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
-    }}
-}}
-
-// Twiddles of the row kernel, built in shared memory: the table index of stage s, group i_local of
-// row hi is (bt << s) | i_local with bt = 2^a + hi, and bit reversal maps a disjoint OR to a sum of
-// exponents, so w = tw[bt << s] * tw[i_local] mod q. Its Shoup quotient floor(w 2^32 / q) is
-// __umul64hi(w << 32, floor(2^64 / q)), at most one short, then corrected.
-__device__ __forceinline__ void row_twiddles(uint2* tws, const uint2* __restrict__ tw, int bt0, u32 q, u64 mu) {{
-    for (int e = threadIdx.x; e < 8 * 256; e += blockDim.x) {{
-        const int sub = e >> 8, idx = e & 255;
-        if (idx == 0) continue;
-        const int s = 31 - __clz(idx);
-        const int il = idx - (1 << s);
-        const uint2 a = __ldg(tw + ((bt0 + sub) << s));
-        const uint2 b = __ldg(tw + il);
-        const u32 w = shoup(a.x, b.x, b.y, q);
-        const u64 x = (u64)w << 32;
-        u32 wp = (u32)__umul64hi(x, mu);
-        if (x - (u64)wp * q >= q) ++wp;
-        tws[e] = make_uint2(w, wp);
     }}
 }}
 
@@ -162,8 +148,12 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
-    for (int e = threadIdx.x; e < (32 << A_BITS); e += blockDim.x)
-        sm[e] = src[((e >> 5) << (LOGN - A_BITS)) + (e & 31)];
+    // 16-byte accesses, all issued before the first use (blockDim.x == 256).
+#pragma unroll
+    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        *(uint4*)(sm + e * 4) = *(const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4);
+    }}
     __syncthreads();
 {passes}
     __syncthreads();
@@ -175,17 +165,18 @@ _ROW = r"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ u32 sm[8 * 256];
-    __shared__ uint2 tws[8 * 256];
-    constexpr int TILES = (1 << A_BITS) / 8;
+    __shared__ u32 sm[ROWS * 256];
+    constexpr int TILES = (1 << A_BITS) / ROWS;
     const int r = blockIdx.x / TILES;
-    const int hi0 = (blockIdx.x % TILES) * 8;
+    const int hi0 = (blockIdx.x % TILES) * ROWS;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = 2 * q;
     const uint2* tw = tw_all + (u64)pi * NN;
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
-    for (int e = threadIdx.x; e < 8 * 64; e += blockDim.x) {{
+#pragma unroll
+    for (int it = 0; it < ROWS / 4; ++it) {{
+        const int e = it * 256 + threadIdx.x;
         const uint4 v = src[e];
         const int sub = e >> 6, p = (e & 63) * 4;
         sm[sidx<2>(sub, p)] = v.x;
@@ -193,11 +184,12 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
         sm[sidx<2>(sub, p + 2)] = v.z;
         sm[sidx<2>(sub, p + 3)] = v.w;
     }}
-    row_twiddles(tws, tw, (1 << A_BITS) + hi0, q, prime_mu(pt, pi));
     __syncthreads();
 {passes}
     __syncthreads();
-    for (int e = threadIdx.x; e < 8 * 64; e += blockDim.x) {{
+#pragma unroll
+    for (int it = 0; it < ROWS / 4; ++it) {{
+        const int e = it * 256 + threadIdx.x;
         const int sub = e >> 6, p = (e & 63) * 4;
         uint4 v;
         v.x = sm[sidx<2>(sub, p)];
@@ -211,25 +203,25 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 
-def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str) -> str:
+def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int) -> str:
     plan, s = [], 0
     while s < logm:
-        r = min(3, logm - s)
+        r = min(radix_log, logm - s)
         plan.append((s, r))
         s += r
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    tws = "tws" if mode == 2 else "nullptr"
     calls = [
-        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, {tws}, {bt0}, {bt_step}, q, two_q);"
+        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, {bt0}, {bt_step}, q, two_q);"
         for s0, r in plan
     ]
     return "\n    __syncthreads();\n".join(calls)
 
 
-def _source(logn: int) -> str:
-    """CUDA source of the NTT kernels for N = 2^logn."""
+def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG) -> str:
+    """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
+    radix_log: stages per register pass)."""
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
@@ -237,53 +229,60 @@ def _source(logn: int) -> str:
             "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = shoup(sm[i], ni, nip, q);"
         )
         kernels = _SMALL.format(
-            name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, "1", "0"), store=fwd_store
-        ) + _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0"), store=inv_store)
-        return _SRC.format(logn=logn, a_bits=logn, kernels=kernels)
+            name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, "1", "0", radix_log), store=fwd_store
+        ) + _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log), store=inv_store)
+        return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, kernels=kernels)
     a = logn - ROW_LOG
-    col_lazy = (
-        "    for (int e = threadIdx.x; e < (32 << A_BITS); e += blockDim.x)\n"
-        "        dst[((e >> 5) << (LOGN - A_BITS)) + (e & 31)] = sm[e];"
-    )
-    col_inv = (
+    col_store = (
         "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
-        "    for (int e = threadIdx.x; e < (32 << A_BITS); e += blockDim.x)\n"
-        "        dst[((e >> 5) << (LOGN - A_BITS)) + (e & 31)] = shoup(sm[e], ni, nip, q);"
+        "    (void)ni; (void)nip;\n"
+        "#pragma unroll\n"
+        "    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{\n"
+        "        const int e = it * 256 + threadIdx.x;\n"
+        "        uint4 v = *(const uint4*)(sm + e * 4);\n"
+        "{finish}"
+        "        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = v;\n"
+        "    }}"
+    )
+    col_lazy = col_store.format(finish="")
+    col_inv = col_store.format(
+        finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
     )
     row_fwd = "\n".join(
         f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
     )
     kernels = (
-        _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0"), store=col_lazy)
+        _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log), store=col_lazy)
         + _ROW.format(
             name="ntt_fwd_row",
-            passes=_pass_calls(ROW_LOG, ROWS, 2, False, "(1 << A_BITS) + hi0", "1"),
+            passes=_pass_calls(ROW_LOG, rows, 2, False, "(1 << A_BITS) + hi0", "1", radix_log),
             finish=row_fwd,
         )
         + _ROW.format(
             name="ntt_inv_row",
-            passes=_pass_calls(ROW_LOG, ROWS, 2, True, "(1 << A_BITS) + hi0", "1"),
+            passes=_pass_calls(ROW_LOG, rows, 2, True, "(1 << A_BITS) + hi0", "1", radix_log),
             finish="",
         )
-        + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0"), store=col_inv)
+        + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log), store=col_inv)
     )
-    return _SRC.format(logn=logn, a_bits=a, kernels=kernels)
+    return _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log, kernels=kernels)
 
 
-def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool) -> None:
+def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
+            rows_per_block: int = ROWS, radix_log: int = RADIX_LOG) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
-    key = f"ntt{ring.n}"
+    key = f"ntt{ring.n}" if (rows_per_block, radix_log) == (ROWS, RADIX_LOG) else f"ntt{ring.n}-{rows_per_block}-{radix_log}"
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
 
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn), name)
+        k = ring.kernel(key, lambda: _source(ring.logn, rows_per_block, radix_log), name)
         k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
     if ring.logn <= 12:
@@ -291,7 +290,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
-    row_blocks = (1 << a) // ROWS
+    row_blocks = (1 << a) // rows_per_block
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_blocks)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)

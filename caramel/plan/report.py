@@ -1,0 +1,146 @@
+"""Figures of a plan: kernels by kind, memory traffic, critical path, parallel width, build time.
+
+Traffic model (bytes of device memory read and written, 4 bytes per residue, N residues a limb):
+
+* per instruction: every instruction is its own pass over its limb operands, each read or
+  written once: vector registers and BCU slots read, the register or memory limb written,
+  memory limbs loaded, the BCU input written by ``pl1``/``bcw``, the accumulator words of
+  ``rsi``/``rsv``/``mod`` (``loas``, ``bci`` and scalar operands count 0);
+* plan: every kernel reads each of its input buffers once and writes each output buffer once
+  (a ``dis``/``joi`` contribution reads its limb, a receive writes one); aliases cost nothing.
+
+The "instructions" of a kind are the source instructions its kernels execute (a ``sud`` counts
+in each kind it lowers to; a ``ntt`` or ``sud`` that first reads a unit also counts as baseconv).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from caramel.plan.plan import Kind, Plan, assign_rows
+from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, VReg
+
+#: Instructions that never become a kernel (aliases, bindings, unit setup, scalar loads).
+ALIASES = frozenset(
+    {Opcode.LOAD, Opcode.EVG, Opcode.MOV, Opcode.BCW, Opcode.STORE, Opcode.SPILL, Opcode.BCI, Opcode.RSI, Opcode.LOAS}
+)
+
+
+def instruction_limbs(ins: Instruction) -> int:
+    """Limb operands of one instruction in the per-instruction traffic model."""
+    op = ins.op
+    n = sum(1 for s in ins.srcs if isinstance(s, (VReg, BcuSlot)) or (isinstance(s, Mem) and op != Opcode.LOAS))
+    if isinstance(ins.dst, (VReg, Mem)):
+        n += 1
+    if op in (Opcode.PL1, Opcode.BCW):
+        n += 1
+    elif op == Opcode.RSV:
+        n += 2 * len(ins.group)
+    elif op == Opcode.RSI:
+        n += len(ins.group)
+    return n
+
+
+def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> dict:
+    """The figures of :func:`plan_report` as a dict (traffic in bytes at ring degree ``n``)."""
+    limb = 4 * n
+    by_kind: dict[str, list[int]] = {k.value: [0, 0, 0] for k in Kind}  # kernels, rows, instructions
+    chip_traffic, chip_levels, chip_paths, chip_rows, widths = [], [], [], [], []
+    exprs = set()
+    for chip in plan.chips:
+        traffic = 0
+        per_level: Counter = Counter()
+        path = [0] * len(chip.kernels)
+        for k, (kernel, deps) in enumerate(zip(chip.kernels, chip.deps)):
+            entry = by_kind[kernel.kind.value]
+            entry[0] += 1
+            entry[1] += kernel.size
+            entry[2] += len(kernel.lines)
+            traffic += len(kernel.reads()) + len(kernel.writes())
+            per_level[kernel.level] += 1
+            path[k] = 1 + max((path[d] for d in deps), default=0)
+            if kernel.expr is not None:
+                exprs.add(kernel.expr)
+        chip_traffic.append(traffic * limb)
+        chip_levels.append(per_level)
+        chip_paths.append(max(path, default=0))
+        chip_rows.append(assign_rows(chip)[1])
+        widths.append(max(per_level.values(), default=0))
+    levels = 1 + max((max(lv, default=-1) for lv in chip_levels), default=-1)
+    stats = {
+        "program": plan.name,
+        "chips": len(plan.chips),
+        "n": n,
+        "instructions": plan.instructions,
+        "kernels": plan.kernels,
+        "by_kind": by_kind,
+        "expressions": len(exprs),
+        "plan_bytes": sum(chip_traffic),
+        "plan_bytes_busiest_chip": max(chip_traffic, default=0),
+        "critical_path": levels,
+        "critical_path_per_chip": max(chip_paths, default=0),
+        "parallel_width_mean": plan.kernels / levels if levels else 0.0,
+        "parallel_width_max": max(widths, default=0),
+        "arena_rows": chip_rows,
+        "timings": dict(plan.timings),
+    }
+    if program is not None:
+        per_chip = [sum(instruction_limbs(i) for i in s.instructions) for s in program.streams]
+        stats["instruction_bytes"] = sum(per_chip) * limb
+        stats["instruction_bytes_busiest_chip"] = max(per_chip, default=0) * limb
+        stats["aliases"] = sum(1 for s in program.streams for i in s.instructions if i.op in ALIASES)
+    return stats
+
+
+def _bytes(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            return f"{x:.1f} {unit}" if unit != "B" else f"{int(x)} B"
+        x /= 1024
+    return ""
+
+
+def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> str:
+    """A text report of ``plan``: instructions -> kernels by kind, bytes moved per instruction
+    vs by the plan (at ring degree ``n``; the per-instruction figure needs ``program``), critical
+    path, parallel width, arena rows and build times."""
+    s = plan_stats(plan, program, n)
+    out = [
+        f"plan of {s['program']}: {s['chips']} chip(s), {s['instructions']} instructions -> {s['kernels']} kernels"
+        f" ({s['instructions'] / max(s['kernels'], 1):.1f} instructions per kernel)",
+        "",
+        f"  {'kind':<14}{'kernels':>9}{'rows':>9}{'instructions':>14}",
+    ]
+    for kind, (k, r, i) in s["by_kind"].items():
+        if k:
+            out.append(f"  {kind:<14}{k:>9}{r:>9}{i:>14}")
+    if "aliases" in s:
+        out.append(f"  {'(aliases)':<14}{0:>9}{'-':>9}{s['aliases']:>14}   load/evg/mov/bcw/store/spill/bci/rsi/loas")
+    out.append(f"  distinct elementwise expressions: {s['expressions']}")
+    out.append("")
+    out.append(f"memory traffic at N = {n} (4 bytes per residue):")
+    if "instruction_bytes" in s:
+        ib, pb = s["instruction_bytes"], s["plan_bytes"]
+        out.append(f"  per instruction: {_bytes(ib)} (busiest chip {_bytes(s['instruction_bytes_busiest_chip'])})")
+        out.append(
+            f"  plan:            {_bytes(pb)} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])}),"
+            f" {pb / ib:.2f}x of per instruction"
+        )
+    else:
+        out.append(f"  plan: {_bytes(s['plan_bytes'])} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])})")
+    out.append("")
+    out.append(
+        f"critical path: {s['critical_path']} kernels (levels of the whole program;"
+        f" longest chain inside one chip {s['critical_path_per_chip']})"
+    )
+    out.append(
+        f"parallel width: {s['parallel_width_mean']:.1f} kernels per level on average,"
+        f" at most {s['parallel_width_max']} on one chip"
+    )
+    rows = s["arena_rows"]
+    out.append(f"arena rows (peak live buffers, in plan order): {max(rows, default=0)} on the busiest chip"
+               f" ({_bytes(max(rows, default=0) * 4 * n)})")
+    t = s["timings"]
+    if t:
+        out.append("build time: " + ", ".join(f"{k} {v:.2f} s" for k, v in t.items()))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,152 @@
+"""Tests of the ``caramel`` command, run in-process through ``caramel.cli.main``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from caramel import __version__
+from caramel.cli import main
+
+from tests.conftest import REPO, SHARED_PROGRAMS
+
+ADD = SHARED_PROGRAMS / "Add_4L_2c"
+pytestmark = pytest.mark.skipif(not ADD.is_dir(), reason="shared corpus not found")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def broken_copy(tmp_path):
+    d = tmp_path / "Add_4L_2c"
+    shutil.copytree(ADD, d)
+    for f in d.iterdir():
+        f.chmod(0o644)
+    return d
+
+
+def test_validate_ok(capsys):
+    code, out, err = run(capsys, "validate", str(ADD), "-q")
+    assert (code, out, err) == (0, "ok: 40 instructions on 2 chips\n", "")
+
+
+def test_validate_reports_every_problem_and_exits_1(capsys, tmp_path):
+    d = broken_copy(tmp_path)
+    text = (d / "instructions0").read_text()
+    text = text.replace("add r2: r0[X], r1 | 2", "add r2: r0[X], r7 | 2")
+    text = text.replace("load r1: i3(2){F}", "load r1: i9(2){F}")
+    (d / "instructions0").write_text(text)
+    code, out, err = run(capsys, "validate", str(d), "--no-cache", "-q")
+    assert code == 1 and err == ""
+    assert out.splitlines() == [
+        f"{d}/instructions0:3:10: load of i9(2): no manifest entry provides it and no earlier store or spill of "
+        "this stream wrote it",
+        f"{d}/instructions0:4:16: register r7 is read before it is written",
+        f"2 error(s) in {d}",
+    ]
+
+
+def test_validate_limit(capsys, tmp_path):
+    d = broken_copy(tmp_path)
+    (d / "instructions1").write_text("Instruction Stream 1:\n" + "neg r1: r0 | 1\n" * 5)
+    code, out, _ = run(capsys, "validate", str(d), "--no-cache", "-q", "--limit", "2")
+    assert code == 1
+    assert out.splitlines()[-1] == f"2+ error(s) in {d} (stopped at 2; use --limit to see more)"
+
+
+def test_parse_error_exits_2_without_traceback(capsys, tmp_path):
+    d = broken_copy(tmp_path)
+    (d / "instructions1").write_bytes(b"Instruction Stream 1:\nadd r1: r0 |")
+    code, out, err = run(capsys, "validate", str(d), "--no-cache", "-q")
+    assert code == 2 and out == ""
+    assert err.startswith(f"caramel: error: {d}/instructions1:2:")
+    assert "Traceback" not in err
+
+
+def test_missing_program_exits_2(capsys, tmp_path):
+    code, out, err = run(capsys, "stats", str(tmp_path / "nope"))
+    assert (code, out, err) == (2, "", f"caramel: error: {tmp_path}/nope: no such file or folder\n")
+
+
+def test_stats_table_has_a_column_per_chip(capsys):
+    code, out, _ = run(capsys, "stats", str(ADD), "--n", "4096", "-q")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "Add_4L_2c: 40 instructions on 2 chip(s), N = 4096"
+    assert lines[2].split() == ["chip", "0", "chip", "1", "total"]
+    rows = {line[:16].strip(): line[16:].split() for line in lines[4:] if line and not line.startswith("-")}
+    assert rows["load"] == ["8", "8", "16"]
+    assert rows["add"] == ["8", "8", "16"]
+    assert rows["store"] == ["4", "4", "8"]
+    assert rows["instructions"] == ["20", "20", "40"]
+    assert rows["limbs touched"] == ["2", "2", "4"]
+    # 16 limb reads + 12 writes per chip (loads 8 reads 8 writes, adds 16 reads 8 writes, stores 4+4) at 16 KiB
+    assert rows["memory traffic"] == ["768", "KiB", "768", "KiB", "1.5", "MiB"]
+
+
+def test_stats_json(capsys):
+    code, out, _ = run(capsys, "stats", str(SHARED_PROGRAMS / "Rescale_4L_2c"), "--json", "-q", "--n", "1024")
+    assert code == 0
+    data = json.loads(out)
+    assert data["name"] == "Rescale_4L_2c" and data["chips"] == 2 and data["n"] == 1024
+    chip0, chip1 = data["per_chip"]
+    # Rescale on 2 chips: chip 1 owns the top limb 3 and sends it (INTT'd) for both components to chip 0.
+    assert (chip0["dis"], chip0["rcv"], chip1["dis"], chip1["rcv"]) == (0, 2, 2, 0)
+    assert (chip0["limbs_received"], chip1["limbs_sent"]) == (2, 2)
+    assert (chip0["comm_bytes"], chip1["comm_bytes"]) == (2 * 1024 * 4, 0)
+    assert data["totals"]["comm_bytes"] == 2 * 1024 * 4
+    assert data["totals"]["instructions"] == chip0["instructions"] + chip1["instructions"]
+
+
+@pytest.mark.parametrize("command", ["validate", "stats", "run", "plan", "profile"])
+def test_help_of_every_subcommand(capsys, command):
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0
+    assert out.startswith(f"usage: caramel {command} ")
+    assert "PROGRAM" in out
+
+
+def test_top_level_help_and_version(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and all(c in out for c in ("validate", "stats", "run", "plan", "profile"))
+    assert run(capsys, "--version")[:2] == (0, f"caramel {__version__}\n")
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(capsys)[0] == 2
+    assert run(capsys, "frobnicate", str(ADD))[0] == 2
+    code, _, err = run(capsys, "stats", str(ADD), "--n", "1000")
+    assert code == 2 and "N must be a power of two" in err
+
+
+@pytest.mark.parametrize("command", ["plan", "profile"])
+def test_placeholders_say_not_implemented(capsys, command):
+    code, out, err = run(capsys, command, str(ADD), "--n", "4096")
+    assert (code, out, err) == (3, "", f"caramel: {command}: not implemented yet\n")
+
+
+def test_run_checks_by_decryption(capsys):
+    code, out, _ = run(capsys, "run", str(REPO / "programs" / "Mul_4L_2c"), "--n", "1024", "-q", "--seed", "4")
+    assert code == 0, out
+    assert "backend cpu" in out and "PASS z: precision" in out and "output digest (sha256): " in out
+
+
+def test_run_fails_when_the_check_fails(capsys, tmp_path):
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(
+        '[inputs.x]\nkind = "ciphertext"\nscale = "S"\n[inputs.y]\nkind = "ciphertext"\nscale = "S"\n'
+        '[outputs.z]\nformula = "x + y"\nscale = "S**2 / q[L-1]"\ntolerance_bits = 10\n'
+    )
+    code, out, _ = run(capsys, "run", str(REPO / "programs" / "Mul_4L_2c"), "--n", "1024", "-q", "--check", str(wrong))
+    assert code == 1 and "FAIL z" in out
+
+
+def test_run_digest_is_reproducible_from_the_seed(capsys):
+    args = ("run", str(REPO / "programs" / "PolyX8_4L_4c"), "--n", "256", "-q", "--no-check")
+    digests = [run(capsys, *args, "--seed", s)[1].split("sha256): ")[1].split()[0] for s in ("1", "1", "2")]
+    assert digests[0] == digests[1] != digests[2]

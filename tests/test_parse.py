@@ -1,0 +1,307 @@
+"""Tests of caramel.parse: round trips on corpus lines, exact errors on malformed input, archives, the cache."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import caramel.parse
+from caramel.errors import ParseError
+from caramel.parse import load_program, parse_instruction, parse_manifest
+from caramel.program import BcuSlot, Instruction, Mem, Opcode, Section, SReg, VReg
+
+from tests.conftest import SHARED_PROGRAMS, corpus
+
+CORPUS = corpus()
+# Lark round trips are ~60 us a line: every line of these programs (all opcodes, 1-8 chips).
+ROUND_TRIP = [p for p in CORPUS if "_4L_" in p.name or p.name in ("BootstrapLike_20L_2c", "BootstrapModRaise_10L_4c")]
+ADD = SHARED_PROGRAMS / "Add_4L_2c"
+
+needs_corpus = pytest.mark.skipif(not ADD.is_dir(), reason="shared corpus not found")
+
+
+def copy_program(tmp_path: Path, name: str = "Add_4L_2c") -> Path:
+    target = tmp_path / name
+    shutil.copytree(SHARED_PROGRAMS / name, target)
+    for f in target.iterdir():
+        f.chmod(0o644)
+    target.chmod(0o755)
+    return target
+
+
+def replace(path: Path, old: bytes, new: bytes) -> None:
+    data = path.read_bytes()
+    assert old in data, f"{old!r} not in {path}"
+    path.write_bytes(data.replace(old, new, 1))
+
+
+def load_error(source) -> ParseError:
+    with pytest.raises(ParseError) as info:
+        load_program(source, cache=False)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
+def test_text_reproduces_every_corpus_line(path):
+    program = load_program(path)
+    for stream in program.streams:
+        lines = Path(stream.path).read_text().split("\n")
+        for ins in stream.instructions:
+            assert ins.text() == lines[ins.line - 1], f"{stream.path}:{ins.line}"
+
+
+@pytest.mark.parametrize("path", ROUND_TRIP, ids=lambda p: p.name)
+def test_parse_of_text_round_trips(path):
+    program = load_program(path)
+    for stream in program.streams:
+        for ins in stream.instructions:
+            assert parse_instruction(ins.text(), stream.path, ins.line) == ins, f"{stream.path}:{ins.line}"
+
+
+def test_round_trip_of_every_syntax_form():
+    forms = [
+        "load r0: i1(4){F}", "evg r48: k50(63){F}", "loas s0: s3(4)", "store r2[X]: v5(4)", "spill r4[X]: v49(63)",
+        "add r8: r0, r0[X] | 4", "mup r26: r2[X], r25 | 4", "sus r55: r0[X], s0[X] | 4", "rot -2 r1: r0[X] | 2",
+        "ntt r45: b0{4} | 63", "sud r45: r3[X], b1{4} | 4", "sud r6: r18[X], r34 | 3",
+        "bci B0: [59,60,61,62,63], [0,1,2,3,4]", "pl1 B1: r47[X] | 63", "bcw B0: r20[X] | 4",
+        "rsi {r37, r36, r39}", "rsv {r37, r36, r39}: r21[X]: [0,1,2] | 2", "mod r55: {r37[X], r36[X], r39[X]} | 0",
+        "dis @ 65540:4 : r18", "rcv @ 65539:4 r21: ", "joi @ 65540:4 r35: r22[X] | 4", "joi @ 65539:4 : r61[X] | 3",
+        "joi @ 65538:4 :  | 2", "rec r0: i1(0) | 0", "snd r0[X]: v1(0) | 0",
+    ]  # fmt: skip
+    for text in forms:
+        ins = parse_instruction(text)
+        assert ins.text() == text
+        assert parse_instruction(ins.text()) == ins
+
+
+def test_lark_path_reads_unmarked_registers_and_loads_without_final():
+    assert parse_instruction("pl1 B0: r2 | 4", line=7) == Instruction(
+        Opcode.PL1, srcs=(VReg(2),), unit=0, base=4, line=7
+    )
+    assert parse_instruction("load r1: i2(3)") == Instruction(Opcode.LOAD, dst=VReg(1), srcs=(Mem("i2", 3),), line=1)
+    assert parse_instruction("sud r1: r2, b1{0} | 0").srcs == (VReg(2), BcuSlot(1, 0))
+    assert parse_instruction("mus r1: r2, s3[X] | 0").srcs == (VReg(2), SReg(3, True))
+
+
+# ------------------------------------------------------------------------------------ malformed instruction files
+
+
+@needs_corpus
+def test_corrupted_opcode(tmp_path):
+    d = copy_program(tmp_path)
+    replace(d / "instructions0", b"add r5: r3[X], r4 | 0", b"adx r5: r3[X], r4 | 0")
+    err = load_error(d)
+    assert str(err) == f"{d}/instructions0:7:1: unknown opcode 'adx' in 'adx r5: r3[X], r4 | 0'"
+    assert (err.location.path, err.location.line) == (f"{d}/instructions0", 7)
+
+
+@needs_corpus
+def test_missing_operand(tmp_path):
+    d = copy_program(tmp_path)
+    replace(d / "instructions0", b"add r5: r3[X], r4 | 0", b"add r5: r3[X] | 0")
+    assert str(load_error(d)) == (
+        f"{d}/instructions0:7:14: malformed add instruction 'add r5: r3[X] | 0' (expected ', ')"
+    )
+
+
+@needs_corpus
+def test_truncated_file(tmp_path):
+    d = copy_program(tmp_path)
+    data = (d / "instructions1").read_bytes()
+    (d / "instructions1").write_bytes(data[:-5])  # "store r15[X]: v8(1)\n" -> "store r15[X]: v"
+    assert str(load_error(d)) == (
+        f"{d}/instructions1:21:15: malformed store instruction 'store r15[X]: v' (expected MEM) "
+        "(the file ends mid-line: truncated?)"
+    )
+
+
+@needs_corpus
+def test_empty_file(tmp_path):
+    d = copy_program(tmp_path)
+    (d / "instructions1").write_bytes(b"")
+    assert str(load_error(d)) == f"{d}/instructions1:1: empty instruction file (expected 'Instruction Stream <p>:')"
+
+
+def test_empty_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    err = load_error(tmp_path / "empty")
+    assert str(err) == f"{tmp_path}/empty: no 'instructions<p>' files in this folder: not a compiled program"
+
+
+def test_missing_path(tmp_path):
+    assert str(load_error(tmp_path / "nope")) == f"{tmp_path}/nope: no such file or folder"
+
+
+@needs_corpus
+def test_binary_junk_invalid_utf8(tmp_path):
+    d = copy_program(tmp_path)
+    replace(d / "instructions0", b"add r5", b"add \xff5")
+    assert str(load_error(d)) == f"{d}/instructions0:7:5: not a text file (invalid UTF-8 byte)"
+
+
+@needs_corpus
+def test_binary_junk_nul_bytes(tmp_path):
+    d = copy_program(tmp_path)
+    replace(d / "instructions0", b"add r5", b"add \x005")
+    assert str(load_error(d)) == f"{d}/instructions0:7: not a text file (NUL byte)"
+
+
+def test_binary_file(tmp_path):
+    f = tmp_path / "instructions0"
+    f.write_bytes(bytes(range(256)) * 4)  # byte 0x80 is column 118 of line 2 (after the 0x0a at offset 10)
+    assert str(load_error(f)) == f"{f}:2:118: not a text file (invalid UTF-8 byte)"
+
+
+@needs_corpus
+def test_wrong_header(tmp_path):
+    d = copy_program(tmp_path)
+    replace(d / "instructions1", b"Instruction Stream 1:", b"Instruction stream 1:")
+    assert str(load_error(d)) == (
+        f"{d}/instructions1:1: expected header 'Instruction Stream 1:', found 'Instruction stream 1:'"
+    )
+
+
+@needs_corpus
+def test_header_names_another_stream(tmp_path):
+    d = copy_program(tmp_path)
+    replace(d / "instructions1", b"Instruction Stream 1:", b"Instruction Stream 0:")
+    assert str(load_error(d)) == f"{d}/instructions1:1: header names stream 0 but the file is stream 1"
+
+
+@needs_corpus
+def test_stream_numbers_must_be_contiguous(tmp_path):
+    d = copy_program(tmp_path)
+    (d / "instructions1").rename(d / "instructions3")
+    assert str(load_error(d)) == f"{d}: instruction files must be numbered 0..K-1, found [0, 3]"
+
+
+def test_single_file_errors_name_the_file(tmp_path):
+    f = tmp_path / "relin.isa"
+    f.write_text("Instruction Stream 0:\nload r0: i1(0)\nneg r1: r0 |\n")
+    err = load_error(f)
+    assert (err.location.path, err.location.line, err.location.column) == (str(f), 3, 11)
+
+
+# ------------------------------------------------------------------------------------ manifests
+
+
+@needs_corpus
+@pytest.mark.parametrize(
+    "file, old, new, message",
+    [
+        ("program_inputs", b"Plaintext Stream:", b"Plaintext:",
+         "program_inputs:7: expected section header 'Plaintext Stream:', found 'Plaintext:'"),
+        ("program_inputs", b"i2 | x:c1 | [0,1,2,3]", b"i2 | x:c1 | [0,1,2,3",
+         "program_inputs:3:20: malformed manifest line 'i2 | x:c1 | [0,1,2,3'"),
+        ("program_inputs", b"i2 | x:c1 |", b"i2 | x:c7 |",
+         "program_inputs:3: malformed symbol 'x:c7' (expected name:c0|c1|p|s or K:type:level:E:rot:c<h>:[digits])"),
+        ("program_inputs", b"i2 | x:c1 |", b"k2 | x:c1 |",
+         "program_inputs:3: term 'k2' does not belong in the Ciphertext section"),
+        ("program_inputs", b"Evalkey Stream:\n;\n", b"Evalkey Stream:\n",
+         "program_inputs:16: manifest ends early: section 'Evalkey' is not closed by ';' (truncated?)"),
+        ("program_inputs", b"Evalkey Stream:\n;\n", b"Evalkey Stream:\n;\nMore Stream:\n",
+         "program_inputs:17: unexpected text after the last section: 'More Stream:'"),
+        ("inputs1", b"Output Stream:", b"Outputs Stream:",
+         "inputs1:7: expected section header 'Output Stream:', found 'Outputs Stream:'"),
+    ],
+    ids=["section-header", "unclosed-list", "symbol", "key-term", "truncated", "trailing", "chip-manifest"],
+)  # fmt: skip
+def test_manifest_errors(tmp_path, file, old, new, message):
+    d = copy_program(tmp_path)
+    replace(d / file, old, new)
+    assert str(load_error(d)) == f"{d}/{message}"
+
+
+def test_manifest_entries_and_key_symbols():
+    text = (
+        "Ciphertext Stream:\ni1 | x:c0 | [0,1]\n;\nPlaintext Stream:\n;\nScalar Stream:\ns3 | a:s | [0]\n;\n"
+        "Output Stream:\nv4 | z:c1 | [0,1]\n;\nEvalkey Stream:\nk5 | K:1:2:2:-3:c1:[0,1] | [0,1,62,63]\n;\n"
+    )
+    m = parse_manifest(text, "program_inputs")
+    assert [(e.section, e.term, e.limbs, e.line) for e in m.entries] == [
+        (Section.CIPHERTEXT, "i1", (0, 1), 2),
+        (Section.SCALAR, "s3", (0,), 7),
+        (Section.OUTPUT, "v4", (0, 1), 10),
+        (Section.EVALKEY, "k5", (0, 1, 62, 63), 13),
+    ]
+    key = m.entries[-1].symbol
+    assert str(key) == "K:1:2:2:-3:c1:[0,1]" and key.key.rot == -3 and key.key.limbs() == (0, 1, 62, 63)
+
+
+# ------------------------------------------------------------------------------------ archives
+
+
+@needs_corpus
+def test_archive_with_several_programs_needs_a_member(tmp_path):
+    archive = tmp_path / "two.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(SHARED_PROGRAMS / "Add_4L_2c", arcname="Add_4L_2c")
+        tar.add(SHARED_PROGRAMS / "Add_4L_1c", arcname="Add_4L_1c")
+    assert str(load_error(archive)) == (
+        f"{archive}: archive holds several programs; pick one with '{archive}#NAME' (Add_4L_1c, Add_4L_2c)"
+    )
+    assert str(load_error(f"{archive}#Nope")) == f"{archive}: archive has no program named 'Nope'"
+    program = load_program(f"{archive}#Add_4L_2c", cache=False)
+    assert program.name == "Add_4L_2c" and program.chips == 2
+    assert program.streams[1].path == f"{archive}#Add_4L_2c/instructions1"
+    folder = load_program(SHARED_PROGRAMS / "Add_4L_2c", cache=False)
+    assert [s.instructions for s in program.streams] == [s.instructions for s in folder.streams]
+
+
+def test_corrupt_archive(tmp_path):
+    archive = tmp_path / "bad.tar"
+    archive.write_bytes(b"\0" * 512 + b"junk" * 100)
+    err = load_error(archive)
+    assert str(err).startswith(f"{archive}")
+
+
+# ------------------------------------------------------------------------------------ the cache
+
+
+@needs_corpus
+def test_cache_hit_and_miss(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CARAMEL_CACHE", str(cache))
+    d = copy_program(tmp_path)
+    first = load_program(d)
+    assert len(list(cache.glob("*.pickle"))) == 1
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed although the cache holds this program")
+
+    monkeypatch.setattr(caramel.parse, "build_program", no_parse)
+    assert load_program(d) == first  # a hit: nothing is parsed
+
+    replace(d / "instructions1", b"add r5: r3[X], r4 | 1", b"sub r5: r3[X], r4 | 1")
+    with pytest.raises(AssertionError, match="parsed although"):
+        load_program(d)  # the changed file misses the cache
+    monkeypatch.undo()
+    monkeypatch.setenv("CARAMEL_CACHE", str(cache))
+    changed = load_program(d)
+    assert changed != first and changed.streams[1].instructions[5].op is Opcode.SUB
+    assert len(list(cache.glob("*.pickle"))) == 2
+
+
+@needs_corpus
+def test_cache_hit_keeps_the_paths_of_the_loaded_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("CARAMEL_CACHE", str(tmp_path / "cache"))
+    a = copy_program(tmp_path / "a")
+    b = copy_program(tmp_path / "b")
+    first, second = load_program(a), load_program(b)
+    assert [s.instructions for s in first.streams] == [s.instructions for s in second.streams]
+    assert second.path == str(b) and second.streams[1].path == f"{b}/instructions1"
+    assert second.manifest.path == f"{b}/program_inputs" and second.chip_manifests[0].path == f"{b}/inputs0"
+
+
+@needs_corpus
+def test_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("CARAMEL_CACHE", str(blocker / "cache"))
+    assert load_program(copy_program(tmp_path)).chips == 2
