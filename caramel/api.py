@@ -38,9 +38,19 @@ from caramel.execute.reference import RunResult, run_reference
 from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
 
-#: Names accepted by ``backend=``: ``cpu`` (reference interpreter), ``auto`` (GPU when one is
-#: usable, else ``cpu``).
-BACKENDS = ("auto", "cpu")
+#: Names accepted by ``backend=``: ``cpu`` (the reference interpreter, instruction by instruction),
+#: ``cpu-plan`` (the fused, batched plan on NumPy: bit-identical, fewer passes), ``gpu`` (the plan
+#: on one CUDA GPU through CuPy), ``auto`` (``gpu`` when one is usable, else ``cpu``).
+BACKENDS = ("auto", "cpu", "cpu-plan", "gpu")
+
+
+def gpu_available() -> bool:
+    """Whether CuPy imports and sees a CUDA device."""
+    try:
+        from caramel.execute.gpu import gpu_available as probe
+    except ImportError:
+        return False
+    return probe()
 
 
 def default_spec(program: Program) -> CheckSpec:
@@ -79,16 +89,30 @@ class RunOutcome:
 
 
 def resolve_backend(backend: str) -> str:
-    """``auto`` -> ``cpu`` until a GPU backend is usable; unknown names are errors."""
+    """``auto`` -> ``gpu`` when one is usable, else ``cpu``; unknown names are errors."""
     if backend not in BACKENDS:
         raise CaramelError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-    return "cpu" if backend == "auto" else backend
+    if backend == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    return backend
 
 
 def executor(program: Program, ctx: Context, mode: Mode, backend: str) -> Callable[[Mapping], RunResult]:
     """A function ``memory -> RunResult`` running ``program`` on ``backend``."""
     backend = resolve_backend(backend)
-    return lambda memory: run_reference(program, ctx, memory, mode)
+    if backend == "cpu":
+        return lambda memory: run_reference(program, ctx, memory, mode)
+    if backend == "cpu-plan":
+        from caramel.execute.plan_engine import run_plan
+        from caramel.plan import build_plan
+
+        plan = build_plan(program)
+        return lambda memory: run_plan(plan, ctx, memory, mode)
+    if not gpu_available():
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
+    from caramel.execute.gpu import gpu_executor
+
+    return gpu_executor(program, ctx, mode)
 
 
 def run_program(
@@ -119,10 +143,11 @@ def run_program(
         spec = load_check(check)
     rng = np.random.default_rng(seed)
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=rng)
+    backend = resolve_backend(backend)
     run = executor(program, ctx, mode, backend)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
     report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
-    return RunOutcome(program, ctx, mode, resolve_backend(backend), prepared, result, report, seconds,
+    return RunOutcome(program, ctx, mode, backend, prepared, result, report, seconds,
                       output_digest(program, result.memory))

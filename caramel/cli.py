@@ -76,6 +76,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``caramel plan PROGRAM``: instructions -> kernels by kind, traffic, critical path, exports."""
+    from caramel.plan import build_plan, dag
+    from caramel.plan.report import plan_report
+    from caramel.validate import validate
+
+    program = _load(args)
+    validate(program)
+    plan = build_plan(program, fuse=not args.no_fuse)
+    print(plan_report(plan, program, n=args.n))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(plan.to_json())
+    if args.dag_json or args.dot:
+        graph = dag.program_graph(program)
+        if args.dag_json:
+            with open(args.dag_json, "w") as f:
+                f.write(dag.to_json(graph, program))
+        if args.dot:
+            with open(args.dot, "w") as f:
+                f.write(dag.to_dot(graph, program))
+    return EXIT_OK
+
+
 def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
         print(f"caramel: {name}: not implemented yet", file=sys.stderr)
@@ -134,18 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (ISA.md decision 2; default exact)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="auto (a GPU when usable, else the CPU reference) or cpu (default auto)")
+                   help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
+                        "on NumPy), gpu (default auto)")
     p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--check", metavar="CHECK.toml",
                    help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
                         "it exists, else random inputs and no judgement)")
     p.add_argument("--no-check", action="store_true", help="random inputs, no decryption check")
 
-    p = command("plan", "build and print the execution plan of a program (not implemented yet)",
-                _not_implemented("plan"))
-    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
-    p.add_argument("--devices", type=_positive, default=1, help="number of GPUs (default 1)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write the plan to FILE")
+    p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures (default 65536)")
+    p.add_argument("--no-fuse", action="store_true", help="one kernel per instruction (the unfused baseline)")
+    p.add_argument("--json", metavar="FILE", help="write the plan (kernels, rows, buffers) as JSON to FILE")
+    p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG as JSON to FILE")
+    p.add_argument("--dot", metavar="FILE", help="write the dependency DAG as Graphviz DOT to FILE (small programs)")
 
     p = command("profile", "time a program per kernel and write a trace (not implemented yet)",
                 _not_implemented("profile"))

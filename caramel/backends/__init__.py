@@ -11,6 +11,14 @@ of :mod:`caramel.backends.cuda` take exactly these arrays). This package does no
 Expressions (``elementwise``) are duck-typed: ``n_vec``, ``n_scalar``, ``ops`` (each with ``op``
 in ``add``/``sub``/``mul``/``neg`` and ``args``) and ``outputs``, numbered like
 :class:`caramel.plan.plan.Expr` and the CUDA ``FusedProgram``.
+
+On CUDA each method is one call of :mod:`caramel.backends.cuda` with the same arrays uploaded
+as int32: ``elementwise`` -> ``elementwise.fused`` (``FusedProgram(n_vec, n_scalar, ops,
+outputs)``), ``ntt``/``intt`` -> ``ntt.ntt``/``ntt.intt``, ``automorphism`` ->
+``automorphism.automorphism``, ``base_convert`` -> ``BaseConversion(in, out).convert``,
+``sud_lift`` -> ``basis.sud_lift``, ``rsv`` -> a copy of the words then ``CrtBasis.rsv`` (which
+accumulates in place), ``mod`` -> ``crt.mod``. ``tests/plan/test_cuda_plan.py`` holds such an
+adapter and checks plans on it against the reference.
 """
 
 from __future__ import annotations

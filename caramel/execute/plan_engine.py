@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from caramel.backends import Backend
-from caramel.errors import DeadlockError, ExecutionError
+from caramel.errors import BindingError, DeadlockError, ExecutionError
 from caramel.execute.reference import RunResult
 from caramel.plan.plan import ChipPlan, Comm, Kernel, Kind, Plan, assign_rows
 from caramel.program import Mem, Opcode
@@ -103,6 +103,30 @@ class Transport:
         return np.zeros(n, dtype=np.uint32) if total is None else total.astype(np.uint32)
 
 
+def check_plan_memory(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], limit: int = 20) -> None:
+    """Raise :class:`BindingError` naming every input limb the plan reads that is missing,
+    misshaped (vector limbs (N,), scalars () or (1,)) or out of range (residues below q_limb),
+    like the reference's check of the input image."""
+    vectors = {m for c in plan.chips for m in c.inputs}
+    scalars = {s.mem for c in plan.chips for s in c.scalars if s.mem is not None}
+    problems = []
+    missing = sorted((vectors | scalars) - memory.keys(), key=str)
+    if missing:
+        more = f" and {len(missing) - limit} more" if len(missing) > limit else ""
+        problems.append(f"{len(missing)} input limb(s) not provided: {', '.join(map(str, missing[:limit]))}{more}")
+    for m in sorted((vectors | scalars) & memory.keys(), key=str):
+        if len(problems) > limit:
+            break
+        a = np.asarray(memory[m])
+        want = ((), (1,)) if m in scalars else ((ctx.n,),)
+        if a.dtype.kind not in "ui" or a.shape not in want:
+            problems.append(f"{m}: {a.dtype} array of shape {a.shape}, expected integers of shape {want[0]}")
+        elif a.size and (int(a.min()) < 0 or int(a.max()) >= ctx.q(m.limb)):
+            problems.append(f"{m}: residues must lie in [0, q_{m.limb} = {ctx.q(m.limb)})")
+    if problems:
+        raise BindingError("bad input memory image:\n  " + "\n  ".join(problems))
+
+
 class ChipRun:
     """One chip's execution state: its backend, row map, lowered kernels and program counter."""
 
@@ -110,9 +134,6 @@ class ChipRun:
         self.plan = plan
         self.rows_of, n_rows = assign_rows(plan)
         self.backend: Backend = backend(ctx, n_rows)
-        missing = [m for m in list(plan.inputs) + [s.mem for s in plan.scalars if s.mem] if m not in memory]
-        if missing:
-            raise ExecutionError(f"chip {plan.chip}: memory {missing[0]} was never provided ({len(missing)} missing)")
         if plan.inputs:
             data = np.stack([memory[m] for m in plan.inputs])
             self.backend.write(_rows(self.rows_of, list(plan.inputs.values())), data)
@@ -168,11 +189,13 @@ def run_plan(
     *,
     backend: Callable[[Context, int], Backend] | None = None,
 ) -> RunResult:
-    """Run ``plan`` over the read-only input image ``memory`` in arithmetic ``mode``; ``backend``
-    builds one chip's backend from (ctx, arena rows) (default: the NumPy backend)."""
+    """Run ``plan`` over the read-only input image ``memory`` (checked first,
+    :func:`check_plan_memory`) in arithmetic ``mode``; ``backend`` builds one chip's backend from
+    (ctx, arena rows) (default: the NumPy backend)."""
     if backend is None:
         from caramel.backends.numpy_backend import NumpyBackend as backend
     mode = Mode(mode)
+    check_plan_memory(plan, ctx, memory)
     chips = [ChipRun(cp, ctx, memory, mode, backend) for cp in plan.chips]
     transport = Transport(ctx.primes)
     while not all(ch.done for ch in chips):

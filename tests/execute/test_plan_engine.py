@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 from caramel.backends import Backend  # noqa: E402
 from caramel.backends.numpy_backend import NumpyBackend  # noqa: E402
 from caramel.ckks.check import check_path, prepare_check  # noqa: E402
-from caramel.errors import ExecutionError  # noqa: E402
+from caramel.errors import BindingError  # noqa: E402
 from caramel.execute.plan_engine import run_plan  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import Kind, build_plan  # noqa: E402
@@ -125,13 +125,15 @@ def test_a_plan_runs_twice_with_the_same_result():
     assert not store_mismatches(first, run_plan(plan, context(1024), memory))
 
 
-def test_missing_memory_is_an_execution_error():
-    program = program_from_text("load r0: i1(0)\nneg r1: r0 | 0\nstore r1: v1(0)")
-    with pytest.raises(ExecutionError, match=r"memory i1\(0\) was never provided"):
-        run_plan(build_plan(program), context(1024), {})
+def test_bad_memory_is_a_binding_error():
+    ctx = context(1024)
     program = program_from_text("load r0: i1(0)\nloas s0: s3(0)\nads r1: r0, s0 | 0\nstore r1: v1(0)")
-    with pytest.raises(ExecutionError, match=r"s3\(0\)"):
-        run_plan(build_plan(program), context(1024), {Mem("i1", 0): np.zeros(1024, dtype=np.uint32)})
+    with pytest.raises(BindingError, match=r"2 input limb\(s\) not provided: i1\(0\), s3\(0\)"):
+        run_plan(build_plan(program), ctx, {})
+    memory = {Mem("i1", 0): np.full(1024, ctx.q(0), dtype=np.uint32), Mem("s3", 0): np.zeros(3, dtype=np.uint32)}
+    bad = r"(?s)i1\(0\): residues must lie in .*s3\(0\): uint32 array of shape \(3,\)"
+    with pytest.raises(BindingError, match=bad):
+        run_plan(build_plan(program), ctx, memory)
 
 
 def test_joi_sums_every_contribution():

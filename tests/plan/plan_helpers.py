@@ -120,9 +120,10 @@ def check_plan(plan: Plan) -> None:
 
 
 class _Chip:
-    def __init__(self, chip: int, rng: random.Random):
+    def __init__(self, chip: int, rng: random.Random, canonical: bool):
         self.chip = chip
         self.rng = rng
+        self.canonical = canonical  # every operand is a residue of the prime it is used with
         self.out: list[Instruction] = []
         self.regs: dict[int, int] = {}  # defined vector register -> tag
         self.words: set[int] = set()  # registers holding accumulator words
@@ -135,6 +136,22 @@ class _Chip:
 
     def pick(self) -> int:
         return self.rng.choice(sorted(self.regs))
+
+    def tagged(self, limb: int) -> int:
+        """A register holding a value of limb ``limb`` (loaded if none); any register unless canonical."""
+        if not self.canonical:
+            return self.pick()
+        have = sorted(r for r, t in self.regs.items() if t == limb)
+        if have:
+            return self.rng.choice(have)
+        r = self.dst()
+        self.emit(Opcode.LOAD, dst=VReg(r), srcs=(Mem("i1", limb),))
+        self.write(r, limb, set())
+        return r
+
+    def another_base(self, tag: int) -> int:
+        """The base of an operation on a value of limb ``tag``: now and then another (non-canonical)."""
+        return tag if self.canonical or self.rng.random() < 0.85 else self.rng.choice(LIMBS)
 
     def dst(self) -> int:
         """A destination register: often a fresh one, sometimes one in use (false dependencies)."""
@@ -181,8 +198,8 @@ class _Chip:
         elif roll < 0.45:
             op = rng.choice((Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP))
             a = self.pick()
-            b = a if rng.random() < 0.1 else self.pick()
-            base = self.regs[a] if rng.random() < 0.9 else rng.choice(LIMBS)
+            b = a if rng.random() < 0.1 else self.tagged(self.regs[a])
+            base = self.another_base(self.regs[a])
             sa = self.src(a, consumed)
             sb = VReg(b) if b == a else self.src(b, consumed)
             r = self.dst()
@@ -203,7 +220,7 @@ class _Chip:
         elif roll < 0.72:
             op = rng.choice((Opcode.NEG, Opcode.MOV, Opcode.NTT, Opcode.INT, Opcode.ROT, Opcode.CON))
             a = self.pick()
-            base = self.regs[a] if op != Opcode.MOV or rng.random() < 0.7 else rng.choice(LIMBS)
+            base = self.another_base(self.regs[a])
             r = self.dst()
             step = rng.choice((-3, -1, 1, 2, 5, 1000)) if op == Opcode.ROT else 0
             self.emit(op, dst=VReg(r), srcs=(self.src(a, consumed),), base=base, step=step)
@@ -240,7 +257,7 @@ class _Chip:
         for l in ins:
             if rng.random() < 0.3:
                 self.step_simple()
-            a = self.pick()
+            a = self.tagged(l)
             self.emit(rng.choice((Opcode.PL1, Opcode.BCW)), unit=unit, srcs=(VReg(a),), base=l)
         slots = list(range(len(outs)))
         rng.shuffle(slots)
@@ -250,7 +267,7 @@ class _Chip:
             if rng.random() < 0.5:
                 self.emit(Opcode.NTT, dst=VReg(r), srcs=(BcuSlot(unit, m),), base=outs[m])
             else:
-                a = self.pick()
+                a = self.tagged(outs[m])
                 self.emit(Opcode.SUD, dst=VReg(r), srcs=(self.src(a, consumed), BcuSlot(unit, m)), base=outs[m])
             self.write(r, outs[m], consumed)
 
@@ -271,7 +288,7 @@ class _Chip:
             self.words.add(r.index)
             self.regs.pop(r.index, None)
         for l in basis:
-            a = self.pick()
+            a = self.tagged(l)
             self.emit(Opcode.RSV, group=group, srcs=(VReg(a),), in_limbs=basis, base=l)
         for _ in range(rng.randint(1, 2)):
             j = rng.choice(LIMBS)
@@ -289,11 +306,13 @@ class _Chip:
                     self.emit(Opcode.STORE, dst=Mem(f"w{r}", k), srcs=(VReg(r),))
 
 
-def random_program(seed: int, chips: int = 1, phases: int = 4, steps: int = 12) -> Program:
+def random_program(seed: int, chips: int = 1, phases: int = 4, steps: int = 12, canonical: bool = False) -> Program:
     """A random program that respects the ISA rules (registers written before read, BCU
-    discipline, rsv/mod on rsi groups, dis/rcv/joi pairing in one global order per phase)."""
+    discipline, rsv/mod on rsi groups, dis/rcv/joi pairing in one global order per phase).
+    Unless ``canonical``, some operations use a value at another limb's prime (legal, and the
+    reference reduces it; compiled programs never do this, and the GPU kernels assume they don't)."""
     rng = random.Random(seed)
-    cs = [_Chip(c, random.Random(rng.random())) for c in range(chips)]
+    cs = [_Chip(c, random.Random(rng.random()), canonical) for c in range(chips)]
     sync_id = 1
     for _ in range(phases):
         for ch in cs:
@@ -312,13 +331,13 @@ def random_program(seed: int, chips: int = 1, phases: int = 4, steps: int = 12) 
         for ch in cs:  # sends first, then receives: the stream order cannot deadlock
             for kind, sync, limb, owner in events:
                 if kind == "dis" and ch.chip == owner:
-                    a = ch.pick()
-                    r = ch.dst()
-                    ch.emit(Opcode.MOV, dst=VReg(r), srcs=(VReg(a),), base=limb)
-                    ch.write(r, limb, set())
+                    r = ch.tagged(limb) if canonical else ch.dst()
+                    if not canonical:
+                        ch.emit(Opcode.MOV, dst=VReg(r), srcs=(VReg(ch.pick()),), base=limb)
+                        ch.write(r, limb, set())
                     ch.emit(Opcode.DIS, srcs=(VReg(r),), sync=sync, size=chips)
                 elif kind == "joi" and ch.chip != owner:
-                    src = () if rng.random() < 0.2 else (VReg(ch.pick()),)
+                    src = () if rng.random() < 0.2 else (VReg(ch.tagged(limb)),)
                     ch.emit(Opcode.JOI, srcs=src, sync=sync, size=chips, base=limb)
             for kind, sync, limb, owner in events:
                 if kind == "dis" and ch.chip != owner:
@@ -326,8 +345,8 @@ def random_program(seed: int, chips: int = 1, phases: int = 4, steps: int = 12) 
                     ch.emit(Opcode.RCV, dst=VReg(r), sync=sync, size=chips)
                     ch.write(r, limb, set())
                 elif kind == "joi" and ch.chip == owner:
+                    src = () if rng.random() < 0.2 else (VReg(ch.tagged(limb)),)
                     r = ch.dst()
-                    src = () if rng.random() < 0.2 else (VReg(ch.pick()),)
                     ch.emit(Opcode.JOI, dst=VReg(r), srcs=src, sync=sync, size=chips, base=limb)
                     ch.write(r, limb, set())
     for ch in cs:

@@ -17,7 +17,7 @@ from plan_helpers import check_plan, random_memory, random_program, store_mismat
 CTX = Context(n=64)
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**31 - 1),
     chips=st.integers(1, 3),

@@ -89,7 +89,8 @@ class CudaRing:
 
     The primes, psi and the twiddles are the context's own (``ctx.ntt_table(l)``), so the kernels
     compute exactly the reference's functions. The kernels need q < 2^30 (lazy NTT values stay
-    below 4q < 2^32) and at most 64 primes (slot and prime indices are int32).
+    below 4q < 2^32). The twiddle tables take 16 N bytes per prime on the device (64 MiB for the
+    64 primes at N = 65536).
     """
 
     def __init__(self, ctx):
@@ -113,7 +114,7 @@ class CudaRing:
     # ----------------------------------------------------------------- device tables
     @property
     def prime_table(self):
-        """Device uint32 array (64, 8) of per-prime constants (see the module docstring)."""
+        """Device uint32 array (P, 8) of per-prime constants (see the module docstring)."""
         if self._prime_table is None:
             self._prime_table = cupy().asarray(self.prime_rows)
         return self._prime_table

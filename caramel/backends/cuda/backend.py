@@ -1,0 +1,155 @@
+"""CupyBackend: the :class:`caramel.backends.Backend` interface on one CUDA device arena.
+
+Each method is one call of the kernels of :mod:`caramel.backends.cuda`. The arena, an (S, N)
+uint32 array, is allocated once; device copies of the host index arrays are cached by the id of
+the NumPy array (the plan engine's lowered closures keep those arrays alive), so that a replay of
+the same lowered kernels does no host-to-device copies and can be captured into a CUDA graph.
+CuPy is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from caramel.backends import Backend
+from caramel.errors import DeviceMemoryError
+
+_RINGS: dict = {}
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def cuda_ring(ctx):
+    """The compiled-kernel ring of ``ctx`` (one per N, shared by every backend)."""
+    from caramel.backends.cuda import CudaRing
+
+    ring = _RINGS.get(ctx.n)
+    if ring is None or ring.ctx is not ctx and getattr(ring, "ctx", None) is not None and \
+            tuple(getattr(ring.ctx, "primes", ())) != tuple(ctx.primes):
+        ring = _RINGS[ctx.n] = CudaRing(ctx)
+    return ring
+
+
+class CupyBackend(Backend):
+    """One chip's arena of ``rows`` limbs on the current CUDA device."""
+
+    def __init__(self, ctx, rows: int):
+        cp = _cp()
+        self.ctx = ctx
+        self.ring = cuda_ring(ctx)
+        rows = max(int(rows), 1)
+        need = rows * ctx.n * 4
+        free, total = cp.cuda.runtime.memGetInfo()
+        pool = cp.get_default_memory_pool()
+        avail = free + (pool.total_bytes() - pool.used_bytes())
+        if need > avail:
+            raise DeviceMemoryError(
+                f"the arena of {rows} limbs x N = {ctx.n} needs {need} bytes of GPU memory; "
+                f"{avail} bytes are available (device total {total})")
+        try:
+            self.arena = cp.zeros((rows, ctx.n), dtype=cp.uint32)
+        except cp.cuda.memory.OutOfMemoryError as e:
+            raise DeviceMemoryError(
+                f"the arena of {rows} limbs x N = {ctx.n} needs {need} bytes of GPU memory; "
+                f"{avail} bytes are available (device total {total})") from e
+        self.scalars = cp.zeros(1, dtype=cp.uint32)
+        self._dev: dict[int, tuple] = {}
+        self._programs: dict = {}
+        self._convs: dict = {}
+        self._crt: dict = {}
+        self._rsv_extra: dict[int, tuple] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.arena.nbytes)
+
+    def d(self, x: np.ndarray):
+        """The cached device int32 copy of host index array ``x``."""
+        got = self._dev.get(id(x))
+        if got is None or got[0] is not x:
+            got = self._dev[id(x)] = (x, _cp().asarray(np.ascontiguousarray(x, dtype=np.int32)))
+        return got[1]
+
+    def write(self, rows, data) -> None:
+        cp = _cp()
+        self.arena[cp.asarray(np.asarray(rows, dtype=np.int64))] = cp.asarray(np.asarray(data, dtype=np.uint32))
+
+    def read(self, rows) -> np.ndarray:
+        cp = _cp()
+        return cp.asnumpy(self.arena[cp.asarray(np.asarray(rows, dtype=np.int64))])
+
+    def set_scalars(self, values) -> None:
+        if len(values):
+            self.scalars = _cp().asarray(np.asarray(values, dtype=np.uint32))
+
+    def elementwise(self, expr, ins, outs, primes, scalars) -> None:
+        from caramel.backends.cuda import FusedOp, FusedProgram
+        from caramel.backends.cuda import elementwise as dew
+
+        program = self._programs.get(expr)
+        if program is None:
+            ops = tuple(FusedOp(o.op, tuple(o.args)) for o in expr.ops)
+            program = self._programs[expr] = FusedProgram(expr.n_vec, expr.n_scalar, ops, tuple(expr.outputs))
+        dew.fused(self.ring, program, self.arena, self.d(outs), self.d(ins), self.d(primes), self.scalars,
+                  self.d(scalars))
+
+    def ntt(self, ins, outs, primes) -> None:
+        from caramel.backends.cuda import ntt as dntt
+
+        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
+
+    def intt(self, ins, outs, primes) -> None:
+        from caramel.backends.cuda import ntt as dntt
+
+        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
+
+    def automorphism(self, ins, outs, galois) -> None:
+        from caramel.backends.cuda import automorphism as dauto
+
+        dauto.automorphism(self.ring, self.arena, self.d(ins), self.d(outs), self.d(galois))
+
+    def base_convert(self, in_limbs, out_limbs, ins, outs, mode) -> None:
+        from caramel.backends.cuda import basis as dbasis
+
+        key = (tuple(in_limbs), tuple(out_limbs))
+        conv = self._convs.get(key)
+        if conv is None:
+            conv = self._convs[key] = dbasis.BaseConversion(self.ring, in_limbs, out_limbs)
+        conv.convert(self.arena, self.d(ins), self.d(outs), mode)
+
+    def sud_lift(self, ins, outs, src_primes, dst_primes, mode) -> None:
+        from caramel.backends.cuda import basis as dbasis
+
+        dbasis.sud_lift(self.ring, self.arena, self.d(ins), self.d(outs), self.d(src_primes), self.d(dst_primes), mode)
+
+    def rsv(self, basis, ins, outs, primes) -> None:
+        # The CUDA rsv accumulates in place: copy the words to their new rows, then accumulate.
+        from caramel.backends.cuda import crt as dcrt
+
+        basis = tuple(basis)
+        crt = self._crt.get(basis)
+        if crt is None:
+            crt = self._crt[basis] = dcrt.CrtBasis(self.ring, basis)
+        m = len(basis)
+        extra = self._rsv_extra.get(id(ins))
+        if extra is None or extra[0] is not ins:
+            cp = _cp()
+            words = np.ascontiguousarray(ins[:, :m], dtype=np.int32)
+            rs = cp.asarray(np.ascontiguousarray(ins[:, m:], dtype=np.int32))
+            pos = cp.asarray(np.array([[basis.index(int(p))] for p in primes], dtype=np.int32))
+            extra = self._rsv_extra[id(ins)] = (ins, cp.asarray(words), rs, pos)
+        _, words, rs, pos = extra
+        self.arena[self.d(outs)] = self.arena[words]
+        crt.rsv(self.arena, self.d(outs), rs, pos)
+
+    def mod(self, ins, outs, primes) -> None:
+        from caramel.backends.cuda import crt as dcrt
+
+        dcrt.mod(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
+
+
+__all__ = ["CupyBackend", "cuda_ring"]
