@@ -27,10 +27,10 @@ def cuda_ring(ctx):
     """The compiled-kernel ring of ``ctx`` (one per N, shared by every backend)."""
     from caramel.backends.cuda import CudaRing
 
-    ring = _RINGS.get(ctx.n)
-    if ring is None or ring.ctx is not ctx and getattr(ring, "ctx", None) is not None and \
-            tuple(getattr(ring.ctx, "primes", ())) != tuple(ctx.primes):
-        ring = _RINGS[ctx.n] = CudaRing(ctx)
+    key = (ctx.n, tuple(int(q) for q in ctx.primes))
+    ring = _RINGS.get(key)
+    if ring is None:
+        ring = _RINGS[key] = CudaRing(ctx)
     return ring
 
 

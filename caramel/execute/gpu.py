@@ -1,0 +1,207 @@
+"""Single-GPU execution of plans: eager launches or one CUDA graph per chip plan.
+
+:func:`run_gpu` runs a program (or a built :class:`~caramel.plan.Plan`) on one CUDA device through
+:class:`caramel.backends.cuda.backend.CupyBackend`. For a 1-chip plan the inputs are uploaded into
+the arena once, a device copy of the initial rows is kept (restored by a device-to-device scatter
+at the start of every run, so replays are repeatable), an eager warm-up run through the plan
+engine's lowered kernels compiles the kernels and uploads every index array, and then (``graph``)
+the whole kernel sequence is captured into ONE CUDA graph on a non-default stream and replayed.
+Multi-chip programs run eagerly through the plan engine's in-process transport.
+
+``eager`` mode (``graph=False``) runs the unfused plan (``build_plan(program, fuse=False)``): one
+launch per instruction, the baseline. :class:`GpuRun` exposes the pieces and
+:meth:`GpuRun.time` times replays with CUDA events. CuPy is imported lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from caramel.errors import ExecutionError
+from caramel.execute.reference import RunResult
+from caramel.program import Mem, Program
+from caramel.ring import Context, Mode
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees a CUDA device."""
+    from caramel.backends.cuda import available
+
+    return available()
+
+
+@dataclass
+class Timing:
+    """Milliseconds per run over ``repeats`` timed runs (after warm-up)."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+
+    def __str__(self) -> str:
+        return f"median {self.median_ms:.3f} ms, min {self.min_ms:.3f}, max {self.max_ms:.3f} ({self.repeats} runs)"
+
+
+def time_runs(fn: Callable[[], None], stream, repeats: int = 10, warmup: int = 1) -> Timing:
+    """Time ``fn`` (which launches work on ``stream``) with CUDA events, each run separately."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    times = []
+    for _ in range(max(1, repeats)):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        fn()
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return Timing(float(np.median(times)), float(min(times)), float(max(times)), len(times))
+
+
+class GpuRun:
+    """One 1-chip plan resident on the GPU: arena, lowered kernels, optional CUDA graph."""
+
+    def __init__(self, plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                 *, per_row: bool = False):
+        """``per_row``: lower every kernel row as its own launch (with an unfused plan, one launch
+        per limb-level instruction: the eager baseline)."""
+        import cupy as cp
+
+        from caramel.backends.cuda.backend import CupyBackend
+        from caramel.execute.plan_engine import ChipRun, _rows, check_plan_memory
+        from caramel.plan.plan import Kind
+
+        if len(plan.chips) != 1:
+            raise ExecutionError(f"GpuRun takes a 1-chip plan, not {len(plan.chips)} chips")
+        chip = plan.chips[0]
+        if any(k.kind is Kind.COMM for k in chip.kernels):
+            raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
+        self.plan, self.ctx, self.mode = plan, ctx, Mode(mode)
+        check_plan_memory(plan, ctx, memory)
+        self.memory = memory
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        with self.stream:
+            self.chip = ChipRun(chip, ctx, memory, self.mode, CupyBackend)  # uploads inputs once
+            b = self.chip.backend
+            ids = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
+            self._init_rows = cp.asarray(_rows(self.chip.rows_of, ids).astype(np.int64)) if ids else None
+            self._init_data = b.arena[self._init_rows].copy() if ids else None
+            if per_row:
+                import dataclasses
+
+                from caramel.execute.plan_engine import lower_kernel
+
+                self.chip.calls = [lower_kernel(dataclasses.replace(k, rows=(r,)), self.chip.rows_of, ctx, self.mode)
+                                   for k in chip.kernels for r in k.rows]
+        self.stream.synchronize()
+        self.graph = None
+        self.kernels = sum(1 for c in self.chip.calls if c is not None)
+
+    @property
+    def backend(self):
+        return self.chip.backend
+
+    def _restore(self) -> None:
+        if self._init_rows is not None:
+            self.backend.arena[self._init_rows] = self._init_data
+
+    def eager(self) -> None:
+        """Launch every kernel once on the run's stream (no synchronisation)."""
+        b = self.backend
+        with self.stream:
+            self._restore()
+            for call in self.chip.calls:
+                call(b)
+
+    def capture(self):
+        """Capture the whole kernel sequence into one CUDA graph (after an eager warm-up)."""
+        if self.graph is None:
+            self.eager()  # compiles kernels, uploads index arrays, fills the caches
+            self.stream.synchronize()
+            b = self.backend
+            with self.stream:
+                self.stream.begin_capture()
+                try:
+                    self._restore()
+                    for call in self.chip.calls:
+                        call(b)
+                finally:
+                    graph = self.stream.end_capture()
+            self.graph = graph
+        return self.graph
+
+    def replay(self) -> None:
+        """Launch the captured graph (no synchronisation)."""
+        self.capture().launch(self.stream)
+
+    def run(self, graph: bool = True) -> None:
+        (self.replay if graph else self.eager)()
+        self.stream.synchronize()
+
+    def time(self, graph: bool = True, repeats: int = 10, warmup: int = 1) -> Timing:
+        if graph:
+            self.capture()
+        return time_runs(self.replay if graph else self.eager, self.stream, repeats, warmup)
+
+    def result(self) -> RunResult:
+        """The outputs of the last run, read back, as a :class:`RunResult`."""
+        self.stream.synchronize()
+        store = self.chip.stores()
+        merged = dict(self.memory)
+        merged.update(store)
+        return RunResult([store], merged, self.plan.instructions)
+
+
+def _plan_of(plan_or_program, fuse: bool):
+    from caramel.plan import build_plan
+
+    if isinstance(plan_or_program, Program):
+        return build_plan(plan_or_program, fuse=fuse)
+    return plan_or_program
+
+
+def run_gpu(
+    plan_or_program,
+    ctx: Context,
+    memory: Mapping[Mem, np.ndarray],
+    mode: Mode | str = Mode.EXACT,
+    *,
+    graph: bool = True,
+    repeats: int = 0,
+    per_row: bool | None = None,
+) -> RunResult:
+    """Run on one GPU. ``graph=True``: the (fused) plan as one CUDA graph; ``graph=False``: eager,
+    one launch per instruction (unfused plan, ``per_row``, default: when not ``graph``) when given
+    a program. A multi-chip plan runs eagerly
+    through the plan engine's transport. ``repeats`` > 0 replays that many extra times (and
+    attaches ``timing`` to the result)."""
+    plan = _plan_of(plan_or_program, fuse=graph)
+    if len(plan.chips) != 1:
+        from caramel.backends.cuda.backend import CupyBackend
+        from caramel.execute.plan_engine import run_plan
+
+        return run_plan(plan, ctx, memory, mode, backend=CupyBackend)
+    if per_row is None:
+        per_row = not graph and isinstance(plan_or_program, Program)
+    run = GpuRun(plan, ctx, memory, mode, per_row=per_row)
+    run.run(graph)
+    timing = run.time(graph, repeats) if repeats > 0 else None
+    result = run.result()
+    if timing is not None:
+        result.timing = timing  # type: ignore[attr-defined]
+    return result
+
+
+def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: bool = True) -> Callable[[Mapping], RunResult]:
+    """``memory -> RunResult`` running ``program`` on the GPU (the plan is built once)."""
+    plan = _plan_of(program, fuse=graph)
+    return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph)
+
+
+__all__ = ["GpuRun", "Timing", "gpu_available", "gpu_executor", "run_gpu", "time_runs"]

@@ -1,0 +1,155 @@
+"""One command on the GPU machine: bit-exactness checks against the CPU reference (small N), then
+timings of BootstrapLike_51L_1c at N = 65536: eager (one launch per kernel of the unfused plan),
+one CUDA graph of the unfused plan, one CUDA graph of the fused plan; batched NTT throughput; the
+output digest (compared with the CPU reference's unless --skip-reference). Prints a table last.
+
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_bench.py [--skip-reference] [--repeats 10]
+
+Programs are read from --programs (default: <repo>/.data, then /work/shared/programs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from caramel.api import default_spec, output_digest  # noqa: E402
+from caramel.ckks.check import check_path, prepare_check  # noqa: E402
+from caramel.execute.gpu import GpuRun, gpu_available, run_gpu, time_runs  # noqa: E402
+from caramel.execute.reference import run_reference  # noqa: E402
+from caramel.parse import load_program  # noqa: E402
+from caramel.plan import build_plan  # noqa: E402
+from caramel.ring import Context  # noqa: E402
+
+CHECKS = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "BootstrapModRaise_10L_1c", "Mul_10L_2c"]
+
+
+def log(*a) -> None:
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+def find(dirs, name):
+    for d in dirs:
+        if (d / name).is_dir():
+            return load_program(d / name)
+        if name.startswith("BootstrapLike_51L") and (d / "BootstrapLike_51L.tar.xz").exists():
+            return load_program(f"{d / 'BootstrapLike_51L.tar.xz'}#{name}")
+    raise SystemExit(f"{name} not found in {dirs}")
+
+
+def same(want, have) -> bool:
+    return len(want.stores) == len(have.stores) and all(
+        w.keys() == h.keys() and all(np.array_equal(w[m], h[m]) for m in w) for w, h in zip(want.stores, have.stores))
+
+
+def ntt_throughput(ctx, rows: int, repeats: int) -> float:
+    import cupy as cp
+
+    from caramel.backends.cuda import ntt as dntt
+    from caramel.backends.cuda.backend import cuda_ring
+
+    ring = cuda_ring(ctx)
+    rng = np.random.default_rng(0)
+    primes = np.arange(rows, dtype=np.int32) % len(ctx.primes)
+    q = np.array([int(ctx.primes[i]) for i in primes], dtype=np.uint64)
+    host = (rng.integers(0, 2**62, size=(rows, ctx.n), dtype=np.uint64) % q[:, None]).astype(np.uint32)
+    arena = cp.asarray(np.concatenate([host, host]))
+    ins = cp.arange(rows, dtype=cp.int32)
+    outs = cp.arange(rows, 2 * rows, dtype=cp.int32)
+    dp = cp.asarray(primes)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        t = time_runs(lambda: dntt.ntt(ring, arena, ins, outs, dp), stream, repeats, warmup=2)
+    log(f"batched NTT of {rows} limbs at N = {ctx.n}: {t}")
+    return rows / (t.median_ms / 1e3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", type=Path, action="append")
+    ap.add_argument("--small-n", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=65536)
+    ap.add_argument("--program", default="BootstrapLike_51L_1c")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--checks", default=",".join(CHECKS))
+    ap.add_argument("--skip-reference", action="store_true", help="do not run the CPU reference of the big program")
+    ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--ntt-rows", type=int, default=1024)
+    args = ap.parse_args()
+    dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
+    if not gpu_available():
+        raise SystemExit("no usable GPU (CuPy or CUDA device missing)")
+    import cupy as cp
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    log("device:", props["name"].decode() if isinstance(props["name"], bytes) else props["name"], "date:",
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    rows = []
+    # 1. bit-exactness at small N
+    if not args.skip_checks:
+        small = Context(n=args.small_n)
+        for name in [c for c in args.checks.split(",") if c]:
+            program = find(dirs, name)
+            memory = prepare_check(check_path(program.name), program, small, rng=5).memory
+            want = run_reference(program, small, memory, "exact")
+            for graph in (True, False):
+                ok = same(want, run_gpu(program, small, memory, "exact", graph=graph))
+                label = "graph" if graph else "eager"
+                log(f"check {name} N={args.small_n} {label}: {'BIT-EXACT' if ok else 'MISMATCH'}")
+                rows.append((f"check {name} N={args.small_n} {label}", "ok" if ok else "MISMATCH"))
+    # 2. the big program
+    t0 = time.perf_counter()
+    program = find(dirs, args.program)
+    log(f"loaded {args.program} in {time.perf_counter() - t0:.1f} s")
+    ctx = Context(n=args.n)
+    t0 = time.perf_counter()
+    memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(1)).memory
+    log(f"inputs and keys at N = {args.n} in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    unfused, fused = build_plan(program, fuse=False), build_plan(program)
+    log(f"plans in {time.perf_counter() - t0:.1f} s")
+    digests = {}
+    for label, plan, graph, per_row in (("eager per instruction", unfused, False, True),
+                                        ("eager unfused kernels", unfused, False, False),
+                                        ("graph unfused", unfused, True, False), ("graph fused", fused, True, False)):
+        t0 = time.perf_counter()
+        run = GpuRun(plan, ctx, memory, "exact", per_row=per_row)
+        run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
+        if graph:
+            run.capture()
+        setup = time.perf_counter() - t0
+        timing = run.time(graph=graph, repeats=min(args.repeats, 3) if per_row else args.repeats,
+                          warmup=0 if per_row else 1)
+        digests[label] = output_digest(program, run.result().memory)
+        log(f"{label}: {run.kernels} launches, arena {run.backend.nbytes / 2**30:.2f} GiB, setup {setup:.1f} s, "
+            f"{timing}; digest {digests[label][:16]}")
+        rows.append((f"{args.program} N={args.n} {label} ({run.kernels} launches)",
+                     f"median {timing.median_ms:.2f} ms  min {timing.min_ms:.2f}  max {timing.max_ms:.2f}"))
+        del run
+        cp.get_default_memory_pool().free_all_blocks()
+    agree = len(set(digests.values())) == 1
+    rows.append(("digests of the three modes agree", str(agree)))
+    rows.append(("digest", next(iter(digests.values()))))
+    rate = ntt_throughput(ctx, args.ntt_rows, args.repeats)
+    rows.append((f"NTT throughput (batched {args.ntt_rows} limbs, N={args.n})", f"{rate:.3e} limbs/s"))
+    if not args.skip_reference:
+        t0 = time.perf_counter()
+        want = run_reference(program, ctx, memory, "exact")
+        ref = output_digest(program, want.memory)
+        log(f"CPU reference in {time.perf_counter() - t0:.1f} s: digest {ref[:16]}")
+        rows.append(("CPU reference digest matches", str(ref == digests["graph fused"])))
+    print("\n| what | result |\n| --- | --- |")
+    for a, b in rows:
+        print(f"| {a} | {b} |")
+    return 0 if agree and all(b != "MISMATCH" for _, b in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
