@@ -75,10 +75,20 @@ def grammar():
 
 
 def _num(tok) -> int:
+    if len(tok) > 20:  # also keeps int() below Python's 4300-digit conversion limit
+        raise ValueError(f"number {tok[:20]}... ({len(tok)} characters) is out of range")
     value = int(tok)
     if abs(value) > _MAX_INT:
         raise ValueError(f"number {tok} is out of range")
     return value
+
+
+def _num_at(tok: str, loc: Location) -> int:
+    """:func:`_num` for manifests and headers: a :class:`ParseError` at ``loc`` when out of range."""
+    try:
+        return _num(tok)
+    except ValueError as exc:
+        raise ParseError(loc, str(exc)) from None
 
 
 def _reg(tok, dead=None):
@@ -203,7 +213,7 @@ def parse_instruction(text: str, path: str = "<string>", line: int = 1) -> Instr
     try:
         return _tree_to_instruction(tree, line)
     except ValueError as exc:
-        raise ParseError(loc, f"{exc} in {text!r}") from None
+        raise ParseError(loc, f"{exc} in {text[:80]!r}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,7 +380,7 @@ def parse_stream(
     m = re.fullmatch(r"Instruction Stream (\d+):", header)
     if m is None:
         raise ParseError(Location(path, 1), f"expected header 'Instruction Stream {chip}:', found {header[:60]!r}")
-    if int(m.group(1)) != chip:
+    if _num_at(m.group(1), Location(path, 1)) != chip:
         raise ParseError(Location(path, 1), f"header names stream {m.group(1)} but the file is stream {chip}")
     truncated = not text.endswith("\n")
     fastp = _FastParser() if fast else None
@@ -403,10 +413,11 @@ def _symbol(text: str, loc: Location) -> Symbol:
     if m:
         t, level, ext, rot, half, digits = m.groups()
         try:
-            ktype = KeyType(int(t))
+            ktype = KeyType(_num_at(t, loc))
         except ValueError:
             raise ParseError(loc, f"unknown evaluation key type {t} in {text!r}") from None
-        key = EvalKeyId(ktype, int(level), int(ext), int(rot), tuple(int(d) for d in digits.split(",")))
+        key = EvalKeyId(ktype, _num_at(level, loc), _num_at(ext, loc), _num_at(rot, loc),
+                        tuple(_num_at(d, loc) for d in digits.split(",")))
         return Symbol(f"K:{key}", half, key)
     m = _VALUE_SYMBOL.fullmatch(text)
     if m:
@@ -441,7 +452,9 @@ def parse_manifest(data: bytes | str, path: str, *, chip: bool = False) -> Manif
         term, symbol_text, limbs = m.groups()
         if current == Section.EVALKEY and term[0] != "k" or current != Section.EVALKEY and term[0] == "k" and current != Section.INPUT:
             raise ParseError(loc, f"term {term!r} does not belong in the {current.value} section")
-        entries.append(ManifestEntry(current, term, _symbol(symbol_text, loc), tuple(int(x) for x in limbs.split(",")), i))
+        _num_at(term[1:], loc)
+        limb_values = tuple(_num_at(x, loc) for x in limbs.split(","))
+        entries.append(ManifestEntry(current, term, _symbol(symbol_text, loc), limb_values, i))
     if current is not None or section_index != len(expected):
         missing = [s.value for s in expected[section_index:]]
         what = f"section {current.value!r} is not closed by ';'" if current is not None else f"missing sections {missing}"
