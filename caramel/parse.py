@@ -615,8 +615,9 @@ def _relocate(program: Program, files: _Files) -> Program:
 
 
 @contextlib.contextmanager
-def _no_gc():
-    """Pause the cyclic garbage collector while building hundreds of thousands of acyclic objects."""
+def no_gc():
+    """Pause the cyclic garbage collector while building or scanning hundreds of thousands of
+    acyclic objects (collections over them would dominate the run time)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -640,22 +641,22 @@ def load_program(
     """
     files = read_source(source)
     if not cache:
-        with _no_gc():
+        with no_gc():
             return build_program(files, fast=fast, progress=progress)
     cache_file = _cache_dir() / f"{_cache_key(files)}.pickle"
     try:
-        with open(cache_file, "rb") as f, _no_gc():
+        with open(cache_file, "rb") as f, no_gc():
             program = pickle.load(f)
         if isinstance(program, Program):
             return _relocate(program, files)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
         pass
-    with _no_gc():
+    with no_gc():
         program = build_program(files, fast=fast, progress=progress)
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f, _no_gc():  # collections over the pickler's memo would double the dump time
+        with open(tmp, "wb") as f, no_gc():  # collections over the pickler's memo would double the dump time
             pickle.dump(program, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, cache_file)
     except OSError:

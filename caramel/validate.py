@@ -30,13 +30,13 @@ Everything is one pass per stream over dicts keyed by ints, then a pass over com
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import re
 from collections import deque
 from pathlib import PurePath
 
 from caramel.errors import LocatedError, Location, UnsupportedError, ValidationError
+from caramel.parse import no_gc as _no_gc
 from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, Section, SReg, Stream, VReg
 
 #: Number of primes in the context (ISA.md decision 1): every limb index is in 0..LIMBS-1.
@@ -538,19 +538,6 @@ def _provided(program: Program) -> tuple[set, list[set]] | None:
     extra = [_names(m.entries) - common for m in program.chip_manifests]
     extra += [set() for _ in range(program.chips - len(extra))]
     return common, extra
-
-
-@contextlib.contextmanager
-def _no_gc():
-    """Pause the cyclic collector: the scan allocates no cycles, and collections over a large loaded
-    program (hundreds of thousands of tracked objects) would dominate its run time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _check(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
