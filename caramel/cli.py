@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Callable, Sequence
 
 from caramel import __version__
@@ -100,6 +101,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """``caramel profile PROGRAM``: eager / graph / graph+fusion timings, time per kernel kind, trace."""
+    from caramel.profile import profile_program, render, write_trace
+    from caramel.validate import validate
+
+    program = _load(args)
+    validate(program)
+    log = (lambda s: None) if args.quiet else (lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
+                                                                   file=sys.stderr, flush=True))
+    result = profile_program(program, n=args.n, mode=args.mode, seed=args.seed, repeats=args.repeats,
+                             warmup=args.warmup, backend=args.backend, log=log)
+    print(render(result))
+    if args.trace:
+        write_trace(result, args.trace)
+        print(f"trace: {len(result.kernels)} kernels written to {args.trace}")
+    return EXIT_OK
+
+
 def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
         print(f"caramel: {name}: not implemented yet", file=sys.stderr)
@@ -173,11 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG as JSON to FILE")
     p.add_argument("--dot", metavar="FILE", help="write the dependency DAG as Graphviz DOT to FILE (small programs)")
 
-    p = command("profile", "time a program per kernel and write a trace (not implemented yet)",
-                _not_implemented("profile"))
+    p = command("profile", "time a program (eager, graph, graph+fusion), per kernel kind, and write a trace",
+                cmd_profile)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
-    p.add_argument("--devices", type=_positive, default=1, help="number of GPUs (default 1)")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace to FILE")
+    p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
+                   help="arithmetic of base conversion and rescale (default exact)")
+    p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
+    p.add_argument("--repeats", type=_positive, default=10, help="timed runs per variant (default 10)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default 1)")
+    p.add_argument("--backend", choices=("auto", "gpu", "cpu-plan"), default="auto",
+                   help="gpu (1-chip programs, CUDA events), cpu-plan (NumPy plan engine, wall clock) or auto "
+                        "(a GPU when usable; default)")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) of one instrumented run to FILE")
     return parser
 
 

@@ -124,10 +124,10 @@ def test_usage_errors_exit_2(capsys):
     assert code == 2 and "N must be a power of two" in err
 
 
-@pytest.mark.parametrize("command", ["profile"])
-def test_placeholders_say_not_implemented(capsys, command):
-    code, out, err = run(capsys, command, str(ADD), "--n", "4096")
-    assert (code, out, err) == (3, "", f"caramel: {command}: not implemented yet\n")
+def test_profile_runs_on_the_cpu_plan_engine(capsys):
+    code, out, _ = run(capsys, "profile", str(ADD), "--n", "256", "--backend", "cpu-plan", "--repeats", "1", "-q")
+    assert code == 0, out
+    assert all(v in out for v in ("eager", "graph", "graph+fusion", "time per kernel kind"))
 
 
 def test_run_checks_by_decryption(capsys):

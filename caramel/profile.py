@@ -1,0 +1,383 @@
+"""``caramel profile``: time a program three ways and per kernel kind; write a Chrome trace.
+
+Three variants are timed (warm-up, then ``repeats`` timed runs; median / min / max):
+
+* ``eager``: the unfused plan, one launch per limb-level instruction (``GpuRun(per_row=True)``,
+  no CUDA graph), the baseline;
+* ``graph``: the unfused plan captured into one CUDA graph and replayed;
+* ``graph+fusion``: the fused plan captured into one CUDA graph and replayed.
+
+On the GPU (1-chip programs) runs are timed with CUDA events on the run's stream. With backend
+``cpu-plan`` the same three plans run on the NumPy plan engine and are timed with the wall clock
+(there is no graph on the CPU: ``graph`` is then simply the unfused plan kernel by kernel, so the
+command works everywhere, e.g. in CI).
+
+Then one *instrumented* run of the fused plan records every kernel (CUDA event pair or wall clock
+around each kernel): :func:`kind_table` aggregates it by :class:`~caramel.plan.plan.Kind` and
+:func:`chrome_trace` turns it into a Perfetto-loadable Chrome trace (``{"traceEvents": [...]}``,
+"X" complete events, microseconds). Communication kernels of multi-chip programs (``cpu-plan``
+only) go through the in-process transport and are not timed.
+
+Everything here is a pure function of its inputs; ``caramel.cli`` only parses and prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from caramel.errors import ExecutionError
+from caramel.program import Mem, Program
+from caramel.ring import Context, Mode
+
+VARIANTS = ("eager", "graph", "graph+fusion")
+PROFILE_BACKENDS = ("auto", "gpu", "cpu-plan")
+_TRACE_LINES = 16  # source lines kept per trace event (fused kernels can cover thousands)
+
+
+@dataclass
+class VariantTiming:
+    """One timed variant: milliseconds per whole-program run."""
+
+    name: str
+    launches: int
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+    digest: str = ""
+
+
+@dataclass
+class KernelRecord:
+    """One kernel of the instrumented run; times in milliseconds from the run's start."""
+
+    chip: int
+    index: int
+    kind: str
+    rows: int
+    lines: tuple[int, ...]
+    start_ms: float
+    dur_ms: float
+
+
+@dataclass
+class ProfileResult:
+    """What :func:`profile_program` measured."""
+
+    program: str
+    n: int
+    mode: str
+    backend: str
+    device: str
+    clock: str  # "cuda events" or "wall clock"
+    instructions: int
+    variants: list[VariantTiming]
+    kernels: list[KernelRecord]
+    date: str = ""
+    setup_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def digests_agree(self) -> bool:
+        return len({v.digest for v in self.variants}) <= 1
+
+
+# ----------------------------------------------------------------------------------------------
+# tables and trace
+
+
+def kind_table(kernels: Sequence[KernelRecord]) -> list[tuple[str, int, int, float, float]]:
+    """``(kind, kernels, rows, total ms, share)`` per kernel kind, the most expensive first."""
+    agg: dict[str, list] = {}
+    for k in kernels:
+        a = agg.setdefault(k.kind, [0, 0, 0.0])
+        a[0] += 1
+        a[1] += k.rows
+        a[2] += k.dur_ms
+    total = sum(a[2] for a in agg.values()) or 1.0
+    out = [(kind, a[0], a[1], a[2], a[2] / total) for kind, a in agg.items()]
+    return sorted(out, key=lambda r: (-r[3], r[0]))
+
+
+def render(result: ProfileResult) -> str:
+    """The two tables (variants; time per kernel kind) as text."""
+    out = [f"{result.program}: {result.instructions} instructions, N = {result.n}, mode {result.mode}, "
+           f"backend {result.backend} ({result.device}), timed with {result.clock}"
+           + (f", {result.date}" if result.date else "")]
+    eager = next((v for v in result.variants if v.name == "eager"), None)
+    head = ("mode", "launches", "median ms", "min ms", "max ms", "speedup")
+    rows = [(v.name, str(v.launches), f"{v.median_ms:.3f}", f"{v.min_ms:.3f}", f"{v.max_ms:.3f}",
+             f"{eager.median_ms / v.median_ms:.2f}x" if eager and v.median_ms > 0 else "-")
+            for v in result.variants]
+    reps = sorted({v.repeats for v in result.variants})
+    out.append("")
+    out.append(f"whole program ({'/'.join(map(str, reps))} timed runs after warm-up; speedup over eager):")
+    out.append(_table(head, rows))
+    if result.variants and any(v.digest for v in result.variants):
+        out.append(f"output digests of the variants agree: {'yes' if result.digests_agree else 'NO'}")
+    kinds = kind_table(result.kernels)
+    total = sum(r[3] for r in kinds)
+    out.append("")
+    out.append(f"time per kernel kind (one instrumented run of the fused plan, {len(result.kernels)} kernels, "
+               f"{total:.3f} ms in kernels):")
+    krows = [(kind, str(c), str(r), f"{t:.3f}", f"{100 * s:.1f}%") for kind, c, r, t, s in kinds]
+    krows.append(("total", str(sum(r[1] for r in kinds)), str(sum(r[2] for r in kinds)), f"{total:.3f}",
+                  "100.0%" if kinds else "-"))
+    out.append(_table(("kind", "kernels", "rows", "total ms", "share"), krows))
+    return "\n".join(out)
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def chrome_trace(result: ProfileResult) -> dict:
+    """A Chrome / Perfetto trace of the instrumented run: one "X" event per kernel (name = kind and
+    rows, ts/dur in microseconds, pid = chip (GPU), tid = stream 0, args = rows and source lines)."""
+    events: list[dict] = []
+    label = "GPU" if result.backend == "gpu" else "chip"
+    for chip in sorted({k.chip for k in result.kernels}):
+        events.append({"name": "process_name", "ph": "M", "pid": chip, "tid": 0,
+                       "args": {"name": f"{label} {chip} ({result.device})"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": chip, "tid": 0, "args": {"name": "stream 0"}})
+    for k in result.kernels:
+        lines = list(k.lines)
+        args = {"kernel": k.index, "rows": k.rows, "lines": lines[:_TRACE_LINES], "n_lines": len(lines)}
+        if lines:
+            args["first_line"], args["last_line"] = min(lines), max(lines)
+        events.append({"name": f"{k.kind} x{k.rows}", "cat": k.kind, "ph": "X", "pid": k.chip, "tid": 0,
+                       "ts": round(k.start_ms * 1e3, 3), "dur": round(k.dur_ms * 1e3, 3), "args": args})
+    meta = {"program": result.program, "n": result.n, "mode": result.mode, "backend": result.backend,
+            "device": result.device, "clock": result.clock, "date": result.date}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
+
+
+def write_trace(result: ProfileResult, path) -> None:
+    with open(path, "w") as f:
+        json.dump(chrome_trace(result), f)
+
+
+# ----------------------------------------------------------------------------------------------
+# measuring
+
+
+def _record(kernel, chip: int, index: int, start_ms: float, dur_ms: float) -> KernelRecord:
+    return KernelRecord(chip, index, kernel.kind.value, len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms)
+
+
+def _stats(times: Sequence[float]) -> tuple[float, float, float]:
+    return float(np.median(times)), float(min(times)), float(max(times))
+
+
+def _gpu_device() -> str:
+    import cupy as cp
+
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
+    import cupy as cp
+
+    from caramel.api import output_digest
+    from caramel.execute.gpu import GpuRun
+
+    if len(plans["graph+fusion"].chips) != 1:
+        raise ExecutionError(f"profiling on the GPU takes a 1-chip program, not {program.chips} chips "
+                             "(use --backend cpu-plan)")
+    variants, kernels, setup = [], [], {}
+    for name in VARIANTS:
+        graph, per_row = name != "eager", name == "eager"
+        t0 = time.perf_counter()
+        run = GpuRun(plans[name], ctx, memory, mode, per_row=per_row)
+        run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
+        if graph:
+            run.capture()
+        setup[name] = time.perf_counter() - t0
+        t = run.time(graph=graph, repeats=repeats, warmup=warmup)
+        digest = output_digest(program, run.result().memory)
+        variants.append(VariantTiming(name, run.kernels, t.median_ms, t.min_ms, t.max_ms, t.repeats, digest))
+        log(f"{name}: {run.kernels} launches, setup {setup[name]:.1f} s, {t}")
+        if name == "graph+fusion":
+            kernels = _instrument_gpu(run)
+        del run
+        cp.get_default_memory_pool().free_all_blocks()
+    return variants, kernels, setup
+
+
+def _instrument_gpu(run) -> list[KernelRecord]:
+    """Run ``run``'s (fused) plan kernel by kernel with a CUDA event pair around each kernel."""
+    import cupy as cp
+
+    chip = run.plan.chips[0]
+    b = run.backend
+    run.stream.synchronize()
+    origin = cp.cuda.Event()
+    marks = []
+    with run.stream:
+        run._restore()
+        origin.record(run.stream)
+        for i, (kernel, call) in enumerate(zip(chip.kernels, run.chip.calls)):
+            if call is None:
+                continue
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(run.stream)
+            call(b)
+            stop.record(run.stream)
+            marks.append((i, kernel, start, stop))
+    run.stream.synchronize()
+    return [_record(k, chip.chip, i, cp.cuda.get_elapsed_time(origin, s), cp.cuda.get_elapsed_time(s, e))
+            for i, k, s, e in marks]
+
+
+def _cpu_chips(plan, ctx, memory, mode, per_row: bool, hook=None):
+    """Fresh :class:`ChipRun` s of ``plan`` on NumPy; ``per_row`` lowers every row as its own call;
+    ``hook(chip, index, kernel, call)`` may wrap each call."""
+    from caramel.backends.numpy_backend import NumpyBackend
+    from caramel.execute.plan_engine import ChipRun, lower_kernel
+
+    chips = [ChipRun(cp, ctx, memory, mode, NumpyBackend) for cp in plan.chips]
+    launches = 0
+    for ch in chips:
+        calls = []
+        for i, (kernel, call) in enumerate(zip(ch.plan.kernels, ch.calls)):
+            if call is None:
+                calls.append(None)
+                continue
+            if per_row:
+                parts = [lower_kernel(dataclasses.replace(kernel, rows=(r,)), ch.rows_of, ctx, mode)
+                         for r in kernel.rows]
+                launches += len(parts)
+
+                def call(b, parts=parts):
+                    for p in parts:
+                        p(b)
+            else:
+                launches += 1
+            calls.append(hook(ch.plan.chip, i, kernel, call) if hook else call)
+        ch.calls = calls
+    return chips, launches
+
+
+def _run_chips(chips, primes) -> None:
+    from caramel.errors import DeadlockError
+    from caramel.execute.plan_engine import Transport
+
+    transport = Transport(primes)
+    while not all(ch.done for ch in chips):
+        if not any([ch.run(transport) for ch in chips]):
+            raise DeadlockError("deadlock while profiling: every unfinished chip is blocked")
+
+
+def _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log):
+    from caramel.api import output_digest
+
+    variants, setup = [], {}
+    for name in VARIANTS:
+        times, launches, digest = [], 0, ""
+        t_setup = 0.0
+        for rep in range(warmup + repeats):
+            t0 = time.perf_counter()
+            chips, launches = _cpu_chips(plans[name], ctx, memory, mode, per_row=name == "eager")
+            t1 = time.perf_counter()
+            _run_chips(chips, ctx.primes)
+            t2 = time.perf_counter()
+            t_setup += t1 - t0
+            if rep >= warmup:
+                times.append((t2 - t1) * 1e3)
+            if rep == warmup + repeats - 1:
+                merged = dict(memory)
+                for ch in chips:
+                    merged.update(ch.stores())
+                digest = output_digest(program, merged)
+        setup[name] = t_setup
+        med, lo, hi = _stats(times)
+        variants.append(VariantTiming(name, launches, med, lo, hi, len(times), digest))
+        log(f"{name}: {launches} launches, median {med:.3f} ms")
+    records: list[KernelRecord] = []
+    origin = [0.0]
+
+    def hook(chip, index, kernel, call):
+        def timed(b):
+            t0 = time.perf_counter()
+            call(b)
+            t1 = time.perf_counter()
+            records.append(_record(kernel, chip, index, (t0 - origin[0]) * 1e3, (t1 - t0) * 1e3))
+        return timed
+
+    chips, _ = _cpu_chips(plans["graph+fusion"], ctx, memory, mode, per_row=False, hook=hook)
+    origin[0] = time.perf_counter()
+    _run_chips(chips, ctx.primes)
+    records.sort(key=lambda r: (r.chip, r.index))
+    return variants, records, setup
+
+
+def resolve_profile_backend(backend: str) -> str:
+    from caramel.execute.gpu import gpu_available
+
+    if backend == "auto":
+        return "gpu" if gpu_available() else "cpu-plan"
+    if backend == "gpu" and not gpu_available():
+        raise ExecutionError("backend gpu: no usable GPU (CuPy or a CUDA device is missing); "
+                             "use --backend cpu-plan")
+    if backend not in PROFILE_BACKENDS:
+        raise ExecutionError(f"unknown profile backend {backend!r} (expected one of {', '.join(PROFILE_BACKENDS)})")
+    return backend
+
+
+def profile_program(
+    program: Program,
+    *,
+    n: int = 65536,
+    mode: Mode | str = Mode.EXACT,
+    seed: int = 0,
+    repeats: int = 10,
+    warmup: int = 1,
+    backend: str = "auto",
+    memory: Mapping[Mem, np.ndarray] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ProfileResult:
+    """Time ``program`` (eager / graph / graph+fusion) and one instrumented run of its fused plan.
+
+    Inputs are random (``caramel.api.default_spec``, keys and inputs from ``seed``) unless
+    ``memory`` (an input image at ring dimension ``n``) is given. ``backend``: ``gpu``,
+    ``cpu-plan`` or ``auto`` (the GPU when usable)."""
+    from caramel.api import default_spec
+    from caramel.ckks.check import prepare_check
+    from caramel.plan import build_plan
+
+    log = log or (lambda s: None)
+    mode = Mode(mode)
+    backend = resolve_profile_backend(backend)
+    ctx = Context(n=n)
+    if memory is None:
+        t0 = time.perf_counter()
+        memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(seed)).memory
+        log(f"keys and inputs at N = {n} in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    unfused = build_plan(program, fuse=False)
+    plans = {"eager": unfused, "graph": unfused, "graph+fusion": build_plan(program, fuse=True)}
+    log(f"plans in {time.perf_counter() - t0:.1f} s")
+    repeats, warmup = max(1, int(repeats)), max(0, int(warmup))
+    if backend == "gpu":
+        variants, kernels, setup = _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log)
+        device, clock = _gpu_device(), "cuda events"
+    else:
+        variants, kernels, setup = _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log)
+        device, clock = "NumPy plan engine", "wall clock"
+    return ProfileResult(program.name, n, mode.value, backend, device, clock, program.instruction_count,
+                         variants, kernels, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), setup)
+
+
+__all__ = ["KernelRecord", "ProfileResult", "VariantTiming", "chrome_trace", "kind_table", "profile_program",
+           "render", "write_trace"]

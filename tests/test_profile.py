@@ -1,0 +1,80 @@
+"""Tests of ``caramel profile`` on the NumPy plan engine (``--backend cpu-plan``, N = 256): fast, no GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from caramel.cli import main
+from caramel.parse import load_program
+from caramel.plan import build_plan
+from caramel.profile import VARIANTS, chrome_trace, kind_table, profile_program, render
+
+from tests.conftest import REPO
+
+PROGRAM = REPO / "programs" / "MulRotate_4L_1c"
+pytestmark = pytest.mark.skipif(not PROGRAM.is_dir(), reason="programs/MulRotate_4L_1c not found")
+
+
+@pytest.fixture(scope="module")
+def program():
+    return load_program(PROGRAM, progress=False)
+
+
+@pytest.fixture(scope="module")
+def result(program):
+    return profile_program(program, n=256, repeats=2, backend="cpu-plan", seed=1)
+
+
+def test_three_variants_are_timed(result, program):
+    assert [v.name for v in result.variants] == list(VARIANTS)
+    eager, graph, fused = result.variants
+    assert eager.launches >= graph.launches >= fused.launches >= 1
+    assert fused.launches == build_plan(program, fuse=True).kernels
+    assert all(v.repeats == 2 and 0 < v.min_ms <= v.median_ms <= v.max_ms for v in result.variants)
+    assert result.digests_agree and eager.digest
+    text = render(result)
+    for name in VARIANTS:
+        assert f"\n{name} " in text
+    assert "speedup" in text and "time per kernel kind" in text
+
+
+def test_kind_table_sums_to_the_kernel_count(result, program):
+    kernels = build_plan(program, fuse=True).kernels
+    table = kind_table(result.kernels)
+    assert sum(count for _, count, _, _, _ in table) == kernels == len(result.kernels)
+    assert sum(share for *_, share in table) == pytest.approx(1.0)
+    assert {kind for kind, *_ in table} <= {"elementwise", "ntt", "intt", "automorphism", "baseconv", "sud_lift",
+                                             "rsv", "mod"}
+    total_line = [line for line in render(result).splitlines() if line.startswith("total ")]
+    assert total_line and total_line[0].split()[1] == str(kernels)
+
+
+def test_chrome_trace(result, program):
+    trace = json.loads(json.dumps(chrome_trace(result)))
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == build_plan(program, fuse=True).kernels
+    for e in events:
+        assert e["name"].split(" x")[0] == e["cat"]
+        assert e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] == 0 and e["tid"] == 0
+        assert e["args"]["rows"] >= 1 and e["args"]["lines"]
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
+
+
+def test_cli_profile(capsys, tmp_path, program):
+    trace = tmp_path / "trace.json"
+    code = main(["profile", str(PROGRAM), "--n", "256", "--backend", "cpu-plan", "--repeats", "2", "-q",
+                 "--trace", str(trace)])
+    out, _ = capsys.readouterr()
+    assert code == 0, out
+    assert all(f"\n{name} " in out for name in VARIANTS)
+    data = json.loads(trace.read_text())
+    assert sum(e["ph"] == "X" for e in data["traceEvents"]) == build_plan(program, fuse=True).kernels
+
+
+def test_cli_profile_multichip_on_cpu(capsys):
+    code = main(["profile", str(REPO / "programs" / "Mul_4L_2c"), "--n", "256", "--backend", "cpu-plan",
+                 "--repeats", "1", "-q"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "graph+fusion" in out
