@@ -1,9 +1,9 @@
-"""The ``caramel`` command: ``validate``, ``stats``, and (to come) ``run``, ``plan``, ``profile``.
+"""The ``caramel`` command: ``validate``, ``stats``, ``run``, ``plan``, ``profile``.
 
 Every subcommand takes a PROGRAM: a compiled program folder, a ``.tar.xz`` archive (``a.tar.xz#NAME``
 picks one program of several) or a single ``instructions<p>`` file. Exit codes: 0 success,
-1 the program is invalid (``validate``), 2 usage, parse or other caramel errors (printed as
-``caramel: error: <message>``, never a traceback), 3 a subcommand that is not implemented yet.
+1 the program is invalid (``validate``) or a decryption check failed (``run``), 2 usage, parse or other caramel errors (printed as
+``caramel: error: <message>``, never a traceback).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 from caramel import __version__
 from caramel.api import BACKENDS
 from caramel.errors import CaramelError, ValidationError
 
-EXIT_OK, EXIT_INVALID, EXIT_ERROR, EXIT_NOT_IMPLEMENTED = 0, 1, 2, 3
+EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 
 _PROGRAM_HELP = "compiled program: a folder, an archive (a.tar.xz or a.tar.xz#NAME) or one instructions file"
 
@@ -117,15 +117,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
         write_trace(result, args.trace)
         print(f"trace: {len(result.kernels)} kernels written to {args.trace}")
     return EXIT_OK
-
-
-def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
-    def command(args: argparse.Namespace) -> int:
-        print(f"caramel: {name}: not implemented yet", file=sys.stderr)
-        return EXIT_NOT_IMPLEMENTED
-
-    command.__name__ = f"cmd_{name}"
-    return command
 
 
 def _positive(text: str) -> int:

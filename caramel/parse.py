@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import io
 import os
 import pickle
 import re
@@ -186,8 +185,6 @@ def _terminal_text(name: str) -> str:
 
 def _lark_error(exc, loc: Location, text: str) -> ParseError:
     """Turn a Lark exception into a :class:`ParseError` with a readable reason."""
-    from lark.exceptions import UnexpectedInput
-
     column = getattr(exc, "column", 0) or 0
     here = Location(loc.path, loc.line, column if isinstance(column, int) and column > 0 else 0)
     word = text.split(" ", 1)[0]

@@ -30,7 +30,6 @@ Everything is one pass per stream over dicts keyed by ints, then a pass over com
 
 from __future__ import annotations
 
-import gc
 import re
 from collections import deque
 from pathlib import PurePath

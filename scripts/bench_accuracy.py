@@ -13,7 +13,6 @@ import datetime
 import os
 import platform
 import subprocess
-import time
 from pathlib import Path
 
 import caramel
