@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from caramel.program import BcuSlot, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 
 #: Bytes per residue: residues are 32-bit words.
 RESIDUE_BYTES = 4
@@ -105,7 +105,8 @@ def chip_stats(stream: Stream, n: int) -> ChipStats:
                 sregs.add(s.index)
             elif t is Mem:
                 limbs.add(s.limb)
-                reads += 1
+                if op is not Opcode.LOAS:  # a scalar load moves one residue, not a limb
+                    reads += 1
             elif t is BcuSlot:
                 reads += 1
         if dst is not None:
@@ -155,6 +156,22 @@ def chip_stats(stream: Stream, n: int) -> ChipStats:
         limb_writes=writes,
         traffic_bytes=(reads + writes) * limb_bytes,
     )
+
+
+def instruction_limbs(ins: Instruction) -> int:
+    """Limb operands of one instruction in the per-instruction traffic model (module docstring):
+    ``caramel stats`` and ``caramel plan`` both count traffic with it."""
+    op = ins.op
+    n = sum(1 for s in ins.srcs if isinstance(s, (VReg, BcuSlot)) or (isinstance(s, Mem) and op != Opcode.LOAS))
+    if isinstance(ins.dst, (VReg, Mem)):
+        n += 1
+    if op in (Opcode.PL1, Opcode.BCW):
+        n += 1
+    elif op == Opcode.RSV:
+        n += 2 * len(ins.group)
+    elif op == Opcode.RSI:
+        n += len(ins.group)
+    return n
 
 
 def program_stats(program: Program, n: int = 65536) -> ProgramStats:

@@ -160,3 +160,16 @@ def test_plan_prints_kernels_and_exports(capsys, tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())
     assert json.loads((tmp_path / "g.json").read_text())
     assert (tmp_path / "g.dot").read_text().startswith("digraph")
+
+
+def test_stats_and_plan_count_traffic_with_one_model():
+    """``caramel stats`` and ``caramel plan`` report the same per-instruction traffic."""
+    from caramel.parse import load_program
+    from caramel.plan import build_plan
+    from caramel.plan.report import plan_stats
+    from caramel.stats import program_stats
+
+    program = load_program(SHARED_PROGRAMS / "AddScalar_10L_2c")  # scalar loads (loas) on two chips
+    stats = program_stats(program, n=1024)
+    plan = plan_stats(build_plan(program), program, n=1024)
+    assert stats.total("traffic_bytes") == plan["instruction_bytes"], f"stats {stats.total('traffic_bytes')}, plan {plan}"

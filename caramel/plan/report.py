@@ -18,27 +18,13 @@ from __future__ import annotations
 from collections import Counter
 
 from caramel.plan.plan import Kind, Plan, assign_rows
-from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, VReg
+from caramel.stats import instruction_limbs
+from caramel.program import Opcode, Program
 
 #: Instructions that never become a kernel (aliases, bindings, unit setup, scalar loads).
 ALIASES = frozenset(
     {Opcode.LOAD, Opcode.EVG, Opcode.MOV, Opcode.BCW, Opcode.STORE, Opcode.SPILL, Opcode.BCI, Opcode.RSI, Opcode.LOAS}
 )
-
-
-def instruction_limbs(ins: Instruction) -> int:
-    """Limb operands of one instruction in the per-instruction traffic model."""
-    op = ins.op
-    n = sum(1 for s in ins.srcs if isinstance(s, (VReg, BcuSlot)) or (isinstance(s, Mem) and op != Opcode.LOAS))
-    if isinstance(ins.dst, (VReg, Mem)):
-        n += 1
-    if op in (Opcode.PL1, Opcode.BCW):
-        n += 1
-    elif op == Opcode.RSV:
-        n += 2 * len(ins.group)
-    elif op == Opcode.RSI:
-        n += len(ins.group)
-    return n
 
 
 def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> dict:
