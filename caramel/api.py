@@ -97,19 +97,32 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def executor(program: Program, ctx: Context, mode: Mode, backend: str) -> Callable[[Mapping], RunResult]:
-    """A function ``memory -> RunResult`` running ``program`` on ``backend``."""
+def executor(program: Program, ctx: Context, mode: Mode, backend: str,
+             gpus: int | None = None) -> Callable[[Mapping], RunResult]:
+    """A function ``memory -> RunResult`` running ``program`` on ``backend``. ``gpus``: devices
+    for a multi-chip program (``gpu``: that many GPUs, default one per chip up to those present;
+    ``cpu-plan``: that many simulated devices in host threads, default none: one process)."""
     backend = resolve_backend(backend)
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
-    if backend == "cpu-plan":
-        from caramel.execute.plan_engine import run_plan
-        from caramel.plan import build_plan
+    from caramel.plan import build_plan
 
+    if backend == "cpu-plan":
         plan = build_plan(program)
+        if gpus:
+            from caramel.execute.devices import run_on_devices
+
+            return lambda memory: run_on_devices(plan, ctx, memory, mode, gpus)
+        from caramel.execute.plan_engine import run_plan
+
         return lambda memory: run_plan(plan, ctx, memory, mode)
     if not gpu_available():
         raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
+    if len(program.streams) > 1 or gpus:
+        from caramel.execute.multi_gpu import run_multi_gpu
+
+        plan = build_plan(program)
+        return lambda memory: run_multi_gpu(plan, ctx, memory, mode, gpus)
     from caramel.execute.gpu import gpu_executor
 
     return gpu_executor(program, ctx, mode)
@@ -124,12 +137,14 @@ def run_program(
     seed: int = 0,
     check: str | Path | CheckSpec | None = "auto",
     ctx: Context | None = None,
+    gpus: int | None = None,
 ) -> RunOutcome:
     """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
 
     ``check="auto"`` uses ``programs/checks/<Family>.toml`` when it exists, else random inputs at
     scale 2^28 with no judgement (BootstrapLike is checked by comparing limbs, not by decryption).
     Everything random (secrets, keys, inputs) comes from ``seed``, so a run is reproducible.
+    ``gpus``: see :func:`executor`.
     """
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
@@ -144,7 +159,7 @@ def run_program(
     rng = np.random.default_rng(seed)
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=rng)
     backend = resolve_backend(backend)
-    run = executor(program, ctx, mode, backend)
+    run = executor(program, ctx, mode, backend, gpus)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start

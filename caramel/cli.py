@@ -3,7 +3,8 @@
 Every subcommand takes a PROGRAM: a compiled program folder, a ``.tar.xz`` archive (``a.tar.xz#NAME``
 picks one program of several) or a single ``instructions<p>`` file. Exit codes: 0 success,
 1 the program is invalid (``validate``) or a decryption check failed (``run``), 2 usage, parse or other caramel errors (printed as
-``caramel: error: <message>``, never a traceback).
+``caramel: error: <message>``, never a traceback), 130 interrupted by Ctrl-C (SIGINT; one line
+``caramel: interrupted`` on stderr), 141 stdout closed by its reader.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from caramel.api import BACKENDS
 from caramel.errors import CaramelError, ValidationError
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+#: 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
 
 _PROGRAM_HELP = "compiled program: a folder, an archive (a.tar.xz or a.tar.xz#NAME) or one instructions file"
 
@@ -67,7 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     program = _load(args)
     validate(program)
     check = None if args.no_check else (args.check or "auto")
-    outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check)
+    if args.distributed:
+        return _run_distributed(args, program, check)
+    outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
+                          gpus=args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
@@ -75,6 +81,54 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
+
+
+def _run_distributed(args: argparse.Namespace, program, check) -> int:
+    """``caramel run --distributed``: this process's GPU of a multi-process run (launcher
+    variables, :mod:`caramel.execute.distributed`); rank 0 gathers, checks and prints."""
+    from caramel.api import default_spec, output_digest
+    from caramel.ckks.check import check_path, evaluate_check, load_check, prepare_check
+    from caramel.errors import CaramelError
+    from caramel.execute.distributed import launch_env, run_distributed
+    from caramel.plan import build_plan
+    from caramel.ring import Context, Mode
+
+    place = launch_env()
+    if place is None:
+        raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
+    import numpy as np
+
+    ctx = Context(n=args.n)
+    spec = None
+    if check == "auto":
+        path = check_path(program.name)
+        spec = load_check(path) if path.exists() else None
+    elif check is not None:
+        spec = load_check(check)
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
+    result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place)
+    if result is None:
+        return EXIT_OK
+    print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
+          f"mode {args.mode}, {place.world} processes")
+    print(f"output digest (sha256): {output_digest(program, result.memory)}")
+    if spec is None:
+        return EXIT_OK
+    report = evaluate_check(prepared, result.memory, Mode(args.mode))
+    print(report.summary())
+    return EXIT_OK if report.passed else EXIT_INVALID
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """``caramel launch --nproc G -- ARGS``: G local processes of ``caramel ARGS --distributed``."""
+    from caramel.execute.distributed import launch
+
+    rest = [a for a in args.args if a != "--"]
+    if not rest:
+        print("caramel: error: give the caramel command after --, e.g. caramel launch --nproc 2 -- run PROGRAM "
+              "--backend gpu", file=sys.stderr)
+        return EXIT_ERROR
+    return launch(args.nproc, rest)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -106,10 +160,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from caramel.profile import profile_program, render, write_trace
     from caramel.validate import validate
 
-    program = _load(args)
-    validate(program)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
                                                                    file=sys.stderr, flush=True))
+    if args.gpus:
+        return _profile_scaling(args, log)
+    program = _load(args)
+    validate(program)
     result = profile_program(program, n=args.n, mode=args.mode, seed=args.seed, repeats=args.repeats,
                              warmup=args.warmup, backend=args.backend, log=log)
     print(render(result))
@@ -117,6 +173,35 @@ def cmd_profile(args: argparse.Namespace) -> int:
         write_trace(result, args.trace)
         print(f"trace: {len(result.kernels)} kernels written to {args.trace}")
     return EXIT_OK
+
+
+def _profile_scaling(args: argparse.Namespace, log) -> int:
+    """``caramel profile FAMILY --gpus 1,2,4,8``: the scaling table, a PNG plot and a trace."""
+    import json
+
+    from caramel.scaling import plot_scaling, profile_scaling, render_scaling, scaling_trace
+
+    result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
+                             repeats=args.repeats, warmup=args.warmup, backend=args.backend, log=log)
+    print(render_scaling(result))
+    if args.plot:
+        plot_scaling(result, args.plot)
+        print(f"plot: {args.plot}")
+    if args.trace:
+        with open(args.trace, "w") as f:
+            json.dump(scaling_trace(result), f)
+        print(f"trace: {len(result.trace)} calls written to {args.trace}")
+    return EXIT_OK
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU counts like 1,2,4,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive GPU counts like 1,2,4,8, got {text!r}")
+    return values
 
 
 def _positive(text: str) -> int:
@@ -175,6 +260,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
                         "it exists, else random inputs and no judgement)")
     p.add_argument("--no-check", action="store_true", help="random inputs, no decryption check")
+    p.add_argument("--gpus", type=_positive, metavar="G",
+                   help="devices for a multi-chip program: gpu backend, G GPUs (default one per chip, at most "
+                        "those present; fewer GPUs than chips run several chips per GPU); cpu-plan backend, G "
+                        "simulated devices in host threads")
+    p.add_argument("--distributed", action="store_true",
+                   help="process mode: this process is one GPU of a run started by a launcher (RANK, WORLD_SIZE, "
+                        "LOCAL_RANK, CARAMEL_RENDEZVOUS; see `caramel launch`)")
+
+    p = sub.add_parser("launch", help="start G local processes of a caramel command in process mode (one per GPU)",
+                       description="start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, "
+                                   "LOCAL_RANK, CARAMEL_RENDEZVOUS set), one per GPU, like torchrun")
+    p.set_defaults(func=cmd_launch)
+    p.add_argument("--nproc", type=_positive, required=True, help="number of processes (GPUs)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the caramel command, e.g. -- run PROGRAM --backend gpu")
 
     p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures (default 65536)")
@@ -195,11 +294,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu (1-chip programs, CUDA events), cpu-plan (NumPy plan engine, wall clock) or auto "
                         "(a GPU when usable; default)")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) of one instrumented run to FILE")
+    p.add_argument("--gpus", type=_gpu_list, metavar="1,2,4,8",
+                   help="scaling profile: PROGRAM is a family (path prefix such as programs/Mul_10L, or an archive "
+                        "such as BootstrapLike_51L.tar.xz) whose G-chip program runs on G devices for each G")
+    p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve as a PNG")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``caramel`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run the ``caramel`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    Ctrl-C anywhere in here (argument parsing, loading, a run, printing an error) ends the command with
+    one line ``caramel: interrupted`` on stderr and exit code 130, never a traceback. What a command
+    started must not outlive it: ``caramel launch`` stops its processes as the interrupt unwinds it,
+    and the host threads of a multi-device run are daemons.
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("caramel: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -217,9 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"caramel: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("caramel: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,8 +17,20 @@ holding them. The rules (ISA.md sections 2, 4.4, 6 and 8):
   written, with M in range, the read's base equal to the M-th output limb, each slot read once; a
   unit is re-``bci``'d only after every slot of the previous conversion was read; ``bci`` lists are
   strictly increasing and disjoint (an overlap is the limb collision of ISA.md 8.7).
-* **Limbs**: every base, memory limb, list entry and sync limb is a prime index 0..63; the register
-  form of ``sud`` drops a limb above its base (the tag of its second source).
+* **Limbs**: every base, memory limb, list entry, sync limb and manifest limb is a prime index 0..63;
+  the register form of ``sud`` drops a limb above its base (the tag of its second source).
+* **Level + extension** (ISA.md 5.1, 8.7): a value at level l keyswitched with E extension primes uses
+  data limbs 0..l-1 and extension limbs 64-E..63, so l + E <= 64 or the two collide. The exact l and E
+  of every keyswitch are the ``level`` and ``E`` fields of its evaluation key symbol
+  (``K:type:level:E:rot:...``, ISA.md 5.3): a key with level + E > 64 is reported, and so is a key term
+  listing a limb outside the key's layout. (The collision's trace in the instruction stream, a ``bci``
+  whose output and input lists overlap, is the BCU rule above; it also covers programs without a manifest.)
+* **Rotation steps** (ISA.md 2.2, decisions 1 and 6): ``rot k`` acts as k mod N/2, and the compiler
+  writes |k| < N/2 for the N it compiled for. Validation does not know N unless the caller passes ``n``;
+  then |k| < n/2 is required, else only steps valid for no supported ring (|k| >= 32768 = 65536/2) are
+  reported. The same bound applies to the step of rotation keys (type 1) in the manifests. Decision 6
+  lets a program compiled for N = 65536 run at a smaller test N (steps act modulo the slot count), so
+  pass ``n`` only to check a program against the ring it was compiled for.
 * **Communication** (ISA.md 6), across streams: every ``dis`` id has one sender and size-1 receivers
   on distinct other chips; every ``joi`` id has ``size`` participants on distinct chips, exactly one
   with a destination, and a base equal to ``id & 0xFFFF``; sizes agree and fit the chip count; no id
@@ -30,16 +42,19 @@ Everything is one pass per stream over dicts keyed by ints, then a pass over com
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import deque
 from pathlib import PurePath
 
 from caramel.errors import LocatedError, Location, UnsupportedError, ValidationError
 from caramel.parse import no_gc as _no_gc
-from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, Section, SReg, Stream, VReg
+from caramel.program import BcuSlot, Instruction, KeyType, Mem, Opcode, Program, Section, SReg, Stream, VReg
 
 #: Number of primes in the context (ISA.md decision 1): every limb index is in 0..LIMBS-1.
 LIMBS = 64
+#: Largest ring degree: every prime is 1 mod 2^17 = 2N (ISA.md decision 1, section 7 item 2).
+MAX_N = 65536
 #: Tag of a register that holds an ``rsi``/``rsv`` accumulator word rather than a limb.
 _ACC = -1
 
@@ -49,6 +64,7 @@ _SUD, _BCI, _PL1, _BCW = Opcode.SUD, Opcode.BCI, Opcode.PL1, Opcode.BCW
 _RSI, _RSV, _MOD = Opcode.RSI, Opcode.RSV, Opcode.MOD
 _DIS, _RCV, _JOI = Opcode.DIS, Opcode.RCV, Opcode.JOI
 _REC, _SND = Opcode.REC, Opcode.SND
+_ROT = Opcode.ROT
 _INPUT_SECTIONS = frozenset({Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.EVALKEY, Section.INPUT})
 
 
@@ -109,6 +125,21 @@ def _desc(ins: Instruction) -> str:
     return f"{ins.op.value} @ {ins.sync}"
 
 
+def _step_problem(step: int, n: int | None) -> str | None:
+    """Why rotation step ``step`` is out of range at ring degree ``n`` (None: any supported ring), or None.
+
+    ISA.md 2.2 and decision 6: a step acts as ``step mod N/2`` (N/2 slots), and the compiler writes
+    |step| < N/2 for the N it compiled for; N <= 65536 (decision 1), so |step| >= 32768 fits no ring.
+    """
+    half = (n if n is not None else MAX_N) // 2
+    if -half < step < half:
+        return None
+    if n is None:
+        return (f"is out of range for every supported ring: |step| must be below {half} (N/2 at the largest "
+                f"N = {MAX_N}), i.e. -{half - 1}..{half - 1}")
+    return f"is out of range for N = {n}: |step| must be below N/2 = {half}, i.e. -{half - 1}..{half - 1}"
+
+
 # ----------------------------------------------------------------------------------------------
 # One stream: def-use, memory, BCU discipline, limbs
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +170,7 @@ def _bad_list(values: tuple[int, ...]) -> str | None:
 
 
 def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, problems: _Problems, comm: list,
-                  own: set) -> None:
+                  own: set, n: int | None = None) -> None:
     """Scan one stream: def-use, memory, BCU, limbs.
 
     Appends the stream's communication instructions to ``comm`` and the (term, limb) names it stores
@@ -154,6 +185,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
     units: dict[int, _Bcu] = {}
     check_mem = provided is not None
     common, extra = provided if provided is not None else (set(), set())
+    half = (n if n is not None else MAX_N) // 2
 
     def bad_read(reg, line: int, ins: Instruction) -> None:
         if type(reg) is VReg:
@@ -168,7 +200,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
             add(rank, path, line, f"register {name} is read before it is written", ins, reg)
 
     for ins in stream.instructions:
-        op, dst, srcs, base, line, _final, _step, sync, _size, unit, out_limbs, in_limbs, group = ins
+        op, dst, srcs, base, line, _final, step, sync, _size, unit, out_limbs, in_limbs, group = ins
 
         # ---- reads
         for s in srcs:
@@ -284,6 +316,8 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
         elif op is _REC or op is _SND:
             add(rank, path, line, f"{op.value} is not supported: the Cinnamon compiler never emits it and its "
                 f"meaning is unspecified (ISA.md 4.1)", ins, None, UnsupportedError)
+        elif op is _ROT and not -half < step < half:
+            add(rank, path, line, f"rot step {step} {_step_problem(step, n)}", ins, step)
 
         # ---- last uses [X], then the destination (an instruction may overwrite a dying source)
         for s in srcs:
@@ -539,14 +573,72 @@ def _provided(program: Program) -> tuple[set, list[set]] | None:
     return common, extra
 
 
-def _check(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
+def _check_manifests(program: Program, problems: _Problems, n: int | None) -> None:
+    """Limbs of every manifest entry, and the evaluation keys named by their symbols.
+
+    ISA.md 5.1 and 8.7: a keyswitch at level l with E extension primes needs l + E <= 64, else its
+    data limbs 0..l-1 and extension limbs 64-E..63 are the same prime indices (the compiler does not
+    detect it). The key symbol ``K:type:level:E:...`` states l and E of its keyswitch exactly, so this
+    is the spec's rule itself, evaluated once per key. A key term may only list the key's limbs
+    (ISA.md 5.3); a rotation key's step obeys the same range as ``rot`` (:func:`_step_problem`).
+    """
+    add = problems.add
+    seen: set = set()
+    manifests = [(program.chips, program.manifest)]
+    manifests += [(program.chips + 1 + chip, m) for chip, m in enumerate(program.chip_manifests)]
+    for rank, manifest in manifests:
+        path = manifest.path
+        for e in manifest.entries:
+            bad = [limb for limb in e.limbs if not 0 <= limb < LIMBS]
+            if bad:
+                add(rank, path, e.line, f"{e.term} ({e.symbol}) lists limb(s) {','.join(map(str, bad))} outside "
+                    f"0..{LIMBS - 1}", None, 1)
+            key = e.symbol.key
+            if key is None:
+                continue
+            level, ext = key.level, key.ext
+            collides = level + ext > LIMBS
+            data, extension = _span(0, level - 1), _span(LIMBS - ext, LIMBS - 1)
+            if key not in seen:
+                seen.add(key)
+                if collides:
+                    both = _span(max(LIMBS - ext, 0), min(level, LIMBS) - 1)
+                    add(rank, path, e.line, f"evaluation key {key}: level {level} + extension {ext} = {level + ext} "
+                        f"> {LIMBS}: its data limbs {data} and extension limbs {extension} collide on limb(s) {both} "
+                        f"(ISA.md 5.1, 8.7)", None, 1)
+                if key.type == KeyType.ROTATION:
+                    why = _step_problem(key.rot, n)
+                    if why:
+                        add(rank, path, e.line, f"rotation key {key}: step {key.rot} {why}", None, 1)
+            if not collides:
+                layout = set(key.limbs())
+                off = [limb for limb in e.limbs if 0 <= limb < LIMBS and limb not in layout]
+                if off:
+                    add(rank, path, e.line, f"{e.term} lists limb(s) {','.join(map(str, off))}, which evaluation "
+                        f"key {key} does not have (data limbs {data}, extension limbs {extension}; ISA.md 5.3)",
+                        None, 1)
+
+
+def _span(first: int, last: int) -> str:
+    return f"{first}..{last}" if first < last else str(first) if first == last else "none"
+
+
+def _check(program: Program, limit: int, n: int | None = None) -> tuple[list[LocatedError], bool]:
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
+    if n is not None:
+        try:
+            ok = not isinstance(n, bool) and 2 <= operator.index(n) <= MAX_N and not n & (n - 1)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"n must be a power of two up to {MAX_N} (the ring degree N), got {n!r}")
+        n = operator.index(n)
     with _no_gc():
-        return _check_all(program, limit)
+        return _check_all(program, limit, n)
 
 
-def _check_all(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
+def _check_all(program: Program, limit: int, n: int | None = None) -> tuple[list[LocatedError], bool]:
     problems = _Problems()
     provided = _provided(program)
     comm: list[list[Instruction]] = []
@@ -555,9 +647,10 @@ def _check_all(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
         events: list[Instruction] = []
         own: set[tuple[str, int]] = set()
         names = (provided[0], provided[1][chip]) if provided else None
-        _check_stream(stream, chip, names, problems, events, own)
+        _check_stream(stream, chip, names, problems, events, own, n)
         comm.append(events)
         stored_by.append(own)
+    _check_manifests(program, problems, n)
     stored = set().union(*stored_by)
     if program.chips > 1 or any(comm):
         _check_communication(program, comm, problems)
@@ -585,13 +678,18 @@ def _check_all(program: Program, limit: int) -> tuple[list[LocatedError], bool]:
     return problems.located(limit)
 
 
-def check(program: Program, limit: int = 50) -> list[LocatedError]:
-    """Every static problem of ``program`` (at most ``limit``), sorted by file and line."""
-    return _check(program, limit)[0]
+def check(program: Program, limit: int = 50, *, n: int | None = None) -> list[LocatedError]:
+    """Every static problem of ``program`` (at most ``limit``), sorted by file and line.
+
+    ``n``: the ring degree N the program was compiled for, when known; rotation steps must then lie
+    within N/2 (else within 32768, the bound of the largest ring).
+    """
+    return _check(program, limit, n)[0]
 
 
-def validate(program: Program, *, limit: int = 50) -> None:
-    """Raise :class:`~caramel.errors.ValidationError` with every problem found (at most ``limit``)."""
-    problems, truncated = _check(program, limit)
+def validate(program: Program, *, limit: int = 50, n: int | None = None) -> None:
+    """Raise :class:`~caramel.errors.ValidationError` with every problem found (at most ``limit``);
+    ``n`` as for :func:`check`."""
+    problems, truncated = _check(program, limit, n)
     if problems:
         raise ValidationError(problems, truncated)

@@ -120,11 +120,14 @@ def main() -> int:
     unfused, fused = build_plan(program, fuse=False), build_plan(program)
     log(f"plans in {time.perf_counter() - t0:.1f} s")
     digests = {}
-    for label, plan, graph, per_row in (("eager per instruction", unfused, False, True),
-                                        ("eager unfused kernels", unfused, False, False),
-                                        ("graph unfused", unfused, True, False), ("graph fused", fused, True, False)):
+    for label, plan, graph, per_row, streams in (("eager per instruction", unfused, False, True, 1),
+                                                 ("eager unfused kernels", unfused, False, False, 1),
+                                                 ("graph unfused", unfused, True, False, 1),
+                                                 ("graph fused", fused, True, False, 1),
+                                                 ("graph fused, 4 streams", fused, True, False, 4),
+                                                 ("graph fused, 8 streams", fused, True, False, 8)):
         t0 = time.perf_counter()
-        run = GpuRun(plan, ctx, memory, "exact", per_row=per_row)
+        run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
         if graph:
             run.capture()

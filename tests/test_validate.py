@@ -58,7 +58,7 @@ def problems(program, limit: int = 50) -> list[str]:
 def test_corpus_program_validates_clean(path):
     program = load_program(path)
     assert problems(program, limit=5) == []
-    validate(program)
+    validate(program, n=65536)  # the ring the corpus was compiled for: every rotation step fits
 
 
 @pytest.mark.parametrize("name", BOOTSTRAP)
@@ -255,6 +255,57 @@ def test_limb_indices_must_name_one_of_64_primes(tmp_path):
         f"{d}/instructions0:5:7: sync id 65600 names limb 64, outside 0..63",
         f"{d}/instructions1:2:7: sync id 65600 names limb 64, outside 0..63",
     ]
+
+
+def test_manifest_limbs_and_evaluation_keys(tmp_path):
+    d = tmp_path / "p"
+    manifest = MANIFEST.replace("i2 | x:c1 | [0,1,2,3]", "i2 | x:c1 | [0,1,64,99]").replace(
+        "k5 | K:0:4:2:0:c0:[0,1,2,3] | [0,1,2,3,62,63]",
+        "k5 | K:0:4:2:0:c0:[0,1,2,3] | [0,1,2,3,4,61,62,63]\n"
+        "k6 | K:0:40:30:0:c0:[0,1,2,3] | [0,1,2,3]\n"
+        "k7 | K:0:40:30:0:c1:[0,1,2,3] | [34,35]\n"
+        "k8 | K:3:64:1:0:c0:[0,1,2,3] | [63]")
+    program = make(d, "load r0: i1(0)", manifest=manifest)
+    (d / "inputs0").write_text("Input Stream:\nk9 | K:0:4:0:0:c0:[0,1,2,3] | [3,63]\n;\nOutput Stream:\n;\n")
+    program = load_program(d, cache=False)
+    assert problems(program) == [
+        f"{d}/program_inputs:3:1: i2 (x:c1) lists limb(s) 64,99 outside 0..63",
+        f"{d}/program_inputs:13:1: k5 lists limb(s) 4,61, which evaluation key 0:4:2:0:[0,1,2,3] does not have "
+        "(data limbs 0..3, extension limbs 62..63; ISA.md 5.3)",
+        f"{d}/program_inputs:14:1: evaluation key 0:40:30:0:[0,1,2,3]: level 40 + extension 30 = 70 > 64: its data "
+        "limbs 0..39 and extension limbs 34..63 collide on limb(s) 34..39 (ISA.md 5.1, 8.7)",
+        f"{d}/program_inputs:16:1: evaluation key 3:64:1:0:[0,1,2,3]: level 64 + extension 1 = 65 > 64: its data "
+        "limbs 0..63 and extension limbs 63 collide on limb(s) 63 (ISA.md 5.1, 8.7)",
+        f"{d}/inputs0:2:1: k9 lists limb(s) 63, which evaluation key 0:4:0:0:[0,1,2,3] does not have "
+        "(data limbs 0..3, extension limbs none; ISA.md 5.3)",
+    ]
+
+
+def test_rotation_steps_must_fit_the_ring(tmp_path):
+    d = tmp_path / "p"
+    manifest = MANIFEST.replace("K:0:4:2:0:c0", "K:1:4:2:5000:c0")
+    program = make(d, """
+        load r0: i1(0)
+        rot 32767 r1: r0 | 0
+        rot -32768 r2: r0 | 0
+        rot 4095 r3: r0 | 0
+        rot -4096 r4: r0 | 0
+    """, manifest=manifest)
+    assert problems(program) == [
+        f"{d}/instructions0:4:5: rot step -32768 is out of range for every supported ring: |step| must be below "
+        "32768 (N/2 at the largest N = 65536), i.e. -32767..32767",
+    ]
+    reason = "is out of range for N = 8192: |step| must be below N/2 = 4096, i.e. -4095..4095"
+    assert [str(p) for p in check(program, n=None)] == problems(program)
+    assert [str(p) for p in check(program, n=8192)] == [
+        f"{d}/instructions0:3:5: rot step 32767 {reason}",
+        f"{d}/instructions0:4:5: rot step -32768 {reason}",
+        f"{d}/instructions0:6:5: rot step -4096 {reason}",
+        f"{d}/program_inputs:13:1: rotation key 1:4:2:5000:[0,1,2,3]: step 5000 {reason}",
+    ]
+    for bad in (0, 3, 131072, 4096.0, True, "4096"):
+        with pytest.raises(ValueError, match="power of two up to 65536"):
+            check(program, n=bad)
 
 
 def test_rec_and_snd_are_rejected(tmp_path):

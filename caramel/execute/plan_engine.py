@@ -33,8 +33,11 @@ def _rows(rows_of: np.ndarray, ids) -> np.ndarray:
     return rows_of[np.asarray(ids, dtype=np.int64)].astype(_I32)
 
 
-def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode) -> Callable[[Backend], None]:
-    """The backend call of a non-communication kernel, with its index arrays built once."""
+def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode,
+                 scalar_base: int = 0) -> Callable[[Backend], None]:
+    """The backend call of a non-communication kernel, with its index arrays built once
+    (``rows_of``: arena row of every buffer; ``scalar_base``: where the chip's scalar table starts
+    in the backend's)."""
     rows = kernel.rows
     primes = np.array([r.prime for r in rows], dtype=_I32)
     kind = kernel.kind
@@ -42,7 +45,7 @@ def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode) 
         expr = kernel.expr
         ins = _rows(rows_of, [r.ins for r in rows]).reshape(len(rows), expr.n_vec)
         outs = _rows(rows_of, [r.outs for r in rows]).reshape(len(rows), len(expr.outputs))
-        sca = np.array([r.scalars for r in rows], dtype=_I32).reshape(len(rows), expr.n_scalar)
+        sca = np.array([r.scalars for r in rows], dtype=_I32).reshape(len(rows), expr.n_scalar) + scalar_base
         return lambda b: b.elementwise(expr, ins, outs, primes, sca)
     if kind is Kind.BASECONV:
         ins, outs = _rows(rows_of, [r.ins for r in rows]), _rows(rows_of, [r.outs for r in rows])
@@ -130,9 +133,11 @@ def check_plan_memory(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray]
 class ChipRun:
     """One chip's execution state: its backend, row map, lowered kernels and program counter."""
 
-    def __init__(self, plan: ChipPlan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode, backend):
+    def __init__(self, plan: ChipPlan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode, backend,
+                 reuse: str = "lifo"):
+        """``reuse``: the row reuse order of :func:`~caramel.plan.assign_rows`."""
         self.plan = plan
-        self.rows_of, n_rows = assign_rows(plan)
+        self.rows_of, n_rows = assign_rows(plan, reuse=reuse)
         self.backend: Backend = backend(ctx, n_rows)
         if plan.inputs:
             data = np.stack([memory[m] for m in plan.inputs])

@@ -11,8 +11,9 @@ Three steps, each linear in the number of operations:
    base conversion, a communication...) is a :class:`Unit`, in program order.
 2. :func:`levels` gives every unit its level in the whole-program DAG: one more than the highest
    level of the units whose buffers it reads (0 for none); a ``rcv`` takes the level of its
-   ``dis`` and the destination of a ``joi`` the highest level of its participants (the
-   cross-chip edges weigh 0). It walks the chips round-robin like the reference scheduler, so
+   ``dis`` and every participant of a ``joi`` the highest level of its participants (the
+   cross-chip edges weigh 0), so that all participants of one communication share its level
+   (a collective backend issues it as one call). It walks the chips round-robin like the reference scheduler, so
    it also finds deadlocks. Two units of one level never depend on each other.
 3. :func:`batch` groups the units of one chip with the same level, kind and signature (the
    expression of a tree, the bases of a conversion) into one kernel: the horizontal batching of
@@ -182,6 +183,7 @@ def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
     dis_level: dict[int, int] = {}
     joins: dict[int, list[int]] = {}
     joined = [False] * chips
+    contributors: list[tuple[int, int, int]] = []  # (chip, unit, sync) of joi without destination
     COMM = Kind.COMM
     while True:
         progressed = False
@@ -215,6 +217,8 @@ def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
                             if st[0] < cm.size:
                                 break
                             lv = st[1]
+                        else:
+                            contributors.append((c, p, cm.sync))
                         joined[c] = False
                 for b in u.outs:
                     lv_of[b] = lv + 1
@@ -223,6 +227,8 @@ def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
                 progressed = True
             pos[c] = p
         if all(pos[c] == len(units[c]) for c in range(chips)):
+            for c, p, sync in contributors:  # a contribution writes nothing: it may wait
+                out[c][p] = joins[sync][1]
             return out
         if not progressed:
             waits = []

@@ -39,6 +39,7 @@ import enum
 import gc
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
@@ -421,13 +422,16 @@ def _build(program: Program, fuse: bool, max_inputs: int) -> Plan:
 # ---------------------------------------------------------------------------------------------- rows
 
 
-def assign_rows(chip: ChipPlan) -> tuple[np.ndarray, int]:
+def assign_rows(chip: ChipPlan, *, reuse: str = "lifo") -> tuple[np.ndarray, int]:
     """Map buffers to arena rows for running ``chip.kernels`` in order: (row per buffer, -1 for
     buffers never used; number of rows). Inputs and the zero buffer get rows first; a kernel's
     outputs get free rows before its inputs' rows are released (outputs never share a row with
     an input of the same kernel); a row is released after the last kernel that reads it, except
-    the rows of stored buffers, which live to the end. (For concurrent execution of independent
-    kernels an engine must also respect the reuse order: the reader before the next writer.)"""
+    the rows of stored buffers, which live to the end. ``reuse``: which free row a new buffer
+    takes, ``"lifo"`` the one freed last (default), ``"fifo"`` the one freed longest ago; the
+    row count is the same (the peak of live buffers). (For concurrent execution of independent
+    kernels an engine must also respect the reuse order: the reader before the next writer;
+    :mod:`caramel.plan.streams` derives those orderings, fewer with ``"fifo"``.)"""
     rows = np.full(chip.n_buffers, -1, dtype=np.int64)
     last = np.full(chip.n_buffers, -1, dtype=np.int64)
     for k, kernel in enumerate(chip.kernels):
@@ -436,13 +440,16 @@ def assign_rows(chip: ChipPlan) -> tuple[np.ndarray, int]:
     pinned = set(chip.stores.values())
     for b in pinned:
         last[b] = len(chip.kernels)
-    free: list[int] = []
+    if reuse not in ("lifo", "fifo"):
+        raise ValueError(f"reuse must be 'lifo' or 'fifo', not {reuse!r}")
+    free: deque[int] = deque()
+    pop = free.pop if reuse == "lifo" else free.popleft
     count = 0
 
     def take() -> int:
         nonlocal count
         if free:
-            return free.pop()
+            return pop()
         count += 1
         return count - 1
 

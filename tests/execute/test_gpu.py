@@ -107,3 +107,27 @@ def test_arena_too_large_is_a_clear_error():
     rows = int(free // (4 * 65536)) * 4 + 1024
     with pytest.raises(DeviceMemoryError, match="bytes"):
         CupyBackend(context(65536), rows)
+
+
+@pytest.mark.parametrize("streams", [2, 4])
+@pytest.mark.parametrize("name", ONE_CHIP)
+def test_multi_stream_bit_exact(name, streams):
+    """The kernel DAG on several streams (caramel.plan.streams): eager, captured as one graph
+    with parallel branches, and replayed, identical to the reference."""
+    program, memory, want = case(name, 4096)
+    run = GpuRun(build_plan(program), context(4096), memory, "exact", streams=streams)
+    assert run.schedule is not None and run.schedule.n_streams == streams
+    for graph in (False, True, True):
+        run.run(graph=graph)
+        problems = mismatches(want, run.result())
+        assert not problems, f"{name} streams={streams} graph={graph}: " + "; ".join(problems[:4])
+    if name == "BootstrapModRaise_10L_1c":
+        assert run.schedule.streams_used > 1
+
+
+def test_multi_stream_eager_per_row_and_executor():
+    program, memory, want = case("PolyX8_10L_1c", 4096)
+    have = run_gpu(program, context(4096), memory, "exact", graph=False, streams=2)  # unfused, per row
+    assert not mismatches(want, have)
+    have = gpu_executor(program, context(4096), "exact", streams=4)(memory)
+    assert not mismatches(want, have)

@@ -24,10 +24,11 @@ def _cp():
 
 
 def cuda_ring(ctx):
-    """The compiled-kernel ring of ``ctx`` (one per N, shared by every backend)."""
+    """The compiled-kernel ring of ``ctx`` on the current device (one per device and N, shared
+    by every backend on that device; its tables live on that device)."""
     from caramel.backends.cuda import CudaRing
 
-    key = (ctx.n, tuple(int(q) for q in ctx.primes))
+    key = (_cp().cuda.runtime.getDevice(), ctx.n, tuple(int(q) for q in ctx.primes))
     ring = _RINGS.get(key)
     if ring is None:
         ring = _RINGS[key] = CudaRing(ctx)

@@ -1,0 +1,264 @@
+"""Streams: one chip plan's kernels spread over several in-order queues (CUDA streams).
+
+A :class:`StreamSchedule` puts every kernel of a :class:`~caramel.plan.plan.ChipPlan` on one of
+``n_streams`` streams. Kernels of one stream run in plan order; a kernel also waits for the
+earlier kernels of other streams listed in ``waits`` (an event recorded after each of them).
+Before the first kernel every stream is ordered after the arena's initial writes (the *fork*),
+and before the stores are read stream 0 waits for the last kernel of every other stream (the
+*join*, ``joins``; explicit for every stream, as CUDA graph capture wants), so that everything
+happens before the end. Together they form the happens-before relation of a run.
+
+Rule: a schedule is correct when every pair of accesses to one arena row that the single-stream
+run (plan order) makes, with at least one write, is ordered the same way by happens-before:
+
+* read-after-write: a kernel reading a row follows the last earlier kernel that wrote it (this
+  covers the plan's data dependencies ``chip.deps``, which are also honoured);
+* write-after-read and write-after-write: a kernel writing a row follows the last earlier writer
+  and every kernel that read the row since. These come from row reuse (:func:`assign_rows` gives
+  a freed row to a later buffer), not from the data flow. With last-in first-out reuse (the
+  default) a freed row goes straight to the next writer, which chains most kernels one after
+  the other; first-in first-out reuse (``assign_rows(chip, reuse="fifo")``, the same row count)
+  reuses the row freed longest ago and leaves nearly only the data dependencies.
+
+Then any execution consistent with happens-before computes exactly the single-stream result.
+:func:`hazards` lists these orderings, :func:`assign_streams` builds a schedule that honours them
+with few waits, :func:`check_schedule` verifies a schedule against them by vector clocks.
+
+Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (a kernel's rows):
+in plan order, each kernel goes on the stream where it could start earliest, preferring the
+stream whose last kernel it must follow (a chain continues without a wait), then the lowest
+index; so independent branches spread over idle streams. ``COMM`` kernels all go on stream 0, in
+plan order. Redundant waits are dropped with a vector clock per kernel: ``clock[s]`` is the
+latest kernel of stream s already ordered before it; a needed kernel j that the clock covers
+(``clock[stream[j]] >= j``) needs no wait of its own (needed kernels are taken latest first, so
+most earlier ones are already covered; the result is small, not guaranteed minimal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from caramel.errors import ExecutionError
+from caramel.plan.plan import ChipPlan, Kind, assign_rows
+
+
+@dataclass(frozen=True)
+class StreamSchedule:
+    """Per kernel k: ``stream[k]`` (0..n_streams-1), ``waits[k]`` the earlier kernels of other
+    streams it waits for, ``event[k]`` the index of the event recorded after it (-1: nobody
+    waits for it); ``joins`` the last kernel of every other stream used, which stream 0 waits
+    for at the end;
+    ``n_events`` events in all."""
+
+    n_streams: int
+    stream: tuple[int, ...]
+    waits: tuple[tuple[int, ...], ...]
+    joins: tuple[int, ...]
+    event: tuple[int, ...]
+    n_events: int
+
+    @property
+    def streams_used(self) -> int:
+        """How many distinct streams have kernels."""
+        return len(set(self.stream))
+
+    @property
+    def n_waits(self) -> int:
+        """Cross-stream waits, joins included."""
+        return sum(map(len, self.waits)) + len(self.joins)
+
+    def kernels_of(self, s: int) -> list[int]:
+        """The kernels of stream ``s``, in order."""
+        return [k for k, t in enumerate(self.stream) if t == s]
+
+
+def _row_accesses(chip: ChipPlan, rows_of: np.ndarray, k: int) -> tuple[set[int], set[int]]:
+    """The arena rows kernel ``k`` reads and writes."""
+    kernel = chip.kernels[k]
+    reads = {int(rows_of[b]) for b in kernel.reads()}
+    writes = {int(rows_of[b]) for b in kernel.writes()}
+    if -1 in reads or -1 in writes:
+        raise ExecutionError(f"kernel {k} ({kernel.kind.value}) accesses a buffer without an arena row")
+    return reads, writes
+
+
+def hazards(chip: ChipPlan, rows_of: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """Per kernel, the earlier kernels it must follow (module rule: read-after-write,
+    write-after-read and write-after-write on arena rows, plus ``chip.deps``), sorted."""
+    writer: dict[int, int] = {}  # row -> last kernel that wrote it
+    readers: dict[int, list[int]] = {}  # row -> kernels that read it since
+    out = []
+    for k in range(len(chip.kernels)):
+        reads, writes = _row_accesses(chip, rows_of, k)
+        need = set(chip.deps[k])
+        for r in reads | writes:
+            if r in writer:
+                need.add(writer[r])
+        for r in writes:
+            need.update(readers.get(r, ()))
+        for r in reads:
+            readers.setdefault(r, []).append(k)
+        for r in writes:
+            writer[r] = k
+            readers[r] = []
+        need.discard(k)
+        out.append(tuple(sorted(need)))
+    return tuple(out)
+
+
+def _cost(kernel) -> int:
+    return max(1, kernel.size)
+
+
+def assign_streams(chip: ChipPlan, n_streams: int, rows_of: np.ndarray | None = None) -> StreamSchedule:
+    """A schedule of ``chip`` on ``n_streams`` streams honouring :func:`hazards` (module
+    docstring: the rule, the stream choice and the removal of redundant waits). ``rows_of``: the
+    row map the run uses (default: :func:`assign_rows`). One stream gives no waits at all."""
+    if n_streams < 1:
+        raise ValueError(f"n_streams must be at least 1, got {n_streams}")
+    if rows_of is None:
+        rows_of = assign_rows(chip)[0]
+    need = hazards(chip, rows_of)
+    n = len(chip.kernels)
+    stream = [0] * n
+    clock: list[list[int]] = [[]] * n
+    finish = [0.0] * n  # estimated
+    free = [0.0] * n_streams  # estimated time each stream becomes idle
+    tail = [-1] * n_streams  # last kernel of each stream
+    waits: list[tuple[int, ...]] = []
+    for k, kernel in enumerate(chip.kernels):
+        ready = max((finish[j] for j in need[k]), default=0.0)
+        if kernel.kind is Kind.COMM:
+            s = 0
+        else:
+            s = min(range(n_streams), key=lambda t: (max(free[t], ready), tail[t] not in need[k], t))
+        c = list(clock[tail[s]]) if tail[s] >= 0 else [-1] * n_streams
+        mine = []
+        for j in reversed(need[k]):  # latest first: its clock often covers the earlier ones
+            if c[stream[j]] < j:
+                mine.append(j)
+                c = [max(a, b) for a, b in zip(c, clock[j])]
+        c[s] = k
+        stream[k], clock[k], tail[s] = s, c, k
+        finish[k] = free[s] = max(free[s], ready) + _cost(kernel)
+        waits.append(tuple(sorted(mine)))
+    joins = [t for t in tail[1:] if t >= 0]  # every one, even if already ordered: CUDA wants each joined
+    event = [-1] * n
+    n_events = 0
+    for j in sorted({j for w in waits for j in w} | set(joins)):
+        event[j], n_events = n_events, n_events + 1
+    return StreamSchedule(n_streams, tuple(stream), tuple(waits), tuple(sorted(joins)), tuple(event), n_events)
+
+
+def _describe(chip: ChipPlan, k: int, schedule: StreamSchedule) -> str:
+    kernel = chip.kernels[k]
+    return f"kernel {k} ({kernel.kind.value}, lines {list(kernel.lines[:3])}) on stream {schedule.stream[k]}"
+
+
+def check_schedule(chip: ChipPlan, rows_of: np.ndarray, schedule: StreamSchedule, limit: int = 10) -> None:
+    """Verify ``schedule`` for ``chip`` with row map ``rows_of``: its shape (streams in range,
+    waits on earlier kernels of other streams, an event for every kernel waited for), then, by
+    vector clocks over happens-before (stream order, waits, fork, join), that every
+    read-after-write, write-after-read and write-after-write on an arena row and every
+    ``chip.deps`` edge is ordered as in plan order, and that stream 0 waits for the last kernel
+    of every other stream (CUDA graph capture wants every forked stream joined back explicitly,
+    even when the order is already implied). Raises :class:`ExecutionError` listing the first ``limit`` violations."""
+    n, m = len(chip.kernels), schedule.n_streams
+    s_of = schedule.stream
+    if len(s_of) != n or len(schedule.waits) != n or len(schedule.event) != n:
+        raise ExecutionError(f"the schedule covers {len(s_of)} kernels, the chip plan has {n}")
+    problems: list[str] = []
+    events = [e for e in schedule.event if e >= 0]
+    if sorted(events) != list(range(schedule.n_events)):
+        problems.append(f"events are not numbered 0..{schedule.n_events - 1} once each")
+    for k in range(n):
+        if not 0 <= s_of[k] < m:
+            raise ExecutionError(f"kernel {k} is on stream {s_of[k]}, outside 0..{m - 1}")
+        for j in schedule.waits[k]:
+            if not 0 <= j < k or s_of[j] == s_of[k]:
+                problems.append(f"{_describe(chip, k, schedule)} waits for kernel {j}: "
+                                "not an earlier kernel of another stream")
+            elif schedule.event[j] < 0:
+                problems.append(f"kernel {j} is waited for but records no event")
+    for j in schedule.joins:
+        if not 0 <= j < n or schedule.event[j] < 0:
+            problems.append(f"join on kernel {j}, which does not exist or records no event")
+    if problems:
+        raise ExecutionError("bad stream schedule:\n  " + "\n  ".join(problems[:limit]))
+
+    clock: list[list[int]] = []
+    last = [-1] * m
+    for k in range(n):
+        s = s_of[k]
+        c = list(clock[last[s]]) if last[s] >= 0 else [-1] * m
+        for j in schedule.waits[k]:
+            c = [max(a, b) for a, b in zip(c, clock[j])]
+        c[s] = k
+        clock.append(c)
+        last[s] = k
+
+    def before(j: int, k: int) -> bool:
+        return clock[k][s_of[j]] >= j
+
+    def need(j: int, k: int, what: str) -> None:
+        if j != k and not before(j, k):
+            problems.append(f"{_describe(chip, k, schedule)} is not ordered after "
+                            f"{_describe(chip, j, schedule)}: {what}")
+
+    writer: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+    for k in range(n):
+        for j in chip.deps[k]:
+            need(j, k, "data dependency")
+        reads, writes = _row_accesses(chip, rows_of, k)
+        for r in reads:
+            if r in writer:
+                need(writer[r], k, f"read-after-write on row {r}")
+        for r in writes:
+            if r in writer:
+                need(writer[r], k, f"write-after-write on row {r}")
+            for j in readers.get(r, ()):
+                need(j, k, f"write-after-read on row {r}")
+        for r in reads:
+            readers.setdefault(r, []).append(k)
+        for r in writes:
+            writer[r] = k
+            readers[r] = []
+    joins = set(schedule.joins)
+    for s in range(1, m):
+        if last[s] >= 0 and last[s] not in joins:
+            problems.append(f"stream {s} is not joined: stream 0 does not wait for its last "
+                            f"{_describe(chip, last[s], schedule)}")
+    if problems:
+        more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+        raise ExecutionError(
+            f"stream schedule of chip {chip.chip} misses {len(problems)} ordering(s):\n  "
+            + "\n  ".join(problems[:limit]) + more)
+
+
+def happens_before_order(schedule: StreamSchedule, rng) -> list[int]:
+    """A random order of all kernels consistent with the schedule's happens-before (stream
+    order and waits): at each step one of the kernels whose predecessors have all run, chosen by
+    ``rng`` (a :class:`numpy.random.Generator`). For tests: executing kernels in any such order
+    must reproduce the single-stream result."""
+    n, m = len(schedule.stream), schedule.n_streams
+    queues = [schedule.kernels_of(s) for s in range(m)]
+    pos = [0] * m
+    done = [False] * n
+    order: list[int] = []
+    while len(order) < n:
+        ready = [s for s in range(m)
+                 if pos[s] < len(queues[s]) and all(done[j] for j in schedule.waits[queues[s][pos[s]]])]
+        if not ready:
+            raise ExecutionError("the schedule deadlocks: every stream waits for a kernel that cannot run")
+        s = ready[int(rng.integers(len(ready)))]
+        k = queues[s][pos[s]]
+        pos[s] += 1
+        done[k] = True
+        order.append(k)
+    return order
+
+
+__all__ = ["StreamSchedule", "assign_streams", "check_schedule", "happens_before_order", "hazards"]

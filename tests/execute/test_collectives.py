@@ -1,0 +1,262 @@
+"""The communication layer on the CPU: collectives derived from plans, their global order, the
+placement of chips on devices, per-device communication steps, and the multi-device executor
+over the fake fabric (NCCL's semantics in host threads) against the reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+
+from caramel.backends.numpy_backend import NumpyBackend  # noqa: E402
+from caramel.ckks.check import check_path, prepare_check  # noqa: E402
+from caramel.errors import DeadlockError, ExecutionError  # noqa: E402
+from caramel.execute.collectives import (  # noqa: E402
+    ZERO, Collective, CollectiveKind, LocalSum, ModRows, check_order, check_reduce_size, device_comm_step,
+    placement, plan_collectives,
+)
+from caramel.execute.devices import FakeNetwork, RowOp, device_programs, run_on_devices, run_threads  # noqa: E402
+from caramel.execute.reference import run_reference  # noqa: E402
+from caramel.plan import Kind, build_plan  # noqa: E402
+from caramel.program import Mem  # noqa: E402
+from caramel.ring import Context  # noqa: E402
+
+from plan_helpers import corpus, load_corpus, program_from_text, random_memory, store_mismatches  # noqa: E402
+
+B, R = CollectiveKind.BROADCAST, CollectiveKind.REDUCE
+
+
+@lru_cache(maxsize=None)
+def context(n: int) -> Context:
+    return Context(n=n)
+
+
+@lru_cache(maxsize=4)
+def prepared(name: str):
+    program = load_corpus(name)
+    return program, build_plan(program), prepare_check(check_path(program.name), program, context(1024), rng=3).memory
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+
+
+def test_collectives_of_a_real_program_match_its_communication():
+    program, plan, _ = prepared("MulRotate_10L_4c")
+    cols = plan_collectives(plan, context(1024).primes)
+    comms = [(chip.chip, c) for chip in plan.chips for k in chip.kernels if k.kind is Kind.COMM for c in k.comms]
+    assert sum(len(c.members) for c in cols) == len(comms)
+    assert [c.key for c in cols] == sorted(c.key for c in cols)
+    for c in cols:
+        assert c.root in c.members
+        if c.kind is B:
+            assert c.src[0][0] == c.root and {ch for ch, _ in c.dst} == set(c.members) - {c.root}
+        else:
+            assert [ch for ch, _ in c.dst] == [c.root] and {ch for ch, _ in c.src} == set(c.members)
+
+
+def _retag(plan, chip: int, fn):
+    """A copy of ``plan`` whose chip's COMM kernels pass through ``fn`` (None drops one)."""
+    cp = plan.chips[chip]
+    kernels = []
+    for k in cp.kernels:
+        k2 = fn(k) if k.kind is Kind.COMM else k
+        if k2 is not None:
+            kernels.append(k2)
+    chips = list(plan.chips)
+    chips[chip] = dataclasses.replace(cp, kernels=tuple(kernels))
+    return dataclasses.replace(plan, chips=tuple(chips))
+
+
+def test_participants_at_different_levels_are_refused():
+    _, plan, _ = prepared("Mul_10L_2c")
+    bad = _retag(plan, 1, lambda k: dataclasses.replace(k, level=k.level + 1))
+    with pytest.raises(ExecutionError, match="different plan levels"):
+        plan_collectives(bad)
+
+
+def test_a_missing_participant_is_refused_before_any_work():
+    _, plan, memory = prepared("Mul_10L_2c")
+    seen = []
+
+    def drop_first(k):
+        if not seen:
+            seen.append(k)
+            return None
+        return k
+
+    bad = _retag(plan, 1, drop_first)
+    with pytest.raises(ExecutionError, match=r"participant\(s\) on chips \[0\], expected 2"):
+        run_on_devices(bad, context(1024), memory, devices=2)
+
+
+def test_reduce_size_guard():
+    q = (1 << 28) - 57
+    check_reduce_size(16, q, "joi")
+    with pytest.raises(ExecutionError, match="at most 16 participants"):
+        check_reduce_size(17, q, "joi @ 1")
+
+
+def test_check_order_accepts_one_global_order_and_names_a_cycle():
+    members = {"a": (0, 1), "b": (1, 2), "c": (0, 2)}
+    order = check_order({0: ["a", "c"], 1: ["a", "b"], 2: ["b", "c"]}, members)
+    assert order.index("a") < order.index("b") < order.index("c")
+    with pytest.raises(ExecutionError, match="no collective order is consistent"):
+        check_order({0: ["a", "c"], 1: ["b", "a"], 2: ["c", "b"]}, members)
+    with pytest.raises(ExecutionError, match="issues collective b 0 times"):
+        check_order({0: ["a", "c"], 1: ["a"], 2: ["b", "c"]}, members)
+
+
+def test_every_corpus_plan_has_a_consistent_collective_order():
+    for name in corpus(chips=(2, 4, 8)):
+        _, plan, _ = prepared(name)
+        cols = plan_collectives(plan, context(1024).primes)
+        seqs = {c: [] for c in range(len(plan.chips))}
+        for chip in plan.chips:
+            for k in chip.kernels:
+                if k.kind is Kind.COMM:
+                    seqs[chip.chip] += sorted(c.sync for c in k.comms)
+        check_order(seqs, {c.sync: c.members for c in cols})
+
+
+def test_placement_is_contiguous_blocks():
+    assert placement(8, 2) == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert placement(8, 8) == tuple(range(8))
+    assert placement(4, 8) == (0, 1, 2, 3)
+    assert placement(3, 1) == (0, 0, 0)
+
+
+def test_device_step_of_a_broadcast_over_two_devices():
+    col = Collective(7, B, 0, (0, 1, 2, 3), 5, 0, ((0, 10),), ((1, 11), (2, 12), (3, 13)))
+    where = placement(4, 2)
+    root = device_comm_step(0, [col], 0, where)
+    assert [(o.kind, o.group, o.root, o.send, o.recv) for o in root.ops] == [(B, (0, 1), 0, (0, 10), None)]
+    assert root.after == (LocalSum(((0, 10),), (1, 11), 5),)
+    other = device_comm_step(0, [col], 1, where)
+    assert [(o.send, o.recv) for o in other.ops] == [(None, (2, 12))]
+    assert other.after == (LocalSum(((2, 12),), (3, 13), 5),)
+
+
+def test_device_step_of_a_reduce_sums_locally_first():
+    col = Collective(9, R, 3, (0, 1, 2, 3), 2, 0, ((0, 1), (1, 2), (2, -1), (3, 4)), ((3, 5),))
+    where = placement(4, 2)
+    d0 = device_comm_step(0, [col], 0, where)
+    assert d0.before == (LocalSum(((0, 1), (1, 2)), (-1, 0), 2),) and d0.scratch == 1
+    assert [(o.send, o.recv, o.root) for o in d0.ops] == [((-1, 0), None, 1)]
+    d1 = device_comm_step(0, [col], 1, where)
+    assert [(o.send, o.recv) for o in d1.ops] == [((3, 4), (3, 5))]
+    assert d1.after == (ModRows(((3, 5),), 2),)
+    local = device_comm_step(0, [col], 0, placement(4, 1))
+    assert local.ops == () and local.before == (LocalSum(((0, 1), (1, 2), (3, 4)), (3, 5), 2),)
+    empty = Collective(9, R, 1, (0, 1), 2, 0, ((0, -1), (1, -1)), ((1, 5),))
+    assert device_comm_step(0, [empty], 0, placement(2, 2)).ops[0].send == ZERO
+
+
+# ---------------------------------------------------------------------------------------------- fake fabric
+
+
+@pytest.mark.parametrize("name", corpus(chips=(2, 4, 8)))
+def test_devices_match_the_reference(name):
+    program, plan, memory = prepared(name)
+    want = run_reference(program, context(1024), memory)
+    for g in sorted({1, 2, len(plan.chips) // 2, len(plan.chips)}):
+        have = run_on_devices(plan, context(1024), memory, devices=g)
+        problems = store_mismatches(want, have)
+        assert not problems, f"{name} on {g} devices: " + "; ".join(problems[:3])
+
+
+@pytest.mark.parametrize("chips, devices", [(2, 2), (4, 2), (8, 8)])
+def test_bootstraplike_20l_on_devices(chips, devices):
+    program = load_corpus(f"BootstrapLike_20L_{chips}c")
+    ctx = context(1024)
+    memory = random_memory(program, ctx, seed=chips)
+    want = run_reference(program, ctx, memory, "textbook")
+    have = run_on_devices(build_plan(program), ctx, memory, "textbook", devices=devices)
+    assert not store_mismatches(want, have)
+
+
+def test_joi_reduce_applies_mod_q_after_the_uint32_sum():
+    # Three contributions of q - 1: the uint32 sum is 3q - 3, the result (q - 3) mod q.
+    program = program_from_text(
+        "load r0: i1(1)\njoi @ 65537:3 r1: r0 | 1\nstore r1: v1(1)",
+        "load r0: i2(1)\njoi @ 65537:3 : r0 | 1",
+        "load r0: i3(1)\njoi @ 65537:3 : r0 | 1",
+    )
+    ctx = context(1024)
+    q = ctx.q(1)
+    memory = {m: np.full(ctx.n, q - 1, dtype=np.uint32) for m in random_memory(program, ctx)}
+    net = FakeNetwork(3)
+    have = run_on_devices(build_plan(program), ctx, memory, devices=3, network=net)
+    assert np.all(have.stores[0][Mem("v1", 1)] == q - 3)
+    assert [len(calls) for calls in net.log] == [1, 1, 1]
+    assert {(op.kind, op.root, op.group) for calls in net.log for op in calls[0]} == {(R, 0, (0, 1, 2))}
+
+
+def test_one_group_call_per_communication_step():
+    _, plan, memory = prepared("MulRotate_10L_8c")
+    progs = device_programs(plan, 8, context(1024).primes)
+    net = FakeNetwork(8)
+    run_on_devices(plan, context(1024), memory, devices=8, network=net)
+    for d, prog in enumerate(progs):
+        steps = [s for s in prog.steps if not isinstance(s, tuple) and s.ops]
+        assert len(net.log[d]) == len(steps)
+        assert sum(op.rows for g in net.log[d] for op in g) == prog.collectives
+        assert sum(len(g) for g in net.log[d]) < prog.collectives  # limbs of one root share one call
+    assert max(op.rows for g in net.log[0] for op in g) > 1
+
+
+def test_pack_buckets_by_group_kind_and_root_in_the_same_order_everywhere():
+    from caramel.execute.collectives import DeviceOp, pack, staging_rows
+
+    ops = [DeviceOp(s, k, (0, 1), r, (0, s), None, 1) for s, k, r in
+           ((5, B, 1), (3, B, 0), (9, R, 1), (4, B, 1), (7, B, 0), (8, R, 1))]
+    buckets = pack(ops)
+    assert [[o.sync for o in b] for b in buckets] == [[3, 7], [4, 5], [8, 9]]
+    assert pack(list(reversed(ops))) == buckets
+    assert staging_rows(ops) == 6 and staging_rows(ops[:1]) == 0
+
+
+def _fabric_pair(timeout=0.5):
+    net = FakeNetwork(2, timeout)
+    backends = [NumpyBackend(context(1024), 4) for _ in range(2)]
+    return net, backends
+
+
+def test_fake_fabric_detects_a_collective_order_mismatch():
+    net, bs = _fabric_pair()
+    a = RowOp(1, B, (0, 1), 0, 0, -1)
+    b = RowOp(2, B, (0, 1), 1, -1, 1)
+    workers = [lambda: net.fabric(0).group(bs[0], [a, dataclasses.replace(b, send=-1, recv=1)]),
+               lambda: net.fabric(1).group(bs[1], [b, dataclasses.replace(a, send=-1, recv=1)])]
+    with pytest.raises(ExecutionError, match="collective order mismatch on devices"):
+        run_threads(workers, 5.0, net.abort, lambda d: "?")
+
+
+def test_watchdog_names_the_device_that_never_joined():
+    net, bs = _fabric_pair(timeout=0.3)
+    op = RowOp(5, B, (0, 1), 0, -1, 2)
+    gate = threading.Event()
+
+    def late():
+        gate.wait(2.0)
+
+    start = time.monotonic()
+    with pytest.raises(DeadlockError, match=r"device\(s\) \[0\] never issued it"):
+        run_threads([late, lambda: net.fabric(1).group(bs[1], [op])], 5.0, net.abort, lambda d: "waiting")
+    gate.set()
+    assert time.monotonic() - start < 3.0
+
+
+def test_watchdog_timeout_reports_every_unfinished_device():
+    net = FakeNetwork(2)
+    gate = threading.Event()
+    with pytest.raises(DeadlockError, match=r"(?s)no progress after 0.2 s.*device 0: stuck here.*device 1: stuck here"):
+        run_threads([lambda: gate.wait(3.0)] * 2, 0.2, net.abort, lambda d: "stuck here")
+    gate.set()
