@@ -14,6 +14,11 @@ there atomically (write, then rename); the others wait for the file (with a time
 are gathered the same way: each rank writes its chips' stores beside the rendezvous file, rank 0
 waits for all and merges them into one :class:`~caramel.execute.reference.RunResult`.
 
+Status: the rendezvous, the launcher's variables and the gathering are tested on the CPU; the
+first run on 2 H200s (2026-11-21) did not finish within 100 s and printed nothing (not yet
+diagnosed; each process now reports its phases on stderr). The threaded executor is the tested
+way to use several GPUs of one machine.
+
 Example (one machine, 2 GPUs)::
 
     caramel launch --nproc 2 -- run programs/Mul_4L_2c --n 4096 --backend gpu
@@ -142,6 +147,14 @@ def gather_stores(stores: Sequence[Mapping[Mem, np.ndarray]], chips: Sequence[in
     return [out.get(c, {}) for c in range(max(out) + 1)] if out else []
 
 
+def _communicator(nccl, size: int, uid: tuple, rank: int):
+    """``ncclCommInitRank``; CuPy takes the id as bytes (recent) or as a tuple of ints (older)."""
+    try:
+        return nccl.NcclCommunicator(size, bytes(x & 0xFF for x in uid), rank)
+    except TypeError:
+        return nccl.NcclCommunicator(size, tuple(uid), rank)
+
+
 def run_distributed(plan, ctx, memory, mode, place: Place, *, graph: bool = True, timeout: float = 300.0) -> RunResult | None:
     """Run this process's device of ``plan`` (see the module docstring); the merged result on
     rank 0, None elsewhere."""
@@ -151,6 +164,10 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, graph: bool = True
     from caramel.execute.devices import device_programs, merge_results
     from caramel.execute.multi_gpu import MultiGpuRun, _groups, nccl_environment
 
+    def log(text: str) -> None:  # each phase on stderr, so that a stalled process says where it is
+        if os.environ.get("CARAMEL_PROGRESS", "1") != "0":
+            print(f"caramel rank {place.rank}/{place.world}: {text}", file=sys.stderr, flush=True)
+
     nccl_environment()
     world = min(place.world, len(plan.chips))
     if place.world > len(plan.chips):
@@ -158,13 +175,16 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, graph: bool = True
     progs = device_programs(plan, world, ctx.primes, ctx.n)
     groups = _groups(progs)
     ids = exchange_ids(groups, place, timeout=timeout)
+    log(f"NCCL ids of {len(groups)} device group(s) read from {place.rendezvous}")
     comms: dict[int, dict] = {place.rank: {}}
     with cp.cuda.Device(place.local_rank):
         for g in groups:  # the same order on every rank
             if place.rank in g:
-                comms[place.rank][g] = nccl.NcclCommunicator(len(g), ids[g], g.index(place.rank))
+                comms[place.rank][g] = _communicator(nccl, len(g), ids[g], g.index(place.rank))
+    log(f"communicators created on CUDA device {place.local_rank}")
     run = MultiGpuRun(plan, ctx, memory, mode, world, local=[place.rank], device_ids=[place.local_rank],
                       timeout=timeout, comms=comms)
+    log("set up (inputs uploaded, kernels loaded)")
     try:
         if graph:
             run.replay(1)
@@ -174,6 +194,7 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, graph: bool = True
     except BaseException:
         run.abort()
         raise
+    log("ran; gathering the outputs")
     for comm in comms[place.rank].values():
         comm.destroy()
     chips = list(progs[place.rank].chips)
