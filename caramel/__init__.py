@@ -14,11 +14,12 @@ from caramel.ring import Context, Mode
 __version__ = "0.1.0"
 
 
-def validate(program: Program, *, limit: int = 50) -> None:
-    """Static checks of ``program``; raises :class:`ValidationError` listing every problem found."""
+def validate(program: Program, *, limit: int = 50, n: int | None = None) -> None:
+    """Static checks of ``program``; raises :class:`ValidationError` listing every problem found.
+    ``n``: the ring degree the program was compiled for (rotation steps must then lie below N/2)."""
     from caramel.validate import validate as _validate
 
-    _validate(program, limit=limit)
+    _validate(program, limit=limit, n=n)
 
 
 __all__ = [

@@ -128,6 +128,23 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     return gpu_executor(program, ctx, mode)
 
 
+def check_prime_count(program: Program, ctx: Context) -> None:
+    """Raise :class:`BindingError` when ``program`` uses a limb index (a base, a sync id's limb, a
+    memory limb or a ``bci`` list entry) beyond the context's prime list, naming the first place."""
+    from caramel.errors import BindingError
+
+    count = len(ctx.primes)
+    for stream in program.streams:
+        for ins in stream.instructions:
+            limbs = [ins.limb] if ins.limb is not None else []
+            limbs += list(ins.in_limbs) + list(ins.out_limbs)
+            limbs += [op.limb for op in (ins.dst, *ins.srcs) if isinstance(op, Mem)]
+            bad = [l for l in limbs if l >= count]
+            if bad:
+                raise BindingError(f"{stream.path}:{ins.line}: limb {max(bad)} is beyond the context's {count} "
+                                   f"primes (the program needs at least {max(bad) + 1}; ISA.md section 7 has 64)")
+
+
 def run_program(
     program: Program,
     *,
@@ -148,6 +165,7 @@ def run_program(
     """
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
+    check_prime_count(program, ctx)
     spec: CheckSpec | None
     if check == "auto":
         path = check_path(program.name)
