@@ -2,10 +2,12 @@
 
 A device hosts the chips :func:`caramel.execute.collectives.placement` gives it. Its
 :class:`DeviceProgram` has one arena: the rows of each hosted chip (its own
-:func:`~caramel.plan.assign_rows` map, shifted), then scratch rows for partial sums and one zero
-row that is never written. The hosted chips' kernels run merged by plan level; at each level the
-communication comes first, as one :class:`~caramel.execute.collectives.CommStep` (local sums and
-copies, ONE group of device collectives, ``% q`` and copies), then the level's kernels, chip by
+:func:`~caramel.plan.assign_rows` map, shifted), then scratch rows for partial sums, one zero
+row that is never written, and staging rows. The hosted chips' kernels run merged by plan level; at
+each level the communication comes first, as one :class:`~caramel.execute.collectives.CommStep`
+(local sums, ONE group of device collectives, ``% q`` and copies; the limbs that one root sends in
+the step travel as one call through contiguous staging rows,
+:func:`~caramel.execute.collectives.pack`), then the level's kernels, chip by
 chip. Each chip keeps its own kernel order, so its row reuse stays valid.
 
 :class:`Fabric` is one device's collective interface: ``group(backend, ops)`` issues the device
