@@ -106,7 +106,13 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     elif check is not None:
         spec = load_check(check)
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
-    result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place)
+    backend = "gpu" if args.backend in ("auto", "gpu") else "cpu-plan"
+    if backend == "gpu":
+        from caramel.execute.gpu import gpu_available
+
+        if not gpu_available() and args.backend == "auto":
+            backend = "cpu-plan"
+    result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "

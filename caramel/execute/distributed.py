@@ -14,10 +14,12 @@ there atomically (write, then rename); the others wait for the file (with a time
 are gathered the same way: each rank writes its chips' stores beside the rendezvous file, rank 0
 waits for all and merges them into one :class:`~caramel.execute.reference.RunResult`.
 
-Status: the rendezvous, the launcher's variables and the gathering are tested on the CPU; the
-first run on 2 H200s (2026-11-21) did not finish within 100 s and printed nothing (not yet
-diagnosed; each process now reports its phases on stderr). The threaded executor is the tested
-way to use several GPUs of one machine.
+With ``--backend cpu-plan`` the processes run on NumPy and exchange limbs through files
+(:class:`FileFabric`): the whole process mode (launcher, rendezvous, per-rank device programs,
+gathering, check) runs and is tested without GPUs. Status on GPUs: the first run on 2 H200s
+(2026-11-21) did not finish within 100 s and printed nothing (not yet diagnosed; each process now
+reports its phases on stderr). The threaded executor is the tested way to use several GPUs of one
+machine.
 
 Example (one machine, 2 GPUs)::
 
@@ -40,6 +42,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from caramel.errors import ExecutionError
+from caramel.execute.collectives import CollectiveKind
+from caramel.execute.devices import Fabric, RowOp
+from caramel.execute.plan_engine import check_plan_memory
 from caramel.execute.reference import RunResult
 from caramel.program import Mem
 
@@ -155,24 +160,77 @@ def _communicator(nccl, size: int, uid: tuple, rank: int):
         return nccl.NcclCommunicator(size, tuple(uid), rank)
 
 
-def run_distributed(plan, ctx, memory, mode, place: Place, *, graph: bool = True, timeout: float = 300.0) -> RunResult | None:
-    """Run this process's device of ``plan`` (see the module docstring); the merged result on
-    rank 0, None elsewhere."""
-    import cupy as cp
-    from cupy.cuda import nccl
+class FileFabric(Fabric):
+    """Collectives between processes through files beside the rendezvous file (NCCL's semantics,
+    like :class:`~caramel.execute.devices.FakeNetwork`): the CPU stand-in for NCCL that lets the
+    whole process mode run, and be tested, without GPUs. The k-th call on a device group is
+    ``<rendezvous>.g<group>.c<k>.r<rank>.npy`` for every member that sends."""
 
+    def __init__(self, place: Place, timeout: float):
+        self.device, self.place, self.timeout = place.rank, place, timeout
+        self.calls: dict[tuple[int, ...], int] = {}
+
+    def _path(self, op: RowOp, k: int, rank: int) -> Path:
+        g = "-".join(map(str, op.group))
+        return self.place.rendezvous.with_name(f"{self.place.rendezvous.name}.g{g}.c{k}.r{rank}.npy")
+
+    def group(self, backend, ops) -> None:
+        posted = []
+        for op in ops:
+            k = self.calls.get(op.group, 0)
+            self.calls[op.group] = k + 1
+            if op.send >= 0:
+                path = self._path(op, k, self.device)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
+                np.save(tmp, backend.read(np.arange(op.send, op.send + op.rows)))
+                os.replace(tmp, path)
+            posted.append((op, k))
+        for op, k in posted:
+            if op.recv < 0:
+                continue
+            senders = [op.root] if op.kind is CollectiveKind.BROADCAST else list(op.group)
+            parts = []
+            for r in senders:
+                path = self._path(op, k, r)
+                _wait_for(path, self.timeout, f"device {r}'s part of {op.kind.value} id {op.sync} among {op.group}")
+                parts.append(np.load(path))
+            data = parts[0] if len(parts) == 1 else np.sum(np.stack(parts), axis=0, dtype=np.uint32)
+            backend.write(np.arange(op.recv, op.recv + op.rows), data)
+
+
+def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gpu", graph: bool = True,
+                    timeout: float = 300.0) -> RunResult | None:
+    """Run this process's device of ``plan`` (see the module docstring) on a GPU over NCCL
+    (``backend="gpu"``) or on NumPy over :class:`FileFabric` (``"cpu-plan"``); the merged result
+    on rank 0, None elsewhere."""
     from caramel.execute.devices import device_programs, merge_results
-    from caramel.execute.multi_gpu import MultiGpuRun, _groups, nccl_environment
 
     def log(text: str) -> None:  # each phase on stderr, so that a stalled process says where it is
         if os.environ.get("CARAMEL_PROGRESS", "1") != "0":
             print(f"caramel rank {place.rank}/{place.world}: {text}", file=sys.stderr, flush=True)
 
-    nccl_environment()
     world = min(place.world, len(plan.chips))
     if place.world > len(plan.chips):
         raise ExecutionError(f"{place.world} processes for a {len(plan.chips)}-chip program: use at most one per chip")
     progs = device_programs(plan, world, ctx.primes, ctx.n)
+    chips = list(progs[place.rank].chips)
+    if backend != "gpu":
+        from caramel.backends.numpy_backend import NumpyBackend
+        from caramel.execute.devices import DeviceRun
+
+        check_plan_memory(plan, ctx, memory)
+        run = DeviceRun(progs[place.rank], plan, ctx, memory, mode, NumpyBackend, FileFabric(place, timeout))
+        run.run()
+        log("ran; gathering the outputs")
+        stores = gather_stores(run.stores(), chips, place, timeout)
+        return None if stores is None else merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
+
+    import cupy as cp
+    from cupy.cuda import nccl
+
+    from caramel.execute.multi_gpu import MultiGpuRun, _groups, nccl_environment
+
+    nccl_environment()
     groups = _groups(progs)
     ids = exchange_ids(groups, place, timeout=timeout)
     log(f"NCCL ids of {len(groups)} device group(s) read from {place.rendezvous}")
@@ -197,7 +255,6 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, graph: bool = True
     log("ran; gathering the outputs")
     for comm in comms[place.rank].values():
         comm.destroy()
-    chips = list(progs[place.rank].chips)
     stores = gather_stores([mine.stores[c] for c in chips], chips, place, timeout)
     if stores is None:
         return None
