@@ -37,9 +37,9 @@ class ScalingPoint:
     min_ms: float
     max_ms: float
     repeats: int
-    collectives: int  # device collectives issued by the busiest device
+    collectives: int  # the most device collectives that one device issues
     comm_bytes: int  # bytes sent by all devices (N residues of 4 bytes per limb)
-    compute_ms: float  # busiest device, instrumented run
+    compute_ms: float  # busiest device (see the module docstring)
     comm_ms: float
     digest: str = ""
     setup_s: float = 0.0
@@ -87,7 +87,7 @@ def render_scaling(result: ScalingResult) -> str:
     notes = ("compute ms: " + ("the busiest device's program replayed as a graph without its collectives; comm ms: "
                                "the replay minus that (communication and waiting)" if result.backend == "gpu" else
                                "the busiest device in one instrumented run; comm ms: its collectives, including "
-                               "waiting for its peers") + "; collectives: issued by the busiest device")
+                               "waiting for its peers") + "; collectives: the most that one device issues")
     return "\n".join([title, "", _table(head, rows), "", notes])
 
 
@@ -144,31 +144,25 @@ def scaling_trace(result: ScalingResult) -> dict:
 
 
 def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10) -> list[float]:
-    """The replay time of each device's program WITHOUT its collectives (a fabric that does
-    nothing), one device after another on the current GPU: the compute floor of a G-device run.
+    """The replay time of each device's program WITHOUT its collectives
+    (``DeviceRun.run(collectives=False)``), one device after another on the current GPU: the compute floor of a G-device run.
     A G-GPU replay minus its busiest device's floor is what communication and waiting cost."""
     import cupy as cp
 
     from caramel.backends.cuda.backend import CupyBackend
-    from caramel.execute.devices import DeviceRun, Fabric, device_programs
+    from caramel.execute.devices import DeviceRun, device_programs
     from caramel.execute.gpu import time_runs
-
-    class _Silent(Fabric):
-        device = -1
-
-        def group(self, backend, ops) -> None:
-            pass
 
     out = []
     for prog in device_programs(plan, devices, ctx.primes, ctx.n):
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
-            run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend, _Silent())
-            run.run()  # compiles kernels, uploads index arrays
+            run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend, None)
+            run.run(collectives=False)  # compiles kernels, uploads index arrays
             stream.synchronize()
             stream.begin_capture()
             try:
-                run.run()
+                run.run(collectives=False)
             finally:
                 graph = stream.end_capture()
         out.append(time_runs(lambda: graph.launch(stream), stream, repeats).median_ms)
@@ -177,66 +171,13 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10) ->
     return out
 
 
-class _HostRun:
-    """The CPU twin of MultiGpuRun: device programs on NumPy in host threads (wall clock)."""
-
-    def __init__(self, plan, ctx, memory, mode, gpus: int):
-        from caramel.backends.numpy_backend import NumpyBackend
-        from caramel.execute.devices import DeviceRun, FakeNetwork, device_programs
-
-        self.plan, self.memory = plan, memory
-        self.progs = device_programs(plan, gpus, ctx.primes, ctx.n)
-        net = FakeNetwork(len(self.progs))
-        self.runs = [DeviceRun(p, plan, ctx, memory, mode, NumpyBackend, net.fabric(p.device)) for p in self.progs]
-
-    def _all(self, body) -> list:
-        """``body(run)`` on every device in host threads, over a fresh fake network."""
-        from caramel.execute.devices import FakeNetwork, run_threads
-
-        net = FakeNetwork(len(self.runs))
-        for r in self.runs:
-            r.fabric = net.fabric(r.prog.device)
-            r.restore()
-        return run_threads([lambda r=r: body(r) for r in self.runs], 600.0, net.abort, lambda d: self.runs[d].position)
-
-    def time(self, repeats: int, warmup: int):
-        from caramel.execute.gpu import Timing
-
-        for _ in range(warmup):
-            self._all(lambda r: r.run())
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            self._all(lambda r: r.run())
-            times.append((time.perf_counter() - t0) * 1e3)
-        return Timing(float(np.median(times)), min(times), max(times), len(times))
-
-    def instrument(self):
-        def body(r):
-            marks = []
-            t0 = time.perf_counter()
-            r.run(lambda i: marks.append((time.perf_counter() - t0) * 1e3))
-            starts = [0.0] + marks[:-1]
-            return [(i, a, b - a) for i, (a, b) in enumerate(zip(starts, marks))]
-        return self._all(body)
-
-    def result(self):
-        from caramel.execute.devices import merge_results
-
-        self._all(lambda r: r.run())
-        return merge_results(self.plan, self.memory, [(r.prog.chips, r.stores()) for r in self.runs])
-
-    def close(self) -> None:
-        pass
-
-
 def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: Mode | str = Mode.EXACT,
                     seed: int = 1, repeats: int = 10, warmup: int = 1, backend: str = "auto",
                     log: Callable[[str], None] = lambda s: None) -> ScalingResult:
     """Run and time ``family`` on each device count of ``gpus`` (see the module docstring)."""
     from caramel.api import default_spec, output_digest
     from caramel.ckks.check import prepare_check
-    from caramel.execute.devices import device_programs
+    from caramel.execute.devices import HostRun
     from caramel.parse import load_program
     from caramel.plan import build_plan
     from caramel.validate import validate
@@ -276,7 +217,7 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
             run = MultiGpuRun(plan, ctx, memory, mode, g)
             run.capture()
         else:
-            run = _HostRun(plan, ctx, memory, mode, g)
+            run = HostRun(plan, ctx, memory, mode, g, timeout=600.0)
         setup = time.perf_counter() - t0
         try:
             t = run.time(repeats, warmup)
@@ -284,20 +225,19 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
             marks = run.instrument()
         finally:
             run.close()
-        progs = device_programs(plan, g, ctx.primes, ctx.n)
-        busiest, split = 0, (0.0, 0.0)
+        progs = run.progs
+        split = (0.0, 0.0)  # (compute, communication) of the busiest device
         for d, (dev_run, m) in enumerate(zip(run.runs, marks)):
             comm = sum(dur for i, _, dur in m if dev_run.is_comm(i))
             total = sum(dur for _, _, dur in m)
-            if total >= sum(split):
-                busiest, split = d, (total - comm, comm)
+            split = max(split, (total - comm, comm), key=sum)
             trace += [(g, d, dev_run.labels[i], dev_run.is_comm(i), start, dur) for i, start, dur in m]
         if backend == "gpu":  # graph replays without collectives, not the eager instrumented run
             del run
             floor = max(compute_only_ms(plan, ctx, memory, mode, g, repeats))
-            busiest, split = 0, (floor, max(0.0, t.median_ms - floor))
+            split = (floor, max(0.0, t.median_ms - floor))
         points.append(ScalingPoint(program.name, g, t.median_ms, t.min_ms, t.max_ms, t.repeats,
-                                   progs[busiest].collectives, sum(p.comm_bytes for p in progs),
+                                   max(p.collectives for p in progs), sum(p.comm_bytes for p in progs),
                                    split[0], split[1], digest, setup))
         log(f"{g} device(s): {t}; setup {setup:.1f} s; digest {digest[:16]}")
     return ScalingResult(family, n, mode.value, backend, device, clock,

@@ -301,15 +301,8 @@ def staging_rows(ops: Sequence[DeviceOp]) -> int:
     return sum(len(b) for b in pack(ops) if len(b) > 1)
 
 
-def device_groups(collectives: Iterable[Collective], where: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every device group (more than one device) that some collective needs, in the fixed order
-    in which all devices create their communicators (by size, then devices)."""
-    groups = {tuple(sorted({where[c] for c in col.members})) for col in collectives}
-    return sorted((g for g in groups if len(g) > 1), key=lambda g: (len(g), g))
-
-
 __all__ = [
     "Collective", "CollectiveKind", "CommStep", "DeviceOp", "LocalSum", "ModRows", "check_order",
-    "ZERO", "check_reduce_size", "device_comm_step", "device_groups", "pack", "placement", "plan_collectives",
+    "ZERO", "check_reduce_size", "device_comm_step", "pack", "placement", "plan_collectives",
     "staging_rows",
 ]

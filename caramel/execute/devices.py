@@ -17,22 +17,23 @@ call on a communicator must be the same collective on every member, else an erro
 timeout that turns a stall into a :class:`~caramel.errors.DeadlockError` naming the waiting
 devices. The NCCL fabric is in :mod:`caramel.execute.multi_gpu`.
 
-:func:`run_on_devices` runs a plan on G "devices" of the NumPy backend, one host thread per
-device, over a :class:`FakeNetwork`: the CPU twin of the multi-GPU executor, bit-identical to the
-reference, that CI runs.
+:class:`HostRun` (and :func:`run_on_devices`, one run of it) runs a plan on G "devices" of the
+NumPy backend, one host thread per device, over a :class:`FakeNetwork`: the CPU twin of the
+multi-GPU executor, bit-identical to the reference, that CI runs.
 """
 
 from __future__ import annotations
 
 import abc
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from caramel.errors import DeadlockError, ExecutionError
-from caramel.execute.collectives import (  # noqa: F401 - ZERO re-exported for row references
+from caramel.execute.collectives import (
     ZERO, Collective, CollectiveKind, CommStep, DeviceOp, LocalSum, ModRows, device_comm_step, pack, placement,
     plan_collectives, staging_rows,
 )
@@ -147,6 +148,13 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], n: int = 0)
         out.append(DeviceProgram(d, hosted, rows_of, base + scratch + 1 + staging, base, base + scratch,
                                  base + scratch + 1, scalars, scalar_base, steps, n_ops, sent * 4 * n))
     return out
+
+
+def device_groups(progs: Sequence[DeviceProgram]) -> list[tuple[int, ...]]:
+    """Every device group that a device collective uses, in the fixed order in which every
+    device creates its communicators (by size, then devices)."""
+    groups = {o.group for p in progs for s in p.steps if isinstance(s, CommStep) for o in s.ops}
+    return sorted(groups, key=lambda g: (len(g), g))
 
 
 def _sum_expr(m: int) -> Expr:
@@ -302,6 +310,14 @@ class DeviceRun:
 # ---------------------------------------------------------------------------------------------- fake fabric
 
 
+def collective_result(op: RowOp, sent: Mapping[int, np.ndarray]) -> np.ndarray:
+    """What the receivers of ``op`` get from the rows each device sent (``sent[device]``): the
+    root's rows (BROADCAST) or their uint32 SUM, wrapping like NCCL's (REDUCE)."""
+    if op.kind is CollectiveKind.BROADCAST:
+        return sent[op.root]
+    return np.sum(np.stack(list(sent.values())), axis=0, dtype=np.uint32)
+
+
 @dataclass
 class _Slot:
     ops: dict[int, RowOp] = field(default_factory=dict)
@@ -360,10 +376,7 @@ class FakeFabric(Fabric):
                 if op.send >= 0:
                     slot.data[d] = backend.read(np.arange(op.send, op.send + op.rows))
                 if len(slot.ops) == len(op.group):
-                    if op.kind is CollectiveKind.BROADCAST:
-                        slot.result = slot.data[op.root]
-                    else:  # uint32 SUM, wrapping like NCCL's
-                        slot.result = np.sum(np.stack(list(slot.data.values())), axis=0, dtype=np.uint32)
+                    slot.result = collective_result(op, slot.data)
                     net.cond.notify_all()
                 posted.append((key, op))
             for key, op in posted:
@@ -415,8 +428,6 @@ def run_threads(workers: Sequence[Callable[[], object]], timeout: float, abort: 
     for t in threads:
         t.start()
     finished = 0
-    import time
-
     deadline = time.monotonic() + timeout
     while finished < len(workers):
         try:
@@ -450,34 +461,74 @@ def merge_results(plan: Plan, memory: Mapping[Mem, np.ndarray], runs_stores: Seq
     for chips, per_chip in runs_stores:
         for c, s in zip(chips, per_chip):
             stores[c] = s
-    merged = dict(memory)
-    for s in stores:
-        merged.update(s)
-    return RunResult(stores, merged, plan.instructions)
+    return RunResult.from_stores(stores, memory, plan.instructions)
+
+
+class HostRun:
+    """The CPU twin of :class:`~caramel.execute.multi_gpu.MultiGpuRun`: a plan's device programs
+    on NumPy (or ``backend``) devices, one host thread each, over a :class:`FakeNetwork` (a fresh
+    one per run unless given), under the watchdog (``timeout``); timed with the wall clock."""
+
+    def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                 devices: int | None = None, *, backend=None, timeout: float = 120.0):
+        if backend is None:
+            from caramel.backends.numpy_backend import NumpyBackend as backend
+        check_plan_memory(plan, ctx, memory)
+        self.plan, self.memory, self.timeout = plan, memory, timeout
+        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes, ctx.n)
+        self.runs = [DeviceRun(p, plan, ctx, memory, Mode(mode), backend, None) for p in self.progs]
+
+    def _all(self, body: Callable[[DeviceRun], object], network: FakeNetwork | None = None) -> list:
+        """``body(run)`` on every device (inputs restored first), in host threads."""
+        net = network or FakeNetwork(len(self.runs), self.timeout)
+        for r in self.runs:
+            r.fabric = net.fabric(r.prog.device)
+            r.restore()
+        return run_threads([lambda r=r: body(r) for r in self.runs], self.timeout, net.abort,
+                           lambda d: self.runs[d].position)
+
+    def time(self, repeats: int = 10, warmup: int = 1):
+        """Wall-clock milliseconds per whole run (all devices)."""
+        from caramel.execute.gpu import Timing
+
+        for _ in range(warmup):
+            self._all(DeviceRun.run)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self._all(DeviceRun.run)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return Timing(float(np.median(times)), min(times), max(times), len(times))
+
+    def instrument(self) -> list[list[tuple[int, float, float]]]:
+        """One run with the wall clock read after every call: per device, (call index, start ms,
+        duration ms), like :meth:`MultiGpuRun.instrument`."""
+        def body(r: DeviceRun):
+            marks: list[float] = []
+            t0 = time.perf_counter()
+            r.run(lambda i: marks.append((time.perf_counter() - t0) * 1e3))
+            starts = [0.0] + marks[:-1]
+            return [(i, a, b - a) for i, (a, b) in enumerate(zip(starts, marks))]
+        return self._all(body)
+
+    def result(self, network: FakeNetwork | None = None) -> RunResult:
+        """Run once and return every chip's outputs."""
+        def body(r: DeviceRun):
+            r.run()
+            return r.prog.chips, r.stores()
+        return merge_results(self.plan, self.memory, self._all(body, network))
+
+    def close(self) -> None:
+        """Nothing to release (the interface of MultiGpuRun)."""
 
 
 def run_on_devices(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                    devices: int | None = None, *, backend=None, timeout: float = 120.0,
                    network: FakeNetwork | None = None) -> RunResult:
-    """Run ``plan`` on ``devices`` (default: one per chip) NumPy-backend devices in host threads
-    over a :class:`FakeNetwork`; bit-identical to the reference."""
-    if backend is None:
-        from caramel.backends.numpy_backend import NumpyBackend as backend
-    mode = Mode(mode)
-    check_plan_memory(plan, ctx, memory)
-    progs = device_programs(plan, devices or len(plan.chips), ctx.primes, ctx.n)
-    net = network or FakeNetwork(len(progs), timeout)
-    runs = [DeviceRun(p, plan, ctx, memory, mode, backend, net.fabric(p.device)) for p in progs]
-
-    def worker(r: DeviceRun):
-        def go():
-            r.run()
-            return r.prog.chips, r.stores()
-        return go
-
-    results = run_threads([worker(r) for r in runs], timeout, net.abort, lambda i: runs[i].position)
-    return merge_results(plan, memory, results)
+    """Run ``plan`` once on ``devices`` (default: one per chip) host-thread devices
+    (:class:`HostRun`); bit-identical to the reference."""
+    return HostRun(plan, ctx, memory, mode, devices, backend=backend, timeout=timeout).result(network)
 
 
-__all__ = ["DeviceProgram", "DeviceRun", "Fabric", "FakeNetwork", "RowOp", "device_programs",
+__all__ = ["DeviceProgram", "DeviceRun", "Fabric", "FakeNetwork", "HostRun", "RowOp", "collective_result", "device_groups", "device_programs",
            "merge_results", "run_on_devices", "run_threads"]

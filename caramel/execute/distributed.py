@@ -43,7 +43,9 @@ import numpy as np
 
 from caramel.errors import ExecutionError
 from caramel.execute.collectives import CollectiveKind
-from caramel.execute.devices import Fabric, RowOp
+from caramel.execute.devices import (
+    DeviceRun, Fabric, RowOp, collective_result, device_groups, device_programs, merge_results,
+)
 from caramel.execute.plan_engine import check_plan_memory
 from caramel.execute.reference import RunResult
 from caramel.program import Mem
@@ -189,13 +191,12 @@ class FileFabric(Fabric):
             if op.recv < 0:
                 continue
             senders = [op.root] if op.kind is CollectiveKind.BROADCAST else list(op.group)
-            parts = []
+            sent = {}
             for r in senders:
                 path = self._path(op, k, r)
                 _wait_for(path, self.timeout, f"device {r}'s part of {op.kind.value} id {op.sync} among {op.group}")
-                parts.append(np.load(path))
-            data = parts[0] if len(parts) == 1 else np.sum(np.stack(parts), axis=0, dtype=np.uint32)
-            backend.write(np.arange(op.recv, op.recv + op.rows), data)
+                sent[r] = np.load(path)
+            backend.write(np.arange(op.recv, op.recv + op.rows), collective_result(op, sent))
 
 
 def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gpu", graph: bool = True,
@@ -203,35 +204,38 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
     """Run this process's device of ``plan`` (see the module docstring) on a GPU over NCCL
     (``backend="gpu"``) or on NumPy over :class:`FileFabric` (``"cpu-plan"``); the merged result
     on rank 0, None elsewhere."""
-    from caramel.execute.devices import device_programs, merge_results
-
     def log(text: str) -> None:  # each phase on stderr, so that a stalled process says where it is
         if os.environ.get("CARAMEL_PROGRESS", "1") != "0":
             print(f"caramel rank {place.rank}/{place.world}: {text}", file=sys.stderr, flush=True)
 
-    world = min(place.world, len(plan.chips))
     if place.world > len(plan.chips):
         raise ExecutionError(f"{place.world} processes for a {len(plan.chips)}-chip program: use at most one per chip")
-    progs = device_programs(plan, world, ctx.primes, ctx.n)
+    progs = device_programs(plan, place.world, ctx.primes, ctx.n)
     chips = list(progs[place.rank].chips)
-    if backend != "gpu":
+    if backend == "gpu":
+        mine = _gpu_stores(plan, ctx, memory, mode, place, progs, graph, timeout, log)
+    else:
         from caramel.backends.numpy_backend import NumpyBackend
-        from caramel.execute.devices import DeviceRun
 
         check_plan_memory(plan, ctx, memory)
         run = DeviceRun(progs[place.rank], plan, ctx, memory, mode, NumpyBackend, FileFabric(place, timeout))
         run.run()
-        log("ran; gathering the outputs")
-        stores = gather_stores(run.stores(), chips, place, timeout)
-        return None if stores is None else merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
+        mine = run.stores()
+    log("ran; gathering the outputs")
+    stores = gather_stores(mine, chips, place, timeout)
+    return None if stores is None else merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
 
+
+def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeout: float, log) -> list[dict]:
+    """This rank's device on its GPU: NCCL communicators from the shared ids, a one-device
+    :class:`~caramel.execute.multi_gpu.MultiGpuRun`; the stores of its chips."""
     import cupy as cp
     from cupy.cuda import nccl
 
-    from caramel.execute.multi_gpu import MultiGpuRun, _groups, nccl_environment
+    from caramel.execute.multi_gpu import MultiGpuRun, nccl_environment
 
     nccl_environment()
-    groups = _groups(progs)
+    groups = device_groups(progs)
     ids = exchange_ids(groups, place, timeout=timeout)
     log(f"NCCL ids of {len(groups)} device group(s) read from {place.rendezvous}")
     comms: dict[int, dict] = {place.rank: {}}
@@ -240,7 +244,7 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
             if place.rank in g:
                 comms[place.rank][g] = _communicator(nccl, len(g), ids[g], g.index(place.rank))
     log(f"communicators created on CUDA device {place.local_rank}")
-    run = MultiGpuRun(plan, ctx, memory, mode, world, local=[place.rank], device_ids=[place.local_rank],
+    run = MultiGpuRun(plan, ctx, memory, mode, place.world, local=[place.rank], device_ids=[place.local_rank],
                       timeout=timeout, comms=comms)
     log("set up (inputs uploaded, kernels loaded)")
     try:
@@ -252,13 +256,9 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
     except BaseException:
         run.abort()
         raise
-    log("ran; gathering the outputs")
     for comm in comms[place.rank].values():
         comm.destroy()
-    stores = gather_stores([mine.stores[c] for c in chips], chips, place, timeout)
-    if stores is None:
-        return None
-    return merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
+    return [mine.stores[c] for c in progs[place.rank].chips]
 
 
 def launch(nproc: int, args: Sequence[str], timeout: float | None = None) -> int:

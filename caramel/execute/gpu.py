@@ -207,10 +207,7 @@ class GpuRun:
     def result(self) -> RunResult:
         """The outputs of the last run, read back, as a :class:`RunResult`."""
         self.stream.synchronize()
-        store = self.chip.stores()
-        merged = dict(self.memory)
-        merged.update(store)
-        return RunResult([store], merged, self.plan.instructions)
+        return RunResult.from_stores([self.chip.stores()], self.memory, self.plan.instructions)
 
 
 def _plan_of(plan_or_program, fuse: bool):

@@ -35,8 +35,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from caramel.errors import ExecutionError
-from caramel.execute.collectives import CollectiveKind, CommStep
-from caramel.execute.devices import DeviceRun, Fabric, RowOp, device_programs, merge_results, run_threads
+from caramel.execute.collectives import CollectiveKind
+from caramel.execute.devices import (
+    DeviceRun, Fabric, RowOp, device_groups, device_programs, merge_results, run_threads,
+)
 from caramel.execute.gpu import Timing
 from caramel.execute.plan_engine import check_plan_memory
 from caramel.execute.reference import RunResult
@@ -90,12 +92,6 @@ class NcclFabric(Fabric):
         self.comms.clear()
 
 
-def _groups(progs) -> list[tuple[int, ...]]:
-    """Every device group used by a device collective, in a fixed order."""
-    groups = {o.group for p in progs for s in p.steps if isinstance(s, CommStep) for o in s.ops}
-    return sorted(groups, key=lambda g: (len(g), g))
-
-
 def nccl_communicators(groups: Sequence[tuple[int, ...]], devices: Sequence[int]) -> dict[int, dict]:
     """``{device: {group: communicator}}`` for one process driving ``devices`` (device index ->
     CUDA device id), one ``ncclCommInitAll`` per group."""
@@ -140,7 +136,7 @@ class MultiGpuRun:
         check_plan_memory(plan, ctx, memory)
         self.progs = device_programs(plan, g, ctx.primes, ctx.n)  # checks the collectives first
         self.device_ids = dict(zip(self.local, ids))
-        self.groups = _groups(self.progs)
+        self.groups = device_groups(self.progs)
         self._own_comms = comms is None  # communicators passed in stay open at close()
         if comms is None:
             if len(self.local) != len(self.progs):

@@ -214,8 +214,4 @@ def run_plan(
     if transport.mail:
         ids = ", ".join(str(i) for i in sorted(transport.mail)[:8])
         raise ExecutionError(f"run finished with undelivered dis messages (sync ids {ids})")
-    stores = [ch.stores() for ch in chips]
-    merged = dict(memory)
-    for store in stores:
-        merged.update(store)
-    return RunResult(stores, merged, plan.instructions)
+    return RunResult.from_stores([ch.stores() for ch in chips], memory, plan.instructions)

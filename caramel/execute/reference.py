@@ -89,6 +89,15 @@ class RunResult:
     memory: dict[Mem, np.ndarray]
     executed: int
 
+    @classmethod
+    def from_stores(cls, stores: list[dict[Mem, np.ndarray]], memory: Mapping[Mem, np.ndarray],
+                    executed: int) -> "RunResult":
+        """The result of chips whose private stores are ``stores``, over the input image ``memory``."""
+        merged = dict(memory)
+        for store in stores:
+            merged.update(store)
+        return cls(stores, merged, executed)
+
 
 def _where(chip: ChipState, ins: Instruction) -> str:
     return f"{Location(chip.stream.path, ins.line)} ({ins.text()})"
@@ -322,11 +331,7 @@ class ReferenceInterpreter:
         if mail:
             ids = ", ".join(str(i) for i in sorted(mail)[:8])
             raise ExecutionError(f"run finished with undelivered dis messages (sync ids {ids})")
-        stores = [ch.store for ch in chips]
-        merged = dict(memory)
-        for store in stores:
-            merged.update(store)
-        return RunResult(stores, merged, executed)
+        return RunResult.from_stores([ch.store for ch in chips], memory, executed)
 
     def _joi(self, chip: ChipState, ins: Instruction, acc: dict[int, _Acc]) -> bool:
         """Contribute once; a participant with a destination waits for all ``size`` contributions."""
