@@ -145,6 +145,17 @@ def check_prime_count(program: Program, ctx: Context) -> None:
                                    f"primes (the program needs at least {max(bad) + 1}; ISA.md section 7 has 64)")
 
 
+def resolve_check(program: Program, check: str | Path | CheckSpec | None) -> CheckSpec | None:
+    """The check of a run: ``"auto"`` is ``programs/checks/<Family>.toml`` when it exists (else
+    none), a path is loaded, a :class:`CheckSpec` or None is used as is."""
+    if check == "auto":
+        path = check_path(program.name)
+        return load_check(path) if path.exists() else None
+    if check is None or isinstance(check, CheckSpec):
+        return check
+    return load_check(check)
+
+
 def run_program(
     program: Program,
     *,
@@ -166,14 +177,7 @@ def run_program(
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
-    spec: CheckSpec | None
-    if check == "auto":
-        path = check_path(program.name)
-        spec = load_check(path) if path.exists() else None
-    elif check is None or isinstance(check, CheckSpec):
-        spec = check
-    else:
-        spec = load_check(check)
+    spec = resolve_check(program, check)
     rng = np.random.default_rng(seed)
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=rng)
     backend = resolve_backend(backend)

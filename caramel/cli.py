@@ -86,8 +86,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
     """``caramel run --distributed``: this process's GPU of a multi-process run (launcher
     variables, :mod:`caramel.execute.distributed`); rank 0 gathers, checks and prints."""
-    from caramel.api import default_spec, output_digest
-    from caramel.ckks.check import check_path, evaluate_check, load_check, prepare_check
+    from caramel.api import default_spec, output_digest, resolve_backend, resolve_check
+    from caramel.ckks.check import evaluate_check, prepare_check
     from caramel.errors import CaramelError
     from caramel.execute.distributed import launch_env, run_distributed
     from caramel.plan import build_plan
@@ -99,19 +99,10 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     import numpy as np
 
     ctx = Context(n=args.n)
-    spec = None
-    if check == "auto":
-        path = check_path(program.name)
-        spec = load_check(path) if path.exists() else None
-    elif check is not None:
-        spec = load_check(check)
+    spec = resolve_check(program, check)
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
-    backend = "gpu" if args.backend in ("auto", "gpu") else "cpu-plan"
-    if backend == "gpu":
-        from caramel.execute.gpu import gpu_available
-
-        if not gpu_available() and args.backend == "auto":
-            backend = "cpu-plan"
+    # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
+    backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
     result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend)
     if result is None:
         return EXIT_OK
