@@ -20,13 +20,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from caramel.api import default_spec, output_digest  # noqa: E402
+from caramel.api import output_digest  # noqa: E402
 from caramel.ckks.check import check_path, prepare_check  # noqa: E402
 from caramel.execute.gpu import GpuRun, gpu_available, run_gpu, time_runs  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
 from caramel.ring import Context  # noqa: E402
+from reference_digests import bootstrap_inputs, reference_digest  # noqa: E402  (scripts/ beside this file)
 
 CHECKS = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "BootstrapModRaise_10L_1c", "Mul_10L_2c"]
 
@@ -71,10 +72,6 @@ def ntt_throughput(ctx, rows: int, repeats: int) -> float:
     return rows / (t.median_ms / 1e3)
 
 
-#: SHA-256 of the outputs of BootstrapLike_51L_1c at N = 65536 on the CPU reference (see below).
-REFERENCE_DIGEST_BOOTSTRAP51_1C = "a706e0e2f6935464dd9ed138db553bb9838f13817dff62bfd8f1ef732c1486d5"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=Path, action="append")
@@ -114,7 +111,7 @@ def main() -> int:
     log(f"loaded {args.program} in {time.perf_counter() - t0:.1f} s")
     ctx = Context(n=args.n)
     t0 = time.perf_counter()
-    memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(1)).memory
+    memory = bootstrap_inputs(program, ctx)
     log(f"inputs and keys at N = {args.n} in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     unfused, fused = build_plan(program, fuse=False), build_plan(program)
@@ -146,10 +143,11 @@ def main() -> int:
     rows.append(("digest", next(iter(digests.values()))))
     rate = ntt_throughput(ctx, args.ntt_rows, args.repeats)
     rows.append((f"NTT throughput (batched {args.ntt_rows} limbs, N={args.n})", f"{rate:.3e} limbs/s"))
-    if args.program == "BootstrapLike_51L_1c" and args.n == 65536:
-        # The CPU reference's digest for these inputs (default_rng(1), exact mode), computed once on the
-        # dev VM (2026-11-21, 128 s) and stored here so that a GPU run is checked without rerunning it.
-        match = digests["graph fused"] == REFERENCE_DIGEST_BOOTSTRAP51_1C
+    stored = reference_digest(args.program, args.n)
+    if stored is not None:
+        # The CPU reference's digest for these inputs, computed once on the dev VM by
+        # scripts/reference_digests.py, so that a GPU run is checked without rerunning it.
+        match = digests["graph fused"] == stored
         rows.append(("stored CPU reference digest matches", str(match)))
         agree = agree and match
     if not args.skip_reference:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from caramel.api import default_spec
-from caramel.ckks.check import check_path, load_check, prepare_check
+from caramel.api import default_spec, resolve_check
+from caramel.ckks.check import prepare_check
 from caramel.execute.gpu import gpu_executor
 from caramel.execute.reference import run_reference
 from caramel.parse import load_program
@@ -30,8 +30,7 @@ from caramel.ring import Context, Mode
 def reference(path: str, n: int, mode: str, seed: int):
     program = load_program(path, cache=False)
     ctx = Context(n=n)
-    spec_path = check_path(program.name)
-    spec = load_check(spec_path) if spec_path.exists() else default_spec(program)
+    spec = resolve_check(program, "auto") or default_spec(program)
     prepared = prepare_check(spec, program, ctx, rng=np.random.default_rng(seed))
     return path, n, prepared.memory, run_reference(program, ctx, prepared.memory, mode).stores
 

@@ -32,12 +32,13 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from caramel.api import default_spec, output_digest  # noqa: E402
-from caramel.ckks.check import check_path, load_check, prepare_check  # noqa: E402
+from caramel.api import default_spec, output_digest, resolve_check  # noqa: E402
+from caramel.ckks.check import prepare_check  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
 from caramel.ring import Context  # noqa: E402
+from reference_digests import bootstrap_inputs, reference_digest  # noqa: E402  (scripts/ beside this file)
 
 
 def log(*a) -> None:
@@ -47,8 +48,7 @@ def log(*a) -> None:
 def reference(path: str, n: int, seed: int):
     program = load_program(path, cache=False)
     ctx = Context(n=n)
-    spec_path = check_path(program.name)
-    spec = load_check(spec_path) if spec_path.exists() else default_spec(program)
+    spec = resolve_check(program, "auto") or default_spec(program)
     memory = prepare_check(spec, program, ctx, rng=np.random.default_rng(seed)).memory
     return path, memory, run_reference(program, ctx, memory, "exact").stores
 
@@ -98,20 +98,19 @@ def checks(args, gpus: int, rows: list) -> bool:
 def bootstrap(args, gpus: int, rows: list) -> bool:
     from caramel.execute.multi_gpu import MultiGpuRun
 
-    digests = json.loads((ROOT / "scripts" / "reference_digests.json").read_text())
     ctx = Context(n=65536)
     good = True
     configs = [(4, 2), (8, min(4, gpus))]  # fewer GPUs than chips (K GPUs for K chips: the scaling phase)
     for chips, g in configs:
         name = f"BootstrapLike_51L_{chips}c"
         program = load_program(f"{args.archive}#{name}")
-        memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(1)).memory
+        memory = bootstrap_inputs(program, ctx)
         t0 = time.perf_counter()
         with MultiGpuRun(build_plan(program), ctx, memory, "exact", g, timeout=90) as run:
             run.replay(1)
             digest = output_digest(program, run.result().memory)
             timing = run.time(args.repeats)
-        want = digests.get(f"{name} N=65536 exact")
+        want = reference_digest(name)
         match = "no stored digest" if want is None else str(digest == want)
         good &= want is None or digest == want
         log(f"{name} on {g} GPU(s): {timing}; digest {digest[:16]}; matches the CPU reference: {match} "
@@ -132,10 +131,9 @@ def scaling(args, gpus: int, rows: list) -> bool:
     plot_scaling(result, out / "scaling_bootstraplike51.png")
     (out / "scaling_trace.json").write_text(json.dumps(scaling_trace(result)))
     (out / "scaling.txt").write_text(render_scaling(result) + "\n")
-    digests = json.loads((ROOT / "scripts" / "reference_digests.json").read_text())
     good = True
     for p in result.points:
-        want = digests.get(f"{p.program} N=65536 exact")
+        want = reference_digest(p.program)
         match = "no stored digest" if want is None else str(p.digest == want)
         good &= want is None or p.digest == want
         rows.append((f"scaling {p.program} on {p.gpus} GPU(s)", f"{p.median_ms:.2f} ms, {result.speedup(p):.2f}x, "
@@ -153,7 +151,7 @@ def compute_floor(args, rows: list) -> None:
         if k < 2:
             continue
         program = load_program(f"{args.archive}#BootstrapLike_51L_{k}c")
-        memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(1)).memory
+        memory = bootstrap_inputs(program, ctx)
         ms = compute_only_ms(build_plan(program), ctx, memory, "exact", k, args.repeats)
         log(f"BootstrapLike_51L_{k}c on {k} devices, compute only (no collectives): "
             + ", ".join(f"device {d}: {t:.2f} ms" for d, t in enumerate(ms)))

@@ -37,6 +37,12 @@ def stored() -> dict:
     return json.loads(STORE.read_text()) if STORE.exists() else {}
 
 
+def reference_digest(name: str, n: int = 65536) -> str | None:
+    """The stored CPU reference digest of program ``name`` at ring degree ``n`` (exact mode,
+    :func:`bootstrap_inputs`), or None."""
+    return stored().get(f"{name} N={n} exact")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archive", default=str(ROOT.parent / "shared" / "programs" / "BootstrapLike_51L.tar.xz"))
@@ -51,7 +57,7 @@ def main() -> None:
         memory = bootstrap_inputs(program, ctx)
         digest = output_digest(program, run_reference(program, ctx, memory, "exact").memory)
         data = stored()
-        data[f"{name} N={args.n} exact"] = digest
+        data[f"{name} N={args.n} exact"] = digest  # (the key read by reference_digest)
         STORE.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         print(f"{name} N={args.n}: {digest} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
