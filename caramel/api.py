@@ -98,10 +98,12 @@ def resolve_backend(backend: str) -> str:
 
 
 def executor(program: Program, ctx: Context, mode: Mode, backend: str,
-             gpus: int | None = None) -> Callable[[Mapping], RunResult]:
+             gpus: int | None = None, streams: int | None = None) -> Callable[[Mapping], RunResult]:
     """A function ``memory -> RunResult`` running ``program`` on ``backend``. ``gpus``: devices
     for a multi-chip program (``gpu``: that many GPUs, default one per chip up to those present;
-    ``cpu-plan``: that many simulated devices in host threads, default none: one process)."""
+    ``cpu-plan``: that many simulated devices in host threads, default none: one process).
+    ``streams``: CUDA streams per GPU (default: the executor's; ``cpu-plan`` devices: a random
+    order that that many streams allow)."""
     backend = resolve_backend(backend)
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
@@ -112,7 +114,7 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
         if gpus:
             from caramel.execute.devices import run_on_devices
 
-            return lambda memory: run_on_devices(plan, ctx, memory, mode, gpus)
+            return lambda memory: run_on_devices(plan, ctx, memory, mode, gpus, streams=streams or 1)
         from caramel.execute.plan_engine import run_plan
 
         return lambda memory: run_plan(plan, ctx, memory, mode)
@@ -122,10 +124,10 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
         from caramel.execute.multi_gpu import run_multi_gpu
 
         plan = build_plan(program)
-        return lambda memory: run_multi_gpu(plan, ctx, memory, mode, gpus)
-    from caramel.execute.gpu import gpu_executor
+        return lambda memory: run_multi_gpu(plan, ctx, memory, mode, gpus, streams=streams)
+    from caramel.execute.gpu import DEFAULT_STREAMS, gpu_executor
 
-    return gpu_executor(program, ctx, mode)
+    return gpu_executor(program, ctx, mode, streams=streams or DEFAULT_STREAMS)
 
 
 def check_prime_count(program: Program, ctx: Context) -> None:
@@ -166,13 +168,14 @@ def run_program(
     check: str | Path | CheckSpec | None = "auto",
     ctx: Context | None = None,
     gpus: int | None = None,
+    streams: int | None = None,
 ) -> RunOutcome:
     """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
 
     ``check="auto"`` uses ``programs/checks/<Family>.toml`` when it exists, else random inputs at
     scale 2^28 with no judgement (BootstrapLike is checked by comparing limbs, not by decryption).
     Everything random (secrets, keys, inputs) comes from ``seed``, so a run is reproducible.
-    ``gpus``: see :func:`executor`.
+    ``gpus``, ``streams``: see :func:`executor`.
     """
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
@@ -181,7 +184,7 @@ def run_program(
     rng = np.random.default_rng(seed)
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=rng)
     backend = resolve_backend(backend)
-    run = executor(program, ctx, mode, backend, gpus)
+    run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start

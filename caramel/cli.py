@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.distributed:
         return _run_distributed(args, program, check)
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
-                          gpus=args.gpus)
+                          gpus=args.gpus, streams=args.streams)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
@@ -103,7 +103,8 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
-    result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend)
+    result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,
+                             streams=args.streams)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
@@ -179,7 +180,8 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     from caramel.scaling import plot_scaling, profile_scaling, render_scaling, scaling_trace
 
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
-                             repeats=args.repeats, warmup=args.warmup, backend=args.backend, log=log)
+                             repeats=args.repeats, warmup=args.warmup, backend=args.backend,
+                             streams=args.streams, log=log)
     print(render_scaling(result))
     if args.plot:
         plot_scaling(result, args.plot)
@@ -261,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices for a multi-chip program: gpu backend, G GPUs (default one per chip, at most "
                         "those present; fewer GPUs than chips run several chips per GPU); cpu-plan backend, G "
                         "simulated devices in host threads")
+    p.add_argument("--streams", type=_positive, metavar="S",
+                   help="CUDA streams per GPU (default 4 for a 1-chip graph; multi-GPU: see the README); "
+                        "cpu-plan devices run in a random order that S streams allow")
     p.add_argument("--distributed", action="store_true",
                    help="process mode: this process is one GPU of a run started by a launcher (RANK, WORLD_SIZE, "
                         "LOCAL_RANK, CARAMEL_RENDEZVOUS; see `caramel launch`)")
@@ -295,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scaling profile: PROGRAM is a family (path prefix such as programs/Mul_10L, or an archive "
                         "such as BootstrapLike_51L.tar.xz) whose G-chip program runs on G devices for each G")
     p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve as a PNG")
+    p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
+                   "(default: the multi-GPU executor's)")
     return parser
 
 

@@ -143,26 +143,32 @@ def scaling_trace(result: ScalingResult) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
 
-def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10) -> list[float]:
-    """The replay time of each device's program WITHOUT its collectives
-    (``DeviceRun.run(collectives=False)``), one device after another on the current GPU: the compute floor of a G-device run.
-    A G-GPU replay minus its busiest device's floor is what communication and waiting cost."""
+def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, streams: int = 1) -> list[float]:
+    """The replay time of each device's program WITHOUT its collectives (``collectives=False``),
+    on ``streams`` streams like the run, one device after another on the current GPU: the compute
+    floor of a G-device run. A G-GPU replay minus its busiest device's floor is what
+    communication and waiting cost."""
     import cupy as cp
 
     from caramel.backends.cuda.backend import CupyBackend
     from caramel.execute.devices import DeviceRun, device_programs
-    from caramel.execute.gpu import time_runs
+    from caramel.execute.gpu import StreamLauncher, time_runs
 
     out = []
-    for prog in device_programs(plan, devices, ctx.primes, ctx.n):
+    for prog in device_programs(plan, devices, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo",
+                                keep_inputs=True):  # as MultiGpuRun
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
             run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend, None)
             run.run(collectives=False)  # compiles kernels, uploads index arrays
+            launcher = StreamLauncher(run.schedule(streams), stream) if streams > 1 else None
             stream.synchronize()
             stream.begin_capture()
             try:
-                run.run(collectives=False)
+                if launcher is None:
+                    run.run(collectives=False)
+                else:
+                    launcher.launch(lambda t: run.run_task(t, collectives=False))
             finally:
                 graph = stream.end_capture()
         out.append(time_runs(lambda: graph.launch(stream), stream, repeats).median_ms)
@@ -173,8 +179,9 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10) ->
 
 def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: Mode | str = Mode.EXACT,
                     seed: int = 1, repeats: int = 10, warmup: int = 1, backend: str = "auto",
-                    log: Callable[[str], None] = lambda s: None) -> ScalingResult:
-    """Run and time ``family`` on each device count of ``gpus`` (see the module docstring)."""
+                    streams: int | None = None, log: Callable[[str], None] = lambda s: None) -> ScalingResult:
+    """Run and time ``family`` on each device count of ``gpus`` (see the module docstring) with
+    ``streams`` streams per device (default: the multi-GPU executor's)."""
     from caramel.api import default_spec, output_digest
     from caramel.ckks.check import prepare_check
     from caramel.execute.devices import HostRun
@@ -184,6 +191,9 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
 
     from caramel.execute.gpu import gpu_available
 
+    from caramel.execute.devices import DEFAULT_STREAMS
+
+    streams = DEFAULT_STREAMS if streams is None else streams
     if backend == "auto":
         backend = "gpu" if gpu_available() else "cpu-plan"
     if backend not in ("gpu", "cpu-plan"):
@@ -214,10 +224,10 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
         if backend == "gpu":
             from caramel.execute.multi_gpu import MultiGpuRun
 
-            run = MultiGpuRun(plan, ctx, memory, mode, g)
+            run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams)
             run.capture()
         else:
-            run = HostRun(plan, ctx, memory, mode, g, timeout=600.0)
+            run = HostRun(plan, ctx, memory, mode, g, timeout=600.0, streams=streams, seed=seed)
         setup = time.perf_counter() - t0
         try:
             t = run.time(repeats, warmup)
@@ -234,7 +244,7 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
             trace += [(g, d, dev_run.labels[i], dev_run.is_comm(i), start, dur) for i, start, dur in m]
         if backend == "gpu":  # graph replays without collectives, not the eager instrumented run
             del run
-            floor = max(compute_only_ms(plan, ctx, memory, mode, g, repeats))
+            floor = max(compute_only_ms(plan, ctx, memory, mode, g, repeats, streams))
             split = (floor, max(0.0, t.median_ms - floor))
         points.append(ScalingPoint(program.name, g, t.median_ms, t.min_ms, t.max_ms, t.repeats,
                                    max(p.collectives for p in progs), sum(p.comm_bytes for p in progs),

@@ -141,6 +141,38 @@ def scaling(args, gpus: int, rows: list) -> bool:
     return good
 
 
+def sweep_streams(args, gpus: int, rows: list) -> bool:
+    """BootstrapLike_51L_{K}c on K GPUs with S streams per GPU for each S of --sweep-streams
+    (S = 1: kernels and collectives in one order; S > 1: collectives on a stream of their own):
+    replay times and digests."""
+    from caramel.execute.multi_gpu import MultiGpuRun, NcclFabric
+    from caramel.scaling import compute_only_ms
+
+    ctx = Context(n=65536)
+    good = True
+    if args.sync_only:
+        NcclFabric.payload_limit = 1  # every collective moves one uint32: synchronisation without bandwidth
+    what = " (sync only: 1 element per collective, outputs wrong)" if args.sync_only else ""
+    for k in (k for k in map(int, args.gpus.split(",")) if k <= gpus):
+        name = f"BootstrapLike_51L_{k}c"
+        program = load_program(f"{args.archive}#{name}")
+        memory = bootstrap_inputs(program, ctx)
+        plan = build_plan(program)
+        for s in map(int, args.sweep_streams.split(",")):
+            with MultiGpuRun(plan, ctx, memory, "exact", k, streams=s, timeout=120) as run:
+                timing = run.time(args.repeats)
+                digest = output_digest(program, run.result().memory)
+            floor = max(compute_only_ms(plan, ctx, memory, "exact", k, args.repeats, s)) if k > 1 else timing.median_ms
+            want = reference_digest(name)
+            good &= want is None or digest == want or args.sync_only
+            log(f"{name} on {k} GPU(s), {s} stream(s) per GPU{what}: {timing}; compute floor {floor:.2f} ms; "
+                f"digest matches the CPU reference: {want is None or digest == want}")
+            rows.append((f"{name} on {k} GPU(s), {s} stream(s) per GPU{what}",
+                         f"median {timing.median_ms:.2f} ms (min {timing.min_ms:.2f}, max {timing.max_ms:.2f}); "
+                         f"compute floor {floor:.2f} ms; digest matches: {want is None or digest == want}"))
+    return good
+
+
 def compute_floor(args, rows: list) -> None:
     """Per device, the replay time of its program without collectives (caramel.scaling.compute_only_ms),
     one device after another on GPU 0: the compute floor of each K-GPU run of BootstrapLike_51L."""
@@ -174,6 +206,10 @@ def main() -> int:
     ap.add_argument("--skip-bootstrap", action="store_true")
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--compute-floor", action="store_true", help="only the compute floors (one GPU is enough)")
+    ap.add_argument("--sync-only", action="store_true", help="with --sweep-streams: every collective moves one "
+                    "element (timing only: what synchronisation costs without the bandwidth)")
+    ap.add_argument("--sweep-streams", metavar="1,2,3", help="only: time BootstrapLike_51L_Kc on K GPUs (K in --gpus) "
+                    "with each number of streams per GPU")
     args = ap.parse_args()
     import cupy as cp
     from cupy.cuda import nccl
@@ -187,6 +223,9 @@ def main() -> int:
     good = True
     if args.compute_floor:
         compute_floor(args, rows)
+        args.skip_checks = args.skip_bootstrap = args.skip_scaling = True
+    if args.sweep_streams:
+        good &= sweep_streams(args, gpus, rows)
         args.skip_checks = args.skip_bootstrap = args.skip_scaling = True
     if not args.skip_checks:
         good &= checks(args, gpus, rows)

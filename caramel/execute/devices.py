@@ -25,6 +25,7 @@ multi-GPU executor, bit-identical to the reference, that CI runs.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,10 +41,16 @@ from caramel.execute.collectives import (
 from caramel.execute.plan_engine import check_plan_memory, lower_kernel
 from caramel.execute.reference import RunResult
 from caramel.plan.plan import Expr, ExprOp, Kernel, Kind, Plan, ScalarSpec, assign_rows
+from caramel.plan.streams import StreamSchedule, Task, assign_streams, check_schedule
 from caramel.program import Mem
 from caramel.ring import Context, Mode
 
 _I32 = np.int32
+
+#: CUDA streams per GPU of a multi-GPU run by default: the kernels on one, the communication on
+#: the other (BootstrapLike_51L on 4 H200s: 19.5 ms with 1 stream, 19.0 with 2, 18.7 with 4;
+#: on 2 H200s 24.9, 24.9 and 25.2 ms; docs/PERFORMANCE.md).
+DEFAULT_STREAMS = 2
 
 
 @dataclass(frozen=True)
@@ -102,10 +109,13 @@ class DeviceProgram:
         return int(self.rows_of[chip][b])
 
 
-def device_programs(plan: Plan, devices: int, primes: Sequence[int], n: int = 0) -> list[DeviceProgram]:
+def device_programs(plan: Plan, devices: int, primes: Sequence[int], n: int = 0, *,
+                    reuse: str = "lifo", keep_inputs: bool = False) -> list[DeviceProgram]:
     """The :class:`DeviceProgram` of each of min(G, K) devices (collectives checked first,
     :func:`~caramel.execute.collectives.plan_collectives`); ``n`` (ring degree) only sizes the
-    communicated bytes that are reported."""
+    communicated bytes that are reported; ``reuse``, ``keep_inputs``: each chip's row assignment
+    (:func:`~caramel.plan.assign_rows`; ``"fifo"`` for runs on several streams, inputs kept for
+    replayed graphs)."""
     cols = plan_collectives(plan, primes)
     where = placement(len(plan.chips), devices)
     by_level: dict[int, list[Collective]] = {}
@@ -119,7 +129,7 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], n: int = 0)
         comm_levels: set[int] = set()
         for c in hosted:
             chip = plan.chips[c]
-            r, count = assign_rows(chip)
+            r, count = assign_rows(chip, reuse=reuse, keep_inputs=keep_inputs)
             rows_of[c] = np.where(r >= 0, r + base, -1)
             base += count
             scalar_base[c] = len(scalars)
@@ -223,8 +233,34 @@ def _copy_calls(copies: Sequence[tuple[int, int, int]]) -> list[Callable]:
     return [lambda b: b.elementwise(expr, ins, outs, primes, sca)]
 
 
+def _comm_rows(prog: DeviceProgram, step: CommStep) -> tuple[frozenset[int], frozenset[int]]:
+    """The arena rows (reads, writes) of a communication step, staging and scratch rows included."""
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for a in step.before + step.after:
+        if isinstance(a, LocalSum):
+            reads.update(prog.row(r) for r in a.ins)
+            writes.add(prog.row(a.out))
+        else:
+            rows = {prog.row(r) for r in a.rows}
+            reads |= rows
+            writes |= rows
+    for o in step.ops:
+        if o.send is not None:
+            reads.add(prog.row(o.send))
+        if o.recv is not None:
+            writes.add(prog.row(o.recv))
+    staging = range(prog.staging_base, prog.staging_base + staging_rows(step.ops))
+    return frozenset(reads.union(staging)), frozenset(writes.union(staging))
+
+
 class DeviceRun:
-    """One device's program lowered to backend calls over its arena, with the inputs written."""
+    """One device's program lowered to backend calls over its arena, with the inputs written.
+
+    ``calls`` is the single-stream sequence (:meth:`run`); ``tasks`` groups it for several
+    streams (:meth:`schedule`, :mod:`caramel.plan.streams`): each kernel is a task, and each
+    communication step is one task (its local sums, copies, collective group and ``% q``) on
+    the communication stream; ``task_calls[t]`` are the calls of task t."""
 
     def __init__(self, prog: DeviceProgram, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray],
                  mode: Mode, backend_factory: Callable[[Context, int], object], fabric: Fabric):
@@ -246,7 +282,10 @@ class DeviceRun:
         self.calls: list[Callable] = []
         self.labels: list[str] = []
         self.groups: set[int] = set()  # indices of the fabric's group calls
+        self.tasks: list[Task] = []
+        self.task_calls: list[range] = []
         for step in prog.steps:
+            first = len(self.calls)
             if isinstance(step, CommStep):
                 self.calls += _local_calls(prog, step.before)
                 self.labels += ["comm: local sums"] * (len(self.calls) - len(self.labels))
@@ -262,11 +301,41 @@ class DeviceRun:
                     ] + ["comm: scatter from staging"] * bool(scatter)
                 self.calls += _local_calls(prog, step.after)
                 self.labels += ["comm: % q and copies"] * (len(self.calls) - len(self.labels))
+                reads, writes = _comm_rows(prog, step)
+                task = Task(reads, writes, cost=len(step.ops) + 1, stream=0, name=f"communication at level {step.level}")
             else:
                 c, k = step
                 self.calls.append(lower_kernel(k, prog.rows_of[c], ctx, mode, prog.scalar_base[c]))
                 self.labels.append(f"chip {c} {k.kind.value} level {k.level}")
+                rows = prog.rows_of[c]
+                task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
+                            cost=max(1, k.size), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+            self.tasks.append(task)
+            self.task_calls.append(range(first, len(self.calls)))
         self.pc = -1
+
+    def schedule(self, streams: int) -> StreamSchedule:
+        """The tasks on ``streams`` streams, checked: with more than one, the communication steps
+        go on the last stream, in order, and the kernels are spread over the others, so that
+        kernels run while collectives wait for their peers."""
+        tasks = self.tasks
+        if streams > 1:
+            tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
+        sch = assign_streams(tasks, streams, reserved=1 if streams > 1 else 0)
+        check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
+        return sch
+
+    def written_rows(self) -> set[int]:
+        """Every arena row that a run writes (kernels and communication)."""
+        return set().union(*(t.writes for t in self.tasks))
+
+    def run_task(self, t: int, *, collectives: bool = True) -> None:
+        """The calls of task ``t``, in order (on the backend's current stream); ``collectives``
+        as in :meth:`run`."""
+        b = self.backend
+        for self.pc in self.task_calls[t]:
+            if collectives or self.pc not in self.groups:
+                self.calls[self.pc](b)
 
     def restore(self) -> None:
         """Write the inputs (and zero buffers) again: a run may reuse their rows."""
@@ -467,20 +536,43 @@ def merge_results(plan: Plan, memory: Mapping[Mem, np.ndarray], runs_stores: Seq
 class HostRun:
     """The CPU twin of :class:`~caramel.execute.multi_gpu.MultiGpuRun`: a plan's device programs
     on NumPy (or ``backend``) devices, one host thread each, over a :class:`FakeNetwork` (a fresh
-    one per run unless given), under the watchdog (``timeout``); timed with the wall clock."""
+    one per run unless given), under the watchdog (``timeout``); timed with the wall clock.
+
+    ``streams`` > 1 stands in for the GPU's concurrent streams: each device's tasks are scheduled
+    as on the GPU (:meth:`DeviceRun.schedule`, rows reused first-in first-out) and a run executes
+    them in a random order that the schedule's happens-before allows (one new order per run,
+    from ``seed``); any such order must give the single-stream result."""
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 devices: int | None = None, *, backend=None, timeout: float = 120.0):
+                 devices: int | None = None, *, backend=None, timeout: float = 120.0, streams: int = 1,
+                 seed: int | None = None):
         if backend is None:
             from caramel.backends.numpy_backend import NumpyBackend as backend
         check_plan_memory(plan, ctx, memory)
         self.plan, self.memory, self.timeout = plan, memory, timeout
-        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes, ctx.n)
+        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes, ctx.n,
+                                     reuse="fifo" if streams > 1 else "lifo")
         self.runs = [DeviceRun(p, plan, ctx, memory, Mode(mode), backend, None) for p in self.progs]
+        self.schedules = [r.schedule(streams) for r in self.runs] if streams > 1 else None
+        self.seed = np.random.SeedSequence(seed).entropy
+        self.count = 0  # runs so far: each run draws new orders
+
+    def _run(self, r: DeviceRun) -> None:
+        """One run of device ``r``: in order, or in a random happens-before order of its schedule."""
+        if self.schedules is None:
+            r.run()
+            return
+        from caramel.plan.streams import happens_before_order
+
+        rng = np.random.default_rng((self.seed, self.count, r.prog.device))
+        for t in happens_before_order(self.schedules[r.prog.device], rng):
+            r.run_task(t)
+        r.pc = len(r.calls)
 
     def _all(self, body: Callable[[DeviceRun], object], network: FakeNetwork | None = None) -> list:
         """``body(run)`` on every device (inputs restored first), in host threads."""
         net = network or FakeNetwork(len(self.runs), self.timeout)
+        self.count += 1
         for r in self.runs:
             r.fabric = net.fabric(r.prog.device)
             r.restore()
@@ -492,11 +584,11 @@ class HostRun:
         from caramel.execute.gpu import Timing
 
         for _ in range(warmup):
-            self._all(DeviceRun.run)
+            self._all(self._run)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            self._all(DeviceRun.run)
+            self._all(self._run)
             times.append((time.perf_counter() - t0) * 1e3)
         return Timing(float(np.median(times)), min(times), max(times), len(times))
 
@@ -514,7 +606,7 @@ class HostRun:
     def result(self, network: FakeNetwork | None = None) -> RunResult:
         """Run once and return every chip's outputs."""
         def body(r: DeviceRun):
-            r.run()
+            self._run(r)
             return r.prog.chips, r.stores()
         return merge_results(self.plan, self.memory, self._all(body, network))
 
@@ -524,11 +616,12 @@ class HostRun:
 
 def run_on_devices(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                    devices: int | None = None, *, backend=None, timeout: float = 120.0,
-                   network: FakeNetwork | None = None) -> RunResult:
+                   network: FakeNetwork | None = None, streams: int = 1, seed: int | None = None) -> RunResult:
     """Run ``plan`` once on ``devices`` (default: one per chip) host-thread devices
-    (:class:`HostRun`); bit-identical to the reference."""
-    return HostRun(plan, ctx, memory, mode, devices, backend=backend, timeout=timeout).result(network)
+    (:class:`HostRun`, ``streams`` and ``seed`` as there); bit-identical to the reference."""
+    return HostRun(plan, ctx, memory, mode, devices, backend=backend, timeout=timeout, streams=streams,
+                   seed=seed).result(network)
 
 
-__all__ = ["DeviceProgram", "DeviceRun", "Fabric", "FakeNetwork", "HostRun", "RowOp", "collective_result", "device_groups", "device_programs",
+__all__ = ["DEFAULT_STREAMS", "DeviceProgram", "DeviceRun", "Fabric", "FakeNetwork", "HostRun", "RowOp", "collective_result", "device_groups", "device_programs",
            "merge_results", "run_on_devices", "run_threads"]

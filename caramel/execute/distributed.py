@@ -200,7 +200,7 @@ class FileFabric(Fabric):
 
 
 def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gpu", graph: bool = True,
-                    timeout: float = 300.0) -> RunResult | None:
+                    timeout: float = 300.0, streams: int | None = None) -> RunResult | None:
     """Run this process's device of ``plan`` (see the module docstring) on a GPU over NCCL
     (``backend="gpu"``) or on NumPy over :class:`FileFabric` (``"cpu-plan"``); the merged result
     on rank 0, None elsewhere."""
@@ -213,7 +213,7 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
     progs = device_programs(plan, place.world, ctx.primes, ctx.n)
     chips = list(progs[place.rank].chips)
     if backend == "gpu":
-        mine = _gpu_stores(plan, ctx, memory, mode, place, progs, graph, timeout, log)
+        mine = _gpu_stores(plan, ctx, memory, mode, place, progs, graph, timeout, streams, log)
     else:
         from caramel.backends.numpy_backend import NumpyBackend
 
@@ -226,7 +226,8 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
     return None if stores is None else merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
 
 
-def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeout: float, log) -> list[dict]:
+def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeout: float, streams: int | None,
+                log) -> list[dict]:
     """This rank's device on its GPU: NCCL communicators from the shared ids, a one-device
     :class:`~caramel.execute.multi_gpu.MultiGpuRun`; the stores of its chips."""
     import cupy as cp
@@ -244,20 +245,17 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
             if place.rank in g:
                 comms[place.rank][g] = _communicator(nccl, len(g), ids[g], g.index(place.rank))
     log(f"communicators created on CUDA device {place.local_rank}")
-    run = MultiGpuRun(plan, ctx, memory, mode, place.world, local=[place.rank], device_ids=[place.local_rank],
-                      timeout=timeout, comms=comms)
-    log("set up (inputs uploaded, kernels loaded)")
-    try:
+    with MultiGpuRun(plan, ctx, memory, mode, place.world, local=[place.rank], device_ids=[place.local_rank],
+                     timeout=timeout, comms=comms, streams=streams) as run:
+        log("set up (inputs uploaded, kernels loaded)")
         if graph:
             run.replay(1)
         else:
             run.eager()
         mine = run.result()
-    except BaseException:
-        run.abort()
-        raise
-    for comm in comms[place.rank].values():
+    for comm in comms[place.rank].values():  # after close() dropped the graph (MultiGpuRun.close)
         comm.destroy()
+    log("communicators destroyed")
     return [mine.stores[c] for c in progs[place.rank].chips]
 
 

@@ -2,8 +2,10 @@
 
 :func:`run_gpu` runs a program (or a built :class:`~caramel.plan.Plan`) on one CUDA device through
 :class:`caramel.backends.cuda.backend.CupyBackend`. For a 1-chip plan the inputs are uploaded into
-the arena once, a device copy of the initial rows is kept (restored by a device-to-device scatter
-at the start of every run, so replays are repeatable), an eager warm-up run through the plan
+the arena once into rows that no kernel writes (``assign_rows(keep_inputs=True)``: 23% more rows
+for BootstrapLike_51L, but no restore: copying its 4.9 GiB of inputs back by a scatter cost 7.5
+ms of every 33.6 ms replay), so replays are repeatable as they are (any initial row that a kernel
+did overwrite would be restored at the start of every run), an eager warm-up run through the plan
 engine's lowered kernels compiles the kernels and uploads every index array, and then (``graph``)
 the whole kernel sequence is captured into ONE CUDA graph on a non-default stream and replayed.
 Multi-chip programs go to :mod:`caramel.execute.multi_gpu` (on one GPU here).
@@ -12,7 +14,7 @@ Multi-chip programs go to :mod:`caramel.execute.multi_gpu` (on one GPU here).
 arena rows are assigned first-in first-out (``assign_rows(reuse="fifo")``, the same row count,
 fewer reuse hazards between independent branches), :func:`~caramel.plan.streams.assign_streams`
 puts every kernel on a stream, and :func:`~caramel.plan.streams.check_schedule` verifies it. A run
-restores the initial rows on the origin stream (``GpuRun.stream``, which is also stream 0) and
+starts (and restores overwritten initial rows, if any) on the origin stream (``GpuRun.stream``, which is also stream 0) and
 records a *fork* event that every other stream waits for before its first kernel; each kernel
 waits for the events of its cross-stream ``waits``, launches on its stream, and records its
 event when someone waits for it; at the end the origin stream waits for the last kernel of
@@ -77,6 +79,42 @@ def time_runs(fn: Callable[[], None], stream, repeats: int = 10, warmup: int = 1
     return Timing(float(np.median(times)), float(min(times)), float(max(times)), len(times))
 
 
+class StreamLauncher:
+    """Issues the tasks of a :class:`~caramel.plan.streams.StreamSchedule` on CUDA streams: the
+    ``origin`` stream (stream 0, where the run's earlier work is) and ``n_streams - 1`` new ones,
+    with one event per waited-for task, all created now (on the current device, before any
+    capture)."""
+
+    def __init__(self, schedule, origin):
+        import cupy as cp
+
+        self.schedule = schedule
+        self.streams = [origin] + [cp.cuda.Stream(non_blocking=True) for _ in range(schedule.n_streams - 1)]
+        self.events = [cp.cuda.Event(disable_timing=True) for _ in range(schedule.n_events)]
+        self.fork = cp.cuda.Event(disable_timing=True)
+
+    def launch(self, issue: Callable[[int], None]) -> None:
+        """Fork every used stream from the origin, then per task in order: its stream waits for
+        the events of its ``waits``, ``issue(k)`` launches it with that stream current, and its
+        event is recorded if anyone waits for it; finally the origin joins every other stream."""
+        sch, streams, events = self.schedule, self.streams, self.events
+        self.fork.record(streams[0])
+        forked = [True] + [False] * (len(streams) - 1)
+        for k, t in enumerate(sch.stream):
+            s = streams[t]
+            if not forked[t]:
+                s.wait_event(self.fork)
+                forked[t] = True
+            for j in sch.waits[k]:
+                s.wait_event(events[sch.event[j]])
+            with s:
+                issue(k)
+            if sch.event[k] >= 0:
+                events[sch.event[k]].record(s)
+        for j in sch.joins:
+            streams[0].wait_event(events[sch.event[j]])
+
+
 class GpuRun:
     """One 1-chip plan resident on the GPU: arena, lowered kernels, optional CUDA graph."""
 
@@ -105,11 +143,15 @@ class GpuRun:
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             # (several streams: rows reused first-in first-out, fewer hazards between branches)
-            self.chip = ChipRun(chip, ctx, memory, self.mode, CupyBackend, reuse="fifo" if streams > 1 else "lifo")
+            # inputs keep their rows (no kernel overwrites them), so replays need no restore
+            self.chip = ChipRun(chip, ctx, memory, self.mode, CupyBackend, reuse="fifo" if streams > 1 else "lifo",
+                                keep_inputs=True)
             b = self.chip.backend
             ids = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
-            self._init_rows = cp.asarray(_rows(self.chip.rows_of, ids).astype(np.int64)) if ids else None
-            self._init_data = b.arena[self._init_rows].copy() if ids else None
+            written = {int(self.chip.rows_of[x]) for k in chip.kernels for x in k.writes()}
+            rows = [r for r in _rows(self.chip.rows_of, ids).tolist() if r in written]  # none, with kept inputs
+            self._init_rows = cp.asarray(np.array(rows, dtype=np.int64)) if rows else None
+            self._init_data = b.arena[self._init_rows].copy() if rows else None
             if per_row:
                 import dataclasses
 
@@ -122,19 +164,18 @@ class GpuRun:
         self.kernels = sum(1 for c in self.chip.calls if c is not None)
         self.schedule = None
         if streams > 1:
-            from caramel.plan.streams import assign_streams, check_schedule
+            from caramel.plan.streams import assign_streams, check_schedule, chip_tasks
 
-            self.schedule = assign_streams(chip, streams, self.chip.rows_of)
-            check_schedule(chip, self.chip.rows_of, self.schedule)
+            tasks = chip_tasks(chip, self.chip.rows_of)
+            self.schedule = assign_streams(tasks, streams)
+            check_schedule(tasks, self.schedule, what=f"stream schedule of chip {chip.chip}")
             # the calls of each kernel (several with per_row), in plan order
             self._calls_of = [[] for _ in chip.kernels]
             owners = ([k for k, kernel in enumerate(chip.kernels) for _ in kernel.rows] if per_row
                       else range(len(chip.kernels)))
             for k, call in zip(owners, self.chip.calls):
                 self._calls_of[k].append(call)
-            self._streams = [self.stream] + [cp.cuda.Stream(non_blocking=True) for _ in range(streams - 1)]
-            self._events = [cp.cuda.Event(disable_timing=True) for _ in range(self.schedule.n_events)]
-            self._fork = cp.cuda.Event(disable_timing=True)
+            self._launcher = StreamLauncher(self.schedule, self.stream)
 
     @property
     def backend(self):
@@ -154,24 +195,12 @@ class GpuRun:
                 for call in self.chip.calls:
                     call(b)
                 return
-        sch, streams, events = self.schedule, self._streams, self._events
-        self._fork.record(self.stream)
-        forked = [True] + [False] * (len(streams) - 1)
-        for k, calls in enumerate(self._calls_of):
-            t = sch.stream[k]
-            s = streams[t]
-            if not forked[t]:
-                s.wait_event(self._fork)
-                forked[t] = True
-            for j in sch.waits[k]:
-                s.wait_event(events[sch.event[j]])
-            with s:
-                for call in calls:
-                    call(b)
-            if sch.event[k] >= 0:
-                events[sch.event[k]].record(s)
-        for j in sch.joins:
-            self.stream.wait_event(events[sch.event[j]])
+        calls_of = self._calls_of
+
+        def issue(k: int) -> None:
+            for call in calls_of[k]:
+                call(b)
+        self._launcher.launch(issue)
 
     def eager(self) -> None:
         """Launch every kernel once (no synchronisation; the work ends on the run's stream)."""
@@ -263,4 +292,4 @@ def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: boo
     return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams)
 
 
-__all__ = ["GpuRun", "Timing", "gpu_available", "gpu_executor", "run_gpu", "time_runs"]
+__all__ = ["GpuRun", "StreamLauncher", "Timing", "gpu_available", "gpu_executor", "run_gpu", "time_runs"]

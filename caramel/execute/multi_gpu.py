@@ -37,9 +37,9 @@ import numpy as np
 from caramel.errors import ExecutionError
 from caramel.execute.collectives import CollectiveKind
 from caramel.execute.devices import (
-    DeviceRun, Fabric, RowOp, device_groups, device_programs, merge_results, run_threads,
+    DEFAULT_STREAMS, DeviceRun, Fabric, RowOp, device_groups, device_programs, merge_results, run_threads,
 )
-from caramel.execute.gpu import Timing
+from caramel.execute.gpu import StreamLauncher, Timing
 from caramel.execute.plan_engine import check_plan_memory
 from caramel.execute.reference import RunResult
 from caramel.plan.plan import Plan
@@ -57,7 +57,13 @@ def nccl_environment() -> None:
 
 class NcclFabric(Fabric):
     """One GPU's collectives over NCCL communicators: ``comms[group]`` is this GPU's
-    communicator of that device group (its rank is its position in the group)."""
+    communicator of that device group (its rank is its position in the group).
+
+    ``payload_limit`` (class attribute, default None) caps every call at that many uint32: only
+    for timing experiments that separate synchronisation from bandwidth
+    (``scripts/gpu_multi_bench.py --sync-only``); the results are then wrong."""
+
+    payload_limit: int | None = None
 
     def __init__(self, device: int, comms: Mapping[tuple[int, ...], object]):
         self.device, self.comms = device, dict(comms)
@@ -75,7 +81,7 @@ class NcclFabric(Fabric):
             for op in ops:
                 comm = self.comms[op.group]
                 root = op.group.index(op.root)
-                count = n * op.rows
+                count = n * op.rows if self.payload_limit is None else min(n * op.rows, self.payload_limit)
                 if op.kind is CollectiveKind.BROADCAST:
                     ptr = base + (op.send if op.send >= 0 else op.recv) * width
                     comm.broadcast(ptr, ptr, count, nccl.NCCL_UINT32, root, stream)
@@ -114,12 +120,13 @@ class MultiGpuRun:
     in process mode, :mod:`caramel.execute.distributed`); ``device_ids``: the CUDA device of each
     local device (default 0, 1, ...); ``timeout``: the watchdog's limit in seconds for every
     phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
-    :func:`nccl_communicators`), which then stay open at :meth:`close`."""
+    :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
+    ``streams``: CUDA streams per GPU (module docstring)."""
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                  gpus: int | None = None, *, local: Sequence[int] | None = None,
                  device_ids: Sequence[int] | None = None, timeout: float = 300.0,
-                 comms: Mapping[int, Mapping] | None = None):
+                 comms: Mapping[int, Mapping] | None = None, streams: int | None = None):
         import cupy as cp
 
         from caramel.backends.cuda.backend import CupyBackend
@@ -134,7 +141,13 @@ class MultiGpuRun:
             raise ExecutionError(f"{len(self.local)} GPU(s) asked for (CUDA devices {ids}); "
                                  f"this machine has {present}")
         check_plan_memory(plan, ctx, memory)
-        self.progs = device_programs(plan, g, ctx.primes, ctx.n)  # checks the collectives first
+        streams = DEFAULT_STREAMS if streams is None else int(streams)
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, got {streams}")
+        # checks the collectives first; several streams: rows reused first-in first-out (fewer hazards)
+        # inputs keep their rows (replays need no restore)
+        self.progs = device_programs(plan, g, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo",
+                                     keep_inputs=True)
         self.device_ids = dict(zip(self.local, ids))
         self.groups = device_groups(self.progs)
         self._own_comms = comms is None  # communicators passed in stay open at close()
@@ -146,6 +159,7 @@ class MultiGpuRun:
         self.runs: list[DeviceRun | None] = [None] * len(self.progs)
         self.streams: list = [None] * len(self.progs)
         self.graphs: list = [None] * len(self.progs)
+        self.launchers: list = [None] * len(self.progs)
         self._init: list = [None] * len(self.progs)
         self._closed = False
 
@@ -157,14 +171,18 @@ class MultiGpuRun:
                         run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode, CupyBackend,
                                         NcclFabric(d, self.comms.get(d, {})))
                         self.runs[d] = run
-                        if len(run.init_rows):
-                            rows = cp.asarray(run.init_rows)
+                        written = run.written_rows()  # initial rows a run overwrites (none: inputs kept)
+                        over = np.array([r for r in run.init_rows.tolist() if r in written], dtype=np.int64)
+                        if len(over):
+                            rows = cp.asarray(over)
                             self._init[d] = (rows, run.backend.arena[rows].copy())
-                        run.init_data = None  # the device copy above restores the inputs
+                        run.init_data = None  # the device copy above restores what a run overwrites
                         # A dry run without collectives compiles and loads every kernel and uploads
                         # every index array now: loading a module or a synchronous copy while an
                         # NCCL kernel waits for a peer can deadlock the GPUs (as seen on H200s).
                         run.run(collectives=False)
+                        if streams > 1:
+                            self.launchers[d] = StreamLauncher(run.schedule(streams), stream)
                     stream.synchronize()
             return go
 
@@ -190,6 +208,14 @@ class MultiGpuRun:
             rows, data = self._init[d]
             self.runs[d].backend.arena[rows] = data
 
+    def _launch(self, d: int) -> None:
+        """GPU ``d``'s whole program from its inputs: in order on its stream, or over its streams."""
+        self._restore(d)
+        if self.launchers[d] is None:
+            self.runs[d].run()
+        else:
+            self.launchers[d].launch(self.runs[d].run_task)
+
     def _on(self, d: int, body):
         import cupy as cp
 
@@ -201,8 +227,7 @@ class MultiGpuRun:
     def eager(self) -> None:
         """Every GPU runs its program once, kernel by kernel, and waits."""
         def body(d):
-            self._restore(d)
-            self.runs[d].run()
+            self._launch(d)
             self.streams[d].synchronize()
         self._each(lambda d: self._on(d, body), "eager run")
 
@@ -220,8 +245,7 @@ class MultiGpuRun:
             s = self.streams[d]
             s.begin_capture(mode)
             try:
-                self._restore(d)
-                self.runs[d].run()
+                self._launch(d)
             finally:
                 self.graphs[d] = s.end_capture()
         self._each(lambda d: self._on(d, body), "capture")
@@ -299,7 +323,10 @@ class MultiGpuRun:
                     pass
 
     def close(self) -> None:
-        """Destroy the communicators (each in its GPU's thread) and drop the graphs."""
+        """Drop the graphs, then destroy the communicators (each in its GPU's thread). The order
+        matters: ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
+        exists (seen on H200s with NCCL 2.28.9: a process that destroyed its communicator before
+        its graph never exited)."""
         if self._closed:
             return
         self._closed = True
@@ -327,14 +354,16 @@ class MultiGpuRun:
 
 
 def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                  gpus: int | None = None, *, graph: bool = True, repeats: int = 0) -> RunResult:
+                  gpus: int | None = None, *, graph: bool = True, repeats: int = 0,
+                  streams: int | None = None) -> RunResult:
     """Run ``plan`` on ``gpus`` GPUs (default one per chip, at most those present), as one CUDA
-    graph per GPU (``graph``) or eagerly; ``repeats`` > 0 also times that many replays."""
+    graph per GPU (``graph``) or eagerly, on ``streams`` streams per GPU (default
+    :data:`DEFAULT_STREAMS`); ``repeats`` > 0 also times that many replays."""
     if gpus is None:
         import cupy as cp
 
         gpus = min(len(plan.chips), cp.cuda.runtime.getDeviceCount())
-    with MultiGpuRun(plan, ctx, memory, mode, gpus) as run:
+    with MultiGpuRun(plan, ctx, memory, mode, gpus, streams=streams) as run:
         if graph:
             run.replay(1)
         else:

@@ -134,10 +134,10 @@ class ChipRun:
     """One chip's execution state: its backend, row map, lowered kernels and program counter."""
 
     def __init__(self, plan: ChipPlan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode, backend,
-                 reuse: str = "lifo"):
-        """``reuse``: the row reuse order of :func:`~caramel.plan.assign_rows`."""
+                 reuse: str = "lifo", keep_inputs: bool = False):
+        """``reuse``, ``keep_inputs``: the row assignment of :func:`~caramel.plan.assign_rows`."""
         self.plan = plan
-        self.rows_of, n_rows = assign_rows(plan, reuse=reuse)
+        self.rows_of, n_rows = assign_rows(plan, reuse=reuse, keep_inputs=keep_inputs)
         self.backend: Backend = backend(ctx, n_rows)
         if plan.inputs:
             data = np.stack([memory[m] for m in plan.inputs])

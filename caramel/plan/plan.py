@@ -422,7 +422,7 @@ def _build(program: Program, fuse: bool, max_inputs: int) -> Plan:
 # ---------------------------------------------------------------------------------------------- rows
 
 
-def assign_rows(chip: ChipPlan, *, reuse: str = "lifo") -> tuple[np.ndarray, int]:
+def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = False) -> tuple[np.ndarray, int]:
     """Map buffers to arena rows for running ``chip.kernels`` in order: (row per buffer, -1 for
     buffers never used; number of rows). Inputs and the zero buffer get rows first; a kernel's
     outputs get free rows before its inputs' rows are released (outputs never share a row with
@@ -431,13 +431,18 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo") -> tuple[np.ndarray, int
     takes, ``"lifo"`` the one freed last (default), ``"fifo"`` the one freed longest ago; the
     row count is the same (the peak of live buffers). (For concurrent execution of independent
     kernels an engine must also respect the reuse order: the reader before the next writer;
-    :mod:`caramel.plan.streams` derives those orderings, fewer with ``"fifo"``.)"""
+    :mod:`caramel.plan.streams` derives those orderings, fewer with ``"fifo"``.)
+    ``keep_inputs``: the rows of inputs and the zero buffer are never released either, so no
+    kernel writes them: a replayed run (a CUDA graph) finds its inputs in place and needs no
+    restore (more rows: inputs that die early no longer lend their rows).)"""
     rows = np.full(chip.n_buffers, -1, dtype=np.int64)
     last = np.full(chip.n_buffers, -1, dtype=np.int64)
     for k, kernel in enumerate(chip.kernels):
         for b in kernel.reads():
             last[b] = k
     pinned = set(chip.stores.values())
+    if keep_inputs:
+        pinned |= set(chip.inputs.values()) | ({chip.zero_buffer} if chip.zero_buffer >= 0 else set())
     for b in pinned:
         last[b] = len(chip.kernels)
     if reuse not in ("lifo", "fifo"):

@@ -1,20 +1,23 @@
-"""Streams: one chip plan's kernels spread over several in-order queues (CUDA streams).
+"""Streams: tasks spread over several in-order queues (CUDA streams).
 
-A :class:`StreamSchedule` puts every kernel of a :class:`~caramel.plan.plan.ChipPlan` on one of
-``n_streams`` streams. Kernels of one stream run in plan order; a kernel also waits for the
-earlier kernels of other streams listed in ``waits`` (an event recorded after each of them).
-Before the first kernel every stream is ordered after the arena's initial writes (the *fork*),
-and before the stores are read stream 0 waits for the last kernel of every other stream (the
-*join*, ``joins``; explicit for every stream, as CUDA graph capture wants), so that everything
-happens before the end. Together they form the happens-before relation of a run.
+A *task* (:class:`Task`) is one unit of a single-stream run: a kernel of a
+:class:`~caramel.plan.plan.ChipPlan` (:func:`chip_tasks`) or, on a device of a multi-GPU run, a
+kernel or one communication step (:mod:`caramel.execute.devices`); it declares the arena rows
+it reads and writes. A :class:`StreamSchedule` puts every task on one of ``n_streams`` streams.
+Tasks of one stream run in task order; a task also waits for the earlier tasks of other streams
+listed in ``waits`` (an event recorded after each of them). Before the first task every stream
+is ordered after the arena's initial writes (the *fork*), and before the stores are read stream
+0 waits for the last task of every other stream (the *join*, ``joins``; explicit for every
+stream, as CUDA graph capture wants), so that everything happens before the end. Together they
+form the happens-before relation of a run.
 
 Rule: a schedule is correct when every pair of accesses to one arena row that the single-stream
-run (plan order) makes, with at least one write, is ordered the same way by happens-before:
+run (task order) makes, with at least one write, is ordered the same way by happens-before:
 
-* read-after-write: a kernel reading a row follows the last earlier kernel that wrote it (this
-  covers the plan's data dependencies ``chip.deps``, which are also honoured);
-* write-after-read and write-after-write: a kernel writing a row follows the last earlier writer
-  and every kernel that read the row since. These come from row reuse (:func:`assign_rows` gives
+* read-after-write: a task reading a row follows the last earlier task that wrote it (this
+  covers the plan's data dependencies ``chip.deps``, which are also honoured as ``Task.deps``);
+* write-after-read and write-after-write: a task writing a row follows the last earlier writer
+  and every task that read the row since. These come from row reuse (:func:`assign_rows` gives
   a freed row to a later buffer), not from the data flow. With last-in first-out reuse (the
   default) a freed row goes straight to the next writer, which chains most kernels one after
   the other; first-in first-out reuse (``assign_rows(chip, reuse="fifo")``, the same row count)
@@ -25,18 +28,21 @@ Then any execution consistent with happens-before computes exactly the single-st
 with few waits, :func:`check_schedule` verifies a schedule against them by vector clocks.
 
 Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (a kernel's rows):
-in plan order, each kernel goes on the stream where it could start earliest, preferring the
-stream whose last kernel it must follow (a chain continues without a wait), then the lowest
-index; so independent branches spread over idle streams. ``COMM`` kernels all go on stream 0, in
-plan order. Redundant waits are dropped with a vector clock per kernel: ``clock[s]`` is the
-latest kernel of stream s already ordered before it; a needed kernel j that the clock covers
-(``clock[stream[j]] >= j``) needs no wait of its own (needed kernels are taken latest first, so
-most earlier ones are already covered; the result is small, not guaranteed minimal).
+in task order, each task goes on the stream where it could start earliest, preferring the
+stream whose last task it must follow (a chain continues without a wait), then the lowest
+index; so independent branches spread over idle streams. A task with a fixed ``stream`` goes
+there (``COMM`` kernels of a chip plan on stream 0; a device's communication steps on a stream
+of their own, ``reserved`` for them, so that kernels overlap the collectives). Redundant waits
+are dropped with a vector clock per task: ``clock[s]`` is the latest task of stream s already
+ordered before it; a needed task j that the clock covers (``clock[stream[j]] >= j``) needs no
+wait of its own (needed tasks are taken latest first, so most earlier ones are already covered;
+the result is small, not guaranteed minimal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -45,12 +51,39 @@ from caramel.plan.plan import ChipPlan, Kind, assign_rows
 
 
 @dataclass(frozen=True)
+class Task:
+    """One unit of work to schedule: the arena ``reads`` and ``writes`` it makes, ``deps`` (earlier
+    tasks it must follow besides its row hazards), an estimated ``cost`` (rows), ``stream``: the
+    stream it must go on (None: any free stream), and a ``name`` for messages."""
+
+    reads: frozenset[int]
+    writes: frozenset[int]
+    deps: tuple[int, ...] = ()
+    cost: int = 1
+    stream: int | None = None
+    name: str = ""
+
+
+def chip_tasks(chip: ChipPlan, rows_of: np.ndarray) -> list[Task]:
+    """The kernels of ``chip`` as tasks over the row map ``rows_of`` (``COMM`` kernels on stream 0)."""
+    out = []
+    for k, kernel in enumerate(chip.kernels):
+        reads = {int(rows_of[b]) for b in kernel.reads()}
+        writes = {int(rows_of[b]) for b in kernel.writes()}
+        if -1 in reads or -1 in writes:
+            raise ExecutionError(f"kernel {k} ({kernel.kind.value}) accesses a buffer without an arena row")
+        out.append(Task(frozenset(reads), frozenset(writes), tuple(chip.deps[k]), max(1, kernel.size),
+                        0 if kernel.kind is Kind.COMM else None,
+                        f"kernel {k} ({kernel.kind.value}, lines {list(kernel.lines[:3])})"))
+    return out
+
+
+@dataclass(frozen=True)
 class StreamSchedule:
-    """Per kernel k: ``stream[k]`` (0..n_streams-1), ``waits[k]`` the earlier kernels of other
+    """Per task k: ``stream[k]`` (0..n_streams-1), ``waits[k]`` the earlier tasks of other
     streams it waits for, ``event[k]`` the index of the event recorded after it (-1: nobody
-    waits for it); ``joins`` the last kernel of every other stream used, which stream 0 waits
-    for at the end;
-    ``n_events`` events in all."""
+    waits for it); ``joins`` the last task of every other stream used, which stream 0 waits
+    for at the end; ``n_events`` events in all."""
 
     n_streams: int
     stream: tuple[int, ...]
@@ -61,7 +94,7 @@ class StreamSchedule:
 
     @property
     def streams_used(self) -> int:
-        """How many distinct streams have kernels."""
+        """How many distinct streams have tasks."""
         return len(set(self.stream))
 
     @property
@@ -70,37 +103,26 @@ class StreamSchedule:
         return sum(map(len, self.waits)) + len(self.joins)
 
     def kernels_of(self, s: int) -> list[int]:
-        """The kernels of stream ``s``, in order."""
+        """The tasks of stream ``s``, in order."""
         return [k for k, t in enumerate(self.stream) if t == s]
 
 
-def _row_accesses(chip: ChipPlan, rows_of: np.ndarray, k: int) -> tuple[set[int], set[int]]:
-    """The arena rows kernel ``k`` reads and writes."""
-    kernel = chip.kernels[k]
-    reads = {int(rows_of[b]) for b in kernel.reads()}
-    writes = {int(rows_of[b]) for b in kernel.writes()}
-    if -1 in reads or -1 in writes:
-        raise ExecutionError(f"kernel {k} ({kernel.kind.value}) accesses a buffer without an arena row")
-    return reads, writes
-
-
-def hazards(chip: ChipPlan, rows_of: np.ndarray) -> tuple[tuple[int, ...], ...]:
-    """Per kernel, the earlier kernels it must follow (module rule: read-after-write,
-    write-after-read and write-after-write on arena rows, plus ``chip.deps``), sorted."""
-    writer: dict[int, int] = {}  # row -> last kernel that wrote it
-    readers: dict[int, list[int]] = {}  # row -> kernels that read it since
+def hazards(tasks: Sequence[Task]) -> tuple[tuple[int, ...], ...]:
+    """Per task, the earlier tasks it must follow (module rule: read-after-write,
+    write-after-read and write-after-write on arena rows, plus ``deps``), sorted."""
+    writer: dict[int, int] = {}  # row -> last task that wrote it
+    readers: dict[int, list[int]] = {}  # row -> tasks that read it since
     out = []
-    for k in range(len(chip.kernels)):
-        reads, writes = _row_accesses(chip, rows_of, k)
-        need = set(chip.deps[k])
-        for r in reads | writes:
+    for k, task in enumerate(tasks):
+        need = set(task.deps)
+        for r in task.reads | task.writes:
             if r in writer:
                 need.add(writer[r])
-        for r in writes:
+        for r in task.writes:
             need.update(readers.get(r, ()))
-        for r in reads:
+        for r in task.reads:
             readers.setdefault(r, []).append(k)
-        for r in writes:
+        for r in task.writes:
             writer[r] = k
             readers[r] = []
         need.discard(k)
@@ -108,32 +130,30 @@ def hazards(chip: ChipPlan, rows_of: np.ndarray) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def _cost(kernel) -> int:
-    return max(1, kernel.size)
-
-
-def assign_streams(chip: ChipPlan, n_streams: int, rows_of: np.ndarray | None = None) -> StreamSchedule:
-    """A schedule of ``chip`` on ``n_streams`` streams honouring :func:`hazards` (module
-    docstring: the rule, the stream choice and the removal of redundant waits). ``rows_of``: the
-    row map the run uses (default: :func:`assign_rows`). One stream gives no waits at all."""
-    if n_streams < 1:
-        raise ValueError(f"n_streams must be at least 1, got {n_streams}")
-    if rows_of is None:
-        rows_of = assign_rows(chip)[0]
-    need = hazards(chip, rows_of)
-    n = len(chip.kernels)
+def assign_streams(tasks: Sequence[Task], n_streams: int, reserved: int = 0) -> StreamSchedule:
+    """A schedule of ``tasks`` on ``n_streams`` streams honouring :func:`hazards` (module
+    docstring: the rule, the stream choice and the removal of redundant waits). Tasks with a
+    ``stream`` go there; the others go on streams 0..n_streams-reserved-1 (the last ``reserved``
+    streams are kept for pinned tasks, e.g. communication). One stream gives no waits at all."""
+    if n_streams < 1 or not 0 <= reserved < n_streams:
+        raise ValueError(f"need n_streams >= 1 and 0 <= reserved < n_streams, got {n_streams} and {reserved}")
+    need = hazards(tasks)
+    n = len(tasks)
+    free_streams = range(n_streams - reserved)
     stream = [0] * n
     clock: list[list[int]] = [[]] * n
     finish = [0.0] * n  # estimated
     free = [0.0] * n_streams  # estimated time each stream becomes idle
-    tail = [-1] * n_streams  # last kernel of each stream
+    tail = [-1] * n_streams  # last task of each stream
     waits: list[tuple[int, ...]] = []
-    for k, kernel in enumerate(chip.kernels):
+    for k, task in enumerate(tasks):
         ready = max((finish[j] for j in need[k]), default=0.0)
-        if kernel.kind is Kind.COMM:
-            s = 0
+        if task.stream is not None:
+            if not 0 <= task.stream < n_streams:
+                raise ValueError(f"{task.name or f'task {k}'} is pinned to stream {task.stream} of {n_streams}")
+            s = task.stream
         else:
-            s = min(range(n_streams), key=lambda t: (max(free[t], ready), tail[t] not in need[k], t))
+            s = min(free_streams, key=lambda t: (max(free[t], ready), tail[t] not in need[k], t))
         c = list(clock[tail[s]]) if tail[s] >= 0 else [-1] * n_streams
         mine = []
         for j in reversed(need[k]):  # latest first: its clock often covers the earlier ones
@@ -142,7 +162,7 @@ def assign_streams(chip: ChipPlan, n_streams: int, rows_of: np.ndarray | None = 
                 c = [max(a, b) for a, b in zip(c, clock[j])]
         c[s] = k
         stream[k], clock[k], tail[s] = s, c, k
-        finish[k] = free[s] = max(free[s], ready) + _cost(kernel)
+        finish[k] = free[s] = max(free[s], ready) + task.cost
         waits.append(tuple(sorted(mine)))
     joins = [t for t in tail[1:] if t >= 0]  # every one, even if already ordered: CUDA wants each joined
     event = [-1] * n
@@ -152,41 +172,43 @@ def assign_streams(chip: ChipPlan, n_streams: int, rows_of: np.ndarray | None = 
     return StreamSchedule(n_streams, tuple(stream), tuple(waits), tuple(sorted(joins)), tuple(event), n_events)
 
 
-def _describe(chip: ChipPlan, k: int, schedule: StreamSchedule) -> str:
-    kernel = chip.kernels[k]
-    return f"kernel {k} ({kernel.kind.value}, lines {list(kernel.lines[:3])}) on stream {schedule.stream[k]}"
+def _describe(tasks: Sequence[Task], k: int, schedule: StreamSchedule) -> str:
+    return f"{tasks[k].name or f'task {k}'} on stream {schedule.stream[k]}"
 
 
-def check_schedule(chip: ChipPlan, rows_of: np.ndarray, schedule: StreamSchedule, limit: int = 10) -> None:
-    """Verify ``schedule`` for ``chip`` with row map ``rows_of``: its shape (streams in range,
-    waits on earlier kernels of other streams, an event for every kernel waited for), then, by
-    vector clocks over happens-before (stream order, waits, fork, join), that every
-    read-after-write, write-after-read and write-after-write on an arena row and every
-    ``chip.deps`` edge is ordered as in plan order, and that stream 0 waits for the last kernel
-    of every other stream (CUDA graph capture wants every forked stream joined back explicitly,
-    even when the order is already implied). Raises :class:`ExecutionError` listing the first ``limit`` violations."""
-    n, m = len(chip.kernels), schedule.n_streams
+def check_schedule(tasks: Sequence[Task], schedule: StreamSchedule, limit: int = 10, what: str = "stream schedule") -> None:
+    """Verify ``schedule`` for ``tasks``: its shape (streams in range, waits on earlier tasks of
+    other streams, an event for every task waited for), then, by vector clocks over
+    happens-before (stream order, waits, fork, join), that every read-after-write,
+    write-after-read and write-after-write on an arena row and every ``deps`` edge is ordered as
+    in task order, and that stream 0 waits for the last task of every other stream (CUDA graph
+    capture wants every forked stream joined back explicitly, even when the order is already
+    implied). Raises :class:`ExecutionError` (``what`` names the schedule) listing the first
+    ``limit`` violations."""
+    n, m = len(tasks), schedule.n_streams
     s_of = schedule.stream
     if len(s_of) != n or len(schedule.waits) != n or len(schedule.event) != n:
-        raise ExecutionError(f"the schedule covers {len(s_of)} kernels, the chip plan has {n}")
+        raise ExecutionError(f"the {what} covers {len(s_of)} tasks, there are {n}")
     problems: list[str] = []
     events = [e for e in schedule.event if e >= 0]
     if sorted(events) != list(range(schedule.n_events)):
         problems.append(f"events are not numbered 0..{schedule.n_events - 1} once each")
     for k in range(n):
         if not 0 <= s_of[k] < m:
-            raise ExecutionError(f"kernel {k} is on stream {s_of[k]}, outside 0..{m - 1}")
+            raise ExecutionError(f"{tasks[k].name or f'task {k}'} is on stream {s_of[k]}, outside 0..{m - 1}")
+        if tasks[k].stream is not None and s_of[k] != tasks[k].stream:
+            problems.append(f"{_describe(tasks, k, schedule)}: it must go on stream {tasks[k].stream}")
         for j in schedule.waits[k]:
             if not 0 <= j < k or s_of[j] == s_of[k]:
-                problems.append(f"{_describe(chip, k, schedule)} waits for kernel {j}: "
-                                "not an earlier kernel of another stream")
+                problems.append(f"{_describe(tasks, k, schedule)} waits for task {j}: "
+                                "not an earlier task of another stream")
             elif schedule.event[j] < 0:
-                problems.append(f"kernel {j} is waited for but records no event")
+                problems.append(f"task {j} is waited for but records no event")
     for j in schedule.joins:
         if not 0 <= j < n or schedule.event[j] < 0:
-            problems.append(f"join on kernel {j}, which does not exist or records no event")
+            problems.append(f"join on task {j}, which does not exist or records no event")
     if problems:
-        raise ExecutionError("bad stream schedule:\n  " + "\n  ".join(problems[:limit]))
+        raise ExecutionError(f"bad {what}:\n  " + "\n  ".join(problems[:limit]))
 
     clock: list[list[int]] = []
     last = [-1] * m
@@ -199,43 +221,38 @@ def check_schedule(chip: ChipPlan, rows_of: np.ndarray, schedule: StreamSchedule
         clock.append(c)
         last[s] = k
 
-    def before(j: int, k: int) -> bool:
-        return clock[k][s_of[j]] >= j
-
-    def need(j: int, k: int, what: str) -> None:
-        if j != k and not before(j, k):
-            problems.append(f"{_describe(chip, k, schedule)} is not ordered after "
-                            f"{_describe(chip, j, schedule)}: {what}")
+    def need(j: int, k: int, why: str) -> None:
+        if j != k and clock[k][s_of[j]] < j:
+            problems.append(f"{_describe(tasks, k, schedule)} is not ordered after "
+                            f"{_describe(tasks, j, schedule)}: {why}")
 
     writer: dict[int, int] = {}
     readers: dict[int, list[int]] = {}
-    for k in range(n):
-        for j in chip.deps[k]:
+    for k, task in enumerate(tasks):
+        for j in task.deps:
             need(j, k, "data dependency")
-        reads, writes = _row_accesses(chip, rows_of, k)
-        for r in reads:
+        for r in task.reads:
             if r in writer:
                 need(writer[r], k, f"read-after-write on row {r}")
-        for r in writes:
+        for r in task.writes:
             if r in writer:
                 need(writer[r], k, f"write-after-write on row {r}")
             for j in readers.get(r, ()):
                 need(j, k, f"write-after-read on row {r}")
-        for r in reads:
+        for r in task.reads:
             readers.setdefault(r, []).append(k)
-        for r in writes:
+        for r in task.writes:
             writer[r] = k
             readers[r] = []
     joins = set(schedule.joins)
     for s in range(1, m):
         if last[s] >= 0 and last[s] not in joins:
             problems.append(f"stream {s} is not joined: stream 0 does not wait for its last "
-                            f"{_describe(chip, last[s], schedule)}")
+                            f"{_describe(tasks, last[s], schedule)}")
     if problems:
         more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
-        raise ExecutionError(
-            f"stream schedule of chip {chip.chip} misses {len(problems)} ordering(s):\n  "
-            + "\n  ".join(problems[:limit]) + more)
+        raise ExecutionError(f"{what} misses {len(problems)} ordering(s):\n  "
+                             + "\n  ".join(problems[:limit]) + more)
 
 
 def happens_before_order(schedule: StreamSchedule, rng) -> list[int]:
@@ -261,4 +278,4 @@ def happens_before_order(schedule: StreamSchedule, rng) -> list[int]:
     return order
 
 
-__all__ = ["StreamSchedule", "assign_streams", "check_schedule", "happens_before_order", "hazards"]
+__all__ = ["StreamSchedule", "Task", "assign_streams", "check_schedule", "chip_tasks", "happens_before_order", "hazards"]

@@ -23,7 +23,9 @@ from caramel.execute.collectives import (  # noqa: E402
     ZERO, Collective, CollectiveKind, LocalSum, ModRows, check_order, check_reduce_size, device_comm_step,
     placement, plan_collectives,
 )
-from caramel.execute.devices import FakeNetwork, RowOp, device_programs, run_on_devices, run_threads  # noqa: E402
+from caramel.execute.devices import (  # noqa: E402
+    FakeNetwork, HostRun, RowOp, device_programs, run_on_devices, run_threads,
+)
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import Kind, build_plan  # noqa: E402
 from caramel.program import Mem  # noqa: E402
@@ -170,6 +172,43 @@ def test_devices_match_the_reference(name):
         have = run_on_devices(plan, context(1024), memory, devices=g)
         problems = store_mismatches(want, have)
         assert not problems, f"{name} on {g} devices: " + "; ".join(problems[:3])
+
+
+@pytest.mark.parametrize("name", corpus(chips=(2, 4, 8)))
+def test_devices_on_several_streams_match_the_reference(name):
+    """Each device's tasks in a random order that its multi-stream schedule allows (kernels
+    spread over S - 1 streams, communication on stream S - 1), as the GPUs may run them."""
+    program, plan, memory = prepared(name)
+    want = run_reference(program, context(1024), memory)
+    k = len(plan.chips)
+    for g, streams in sorted({(1, 2), (2, 3), (k, 2), (k, 3)}):
+        have = run_on_devices(plan, context(1024), memory, devices=g, streams=streams, seed=g * streams)
+        problems = store_mismatches(want, have)
+        assert not problems, f"{name} on {g} devices, {streams} streams: " + "; ".join(problems[:3])
+
+
+def test_device_schedules_put_communication_on_its_own_stream():
+    program, plan, memory = prepared("BootstrapModRaise_10L_4c")
+    run = HostRun(plan, context(1024), memory, devices=2, streams=3)
+    for r, sch in zip(run.runs, run.schedules):
+        comm = [t for t, task in enumerate(r.tasks) if task.name.startswith("communication")]
+        assert comm and all(sch.stream[t] == 2 for t in comm)
+        assert all(sch.stream[t] < 2 for t in range(len(r.tasks)) if t not in comm)
+        assert [c for t in comm for c in r.task_calls[t]] == [c for c in range(len(r.calls)) if r.is_comm(c)]
+        assert sum(len(r.task_calls[t]) for t in range(len(r.tasks))) == len(r.calls)
+
+
+def test_random_stream_orders_catch_a_missing_wait():
+    """Without the waits between kernels and communication, some random order reads a limb before
+    it arrives or overwrites one before it is sent: the multi-stream test above can fail."""
+    program, plan, memory = prepared("MulRotate_10L_4c")
+    want = run_reference(program, context(1024), memory)
+    wrong = 0
+    for seed in range(8):
+        run = HostRun(plan, context(1024), memory, devices=4, streams=2, seed=seed)
+        run.schedules = [dataclasses.replace(s, waits=((),) * len(s.waits)) for s in run.schedules]
+        wrong += bool(store_mismatches(want, run.result()))
+    assert wrong > 0
 
 
 @pytest.mark.parametrize("chips, devices", [(2, 2), (4, 2), (8, 8)])

@@ -85,6 +85,36 @@ def test_fewer_gpus_than_chips(name):
             assert_same(want, run_multi_gpu(plan, context(4096), memory, "exact", g))
 
 
+@pytest.mark.parametrize("streams", [2, 3])
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_several_streams_per_gpu(name, streams):
+    """Collectives on a stream of their own, kernels on the others: graph and eager runs."""
+    program, plan, memory, want = prepared(name, 4096)
+    g = min(program.chips, GPUS)
+    for graph in (True, False):
+        assert_same(want, run_multi_gpu(plan, context(4096), memory, "exact", g, graph=graph, streams=streams))
+
+
+def test_process_mode_on_gpus():
+    """`caramel launch --nproc 2`: two processes, one GPU each, NCCL ids through the rendezvous
+    file; the reference's digest, a passing check and a clean exit."""
+    if GPUS < 2:
+        pytest.skip("2 GPUs needed")
+    path = str(find_program("Mul_10L_2c").path)
+
+    def caramel(*args):
+        return subprocess.run([sys.executable, "-m", "caramel.cli", *args], capture_output=True, text=True, timeout=240,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "NCCL_NVLS_ENABLE": "0"})
+
+    want = caramel("run", path, "--n", "4096", "--backend", "cpu", "-q")
+    have = caramel("launch", "--nproc", "2", "--", "run", path, "--n", "4096", "--backend", "gpu", "-q")
+    assert want.returncode == 0 and have.returncode == 0, have.stderr[-3000:]
+    digest = [line for line in want.stdout.splitlines() if line.startswith("output digest")]
+    assert digest and digest[0] in have.stdout
+    assert "2 processes" in have.stdout and "PASS" in have.stdout
+    assert "communicators destroyed" in have.stderr
+
+
 def test_replays_are_repeatable_and_timed():
     program, plan, memory, want = prepared("MulRotate_10L_4c", 4096)
     with MultiGpuRun(plan, context(4096), memory, "exact", min(4, GPUS)) as run:

@@ -188,20 +188,22 @@ def test_corpus_plans_are_well_formed(name):
     plan = build_plan(load_corpus(name))
     check_plan(plan)
     for c in plan.chips:
-        _check_rows(c)
+        for keep in (False, True):
+            _check_rows(c, keep)
 
 
-def _check_rows(chip):
+def _check_rows(chip, keep_inputs=False):
     """No two buffers that are live at the same time share an arena row."""
-    rows, count = assign_rows(chip)
+    rows, count = assign_rows(chip, keep_inputs=keep_inputs)
+    start = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
     last = {}
     for k, kernel in enumerate(chip.kernels):
         for b in kernel.reads():
             last[b] = k
-    for b in chip.stores.values():
+    for b in list(chip.stores.values()) + (start if keep_inputs else []):
         last[b] = len(chip.kernels)
     owner = {}
-    for b in list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else []):
+    for b in start:
         assert rows[b] not in owner
         owner[rows[b]] = b
     for k, kernel in enumerate(chip.kernels):
@@ -211,6 +213,25 @@ def _check_rows(chip):
             prev = owner.get(r)
             assert prev is None or last.get(prev, -1) < k, f"kernel {k}: row {r} of buffer {b} still holds live {prev}"
             owner[r] = b
+
+
+@pytest.mark.parametrize("name", ["BootstrapLike_20L_1c", "BootstrapModRaise_10L_4c", "MulRotate_10L_2c"])
+def test_kept_inputs_are_never_overwritten(name):
+    """``keep_inputs``: no kernel writes an input's (or the zero buffer's) row, so a replayed
+    graph needs no restore; without it, rows of dead inputs are reused."""
+    plan = build_plan(load_corpus(name))
+    reused = False
+    for chip in plan.chips:
+        start = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
+        for keep in (False, True):
+            rows, count = assign_rows(chip, keep_inputs=keep)
+            kept = {int(rows[b]) for b in start}
+            written = {int(rows[b]) for k in chip.kernels for b in k.writes()}
+            if keep:
+                assert not kept & written and count >= assign_rows(chip)[1]
+            else:
+                reused |= bool(kept & written)
+    assert reused
 
 
 def test_bootstraplike_51L_figures():

@@ -20,7 +20,9 @@ from caramel.errors import ExecutionError
 from caramel.execute.plan_engine import _rows, lower_kernel, run_plan
 from caramel.plan import build_plan
 from caramel.plan.plan import Kind, assign_rows
-from caramel.plan.streams import StreamSchedule, assign_streams, check_schedule, happens_before_order, hazards
+from caramel.plan.streams import (
+    StreamSchedule, Task, assign_streams, check_schedule, chip_tasks, happens_before_order, hazards,
+)
 from caramel.ring import Context, Mode
 
 from plan_helpers import PROGRAMS, load_corpus, random_memory, store_mismatches
@@ -52,6 +54,11 @@ def planned(name: str):
 @lru_cache(maxsize=None)
 def rows(name: str, reuse: str):
     return assign_rows(planned(name)[1].chips[0], reuse=reuse)
+
+
+@lru_cache(maxsize=None)
+def tasks(name: str, reuse: str) -> tuple[Task, ...]:
+    return tuple(chip_tasks(planned(name)[1].chips[0], rows(name, reuse)[0]))
 
 
 def run_in(name: str, reuse: str, order) -> dict:
@@ -96,12 +103,12 @@ def own_streams(chip, need) -> StreamSchedule:
 @pytest.mark.parametrize("name", ONE_CHIP + [LARGE])
 def test_schedules_pass_the_check(name, n_streams, reuse):
     chip = planned(name)[1].chips[0]
-    rows_of = rows(name, reuse)[0]
-    sch = assign_streams(chip, n_streams, rows_of)
-    check_schedule(chip, rows_of, sch)
+    ts = tasks(name, reuse)
+    sch = assign_streams(ts, n_streams)
+    check_schedule(ts, sch)
     assert len(sch.stream) == len(chip.kernels) and max(sch.stream) < n_streams
     assert sch.n_events == len({j for w in sch.waits for j in w} | set(sch.joins))
-    need = hazards(chip, rows_of)
+    need = hazards(ts)
     for k, w in enumerate(sch.waits):
         assert all(j < k and sch.stream[j] != sch.stream[k] for j in w)
         assert set(w) <= set(need[k])
@@ -112,14 +119,20 @@ def test_schedules_pass_the_check(name, n_streams, reuse):
         assert sorted(sch.stream[j] for j in sch.joins) == sorted(used)
 
 
-def test_default_rows_are_the_plan_engines():
-    chip = planned("PolyX8_10L_1c")[1].chips[0]
-    assert assign_streams(chip, 4) == assign_streams(chip, 4, assign_rows(chip)[0])
+def test_tasks_name_their_kernels_and_rows():
+    name = "PolyX8_10L_1c"
+    chip = planned(name)[1].chips[0]
+    rows_of = rows(name, "fifo")[0]
+    for k, (kernel, task) in enumerate(zip(chip.kernels, tasks(name, "fifo"))):
+        assert task.reads == {int(rows_of[b]) for b in kernel.reads()}
+        assert task.writes == {int(rows_of[b]) for b in kernel.writes()}
+        assert task.deps == chip.deps[k] and task.cost == max(1, kernel.size) and task.stream is None
+        assert task.name.startswith(f"kernel {k} ({kernel.kind.value}")
 
 
 def test_hazards_include_data_deps_and_row_reuse():
     chip = planned("Mul_10L_1c")[1].chips[0]
-    need = hazards(chip, rows("Mul_10L_1c", "lifo")[0])
+    need = hazards(tasks("Mul_10L_1c", "lifo"))
     assert all(set(d) <= set(n) for d, n in zip(chip.deps, need))
     assert any(set(n) - set(d) for d, n in zip(chip.deps, need)), "row reuse adds orderings"
 
@@ -128,10 +141,10 @@ def test_hazards_include_data_deps_and_row_reuse():
 def test_independent_branches_spread(name):
     chip = planned(name)[1].chips[0]
     for n_streams in (2, 4, 8):
-        sch = assign_streams(chip, n_streams, rows(name, "fifo")[0])
+        sch = assign_streams(tasks(name, "fifo"), n_streams)
         assert sch.streams_used > 1, n_streams
         assert sch.n_waits < len(chip.kernels)
-    assert assign_streams(chip, 8, rows(LARGE, "lifo")[0]).streams_used > 1 if name == LARGE else True
+    assert assign_streams(tasks(LARGE, "lifo"), 8).streams_used > 1 if name == LARGE else True
 
 
 def test_fifo_reuse_keeps_the_row_count_and_the_result():
@@ -146,59 +159,78 @@ def test_fifo_reuse_keeps_the_row_count_and_the_result():
 @pytest.mark.parametrize("name", ["BootstrapModRaise_10L_1c", "PolyX8_10L_1c", LARGE])
 def test_every_dropped_wait_is_caught(name):
     chip = planned(name)[1].chips[0]
-    rows_of = rows(name, "fifo")[0]
-    sch = assign_streams(chip, 4, rows_of)
+    ts = tasks(name, "fifo")
+    sch = assign_streams(ts, 4)
     cases = [(k, j) for k, w in enumerate(sch.waits) for j in w]
     assert cases
     for k, j in cases:
         waits = list(sch.waits)
         waits[k] = tuple(i for i in waits[k] if i != j)
         with pytest.raises(ExecutionError, match="not ordered after"):
-            check_schedule(chip, rows_of, dataclasses.replace(sch, waits=tuple(waits)))
+            check_schedule(ts, dataclasses.replace(sch, waits=tuple(waits)))
     for j in sch.joins:
         broken = dataclasses.replace(sch, joins=tuple(i for i in sch.joins if i != j))
         with pytest.raises(ExecutionError, match="not joined"):
-            check_schedule(chip, rows_of, broken)
+            check_schedule(ts, broken)
 
 
 def test_malformed_schedules_are_rejected():
     name = "PolyX8_10L_1c"
     chip = planned(name)[1].chips[0]
-    rows_of = rows(name, "fifo")[0]
-    sch = assign_streams(chip, 2, rows_of)
+    ts = tasks(name, "fifo")
+    sch = assign_streams(ts, 2)
     with pytest.raises(ExecutionError, match="covers"):
-        check_schedule(chip, rows_of, dataclasses.replace(sch, stream=sch.stream[:-1]))
+        check_schedule(ts, dataclasses.replace(sch, stream=sch.stream[:-1]))
     with pytest.raises(ExecutionError, match="outside"):
-        check_schedule(chip, rows_of, dataclasses.replace(sch, stream=(5,) + sch.stream[1:]))
+        check_schedule(ts, dataclasses.replace(sch, stream=(5,) + sch.stream[1:]))
     k = next(k for k, w in enumerate(sch.waits) if w)
     event = list(sch.event)
     event[sch.waits[k][0]] = -1
     with pytest.raises(ExecutionError, match="records no event"):
-        check_schedule(chip, rows_of, dataclasses.replace(sch, event=tuple(event)))
+        check_schedule(ts, dataclasses.replace(sch, event=tuple(event)))
     # everything on stream 1 of 2 without waits: ordered, but not joined to stream 0
     one = dataclasses.replace(sch, stream=(1,) * len(chip.kernels), waits=((),) * len(chip.kernels), joins=())
     with pytest.raises(ExecutionError, match="not joined"):
-        check_schedule(chip, rows_of, one)
+        check_schedule(ts, one)
     with pytest.raises(ValueError):
-        assign_streams(chip, 0, rows_of)
+        assign_streams(ts, 0)
 
 
 def test_data_deps_alone_are_not_enough():
     name = "Mul_10L_1c"
     chip = planned(name)[1].chips[0]
-    rows_of = rows(name, "lifo")[0]
+    ts = tasks(name, "lifo")
     with pytest.raises(ExecutionError, match="write-after-read"):
-        check_schedule(chip, rows_of, own_streams(chip, chip.deps))
+        check_schedule(ts, own_streams(chip, chip.deps))
 
 
 def test_comm_kernels_stay_on_stream_zero():
     plan = build_plan(load_corpus("Mul_10L_2c"))
     for chip in plan.chips:
         assert any(k.kind is Kind.COMM for k in chip.kernels)
-        rows_of = assign_rows(chip, reuse="fifo")[0]
-        sch = assign_streams(chip, 4, rows_of)
-        check_schedule(chip, rows_of, sch)
+        ts = chip_tasks(chip, assign_rows(chip, reuse="fifo")[0])
+        sch = assign_streams(ts, 4)
+        check_schedule(ts, sch)
         assert all(s == 0 for k, s in zip(chip.kernels, sch.stream) if k.kind is Kind.COMM)
+
+
+def test_reserved_streams_take_only_pinned_tasks():
+    """Pinned tasks (a device's communication) keep their stream, in order; the others never use
+    the reserved ones; the check rejects a pinned task moved elsewhere."""
+    name = "BootstrapModRaise_10L_1c"
+    base = tasks(name, "fifo")
+    ts = [dataclasses.replace(t, stream=3) if k % 7 == 0 else t for k, t in enumerate(base)]
+    sch = assign_streams(ts, 4, reserved=1)
+    check_schedule(ts, sch)
+    assert all((s == 3) == (k % 7 == 0) for k, s in enumerate(sch.stream))
+    assert len(set(sch.stream) - {3}) > 1
+    moved = dataclasses.replace(sch, stream=(0,) + sch.stream[1:])
+    with pytest.raises(ExecutionError, match="must go on stream 3"):
+        check_schedule(ts, moved)
+    with pytest.raises(ValueError, match="reserved"):
+        assign_streams(ts, 2, reserved=2)
+    with pytest.raises(ValueError, match="pinned to stream 3"):
+        assign_streams(ts, 3)
 
 
 # ---------------------------------------------------------------------------------------------- execution
@@ -209,7 +241,7 @@ def test_comm_kernels_stay_on_stream_zero():
 @pytest.mark.parametrize("name", ONE_CHIP)
 def test_out_of_order_runs_are_bit_identical(name, n_streams, reuse):
     chip = planned(name)[1].chips[0]
-    sch = assign_streams(chip, n_streams, rows(name, reuse)[0])
+    sch = assign_streams(tasks(name, reuse), n_streams)
     orders = {tuple(happens_before_order(sch, np.random.default_rng(seed))) for seed in range(12)}
     if sch.streams_used > 1:
         assert len(orders) > 1
@@ -225,9 +257,9 @@ def test_hazards_are_complete(name, reuse):
     """Every kernel on its own stream, waiting only for its hazards: any order of that DAG
     reproduces the in-order run."""
     chip = planned(name)[1].chips[0]
-    rows_of = rows(name, reuse)[0]
-    sch = own_streams(chip, hazards(chip, rows_of))
-    check_schedule(chip, rows_of, sch)
+    ts = tasks(name, reuse)
+    sch = own_streams(chip, hazards(ts))
+    check_schedule(ts, sch)
     seeds = 4 if name == LARGE else 16
     orders = {tuple(happens_before_order(sch, np.random.default_rng(seed))) for seed in range(seeds)}
     if reuse == "fifo":  # (last-in first-out reuse orders the small programs' kernels totally)
