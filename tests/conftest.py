@@ -4,6 +4,8 @@ or ``$CARAMEL_SHARED_PROGRAMS``), and the unpacked BootstrapLike_51L archive."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -30,3 +32,24 @@ def bootstrap51(tmp_path_factory) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(where, filter="data")
     return where
+
+
+def caramel_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m caramel.cli ARGS`` from the repository root (output captured)."""
+    return subprocess.run([sys.executable, "-m", "caramel.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def check_launch(program: str, n: int, backend: str, nproc: int = 2, timeout: float = 300,
+                 env: dict | None = None) -> subprocess.CompletedProcess:
+    """``caramel launch --nproc P -- run PROGRAM`` on ``backend`` against the reference
+    (``--backend cpu``): both succeed, the same output digest, P processes, a passing check.
+    Returns the launch's result for further checks."""
+    want = caramel_cli("run", program, "--n", str(n), "--backend", "cpu", "-q", timeout=timeout, env=env)
+    have = caramel_cli("launch", "--nproc", str(nproc), "--", "run", program, "--n", str(n), "--backend", backend,
+                       "-q", timeout=timeout, env=env)
+    assert want.returncode == 0 and have.returncode == 0, (want.stderr + have.stderr)[-3000:]
+    digest = [line for line in want.stdout.splitlines() if line.startswith("output digest")]
+    assert digest and digest[0] in have.stdout
+    assert f"{nproc} processes" in have.stdout and "PASS" in have.stdout
+    return have

@@ -48,8 +48,8 @@ from caramel.ring import Context, Mode
 _I32 = np.int32
 
 #: CUDA streams per GPU of a multi-GPU run by default: the kernels on one, the communication on
-#: the other (BootstrapLike_51L on 4 H200s: 19.5 ms with 1 stream, 19.0 with 2, 18.7 with 4;
-#: on 2 H200s 24.9, 24.9 and 25.2 ms; docs/PERFORMANCE.md).
+#: the other (BootstrapLike_51L on 4 H200s: 19.5 ms with 1 stream, 19.0 with 2, 18.7 with 4; on
+#: 2 H200s 24.9, 24.9 and 25.2 ms; inputs then still restored every replay; docs/PERFORMANCE.md).
 DEFAULT_STREAMS = 2
 
 

@@ -13,13 +13,21 @@ Life of a run (:class:`MultiGpuRun`):
 2. ``NCCL_NVLS_ENABLE=0`` is set (NVLink multicast stays off) and one communicator per device
    group is created from the main thread (``ncclCommInitAll``; in process mode
    ``ncclCommInitRank`` with ids shared through a file, :mod:`caramel.execute.distributed`);
-3. one host thread per GPU (a new one per phase, all concurrent) uploads the inputs, runs the
-   program once without collectives (compiling and loading every kernel, uploading every index
-   array: nothing may do that while an NCCL kernel waits for a peer), then eagerly with them
-   (warming every communicator up), then captures it on its own stream in thread-local capture
-   mode into one CUDA graph;
+3. one host thread per GPU (a new one per phase, all concurrent) uploads the inputs (into rows no
+   kernel overwrites, ``keep_inputs``, so replays need no restore), runs the program once without
+   collectives (compiling and loading every kernel, uploading every index array: nothing may do
+   that while an NCCL kernel waits for a peer), then eagerly with them (warming every
+   communicator up), then captures it in thread-local capture mode into one CUDA graph;
 4. replays launch every GPU's graph at once (a barrier lines the threads up) and wait;
-5. :meth:`MultiGpuRun.close` destroys the communicators, each in its GPU's thread.
+5. :meth:`MultiGpuRun.close` drops the graphs, then destroys the communicators, each in its
+   GPU's thread.
+
+Streams (``streams`` = S, default :data:`~caramel.execute.devices.DEFAULT_STREAMS`): with S = 1 a
+GPU runs its kernels and communication steps in one order on one stream; with S > 1 each
+communication step (its local sums, copies, NCCL group and ``% q``) goes on stream S - 1 and the
+kernels on the others (:meth:`DeviceRun.schedule <caramel.execute.devices.DeviceRun.schedule>`,
+rows reused first-in first-out), joined by events on the arena rows they share
+(:mod:`caramel.plan.streams`), so that kernels run while a collective waits for its peers.
 
 Every phase runs under the watchdog of :func:`~caramel.execute.devices.run_threads`: a GPU that
 does not finish in time makes the run abort its communicators (unblocking every GPU) and raise a

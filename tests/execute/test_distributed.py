@@ -81,23 +81,9 @@ def test_stores_are_gathered_at_rank_0(tmp_path):
 def test_process_mode_end_to_end_on_the_cpu():
     """`caramel launch --nproc 2` runs a 2-chip program in two processes (file fabric, NumPy),
     gathers at rank 0 and gives the reference's digest and a passing check."""
-    import os
-    import subprocess
-    import sys
+    from tests.conftest import REPO, check_launch
 
-    from tests.conftest import REPO
-
-    def caramel(*args):
-        return subprocess.run([sys.executable, "-m", "caramel.cli", *args], capture_output=True, text=True,
-                              timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "CARAMEL_PROGRESS": "0"})
-
-    program = str(REPO / "programs" / "Mul_4L_2c")
-    want = caramel("run", program, "--n", "1024", "--backend", "cpu", "-q")
-    have = caramel("launch", "--nproc", "2", "--", "run", program, "--n", "1024", "--backend", "cpu-plan", "-q")
-    assert want.returncode == 0 and have.returncode == 0, have.stderr[-2000:]
-    digest = [line for line in want.stdout.splitlines() if line.startswith("output digest")]
-    assert digest and digest[0] in have.stdout
-    assert "2 processes" in have.stdout and "PASS" in have.stdout
+    check_launch(str(REPO / "programs" / "Mul_4L_2c"), 1024, "cpu-plan", env={"CARAMEL_PROGRESS": "0"})
 
 
 def test_more_processes_than_chips_is_refused(tmp_path):
