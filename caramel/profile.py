@@ -225,7 +225,6 @@ def _instrument_gpu(run) -> list[KernelRecord]:
     origin = cp.cuda.Event()
     marks = []
     with run.stream:
-        run._restore()
         origin.record(run.stream)
         for i, (kernel, call) in enumerate(zip(chip.kernels, run.chip.calls)):
             if call is None:

@@ -151,12 +151,12 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     import cupy as cp
 
     from caramel.backends.cuda.backend import CupyBackend
-    from caramel.execute.devices import DeviceRun, device_programs
+    from caramel.execute.devices import DeviceRun
     from caramel.execute.gpu import StreamLauncher, time_runs
+    from caramel.execute.multi_gpu import gpu_device_programs, launch_device
 
     out = []
-    for prog in device_programs(plan, devices, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo",
-                                keep_inputs=True):  # as MultiGpuRun
+    for prog in gpu_device_programs(plan, devices, ctx, streams):
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
             run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend, None)
@@ -165,10 +165,7 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
             stream.synchronize()
             stream.begin_capture()
             try:
-                if launcher is None:
-                    run.run(collectives=False)
-                else:
-                    launcher.launch(lambda t: run.run_task(t, collectives=False))
+                launch_device(run, launcher, collectives=False)
             finally:
                 graph = stream.end_capture()
         out.append(time_runs(lambda: graph.launch(stream), stream, repeats).median_ms)

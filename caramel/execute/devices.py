@@ -325,10 +325,6 @@ class DeviceRun:
         check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
         return sch
 
-    def written_rows(self) -> set[int]:
-        """Every arena row that a run writes (kernels and communication)."""
-        return set().union(*(t.writes for t in self.tasks))
-
     def run_task(self, t: int, *, collectives: bool = True) -> None:
         """The calls of task ``t``, in order (on the backend's current stream); ``collectives``
         as in :meth:`run`."""

@@ -3,9 +3,8 @@
 :func:`run_gpu` runs a program (or a built :class:`~caramel.plan.Plan`) on one CUDA device through
 :class:`caramel.backends.cuda.backend.CupyBackend`. For a 1-chip plan the inputs are uploaded into
 the arena once into rows that no kernel writes (``assign_rows(keep_inputs=True)``: 23% more rows
-for BootstrapLike_51L, but no restore: copying its 4.9 GiB of inputs back by a scatter cost 7.5
-ms of every 33.6 ms replay), so replays are repeatable as they are (any initial row that a kernel
-did overwrite would be restored at the start of every run), an eager warm-up run through the plan
+for BootstrapLike_51L), so replays are repeatable as they are, with nothing to restore (copying
+its 4.9 GiB of inputs back by a scatter cost 7.5 ms of every 33.6 ms replay), an eager warm-up run through the plan
 engine's lowered kernels compiles the kernels and uploads every index array, and then (``graph``)
 the whole kernel sequence is captured into ONE CUDA graph on a non-default stream and replayed.
 Multi-chip programs go to :mod:`caramel.execute.multi_gpu` (on one GPU here).
@@ -14,7 +13,7 @@ Multi-chip programs go to :mod:`caramel.execute.multi_gpu` (on one GPU here).
 arena rows are assigned first-in first-out (``assign_rows(reuse="fifo")``, the same row count,
 fewer reuse hazards between independent branches), :func:`~caramel.plan.streams.assign_streams`
 puts every kernel on a stream, and :func:`~caramel.plan.streams.check_schedule` verifies it. A run
-starts (and restores overwritten initial rows, if any) on the origin stream (``GpuRun.stream``, which is also stream 0) and
+starts on the origin stream (``GpuRun.stream``, which is also stream 0) and
 records a *fork* event that every other stream waits for before its first kernel; each kernel
 waits for the events of its cross-stream ``waits``, launches on its stream, and records its
 event when someone waits for it; at the end the origin stream waits for the last kernel of
@@ -126,7 +125,7 @@ class GpuRun:
         import cupy as cp
 
         from caramel.backends.cuda.backend import CupyBackend
-        from caramel.execute.plan_engine import ChipRun, _rows, check_plan_memory
+        from caramel.execute.plan_engine import ChipRun, check_plan_memory
         from caramel.plan.plan import Kind
 
         streams = int(streams)
@@ -146,12 +145,6 @@ class GpuRun:
             # inputs keep their rows (no kernel overwrites them), so replays need no restore
             self.chip = ChipRun(chip, ctx, memory, self.mode, CupyBackend, reuse="fifo" if streams > 1 else "lifo",
                                 keep_inputs=True)
-            b = self.chip.backend
-            ids = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
-            written = {int(self.chip.rows_of[x]) for k in chip.kernels for x in k.writes()}
-            rows = [r for r in _rows(self.chip.rows_of, ids).tolist() if r in written]  # none, with kept inputs
-            self._init_rows = cp.asarray(np.array(rows, dtype=np.int64)) if rows else None
-            self._init_data = b.arena[self._init_rows].copy() if rows else None
             if per_row:
                 import dataclasses
 
@@ -181,20 +174,15 @@ class GpuRun:
     def backend(self):
         return self.chip.backend
 
-    def _restore(self) -> None:
-        if self._init_rows is not None:
-            self.backend.arena[self._init_rows] = self._init_data
-
     def _launch(self) -> None:
-        """Restore the initial rows, then launch every kernel: all on the run's stream, or (with
-        a schedule) fork, every kernel on its stream after its waits, join (module docstring)."""
+        """Launch every kernel: all on the run's stream, or (with a schedule) fork, every kernel
+        on its stream after its waits, join (module docstring)."""
         b = self.backend
-        with self.stream:
-            self._restore()
-            if self.schedule is None:
+        if self.schedule is None:
+            with self.stream:
                 for call in self.chip.calls:
                     call(b)
-                return
+            return
         calls_of = self._calls_of
 
         def issue(k: int) -> None:

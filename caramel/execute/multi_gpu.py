@@ -45,7 +45,7 @@ import numpy as np
 from caramel.errors import ExecutionError
 from caramel.execute.collectives import CollectiveKind
 from caramel.execute.devices import (
-    DEFAULT_STREAMS, DeviceRun, Fabric, RowOp, device_groups, device_programs, merge_results, run_threads,
+    DEFAULT_STREAMS, DeviceProgram, DeviceRun, Fabric, RowOp, device_groups, device_programs, merge_results, run_threads,
 )
 from caramel.execute.gpu import StreamLauncher, Timing
 from caramel.execute.plan_engine import check_plan_memory
@@ -106,6 +106,22 @@ class NcclFabric(Fabric):
         self.comms.clear()
 
 
+def gpu_device_programs(plan: Plan, gpus: int, ctx: Context, streams: int) -> list[DeviceProgram]:
+    """The device programs as the GPUs run them (collectives checked first): inputs in rows that
+    no kernel overwrites, so replays need no restore; with several streams, rows reused first-in
+    first-out (fewer hazards between streams)."""
+    return device_programs(plan, gpus, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
+
+
+def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collectives: bool = True) -> None:
+    """Issue one device's whole program: in order on the current stream (no ``launcher``), or over
+    the launcher's streams; ``collectives`` as in :meth:`DeviceRun.run`."""
+    if launcher is None:
+        run.run(collectives=collectives)
+    else:
+        launcher.launch(lambda t: run.run_task(t, collectives=collectives))
+
+
 def nccl_communicators(groups: Sequence[tuple[int, ...]], devices: Sequence[int]) -> dict[int, dict]:
     """``{device: {group: communicator}}`` for one process driving ``devices`` (device index ->
     CUDA device id), one ``ncclCommInitAll`` per group."""
@@ -152,10 +168,7 @@ class MultiGpuRun:
         streams = DEFAULT_STREAMS if streams is None else int(streams)
         if streams < 1:
             raise ValueError(f"streams must be at least 1, got {streams}")
-        # checks the collectives first; several streams: rows reused first-in first-out (fewer hazards)
-        # inputs keep their rows (replays need no restore)
-        self.progs = device_programs(plan, g, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo",
-                                     keep_inputs=True)
+        self.progs = gpu_device_programs(plan, g, ctx, streams)  # checks the collectives first
         self.device_ids = dict(zip(self.local, ids))
         self.groups = device_groups(self.progs)
         self._own_comms = comms is None  # communicators passed in stay open at close()
@@ -168,7 +181,6 @@ class MultiGpuRun:
         self.streams: list = [None] * len(self.progs)
         self.graphs: list = [None] * len(self.progs)
         self.launchers: list = [None] * len(self.progs)
-        self._init: list = [None] * len(self.progs)
         self._closed = False
 
         def setup(d: int):
@@ -179,12 +191,7 @@ class MultiGpuRun:
                         run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode, CupyBackend,
                                         NcclFabric(d, self.comms.get(d, {})))
                         self.runs[d] = run
-                        written = run.written_rows()  # initial rows a run overwrites (none: inputs kept)
-                        over = np.array([r for r in run.init_rows.tolist() if r in written], dtype=np.int64)
-                        if len(over):
-                            rows = cp.asarray(over)
-                            self._init[d] = (rows, run.backend.arena[rows].copy())
-                        run.init_data = None  # the device copy above restores what a run overwrites
+                        run.init_data = None  # the inputs stay in their rows: no host copy to restore from
                         # A dry run without collectives compiles and loads every kernel and uploads
                         # every index array now: loading a module or a synchronous copy while an
                         # NCCL kernel waits for a peer can deadlock the GPUs (as seen on H200s).
@@ -211,18 +218,8 @@ class MultiGpuRun:
 
         return run_threads([make(d) for d in self.local], self.timeout, lambda e: self.abort(), describe)
 
-    def _restore(self, d: int) -> None:
-        if self._init[d] is not None:
-            rows, data = self._init[d]
-            self.runs[d].backend.arena[rows] = data
-
     def _launch(self, d: int) -> None:
-        """GPU ``d``'s whole program from its inputs: in order on its stream, or over its streams."""
-        self._restore(d)
-        if self.launchers[d] is None:
-            self.runs[d].run()
-        else:
-            self.launchers[d].launch(self.runs[d].run_task)
+        launch_device(self.runs[d], self.launchers[d])
 
     def _on(self, d: int, body):
         import cupy as cp
@@ -298,7 +295,6 @@ class MultiGpuRun:
 
         def body(d):
             s = self.streams[d]
-            self._restore(d)
             events = []
 
             def mark(i):
@@ -383,4 +379,4 @@ def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mo
     return result
 
 
-__all__ = ["MultiGpuRun", "NcclFabric", "nccl_communicators", "nccl_environment", "run_multi_gpu"]
+__all__ = ["MultiGpuRun", "NcclFabric", "gpu_device_programs", "launch_device", "nccl_communicators", "nccl_environment", "run_multi_gpu"]

@@ -24,7 +24,7 @@ from caramel.execute.collectives import (  # noqa: E402
     placement, plan_collectives,
 )
 from caramel.execute.devices import (  # noqa: E402
-    FakeNetwork, HostRun, RowOp, device_programs, run_on_devices, run_threads,
+    DeviceRun, FakeNetwork, HostRun, RowOp, device_programs, run_on_devices, run_threads,
 )
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import Kind, build_plan  # noqa: E402
@@ -196,6 +196,20 @@ def test_device_schedules_put_communication_on_its_own_stream():
         assert all(sch.stream[t] < 2 for t in range(len(r.tasks)) if t not in comm)
         assert [c for t in comm for c in r.task_calls[t]] == [c for c in range(len(r.calls)) if r.is_comm(c)]
         assert sum(len(r.task_calls[t]) for t in range(len(r.tasks))) == len(r.calls)
+
+
+@pytest.mark.parametrize("name", corpus(chips=(2, 4, 8)))
+def test_gpu_device_programs_never_overwrite_their_inputs(name):
+    """The device programs the GPUs replay (:func:`gpu_device_programs`): no kernel and no
+    communication step writes an input's or the zero buffer's row, so a replay needs no restore."""
+    from caramel.execute.multi_gpu import gpu_device_programs
+
+    program, plan, memory = prepared(name)
+    for g, streams in ((1, 1), (2, 2), (len(plan.chips), 2)):
+        for prog in gpu_device_programs(plan, g, context(1024), streams):
+            run = DeviceRun(prog, plan, context(1024), memory, "exact", NumpyBackend, None)
+            written = set().union(*(t.writes for t in run.tasks))
+            assert not written & set(run.init_rows.tolist()), f"{name} on {g} devices, device {prog.device}"
 
 
 def test_random_stream_orders_catch_a_missing_wait():
