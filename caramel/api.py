@@ -33,6 +33,7 @@ from caramel.ckks.check import (
     load_check,
     prepare_check,
 )
+from caramel.ckks.keyset import KeySet, generate_keyset, input_rng
 from caramel.errors import CaramelError
 from caramel.execute.reference import RunResult, run_reference
 from caramel.program import Mem, Program
@@ -169,20 +170,25 @@ def run_program(
     ctx: Context | None = None,
     gpus: int | None = None,
     streams: int | None = None,
+    key_seed: int | None = None,
+    keys: KeySet | None = None,
 ) -> RunOutcome:
     """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
 
     ``check="auto"`` uses ``programs/checks/<Family>.toml`` when it exists, else random inputs at
     scale 2^28 with no judgement (BootstrapLike is checked by comparing limbs, not by decryption).
-    Everything random (secrets, keys, inputs) comes from ``seed``, so a run is reproducible.
-    ``gpus``, ``streams``: see :func:`executor`.
+    Everything random comes from seeds, so a run is reproducible: inputs from ``seed``, key
+    material (secrets and evaluation keys) from ``key_seed`` (default ``seed``), or ``keys`` as
+    given (see :mod:`caramel.ckks.keyset`). ``gpus``, ``streams``: see :func:`executor`.
     """
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)
-    rng = np.random.default_rng(seed)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=rng)
+    if keys is None:
+        keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
+                             secrets=keys.secrets, keys=dict(keys.keys))
     backend = resolve_backend(backend)
     run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()

@@ -1,0 +1,64 @@
+"""Key material of one run, drawn apart from its inputs.
+
+A run has two independent random streams, both from NumPy's ``default_rng`` with a two-word seed:
+
+* key material (secrets, then every evaluation key the program names, in the order of
+  :func:`caramel.ckks.bind.requirements`): ``default_rng([key_seed, KEY_STREAM])``;
+* inputs (values, encodings, encryption randomness): ``default_rng([seed, INPUT_STREAM])``.
+
+So one :class:`KeySet` serves many runs (a key store, the instances of a batch), and a run with
+``seed=s, key_seed=k`` is the same whether its keys were generated now, loaded from a store made
+with seed ``k``, or shared by a batch whose key seed is ``k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from caramel.ckks.bind import requirements
+from caramel.ckks.keys import EvalKey, Secrets, generate_evalkey
+from caramel.program import EvalKeyId, Manifest, Program
+
+#: Second seed word of the key-material stream.
+KEY_STREAM = 0x6B6579
+#: Second seed word of the input stream.
+INPUT_STREAM = 0x696E70
+
+
+def key_rng(key_seed: int) -> np.random.Generator:
+    """The generator of key material for ``key_seed``."""
+    return np.random.default_rng([int(key_seed), KEY_STREAM])
+
+
+def input_rng(seed: int) -> np.random.Generator:
+    """The generator of inputs (values and encryption randomness) for ``seed``."""
+    return np.random.default_rng([int(seed), INPUT_STREAM])
+
+
+@dataclass(frozen=True, eq=False)
+class KeySet:
+    """The secrets and the evaluation keys of a run (``keys`` maps every key id to its key)."""
+
+    secrets: Secrets
+    keys: Mapping[EvalKeyId, EvalKey] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"KeySet({len(self.keys)} evaluation keys, secrets {self.secrets.describe()})"
+
+
+def generate_keyset(
+    source: Program | Manifest,
+    ctx,
+    key_seed: int,
+    *,
+    chip_manifests: Sequence[Manifest] | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> KeySet:
+    """Secrets and every evaluation key ``source`` needs, all drawn from :func:`key_rng`."""
+    rng = key_rng(key_seed)
+    secrets = Secrets.generate(ctx.n, rng)
+    req = requirements(source, chip_manifests, aliases)
+    return KeySet(secrets, {k: generate_evalkey(ctx, k, secrets, rng) for k in req.keys})
