@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -87,6 +87,8 @@ class RunOutcome:
     report: CheckReport | None
     seconds: float
     digest: str
+    #: seconds per phase (``keys``, ``encrypt``, ``plan``, ``run``, ``check``; :mod:`caramel.results`)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def resolve_backend(backend: str) -> str:
@@ -99,13 +101,17 @@ def resolve_backend(backend: str) -> str:
 
 
 def executor(program: Program, ctx: Context, mode: Mode, backend: str,
-             gpus: int | None = None, streams: int | None = None) -> Callable[[Mapping], RunResult]:
+             gpus: int | None = None, streams: int | None = None,
+             devices: Sequence[int] | None = None) -> Callable[[Mapping], RunResult]:
     """A function ``memory -> RunResult`` running ``program`` on ``backend``. ``gpus``: devices
     for a multi-chip program (``gpu``: that many GPUs, default one per chip up to those present;
     ``cpu-plan``: that many simulated devices in host threads, default none: one process).
     ``streams``: CUDA streams per GPU (default: the executor's; ``cpu-plan`` devices: a random
-    order that that many streams allow)."""
+    order that that many streams allow). ``devices``: the CUDA devices to run on (``gpu`` only;
+    default 0, 1, ...; :mod:`caramel.batch` gives each instance its own)."""
     backend = resolve_backend(backend)
+    if devices is not None and backend == "gpu":
+        return _gpu_executor_on(program, ctx, mode, gpus, streams, tuple(devices))
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
     from caramel.plan import build_plan
@@ -129,6 +135,37 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     from caramel.execute.gpu import DEFAULT_STREAMS, gpu_executor
 
     return gpu_executor(program, ctx, mode, streams=streams or DEFAULT_STREAMS)
+
+
+def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | None, streams: int | None,
+                     devices: tuple[int, ...]) -> Callable[[Mapping], RunResult]:
+    """:func:`executor` on the CUDA devices ``devices``: a 1-chip program (and ``gpus`` unset)
+    on ``devices[0]``, else ``gpus`` (default ``len(devices)``) GPUs, device i on ``devices[i]``."""
+    if not gpu_available():
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
+    import cupy as cp
+
+    from caramel.plan import build_plan
+
+    if len(program.streams) == 1 and not gpus:
+        from caramel.execute.gpu import DEFAULT_STREAMS, gpu_executor
+
+        run = gpu_executor(program, ctx, mode, streams=streams or DEFAULT_STREAMS)
+
+        def on_device(memory):
+            with cp.cuda.Device(devices[0]):
+                return run(memory)
+        return on_device
+    from caramel.execute.multi_gpu import MultiGpuRun
+
+    plan = build_plan(program)
+    count = min(gpus or len(devices), len(devices))
+
+    def on_devices(memory):
+        with MultiGpuRun(plan, ctx, memory, mode, count, device_ids=list(devices[:count]), streams=streams) as run:
+            run.replay(1)
+            return run.result()
+    return on_devices
 
 
 def check_prime_count(program: Program, ctx: Context) -> None:
@@ -172,6 +209,7 @@ def run_program(
     streams: int | None = None,
     key_seed: int | None = None,
     keys: KeySet | None = None,
+    inputs: Any = None,
 ) -> RunOutcome:
     """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
 
@@ -180,20 +218,35 @@ def run_program(
     Everything random comes from seeds, so a run is reproducible: inputs from ``seed``, key
     material (secrets and evaluation keys) from ``key_seed`` (default ``seed``), or ``keys`` as
     given (see :mod:`caramel.ckks.keyset`). ``gpus``, ``streams``: see :func:`executor`.
+    ``inputs``: the user's values instead of random ones (a ``.npz``/``.json`` path or a mapping
+    ``{name: values}``, :mod:`caramel.userdata`), encoded at the check's scales. The outcome's
+    ``timings`` has the seconds of each phase.
     """
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)
+    supplied = None
+    if inputs is not None:
+        from caramel.userdata import as_input_data, check_inputs, instance_values
+
+        data = as_input_data(inputs)
+        check_inputs(data, program, ctx.n // 2)
+        supplied = instance_values(data, program, 0)
+    marks = [time.perf_counter()]
     if keys is None:
         keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+    marks.append(time.perf_counter())
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
-                             secrets=keys.secrets, keys=dict(keys.keys))
+                             secrets=keys.secrets, keys=dict(keys.keys), supplied=supplied)
+    marks.append(time.perf_counter())
     backend = resolve_backend(backend)
     run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
     report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+    timings = {"keys": marks[1] - marks[0], "encrypt": marks[2] - marks[1], "plan": start - marks[2],
+               "run": seconds, "check": time.perf_counter() - start - seconds}
     return RunOutcome(program, ctx, mode, backend, prepared, result, report, seconds,
-                      output_digest(program, result.memory))
+                      output_digest(program, result.memory), timings)

@@ -67,20 +67,91 @@ def cmd_run(args: argparse.Namespace) -> int:
     from caramel.api import run_program
     from caramel.validate import validate
 
+    if args.save_limbs and not args.save_outputs:
+        raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
+    load_s = time.perf_counter()
     program = _load(args)
     validate(program)
+    load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
+    if args.batch is not None:
+        return _run_batch(args, program, check, load_s)
     if args.distributed:
         return _run_distributed(args, program, check)
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
-                          gpus=args.gpus, streams=args.streams)
+                          gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
+    _run_results(args, program, outcome, load_s)
     if outcome.report is None:
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
+
+
+def _run_results(args: argparse.Namespace, program, outcome, load_s: float) -> None:
+    """The time breakdown line of a run, and ``--save-outputs`` / ``--json`` (:mod:`caramel.results`)."""
+    from caramel.results import document, run_record, timings_line, write_json
+
+    timings = {"load": load_s, **outcome.timings}
+    if args.save_outputs or args.save_limbs:
+        from caramel.userdata import decrypted_outputs, save_outputs
+
+        t0 = time.perf_counter()
+        arrays = decrypted_outputs(outcome.prepared, outcome.result.memory, limbs=args.save_limbs)
+        timings["decrypt"] = time.perf_counter() - t0
+        if args.save_outputs:
+            print(f"outputs: {', '.join(sorted(arrays))} written to {save_outputs(args.save_outputs, arrays)}")
+    print(timings_line(timings))
+    if args.json:
+        devices = args.gpus or (program.chips if outcome.backend == "gpu" else 1)
+        record = run_record(outcome, timings, devices=devices, seed=args.seed,
+                            key_seed=args.seed if args.key_seed is None else args.key_seed)
+        print(f"results: {write_json(args.json, document('run', record))}")
+
+
+def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
+    """``caramel run --batch B``: B instances (:mod:`caramel.batch`), one line each and a summary;
+    with ``--distributed`` this process's share, rank 0 gathering and printing."""
+    from caramel.batch import gathered_outputs, instance_line, run_batch, run_batch_distributed
+    from caramel.results import PHASES, document, timings_line, write_json
+    from caramel.userdata import save_outputs, stack_outputs
+
+    keep = bool(args.save_outputs or args.save_limbs)
+    kwargs = dict(n=args.n, mode=args.mode, seed=args.seed, key_seed=args.key_seed, check=check,
+                  streams=args.streams, inputs=args.inputs, outputs=keep, limbs=args.save_limbs)
+    if args.distributed:
+        from caramel.execute.distributed import launch_env
+
+        place = launch_env()
+        if place is None:
+            raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
+        result = run_batch_distributed(program, place, batch=args.batch, backend=args.backend, **kwargs)
+        if result is None:
+            return EXIT_OK
+        arrays = gathered_outputs(place, args.batch) if keep else None
+    else:
+        result = run_batch(program, batch=args.batch, backend=args.backend, gpus=args.gpus, **kwargs)
+        arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
+    print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
+          f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, key seed "
+          f"{args.seed if args.key_seed is None else args.key_seed})")
+    for record in result.records:
+        print(instance_line(record))
+    print(result.summary.line())
+    totals = {"load": load_s, **result.timings}
+    for record in result.records:  # per-instance phases, summed over the instances
+        for phase, seconds in record["timings_s"].items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
+    print(timings_line({k: totals[k] for k in PHASES if k in totals}) + " (instances' phases summed)")
+    if arrays is not None and args.save_outputs:
+        print(f"outputs: {', '.join(sorted(arrays))} written to {save_outputs(args.save_outputs, arrays)}")
+    if args.json:
+        body = result.body()
+        body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
+        print(f"results: {write_json(args.json, document('batch', body))}")
+    return EXIT_OK if result.passed else EXIT_INVALID
 
 
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
@@ -170,6 +241,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.trace:
         write_trace(result, args.trace)
         print(f"trace: {len(result.kernels)} kernels written to {args.trace}")
+    if args.json:
+        from caramel.results import profile_document, write_json
+
+        print(f"results: {write_json(args.json, profile_document(result))}")
     return EXIT_OK
 
 
@@ -182,7 +257,19 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
                              streams=args.streams, log=log)
+    if args.throughput:
+        from caramel.batch import measure_throughput
+        from caramel.parse import load_program
+        from caramel.scaling import family_member
+
+        result.throughput = measure_throughput(load_program(family_member(args.program, 1)), args.gpus, n=args.n,
+                                               mode=args.mode, backend=result.backend, seed=args.seed,
+                                               rounds=args.repeats, streams=args.streams, log=log)
     print(render_scaling(result))
+    if args.json:
+        from caramel.results import scaling_document, write_json
+
+        print(f"results: {write_json(args.json, scaling_document(result))}")
     if args.plot:
         plot_scaling(result, args.plot)
         print(f"plot: {args.plot}")
@@ -269,6 +356,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed", action="store_true",
                    help="process mode: this process is one GPU of a run started by a launcher (RANK, WORLD_SIZE, "
                         "LOCAL_RANK, CARAMEL_RENDEZVOUS; see `caramel launch`)")
+    p.add_argument("--key-seed", type=int, metavar="K", help="seed of the secrets and evaluation keys (default: "
+                   "--seed); inputs always come from --seed")
+    p.add_argument("--batch", type=_positive, metavar="B",
+                   help="run B independent instances (inputs from seed S + i, one set of keys from the key seed) "
+                        "over --gpus devices; one line per instance and a summary")
+    p.add_argument("--inputs", metavar="FILE", help="encrypt these values (.npz or .json, one vector or scalar per "
+                   "input name; (B, N/2) stacked for --batch) instead of random ones")
+    p.add_argument("--save-outputs", metavar="FILE.npz", help="write the decrypted output vectors to FILE.npz")
+    p.add_argument("--save-limbs", action="store_true", help="with --save-outputs: also the raw output limbs "
+                   "(<name>.c0, <name>.c1, <name>.limbs)")
+    p.add_argument("--json", metavar="FILE", help="write the results (digest, checks, time per phase, environment) "
+                   "as JSON to FILE")
 
     p = sub.add_parser("launch", help="start G local processes of a caramel command in process mode (one per GPU)",
                        description="start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, "
@@ -302,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve as a PNG")
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
+    p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
+                   "devices, one instance per device (instances/s, speedup, efficiency)")
+    p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE")
     return parser
 
 

@@ -56,6 +56,7 @@ class ScalingResult:
     date: str
     points: list[ScalingPoint]
     trace: list[tuple[int, int, str, bool, float, float]] = field(default_factory=list)  # (G, dev, label, comm, start, dur)
+    throughput: list = field(default_factory=list)  # caramel.batch.ThroughputPoint per G (--throughput)
 
     def speedup(self, p: ScalingPoint) -> float:
         base = next((q for q in self.points if q.gpus == 1), self.points[0])
@@ -88,7 +89,13 @@ def render_scaling(result: ScalingResult) -> str:
                                "the replay minus that (communication and waiting)" if result.backend == "gpu" else
                                "the busiest device in one instrumented run; comm ms: its collectives, including "
                                "waiting for its peers") + "; collectives: the most that one device issues")
-    return "\n".join([title, "", _table(head, rows), "", notes])
+    lines = [title, "", _table(head, rows), "", notes]
+    if result.throughput:  # program-level parallelism: the 1-chip program, one instance per device
+        trows = [(str(t.gpus), t.program, str(t.instances), f"{t.wall_s:.3f}", f"{t.per_second:.2f}",
+                  f"{t.speedup:.2f}x", f"{t.efficiency:.0%}") for t in result.throughput]
+        lines += ["", "throughput (the 1-chip program, one instance per device at a time; runs only):",
+                  _table(("GPUs", "program", "instances", "wall s", "instances/s", "speedup", "efficiency"), trows)]
+    return "\n".join(lines)
 
 
 def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ((2, 1.7), (4, 2.8), (8, 4.0))) -> None:
@@ -109,7 +116,10 @@ def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float
           title="time per run")
     a.minorticks_off()
     a.legend(fontsize=7)
-    b.plot(g, [result.speedup(p) for p in result.points], "o-", label="measured")
+    b.plot(g, [result.speedup(p) for p in result.points], "o-", label="latency (G-chip program)")
+    if result.throughput:
+        b.plot([t.gpus for t in result.throughput], [t.speedup for t in result.throughput], "D-",
+               label="throughput (1-chip program)")
     b.plot(g, g, ":", color="gray", label="ideal")
     tg = [t for t in targets if t[0] <= max(g)]
     if tg:

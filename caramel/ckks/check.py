@@ -438,8 +438,13 @@ def prepare_check(
     keys: MutableMapping[EvalKeyId, EvalKey] | None = None,
     L: int | None = None,
     aliases: Mapping[str, str] | None = None,
+    supplied: Mapping[str, Any] | None = None,
 ) -> PreparedCheck:
     """Draw random inputs per ``spec``, encrypt/encode them and bind the program's input image.
+
+    ``supplied``: values to use instead of drawing them, by input name (a vector of N/2 slots or a
+    real scalar, already checked by :mod:`caramel.userdata`); a supplied value whose scaled
+    magnitude does not fit below half the modulus of its limbs is a :class:`CheckError`.
 
     Raises :class:`CheckError` when the spec's inputs or outputs do not match the manifest (names
     or kinds), and :class:`caramel.errors.BindingError` from binding.
@@ -475,13 +480,18 @@ def prepare_check(
         except ExprError as exc:
             raise CheckError(f"{where}: {exc}") from None
         m = ins.magnitude
+        given = None if supplied is None else supplied.get(name)
         if ins.kind == InputKind.SCALAR:
-            obj = encode_scalar(ctx, float(rng.uniform(-m, m)), scale, limbs)
+            c = float(rng.uniform(-m, m)) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
+            obj = encode_scalar(ctx, c, scale, limbs)
             values[name] = obj.value / scale
         else:
-            v = rng.uniform(-m, m, slots)
-            if not ins.real:
-                v = v + 1j * rng.uniform(-m, m, slots)
+            if given is None:
+                v = rng.uniform(-m, m, slots)
+                if not ins.real:
+                    v = v + 1j * rng.uniform(-m, m, slots)
+            else:
+                v = _supplied_fits(where, given, scale, ctx, limbs)
             coeffs = encode(v, scale, ctx.n)
             values[name] = decode(coeffs, scale, ctx.n)
             if ins.kind == InputKind.CIPHERTEXT:
@@ -494,6 +504,19 @@ def prepare_check(
         source, ctx, secrets, objects, chip_manifests=chip_manifests, rng=rng, keys=keys, aliases=aliases
     )
     return PreparedCheck(spec, manifest, ctx, secrets, env, values, objects, memory, keys, aliases)
+
+
+def _supplied_fits(where: str, value, scale: float, ctx, limbs) -> Any:
+    """``value`` when max |value| * scale < Q / 2 (Q = the product of the primes of ``limbs``), else a
+    :class:`CheckError`: the encoded integers would wrap modulo Q and decrypt to something else.
+    (Every coefficient of encode(v) is at most max |v_j| * scale, so this bound suffices.)"""
+    half = math.prod(int(ctx.primes[l]) for l in limbs) // 2
+    with np.errstate(all="ignore"):
+        mag = float(np.max(np.abs(np.asarray(value, dtype=np.complex128)))) * float(scale)
+    if not math.isfinite(mag) or mag >= half:
+        raise CheckError(f"{where}: the supplied value times its scale ({mag:.3g}) does not fit below half the "
+                         f"modulus of its {len(limbs)} limb(s) ({half:.3g}); use smaller values or fewer bits of scale")
+    return value
 
 
 def _functions(slots: int, scale_out: float) -> dict[str, Callable[..., Any]]:

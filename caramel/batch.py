@@ -1,0 +1,505 @@
+"""Program-level parallelism: B independent instances of one program over G devices.
+
+Instance i of a batch with seed S uses ONE set of keys for the whole batch (from the key seed K,
+default S, or a :class:`~caramel.ckks.keyset.KeySet` given, e.g. from a key store) and inputs from
+seed S + i (or entry i of the user's stacked inputs, :mod:`caramel.userdata`); so its output
+digest equals that of ``caramel run --seed S+i --key-seed K`` (:func:`caramel.api.run_program`).
+
+Layout (:func:`batch_layout`): a K-chip program on G >= K devices runs G // K instances at once,
+each on K devices of its own (devices jK .. jK+K-1); with G < K one instance at a time on all G
+devices (several chips per device); a 1-chip program runs one instance per device. Each *slot*
+(a device group) is a host thread that takes the next instance from a shared queue: it encrypts
+the instance's inputs, runs it, decrypts and checks it. Without ``gpus`` there is one slot on the
+executor's default devices.
+
+What is shared, and what is not (the executors of :func:`caramel.api.executor`):
+
+* the keys are generated (or loaded) once, on the host, for all instances;
+* a 1-chip program has ONE executor (one plan) for all slots; on the GPU each call runs under
+  ``cupy.cuda.Device(d)`` of its slot, so the device's compiled kernels and twiddle tables
+  (``cuda_ring``, one per device and N) are built once per device and reused by its instances;
+  a K-chip slot has its own executor (plan built once per slot) on its CUDA devices;
+* each instance still uploads its whole input image, evaluation-key rows included, and (GPU)
+  builds its arena and captures its graph: the executors bind an input image when they are built,
+  and none can yet swap the ciphertext rows of a built run while keeping the key rows and the
+  graph. (That reuse belongs to the executors; batch.py only uses ``caramel.api.executor``.)
+
+Backends: ``gpu`` (slots on CUDA devices), ``cpu-plan`` (slots on simulated devices: a K-chip
+instance runs on K host-thread devices over the fake fabric), ``cpu`` (the reference, slots as
+host threads). In process mode (``caramel launch --nproc P -- run ... --batch B``) process r takes
+the instances i with i % P == r on its own device (LOCAL_RANK on the GPU, chips merged there),
+writes their records (JSON) beside ``CARAMEL_RENDEZVOUS``, and rank 0 gathers and prints them
+(:func:`run_batch_distributed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from caramel.errors import CaramelError
+from caramel.program import Program
+from caramel.ring import Context, Mode
+
+#: Seconds rank 0 waits for the other ranks' records in process mode.
+GATHER_TIMEOUT = 3600.0
+
+
+class BatchError(CaramelError):
+    """A batch that cannot run as asked (sizes, layout, process mode)."""
+
+
+def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
+    """The device groups (slots) of a batch: ``gpus`` None -> one slot on the executor's default
+    devices (``()``); K = ``chips`` = 1 -> one slot per device; G >= K -> G // K slots of K
+    consecutive devices; G < K -> one slot of all G devices."""
+    if gpus is None:
+        return [()]
+    if gpus < 1 or chips < 1:
+        raise BatchError(f"a batch needs at least one device and one chip, got {gpus} and {chips}")
+    if gpus < chips:
+        return [tuple(range(gpus))]
+    return [tuple(range(j * chips, (j + 1) * chips)) for j in range(gpus // chips)]
+
+
+@dataclass
+class Instance:
+    """One instance of a batch: its record (:meth:`record`) is what gets printed and gathered."""
+
+    index: int
+    seed: int
+    digest: str
+    report: Any  # CheckReport | None
+    devices: tuple[int, ...]
+    timings: dict[str, float]
+    outputs: dict[str, np.ndarray] | None = None
+    rank: int = 0
+
+    @property
+    def passed(self) -> bool | None:
+        return None if self.report is None else bool(self.report.passed)
+
+    def record(self) -> dict[str, Any]:
+        from caramel.results import check_record
+
+        return {"instance": self.index, "seed": self.seed, "rank": self.rank, "devices": list(self.devices),
+                "digest": self.digest, "passed": self.passed, "checks": check_record(self.report),
+                "timings_s": {k: round(v, 6) for k, v in self.timings.items()}}
+
+
+@dataclass
+class BatchSummary:
+    """Instances, wall time (seconds, from the first instance's start to the last one's end,
+    keys excluded) and instances per second; ``slots``: instances run at once."""
+
+    instances: int
+    wall_s: float
+    per_second: float
+    slots: int
+    devices_per_instance: int
+    processes: int = 1
+    passed: bool | None = None
+
+    def line(self) -> str:
+        verdict = {True: "all checks pass", False: "SOME CHECKS FAIL", None: "not checked"}[self.passed]
+        procs = f" in {self.processes} processes" if self.processes > 1 else ""
+        return (f"batch: {self.instances} instances in {self.wall_s:.2f} s ({self.per_second:.2f} instances/s), "
+                f"{self.slots} at once on {self.devices_per_instance} device(s) each{procs}; {verdict}")
+
+
+@dataclass
+class BatchResult:
+    """What :func:`run_batch` returns: per-instance records (sorted by index) and a summary."""
+
+    program: str
+    n: int
+    mode: str
+    backend: str
+    seed: int
+    key_seed: int | None
+    records: list[dict[str, Any]]
+    summary: BatchSummary
+    timings: dict[str, float] = field(default_factory=dict)  # shared phases: keys, plan
+    instances: list[Instance] = field(default_factory=list)  # this process's instances
+
+    @property
+    def passed(self) -> bool:
+        return self.summary.passed is not False
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body (:func:`caramel.results.document` adds the environment)."""
+        from dataclasses import asdict
+
+        digests = [r["digest"] for r in self.records]
+        return {"program": self.program, "n": self.n, "mode": self.mode, "backend": self.backend,
+                "devices": self.summary.slots * self.summary.devices_per_instance * self.summary.processes,
+                "seed": self.seed, "key_seed": self.key_seed, "batch": len(self.records),
+                "digest": digests[0] if len(digests) == 1 else None, "passed": self.summary.passed,
+                "timings_s": {k: round(v, 6) for k, v in self.timings.items()},
+                "instances": self.records, "summary": asdict(self.summary)}
+
+
+def instance_line(record: Mapping[str, Any]) -> str:
+    """One printed line per instance: index, seed, verdicts with bits, digest."""
+    checks = record.get("checks") or {}
+    parts = []
+    for name, c in checks.items():
+        bits = c["precision_bits"]
+        parts.append(f"{c['verdict']} {name} {bits:.1f} bits" if isinstance(bits, float) else f"{c['verdict']} {name} {bits} bits")
+    verdicts = "; ".join(parts) if parts else "not checked"
+    where = f" devices {','.join(map(str, record['devices']))}" if record.get("devices") else ""
+    rank = f" rank {record['rank']}" if record.get("rank") else ""
+    return f"instance {record['instance']} (seed {record['seed']}{where}{rank}): {verdicts}; digest {record['digest']}"
+
+
+def _slot_context(backend: str, devices: tuple[int, ...]):
+    """``cupy.cuda.Device(d)`` of a 1-device GPU slot (so that everything the call allocates lands
+    there); a no-op elsewhere."""
+    if backend != "gpu" or len(devices) != 1:
+        return nullcontext()
+    import cupy as cp
+
+    return cp.cuda.Device(devices[0])
+
+
+def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layout: Sequence[tuple[int, ...]],
+                 streams: int | None = None) -> list[Callable[[Mapping], Any]]:
+    """One ``memory -> RunResult`` per slot (see the module docstring for what is shared)."""
+    from caramel.api import executor
+
+    chips = len(program.streams)
+    if chips == 1 and all(len(g) <= 1 for g in layout):
+        shared = executor(program, ctx, mode, backend, None, streams)
+
+        def on(devices):
+            def run(memory):
+                with _slot_context(backend, devices):
+                    return shared(memory)
+            return run
+        return [on(g) for g in layout]
+    runners = []
+    for g in layout:
+        if not g:
+            runners.append(executor(program, ctx, mode, backend, None, streams))
+        elif backend == "gpu":
+            runners.append(executor(program, ctx, mode, backend, len(g), streams, devices=g))
+        else:  # simulated devices (cpu-plan) or the reference (cpu, devices ignored)
+            runners.append(executor(program, ctx, mode, backend, len(g), streams))
+    return runners
+
+
+def _run_slots(layout, work: Callable[[int, tuple[int, ...]], None], indices: Sequence[int]) -> float:
+    """Run ``work(index, devices)`` for every index, one host thread per slot taking the next
+    index from a queue; the first error is raised after every thread stopped. Returns the wall
+    time in seconds."""
+    todo: queue.Queue[int] = queue.Queue()
+    for i in indices:
+        todo.put(i)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def body(devices):
+        while not stop.is_set():
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                work(i, devices)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+                stop.set()
+                return
+
+    start = time.perf_counter()
+    if len(layout) == 1:
+        body(layout[0])
+    else:
+        threads = [threading.Thread(target=body, args=(g,), name=f"caramel-slot-{k}", daemon=True)
+                   for k, g in enumerate(layout)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return wall
+
+
+def run_batch(
+    program: Program,
+    *,
+    n: int = 65536,
+    mode: Mode | str = Mode.EXACT,
+    backend: str = "auto",
+    seed: int = 0,
+    key_seed: int | None = None,
+    keys=None,
+    check: Any = "auto",
+    batch: int = 1,
+    gpus: int | None = None,
+    streams: int | None = None,
+    inputs: Any = None,
+    ctx: Context | None = None,
+    indices: Sequence[int] | None = None,
+    outputs: bool = False,
+    limbs: bool = False,
+    rank: int = 0,
+    devices: Sequence[int] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> BatchResult:
+    """Run ``batch`` instances of ``program`` (module docstring) on ``gpus`` devices of ``backend``
+    and check each by decryption. ``indices``: the instances this call runs (default all; process
+    mode passes its share); ``devices``: the CUDA devices to use instead of 0 .. G-1 (process mode:
+    ``[LOCAL_RANK]``). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
+    output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
+    from caramel.api import (
+        check_prime_count, default_spec, output_digest, resolve_backend, resolve_check,
+    )
+    from caramel.ckks.check import evaluate_check, prepare_check
+    from caramel.ckks.keyset import generate_keyset, input_rng
+
+    if batch < 1:
+        raise BatchError(f"--batch must be at least 1, got {batch}")
+    log = log or (lambda s: None)
+    mode = Mode(mode)
+    ctx = ctx or Context(n=n)
+    check_prime_count(program, ctx)
+    spec = resolve_check(program, check)
+    data = None
+    if inputs is not None:
+        from caramel.userdata import as_input_data, check_inputs
+
+        data = as_input_data(inputs)
+        check_inputs(data, program, ctx.n // 2, batch=batch)
+    backend = resolve_backend(backend)
+    indices = list(range(batch)) if indices is None else list(indices)
+    shared: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if keys is None:
+        keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+    shared["keys"] = time.perf_counter() - t0
+    layout = batch_layout(program.chips, gpus)
+    if devices is not None:  # renumber the slots' devices onto the given CUDA devices
+        devices = list(devices)
+        if max((d for g in layout for d in g), default=-1) >= len(devices):
+            raise BatchError(f"{gpus} device(s) asked for, {len(devices)} given ({devices})")
+        layout = [tuple(devices[d] for d in g) for g in layout]
+    t0 = time.perf_counter()
+    runners = dict(zip(layout, slot_runners(program, ctx, mode, backend, layout, streams)))
+    shared["plan"] = time.perf_counter() - t0
+    log(f"{len(indices)} instance(s) on {len(layout)} slot(s) of {max(1, len(layout[0]))} device(s); keys in "
+        f"{shared['keys']:.2f} s")
+    done: dict[int, Instance] = {}
+    the_spec = spec or default_spec(program)
+
+    def work(i: int, group: tuple[int, ...]) -> None:
+        times: dict[str, float] = {}
+        t = time.perf_counter()
+        supplied = None
+        if data is not None:
+            from caramel.userdata import instance_values
+
+            supplied = instance_values(data, program, i)
+        prepared = prepare_check(the_spec, program, ctx, rng=input_rng(seed + i), secrets=keys.secrets,
+                                 keys=dict(keys.keys), supplied=supplied)
+        times["encrypt"] = time.perf_counter() - t
+        t = time.perf_counter()
+        result = runners[group](prepared.memory)
+        times["run"] = time.perf_counter() - t
+        t = time.perf_counter()
+        kept = None
+        if outputs or limbs:
+            from caramel.userdata import decrypted_outputs
+
+            kept = decrypted_outputs(prepared, result.memory, limbs=limbs)
+            times["decrypt"] = time.perf_counter() - t
+            t = time.perf_counter()
+        report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+        digest = output_digest(program, result.memory)
+        times["check"] = time.perf_counter() - t
+        done[i] = Instance(i, seed + i, digest, report, group, times, kept, rank)
+        log(f"instance {i}: {'checked' if report is not None else 'ran'}, digest {digest[:16]}")
+
+    wall = _run_slots(layout, work, indices)
+    instances = [done[i] for i in sorted(done)]
+    verdicts = [x.passed for x in instances]
+    passed = None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
+    summary = BatchSummary(len(instances), wall, len(instances) / wall if wall > 0 else 0.0, len(layout),
+                           max(1, len(layout[0])), 1, passed)
+    return BatchResult(program.name, int(ctx.n), mode.value, backend, seed, key_seed, [x.record() for x in instances],
+                       summary, shared, instances)
+
+
+# --------------------------------------------------------------------------------- process mode
+
+def _records_path(rendezvous: Path, rank: int) -> Path:
+    return rendezvous.with_name(f"{rendezvous.name}.batch{rank}.json")
+
+
+def _outputs_path(rendezvous: Path, rank: int) -> Path:
+    return rendezvous.with_name(f"{rendezvous.name}.batch{rank}.npz")
+
+
+def run_batch_distributed(program: Program, place, *, batch: int, backend: str = "auto", outputs: bool = False,
+                          limbs: bool = False, timeout: float = GATHER_TIMEOUT, **kwargs) -> BatchResult | None:
+    """This process's share of a batch in process mode: instances i with i % world == rank, on
+    its own device (``place``: :func:`caramel.execute.distributed.launch_env`; on the GPU the CUDA
+    device ``place.local_rank``, a K-chip program with its chips merged there; on the CPU the NumPy
+    plan engine). Each rank writes its records (and with ``outputs`` its decrypted outputs, .npz)
+    beside the rendezvous file; rank 0 waits for all ranks and returns the whole batch (the other
+    ranks return None)."""
+    from caramel.api import resolve_backend
+    from caramel.results import write_atomic, write_json
+
+    start = time.perf_counter()
+    backend = "gpu" if resolve_backend(backend) == "gpu" else "cpu-plan"
+    mine = [i for i in range(batch) if i % place.world == place.rank]
+    gpu = backend == "gpu"
+    result = run_batch(program, batch=batch, backend=backend, indices=mine, gpus=1 if gpu else None,
+                       devices=[place.local_rank] if gpu else None, outputs=outputs, limbs=limbs, rank=place.rank,
+                       **kwargs)
+    write_json(_records_path(place.rendezvous, place.rank),
+               {"world": place.world, "records": result.records, "timings_s": result.timings})
+    if outputs or limbs:
+        from caramel.userdata import stack_outputs
+
+        arrays = {"instances": np.asarray([x.index for x in result.instances], dtype=np.int64)}
+        if result.instances:
+            per = [x.outputs for x in result.instances]
+            arrays.update({k: (v[None] if len(per) == 1 and not k.endswith(".limbs") else v)
+                           for k, v in stack_outputs(per).items()})
+        write_atomic(_outputs_path(place.rendezvous, place.rank), lambda f: np.savez(f, **arrays), mode="wb")
+    if place.rank != 0:
+        return None
+    records: list[dict] = []
+    for r in range(place.world):
+        path = _records_path(place.rendezvous, r)
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise BatchError(f"waited {timeout:g} s for the records of rank {r} at {path}")
+            time.sleep(0.05)
+        data = json.loads(path.read_text())
+        if data.get("world") != place.world:
+            raise BatchError(f"{path} was written for {data.get('world')} processes, this run has {place.world}")
+        records += data["records"]
+    records.sort(key=lambda r: r["instance"])
+    if [r["instance"] for r in records] != list(range(batch)):
+        raise BatchError(f"the ranks returned instances {[r['instance'] for r in records]}, expected 0..{batch - 1}")
+    wall = time.perf_counter() - start
+    verdicts = [r["passed"] for r in records]
+    passed = None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
+    result.records = records
+    result.summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, place.world, 1, place.world, passed)
+    return result
+
+
+def gathered_outputs(place, batch: int) -> dict[str, np.ndarray]:
+    """Rank 0, after :func:`run_batch_distributed` with ``outputs``: every rank's outputs merged
+    into one array per name, stacked in instance order."""
+    parts = []
+    for r in range(place.world):
+        with np.load(_outputs_path(place.rendezvous, r), allow_pickle=False) as data:
+            parts.append({k: data[k] for k in data.files})
+    merged: dict[str, np.ndarray] = {}
+    order = np.concatenate([p["instances"] for p in parts])
+    if sorted(order.tolist()) != list(range(batch)):
+        raise BatchError(f"the ranks' outputs hold instances {sorted(order.tolist())}, expected 0..{batch - 1}")
+    keys = next((p.keys() for p in parts if len(p["instances"])), {})
+    for k in keys:
+        if k == "instances":
+            continue
+        if k.endswith(".limbs"):
+            merged[k] = next(p[k] for p in parts if k in p)
+            continue
+        stacked = np.concatenate([p[k] for p in parts if len(p["instances"])])
+        merged[k] = stacked[np.argsort(order, kind="stable")]
+    return merged
+
+
+# --------------------------------------------------------------------------------- throughput
+
+@dataclass
+class ThroughputPoint:
+    """A 1-chip program on G devices: ``rounds`` instances per device, timed from the first start
+    to the last end (encryption and checks excluded: prepared input images, the run only)."""
+
+    program: str
+    gpus: int
+    instances: int
+    wall_s: float
+    per_second: float
+    speedup: float = 1.0
+    efficiency: float = 1.0
+    digest: str = ""
+
+
+def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536, mode: Mode | str = Mode.EXACT,
+                       backend: str = "auto", seed: int = 0, rounds: int = 2, streams: int | None = None,
+                       log: Callable[[str], None] | None = None) -> list[ThroughputPoint]:
+    """Instances per second of ``program`` on each device count of ``gpus`` (one instance per
+    device at a time; G input images prepared once from seeds ``seed .. seed+G-1``, each device
+    runs its own ``rounds`` times). Speedup = rate(G) / rate(smallest G) * smallest G;
+    efficiency = speedup / G. Every run's outputs must have the digest of its image's first run."""
+    from caramel.api import default_spec, output_digest, resolve_backend
+    from caramel.ckks.check import prepare_check
+    from caramel.ckks.keyset import generate_keyset, input_rng
+
+    log = log or (lambda s: None)
+    mode = Mode(mode)
+    backend = "cpu-plan" if backend == "auto" and resolve_backend("auto") == "cpu" else resolve_backend(backend)
+    ctx = Context(n=n)
+    keys = generate_keyset(program, ctx, seed)
+    spec = default_spec(program)
+    images = [prepare_check(spec, program, ctx, rng=input_rng(seed + d), secrets=keys.secrets,
+                            keys=dict(keys.keys)).memory for d in range(max(gpus))]
+    points: list[ThroughputPoint] = []
+    for g in gpus:
+        layout = batch_layout(1, g)
+        runners = dict(zip(layout, slot_runners(program, ctx, mode, backend, layout, streams)))
+        digests: dict[int, set[str]] = {}
+        lock = threading.Lock()
+
+        def work(k: int, group: tuple[int, ...]) -> None:
+            d = group[0] if group else 0
+            result = runners[group](images[d])
+            with lock:
+                digests.setdefault(d, set()).add(output_digest(program, result.memory))
+
+        # one warm-up round (compiles kernels per device), then the timed rounds
+        _run_slots(layout, work, list(range(g)))
+        digests.clear()
+        wall = _run_slots(layout, work, list(range(g * rounds)))
+        if any(len(s) != 1 for s in digests.values()):
+            raise BatchError(f"{program.name} on {g} device(s): repeated runs of one input gave different digests")
+        count = g * rounds
+        points.append(ThroughputPoint(program.name, g, count, wall, count / wall if wall > 0 else 0.0,
+                                      digest=sorted(digests.get(0, {""}))[0]))
+        log(f"throughput on {g} device(s): {count} instances in {wall:.2f} s ({count / wall:.2f}/s)")
+    base = points[0]
+    for p in points:
+        p.speedup = p.per_second / base.per_second * base.gpus if base.per_second else 0.0
+        p.efficiency = p.speedup / p.gpus
+    return points
+
+
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "Instance", "ThroughputPoint", "batch_layout",
+           "gathered_outputs", "instance_line", "measure_throughput", "run_batch", "run_batch_distributed",
+           "slot_runners"]

@@ -1,0 +1,232 @@
+"""User data in and out: ``caramel run --inputs FILE`` and ``--save-outputs FILE``.
+
+An inputs file gives one value per input name of the program's manifest (every input: a missing
+or an unknown name is an error):
+
+* ``.npz`` (read with ``allow_pickle=False``): one array per name. A ciphertext or plaintext input
+  is a real or complex vector of N/2 slots, shape ``(N/2,)``, or ``(B, N/2)`` for a batch of B
+  instances (entry i feeds instance i); a scalar input is a real number, shape ``()`` or ``(B,)``.
+* ``.json``: an object ``{name: value}`` where a value is a number (scalar), a list of numbers
+  (real vector), ``{"real": [...], "imag": [...]}`` (complex vector), or a list of those (a batch).
+
+Values must be finite; they are encoded (and ciphertexts encrypted) at the scales and on the limbs
+that the check file gives (or the default: scale 2^28 on the manifest's limbs), see
+:func:`caramel.ckks.check.prepare_check`, which also refuses values whose scaled magnitude does not
+fit the modulus. An unstacked value feeds every instance of a batch.
+
+Outputs (:func:`save_outputs`): an ``.npz`` with, per output name, the decrypted slots (complex128,
+shape ``(N/2,)``, or ``(B, N/2)`` for a batch) decoded at the check file's output scale (without a
+check file, at 2^28), and with ``limbs=True`` also ``<name>.c0`` and ``<name>.c1`` (uint32
+``(k, N)``, or ``(B, k, N)``, NTT form) and ``<name>.limbs`` (the limb indices).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from caramel.ckks.bind import InputKind, read_outputs, requirements
+from caramel.errors import CaramelError
+
+#: Largest inputs file read (bytes): a guard against reading something that is not an inputs file.
+MAX_BYTES = 4 << 30
+
+
+class InputDataError(CaramelError):
+    """An inputs file that cannot be read or does not fit the program."""
+
+
+@dataclass(frozen=True)
+class InputData:
+    """Values by input name, as loaded (``source``: the file, for messages)."""
+
+    source: str
+    arrays: Mapping[str, np.ndarray]
+
+
+def _from_json_value(v: Any, where: str) -> np.ndarray:
+    if isinstance(v, bool) or v is None:
+        raise InputDataError(f"{where}: expected a number, a list of numbers or {{\"real\": [...], \"imag\": [...]}}")
+    if isinstance(v, (int, float)):
+        return np.asarray(float(v))
+    if isinstance(v, dict):
+        if set(v) - {"real", "imag"} or "real" not in v:
+            raise InputDataError(f"{where}: a complex value is {{\"real\": [...], \"imag\": [...]}}, got keys {sorted(v)}")
+        re = _from_json_value(v["real"], f"{where}.real")
+        im = _from_json_value(v.get("imag", 0.0), f"{where}.imag")
+        try:
+            return re + 1j * im
+        except ValueError:
+            raise InputDataError(f"{where}: real part {re.shape} and imaginary part {im.shape} differ in shape") from None
+    if isinstance(v, list):
+        if v and all(isinstance(x, (list, dict)) for x in v):
+            parts = [_from_json_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
+            if len({p.shape for p in parts}) != 1:
+                raise InputDataError(f"{where}: the entries of a batch must all have the same length")
+            return np.stack(parts)
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
+            raise InputDataError(f"{where}: a vector is a list of numbers")
+        return np.asarray(v, dtype=np.float64)
+    raise InputDataError(f"{where}: unsupported value of type {type(v).__name__}")
+
+
+def load_inputs(path: str | Path) -> InputData:
+    """Read an inputs file (``.npz`` or ``.json``, see the module docstring); no code is executed."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputDataError(f"{path}: no such inputs file")
+    if path.stat().st_size > MAX_BYTES:
+        raise InputDataError(f"{path}: larger than {MAX_BYTES >> 30} GiB; not an inputs file")
+    suffix = path.suffix.lower()
+    arrays: dict[str, np.ndarray] = {}
+    if suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                for name in data.files:
+                    arrays[name] = np.asarray(data[name])
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            raise InputDataError(f"{path}: not a readable .npz of numeric arrays ({exc})") from None
+        for name, a in arrays.items():
+            if a.dtype.kind not in "iufc":
+                raise InputDataError(f"{path}: {name}: expected real or complex numbers, got dtype {a.dtype}")
+            arrays[name] = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InputDataError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise InputDataError(f"{path}: expected a JSON object {{input name: value}}")
+        arrays = {str(k): _from_json_value(v, f"{path}: {k}") for k, v in data.items()}
+    else:
+        raise InputDataError(f"{path}: an inputs file is .npz or .json, not {suffix or 'without a suffix'}")
+    return InputData(str(path), arrays)
+
+
+def as_input_data(inputs: InputData | str | Path | Mapping[str, Any]) -> InputData:
+    """An :class:`InputData` from a file path or a mapping ``{name: array-like}`` (the Python API)."""
+    if isinstance(inputs, InputData):
+        return inputs
+    if isinstance(inputs, (str, Path)):
+        return load_inputs(inputs)
+    if not isinstance(inputs, Mapping):
+        raise InputDataError(f"inputs must be a file path or a mapping of name to values, not {type(inputs).__name__}")
+    arrays = {}
+    for name, v in inputs.items():
+        try:
+            a = np.asarray(v)
+        except (TypeError, ValueError) as exc:
+            raise InputDataError(f"inputs: {name}: {exc}") from None
+        if a.dtype.kind not in "iufc":
+            raise InputDataError(f"inputs: {name}: expected real or complex numbers, got dtype {a.dtype}")
+        arrays[str(name)] = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+    return InputData("<inputs>", arrays)
+
+
+def check_inputs(data: InputData, program, slots: int, batch: int | None = None) -> int | None:
+    """Check ``data`` against the manifest of ``program`` at ``slots`` = N/2 slots (names, kinds,
+    shapes, finiteness); returns the number of stacked instances (None: nothing stacked). With
+    ``batch``, stacked values must have exactly ``batch`` entries; without, at most one."""
+    req = requirements(program)
+    src = data.source
+    problems = [f"input {n} ({need.kind}) is missing" for n, need in req.inputs.items() if n not in data.arrays]
+    problems += [f"{n} is not an input of {program.name} (its inputs: {', '.join(sorted(req.inputs))})"
+                 for n in data.arrays if n not in req.inputs]
+    stacked: set[int] = set()
+    for name, a in data.arrays.items():
+        need = req.inputs.get(name)
+        if need is None:
+            continue
+        if need.kind == InputKind.SCALAR:
+            if a.ndim > 1:
+                problems.append(f"{name} is a scalar input: expected a number or one number per instance, got shape {a.shape}")
+                continue
+            if a.dtype.kind == "c" and np.any(a.imag != 0):
+                problems.append(f"{name} is a scalar input: it must be real")
+            if a.ndim == 1:
+                stacked.add(a.shape[0])
+        else:
+            if a.ndim not in (1, 2) or a.shape[-1] != slots:
+                problems.append(f"{name} is a {need.kind} input: expected {slots} slots (N/2), shape ({slots},) "
+                                f"or (B, {slots}), got shape {a.shape}")
+                continue
+            if a.ndim == 2:
+                stacked.add(a.shape[0])
+        if not np.all(np.isfinite(a)):
+            bad = int(np.flatnonzero(~np.isfinite(a).reshape(-1))[0])
+            problems.append(f"{name} has a non-finite value (NaN or infinity) at flat index {bad}")
+    if len(stacked) > 1:
+        problems.append(f"stacked inputs have different instance counts: {sorted(stacked)}")
+    count = next(iter(stacked)) if len(stacked) == 1 else None
+    if count is not None:
+        if batch is None and count != 1:
+            problems.append(f"the inputs hold {count} instances; run them with --batch {count}")
+        elif batch is not None and count != batch:
+            problems.append(f"the inputs hold {count} instances, the batch has {batch}")
+    if problems:
+        raise InputDataError(f"{src} does not fit {program.name}:\n  " + "\n  ".join(problems))
+    return count
+
+
+def instance_values(data: InputData, program, index: int) -> dict[str, Any]:
+    """The values of instance ``index`` (checked data): entry ``index`` of stacked arrays, the
+    value itself otherwise; scalars as Python floats, vectors as 1-D arrays."""
+    req = requirements(program)
+    out: dict[str, Any] = {}
+    for name, a in data.arrays.items():
+        scalar = req.inputs[name].kind == InputKind.SCALAR
+        if scalar:
+            v = a[index] if a.ndim == 1 else a
+            out[name] = float(np.real(v))
+        else:
+            out[name] = a[index] if a.ndim == 2 else a
+    return out
+
+
+def decrypted_outputs(prepared, memory, *, limbs: bool = False) -> dict[str, np.ndarray]:
+    """The program's outputs decrypted (slots, complex128) at the check's output scales, and with
+    ``limbs`` the raw output ciphertexts (``<name>.c0``, ``<name>.c1``, ``<name>.limbs``)."""
+    from caramel.ckks.check import output_scales
+    from caramel.ckks.encrypt import decrypt_values
+
+    cts = read_outputs(prepared.manifest, memory, aliases=prepared.aliases)
+    scales = output_scales(prepared.spec, prepared.ctx, prepared.env["L"])
+    out: dict[str, np.ndarray] = {}
+    for name, ct in cts.items():
+        spec = prepared.spec.outputs.get(name)
+        scale, modulus = scales.get(name, (float(2**28), None))
+        sk = prepared.secrets.s_eph if spec is not None and spec.key == "s_eph" else prepared.secrets.s
+        with np.errstate(all="ignore"):
+            out[name] = np.asarray(decrypt_values(prepared.ctx, sk, ct, scale, modulus), dtype=np.complex128)
+        if limbs:
+            out[f"{name}.c0"] = np.asarray(ct.c0, dtype=np.uint32)
+            out[f"{name}.c1"] = np.asarray(ct.c1, dtype=np.uint32)
+            out[f"{name}.limbs"] = np.asarray(ct.limbs, dtype=np.int64)
+    return out
+
+
+def stack_outputs(per_instance: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One array per key, stacked over instances (``.limbs`` entries are shared, not stacked)."""
+    if len(per_instance) == 1:
+        return dict(per_instance[0])
+    keys = per_instance[0].keys()
+    return {k: per_instance[0][k] if k.endswith(".limbs") else np.stack([o[k] for o in per_instance]) for k in keys}
+
+
+def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
+    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.results.write_atomic`)."""
+    from caramel.results import write_atomic
+
+    path = Path(path)
+    if path.suffix.lower() != ".npz":
+        raise InputDataError(f"{path}: outputs are written as .npz; give a file name ending in .npz")
+    return write_atomic(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()}), mode="wb")
+
+
+__all__ = ["InputData", "InputDataError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
+           "load_inputs", "save_outputs", "stack_outputs"]
