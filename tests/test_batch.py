@@ -1,0 +1,168 @@
+"""Program-level parallelism on the CPU (:mod:`caramel.batch`): a batch on simulated devices, in
+processes, and the throughput profile; instance i equals a single run with seed S + i and key seed S."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from caramel.api import run_program
+from caramel.batch import BatchError, batch_layout, instance_line, measure_throughput, run_batch
+from caramel.cli import main
+from caramel.parse import load_program
+
+from tests.conftest import REPO, caramel_cli
+
+MUL2 = REPO / "programs" / "Mul_4L_2c"
+ROT1 = REPO / "programs" / "MulRotate_4L_1c"  # 1 chip, with rotation keys (shared by the instances)
+N = 1024
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def mul2():
+    return load_program(MUL2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def rot1():
+    return load_program(ROT1, progress=False)
+
+
+def single_digest(program, seed: int, key_seed: int, backend: str = "cpu", check="auto") -> str:
+    return run_program(program, n=N, backend=backend, seed=seed, key_seed=key_seed, check=check).digest
+
+
+@pytest.mark.parametrize(("chips", "gpus", "want"), [
+    (1, None, [()]),
+    (1, 3, [(0,), (1,), (2,)]),
+    (2, 4, [(0, 1), (2, 3)]),
+    (2, 5, [(0, 1), (2, 3)]),
+    (4, 2, [(0, 1)]),
+    (2, 2, [(0, 1)]),
+])
+def test_layout(chips, gpus, want):
+    assert batch_layout(chips, gpus) == want
+
+
+def test_layout_refuses_no_devices():
+    with pytest.raises(BatchError):
+        batch_layout(1, 0)
+
+
+@pytest.mark.parametrize(("fixture", "gpus", "slots", "per"), [("mul2", 2, 1, 2), ("mul2", 4, 2, 2), ("rot1", 2, 2, 1)])
+def test_batch_on_simulated_devices_equals_single_runs(request, fixture, gpus, slots, per):
+    program = request.getfixturevalue(fixture)
+    result = run_batch(program, n=N, backend="cpu-plan", seed=SEED, batch=4, gpus=gpus)
+    assert [r["instance"] for r in result.records] == [0, 1, 2, 3]
+    assert [r["seed"] for r in result.records] == [SEED, SEED + 1, SEED + 2, SEED + 3]
+    assert all(r["passed"] is True and r["checks"] for r in result.records)  # every instance checked
+    digests = [r["digest"] for r in result.records]
+    assert len(set(digests)) == 4  # distinct inputs per instance
+    for i, digest in enumerate(digests):
+        assert digest == single_digest(program, SEED + i, SEED), f"instance {i}"
+    s = result.summary
+    assert (s.instances, s.slots, s.devices_per_instance, s.passed) == (4, slots, per, True)
+    assert s.per_second > 0 and s.wall_s > 0
+    assert {"keys", "plan"} <= set(result.timings)
+    assert all({"encrypt", "run", "check"} <= set(r["timings_s"]) for r in result.records)
+    assert all(len(r["devices"]) == per for r in result.records)
+
+
+def test_keys_are_shared_and_key_seed_is_separate(rot1):
+    """--key-seed K: the instances' keys come from K, their inputs from S + i."""
+    result = run_batch(rot1, n=N, backend="cpu-plan", seed=SEED, key_seed=11, batch=2)
+    assert [r["digest"] for r in result.records] == [single_digest(rot1, SEED + i, 11) for i in range(2)]
+    assert result.records[0]["digest"] != single_digest(rot1, SEED, SEED)
+
+
+def test_indices_select_a_share(mul2):
+    full = run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4)
+    part = run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, indices=[1, 3])
+    assert [r["instance"] for r in part.records] == [1, 3]
+    assert [r["digest"] for r in part.records] == [full.records[1]["digest"], full.records[3]["digest"]]
+
+
+def test_reference_backend_runs_slots_as_threads(rot1):
+    result = run_batch(rot1, n=N, backend="cpu", seed=SEED, batch=3, gpus=3)
+    assert [r["digest"] for r in result.records] == [single_digest(rot1, SEED + i, SEED) for i in range(3)]
+
+
+def test_an_error_in_one_instance_is_raised(mul2, monkeypatch):
+    import caramel.ckks.check as check
+
+    real = check.prepare_check
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise check.CheckError("boom")
+        return real(*a, **k)
+    monkeypatch.setattr(check, "prepare_check", failing)
+    with pytest.raises(check.CheckError, match="boom"):
+        run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, gpus=2)
+
+
+def test_instance_line_names_verdicts_and_digest(mul2):
+    record = run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=1).records[0]
+    line = instance_line(record)
+    assert line.startswith("instance 0 (seed 5") and "PASS z" in line and record["digest"] in line
+
+
+def test_cli_batch_prints_one_line_per_instance_and_a_summary(tmp_path, mul2, capsys):
+    out = tmp_path / "r.json"
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--batch", "4", "--gpus", "2", "--seed",
+                 str(SEED), "-q", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    lines = [line for line in text.splitlines() if line.startswith("instance ")]
+    assert len(lines) == 4 and all("PASS" in line for line in lines)
+    assert "batch: 4 instances" in text and "instances/s" in text and "time: load" in text
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "batch" and doc["batch"] == 4 and len(doc["instances"]) == 4
+    assert doc["summary"]["passed"] is True and "environment" in doc
+    assert doc["instances"][2]["digest"] == single_digest(mul2, SEED + 2, SEED)
+
+
+def test_cli_single_run_with_key_seed_matches_the_batch(mul2, capsys):
+    assert main(["run", str(MUL2), "--n", str(N), "--backend", "cpu", "--seed", str(SEED + 3), "--key-seed", str(SEED),
+                 "-q"]) == 0
+    text = capsys.readouterr().out
+    assert f"output digest (sha256): {single_digest(mul2, SEED + 3, SEED)}" in text
+    assert "time: load" in text and "keys" in text
+
+
+@pytest.mark.parametrize("program", [MUL2, ROT1])
+def test_batch_in_two_processes(program, tmp_path):
+    """`caramel launch --nproc 2 -- run ... --batch 4`: each process its share (i % 2), rank 0 prints all."""
+    loaded = load_program(program, progress=False)
+    out = tmp_path / "o.npz"
+    have = caramel_cli("launch", "--nproc", "2", "--", "run", str(program), "--n", str(N), "--backend", "cpu-plan",
+                       "--batch", "4", "--seed", str(SEED), "-q", "--save-outputs", str(out),
+                       env={"CARAMEL_PROGRESS": "0"})
+    assert have.returncode == 0, have.stderr[-3000:]
+    lines = [line for line in have.stdout.splitlines() if line.startswith("instance ")]
+    assert len(lines) == 4 and all("PASS" in line for line in lines)
+    assert "in 2 processes" in have.stdout
+    assert all("rank 1" in lines[i] for i in (1, 3)) and not any("rank" in lines[i] for i in (0, 2))
+    for i, line in enumerate(lines):
+        assert line.endswith(single_digest(loaded, SEED + i, SEED)), line
+    import numpy as np
+
+    with np.load(out) as data:
+        assert data["z" if "z" in data.files else data.files[0]].shape[0] == 4
+
+
+def test_batch_of_one_process_mode_without_launcher_is_refused(capsys):
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--batch", "2", "--distributed", "-q"])
+    assert code == 2 and "--distributed needs" in capsys.readouterr().err
+
+
+def test_throughput_on_simulated_devices(rot1):
+    points = measure_throughput(rot1, [1, 2], n=N, backend="cpu-plan", rounds=1)
+    assert [p.gpus for p in points] == [1, 2] and [p.instances for p in points] == [1, 2]
+    assert points[0].speedup == pytest.approx(1.0) and all(p.per_second > 0 for p in points)
+    assert points[1].efficiency == pytest.approx(points[1].speedup / 2)
+    assert points[0].digest == single_digest(rot1, 0, 0, check=None)  # random inputs, no check file
