@@ -76,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     check = None if args.no_check else (args.check or "auto")
     if args.batch is not None:
         return _run_batch(args, program, check, load_s)
+    if args.distributed and (args.inputs or args.key_seed is not None or args.save_outputs or args.json):
+        raise CaramelError("--inputs, --key-seed, --save-outputs and --json go with --batch in process mode")
     if args.distributed:
         return _run_distributed(args, program, check)
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
@@ -231,6 +233,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     log = (lambda s: None) if args.quiet else (lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
                                                                    file=sys.stderr, flush=True))
+    if args.throughput and not args.gpus:
+        raise CaramelError("--throughput goes with --gpus 1,2,4,8 (and a family)")
     if args.gpus:
         return _profile_scaling(args, log)
     program = _load(args)

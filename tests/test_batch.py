@@ -160,6 +160,13 @@ def test_batch_of_one_process_mode_without_launcher_is_refused(capsys):
     assert code == 2 and "--distributed needs" in capsys.readouterr().err
 
 
+def test_user_data_options_need_batch_in_process_mode(capsys):
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--key-seed", "3", "-q"])
+    assert code == 2 and "go with --batch in process mode" in capsys.readouterr().err
+    assert main(["profile", str(ROT1), "--n", "256", "--throughput", "-q"]) == 2
+    assert "--throughput goes with --gpus" in capsys.readouterr().err
+
+
 def test_throughput_on_simulated_devices(rot1):
     points = measure_throughput(rot1, [1, 2], n=N, backend="cpu-plan", rounds=1)
     assert [p.gpus for p in points] == [1, 2] and [p.instances for p in points] == [1, 2]
