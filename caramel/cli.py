@@ -110,6 +110,7 @@ def _run_results(args: argparse.Namespace, program, outcome, load_s: float) -> N
         devices = args.gpus or (program.chips if outcome.backend == "gpu" else 1)
         record = run_record(outcome, timings, devices=devices, seed=args.seed,
                             key_seed=args.seed if args.key_seed is None else args.key_seed)
+        record["inputs"] = args.inputs
         print(f"results: {write_json(args.json, document('run', record))}")
 
 
@@ -152,6 +153,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     if args.json:
         body = result.body()
         body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
+        body["inputs"] = args.inputs
         print(f"results: {write_json(args.json, document('batch', body))}")
     return EXIT_OK if result.passed else EXIT_INVALID
 
