@@ -173,3 +173,109 @@ def test_throughput_on_simulated_devices(rot1):
     assert points[0].speedup == pytest.approx(1.0) and all(p.per_second > 0 for p in points)
     assert points[1].efficiency == pytest.approx(points[1].speedup / 2)
     assert points[0].digest == single_digest(rot1, 0, 0, check=None)  # random inputs, no check file
+
+
+class _FakeCupy:
+    """Just enough of CuPy for the GPU slot logic: ``cuda.Device(d)`` as a per-thread current device."""
+
+    def __init__(self):
+        import threading
+        import types
+
+        current = self.current = threading.local()
+
+        class Device:
+            def __init__(self, d):
+                self.d = d
+
+            def __enter__(self):
+                self.prev = getattr(current, "d", 0)
+                current.d = self.d
+
+            def __exit__(self, *exc):
+                current.d = self.prev
+
+        self.module = types.ModuleType("cupy")
+        self.module.cuda = types.SimpleNamespace(Device=Device)
+
+    def device(self) -> int:
+        return getattr(self.current, "d", 0)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The GPU paths of caramel.batch and caramel.api.executor with CuPy faked: the 1-chip executor
+    and MultiGpuRun are replaced by the plan engine / simulated devices, recording the CUDA devices
+    each instance runs on."""
+    import sys
+
+    import caramel.api as api
+    import caramel.execute.gpu as gpu
+    import caramel.execute.multi_gpu as multi
+    from caramel.execute.devices import run_on_devices
+    from caramel.execute.plan_engine import run_plan
+    from caramel.plan import build_plan
+
+    fake = _FakeCupy()
+    seen: list[tuple[int, ...]] = []
+    monkeypatch.setitem(sys.modules, "cupy", fake.module)
+    monkeypatch.setattr(api, "gpu_available", lambda: True)
+
+    def gpu_executor(program, ctx, mode, *, graph=True, streams=4):
+        plan = build_plan(program)
+
+        def run(memory):
+            seen.append((fake.device(),))
+            return run_plan(plan, ctx, memory, mode)
+        return run
+
+    class MultiGpuRun:
+        def __init__(self, plan, ctx, memory, mode, gpus=None, *, device_ids=None, streams=None, **kw):
+            assert device_ids is not None and len(device_ids) == gpus
+            seen.append(tuple(device_ids))
+            self.result_ = run_on_devices(plan, ctx, memory, mode, gpus)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def replay(self, repeats=1):
+            return None
+
+        def result(self):
+            return self.result_
+
+    monkeypatch.setattr(gpu, "gpu_executor", gpu_executor)
+    monkeypatch.setattr(multi, "MultiGpuRun", MultiGpuRun)
+    return seen
+
+
+def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
+    """1-chip: one instance per device, each under cupy.cuda.Device(d); 2-chip on 4 GPUs: two
+    instances at once on devices (0, 1) and (2, 3). Digests as the CPU's single runs."""
+    result = run_batch(rot1, n=N, backend="gpu", seed=SEED, batch=4, gpus=3)
+    assert set(fake_gpu) <= {(0,), (1,), (2,)}
+    # every instance ran under the CUDA device of its slot
+    assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
+    for r in result.records:
+        assert tuple(r["devices"]) in {(0,), (1,), (2,)}
+        assert r["digest"] == single_digest(rot1, SEED + r["instance"], SEED)
+    assert len(fake_gpu) == 4
+    fake_gpu.clear()
+    result = run_batch(mul2, n=N, backend="gpu", seed=SEED, batch=4, gpus=4)
+    assert set(fake_gpu) <= {(0, 1), (2, 3)} and len(fake_gpu) == 4
+    assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
+    assert all(tuple(r["devices"]) in {(0, 1), (2, 3)} for r in result.records)
+    assert [r["digest"] for r in result.records] == [single_digest(mul2, SEED + i, SEED) for i in range(4)]
+
+
+def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
+    """Process mode on the GPU: the rank's instances on its CUDA device LOCAL_RANK (a K-chip program
+    with its chips merged there)."""
+    for program, want in ((rot1, (3,)), (mul2, (3,))):
+        fake_gpu.clear()
+        result = run_batch(program, n=N, backend="gpu", seed=SEED, batch=4, gpus=1, devices=[3], indices=[1, 3])
+        assert set(fake_gpu) == {want} and [r["instance"] for r in result.records] == [1, 3]
+        assert [r["digest"] for r in result.records] == [single_digest(program, SEED + i, SEED) for i in (1, 3)]
