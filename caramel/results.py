@@ -15,6 +15,12 @@ A batch adds ``"instances": [<one record per instance, without environment>]`` a
 (:mod:`caramel.batch`). Infinite precisions (an exact output) are written as the strings ``"inf"``
 / ``"-inf"``, so the file is strict JSON. Files are written atomically (:func:`write_json`).
 
+Phases: ``load`` (parse or cache, validate), ``keys`` (secrets and evaluation keys; 0 when given),
+``encrypt`` (encode and encrypt the inputs, bind the memory image), ``plan`` (build the executor:
+the plan, and on the GPU nothing resident yet), ``run`` (the executor's call: on the GPU also the
+upload, the warm-up and the graph capture), ``decrypt`` (the outputs of ``--save-outputs``),
+``check`` (decrypt the outputs and compare them with the check's formulas, and the digest).
+
 The human output prints the same time breakdown in one line (:func:`timings_line`).
 """
 
