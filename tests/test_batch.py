@@ -138,9 +138,9 @@ def test_cli_single_run_with_key_seed_matches_the_batch(mul2, capsys):
 def test_batch_in_two_processes(program, tmp_path):
     """`caramel launch --nproc 2 -- run ... --batch 4`: each process its share (i % 2), rank 0 prints all."""
     loaded = load_program(program, progress=False)
-    out = tmp_path / "o.npz"
+    out, record = tmp_path / "o.npz", tmp_path / "r.json"
     have = caramel_cli("launch", "--nproc", "2", "--", "run", str(program), "--n", str(N), "--backend", "cpu-plan",
-                       "--batch", "4", "--seed", str(SEED), "-q", "--save-outputs", str(out),
+                       "--batch", "4", "--seed", str(SEED), "-q", "--save-outputs", str(out), "--json", str(record),
                        env={"CARAMEL_PROGRESS": "0"})
     assert have.returncode == 0, have.stderr[-3000:]
     lines = [line for line in have.stdout.splitlines() if line.startswith("instance ")]
@@ -151,8 +151,13 @@ def test_batch_in_two_processes(program, tmp_path):
         assert line.endswith(single_digest(loaded, SEED + i, SEED)), line
     import numpy as np
 
+    local = run_batch(loaded, n=N, backend="cpu-plan", seed=SEED, batch=4, outputs=True)
     with np.load(out) as data:
-        assert data["z" if "z" in data.files else data.files[0]].shape[0] == 4
+        assert data["z"].shape == (4, N // 2)  # gathered in instance order
+        assert all(np.array_equal(data["z"][i], x.outputs["z"]) for i, x in enumerate(local.instances))
+    doc = json.loads(record.read_text())
+    assert [r["instance"] for r in doc["instances"]] == [0, 1, 2, 3] and [r["rank"] for r in doc["instances"]] == [0, 1, 0, 1]
+    assert doc["summary"]["processes"] == 2 and doc["summary"]["passed"] is True
 
 
 def test_batch_of_one_process_mode_without_launcher_is_refused(capsys):
