@@ -76,8 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     check = None if args.no_check else (args.check or "auto")
     if args.batch is not None:
         return _run_batch(args, program, check, load_s)
-    if args.distributed and (args.inputs or args.key_seed is not None or args.save_outputs or args.json):
-        raise CaramelError("--inputs, --key-seed, --save-outputs and --json go with --batch in process mode")
+    if args.distributed and (args.inputs or args.save_outputs or args.json):
+        raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
     if args.distributed:
         return _run_distributed(args, program, check)
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
@@ -171,11 +171,14 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     place = launch_env()
     if place is None:
         raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-    import numpy as np
-
     ctx = Context(n=args.n)
     spec = resolve_check(program, check)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
+    from caramel.ckks.keyset import generate_keyset, input_rng
+
+    # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
+    keys = generate_keyset(program, ctx, args.seed if args.key_seed is None else args.key_seed)
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(args.seed),
+                             secrets=keys.secrets, keys=dict(keys.keys))
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
     result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,

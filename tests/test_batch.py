@@ -166,7 +166,7 @@ def test_batch_of_one_process_mode_without_launcher_is_refused(capsys):
 
 
 def test_user_data_options_need_batch_in_process_mode(capsys):
-    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--key-seed", "3", "-q"])
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--json", "x.json", "-q"])
     assert code == 2 and "go with --batch in process mode" in capsys.readouterr().err
     assert main(["profile", str(ROT1), "--n", "256", "--throughput", "-q"]) == 2
     assert "--throughput goes with --gpus" in capsys.readouterr().err
