@@ -96,15 +96,24 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     place = launch_env()
     if place is None:
         raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-    import numpy as np
+    from caramel.api import check_prime_count
+    from caramel.ckks.keyset import generate_keyset, input_rng
+    from caramel.execute.distributed import RunIdentity, check_digest
 
     ctx = Context(n=args.n)
+    check_prime_count(program, ctx)
     spec = resolve_check(program, check)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
+    keys = generate_keyset(program, ctx, args.seed)  # as run_program: the same seed gives the same digest
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(args.seed),
+                             secrets=keys.secrets, keys=dict(keys.keys))
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
+    from caramel.parse import read_source, source_digest
+
+    identity = RunIdentity(source_digest(read_source(args.program)), args.n, args.mode, args.seed, place.world,
+                           backend, check_digest(spec))
     result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,
-                             streams=args.streams)
+                             streams=args.streams, identity=identity)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
@@ -117,8 +126,15 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     return EXIT_OK if report.passed else EXIT_INVALID
 
 
+#: The commands that ``caramel launch`` starts in process mode.
+LAUNCHABLE = ("run", "profile")
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
-    """``caramel launch --nproc G -- ARGS``: G local processes of ``caramel ARGS --distributed``."""
+    """``caramel launch --nproc G -- ARGS``: G local processes of ``caramel ARGS --distributed``.
+
+    Before any process starts: the command must be one of :data:`LAUNCHABLE` and parse (with
+    ``--distributed``), and the program must have at least G chips."""
     from caramel.execute.distributed import launch
 
     rest = [a for a in args.args if a != "--"]
@@ -126,6 +142,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print("caramel: error: give the caramel command after --, e.g. caramel launch --nproc 2 -- run PROGRAM "
               "--backend gpu", file=sys.stderr)
         return EXIT_ERROR
+    if rest[0] not in LAUNCHABLE:
+        raise CaramelError(f"caramel launch starts {' or '.join(LAUNCHABLE)} in process mode, not {rest[0][:40]!r}")
+    child = build_parser()
+    try:
+        child_args = child.parse_args([*rest, "--distributed"])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) and exc.code else EXIT_ERROR
+    program = _load(child_args)
+    if args.nproc > program.chips:
+        raise CaramelError(f"--nproc {args.nproc} for {program.name}, a {program.chips}-chip program: use at most "
+                           f"{program.chips} processes (one per chip)")
     return launch(args.nproc, rest)
 
 
