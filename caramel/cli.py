@@ -72,10 +72,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     check = None if args.no_check else (args.check or "auto")
     if args.distributed:
         return _run_distributed(args, program, check)
+    from caramel.api import check_devices, devices_used, resolve_backend
+
+    check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
                           gpus=args.gpus, streams=args.streams)
+    devices = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
-          f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
+          f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
     if outcome.report is None:
         return EXIT_OK
@@ -175,8 +179,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             with open(args.dag_json, "w") as f:
                 f.write(dag.to_json(graph, program))
         if args.dot:
+            try:
+                text = dag.to_dot(graph, program)  # before the file is opened: no empty file left
+            except ValueError as exc:
+                raise CaramelError(f"--dot: {exc}") from None
             with open(args.dot, "w") as f:
-                f.write(dag.to_dot(graph, program))
+                f.write(text)
     return EXIT_OK
 
 
@@ -187,6 +195,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     log = (lambda s: None) if args.quiet else (lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
                                                                    file=sys.stderr, flush=True))
+    if args.plot and not args.gpus:
+        raise CaramelError("--plot draws the scaling curve of --gpus 1,2,...: give --gpus too")
     if args.gpus:
         return _profile_scaling(args, log)
     program = _load(args)
@@ -206,6 +216,11 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
 
     from caramel.scaling import plot_scaling, profile_scaling, render_scaling, scaling_trace
 
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CaramelError("--plot needs matplotlib (pip install matplotlib); nothing was run")
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
                              streams=args.streams, log=log)
@@ -241,9 +256,25 @@ def _positive(text: str) -> int:
 
 
 def _ring_dimension(text: str) -> int:
-    value = _positive(text)
-    if value & (value - 1) or value > 65536:
-        raise argparse.ArgumentTypeError(f"N must be a power of two up to 65536, got {text!r}")
+    from caramel.ring.context import MIN_N
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < MIN_N or value & (value - 1) or value > 65536:
+        raise argparse.ArgumentTypeError(f"N must be a power of two from {MIN_N} to 65536 (the ring degrees caramel "
+                                         f"supports), got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a seed >= 0, got {text!r}")
     return value
 
 
@@ -281,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
                         "on NumPy), gpu (default auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--check", metavar="CHECK.toml",
                    help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
                         "it exists, else random inputs and no judgement)")
@@ -316,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (default exact)")
-    p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--repeats", type=_positive, default=10, help="timed runs per variant (default 10)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default 1)")
     p.add_argument("--backend", choices=("auto", "gpu", "cpu-plan"), default="auto",
@@ -343,8 +374,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """Report a Ctrl-C; a second one while reporting changes nothing (never a traceback)."""
+    import signal
+
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, KeyboardInterrupt):  # not the main thread, or the second Ctrl-C came already
+        previous = None
+    try:
         print("caramel: interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return EXIT_INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -492,6 +492,7 @@ class _Files:
     where: str
     files: dict[str, bytes]
     paths: dict[str, str] = field(default_factory=dict)  # display path of a file not at where/filename
+    single: bool = False  # one instructions file given alone (no manifests expected)
 
     def path(self, filename: str) -> str:
         if filename in self.paths:
@@ -623,7 +624,7 @@ def read_source(source: str | os.PathLike) -> _Files:
     m = _INSTR.fullmatch(path.name)
     chip = int(m.group(1)) if m else 0
     key = f"instructions{chip}"
-    return _Files(path.name, str(path.parent), {key: read_regular(path)}, {key: str(path)})
+    return _Files(path.name, str(path.parent), {key: read_regular(path)}, {key: str(path)}, single=True)
 
 
 def _cache_dir() -> Path:
@@ -674,12 +675,46 @@ def build_program(files: _Files, *, fast: bool = True, progress: bool | None = N
     manifest = Manifest(files.path("program_inputs"), ())
     if "program_inputs" in files.files:
         manifest = parse_manifest(files.files["program_inputs"], files.path("program_inputs"))
+    elif not files.single:
+        raise ParseError(Location(files.where), "no 'program_inputs' file: a compiled program folder has one "
+                                                "(the inputs, outputs and keys of the program)")
+    extra = sorted(int(m.group(1)) for k in files.files if (m := _INPUTS.fullmatch(k)) and int(m.group(1)) >= len(chips))
+    if extra:
+        raise ParseError(Location(files.path(f"inputs{extra[0]}")),
+                         f"names chip {extra[0]}, but the program has {len(chips)} chip(s) (instructions0.."
+                         f"instructions{len(chips) - 1})")
     chip_manifests = tuple(
         parse_manifest(files.files[f"inputs{c}"], files.path(f"inputs{c}"), chip=True)
         for c in chips
         if f"inputs{c}" in files.files
     )
+    for m in chip_manifests:
+        _check_agreement(manifest, m)
     return Program(files.name, files.where, tuple(streams), manifest, chip_manifests)
+
+
+def _check_agreement(program_inputs: Manifest, chip: Manifest) -> None:
+    """Every entry of a chip manifest (``inputs<p>``) whose term ``program_inputs`` also lists must
+    agree with it: the same symbol, both outputs or both inputs, and limbs among the global ones."""
+    known: dict[str, list[ManifestEntry]] = {}
+    for e in program_inputs.entries:
+        known.setdefault(e.term, []).append(e)
+    for e in chip.entries:
+        same = known.get(e.term)
+        if not same:
+            continue
+        g = same[0]
+        where = Location(chip.path, e.line)
+        if e.symbol != g.symbol:
+            raise ParseError(where, f"{e.term} is {e.symbol} here but {g.symbol} in {program_inputs.path}:{g.line}")
+        if (e.section == Section.OUTPUT) != (g.section == Section.OUTPUT):
+            raise ParseError(where, f"{e.term} is in the {e.section.value} section here but in the "
+                                    f"{g.section.value} section of {program_inputs.path}:{g.line}")
+        limbs = set().union(*(x.limbs for x in same))
+        beyond = sorted(set(e.limbs) - limbs)
+        if beyond:
+            raise ParseError(where, f"{e.term} lists limb(s) {','.join(map(str, beyond))} that "
+                                    f"{program_inputs.path}:{g.line} does not have")
 
 
 def _relocate(program: Program, files: _Files) -> Program:
