@@ -149,6 +149,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if rest[0] not in LAUNCHABLE:
         raise CaramelError(f"caramel launch starts {' or '.join(LAUNCHABLE)} in process mode, not {rest[0][:40]!r}")
     child = build_parser()
+    commands = next(a for a in child._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if "--distributed" not in commands[rest[0]]._option_string_actions:
+        raise CaramelError(f"`caramel {rest[0]}` has no process mode (no --distributed) in this version; "
+                           "`caramel profile FAMILY --gpus 1,2,...` profiles several devices in one process")
     try:
         child_args = child.parse_args([*rest, "--distributed"])
     except SystemExit as exc:

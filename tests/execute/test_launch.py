@@ -215,3 +215,9 @@ def test_launch_refuses_other_commands_and_too_many_processes():
     r = caramel_cli("launch", "--nproc", "3", "--", "run", str(MUL), "--n", "1024", "--backend", "cpu-plan")
     assert r.returncode == 2 and "--nproc 3 for Mul_4L_2c, a 2-chip program" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@needs_corpus
+def test_launch_refuses_a_command_without_process_mode_before_starting():
+    r = caramel_cli("launch", "--nproc", "2", "--", "profile", str(MUL))
+    assert r.returncode == 2 and "has no process mode" in r.stderr and "caramel rank" not in r.stderr
