@@ -680,7 +680,7 @@ def build_program(files: _Files, *, fast: bool = True, progress: bool | None = N
                                                 "(the inputs, outputs and keys of the program)")
     extra = sorted(int(m.group(1)) for k in files.files if (m := _INPUTS.fullmatch(k)) and int(m.group(1)) >= len(chips))
     if extra:
-        raise ParseError(Location(files.path(f"inputs{extra[0]}")),
+        raise ParseError(Location(files.path(f"inputs{extra[0]}"), 1),
                          f"names chip {extra[0]}, but the program has {len(chips)} chip(s) (instructions0.."
                          f"instructions{len(chips) - 1})")
     chip_manifests = tuple(

@@ -456,7 +456,7 @@ def test_folder_without_program_inputs_is_refused(tmp_path):
 def test_inputs_of_a_chip_that_does_not_exist_are_refused(tmp_path):
     d = _copy(tmp_path)
     (d / "inputs5").write_bytes((d / "inputs1").read_bytes())
-    with pytest.raises(ParseError, match="inputs5: names chip 5, but the program has 2 chip"):
+    with pytest.raises(ParseError, match="inputs5:1: names chip 5, but the program has 2 chip"):
         load_program(d, cache=False)
 
 
