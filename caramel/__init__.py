@@ -23,6 +23,11 @@ def validate(program: Program, *, limit: int = 50, n: int | None = None) -> None
     _validate(program, limit=limit, n=n)
 
 
+# The module caramel.validate is callable (the function above), so that both caramel.validate(program)
+# and caramel.validate.validate(program, n=N) work, whichever import ran first.
+validate = __import__("importlib").import_module("caramel.validate")  # noqa: F811
+
+
 __all__ = [
     "CaramelError", "Context", "ExecutionError", "Instruction", "Mode", "Opcode", "ParseError", "Program",
     "RunOutcome", "RunResult", "Stream", "ValidationError", "load_program", "output_digest", "run_program",

@@ -110,6 +110,7 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     order that that many streams allow). ``devices``: the CUDA devices to run on (``gpu`` only;
     default 0, 1, ...; :mod:`caramel.batch` gives each instance its own)."""
     backend = resolve_backend(backend)
+    check_devices(program, backend, gpus)
     if devices is not None and backend == "gpu":
         return _gpu_executor_on(program, ctx, mode, gpus, streams, tuple(devices))
     if backend == "cpu":
@@ -166,6 +167,34 @@ def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | Non
             run.replay(1)
             return run.result()
     return on_devices
+def check_devices(program: Program, backend: str, gpus: int | None) -> None:
+    """Refuse a device count that the run would ignore or could not use: ``gpus`` with the ``cpu``
+    backend (the reference interpreter runs in one host thread), fewer than 1, or more devices than
+    the program has chips (each device runs at least one chip)."""
+    from caramel.errors import ArgumentError
+
+    if gpus is None:
+        return
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ArgumentError(f"gpus must be a positive integer, got {gpus!r}")
+    if backend == "cpu":
+        raise ArgumentError("gpus has no effect with backend 'cpu' (the reference interpreter runs in one host "
+                            "thread): use backend 'cpu-plan' (simulated devices) or 'gpu'")
+    if gpus > program.chips:
+        raise ArgumentError(f"{gpus} devices for {program.name}, a {program.chips}-chip program: a run can use at "
+                            f"most {program.chips} (one chip per device at least)")
+
+
+def devices_used(program: Program, backend: str, gpus: int | None) -> int:
+    """How many devices a run of ``program`` on ``backend`` (resolved) uses: ``gpus`` when given,
+    else 1 on ``cpu``/``cpu-plan`` and on ``gpu`` one per chip, at most the GPUs present."""
+    if gpus is not None:
+        return gpus
+    if backend != "gpu" or program.chips == 1:
+        return 1
+    import cupy as cp
+
+    return min(program.chips, cp.cuda.runtime.getDeviceCount())
 
 
 def check_prime_count(program: Program, ctx: Context) -> None:
@@ -222,7 +251,20 @@ def run_program(
     ``{name: values}``, :mod:`caramel.userdata`), encoded at the check's scales. The outcome's
     ``timings`` has the seconds of each phase.
     """
-    mode = Mode(mode)
+    if not isinstance(program, Program):
+        from caramel.errors import ArgumentError
+
+        raise ArgumentError(f"run_program needs a Program (from caramel.load_program), got {type(program).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        from caramel.errors import ArgumentError
+
+        raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        from caramel.errors import ArgumentError
+
+        raise ArgumentError(f"mode must be one of {', '.join(m.value for m in Mode)}, got {mode!r}") from None
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)

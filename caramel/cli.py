@@ -80,10 +80,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
     if args.distributed:
         return _run_distributed(args, program, check)
+    from caramel.api import check_devices, devices_used, resolve_backend
+
+    check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
                           gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs)
+    devices = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
-          f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
+          f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
     _run_results(args, program, outcome, load_s)
     if outcome.report is None:
@@ -171,7 +175,11 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     place = launch_env()
     if place is None:
         raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
+    from caramel.api import check_prime_count
+    from caramel.execute.distributed import RunIdentity, check_digest
+
     ctx = Context(n=args.n)
+    check_prime_count(program, ctx)
     spec = resolve_check(program, check)
     from caramel.ckks.keyset import generate_keyset, input_rng
 
@@ -181,8 +189,12 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
                              secrets=keys.secrets, keys=dict(keys.keys))
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
+    from caramel.parse import read_source, source_digest
+
+    identity = RunIdentity(source_digest(read_source(args.program)), args.n, args.mode, args.seed, place.world,
+                           backend, check_digest(spec), args.key_seed)
     result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,
-                             streams=args.streams)
+                             streams=args.streams, identity=identity)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
@@ -195,8 +207,15 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     return EXIT_OK if report.passed else EXIT_INVALID
 
 
+#: The commands that ``caramel launch`` starts in process mode.
+LAUNCHABLE = ("run", "profile")
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
-    """``caramel launch --nproc G -- ARGS``: G local processes of ``caramel ARGS --distributed``."""
+    """``caramel launch --nproc G -- ARGS``: G local processes of ``caramel ARGS --distributed``.
+
+    Before any process starts: the command must be one of :data:`LAUNCHABLE` and parse (with
+    ``--distributed``), and the program must have at least G chips."""
     from caramel.execute.distributed import launch
 
     rest = [a for a in args.args if a != "--"]
@@ -204,6 +223,21 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print("caramel: error: give the caramel command after --, e.g. caramel launch --nproc 2 -- run PROGRAM "
               "--backend gpu", file=sys.stderr)
         return EXIT_ERROR
+    if rest[0] not in LAUNCHABLE:
+        raise CaramelError(f"caramel launch starts {' or '.join(LAUNCHABLE)} in process mode, not {rest[0][:40]!r}")
+    child = build_parser()
+    commands = next(a for a in child._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if "--distributed" not in commands[rest[0]]._option_string_actions:
+        raise CaramelError(f"`caramel {rest[0]}` has no process mode (no --distributed) in this version; "
+                           "`caramel profile FAMILY --gpus 1,2,...` profiles several devices in one process")
+    try:
+        child_args = child.parse_args([*rest, "--distributed"])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) and exc.code else EXIT_ERROR
+    program = _load(child_args)
+    if args.nproc > program.chips:
+        raise CaramelError(f"--nproc {args.nproc} for {program.name}, a {program.chips}-chip program: use at most "
+                           f"{program.chips} processes (one per chip)")
     return launch(args.nproc, rest)
 
 
@@ -226,8 +260,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             with open(args.dag_json, "w") as f:
                 f.write(dag.to_json(graph, program))
         if args.dot:
+            try:
+                text = dag.to_dot(graph, program)  # before the file is opened: no empty file left
+            except ValueError as exc:
+                raise CaramelError(f"--dot: {exc}") from None
             with open(args.dot, "w") as f:
-                f.write(dag.to_dot(graph, program))
+                f.write(text)
     return EXIT_OK
 
 
@@ -240,6 +278,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                                                    file=sys.stderr, flush=True))
     if args.throughput and not args.gpus:
         raise CaramelError("--throughput goes with --gpus 1,2,4,8 (and a family)")
+    if args.plot and not args.gpus:
+        raise CaramelError("--plot draws the scaling curve of --gpus 1,2,...: give --gpus too")
     if args.gpus:
         return _profile_scaling(args, log)
     program = _load(args)
@@ -263,6 +303,11 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
 
     from caramel.scaling import plot_scaling, profile_scaling, render_scaling, scaling_trace
 
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CaramelError("--plot needs matplotlib (pip install matplotlib); nothing was run")
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
                              streams=args.streams, log=log)
@@ -310,9 +355,25 @@ def _positive(text: str) -> int:
 
 
 def _ring_dimension(text: str) -> int:
-    value = _positive(text)
-    if value & (value - 1) or value > 65536:
-        raise argparse.ArgumentTypeError(f"N must be a power of two up to 65536, got {text!r}")
+    from caramel.ring.context import MIN_N
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < MIN_N or value & (value - 1) or value > 65536:
+        raise argparse.ArgumentTypeError(f"N must be a power of two from {MIN_N} to 65536 (the ring degrees caramel "
+                                         f"supports), got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a seed >= 0, got {text!r}")
     return value
 
 
@@ -350,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
                         "on NumPy), gpu (default auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--check", metavar="CHECK.toml",
                    help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
                         "it exists, else random inputs and no judgement)")
@@ -397,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (default exact)")
-    p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--repeats", type=_positive, default=10, help="timed runs per variant (default 10)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default 1)")
     p.add_argument("--backend", choices=("auto", "gpu", "cpu-plan"), default="auto",
@@ -427,8 +488,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """Report a Ctrl-C; a second one while reporting changes nothing (never a traceback)."""
+    import signal
+
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, KeyboardInterrupt):  # not the main thread, or the second Ctrl-C came already
+        previous = None
+    try:
         print("caramel: interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return EXIT_INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:

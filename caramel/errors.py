@@ -70,3 +70,8 @@ class DeadlockError(ExecutionError):
 
 class DeviceMemoryError(ExecutionError):
     """A program does not fit in GPU memory: names the bytes needed and available."""
+
+
+class ArgumentError(CaramelError, ValueError):
+    """A value given to a public function that it does not accept (an argument out of range, of the
+    wrong kind); also a :class:`ValueError`, its natural base."""

@@ -12,8 +12,9 @@ Two parsers give the same :class:`Program`:
   falls back to the Lark path for any line it does not accept. Tests check that both give identical
   programs on every corpus file.
 
-Loaded programs are cached (pickle) under ``$CARAMEL_CACHE`` (default ``~/.cache/caramel``), keyed by
-the SHA-256 of the files' contents and of caramel's parser and grammar.
+Loaded programs are cached under ``$CARAMEL_CACHE`` (default ``~/.cache/caramel``), keyed by the
+SHA-256 of the files' contents and of caramel's parser and grammar, as plain typed arrays (never a
+pickle) with an integrity digest; :mod:`caramel.cache` says what is checked before an entry is used.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import logging
 import os
-import pickle
 import re
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -49,10 +51,16 @@ from caramel.program import (
 )
 from caramel.progress import Progress
 
+logger = logging.getLogger(__name__)
 GRAMMAR_PATH = Path(__file__).resolve().parent / "grammar" / "cinnamon.lark"
 _PROGRAM_SECTIONS = (Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.OUTPUT, Section.EVALKEY)
 _CHIP_SECTIONS = (Section.INPUT, Section.OUTPUT)
 _MAX_INT = 1 << 62  # numbers above this are rejected: no limb, register or id is that large
+#: The largest program file read (instructions or manifest). The corpus's largest file is 3.8 MB
+#: (BootstrapLike_51L_1c/instructions0); a 64-limb bootstrap on one chip is within a few times that.
+MAX_FILE_BYTES = 64 << 20
+#: The most bytes of program files an archive may declare in all (several programs of up to 64 chips).
+MAX_ARCHIVE_BYTES = 512 << 20
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,6 +492,7 @@ class _Files:
     where: str
     files: dict[str, bytes]
     paths: dict[str, str] = field(default_factory=dict)  # display path of a file not at where/filename
+    single: bool = False  # one instructions file given alone (no manifests expected)
 
     def path(self, filename: str) -> str:
         if filename in self.paths:
@@ -499,24 +508,85 @@ def _program_files(files: dict[str, bytes]) -> dict[str, bytes]:
     return {k: v for k, v in files.items() if _INSTR.fullmatch(k) or _INPUTS.fullmatch(k) or k == "program_inputs"}
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``limit`` bytes: a device
+    (``/dev/zero``), a FIFO, a socket or a folder is a :class:`ParseError` at once, never a hang
+    (the file is opened non-blocking and checked with ``fstat`` before any read). ``limit``:
+    default :data:`MAX_FILE_BYTES`."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except IsADirectoryError:
+        raise ParseError(Location(str(path)), "is a folder where a file was expected") from None
+    except OSError as exc:
+        raise ParseError(Location(str(path)), f"cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ParseError(Location(str(path)), "is a folder where a file was expected")
+        if not stat.S_ISREG(st.st_mode):
+            raise ParseError(Location(str(path)), "not a regular file (a device, FIFO or socket)")
+        raise ParseError(Location(str(path)), f"file of {_mib(st.st_size)} is far larger than any compiled "
+                                              f"program file (at most {_mib(limit)})")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ParseError(Location(str(path)), f"file grew beyond {_mib(limit)} while read")
+    return data
+
+
+def _is_program_file(name: str) -> bool:
+    return bool(_INSTR.fullmatch(name) or _INPUTS.fullmatch(name) or name == "program_inputs")
+
+
 def _read_folder(path: Path) -> _Files:
-    files = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file() and (
-        _INSTR.fullmatch(p.name) or _INPUTS.fullmatch(p.name) or p.name == "program_inputs")}
+    files = {p.name: read_regular(p) for p in sorted(path.iterdir()) if _is_program_file(p.name)}
     if not any(_INSTR.fullmatch(k) for k in files):
         raise ParseError(Location(str(path)), "no 'instructions<p>' files in this folder: not a compiled program")
+    total = sum(map(len, files.values()))
+    if total > MAX_ARCHIVE_BYTES:
+        raise ParseError(Location(str(path)), f"program files of {_mib(total)} in all: far larger than any "
+                                              f"compiled program (at most {_mib(MAX_ARCHIVE_BYTES)})")
     return _Files(path.name, str(path), files)
 
 
 def _read_archive(path: Path, member: str | None) -> _Files:
+    """The program files of an archive; every member's declared size is checked at its header,
+    before anything of it is decompressed (a member beyond :data:`MAX_FILE_BYTES`, or more than
+    :data:`MAX_ARCHIVE_BYTES` declared in all, is refused), and a program file is read no further
+    than its declared size."""
+    def refuse(reason: str):
+        raise ParseError(Location(str(path)), reason)
+
     try:
         with tarfile.open(path) as tar:
             groups: dict[str, dict[str, bytes]] = {}
-            for info in tar.getmembers():
+            declared = 0
+            while (info := tar.next()) is not None:
                 if not info.isfile():
                     continue
+                if info.size > MAX_FILE_BYTES:
+                    refuse(f"member {info.name[:80]!r} declares {_mib(info.size)}: far larger than any compiled "
+                           f"program file (at most {_mib(MAX_FILE_BYTES)})")
+                declared += info.size
+                if declared > MAX_ARCHIVE_BYTES:
+                    refuse(f"members declare more than {_mib(MAX_ARCHIVE_BYTES)} in all: far larger than any "
+                           "set of compiled programs")
                 folder, _, name = info.name.rpartition("/")
-                if _INSTR.fullmatch(name) or _INPUTS.fullmatch(name) or name == "program_inputs":
-                    groups.setdefault(folder, {})[name] = tar.extractfile(info).read()
+                if _is_program_file(name):
+                    data = tar.extractfile(info).read(info.size + 1)
+                    if len(data) != info.size:
+                        refuse(f"member {info.name[:80]!r} holds {len(data)} bytes, its header says {info.size}")
+                    groups.setdefault(folder, {})[name] = data
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ParseError(Location(str(path)), f"cannot read archive: {exc}") from None
     groups = {k: v for k, v in groups.items() if any(_INSTR.fullmatch(n) for n in v)}
@@ -547,12 +617,14 @@ def read_source(source: str | os.PathLike) -> _Files:
         raise ParseError(Location(text), "no such file or folder")
     if path.is_dir():
         return _read_folder(path)
+    if not path.is_file():
+        raise ParseError(Location(text), "not a regular file (a device, FIFO or socket)")
     if tarfile.is_tarfile(path):
         return _read_archive(path, member)
     m = _INSTR.fullmatch(path.name)
     chip = int(m.group(1)) if m else 0
     key = f"instructions{chip}"
-    return _Files(path.name, str(path.parent), {key: path.read_bytes()}, {key: str(path)})
+    return _Files(path.name, str(path.parent), {key: read_regular(path)}, {key: str(path)}, single=True)
 
 
 def _cache_dir() -> Path:
@@ -562,16 +634,31 @@ def _cache_dir() -> Path:
 @lru_cache(maxsize=1)
 def _parser_fingerprint() -> bytes:
     h = hashlib.sha256()
-    for p in (Path(__file__), GRAMMAR_PATH, Path(__file__).with_name("program.py")):
+    for p in (Path(__file__), GRAMMAR_PATH, Path(__file__).with_name("program.py"), Path(__file__).with_name("cache.py")):
         h.update(p.read_bytes())
     return h.digest()
 
 
-def _cache_key(files: _Files) -> str:
-    h = hashlib.sha256(_parser_fingerprint())
+def source_digest(files: _Files) -> str:
+    """SHA-256 of a program's files (names and contents): what a cache entry is the cache of."""
+    h = hashlib.sha256()
     for name in sorted(files.files):
         h.update(name.encode() + b"\0" + hashlib.sha256(files.files[name]).digest())
     return h.hexdigest()
+
+
+def _cache_key(source: str) -> str:
+    """The entry name of a program whose files have :func:`source_digest` ``source``."""
+    return hashlib.sha256(_parser_fingerprint() + source.encode()).hexdigest()
+
+
+def _cache_meta(source: str) -> dict:
+    """What an entry must say it is the cache of (:mod:`caramel.cache`)."""
+    import caramel
+    from caramel import cache
+
+    return {"format": cache.FORMAT_VERSION, "caramel": caramel.__version__, "source": source,
+            "parser": _parser_fingerprint().hex()}
 
 
 def build_program(files: _Files, *, fast: bool = True, progress: bool | None = None) -> Program:
@@ -588,12 +675,46 @@ def build_program(files: _Files, *, fast: bool = True, progress: bool | None = N
     manifest = Manifest(files.path("program_inputs"), ())
     if "program_inputs" in files.files:
         manifest = parse_manifest(files.files["program_inputs"], files.path("program_inputs"))
+    elif not files.single:
+        raise ParseError(Location(files.where), "no 'program_inputs' file: a compiled program folder has one "
+                                                "(the inputs, outputs and keys of the program)")
+    extra = sorted(int(m.group(1)) for k in files.files if (m := _INPUTS.fullmatch(k)) and int(m.group(1)) >= len(chips))
+    if extra:
+        raise ParseError(Location(files.path(f"inputs{extra[0]}"), 1),
+                         f"names chip {extra[0]}, but the program has {len(chips)} chip(s) (instructions0.."
+                         f"instructions{len(chips) - 1})")
     chip_manifests = tuple(
         parse_manifest(files.files[f"inputs{c}"], files.path(f"inputs{c}"), chip=True)
         for c in chips
         if f"inputs{c}" in files.files
     )
+    for m in chip_manifests:
+        _check_agreement(manifest, m)
     return Program(files.name, files.where, tuple(streams), manifest, chip_manifests)
+
+
+def _check_agreement(program_inputs: Manifest, chip: Manifest) -> None:
+    """Every entry of a chip manifest (``inputs<p>``) whose term ``program_inputs`` also lists must
+    agree with it: the same symbol, both outputs or both inputs, and limbs among the global ones."""
+    known: dict[str, list[ManifestEntry]] = {}
+    for e in program_inputs.entries:
+        known.setdefault(e.term, []).append(e)
+    for e in chip.entries:
+        same = known.get(e.term)
+        if not same:
+            continue
+        g = same[0]
+        where = Location(chip.path, e.line)
+        if e.symbol != g.symbol:
+            raise ParseError(where, f"{e.term} is {e.symbol} here but {g.symbol} in {program_inputs.path}:{g.line}")
+        if (e.section == Section.OUTPUT) != (g.section == Section.OUTPUT):
+            raise ParseError(where, f"{e.term} is in the {e.section.value} section here but in the "
+                                    f"{g.section.value} section of {program_inputs.path}:{g.line}")
+        limbs = set().union(*(x.limbs for x in same))
+        beyond = sorted(set(e.limbs) - limbs)
+        if beyond:
+            raise ParseError(where, f"{e.term} lists limb(s) {','.join(map(str, beyond))} that "
+                                    f"{program_inputs.path}:{g.line} does not have")
 
 
 def _relocate(program: Program, files: _Files) -> Program:
@@ -640,24 +761,25 @@ def load_program(
     if not cache:
         with no_gc():
             return build_program(files, fast=fast, progress=progress)
-    cache_file = _cache_dir() / f"{_cache_key(files)}.pickle"
-    try:
-        with open(cache_file, "rb") as f, no_gc():
-            program = pickle.load(f)
-        if isinstance(program, Program):
-            return _relocate(program, files)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
-        pass
+    from caramel import cache as store
+
+    folder = _cache_dir()
+    usable = store.trusted_folder(folder, create=True)
+    source = source_digest(files)
+    cache_file = folder / f"{_cache_key(source)}{store.SUFFIX}"
+    meta = _cache_meta(source)
+    data = store.read_entry(cache_file) if usable else None
+    if data is not None:
+        try:
+            with no_gc():
+                return _relocate(store.from_bytes(data, meta), files)
+        except store.CacheEntryError as exc:
+            logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     with no_gc():
         program = build_program(files, fast=fast, progress=progress)
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f, no_gc():  # collections over the pickler's memo would double the dump time
-            pickle.dump(program, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, cache_file)
-    except OSError:
-        pass  # a read-only cache is not an error
+    if usable:
+        with no_gc():
+            store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
     return program
 
 

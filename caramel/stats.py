@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.errors import ArgumentError
 
 #: Bytes per residue: residues are 32-bit words.
 RESIDUE_BYTES = 4
@@ -177,7 +178,7 @@ def instruction_limbs(ins: Instruction) -> int:
 def program_stats(program: Program, n: int = 65536) -> ProgramStats:
     """Per-chip figures of ``program`` at ring dimension ``n`` (default 65536, the Cinnamon target)."""
     if n < 1:
-        raise ValueError(f"N must be positive, got {n}")
+        raise ArgumentError(f"N must be positive, got {n}")
     return ProgramStats(program.name, program.chips, n, tuple(chip_stats(s, n) for s in program.streams))
 
 

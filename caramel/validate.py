@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import operator
 import re
+import sys
+import types
 from collections import deque
 from pathlib import PurePath
 
-from caramel.errors import LocatedError, Location, UnsupportedError, ValidationError
+from caramel.errors import ArgumentError, LocatedError, Location, UnsupportedError, ValidationError
 from caramel.parse import no_gc as _no_gc
 from caramel.program import BcuSlot, Instruction, KeyType, Mem, Opcode, Program, Section, SReg, Stream, VReg
 
@@ -624,15 +626,19 @@ def _span(first: int, last: int) -> str:
 
 
 def _check(program: Program, limit: int, n: int | None = None) -> tuple[list[LocatedError], bool]:
+    if not isinstance(program, Program):
+        raise ArgumentError(f"validate needs a Program (from caramel.load_program), got {type(program).__name__}")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ArgumentError(f"limit must be an integer, got {limit!r}")
     if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
+        raise ArgumentError(f"limit must be at least 1, got {limit}")
     if n is not None:
         try:
             ok = not isinstance(n, bool) and 2 <= operator.index(n) <= MAX_N and not n & (n - 1)
         except TypeError:
             ok = False
         if not ok:
-            raise ValueError(f"n must be a power of two up to {MAX_N} (the ring degree N), got {n!r}")
+            raise ArgumentError(f"n must be a power of two up to {MAX_N} (the ring degree N), got {n!r}")
         n = operator.index(n)
     with _no_gc():
         return _check_all(program, limit, n)
@@ -693,3 +699,15 @@ def validate(program: Program, *, limit: int = 50, n: int | None = None) -> None
     problems, truncated = _check(program, limit, n)
     if problems:
         raise ValidationError(problems, truncated)
+
+
+class _CallableModule(types.ModuleType):
+    """``caramel.validate`` is this module, and calling it is :func:`validate`: so both
+    ``caramel.validate(program)`` and ``caramel.validate.validate(program, n=N)`` work, whichever
+    was imported first."""
+
+    def __call__(self, program: Program, *, limit: int = 50, n: int | None = None) -> None:
+        validate(program, limit=limit, n=n)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -173,3 +173,87 @@ def test_stats_and_plan_count_traffic_with_one_model():
     stats = program_stats(program, n=1024)
     plan = plan_stats(build_plan(program), program, n=1024)
     assert stats.total("traffic_bytes") == plan["instruction_bytes"], f"stats {stats.total('traffic_bytes')}, plan {plan}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 12: argument checks before any work, the run header, Ctrl-C
+# ----------------------------------------------------------------------------------------------
+
+MUL2 = str(SHARED_PROGRAMS / "Mul_4L_2c")
+
+
+@pytest.mark.parametrize("n", ["8", "3000", "131072", "x", "-4"])
+def test_n_must_be_a_supported_power_of_two(capsys, n):
+    code, _, err = run(capsys, "run", MUL2, "--n", n)
+    assert code == 2 and "power of two from 16 to 65536" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "profile"])
+def test_seed_must_not_be_negative(capsys, command):
+    code, _, err = run(capsys, command, MUL2, "--seed", "-1")
+    assert code == 2 and "seed >= 0" in err
+
+
+def test_gpus_with_the_cpu_backend_is_refused(capsys):
+    code, out, err = run(capsys, "run", MUL2, "--n", "1024", "--backend", "cpu", "--gpus", "2")
+    assert code == 2 and "no effect with backend 'cpu'" in err and "output digest" not in out
+
+
+def test_more_devices_than_chips_is_refused(capsys):
+    code, _, err = run(capsys, "run", MUL2, "--n", "1024", "--backend", "cpu-plan", "--gpus", "16")
+    assert code == 2 and "16 devices for Mul_4L_2c, a 2-chip program" in err
+
+
+def test_run_header_says_how_many_devices_ran(capsys):
+    code, out, _ = run(capsys, "run", MUL2, "--n", "1024", "--backend", "cpu-plan", "--gpus", "2", "-q")
+    assert code == 0 and "backend cpu-plan on 2 device(s)" in out
+    code, out, _ = run(capsys, "run", MUL2, "--n", "1024", "--backend", "cpu", "-q")
+    assert code == 0 and "backend cpu on 1 device(s)" in out
+
+
+def test_plot_without_matplotlib_fails_before_any_work(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    import caramel.scaling
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(caramel.scaling, "profile_scaling", lambda *a, **k: pytest.fail("profiled before the check"))
+    code, _, err = run(capsys, "profile", str(SHARED_PROGRAMS / "Mul_4L"), "--gpus", "1,2", "--plot",
+                       str(tmp_path / "s.png"))
+    assert code == 2 and "--plot needs matplotlib" in err
+    code, _, err = run(capsys, "profile", MUL2, "--plot", str(tmp_path / "s.png"))
+    assert code == 2 and "give --gpus too" in err
+
+
+def test_dot_of_a_too_large_program_leaves_no_file(capsys, monkeypatch, tmp_path):
+    from caramel.plan import dag
+
+    real = dag.to_dot
+    monkeypatch.setattr(dag, "to_dot", lambda graph, program, max_nodes=2000: real(graph, program, max_nodes=10))
+    target = tmp_path / "g.dot"
+    code, _, err = run(capsys, "plan", MUL2, "--dot", str(target))
+    assert code == 2 and "too many for DOT" in err and not target.exists()
+
+
+def test_a_second_ctrl_c_while_reporting_the_first_is_no_traceback(capsys, monkeypatch):
+    import caramel.cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(caramel.cli, "cmd_validate", interrupted)
+    calls = []
+    real_print = print
+
+    def print_interrupted(*a, **k):  # the second Ctrl-C arrives while the first is reported
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        real_print(*a, **k)
+
+    monkeypatch.setattr("builtins.print", print_interrupted)
+    parser = caramel.cli.build_parser()
+    monkeypatch.setattr(caramel.cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["validate"].set_defaults(func=interrupted)
+    assert main(["validate", MUL2]) == 130

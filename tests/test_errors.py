@@ -385,3 +385,91 @@ def test_ctrl_c_exits_130_with_one_line_and_leaves_nothing_behind():
     assert elapsed < 5.0, f"took {elapsed:.1f} s to stop after SIGINT"
     with pytest.raises(ProcessLookupError):  # nothing of its process group is left
         os.killpg(proc.pid, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 12: public functions raise caramel errors; manifests that disagree are refused
+# ----------------------------------------------------------------------------------------------
+
+
+def _public_calls_list(caramel, ntt_primes):
+    program = load_program(SHARED_PROGRAMS / "Mul_4L_2c")
+    return [
+        lambda: Context(n=3),
+        lambda: Context(n=1024, primes=[4]),
+        lambda: caramel.validate("programs/Mul_4L_2c"),
+        lambda: caramel.validate.validate(program, n=1000),
+        lambda: validate(program, limit=0),
+        lambda: caramel.run_program("programs/Mul_4L_2c"),
+        lambda: caramel.run_program(program, n=1024, seed=-1),
+        lambda: caramel.run_program(program, n=1024, mode="bogus"),
+        lambda: caramel.run_program(program, n=1024, backend="cpu", gpus=2),
+        lambda: ntt_primes(0, bits=1),
+    ]
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="shared corpus not found")
+def test_public_functions_raise_caramel_errors_that_are_value_errors():
+    from caramel.errors import ArgumentError
+
+    import caramel
+    from caramel.ring.primes import ntt_primes
+
+    for call in _public_calls_list(caramel, ntt_primes):
+        with pytest.raises(ArgumentError) as info:
+            call()
+        assert isinstance(info.value, CaramelError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="shared corpus not found")
+def test_readme_validate_forms_work():
+    import caramel
+
+    program = caramel.load_program(SHARED_PROGRAMS / "Mul_4L_2c")
+    caramel.validate(program)
+    caramel.validate.validate(program, n=4096)
+    import caramel.validate
+
+    caramel.validate(program)
+    caramel.validate.validate(program, n=4096)
+
+
+def _copy(tmp_path, name="Mul_4L_2c"):
+    import shutil
+
+    d = tmp_path / name
+    shutil.copytree(SHARED_PROGRAMS / name, d)
+    for f in d.iterdir():
+        f.chmod(0o644)
+    return d
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="shared corpus not found")
+def test_folder_without_program_inputs_is_refused(tmp_path):
+    d = _copy(tmp_path)
+    (d / "program_inputs").unlink()
+    with pytest.raises(ParseError, match="no 'program_inputs' file"):
+        load_program(d, cache=False)
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="shared corpus not found")
+def test_inputs_of_a_chip_that_does_not_exist_are_refused(tmp_path):
+    d = _copy(tmp_path)
+    (d / "inputs5").write_bytes((d / "inputs1").read_bytes())
+    with pytest.raises(ParseError, match="inputs5:1: names chip 5, but the program has 2 chip"):
+        load_program(d, cache=False)
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="shared corpus not found")
+@pytest.mark.parametrize("old, new, message", [
+    (b"i1 | x:c0 | [1,3]", b"i1 | y:c0 | [1,3]", r"inputs1:2: i1 is y:c0 here but x:c0 in .*program_inputs:2"),
+    (b"i1 | x:c0 | [1,3]", b"i1 | x:c0 | [1,3,5]", r"inputs1:2: i1 lists limb\(s\) 5 that"),
+    (b"v35 | z:c1 | [1]", b"v35 | z:c1 | [1,3]", r"inputs1:12: v35 lists limb\(s\) 3 that"),
+])
+def test_chip_inputs_that_disagree_with_program_inputs_are_refused(tmp_path, old, new, message):
+    d = _copy(tmp_path)
+    data = (d / "inputs1").read_bytes()
+    assert old in data
+    (d / "inputs1").write_bytes(data.replace(old, new))
+    with pytest.raises(ParseError, match=message):
+        load_program(d, cache=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -270,7 +271,7 @@ def test_cache_hit_and_miss(tmp_path, monkeypatch):
     monkeypatch.setenv("CARAMEL_CACHE", str(cache))
     d = copy_program(tmp_path)
     first = load_program(d)
-    assert len(list(cache.glob("*.pickle"))) == 1
+    assert len(list(cache.glob("*.entry"))) == 1
 
     def no_parse(*args, **kwargs):
         raise AssertionError("parsed although the cache holds this program")
@@ -285,7 +286,7 @@ def test_cache_hit_and_miss(tmp_path, monkeypatch):
     monkeypatch.setenv("CARAMEL_CACHE", str(cache))
     changed = load_program(d)
     assert changed != first and changed.streams[1].instructions[5].op is Opcode.SUB
-    assert len(list(cache.glob("*.pickle"))) == 2
+    assert len(list(cache.glob("*.entry"))) == 2
 
 
 @needs_corpus
@@ -305,3 +306,74 @@ def test_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):
     blocker.write_text("not a folder")
     monkeypatch.setenv("CARAMEL_CACHE", str(blocker / "cache"))
     assert load_program(copy_program(tmp_path)).chips == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Bounded resources: archive members, non-regular files
+# ----------------------------------------------------------------------------------------------
+
+
+def _bomb(path: Path, declared: int, written: int = 1 << 20) -> Path:
+    """A .tar.xz whose one member declares ``declared`` bytes (of zeros) but holds only ``written``."""
+    import lzma
+
+    info = tarfile.TarInfo("Bomb_4L_1c/instructions0")
+    info.size = declared
+    with lzma.open(path, "wb") as f:
+        f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        f.write(bytes(written))
+    return path
+
+
+def test_archive_member_beyond_any_program_is_refused_at_its_header(tmp_path):
+    bomb = _bomb(tmp_path / "bomb.tar.xz", 10 << 30)
+    assert bomb.stat().st_size < 200_000
+    with pytest.raises(ParseError, match="declares 10240 MiB: far larger than any compiled program file"):
+        load_program(f"{bomb}#Bomb_4L_1c", cache=False)
+
+
+def test_archive_members_beyond_the_total_are_refused(tmp_path, monkeypatch):
+    archive = tmp_path / "two.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(ADD, arcname="Add_4L_2c")
+        tar.add(SHARED_PROGRAMS / "Mul_4L_2c", arcname="Mul_4L_2c")
+    monkeypatch.setattr(caramel.parse, "MAX_ARCHIVE_BYTES", 4000)
+    with pytest.raises(ParseError, match="members declare more than"):
+        load_program(f"{archive}#Add_4L_2c", cache=False)
+
+
+def test_member_shorter_than_declared_is_an_error(tmp_path):
+    bomb = _bomb(tmp_path / "short.tar.xz", 5000, written=100)
+    with pytest.raises(ParseError, match="cannot read archive|holds 100 bytes"):
+        load_program(bomb, cache=False)
+
+
+def test_oversized_program_file_is_refused(tmp_path, monkeypatch):
+    d = copy_program(tmp_path)
+    monkeypatch.setattr(caramel.parse, "MAX_FILE_BYTES", 100)
+    with pytest.raises(ParseError, match="far larger than any compiled program file"):
+        load_program(d, cache=False)
+
+
+@pytest.mark.parametrize("make", ["fifo", "folder", "dev"])
+def test_non_regular_program_files_fail_at_once(tmp_path, make):
+    d = copy_program(tmp_path)
+    target = d / "inputs1"
+    target.unlink()
+    if make == "fifo":
+        os.mkfifo(target)
+    elif make == "folder":
+        target.mkdir()
+    else:
+        target.symlink_to("/dev/zero")
+    with pytest.raises(ParseError, match="inputs1: (not a regular file|is a folder)"):
+        load_program(d, cache=False)
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "fifo"])
+def test_non_regular_program_source_fails_at_once(tmp_path, source):
+    if source == "fifo":
+        source = str(tmp_path / "instructions0")
+        os.mkfifo(source)
+    with pytest.raises(ParseError, match="not a regular file"):
+        load_program(source, cache=False)

@@ -44,7 +44,16 @@ def make(root: Path, *streams: str, manifest: str | None = MANIFEST):
         (root / f"instructions{p}").write_text(f"Instruction Stream {p}:\n{lines}")
     if manifest is not None:
         (root / "program_inputs").write_text(manifest)
-    return load_program(root, cache=False)
+        return load_program(root, cache=False)
+    # A folder without program_inputs is refused by load_program; build the manifest-less program directly.
+    from dataclasses import replace
+
+    from caramel.parse import build_program, read_source
+
+    (root / "program_inputs").write_text(MANIFEST)
+    files = read_source(root)
+    files.files.pop("program_inputs")
+    return build_program(replace(files, single=True))
 
 
 def problems(program, limit: int = 50) -> list[str]:

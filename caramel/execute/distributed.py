@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -65,6 +64,55 @@ class Place:
     world: int
     local_rank: int
     rendezvous: Path
+    run_id: str | None = None
+
+    def data_path(self, suffix: str) -> Path:
+        """A data file of this run beside the rendezvous file: named with the run id, so that
+        files of an earlier run at the same path are never read as this run's."""
+        return self.rendezvous.with_name(f"{self.rendezvous.name}.{self.run_id or 'run'}.{suffix}")
+
+
+#: Variables that name one run of a launcher, in the order tried: every rank of a run sees the same.
+_RUN_ID_ENV = ("CARAMEL_RUN_ID", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
+
+
+def _env_run_id(env: Mapping[str, str]) -> str | None:
+    for name in _RUN_ID_ENV:
+        if env.get(name):
+            return env[name]
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    return None
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What every rank of one run must agree on; written into the rendezvous file by rank 0 and
+    checked by every rank (and in the stores rank 0 gathers)."""
+
+    program: str  # SHA-256 of the program's files (caramel.parse.source_digest)
+    n: int
+    mode: str
+    seed: int
+    world: int
+    backend: str
+    check: str | None = None  # SHA-256 of the check file's text, or None
+    key_seed: int | None = None  # the seed of the key material (caramel.ckks.keyset), when not ``seed``
+
+    def to_json(self) -> dict:
+        return dict(vars(self))
+
+    def mismatch(self, other: Mapping, rank: int, where: Path) -> ExecutionError | None:
+        """An error naming every field where ``other`` (rank 0's) differs, or None."""
+        fields = [f"{k} {v!r} here, {other.get(k)!r} at rank 0" for k, v in self.to_json().items()
+                  if other.get(k) != v]
+        if not fields:
+            return None
+        if other.get("world") != self.world:
+            return ExecutionError(f"{where} was written for {other.get('world')} processes, this run has "
+                                  f"{self.world} (a stale file from an earlier run?)")
+        return ExecutionError(f"rank {rank} does not match rank 0 ({'; '.join(fields)}): every rank must run the "
+                              f"same program with the same N, mode, seed, check, backend and world size")
 
 
 def launch_env(env: Mapping[str, str] | None = None) -> Place | None:
@@ -84,16 +132,35 @@ def launch_env(env: Mapping[str, str] | None = None) -> Place | None:
             if not where:
                 raise ExecutionError("process mode needs CARAMEL_RENDEZVOUS: a file path that every process "
                                      "can read (e.g. on a shared file system)")
-            return Place(r, w, lr, Path(where))
+            return Place(r, w, lr, Path(where), _env_run_id(env))
     return None
 
 
-def _wait_for(path: Path, timeout: float, what: str) -> None:
+def _wait_for(path: Path, timeout: float, what: str, place: Place | None = None) -> None:
+    """Wait until ``path`` exists; with ``place``, stop at once when another rank of the run has
+    reported a failure (:func:`report_failure`)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
+        if place is not None:
+            failed = sorted(place.rendezvous.parent.glob(f"{place.rendezvous.name}.{place.run_id or 'run'}.failed*"))
+            if failed:
+                try:
+                    reason = failed[0].read_text()[:2000]
+                except OSError:
+                    reason = "(unreadable)"
+                rank = failed[0].name.rpartition(".failed")[2]
+                raise ExecutionError(f"stopped waiting for {what}: rank {rank} failed: {reason}")
         if time.monotonic() > deadline:
             raise ExecutionError(f"waited {timeout:g} s for {what} at {path}; did every process start?")
         time.sleep(0.05)
+
+
+def report_failure(place: Place, reason: str) -> None:
+    """Tell the other ranks of this run that this rank failed (a file they look for while they wait)."""
+    try:
+        _write_atomic(place.data_path(f"failed{place.rank}"), reason.encode())
+    except OSError:
+        pass
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -103,39 +170,89 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def rendezvous(place: Place, identity: RunIdentity | None = None, payload: Mapping | None = None,
+               timeout: float = 120.0) -> tuple[Place, dict]:
+    """Meet the other ranks through ``place.rendezvous``: rank 0 writes its run id (``place.run_id``,
+    or a fresh uuid when the launcher gave none), ``identity`` and ``payload``; every other rank
+    waits for a file of its run (one with another run id is an earlier run's, never read as this
+    one's) and refuses an identity that differs from its own. Returns ``place`` with the run id,
+    and the data rank 0 wrote."""
+    if place.rank == 0:
+        run_id = place.run_id or uuid.uuid4().hex
+        data = {"run_id": run_id, "world": place.world,
+                "identity": None if identity is None else identity.to_json(), **(payload or {})}
+        _write_atomic(place.rendezvous, json.dumps(data).encode())
+        return replace(place, run_id=run_id), data
+    deadline = time.monotonic() + timeout
+    seen = None
+    while True:
+        data = _read_json(place.rendezvous) if place.rendezvous.exists() else None
+        if data is not None:
+            seen = data.get("run_id")
+            if place.run_id is None or seen == place.run_id:
+                break
+        if time.monotonic() > deadline:
+            if seen is not None:
+                raise ExecutionError(f"{place.rendezvous} holds run {seen}, not this run {place.run_id}: a stale file "
+                                     f"of an earlier run, and rank 0 of this run did not write it in {timeout:g} s")
+            raise ExecutionError(f"waited {timeout:g} s for the rendezvous data of rank 0 at {place.rendezvous}; "
+                                 "did every process start?")
+        time.sleep(0.05)
+    if data.get("world") != place.world:
+        raise ExecutionError(f"{place.rendezvous} was written for {data.get('world')} processes, this run has "
+                             f"{place.world} (a stale file from an earlier run?)")
+    place = replace(place, run_id=data.get("run_id"))
+    if identity is not None:
+        error = identity.mismatch(data.get("identity") or {}, place.rank, place.rendezvous)
+        if error is not None:
+            report_failure(place, str(error))
+            raise error
+    return place, data
+
+
 def exchange_ids(groups: Sequence[tuple[int, ...]], place: Place, make_id: Callable[[], tuple] | None = None,
-                 timeout: float = 120.0) -> dict[tuple[int, ...], tuple]:
+                 timeout: float = 120.0, identity: RunIdentity | None = None) -> dict[tuple[int, ...], tuple]:
     """One NCCL unique id per device group, created by rank 0 and read by every rank from
-    ``place.rendezvous`` (``make_id``: default ``nccl.get_unique_id``)."""
+    ``place.rendezvous`` (``make_id``: default ``nccl.get_unique_id``), with :func:`rendezvous`'s checks."""
+    return _exchange_ids(groups, place, make_id, timeout, identity)[1]
+
+
+def _exchange_ids(groups, place: Place, make_id, timeout: float, identity) -> tuple[Place, dict]:
+    payload = None
     if place.rank == 0:
         if make_id is None:
             from cupy.cuda import nccl
 
             make_id = nccl.get_unique_id
-        ids = {json.dumps(list(g)): list(make_id()) for g in groups}
-        _write_atomic(place.rendezvous, json.dumps({"world": place.world, "ids": ids}).encode())
-    else:
-        _wait_for(place.rendezvous, timeout, "the NCCL ids of rank 0")
-    data = json.loads(place.rendezvous.read_text())
-    if data["world"] != place.world:
-        raise ExecutionError(f"{place.rendezvous} was written for {data['world']} processes, this run has "
-                             f"{place.world} (a stale file from an earlier run?)")
-    got = {tuple(json.loads(k)): tuple(v) for k, v in data["ids"].items()}
+        payload = {"ids": {json.dumps(list(g)): list(make_id()) for g in groups}}
+    place, data = rendezvous(place, identity, payload, timeout)
+    got = {tuple(json.loads(k)): tuple(v) for k, v in (data.get("ids") or {}).items()}
     missing = [g for g in groups if g not in got]
     if missing:
         raise ExecutionError(f"{place.rendezvous} lacks the ids of device groups {missing}")
-    return got
+    return place, got
 
 
 def gather_stores(stores: Sequence[Mapping[Mem, np.ndarray]], chips: Sequence[int], place: Place,
-                  timeout: float = 600.0) -> list[dict[Mem, np.ndarray]] | None:
+                  timeout: float = 600.0, identity: RunIdentity | None = None) -> list[dict[Mem, np.ndarray]] | None:
     """Every chip's stores at rank 0 (None on the other ranks): rank r writes the stores of its
-    ``chips`` beside the rendezvous file; rank 0 reads them all."""
+    ``chips`` beside the rendezvous file (named with the run id, with its identity); rank 0 reads
+    them all and refuses a rank whose identity differs from its own."""
     def path(r: int) -> Path:
-        return place.rendezvous.with_name(f"{place.rendezvous.name}.stores{r}.npz")
+        return place.data_path(f"stores{r}.npz")
 
     arrays = {f"{c}|{m}": a for c, s in zip(chips, stores) for m, a in s.items()}
     arrays["__chips__"] = np.array(chips, dtype=np.int64)
+    ident = json.dumps(None if identity is None else identity.to_json()).encode()
+    arrays["__identity__"] = np.frombuffer(ident, dtype=np.uint8)
     tmp = path(place.rank).with_name(f".{path(place.rank).name}.{os.getpid()}.tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path(place.rank))
@@ -143,16 +260,42 @@ def gather_stores(stores: Sequence[Mapping[Mem, np.ndarray]], chips: Sequence[in
         return None
     out: dict[int, dict[Mem, np.ndarray]] = {}
     for r in range(place.world):
-        _wait_for(path(r), timeout, f"the stores of rank {r}")
-        with np.load(path(r)) as f:
+        _wait_for(path(r), timeout, f"the stores of rank {r}", place)
+        with np.load(path(r), allow_pickle=False) as f:
+            theirs = json.loads(bytes(f["__identity__"]).decode()) if "__identity__" in f.files else None
+            if identity is not None and theirs != identity.to_json():
+                error = RunIdentity(**theirs).mismatch(identity.to_json(), r, path(r)) if isinstance(theirs, dict) \
+                    else None
+                raise error or ExecutionError(f"rank {r}'s stores at {path(r)} are not of this run")
             for c in f["__chips__"]:
                 out.setdefault(int(c), {})
             for key in f.files:
-                if key != "__chips__":
+                if key not in ("__chips__", "__identity__"):
                     c, name = key.split("|", 1)
                     term, limb = name[:-1].rsplit("(", 1)
                     out[int(c)][Mem(term, int(limb))] = f[key]
     return [out.get(c, {}) for c in range(max(out) + 1)] if out else []
+
+
+def clean_up(place: Place) -> list[Path]:
+    """Remove the files of this run (its data files and a rendezvous file of this run id); the paths removed."""
+    removed = []
+    if place.run_id is None:
+        return removed
+    for p in place.rendezvous.parent.glob(f"{place.rendezvous.name}.{place.run_id}.*"):
+        try:
+            p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    data = _read_json(place.rendezvous) if place.rendezvous.exists() else None
+    if data is not None and data.get("run_id") == place.run_id:
+        try:
+            place.rendezvous.unlink()
+            removed.append(place.rendezvous)
+        except OSError:
+            pass
+    return removed
 
 
 def _communicator(nccl, size: int, uid: tuple, rank: int):
@@ -175,7 +318,7 @@ class FileFabric(Fabric):
 
     def _path(self, op: RowOp, k: int, rank: int) -> Path:
         g = "-".join(map(str, op.group))
-        return self.place.rendezvous.with_name(f"{self.place.rendezvous.name}.g{g}.c{k}.r{rank}.npy")
+        return self.place.data_path(f"g{g}.c{k}.r{rank}.npy")
 
     def group(self, backend, ops) -> None:
         posted = []
@@ -195,16 +338,19 @@ class FileFabric(Fabric):
             sent = {}
             for r in senders:
                 path = self._path(op, k, r)
-                _wait_for(path, self.timeout, f"device {r}'s part of {op.kind.value} id {op.sync} among {op.group}")
-                sent[r] = np.load(path)
+                _wait_for(path, self.timeout, f"device {r}'s part of {op.kind.value} id {op.sync} among {op.group}",
+                          self.place)
+                sent[r] = np.load(path, allow_pickle=False)
             backend.write(np.arange(op.recv, op.recv + op.rows), collective_result(op, sent))
 
 
 def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gpu", graph: bool = True,
-                    timeout: float = 300.0, streams: int | None = None) -> RunResult | None:
+                    timeout: float = 300.0, streams: int | None = None,
+                    identity: RunIdentity | None = None) -> RunResult | None:
     """Run this process's device of ``plan`` (see the module docstring) on a GPU over NCCL
     (``backend="gpu"``) or on NumPy over :class:`FileFabric` (``"cpu-plan"``); the merged result
-    on rank 0, None elsewhere."""
+    on rank 0, None elsewhere. Every rank first meets rank 0 (:func:`rendezvous`; ``identity``
+    checked); rank 0 removes the run's files once it has gathered the stores."""
     def log(text: str) -> None:  # each phase on stderr, so that a stalled process says where it is
         if os.environ.get("CARAMEL_PROGRESS", "1") != "0":
             print(f"caramel rank {place.rank}/{place.world}: {text}", file=sys.stderr, flush=True)
@@ -214,21 +360,25 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
     progs = device_programs(plan, place.world, ctx.primes, ctx.n)
     chips = list(progs[place.rank].chips)
     if backend == "gpu":
-        mine = _gpu_stores(plan, ctx, memory, mode, place, progs, graph, timeout, streams, log)
+        mine, place = _gpu_stores(plan, ctx, memory, mode, place, progs, graph, timeout, streams, log, identity)
     else:
         from caramel.backends.numpy_backend import NumpyBackend
 
+        place, _ = rendezvous(place, identity, timeout=timeout)
         check_plan_memory(plan, ctx, memory)
         run = DeviceRun(progs[place.rank], plan, ctx, memory, mode, NumpyBackend, FileFabric(place, timeout))
         run.run()
         mine = run.stores()
     log("ran; gathering the outputs")
-    stores = gather_stores(mine, chips, place, timeout)
-    return None if stores is None else merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
+    stores = gather_stores(mine, chips, place, timeout, identity)
+    if stores is None:
+        return None
+    clean_up(place)
+    return merge_results(plan, memory, [(tuple(range(len(stores))), stores)])
 
 
 def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeout: float, streams: int | None,
-                log) -> list[dict]:
+                log, identity: RunIdentity | None = None) -> tuple[list[dict], Place]:
     """This rank's device on its GPU: NCCL communicators from the shared ids, a one-device
     :class:`~caramel.execute.multi_gpu.MultiGpuRun`; the stores of its chips."""
     import cupy as cp
@@ -238,7 +388,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
 
     nccl_environment()
     groups = device_groups(progs)
-    ids = exchange_ids(groups, place, timeout=timeout)
+    place, ids = _exchange_ids(groups, place, None, timeout, identity)
     log(f"NCCL ids of {len(groups)} device group(s) read from {place.rendezvous}")
     comms: dict[int, dict] = {place.rank: {}}
     with cp.cuda.Device(place.local_rank):
@@ -257,38 +407,30 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
     for comm in comms[place.rank].values():  # after close() dropped the graph (MultiGpuRun.close)
         comm.destroy()
     log("communicators destroyed")
-    return [mine.stores[c] for c in progs[place.rank].chips]
+    return [mine.stores[c] for c in progs[place.rank].chips], place
 
 
 def launch(nproc: int, args: Sequence[str], timeout: float | None = None) -> int:
-    """Start ``nproc`` processes of ``caramel ARGS --distributed`` on this machine (RANK,
-    WORLD_SIZE, LOCAL_RANK and a fresh CARAMEL_RENDEZVOUS set; NCCL_NVLS_ENABLE=0 unless set) and
-    wait for all; returns the first non-zero exit status (the others are then stopped)."""
-    with tempfile.TemporaryDirectory(prefix="caramel-rdv-") as tmp:
-        env = {**os.environ, "WORLD_SIZE": str(nproc), "CARAMEL_RENDEZVOUS": str(Path(tmp) / "ids.json")}
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
-        procs = [subprocess.Popen([sys.executable, "-m", "caramel.cli", *args, "--distributed"],
-                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(nproc)]
-        status = 0
-        try:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while any(p.poll() is None for p in procs):
-                failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-                if failed or (deadline is not None and time.monotonic() > deadline):
-                    status = failed[0] if failed else 124
-                    break
-                time.sleep(0.1)
-            status = status or next((p.returncode for p in procs if p.returncode), 0)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        return status
+    """Start ``nproc`` processes of ``caramel ARGS --distributed`` on this machine and wait for
+    all: :func:`caramel.execute.launch.launch` (a dead rank stops the others, nothing outlives it)."""
+    from caramel.execute import launch as launcher
+
+    return launcher.launch(nproc, args, timeout=timeout)
 
 
-__all__ = ["Place", "exchange_ids", "gather_stores", "launch", "launch_env", "run_distributed"]
+__all__ = ["Place", "RunIdentity", "clean_up", "exchange_ids", "gather_stores", "launch", "launch_env", "rendezvous",
+           "run_distributed"]
+
+
+def check_digest(spec) -> str | None:
+    """SHA-256 of a check spec's file (its text), or of its repr when it has no file; None without a check."""
+    import hashlib
+
+    if spec is None:
+        return None
+    path = getattr(spec, "path", None)
+    try:
+        data = Path(path).read_bytes() if path else repr(spec).encode()
+    except OSError:
+        data = repr(spec).encode()
+    return hashlib.sha256(data).hexdigest()

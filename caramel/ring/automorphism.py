@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from caramel.ring.ntt import bit_reverse
+from caramel.errors import ArgumentError
 
 GALOIS_GENERATOR = 5
 
@@ -31,7 +32,7 @@ def automorphism_permutation(g: int, n: int) -> np.ndarray:
     """
     g = int(g) % (2 * n)
     if g % 2 == 0:
-        raise ValueError(f"Galois element {g} is even: not an automorphism of X^N + 1")
+        raise ArgumentError(f"Galois element {g} is even: not an automorphism of X^N + 1")
     br = bit_reverse(n)
     exps = (g * (2 * br + 1)) % (2 * n)
     return br[(exps - 1) // 2]

@@ -25,6 +25,7 @@ import numpy as np
 
 from caramel.ring.modes import Mode
 from caramel.ring.modular import inv_mod
+from caramel.errors import ArgumentError
 
 _U64 = np.uint64
 
@@ -46,12 +47,12 @@ class BaseConverter:
         self.in_primes = tuple(int(q) for q in in_primes)
         self.out_primes = tuple(int(p) for p in out_primes)
         if not self.in_primes:
-            raise ValueError("base conversion needs at least one input prime")
+            raise ArgumentError("base conversion needs at least one input prime")
         if len(set(self.in_primes)) != len(self.in_primes):
-            raise ValueError(f"input primes are not distinct: {self.in_primes}")
+            raise ArgumentError(f"input primes are not distinct: {self.in_primes}")
         for q in self.in_primes + self.out_primes:
             if not 2 <= q < 1 << 30:
-                raise ValueError(f"modulus {q} is outside [2, 2^30)")
+                raise ArgumentError(f"modulus {q} is outside [2, 2^30)")
         self.product = math.prod(self.in_primes)
         qhats = [self.product // q for q in self.in_primes]
         self.qhat_inv = np.array([inv_mod(h % q, q) for h, q in zip(qhats, self.in_primes)], dtype=np.uint32)
@@ -82,7 +83,7 @@ class BaseConverter:
         mode = Mode(mode)
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(self.in_primes):
-            raise ValueError(f"input of shape {x.shape}; want ({len(self.in_primes)}, N)")
+            raise ArgumentError(f"input of shape {x.shape}; want ({len(self.in_primes)}, N)")
         x = x.astype(_U64)
         if mode is Mode.EMULATOR:
             return self._dot(x, self.factors).astype(np.uint32)

@@ -18,6 +18,7 @@ from caramel.ring.modes import Mode
 from caramel.ring.ntt import NttTable, intt, ntt
 from caramel.ring.primes import PRIMES, is_prime
 from caramel.ring.rescale import sud_lift
+from caramel.errors import ArgumentError
 
 MIN_N = 16
 MAX_PRIME = 1 << 30
@@ -33,27 +34,27 @@ class Context:
 
     def __init__(self, n: int = 65536, primes: Sequence[int] = PRIMES):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise ValueError(f"ring degree N must be an integer, got {n!r}")
+            raise ArgumentError(f"ring degree N must be an integer, got {n!r}")
         n = int(n)
         if n < MIN_N or n & (n - 1):
-            raise ValueError(f"ring degree N = {n} must be a power of two >= {MIN_N}")
+            raise ArgumentError(f"ring degree N = {n} must be a power of two >= {MIN_N}")
         primes = tuple(primes)
         if not primes:
-            raise ValueError("the prime list is empty")
+            raise ArgumentError("the prime list is empty")
         for i, q in enumerate(primes):
             if isinstance(q, bool) or not isinstance(q, (int, np.integer)):
-                raise ValueError(f"prime {i} is not an integer: {q!r}")
+                raise ArgumentError(f"prime {i} is not an integer: {q!r}")
             q = int(q)
             if not 2 < q < MAX_PRIME:
-                raise ValueError(f"prime {i} = {q} is outside (2, 2^30)")
+                raise ArgumentError(f"prime {i} = {q} is outside (2, 2^30)")
             if (q - 1) % (2 * n):
-                raise ValueError(f"prime {i} = {q} is not 1 mod 2N = {2 * n}")
+                raise ArgumentError(f"prime {i} = {q} is not 1 mod 2N = {2 * n}")
             if not is_prime(q):
-                raise ValueError(f"prime {i} = {q} is not prime")
+                raise ArgumentError(f"prime {i} = {q} is not prime")
         primes = tuple(int(q) for q in primes)
         if len(set(primes)) != len(primes):
             dup = sorted({q for q in primes if primes.count(q) > 1})
-            raise ValueError(f"the prime list repeats {dup}")
+            raise ArgumentError(f"the prime list repeats {dup}")
         self.n = n
         self.primes = primes
         self._lock = threading.Lock()
@@ -76,9 +77,9 @@ class Context:
 
     def _limb(self, limb) -> int:
         if isinstance(limb, bool) or not isinstance(limb, (int, np.integer)):
-            raise ValueError(f"limb index must be an integer, got {limb!r}")
+            raise ArgumentError(f"limb index must be an integer, got {limb!r}")
         if not 0 <= limb < len(self.primes):
-            raise ValueError(f"limb index {limb} is outside [0, {len(self.primes)})")
+            raise ArgumentError(f"limb index {limb} is outside [0, {len(self.primes)})")
         return int(limb)
 
     def _limbs(self, a: np.ndarray, limbs) -> tuple[np.ndarray, list[int], bool]:
@@ -86,11 +87,11 @@ class Context:
         a = np.asarray(a)
         if isinstance(limbs, (int, np.integer)) and not isinstance(limbs, bool):
             if a.shape != (self.n,):
-                raise ValueError(f"one limb must have shape ({self.n},), got {a.shape}")
+                raise ArgumentError(f"one limb must have shape ({self.n},), got {a.shape}")
             return a[None], [self._limb(limbs)], True
         limbs = [self._limb(l) for l in limbs]
         if a.shape != (len(limbs), self.n):
-            raise ValueError(f"{len(limbs)} limbs must have shape ({len(limbs)}, {self.n}), got {a.shape}")
+            raise ArgumentError(f"{len(limbs)} limbs must have shape ({len(limbs)}, {self.n}), got {a.shape}")
         return a, limbs, False
 
     # NTT.
@@ -147,7 +148,7 @@ class Context:
         """automorphism returns a(X^g) for a in NTT form: a[..., permutation(g)] (any leading shape), uint32."""
         a = np.asarray(a)
         if a.ndim == 0 or a.shape[-1] != self.n:
-            raise ValueError(f"last axis must have length N = {self.n}, got shape {a.shape}")
+            raise ArgumentError(f"last axis must have length N = {self.n}, got shape {a.shape}")
         return _auto.apply_automorphism(a, self.permutation(g))
 
     # Base conversion, rescale, CRT.
@@ -173,7 +174,7 @@ class Context:
         """rsv_accumulate is crt.rsv_accumulate with the basis and the limb of rs given as limb indices."""
         basis_limbs = [self._limb(l) for l in basis_limbs]
         if limb not in basis_limbs:
-            raise ValueError(f"limb {limb} is not in the rsv basis {basis_limbs}")
+            raise ArgumentError(f"limb {limb} is not in the rsv basis {basis_limbs}")
         return _crt.rsv_accumulate(words, rs, [self.primes[l] for l in basis_limbs], basis_limbs.index(limb))
 
     def mod_reduce(self, words, limb: int) -> np.ndarray:

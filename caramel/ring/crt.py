@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from caramel.ring.modular import inv_mod
+from caramel.errors import ArgumentError
 
 _U64 = np.uint64
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -24,7 +25,7 @@ _SHIFT32 = np.uint64(32)
 def int_to_words(value: int, m: int) -> np.ndarray:
     """int_to_words returns the m little-endian 32-bit words of 0 <= value < 2^(32 m) (uint64, shape (m,))."""
     if not 0 <= value < 1 << (32 * m):
-        raise ValueError(f"{value} does not fit in {m} 32-bit words")
+        raise ArgumentError(f"{value} does not fit in {m} 32-bit words")
     return np.array([(value >> (32 * w)) & 0xFFFFFFFF for w in range(m)], dtype=_U64)
 
 
@@ -44,7 +45,7 @@ def ints_to_words(values, m: int) -> np.ndarray:
     for w in range(m):
         out[w] = ((values >> (32 * w)) & 0xFFFFFFFF).astype(np.int64)
     if m and np.any(values >> (32 * m)):
-        raise ValueError(f"values do not fit in {m} 32-bit words")
+        raise ArgumentError(f"values do not fit in {m} 32-bit words")
     return out
 
 
@@ -69,9 +70,9 @@ def rsv_accumulate(words, rs, basis_primes: Sequence[int], l_index_in_basis: int
     words = np.asarray(words)
     m = len(basis)
     if words.ndim != 2 or words.shape[0] != m:
-        raise ValueError(f"accumulator of shape {words.shape}; want ({m}, N) for a basis of {m} primes")
+        raise ArgumentError(f"accumulator of shape {words.shape}; want ({m}, N) for a basis of {m} primes")
     if not 0 <= l_index_in_basis < m:
-        raise ValueError(f"limb position {l_index_in_basis} is outside the basis of {m} primes")
+        raise ArgumentError(f"limb position {l_index_in_basis} is outside the basis of {m} primes")
     qb, qhat, qhat_inv = _rsv_constants(basis, l_index_in_basis)
     q_l = basis[l_index_in_basis]
     x = words.astype(_U64)
@@ -134,7 +135,7 @@ def crt_reconstruct(residues, primes: Sequence[int]) -> np.ndarray:
     primes = tuple(int(q) for q in primes)
     residues = np.asarray(residues)
     if residues.ndim != 2 or residues.shape[0] != len(primes):
-        raise ValueError(f"residues of shape {residues.shape}; want ({len(primes)}, N)")
+        raise ArgumentError(f"residues of shape {residues.shape}; want ({len(primes)}, N)")
     big_q = math.prod(primes)
     acc = np.zeros(residues.shape[1], dtype=object)
     for j in range(0, len(primes), 2):

@@ -7,6 +7,7 @@ moduli are below 2^30 so every product of two residues fits in uint64, results a
 from __future__ import annotations
 
 import numpy as np
+from caramel.errors import ArgumentError
 
 _U64 = np.uint64
 
@@ -21,7 +22,7 @@ def inv_mod(a: int, q: int) -> int:
     try:
         return pow(int(a), -1, int(q))
     except ValueError:
-        raise ValueError(f"{a} has no inverse modulo {q}") from None
+        raise ArgumentError(f"{a} has no inverse modulo {q}") from None
 
 
 def add_mod(a, b, q) -> np.ndarray:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from caramel.ring.modular import inv_mod
+from caramel.errors import ArgumentError
 
 _U64 = np.uint64
 _SHIFT32 = np.uint64(32)
@@ -48,16 +49,16 @@ def primitive_root_2n(q: int, n: int) -> int:
     psi is the least of these n values. Raises ValueError when q != 1 mod 2n or q is not prime.
     """
     if n < 1 or (q - 1) % (2 * n):
-        raise ValueError(f"{q} is not 1 mod 2N = {2 * n}: no primitive 2N-th root of unity")
+        raise ArgumentError(f"{q} is not 1 mod 2N = {2 * n}: no primitive 2N-th root of unity")
     for x in range(2, min(q, 1000)):
         r = pow(x, (q - 1) // (2 * n), q)
         if pow(r, n, q) == q - 1:
             break
     else:
-        raise ValueError(f"no primitive {2 * n}-th root of unity modulo {q} (is it prime?)")
+        raise ArgumentError(f"no primitive {2 * n}-th root of unity modulo {q} (is it prime?)")
     odd_powers = _powers(r, 2 * n, q)[1::2]
     if np.any(odd_powers == 0):
-        raise ValueError(f"{q} is not prime")
+        raise ArgumentError(f"{q} is not prime")
     return int(odd_powers.min())
 
 
@@ -106,9 +107,9 @@ class NttTable:
     def __init__(self, q: int, n: int):
         q, n = int(q), int(n)
         if n < 2 or n & (n - 1):
-            raise ValueError(f"N = {n} is not a power of two >= 2")
+            raise ArgumentError(f"N = {n} is not a power of two >= 2")
         if not 2 < q < 1 << 30:
-            raise ValueError(f"modulus {q} is outside (2, 2^30)")
+            raise ArgumentError(f"modulus {q} is outside (2, 2^30)")
         self.q = q
         self.n = n
         self.log_n = n.bit_length() - 1
@@ -165,7 +166,7 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
     if isinstance(tables, NttTable):
         n = tables.n
         if a.ndim == 0 or a.shape[-1] != n:
-            raise ValueError(f"last axis has length {a.shape[-1] if a.ndim else 0}, want N = {n}")
+            raise ArgumentError(f"last axis has length {a.shape[-1] if a.ndim else 0}, want N = {n}")
         rows = a.reshape(-1, n)
         row_tables: list[NttTable] | None = None
     else:
@@ -173,12 +174,12 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
         if not row_tables:
             if a.ndim == 2 and a.shape[0] == 0:
                 return np.empty(a.shape, dtype=np.uint32)
-            raise ValueError(f"no NTT tables given for an array of shape {a.shape}")
+            raise ArgumentError(f"no NTT tables given for an array of shape {a.shape}")
         n = row_tables[0].n
         if a.ndim != 2 or a.shape != (len(row_tables), n):
-            raise ValueError(f"array of shape {a.shape} does not match {len(row_tables)} tables of N = {n}")
+            raise ArgumentError(f"array of shape {a.shape} does not match {len(row_tables)} tables of N = {n}")
         if any(t.n != n for t in row_tables):
-            raise ValueError("NTT tables of different ring degrees")
+            raise ArgumentError("NTT tables of different ring degrees")
         rows = a
     out = np.empty(rows.shape, dtype=np.uint32)
     chunk = max(1, _CHUNK_RESIDUES // n)

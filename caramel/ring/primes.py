@@ -7,6 +7,8 @@ prime has a primitive 2N-th root of unity (the negacyclic NTT needs one).
 
 from __future__ import annotations
 
+from caramel.errors import ArgumentError
+
 # Bases that make Miller-Rabin deterministic for every n < 3.3 * 10^24 (covers all 64-bit integers).
 _MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
 
@@ -43,7 +45,7 @@ def ntt_primes(count: int, bits: int = 28, log_modulus: int = 17) -> tuple[int, 
     Raises ValueError when fewer than ``count`` such primes exist.
     """
     if count < 0 or bits < 2 or log_modulus < 1:
-        raise ValueError(f"ntt_primes: bad arguments count={count}, bits={bits}, log_modulus={log_modulus}")
+        raise ArgumentError(f"ntt_primes: bad arguments count={count}, bits={bits}, log_modulus={log_modulus}")
     step = 1 << log_modulus
     found: list[int] = []
     q = ((1 << bits) - 2) // step * step + 1
@@ -52,7 +54,7 @@ def ntt_primes(count: int, bits: int = 28, log_modulus: int = 17) -> tuple[int, 
             found.append(q)
         q -= step
     if len(found) < count:
-        raise ValueError(f"only {len(found)} primes below 2^{bits} are = 1 mod 2^{log_modulus}; asked for {count}")
+        raise ArgumentError(f"only {len(found)} primes below 2^{bits} are = 1 mod 2^{log_modulus}; asked for {count}")
     return tuple(sorted(found))
 
 

@@ -1,0 +1,417 @@
+"""The load cache: a :class:`~caramel.program.Program` as plain typed arrays, stored safely.
+
+Nothing in an entry can execute code when it is read: an entry is NumPy arrays of integers
+(``np.load(..., allow_pickle=False)``) and one JSON header, never a pickle.
+
+**Entry format** (one file ``<key>.entry``)::
+
+    b"CARAMEL-CACHE\\0"  (14 bytes, MAGIC)
+    SHA-256 of everything after it  (32 bytes)
+    an uncompressed .npz: "header" (uint8, UTF-8 JSON) and the instruction tables below
+
+The header says what the entry is the cache of: ``format`` (:data:`FORMAT_VERSION`), ``caramel``
+(the version), ``source`` (the SHA-256 of the program's files, :func:`source_digest`) and
+``parser`` (the fingerprint of the parser and grammar), plus the program's name, paths and
+manifests (JSON). An entry whose digest, magic, header or tables do not match is *rebuilt*,
+never loaded: a truncated, bit-flipped or swapped entry (another program's entry under this
+name) is detected by the digest or by the header's ``source``.
+
+**Instruction tables.** Operands (registers, BCU slots, memory names) are listed once in
+``opnd`` (rows ``kind, a, b, term``: kind 0 ``VReg(a, b)``, 1 ``SReg(a, b)``, 2
+``BcuSlot(a, b)``, 3 ``Mem(terms[term], a)``); the last row of the decoded table is ``None``,
+so index -1 means "no operand". Tuples of operands (``srcs``, ``group``) and tuples of ints
+(``out_limbs``, ``in_limbs``) are listed once each as CSR tables (``otup_off``/``otup_val``,
+``itup_off``/``itup_val``). Every instruction is one row of the column arrays ``op, dst, srcs,
+base, line, final, step, sync, size, unit, out, in, group``; ``base`` indexes ``bases`` (a table of
+the distinct values, where index -1 means ``None``). Each array has the narrowest integer dtype
+that holds it.
+
+**Trust.** The cache folder is created with mode 0700. A folder or entry owned by another user,
+or writable by the group or others, is ignored (one warning per folder per process). Entries are
+written to a temporary file created exclusively in the same folder (``mkstemp``: ``O_EXCL``, no
+symlink followed), then renamed over the entry (a symlink planted there is replaced, not
+followed); temporary files of killed writers (dead pid, or older than :data:`STALE_SECONDS`) are
+removed. Entries are opened with ``O_NOFOLLOW``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import logging
+import os
+import stat
+import tempfile
+import time
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+
+from caramel.program import (
+    BcuSlot, EvalKeyId, Instruction, KeyType, Manifest, ManifestEntry, Mem, Opcode, Program, Section, SReg, Stream,
+    Symbol, VReg,
+)
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MAGIC = b"CARAMEL-CACHE\0"
+SUFFIX = ".entry"
+TEMP_PREFIX = ".caramel-tmp-"
+STALE_SECONDS = 600.0
+_DIGEST = 32
+_OPCODES = tuple(Opcode)
+_OPCODE_INDEX = {op: i for i, op in enumerate(_OPCODES)}
+_SECTIONS = {s.value: s for s in Section}
+_KIND = {VReg: 0, SReg: 1, BcuSlot: 2, Mem: 3}
+_COLUMNS = ("op", "dst", "srcs", "base", "line", "final", "step", "sync", "size", "unit", "out", "in", "group")
+_warned: set[tuple[str, str]] = set()
+
+
+class CacheEntryError(Exception):
+    """An entry that must not be loaded (internal: the caller rebuilds it)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Program <-> arrays
+# ----------------------------------------------------------------------------------------------
+
+
+def _narrow(values) -> np.ndarray:
+    """``values`` as the narrowest signed integer array (int8 .. int64) that holds them."""
+    a = np.asarray(values, dtype=np.int64)
+    if a.size == 0:
+        return a.astype(np.int8)
+    lo, hi = int(a.min()), int(a.max())
+    for dt in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return a.astype(dt)
+    return a
+
+
+class _Tables:
+    """Interning tables filled while encoding: operands, operand tuples, int tuples, terms."""
+
+    def __init__(self):
+        self.operands: dict[object, int] = {}
+        self.rows: list[tuple[int, int, int, int]] = []
+        self.terms: dict[str, int] = {}
+        self.otups: dict[tuple, int] = {}
+        self.otup_rows: list[tuple[int, ...]] = []
+        self.itups: dict[tuple, int] = {}
+        self.itup_rows: list[tuple[int, ...]] = []
+
+    def operand(self, x) -> int:
+        if x is None:
+            return -1
+        got = self.operands.get(x)
+        if got is None:
+            kind = _KIND[type(x)]
+            if kind == 3:
+                term = self.terms.setdefault(x.term, len(self.terms))
+                row = (3, x.limb, 0, term)
+            elif kind == 2:
+                row = (2, x.unit, x.slot, -1)
+            else:
+                row = (kind, x.index, int(x.dead), -1)
+            got = self.operands[x] = len(self.rows)
+            self.rows.append(row)
+        return got
+
+    def otup(self, xs: tuple) -> int:
+        got = self.otups.get(xs)
+        if got is None:
+            got = self.otups[xs] = len(self.otup_rows)
+            self.otup_rows.append(tuple(self.operand(x) for x in xs))
+        return got
+
+    def itup(self, xs: tuple) -> int:
+        got = self.itups.get(xs)
+        if got is None:
+            got = self.itups[xs] = len(self.itup_rows)
+            self.itup_rows.append(xs)
+        return got
+
+
+def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(r) for r in rows])
+    flat = [v for r in rows for v in r]
+    return _narrow(offsets), _narrow(flat)
+
+
+def _manifest_json(m: Manifest) -> dict:
+    def entry(e: ManifestEntry) -> list:
+        k = e.symbol.key
+        key = None if k is None else [int(k.type), k.level, k.ext, k.rot, list(k.digits)]
+        return [e.section.value, e.term, e.symbol.name, e.symbol.part, key, list(e.limbs), e.line]
+
+    return {"path": m.path, "entries": [entry(e) for e in m.entries]}
+
+
+def _manifest_from(d: dict) -> Manifest:
+    entries = []
+    for section, term, name, part, key, limbs, line in d["entries"]:
+        kid = None if key is None else EvalKeyId(KeyType(key[0]), key[1], key[2], key[3], tuple(key[4]))
+        entries.append(ManifestEntry(_SECTIONS[section], term, Symbol(name, part, kid), tuple(limbs), line))
+    return Manifest(d["path"], tuple(entries))
+
+
+def encode(program: Program, meta: dict) -> dict[str, np.ndarray]:
+    """``program`` as named integer arrays plus a JSON ``header`` (``meta`` merged into it)."""
+    t = _Tables()
+    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+    bases: dict[int, int] = {}
+    lengths = []
+    for stream in program.streams:
+        lengths.append(len(stream.instructions))
+        for ins in stream.instructions:
+            cols["op"].append(_OPCODE_INDEX[ins.op])
+            cols["dst"].append(t.operand(ins.dst))
+            cols["srcs"].append(t.otup(ins.srcs))
+            cols["base"].append(-1 if ins.base is None else bases.setdefault(ins.base, len(bases)))
+            cols["line"].append(ins.line)
+            cols["final"].append(int(ins.final))
+            cols["step"].append(ins.step)
+            cols["sync"].append(ins.sync)
+            cols["size"].append(ins.size)
+            cols["unit"].append(ins.unit)
+            cols["out"].append(t.itup(ins.out_limbs))
+            cols["in"].append(t.itup(ins.in_limbs))
+            cols["group"].append(t.otup(ins.group))
+    header = {
+        **meta,
+        "name": program.name,
+        "path": program.path,
+        "streams": [[s.chip, s.path] for s in program.streams],
+        "lengths": lengths,
+        "terms": list(t.terms),
+        "manifest": _manifest_json(program.manifest),
+        "chip_manifests": [_manifest_json(m) for m in program.chip_manifests],
+    }
+    arrays = {f"c_{c}": _narrow(v) for c, v in cols.items()}
+    arrays["bases"] = _narrow(list(bases))
+    arrays["opnd"] = _narrow(t.rows).reshape(len(t.rows), 4)
+    arrays["otup_off"], arrays["otup_val"] = _csr(t.otup_rows)
+    arrays["itup_off"], arrays["itup_val"] = _csr(t.itup_rows)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    return arrays
+
+
+def _tuples(offsets: np.ndarray, values: list, table: list | None = None) -> list[tuple]:
+    off = offsets.tolist()
+    if table is not None:
+        values = [table[v] for v in values]
+    return [tuple(values[a:b]) for a, b in zip(off, off[1:])]
+
+
+def decode(arrays, header: dict) -> Program:
+    """The :class:`Program` of :func:`encode`'s arrays; raises on any inconsistency."""
+    terms = header["terms"]
+    operands: list = []
+    for kind, a, b, term in arrays["opnd"].tolist():
+        if kind == 0:
+            operands.append(VReg(a, bool(b)))
+        elif kind == 1:
+            operands.append(SReg(a, bool(b)))
+        elif kind == 2:
+            operands.append(BcuSlot(a, b))
+        elif kind == 3:
+            operands.append(Mem(terms[term], a))
+        else:
+            raise CacheEntryError(f"unknown operand kind {kind}")
+    operands.append(None)  # index -1
+    otups = _tuples(arrays["otup_off"], arrays["otup_val"].tolist(), operands)
+    itups = _tuples(arrays["itup_off"], arrays["itup_val"].tolist())
+    bases = arrays["bases"].tolist() + [None]
+    c = {name: arrays[f"c_{name}"] for name in _COLUMNS}
+    n = len(c["op"])
+    if any(len(v) != n for v in c.values()) or sum(header["lengths"]) != n:
+        raise CacheEntryError("columns of different lengths")
+    if n and (int(c["op"].min()) < 0 or int(c["dst"].min()) < -1 or int(c["base"].min()) < -1):
+        raise CacheEntryError("negative index")
+    columns = (
+        map(_OPCODES.__getitem__, c["op"].tolist()),
+        map(operands.__getitem__, c["dst"].tolist()),
+        map(otups.__getitem__, c["srcs"].tolist()),
+        map(bases.__getitem__, c["base"].tolist()),
+        c["line"].tolist(),
+        c["final"].astype(bool).tolist(),
+        c["step"].tolist(),
+        c["sync"].tolist(),
+        c["size"].tolist(),
+        c["unit"].tolist(),
+        map(itups.__getitem__, c["out"].tolist()),
+        map(itups.__getitem__, c["in"].tolist()),
+        map(otups.__getitem__, c["group"].tolist()),
+    )
+    instructions = list(map(tuple.__new__, repeat(Instruction), zip(*columns)))
+    streams, start = [], 0
+    for (chip, path), length in zip(header["streams"], header["lengths"]):
+        streams.append(Stream(chip, path, tuple(instructions[start:start + length])))
+        start += length
+    return Program(header["name"], header["path"], tuple(streams), _manifest_from(header["manifest"]),
+                   tuple(_manifest_from(m) for m in header["chip_manifests"]))
+
+
+def to_bytes(program: Program, meta: dict) -> bytes:
+    """An entry's bytes: :data:`MAGIC`, the SHA-256 of the body, the body (an uncompressed npz)."""
+    buf = io.BytesIO()
+    np.savez(buf, **encode(program, meta))
+    body = buf.getvalue()
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def from_bytes(data: bytes, meta: dict) -> Program:
+    """The :class:`Program` of an entry; :class:`CacheEntryError` if its magic, digest or header
+    (every key of ``meta``) does not match, or its tables are inconsistent."""
+    head = len(MAGIC) + _DIGEST
+    if len(data) < head or not data.startswith(MAGIC):
+        raise CacheEntryError("not a caramel cache entry")
+    body = memoryview(data)[head:]
+    if hashlib.sha256(body).digest() != data[len(MAGIC):head]:
+        raise CacheEntryError("integrity digest mismatch (truncated or corrupted)")
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+        header = json.loads(bytes(arrays["header"]).decode())
+        for key, want in meta.items():
+            if header.get(key) != want:
+                raise CacheEntryError(f"entry is for {key} {header.get(key)!r}, not {want!r}")
+        return decode(arrays, header)
+    except CacheEntryError:
+        raise
+    except Exception as exc:  # any malformed table: the entry is rebuilt, whatever the cause
+        raise CacheEntryError(f"malformed entry: {type(exc).__name__}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The folder: ownership, permissions, atomic writes
+# ----------------------------------------------------------------------------------------------
+
+
+def _warn_once(where: Path, reason: str) -> None:
+    key = (str(where), reason)
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("caramel: ignoring the load cache %s: %s", where, reason)
+
+
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a file or folder with status ``st`` must not be trusted, or None."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by the group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def trusted_folder(folder: Path, create: bool) -> bool:
+    """True when ``folder`` is ours and nobody else can write it (created 0700 when ``create``)."""
+    try:
+        if create:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                pass
+        st = os.stat(folder)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        _warn_once(folder, "not a folder")
+        return False
+    why = _untrusted(st)
+    if why:
+        _warn_once(folder, why)
+        return False
+    return True
+
+
+def read_entry(path: Path) -> bytes | None:
+    """The bytes of the entry at ``path``, or None when absent, unreadable, a symlink, not a
+    regular file, or not trusted (then with one warning)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT,):
+            _warn_once(path, f"cannot open it ({exc.strerror})")
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            _warn_once(path, "not a regular file")
+            return None
+        why = _untrusted(st)
+        if why:
+            _warn_once(path, why)
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, another user's
+    return True
+
+
+def remove_stale_temps(folder: Path, now: float | None = None) -> list[str]:
+    """Remove our temporary files in ``folder`` whose writer is dead or that are older than
+    :data:`STALE_SECONDS`; the names removed."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(TEMP_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = folder / name
+        try:
+            st = os.lstat(path)
+            pid = int(name[len(TEMP_PREFIX):].split("-", 1)[0])
+        except (OSError, ValueError):
+            continue
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            continue
+        if (pid != os.getpid() and not _pid_alive(pid)) or now - st.st_mtime > STALE_SECONDS:
+            try:
+                os.unlink(path)
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+def write_entry(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` atomically: a fresh temporary file (``mkstemp``, exclusive, mode
+    0600) in the same folder, then ``os.replace``. False when the folder cannot be written."""
+    folder = path.parent
+    remove_stale_temps(folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", suffix=".part", dir=folder)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
