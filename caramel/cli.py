@@ -235,7 +235,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) and exc.code else EXIT_ERROR
     program = _load(child_args)
-    if args.nproc > program.chips:
+    batch = getattr(child_args, "batch", None)
+    if batch is not None and args.nproc > batch:  # program-level: each process runs whole instances
+        raise CaramelError(f"--nproc {args.nproc} for a batch of {batch}: use at most {batch} processes "
+                           "(one instance per process at least)")
+    if batch is None and args.nproc > program.chips:
         raise CaramelError(f"--nproc {args.nproc} for {program.name}, a {program.chips}-chip program: use at most "
                            f"{program.chips} processes (one per chip)")
     return launch(args.nproc, rest)
