@@ -33,6 +33,7 @@ from caramel.ckks.check import (
     load_check,
     prepare_check,
 )
+from caramel.ckks.device import resolve as client_device, using as using_client
 from caramel.ckks.keyset import KeySet, generate_keyset, input_rng
 from caramel.errors import CaramelError
 from caramel.execute.reference import RunResult, run_reference
@@ -172,6 +173,7 @@ def run_program(
     streams: int | None = None,
     key_seed: int | None = None,
     keys: KeySet | None = None,
+    device: str | None = None,
 ) -> RunOutcome:
     """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
 
@@ -180,20 +182,25 @@ def run_program(
     Everything random comes from seeds, so a run is reproducible: inputs from ``seed``, key
     material (secrets and evaluation keys) from ``key_seed`` (default ``seed``), or ``keys`` as
     given (see :mod:`caramel.ckks.keyset`). ``gpus``, ``streams``: see :func:`executor`.
+    ``device``: where the client arithmetic (keys, encoding, encryption, decryption) runs, "cpu" or
+    "gpu" (default: the GPU when the backend is the GPU); the results are the same bit for bit.
     """
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)
-    if keys is None:
-        keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
-                             secrets=keys.secrets, keys=dict(keys.keys))
+    client = client_device(device, resolve_backend(backend))
+    with using_client(client):
+        if keys is None:
+            keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+        prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
+                                 secrets=keys.secrets, keys=dict(keys.keys))
     backend = resolve_backend(backend)
     run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
-    report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+    with using_client(client):
+        report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
     return RunOutcome(program, ctx, mode, backend, prepared, result, report, seconds,
                       output_digest(program, result.memory))
