@@ -160,6 +160,17 @@ def resolve_check(program: Program, check: str | Path | CheckSpec | None) -> Che
     return load_check(check)
 
 
+def load_keyset(directory: str | Path, program: Program, ctx: Context) -> KeySet:
+    """The key store ``directory`` (:mod:`caramel.ckks.keystore`) for ``program`` at ``ctx``: raises
+    :class:`~caramel.ckks.keystore.KeyStoreError` when it is no key store, was made for another N or
+    other primes, is damaged, or lacks a key the program needs."""
+    from caramel.ckks.keystore import load_keys, require_keys
+
+    keyset = load_keys(directory, ctx)
+    require_keys(keyset, requirements(program).keys, directory)
+    return keyset
+
+
 def run_program(
     program: Program,
     *,

@@ -72,8 +72,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check = None if args.no_check else (args.check or "auto")
     if args.distributed:
         return _run_distributed(args, program, check)
+    keys, ctx = _stored_keys(args, program)
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
-                          gpus=args.gpus, streams=args.streams)
+                          gpus=args.gpus, streams=args.streams, ctx=ctx, keys=keys)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
@@ -81,6 +82,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
+
+
+def _stored_keys(args: argparse.Namespace, program):
+    """(KeySet, Context) from ``--keys DIR``, or (None, None) without it."""
+    if getattr(args, "keys", None) is None:
+        return None, None
+    from caramel.api import load_keyset
+    from caramel.ring import Context
+
+    ctx = Context(n=args.n)
+    return load_keyset(args.keys, program, ctx), ctx
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """``caramel keys PROGRAM --out DIR``: write the secrets and every evaluation key the program needs."""
+    from caramel.ckks.keyset import generate_keyset
+    from caramel.ckks.keystore import save_keys
+    from caramel.ring import Context
+
+    program = _load(args)
+    ctx = Context(n=args.n)
+    start = time.perf_counter()
+    device = args.device
+    if device == "auto":
+        from caramel.api import gpu_available
+
+        device = "gpu" if gpu_available() else "cpu"
+    keyset = generate_keyset(program, ctx, args.seed, device=device)
+    made = time.perf_counter() - start
+    save_keys(keyset, ctx, args.out, key_seed=args.seed, program=program.name)
+    size = sum(k.c0.nbytes + k.c1.nbytes for k in keyset.keys.values())
+    print(f"{program.name}: {len(keyset.keys)} evaluation keys ({size / 2**30:.2f} GiB) at N = {args.n}, key seed "
+          f"{args.seed}: made in {made:.1f} s, written to {args.out} in {time.perf_counter() - start - made:.1f} s")
+    print(f"{args.out} holds the SECRET KEY (secrets {keyset.secrets.describe()}): keep it private")
+    return EXIT_OK
 
 
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
@@ -164,8 +200,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return _profile_scaling(args, log)
     program = _load(args)
     validate(program)
+    memory = None
+    keys, ctx = _stored_keys(args, program)
+    if keys is not None:
+        from caramel.api import default_spec
+        from caramel.ckks.check import prepare_check
+        from caramel.ckks.keyset import input_rng
+
+        memory = prepare_check(default_spec(program), program, ctx, rng=input_rng(args.seed),
+                               secrets=keys.secrets, keys=dict(keys.keys)).memory
     result = profile_program(program, n=args.n, mode=args.mode, seed=args.seed, repeats=args.repeats,
-                             warmup=args.warmup, backend=args.backend, log=log)
+                             warmup=args.warmup, backend=args.backend, log=log, memory=memory)
     print(render(result))
     if args.trace:
         write_trace(result, args.trace)
@@ -270,6 +315,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process mode: this process is one GPU of a run started by a launcher (RANK, WORLD_SIZE, "
                         "LOCAL_RANK, CARAMEL_RENDEZVOUS; see `caramel launch`)")
 
+    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
+                   "(made by `caramel keys`) instead of generating them")
+
+    p = command("keys", "generate the secrets and every evaluation key a program needs into a key store folder",
+                cmd_keys)
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    p.add_argument("--seed", type=int, default=0, help="key seed (default 0; `run --seed S` uses key seed S)")
+    p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
+                   help="accepted for symmetry with run; keys do not depend on the mode")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where the key arithmetic runs: auto (a GPU when usable; default), cpu or gpu (the keys "
+                        "are the same bit for bit)")
+    p.add_argument("--out", metavar="DIR", required=True, help="key store folder (created mode 0700; it holds "
+                   "the secret key)")
+
     p = sub.add_parser("launch", help="start G local processes of a caramel command in process mode (one per GPU)",
                        description="start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, "
                                    "LOCAL_RANK, CARAMEL_RENDEZVOUS set), one per GPU, like torchrun")
@@ -302,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve as a PNG")
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
+    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
+                   "(made by `caramel keys`) instead of generating them")
     return parser
 
 
