@@ -77,12 +77,12 @@ def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = N
     dev = devmod.resolve(device) if device is not None else devmod.current()
     rng = rng_of(rng)
     limbs = tuple(int(l) for l in limbs)
-    a = uniform_residues(ctx, limbs, rng)
+    a = uniform_residues(ctx, limbs, rng, dev.xp)
     m = devmod.to_ntt_rows(coeffs, ctx, limbs, dev)
     e = cbd(ctx.n, rng)
     s = devmod.secret_rows(sk, ctx, dev).take(limbs)
-    c0 = devmod.encrypt_c0(ctx, limbs, dev.put(a), m, dev.put(e), s, dev)
-    return Ciphertext(dev.get(c0), a, limbs, scale)
+    c0 = devmod.encrypt_c0(ctx, limbs, a, m, dev.put(e), s, dev)
+    return Ciphertext(dev.get(c0), dev.get(a), limbs, scale)
 
 
 def encrypt_values(ctx, sk: SecretKey, values, scale: float, limbs, rng=None) -> Ciphertext:

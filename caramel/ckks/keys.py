@@ -217,18 +217,18 @@ def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev):
 def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=None):
     """Draw key ``key_id``'s randomness on the host (``a`` then ``e``) and compute c0 on ``device``.
 
-    Returns (limbs, c0, c1): c0 on the device (not yet copied back), c1 = a on the host."""
+    Returns (limbs, c0, c1), both on the device (not yet copied back)."""
     from caramel.ckks import device as devmod
 
     dev = devmod.resolve(device) if device is not None else devmod.current()
     limbs = key_limbs(key_id)
     _check_key_id(key_id, limbs)
-    a = uniform_residues(ctx, limbs, rng)
+    a = uniform_residues(ctx, limbs, rng, dev.xp)
     e = cbd(ctx.n, rng)
     s_old, s_new = _new_secret_rows(ctx, key_id, secrets, limbs, dev)
     big_p = extension_modulus(ctx, key_id.ext)
     p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
-    c0 = devmod.evalkey_c0(ctx, limbs, dev.put(a), dev.put(e), s_old, s_new, p_mod, dev)
+    c0 = devmod.evalkey_c0(ctx, limbs, a, dev.put(e), s_old, s_new, p_mod, dev)
     return limbs, c0, a
 
 
@@ -247,7 +247,7 @@ def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=
 
     dev = devmod.resolve(device) if device is not None else devmod.current()
     limbs, c0, a = generate_evalkey_on(ctx, key_id, secrets, rng_of(rng), dev)
-    return _finish(key_id, limbs, dev.get(c0), a)
+    return _finish(key_id, limbs, dev.get(c0), dev.get(a))
 
 
 def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None) -> dict[EvalKeyId, EvalKey]:
@@ -258,4 +258,4 @@ def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None) -> 
     rng = rng_of(rng)
     dev = devmod.resolve(device) if device is not None else devmod.current()
     made = [(k, *generate_evalkey_on(ctx, k, secrets, rng, dev)) for k in key_ids]
-    return {k: _finish(k, limbs, dev.get(c0), a) for k, limbs, c0, a in made}
+    return {k: _finish(k, limbs, dev.get(c0), dev.get(a)) for k, limbs, c0, a in made}

@@ -143,3 +143,29 @@ def test_gpu_client_equals_cpu_client():
     c1 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, device="cpu")
     c2 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, device="gpu")
     assert c1.digest == c2.digest
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_lemire_replay_equals_numpy(seed, buffered):
+    """The device replay of bounded integers: same values and same generator state as rng.integers."""
+    from caramel.ckks.sampling import lemire_rows
+
+    ctx = context(2048)
+    limbs = list(range(9)) + [62, 63]
+    qs = np.array([ctx.q(l) for l in limbs], dtype=np.int64)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    if buffered:  # leave half a 64-bit word in the generator's buffer
+        r1.integers(0, 5), r2.integers(0, 5)
+    want = r1.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+    got = lemire_rows([int(q) for q in qs], ctx.n, r2, np)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+    assert np.array_equal(r1.integers(0, qs[:3, None], size=(3, 40)), r2.integers(0, qs[:3, None], size=(3, 40)))
+
+
+def test_lemire_replay_declines_other_generators():
+    from caramel.ckks.sampling import lemire_rows
+
+    rng = np.random.Generator(np.random.MT19937(1))
+    assert lemire_rows([268369921], 16, rng, np) is None
