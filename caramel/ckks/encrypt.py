@@ -79,7 +79,7 @@ def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = N
     limbs = tuple(int(l) for l in limbs)
     a = uniform_residues(ctx, limbs, rng, dev.xp)
     m = devmod.to_ntt_rows(coeffs, ctx, limbs, dev)
-    e = cbd(ctx.n, rng)
+    e = cbd(ctx.n, rng, xp=dev.xp)
     s = devmod.secret_rows(sk, ctx, dev).take(limbs)
     c0 = devmod.encrypt_c0(ctx, limbs, a, m, dev.put(e), s, dev)
     return Ciphertext(dev.get(c0), dev.get(a), limbs, scale)

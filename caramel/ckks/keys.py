@@ -224,7 +224,7 @@ def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=No
     limbs = key_limbs(key_id)
     _check_key_id(key_id, limbs)
     a = uniform_residues(ctx, limbs, rng, dev.xp)
-    e = cbd(ctx.n, rng)
+    e = cbd(ctx.n, rng, xp=dev.xp)
     s_old, s_new = _new_secret_rows(ctx, key_id, secrets, limbs, dev)
     big_p = extension_modulus(ctx, key_id.ext)
     p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]

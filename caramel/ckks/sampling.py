@@ -63,9 +63,10 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     if k == 0:
         return xp.empty((0, n), dtype=np.uint32)
     # Row r starts after r*N accepted words and the rejections before it: a window around the expected start.
-    expected = np.array([(2**32 % q) / 2**32 * n for q in qs])
+    reject = np.array([(2**32 % q) / 2**32 for q in qs])  # probability that one word is rejected
+    expected = n * reject / (1 - reject)  # rejections before the N-th acceptance
     before = np.concatenate([[0.0], np.cumsum(expected)[:-1]])
-    margin = int(8 * math.sqrt(float(expected.sum()) + 1) + 64)
+    margin = int(10 * math.sqrt(float(expected.sum()) + 1) + 256)
     lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
     width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
     width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
@@ -87,16 +88,22 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         m *= xp.asarray(q_all[r0:r1])
         accept = (m & np.uint64(0xFFFFFFFF)) >= xp.asarray(thr_all[r0:r1])
         counts = xp.cumsum(accept, axis=1, dtype=np.int32)
-        host = counts.get() if xp is not np else counts
+        # A row starts at window index off <= width - N and ends at an index >= N - 1: only the
+        # prefix counts of those two ranges go to the host.
+        head, tail = counts[:, : width - n], counts[:, n - 1 :]
+        head, tail = (head.get(), tail.get()) if xp is not np else (head, tail)
         starts = np.empty((r1 - r0, 1), dtype=np.int64)
         limits = np.empty((r1 - r0, 1), dtype=np.int64)
         for r in range(r0, r1):
             off = pos - int(lo[r])
-            base = int(host[r - r0, off - 1]) if 0 < off <= width else 0
-            if not 0 <= off < width or int(host[r - r0, -1]) < base + n:
+            if not 0 <= off <= width - n:
                 bg.state = state
                 return None
-            last = int(np.searchsorted(host[r - r0], base + n, side="left"))
+            base = int(head[r - r0, off - 1]) if off else 0
+            if int(tail[r - r0, -1]) < base + n:
+                bg.state = state
+                return None
+            last = n - 1 + int(np.searchsorted(tail[r - r0], base + n, side="left"))
             starts[r - r0], limits[r - r0] = off, base + n
             pos = int(lo[r]) + last + 1
         keep = accept & (span >= xp.asarray(starts)) & (counts <= xp.asarray(limits))
@@ -130,6 +137,48 @@ def sparse_ternary(n: int, h: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def cbd(n: int, rng: np.random.Generator, k: int = CBD_K) -> np.ndarray:
-    """N centred-binomial coefficients Bin(k,1/2) - Bin(k,1/2) (int64), in [-k, k]."""
+def cbd(n: int, rng: np.random.Generator, k: int = CBD_K, xp=None):
+    """N centred-binomial coefficients Bin(k,1/2) - Bin(k,1/2) (int64), in [-k, k].
+
+    Exactly ``rng.binomial(k, 0.5, n) - rng.binomial(k, 0.5, n)``; with ``xp`` CuPy (the GPU client) and
+    a PCG64 generator it is replayed on the device (:func:`binomial_replay`), else drawn by NumPy."""
+    if xp is not None and xp is not np:
+        out = binomial_replay(n, k, rng, xp)
+        if out is not None:
+            return out
+        return xp.asarray(cbd(n, rng, k))
     return rng.binomial(k, 0.5, size=n).astype(np.int64) - rng.binomial(k, 0.5, size=n).astype(np.int64)
+
+
+def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
+    """Replay of two NumPy ``binomial(k, 1/2, n)`` draws (first minus second), or None.
+
+    NumPy draws Bin(k, p) for k p <= 30 by inversion from one double U = (w >> 11) 2^-53 per value
+    (w a raw 64-bit word): px = q^k, X = 0; while U > px: X += 1, U -= px, px = (k-X+1) p px / (X q);
+    a value that would pass X > bound = min(k, k p + 10 sqrt(k p q + 1)) draws a new U (then this
+    returns None, the generator untouched). The loop runs here on all values at once, with the same
+    floating-point operations in the same order.
+    """
+    state = rng.bit_generator.state
+    p = 0.5
+    q = 1.0 - p
+    if state.get("bit_generator") != "PCG64" or p * k > 30.0:
+        return None
+    words = xp.asarray(rng.bit_generator.random_raw(2 * n))
+    u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    qn = math.exp(k * math.log(q))
+    bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))
+    x = xp.zeros(2 * n, dtype=np.int64)
+    alive = xp.ones(2 * n, dtype=bool)
+    px = qn
+    for step in range(1, bound + 2):
+        alive &= u > px
+        if step > bound:
+            if bool(alive.any()):
+                rng.bit_generator.state = state
+                return None
+            break
+        x += alive
+        u = xp.where(alive, u - px, u)
+        px = ((k - step + 1) * p * px) / (step * q)
+    return x[:n] - x[n:]

@@ -169,3 +169,25 @@ def test_lemire_replay_declines_other_generators():
 
     rng = np.random.Generator(np.random.MT19937(1))
     assert lemire_rows([268369921], 16, rng, np) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binomial_replay_equals_numpy(seed):
+    """The device replay of the centred binomial error: same values and same generator state."""
+    from caramel.ckks.sampling import binomial_replay
+
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    r1.integers(0, 5), r2.integers(0, 5)
+    want = cbd(4096, r1)
+    got = binomial_replay(4096, 21, r2, np)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lemire_replay_serves_all_limbs(seed):
+    """The replay's windows hold every row of a key on all 64 limbs (no fallback)."""
+    from caramel.ckks.sampling import lemire_rows
+
+    ctx = context(4096)
+    assert lemire_rows([ctx.q(l) for l in range(64)], ctx.n, np.random.default_rng(seed), np) is not None
