@@ -70,6 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     program = _load(args)
     validate(program)
     check = None if args.no_check else (args.check or "auto")
+    if args.distributed and args.keys:
+        raise CaramelError("--keys is not supported with --distributed yet (each process generates its keys)")
     if args.distributed:
         return _run_distributed(args, program, check)
     keys, ctx = _stored_keys(args, program)
