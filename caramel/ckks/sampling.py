@@ -52,7 +52,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     skipped. Row r takes the next N accepted words. Here: take enough raw words, compute the
     acceptance of every word for every row's q over a window that must hold the row, find each row's
     start by prefix counts, keep the accepted words in order, then put the generator where NumPy
-    would have left it (replay the consumed raw words, keep the unused half). Returns None (the
+    would have left it (advance it past the consumed raw words, keep the unused half). Returns None (the
     generator untouched) when the generator is not PCG64 or the window was too short.
     """
     bg = rng.bit_generator
@@ -112,7 +112,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     # Leave the generator as NumPy would: pos words consumed (the first being the kept half, if any).
     used = pos - h0
     bg.state = state
-    bg.random_raw((used + 1) // 2)
+    bg.advance((used + 1) // 2)  # as many outputs as the words used need (PCG64: one step per output)
     after = bg.state
     if used % 2:
         after["has_uint32"], after["uinteger"] = 1, int(words[h0 + used])
