@@ -134,11 +134,15 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     place = launch_env()
     if place is None:
         raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-    import numpy as np
 
     ctx = Context(n=args.n)
     spec = resolve_check(program, check)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
+    # Keys and inputs from their own streams, as run_program draws them (the same digest as `caramel run`).
+    from caramel.ckks.keyset import generate_keyset, input_rng
+
+    keyset = generate_keyset(program, ctx, args.seed)
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(args.seed),
+                             secrets=keyset.secrets, keys=dict(keyset.keys))
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
     result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,
