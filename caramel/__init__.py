@@ -6,6 +6,7 @@ executor (:func:`run_reference`, or :func:`run_program` for the whole encrypt/ru
 
 from caramel.api import RunOutcome, output_digest, run_program
 from caramel.batch import run_batch
+from caramel.ckks.keystore import load_keys, save_keys
 from caramel.errors import CaramelError, ExecutionError, ParseError, ValidationError
 from caramel.execute.reference import RunResult, run_reference
 from caramel.parse import load_program
@@ -34,3 +35,4 @@ __all__ = [
     "run_reference", "validate",
 ]
 __all__ += ["run_batch"]
+__all__ += ["load_keys", "save_keys"]

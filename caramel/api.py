@@ -33,6 +33,7 @@ from caramel.ckks.check import (
     load_check,
     prepare_check,
 )
+from caramel.ckks.device import resolve as client_device, using as using_client
 from caramel.ckks.keyset import KeySet, generate_keyset, input_rng
 from caramel.errors import CaramelError
 from caramel.execute.reference import RunResult, run_reference
@@ -225,6 +226,17 @@ def resolve_check(program: Program, check: str | Path | CheckSpec | None) -> Che
     return load_check(check)
 
 
+def load_keyset(directory: str | Path, program: Program, ctx: Context) -> KeySet:
+    """The key store ``directory`` (:mod:`caramel.ckks.keystore`) for ``program`` at ``ctx``: raises
+    :class:`~caramel.ckks.keystore.KeyStoreError` when it is no key store, was made for another N or
+    other primes, is damaged, or lacks a key the program needs."""
+    from caramel.ckks.keystore import load_keys, require_keys
+
+    keyset = load_keys(directory, ctx)
+    require_keys(keyset, requirements(program).keys, directory)
+    return keyset
+
+
 def run_program(
     program: Program,
     *,
@@ -239,6 +251,7 @@ def run_program(
     key_seed: int | None = None,
     keys: KeySet | None = None,
     inputs: Any = None,
+    device: str | None = None,
 ) -> RunOutcome:
     """Generate keys, encrypt random inputs, run, decrypt and (with a check) compare.
 
@@ -250,6 +263,8 @@ def run_program(
     ``inputs``: the user's values instead of random ones (a ``.npz``/``.json`` path or a mapping
     ``{name: values}``, :mod:`caramel.userdata`), encoded at the check's scales. The outcome's
     ``timings`` has the seconds of each phase.
+    ``device``: where the client arithmetic (keys, encoding, encryption, decryption) runs, "cpu" or
+    "gpu" (default: the GPU when the backend is the GPU); the results are the same bit for bit.
     """
     if not isinstance(program, Program):
         from caramel.errors import ArgumentError
@@ -275,19 +290,22 @@ def run_program(
         data = as_input_data(inputs)
         check_inputs(data, program, ctx.n // 2)
         supplied = instance_values(data, program, 0)
+    client = client_device(device, resolve_backend(backend))
     marks = [time.perf_counter()]
-    if keys is None:
-        keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
-    marks.append(time.perf_counter())
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
-                             secrets=keys.secrets, keys=dict(keys.keys), supplied=supplied)
+    with using_client(client):
+        if keys is None:
+            keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+        marks.append(time.perf_counter())
+        prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
+                                 secrets=keys.secrets, keys=dict(keys.keys), supplied=supplied)
     marks.append(time.perf_counter())
     backend = resolve_backend(backend)
     run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
-    report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+    with using_client(client):
+        report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
     timings = {"keys": marks[1] - marks[0], "encrypt": marks[2] - marks[1], "plan": start - marks[2],
                "run": seconds, "check": time.perf_counter() - start - seconds}
     return RunOutcome(program, ctx, mode, backend, prepared, result, report, seconds,

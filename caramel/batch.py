@@ -288,12 +288,16 @@ def run_batch(
 
         data = as_input_data(inputs)
         check_inputs(data, program, ctx.n // 2, batch=batch)
+    from caramel.ckks.device import resolve as client_device, using as using_client
+
     backend = resolve_backend(backend)
+    client = client_device(None, backend)  # the client arithmetic on the GPU when the backend is the GPU
     indices = list(range(batch)) if indices is None else list(indices)
     shared: dict[str, float] = {}
     t0 = time.perf_counter()
     if keys is None:
-        keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+        with using_client(client):
+            keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
     shared["keys"] = time.perf_counter() - t0
     layout = batch_layout(program.chips, gpus)
     if devices is not None:  # renumber the slots' devices onto the given CUDA devices
@@ -317,8 +321,9 @@ def run_batch(
             from caramel.userdata import instance_values
 
             supplied = instance_values(data, program, i)
-        prepared = prepare_check(the_spec, program, ctx, rng=input_rng(seed + i), secrets=keys.secrets,
-                                 keys=dict(keys.keys), supplied=supplied)
+        with using_client(client):
+            prepared = prepare_check(the_spec, program, ctx, rng=input_rng(seed + i), secrets=keys.secrets,
+                                     keys=dict(keys.keys), supplied=supplied)
         times["encrypt"] = time.perf_counter() - t
         t = time.perf_counter()
         result = runners[group](prepared.memory)
@@ -331,7 +336,8 @@ def run_batch(
             kept = decrypted_outputs(prepared, result.memory, limbs=limbs)
             times["decrypt"] = time.perf_counter() - t
             t = time.perf_counter()
-        report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+        with using_client(client):
+            report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
         digest = output_digest(program, result.memory)
         times["check"] = time.perf_counter() - t
         done[i] = Instance(i, seed + i, digest, report, group, times, kept, rank)

@@ -74,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     validate(program)
     load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
+    if args.distributed and args.keys:
+        raise CaramelError("--keys is not supported with --distributed yet (each process generates its keys)")
     if args.batch is not None:
         return _run_batch(args, program, check, load_s)
     if args.distributed and (args.inputs or args.save_outputs or args.json):
@@ -83,8 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from caramel.api import check_devices, devices_used, resolve_backend
 
     check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
+    keys, ctx = _stored_keys(args, program)
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
-                          gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs)
+                          gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs,
+                          ctx=ctx, keys=keys)
     devices = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")
@@ -139,7 +143,8 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
             return EXIT_OK
         arrays = gathered_outputs(place, args.batch) if keep else None
     else:
-        result = run_batch(program, batch=args.batch, backend=args.backend, gpus=args.gpus, **kwargs)
+        keys, _ = _stored_keys(args, program)
+        result = run_batch(program, batch=args.batch, backend=args.backend, gpus=args.gpus, keys=keys, **kwargs)
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, key seed "
@@ -160,6 +165,41 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         body["inputs"] = args.inputs
         print(f"results: {write_json(args.json, document('batch', body))}")
     return EXIT_OK if result.passed else EXIT_INVALID
+
+
+def _stored_keys(args: argparse.Namespace, program):
+    """(KeySet, Context) from ``--keys DIR``, or (None, None) without it."""
+    if getattr(args, "keys", None) is None:
+        return None, None
+    from caramel.api import load_keyset
+    from caramel.ring import Context
+
+    ctx = Context(n=args.n)
+    return load_keyset(args.keys, program, ctx), ctx
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """``caramel keys PROGRAM --out DIR``: write the secrets and every evaluation key the program needs."""
+    from caramel.ckks.keyset import generate_keyset
+    from caramel.ckks.keystore import save_keys
+    from caramel.ring import Context
+
+    program = _load(args)
+    ctx = Context(n=args.n)
+    start = time.perf_counter()
+    device = args.device
+    if device == "auto":
+        from caramel.api import gpu_available
+
+        device = "gpu" if gpu_available() else "cpu"
+    keyset = generate_keyset(program, ctx, args.seed, device=device)
+    made = time.perf_counter() - start
+    save_keys(keyset, ctx, args.out, key_seed=args.seed, program=program.name)
+    size = sum(k.c0.nbytes + k.c1.nbytes for k in keyset.keys.values())
+    print(f"{program.name}: {len(keyset.keys)} evaluation keys ({size / 2**30:.2f} GiB) at N = {args.n}, key seed "
+          f"{args.seed}: made in {made:.1f} s, written to {args.out} in {time.perf_counter() - start - made:.1f} s")
+    print(f"{args.out} holds the SECRET KEY (secrets {keyset.secrets.describe()}): keep it private")
+    return EXIT_OK
 
 
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
@@ -288,8 +328,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return _profile_scaling(args, log)
     program = _load(args)
     validate(program)
+    memory = None
+    keys, ctx = _stored_keys(args, program)
+    if keys is not None:
+        from caramel.api import default_spec
+        from caramel.ckks.check import prepare_check
+        from caramel.ckks.keyset import input_rng
+
+        memory = prepare_check(default_spec(program), program, ctx, rng=input_rng(args.seed),
+                               secrets=keys.secrets, keys=dict(keys.keys)).memory
     result = profile_program(program, n=args.n, mode=args.mode, seed=args.seed, repeats=args.repeats,
-                             warmup=args.warmup, backend=args.backend, log=log)
+                             warmup=args.warmup, backend=args.backend, log=log, memory=memory)
     print(render(result))
     if args.trace:
         write_trace(result, args.trace)
@@ -443,6 +492,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the results (digest, checks, time per phase, environment) "
                    "as JSON to FILE")
 
+    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
+                   "(made by `caramel keys`) instead of generating them")
+
+    p = command("keys", "generate the secrets and every evaluation key a program needs into a key store folder",
+                cmd_keys)
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    p.add_argument("--seed", type=int, default=0, help="key seed (default 0; `run --seed S` uses key seed S)")
+    p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
+                   help="accepted for symmetry with run; keys do not depend on the mode")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where the key arithmetic runs: auto (a GPU when usable; default), cpu or gpu (the keys "
+                        "are the same bit for bit)")
+    p.add_argument("--out", metavar="DIR", required=True, help="key store folder (created mode 0700; it holds "
+                   "the secret key)")
+
     p = sub.add_parser("launch", help="start G local processes of a caramel command in process mode (one per GPU)",
                        description="start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, "
                                    "LOCAL_RANK, CARAMEL_RENDEZVOUS set), one per GPU, like torchrun")
@@ -478,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
                    "devices, one instance per device (instances/s, speedup, efficiency)")
     p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE")
+    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
+                   "(made by `caramel keys`) instead of generating them")
     return parser
 
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from caramel.ckks import device as devmod
 from caramel.ckks.encoding import decode, encode
 from caramel.ckks.keys import SecretKey
-from caramel.ckks.rns import from_residues, mulmod, prime_column, to_ntt
+from caramel.ckks.rns import from_residues
 from caramel.ckks.sampling import cbd, rng_of, uniform_residues
 
 
@@ -68,16 +69,20 @@ class Ciphertext:
         return Ciphertext(self.c0, self.c1, self.limbs, scale)
 
 
-def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = None) -> Ciphertext:
-    """Encrypt integer plaintext coefficients (int64 or object) on ``limbs`` under ``sk``."""
+def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = None, device=None) -> Ciphertext:
+    """Encrypt integer plaintext coefficients (int64 or object) on ``limbs`` under ``sk``.
+
+    Draws ``a`` (uniform on every limb) then ``e`` on the host; the products run on ``device``
+    (:mod:`caramel.ckks.device`, default the current client device). Returns host arrays."""
+    dev = devmod.resolve(device) if device is not None else devmod.current()
     rng = rng_of(rng)
     limbs = tuple(int(l) for l in limbs)
-    qcol = prime_column(ctx, limbs)
-    a = uniform_residues(ctx, limbs, rng)
-    m = to_ntt(coeffs, ctx, limbs).astype(np.uint64)
-    e = to_ntt(cbd(ctx.n, rng), ctx, limbs).astype(np.uint64)
-    c0 = ((qcol - mulmod(a, sk.ntt_limbs(ctx, limbs), qcol)) + m + e) % qcol
-    return Ciphertext(c0.astype(np.uint32), a, limbs, scale)
+    a = uniform_residues(ctx, limbs, rng, dev.xp)
+    m = devmod.to_ntt_rows(coeffs, ctx, limbs, dev)
+    e = cbd(ctx.n, rng, xp=dev.xp)
+    s = devmod.secret_rows(sk, ctx, dev).take(limbs)
+    c0 = devmod.encrypt_c0(ctx, limbs, a, m, dev.put(e), s, dev)
+    return Ciphertext(dev.get(c0), dev.get(a), limbs, scale)
 
 
 def encrypt_values(ctx, sk: SecretKey, values, scale: float, limbs, rng=None) -> Ciphertext:
@@ -85,11 +90,11 @@ def encrypt_values(ctx, sk: SecretKey, values, scale: float, limbs, rng=None) ->
     return encrypt(ctx, sk, encode(values, scale, ctx.n), limbs, rng, scale)
 
 
-def decrypt(ctx, sk: SecretKey, ct: Ciphertext, modulus: int | None = None) -> np.ndarray:
+def decrypt(ctx, sk: SecretKey, ct: Ciphertext, modulus: int | None = None, device=None) -> np.ndarray:
     """Centred integer coefficients of c0 + c1*s (object array of Python ints), see module docstring."""
-    qcol = prime_column(ctx, ct.limbs)
-    m = (ct.c0.astype(np.uint64) + mulmod(ct.c1, sk.ntt_limbs(ctx, ct.limbs), qcol)) % qcol
-    coeff = np.asarray(ctx.intt(m.astype(np.uint32), list(ct.limbs)))
+    dev = devmod.resolve(device) if device is not None else devmod.current()
+    s = devmod.secret_rows(sk, ctx, dev).take(ct.limbs)
+    coeff = dev.get(devmod.decrypt_rows(ctx, ct.limbs, dev.put(ct.c0), dev.put(ct.c1), s, dev))
     return from_residues(coeff, ctx, ct.limbs, modulus)
 
 

@@ -181,25 +181,81 @@ def key_secrets(ctx, key_id: EvalKeyId, secrets: Secrets, limbs) -> tuple[np.nda
     return np.asarray(old, dtype=np.uint32), np.asarray(new, dtype=np.uint32)
 
 
-def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None) -> EvalKey:
-    """Generate the key ``key_id`` exactly as ISA.md 5.3 specifies (see module docstring)."""
-    rng = rng_of(rng)
-    limbs = key_limbs(key_id)
+def _check_key_id(key_id: EvalKeyId, limbs: tuple[int, ...]) -> None:
     in_key = set(limbs)
     bad = [d for d in key_id.digits if d not in in_key or d >= key_id.level]
     if bad:
         raise ValueError(f"key {key_id}: digit limbs {bad} are not among its Q limbs 0..{key_id.level - 1}")
     if key_id.ext < 0 or key_id.ext > TOP_LIMB + 1 or key_id.level < 0:
         raise ValueError(f"key {key_id}: bad level or extension size")
-    qcol = prime_column(ctx, limbs)
-    a = uniform_residues(ctx, limbs, rng)
-    e = to_ntt(cbd(ctx.n, rng), ctx, limbs)
-    s_old, s_new = key_secrets(ctx, key_id, secrets, limbs)
+    if KeyType(key_id.type) in (KeyType.BOOTSTRAP, KeyType.BOOTSTRAP2) and key_id.level < 1:
+        raise ValueError(f"bootstrap key {key_id} needs level >= 1")
+
+
+def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev):
+    """(s_old, s_new) rows on ``dev`` per the table of the module docstring (batched form of key_secrets)."""
+    from caramel.ckks.device import mulmod as dev_mulmod, prime_column as dev_primes, secret_rows
+
+    t = KeyType(key_id.type)
+    s_rows = secret_rows(secrets.s, ctx, dev).take(limbs)
+    old = secret_rows(secrets.s_eph, ctx, dev).take(limbs) if t == KeyType.EPHEMERAL else s_rows
+    qcol = dev_primes(ctx, limbs, dev)
+    if t == KeyType.RELIN:
+        new = dev_mulmod(s_rows, s_rows, qcol, dev.xp).astype(np.uint32)
+    elif t in (KeyType.ROTATION, KeyType.CONJUGATION):
+        g = ctx.galois_element(key_id.rot) if t == KeyType.ROTATION else ctx.conjugation_element
+        new = s_rows[:, dev.put(ctx.permutation(g))]
+    elif t == KeyType.EPHEMERAL:
+        new = s_rows
+    else:  # BOOTSTRAP, BOOTSTRAP2: q_{level-1} * (s or s_eph)
+        base = s_rows if t == KeyType.BOOTSTRAP else secret_rows(secrets.s_eph, ctx, dev).take(limbs)
+        factor = dev.put(np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None])
+        new = dev_mulmod(base, factor, qcol, dev.xp).astype(np.uint32)
+    return old, new
+
+
+def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=None):
+    """Draw key ``key_id``'s randomness on the host (``a`` then ``e``) and compute c0 on ``device``.
+
+    Returns (limbs, c0, c1), both on the device (not yet copied back)."""
+    from caramel.ckks import device as devmod
+
+    dev = devmod.resolve(device) if device is not None else devmod.current()
+    limbs = key_limbs(key_id)
+    _check_key_id(key_id, limbs)
+    a = uniform_residues(ctx, limbs, rng, dev.xp)
+    e = cbd(ctx.n, rng, xp=dev.xp)
+    s_old, s_new = _new_secret_rows(ctx, key_id, secrets, limbs, dev)
     big_p = extension_modulus(ctx, key_id.ext)
     p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
-    a_s = mulmod(a, s_old, qcol)
-    c0 = (qcol - a_s + e.astype(np.uint64) + mulmod(s_new, p_mod, qcol)) % qcol
-    c0, c1 = c0.astype(np.uint32), a
+    c0 = devmod.evalkey_c0(ctx, limbs, a, dev.put(e), s_old, s_new, p_mod, dev)
+    return limbs, c0, a
+
+
+def _finish(key_id: EvalKeyId, limbs, c0: np.ndarray, c1: np.ndarray) -> EvalKey:
     c0.setflags(write=False)
     c1.setflags(write=False)
     return EvalKey(key_id, limbs, c0, c1)
+
+
+def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=None) -> EvalKey:
+    """Generate the key ``key_id`` exactly as ISA.md 5.3 specifies (see module docstring).
+
+    The draws (``a`` uniform on every limb, then ``e``) come from ``rng`` on the host; the products
+    run on ``device`` (see :mod:`caramel.ckks.device`; default: the current client device)."""
+    from caramel.ckks import device as devmod
+
+    dev = devmod.resolve(device) if device is not None else devmod.current()
+    limbs, c0, a = generate_evalkey_on(ctx, key_id, secrets, rng_of(rng), dev)
+    return _finish(key_id, limbs, dev.get(c0), dev.get(a))
+
+
+def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None) -> dict[EvalKeyId, EvalKey]:
+    """Generate ``key_ids`` in order from one generator (the same draws as calling
+    :func:`generate_evalkey` for each); on a GPU every key's products are queued before any copy back."""
+    from caramel.ckks import device as devmod
+
+    rng = rng_of(rng)
+    dev = devmod.resolve(device) if device is not None else devmod.current()
+    made = [(k, *generate_evalkey_on(ctx, k, secrets, rng, dev)) for k in key_ids]
+    return {k: _finish(k, limbs, dev.get(c0), dev.get(a)) for k, limbs, c0, a in made}

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from caramel.ckks.bind import requirements
-from caramel.ckks.keys import EvalKey, Secrets, generate_evalkey
+from caramel.ckks.keys import EvalKey, Secrets, generate_evalkeys
 from caramel.program import EvalKeyId, Manifest, Program
 
 #: Second seed word of the key-material stream.
@@ -56,9 +56,13 @@ def generate_keyset(
     *,
     chip_manifests: Sequence[Manifest] | None = None,
     aliases: Mapping[str, str] | None = None,
+    device=None,
 ) -> KeySet:
-    """Secrets and every evaluation key ``source`` needs, all drawn from :func:`key_rng`."""
+    """Secrets and every evaluation key ``source`` needs, all drawn from :func:`key_rng`.
+
+    ``device`` ("cpu", "gpu" or a :class:`caramel.ckks.device.ClientDevice`; default the current
+    client device) is where the products and transforms run; the keys are the same bit for bit."""
     rng = key_rng(key_seed)
     secrets = Secrets.generate(ctx.n, rng)
     req = requirements(source, chip_manifests, aliases)
-    return KeySet(secrets, {k: generate_evalkey(ctx, k, secrets, rng) for k in req.keys})
+    return KeySet(secrets, generate_evalkeys(ctx, req.keys, secrets, rng, device))

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import math
+import sys
+
 import numpy as np
 
 #: Coin pairs of the centred binomial error: sigma = sqrt(CBD_K / 2) ~ 3.2.
@@ -21,10 +24,102 @@ def rng_of(rng: np.random.Generator | int | None) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
 
-def uniform_residues(ctx, limbs, rng: np.random.Generator) -> np.ndarray:
-    """Uniform residues, shape (len(limbs), N) uint32, row r uniform in [0, q_{limbs[r]})."""
-    qs = np.array([ctx.q(int(l)) for l in limbs], dtype=np.int64)
-    return rng.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
+    """Uniform residues, shape (len(limbs), N) uint32, row r uniform in [0, q_{limbs[r]}).
+
+    Exactly ``rng.integers(0, q[:, None], size=(k, N), dtype=int64)`` (same values, same generator
+    state afterwards), as an array of module ``xp`` (NumPy by default). For CuPy (the GPU client) and
+    NumPy's PCG64 the draw is replayed on the device from raw 64-bit outputs of ``rng``
+    (:func:`lemire_rows`); otherwise, or when a replay runs out of raw words, ``rng.integers`` draws it.
+    """
+    qs = [ctx.q(int(l)) for l in limbs]
+    xp = np if xp is None else xp
+    # On the host NumPy's own loop is the faster of the two; the replay serves the GPU client.
+    out = None if xp is np else lemire_rows(qs, ctx.n, rng, xp)
+    if out is None:
+        q_arr = np.array(qs, dtype=np.int64)
+        out = rng.integers(0, q_arr[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+        out = xp.asarray(out)
+    return out
+
+
+def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
+    """Replay of NumPy's bounded integers for rows of moduli ``qs`` from a PCG64 ``rng``, or None.
+
+    NumPy draws each value in [0, q) (q < 2^32) with Lemire's method from 32-bit words w of the
+    generator (the low then the high half of each 64-bit output, one half kept in the state between
+    calls): m = w * q, accepted when (m mod 2^32) >= 2^32 mod q, value m >> 32; rejected words are
+    skipped. Row r takes the next N accepted words. Here: take enough raw words, compute the
+    acceptance of every word for every row's q over a window that must hold the row, find each row's
+    start by prefix counts, keep the accepted words in order, then put the generator where NumPy
+    would have left it (advance it past the consumed raw words, keep the unused half). Returns None (the
+    generator untouched) when the generator is not PCG64 or the window was too short.
+    """
+    bg = rng.bit_generator
+    state = bg.state
+    if state.get("bit_generator") != "PCG64" or sys.byteorder != "little" or any(q >= 2**32 for q in qs):
+        return None
+    k = len(qs)
+    if k == 0:
+        return xp.empty((0, n), dtype=np.uint32)
+    # Row r starts after r*N accepted words and the rejections before it: a window around the expected start.
+    reject = np.array([(2**32 % q) / 2**32 for q in qs])  # probability that one word is rejected
+    expected = n * reject / (1 - reject)  # rejections before the N-th acceptance
+    before = np.concatenate([[0.0], np.cumsum(expected)[:-1]])
+    margin = int(10 * math.sqrt(float(expected.sum()) + 1) + 256)
+    lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
+    width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
+    width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
+    h0 = int(state["has_uint32"])
+    raw_count = (int(lo[-1]) + width - h0 + 1) // 2
+    words = bg.random_raw(raw_count).view(np.uint32)  # low half, then high half of each output
+    if h0:
+        words = np.concatenate([np.array([state["uinteger"]], dtype=np.uint32), words])
+    stream = xp.asarray(words)
+    q_all = np.array(qs, dtype=np.uint64)[:, None]
+    thr_all = np.array([2**32 % q for q in qs], dtype=np.uint64)[:, None]
+    out = xp.empty((k, n), dtype=np.uint32)
+    span = xp.arange(width, dtype=np.int64)[None, :]
+    pos = 0  # stream position of the next word
+    step = k if xp is not np else max(1, (1 << 18) // width)
+    for r0 in range(0, k, step):
+        r1 = min(k, r0 + step)
+        m = stream[xp.asarray(lo[r0:r1])[:, None] + span].astype(np.uint64)
+        m *= xp.asarray(q_all[r0:r1])
+        accept = (m & np.uint64(0xFFFFFFFF)) >= xp.asarray(thr_all[r0:r1])
+        counts = xp.cumsum(accept, axis=1, dtype=np.int32)
+        # A row starts at window index off <= width - N and ends at an index >= N - 1: only the
+        # prefix counts of those two ranges go to the host.
+        head, tail = counts[:, : width - n], counts[:, n - 1 :]
+        head, tail = (head.get(), tail.get()) if xp is not np else (head, tail)
+        starts = np.empty((r1 - r0, 1), dtype=np.int64)
+        limits = np.empty((r1 - r0, 1), dtype=np.int64)
+        for r in range(r0, r1):
+            off = pos - int(lo[r])
+            if not 0 <= off <= width - n:
+                bg.state = state
+                return None
+            base = int(head[r - r0, off - 1]) if off else 0
+            if int(tail[r - r0, -1]) < base + n:
+                bg.state = state
+                return None
+            last = n - 1 + int(np.searchsorted(tail[r - r0], base + n, side="left"))
+            starts[r - r0], limits[r - r0] = off, base + n
+            pos = int(lo[r]) + last + 1
+        keep = accept & (span >= xp.asarray(starts)) & (counts <= xp.asarray(limits))
+        m >>= np.uint64(32)
+        out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
+    # Leave the generator as NumPy would: pos words consumed (the first being the kept half, if any).
+    used = pos - h0
+    bg.state = state
+    bg.advance((used + 1) // 2)  # as many outputs as the words used need (PCG64: one step per output)
+    after = bg.state
+    if used % 2:
+        after["has_uint32"], after["uinteger"] = 1, int(words[h0 + used])
+    else:  # NumPy keeps the last half it handed out in the (now unused) buffer
+        after["has_uint32"], after["uinteger"] = 0, int(words[h0 + used - 1]) if used else state["uinteger"]
+    bg.state = after
+    return out
 
 
 def dense_ternary(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -42,6 +137,48 @@ def sparse_ternary(n: int, h: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def cbd(n: int, rng: np.random.Generator, k: int = CBD_K) -> np.ndarray:
-    """N centred-binomial coefficients Bin(k,1/2) - Bin(k,1/2) (int64), in [-k, k]."""
+def cbd(n: int, rng: np.random.Generator, k: int = CBD_K, xp=None):
+    """N centred-binomial coefficients Bin(k,1/2) - Bin(k,1/2) (int64), in [-k, k].
+
+    Exactly ``rng.binomial(k, 0.5, n) - rng.binomial(k, 0.5, n)``; with ``xp`` CuPy (the GPU client) and
+    a PCG64 generator it is replayed on the device (:func:`binomial_replay`), else drawn by NumPy."""
+    if xp is not None and xp is not np:
+        out = binomial_replay(n, k, rng, xp)
+        if out is not None:
+            return out
+        return xp.asarray(cbd(n, rng, k))
     return rng.binomial(k, 0.5, size=n).astype(np.int64) - rng.binomial(k, 0.5, size=n).astype(np.int64)
+
+
+def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
+    """Replay of two NumPy ``binomial(k, 1/2, n)`` draws (first minus second), or None.
+
+    NumPy draws Bin(k, p) for k p <= 30 by inversion from one double U = (w >> 11) 2^-53 per value
+    (w a raw 64-bit word): px = q^k, X = 0; while U > px: X += 1, U -= px, px = (k-X+1) p px / (X q);
+    a value that would pass X > bound = min(k, k p + 10 sqrt(k p q + 1)) draws a new U (then this
+    returns None, the generator untouched). The loop runs here on all values at once, with the same
+    floating-point operations in the same order.
+    """
+    state = rng.bit_generator.state
+    p = 0.5
+    q = 1.0 - p
+    if state.get("bit_generator") != "PCG64" or p * k > 30.0:
+        return None
+    words = xp.asarray(rng.bit_generator.random_raw(2 * n))
+    u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    qn = math.exp(k * math.log(q))
+    bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))
+    x = xp.zeros(2 * n, dtype=np.int64)
+    alive = xp.ones(2 * n, dtype=bool)
+    px = qn
+    for step in range(1, bound + 2):
+        alive &= u > px
+        if step > bound:
+            if bool(alive.any()):
+                rng.bit_generator.state = state
+                return None
+            break
+        x += alive
+        u = xp.where(alive, u - px, u)
+        px = ((k - step + 1) * p * px) / (step * q)
+    return x[:n] - x[n:]

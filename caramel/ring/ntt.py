@@ -13,11 +13,19 @@ and Longa-Naehrig, vectorised over whole stages, with Shoup products and Harvey'
 forward values stay in [0, 4q), inverse values in [0, 2q), and the last step reduces to [0, q).
 Stages whose butterflies span fewer than R points run on a transposed (R, N/R) view so that every
 NumPy operation has a long contiguous inner loop; twiddles for those stages are stored in that layout.
+
+Array modules. The kernels are written against an array module ``xp``: NumPy arrays run them on the
+host (chunks of rows that fit a core's L2 cache, spread over a small thread pool, see
+:func:`client_threads`), CuPy arrays run the same operations on the GPU (large chunks of rows, the
+tables copied to the device once). Results are bit-identical: every step is exact integer arithmetic.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -29,6 +37,60 @@ _SHIFT32 = np.uint64(32)
 # Rows of a batched transform are processed in chunks of about this many residues, which keeps the
 # working set (data and two scratch buffers) inside a core's L2 cache.
 _CHUNK_RESIDUES = 1 << 16
+# On a GPU, rows are processed in chunks of about this many residues (eight bytes each, three buffers).
+_GPU_CHUNK_RESIDUES = 1 << 24
+#: Environment variable: worker threads of the host kernels (default: the machine's CPU count, at most 8).
+THREADS_ENV = "CARAMEL_CLIENT_THREADS"
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def client_threads() -> int:
+    """client_threads returns the number of host threads for batched transforms (``CARAMEL_CLIENT_THREADS``)."""
+    raw = os.environ.get(THREADS_ENV, "")
+    try:
+        return max(1, int(raw)) if raw.strip() else max(1, min(8, os.cpu_count() or 1))
+    except ValueError:
+        return 1
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers != client_threads():
+            _pool = ThreadPoolExecutor(max_workers=client_threads(), thread_name_prefix="caramel-ntt")
+        return _pool
+
+
+def _forget_pool() -> None:  # a forked child has no pool threads: start a fresh pool there
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def map_chunks(fn, total: int, chunk: int) -> None:
+    """map_chunks calls fn(c0, c1) for consecutive slices [c0, c1) of range(total) of length ``chunk``,
+    on the host thread pool when there are several slices and threads (fn must write disjoint outputs)."""
+    spans = [(c0, min(c0 + chunk, total)) for c0 in range(0, total, max(1, chunk))]
+    if len(spans) > 1 and client_threads() > 1 and not threading.current_thread().name.startswith("caramel-ntt"):
+        for f in [_thread_pool().submit(fn, c0, c1) for c0, c1 in spans]:
+            f.result()
+    else:
+        for c0, c1 in spans:
+            fn(c0, c1)
+
+
+def array_module(a):
+    """array_module returns the array module of ``a``: CuPy for CuPy arrays, else NumPy (no CuPy import)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
 
 
 def bit_reverse(n: int) -> np.ndarray:
@@ -135,6 +197,16 @@ class NttTable:
     def __repr__(self) -> str:
         return f"NttTable(q={self.q}, n={self.n}, psi={self.psi})"
 
+    def device_array(self, name: str, xp):
+        """device_array returns the kernel table ``name`` (e.g. ``"_fw"``) as uint64 on the device of
+        array module ``xp`` (CuPy), copied once per table, name and device."""
+        cache = self.__dict__.setdefault("_device", {})
+        key = (name, int(xp.cuda.Device().id))
+        arr = cache.get(key)
+        if arr is None:
+            arr = cache[key] = xp.asarray(getattr(self, name).astype(_U64))
+        return arr
+
     def forward(self, a) -> np.ndarray:
         """forward returns NTT_q(a) along the last axis (any leading shape), uint32."""
         return ntt(a, self)
@@ -162,7 +234,8 @@ def intt(a, tables: NttTable | Sequence[NttTable]) -> np.ndarray:
 
 
 def _transform(a, tables, forward: bool) -> np.ndarray:
-    a = np.asarray(a)
+    xp = array_module(a)
+    a = xp.asarray(a)
     if isinstance(tables, NttTable):
         n = tables.n
         if a.ndim == 0 or a.shape[-1] != n:
@@ -173,7 +246,7 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
         row_tables = list(tables)
         if not row_tables:
             if a.ndim == 2 and a.shape[0] == 0:
-                return np.empty(a.shape, dtype=np.uint32)
+                return xp.empty(a.shape, dtype=np.uint32)
             raise ArgumentError(f"no NTT tables given for an array of shape {a.shape}")
         n = row_tables[0].n
         if a.ndim != 2 or a.shape != (len(row_tables), n):
@@ -181,23 +254,33 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
         if any(t.n != n for t in row_tables):
             raise ArgumentError("NTT tables of different ring degrees")
         rows = a
-    out = np.empty(rows.shape, dtype=np.uint32)
-    chunk = max(1, _CHUNK_RESIDUES // n)
+    out = xp.empty(rows.shape, dtype=np.uint32)
+    chunk = max(1, (_CHUNK_RESIDUES if xp is np else _GPU_CHUNK_RESIDUES) // n)
     kernel = _forward_rows if forward else _inverse_rows
-    for c0 in range(0, rows.shape[0], chunk):
-        c1 = min(c0 + chunk, rows.shape[0])
+
+    def run(c0: int, c1: int) -> None:
         if row_tables is None:
             tabs = [tables]
         else:
             tabs = row_tables[c0:c1]
             if all(t is tabs[0] for t in tabs):
                 tabs = tabs[:1]
-        kernel(rows[c0:c1], out[c0:c1], tabs)
+        kernel(rows[c0:c1], out[c0:c1], tabs, xp)
+
+    if xp is np:
+        map_chunks(run, rows.shape[0], chunk)
+    else:
+        for c0 in range(0, rows.shape[0], chunk):
+            run(c0, min(c0 + chunk, rows.shape[0]))
     return out.reshape(a.shape)
 
 
-def _stack(tabs: list[NttTable], names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _stack(tabs: list[NttTable], names: tuple[str, str], xp=np) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """_stack returns (w, w', q) for the rows: twiddles (c, N) uint64, Shoup quotients, moduli (c, 1)."""
+    if xp is not np:
+        w = xp.stack([tab.device_array(names[0], xp) for tab in tabs])
+        wp = xp.stack([tab.device_array(names[1], xp) for tab in tabs])
+        return w, wp, xp.asarray(np.array([[t.q] for t in tabs], dtype=_U64))
     if len(tabs) == 1:
         w = getattr(tabs[0], names[0]).astype(_U64)[None]
         wp = getattr(tabs[0], names[1]).astype(_U64)[None]
@@ -208,68 +291,68 @@ def _stack(tabs: list[NttTable], names: tuple[str, str]) -> tuple[np.ndarray, np
     return w, wp, q
 
 
-def _forward_rows(src: np.ndarray, dst: np.ndarray, tabs: list[NttTable]) -> None:
+def _forward_rows(src, dst, tabs: list[NttTable], xp=np) -> None:
     """_forward_rows writes NTT(src) into dst (c rows); lazy Cooley-Tukey with values in [0, 4q)."""
     c, n = src.shape
     r = tabs[0]._r
     nblk = n // r
-    w, wp, q = _stack(tabs, ("_fw", "_fwp"))
+    w, wp, q = _stack(tabs, ("_fw", "_fwp"), xp)
     q3, q4 = q.reshape(-1, 1, 1), q.reshape(-1, 1, 1, 1)
     tq3, tq4 = q3 * _U64(2), q4 * _U64(2)
     rows = w.shape[0]
-    s1 = np.empty(c * n // 2, dtype=_U64)
-    s2 = np.empty(c * n // 2, dtype=_U64)
+    s1 = xp.empty(c * n // 2, dtype=_U64)
+    s2 = xp.empty(c * n // 2, dtype=_U64)
     x = src.astype(_U64)  # a private copy, transformed in place
     m, t = 1, n // 2
     while t >= r:  # stages with butterfly distance t >= r: natural layout (c, m, 2, t)
         blocks = x.reshape(c, m, 2, t)
         _ct_butterfly(blocks[:, :, 0], blocks[:, :, 1], w[:, m : 2 * m, None], wp[:, m : 2 * m, None],
-                      q3, tq3, s1.reshape(c, m, t), s2.reshape(c, m, t))
+                      q3, tq3, s1.reshape(c, m, t), s2.reshape(c, m, t), xp)
         m, t = m * 2, t // 2
-    z = np.ascontiguousarray(x.reshape(c, nblk, r).transpose(0, 2, 1))  # z[:, s, blk] = x[:, blk*r + s]
+    z = xp.ascontiguousarray(x.reshape(c, nblk, r).transpose(0, 2, 1))  # z[:, s, blk] = x[:, blk*r + s]
     while m < n:  # stages with 2t <= r: transposed layout (c, r/2t, 2, t, nblk)
         g = r // (2 * t)
         blocks = z.reshape(c, g, 2, t, nblk)
         tw = w[:, m : 2 * m].reshape(rows, g, 1, nblk)
         twp = wp[:, m : 2 * m].reshape(rows, g, 1, nblk)
         _ct_butterfly(blocks[:, :, 0], blocks[:, :, 1], tw, twp, q4, tq4,
-                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk))
+                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk), xp)
         m, t = m * 2, t // 2
     zz = z.reshape(c, r, nblk)
-    s = np.empty_like(zz)
-    np.subtract(zz, tq3, out=s)
-    np.minimum(zz, s, out=zz)  # [0, 2q)
-    np.subtract(zz, q3, out=s)
-    np.minimum(zz, s, out=zz)  # [0, q)
+    s = xp.empty_like(zz)
+    xp.subtract(zz, tq3, out=s)
+    xp.minimum(zz, s, out=zz)  # [0, 2q)
+    xp.subtract(zz, q3, out=s)
+    xp.minimum(zz, s, out=zz)  # [0, q)
     dst.reshape(c, nblk, r)[...] = zz.transpose(0, 2, 1)
 
 
-def _ct_butterfly(x, y, w, wp, q, tq, s1, s2) -> None:
+def _ct_butterfly(x, y, w, wp, q, tq, s1, s2, xp=np) -> None:
     """_ct_butterfly: (x, y) <- (x + y*w, x - y*w) mod q, lazily: inputs and outputs in [0, 4q)."""
-    np.multiply(y, wp, out=s1)
-    np.right_shift(s1, _SHIFT32, out=s1)
-    np.multiply(s1, q, out=s1)
-    np.multiply(y, w, out=s2)
-    np.subtract(s2, s1, out=s2)  # v = y*w mod q in [0, 2q) (Shoup)
-    np.subtract(x, tq, out=s1)
-    np.minimum(x, s1, out=x)  # x in [0, 2q)
-    np.subtract(x, s2, out=y)
-    np.add(y, tq, out=y)  # x - v + 2q in (0, 4q)
-    np.add(x, s2, out=x)  # x + v in [0, 4q)
+    xp.multiply(y, wp, out=s1)
+    xp.right_shift(s1, _SHIFT32, out=s1)
+    xp.multiply(s1, q, out=s1)
+    xp.multiply(y, w, out=s2)
+    xp.subtract(s2, s1, out=s2)  # v = y*w mod q in [0, 2q) (Shoup)
+    xp.subtract(x, tq, out=s1)
+    xp.minimum(x, s1, out=x)  # x in [0, 2q)
+    xp.subtract(x, s2, out=y)
+    xp.add(y, tq, out=y)  # x - v + 2q in (0, 4q)
+    xp.add(x, s2, out=x)  # x + v in [0, 4q)
 
 
-def _inverse_rows(src: np.ndarray, dst: np.ndarray, tabs: list[NttTable]) -> None:
+def _inverse_rows(src, dst, tabs: list[NttTable], xp=np) -> None:
     """_inverse_rows writes INTT(src) into dst (c rows); lazy Gentleman-Sande with values in [0, 2q)."""
     c, n = src.shape
     r = tabs[0]._r
     nblk = n // r
-    w, wp, q = _stack(tabs, ("_iw", "_iwp"))
+    w, wp, q = _stack(tabs, ("_iw", "_iwp"), xp)
     q3, q4 = q.reshape(-1, 1, 1), q.reshape(-1, 1, 1, 1)
     tq3, tq4 = q3 * _U64(2), q4 * _U64(2)
     rows = w.shape[0]
-    s1 = np.empty(c * n // 2, dtype=_U64)
-    s2 = np.empty(c * n // 2, dtype=_U64)
-    z = np.empty((c, r, nblk), dtype=_U64)
+    s1 = xp.empty(c * n // 2, dtype=_U64)
+    s2 = xp.empty(c * n // 2, dtype=_U64)
+    z = xp.empty((c, r, nblk), dtype=_U64)
     z[...] = src.reshape(c, nblk, r).transpose(0, 2, 1)  # z[:, s, blk] = a[:, blk*r + s]
     h, t = n // 2, 1
     while t < r:  # stages with 2t <= r: transposed layout
@@ -278,38 +361,38 @@ def _inverse_rows(src: np.ndarray, dst: np.ndarray, tabs: list[NttTable]) -> Non
         tw = w[:, h : 2 * h].reshape(rows, g, 1, nblk)
         twp = wp[:, h : 2 * h].reshape(rows, g, 1, nblk)
         _gs_butterfly(blocks[:, :, 0], blocks[:, :, 1], tw, twp, q4, tq4,
-                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk))
+                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk), xp)
         h, t = h // 2, t * 2
-    x = np.ascontiguousarray(z.transpose(0, 2, 1)).reshape(c, n)
+    x = xp.ascontiguousarray(z.transpose(0, 2, 1)).reshape(c, n)
     while h >= 1:  # stages with t >= r: natural layout (c, h, 2, t)
         blocks = x.reshape(c, h, 2, t)
         _gs_butterfly(blocks[:, :, 0], blocks[:, :, 1], w[:, h : 2 * h, None], wp[:, h : 2 * h, None],
-                      q3, tq3, s1.reshape(c, h, t), s2.reshape(c, h, t))
+                      q3, tq3, s1.reshape(c, h, t), s2.reshape(c, h, t), xp)
         h, t = h // 2, t * 2
     # Multiply by N^-1 (Shoup) and reduce to [0, q).
     q2 = q.reshape(-1, 1)
-    ninv = np.array([[tab.n_inv] for tab in tabs], dtype=_U64)
-    ninvp = np.array([[tab._n_inv_shoup] for tab in tabs], dtype=_U64)
-    s = np.empty_like(x)
-    np.multiply(x, ninvp, out=s)
-    np.right_shift(s, _SHIFT32, out=s)
-    np.multiply(s, q2, out=s)
-    np.multiply(x, ninv, out=x)
-    np.subtract(x, s, out=x)  # [0, 2q)
-    np.subtract(x, q2, out=s)
-    np.minimum(x, s, out=x)
+    ninv = xp.asarray(np.array([[tab.n_inv] for tab in tabs], dtype=_U64))
+    ninvp = xp.asarray(np.array([[tab._n_inv_shoup] for tab in tabs], dtype=_U64))
+    s = xp.empty_like(x)
+    xp.multiply(x, ninvp, out=s)
+    xp.right_shift(s, _SHIFT32, out=s)
+    xp.multiply(s, q2, out=s)
+    xp.multiply(x, ninv, out=x)
+    xp.subtract(x, s, out=x)  # [0, 2q)
+    xp.subtract(x, q2, out=s)
+    xp.minimum(x, s, out=x)
     dst[...] = x
 
 
-def _gs_butterfly(x, y, w, wp, q, tq, s1, s2) -> None:
+def _gs_butterfly(x, y, w, wp, q, tq, s1, s2, xp=np) -> None:
     """_gs_butterfly: (x, y) <- (x + y, (x - y)*w) mod q, lazily: inputs and outputs in [0, 2q)."""
-    np.subtract(x, y, out=s2)
-    np.add(s2, tq, out=s2)  # x - y + 2q in (0, 4q)
-    np.add(x, y, out=x)
-    np.subtract(x, tq, out=s1)
-    np.minimum(x, s1, out=x)  # x + y in [0, 2q)
-    np.multiply(s2, wp, out=s1)
-    np.right_shift(s1, _SHIFT32, out=s1)
-    np.multiply(s1, q, out=s1)
-    np.multiply(s2, w, out=y)
-    np.subtract(y, s1, out=y)  # (x - y)*w mod q in [0, 2q) (Shoup)
+    xp.subtract(x, y, out=s2)
+    xp.add(s2, tq, out=s2)  # x - y + 2q in (0, 4q)
+    xp.add(x, y, out=x)
+    xp.subtract(x, tq, out=s1)
+    xp.minimum(x, s1, out=x)  # x + y in [0, 2q)
+    xp.multiply(s2, wp, out=s1)
+    xp.right_shift(s1, _SHIFT32, out=s1)
+    xp.multiply(s1, q, out=s1)
+    xp.multiply(s2, w, out=y)
+    xp.subtract(y, s1, out=y)  # (x - y)*w mod q in [0, 2q) (Shoup)

@@ -1,0 +1,239 @@
+"""Where the client's arithmetic runs: the host (NumPy) or a GPU (CuPy), with bit-identical results.
+
+The client math (key generation, encoding into NTT limbs, encryption, decryption products) is written
+once against an array module ``xp``: NumPy on the host, CuPy on the GPU. Random numbers are always
+drawn on the host from the same ``numpy.random.Generator`` calls in the same order, then copied to the
+device, so both devices give the same secrets, keys and ciphertexts bit for bit (every step after the
+draws is exact integer arithmetic modulo primes below 2^30).
+
+A :class:`ClientDevice` is chosen per call (``device=`` of :func:`caramel.ckks.keyset.generate_keyset`)
+or for a block of code with :func:`using`; :func:`current` is what the client functions consult.
+
+Batched formulas (rows r of a (k, N) array belong to limbs l_r, q = q_{l_r}, all in NTT form):
+
+    evaluation key:  c1 = a,  c0 = e + [l in D] (P mod q) s_new - a s_old          (mod q)
+    encryption:      c1 = a,  c0 = m + e - a s                                     (mod q)
+    decryption:      m = INTT(c0 + c1 s)                                           (mod q)
+
+with small integers (e, s) reduced into a limb as e mod q = e + q [e < 0].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from caramel.errors import CaramelError
+from caramel.ring.ntt import map_chunks, ntt
+
+_U64 = np.uint64
+
+
+class ClientDeviceError(CaramelError, ValueError):
+    """An unknown client device name."""
+
+
+class DeviceKind(str, enum.Enum):
+    """Where client arithmetic runs."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class ClientDevice:
+    """A place for client arithmetic: ``kind`` and its array module (NumPy or CuPy)."""
+
+    kind: DeviceKind = DeviceKind.CPU
+
+    @cached_property
+    def xp(self):
+        if self.kind == DeviceKind.GPU:
+            import cupy
+
+            return cupy
+        return np
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.kind == DeviceKind.GPU
+
+    def put(self, a, dtype=None):
+        """``a`` as an array of this device (a copy to the GPU when needed)."""
+        return self.xp.asarray(a, dtype=dtype)
+
+    def get(self, a) -> np.ndarray:
+        """``a`` as a host NumPy array."""
+        return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+    def rows(self, fn, total: int, chunk_residues: int, n: int) -> None:
+        """Call fn(r0, r1) over row slices: on the host in cache-sized chunks on the thread pool,
+        on the GPU once for all rows (its kernels are already parallel)."""
+        if self.on_gpu:
+            fn(0, total)
+        else:
+            map_chunks(fn, total, max(1, chunk_residues // n))
+
+
+CPU = ClientDevice(DeviceKind.CPU)
+GPU = ClientDevice(DeviceKind.GPU)
+#: Host rows are processed in chunks of about this many residues (a core's L2 cache).
+HOST_CHUNK_RESIDUES = 1 << 16
+
+_current: contextvars.ContextVar[ClientDevice] = contextvars.ContextVar("caramel_client_device", default=CPU)
+
+
+def resolve(device: ClientDevice | DeviceKind | str | None, backend: str | None = None) -> ClientDevice:
+    """The device of ``device`` ("cpu", "gpu", a ClientDevice) or, when None, of ``backend``:
+    the GPU for the ``gpu`` backend, else the host. Raises ClientDeviceError for other names."""
+    if isinstance(device, ClientDevice):
+        return device
+    if device is None or device == "auto":
+        return GPU if backend == "gpu" else CPU
+    try:
+        kind = DeviceKind(device)
+    except ValueError:
+        raise ClientDeviceError(f"client device must be 'cpu', 'gpu' or 'auto', got {device!r}") from None
+    return GPU if kind == DeviceKind.GPU else CPU
+
+
+def current() -> ClientDevice:
+    """The device that client functions use when none is passed (default: the host)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def using(device: ClientDevice | str | None):
+    """Run the enclosed client code on ``device`` (see :func:`resolve`)."""
+    token = _current.set(resolve(device))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def prime_column(ctx, limbs, dev: ClientDevice = CPU):
+    """The primes of ``limbs`` as a (k, 1) uint64 column on ``dev``."""
+    return dev.put(np.array([ctx.q(int(l)) for l in limbs], dtype=_U64)[:, None])
+
+
+def small_residues(coeffs, qcol, xp=np):
+    """[c mod q] for small signed integers c (|c| < q), rows per prime of ``qcol``: c + q [c < 0].
+
+    Computed as x = uint64(c) + q (wrapping), then min(x, x - q) (uint32 result)."""
+    x = coeffs.astype(_U64)[None, :] + qcol
+    return xp.minimum(x, x - qcol).astype(np.uint32)
+
+
+def int_residues(coeffs, qcol, xp=np):
+    """[c mod q] (non-negative) for int64 coefficients c, rows per prime of ``qcol`` (uint32)."""
+    return xp.mod(coeffs.astype(np.int64)[None, :], qcol.astype(np.int64)).astype(np.uint32)
+
+
+def mulmod(a, b, q, xp=np):
+    """(a * b) mod q for residues below 2^32 (uint64 products, q broadcasting); uint64 result."""
+    t = xp.multiply(a, b, dtype=_U64)
+    return xp.remainder(t, q, out=t)
+
+
+class SecretRows:
+    """A secret's NTT form on every limb of a context, on one device: ``rows[l]`` is NTT_{q_l}(s mod q_l).
+
+    Built with one batched transform for all limbs (cached on the :class:`~caramel.ckks.keys.SecretKey`).
+    """
+
+    def __init__(self, coeffs: np.ndarray, ctx, dev: ClientDevice):
+        limbs = list(range(len(ctx.primes)))
+        qcol = prime_column(ctx, limbs, dev)
+        res = small_residues(dev.put(coeffs), qcol, dev.xp)
+        self.rows = ntt(res, [ctx.ntt_table(l) for l in limbs])
+        self.ctx = ctx
+        self.dev = dev
+
+    def take(self, limbs):
+        """Rows of ``limbs``, (k, N) uint32 on the device."""
+        return self.rows[self.dev.put(np.asarray(list(limbs), dtype=np.int64))]
+
+
+def secret_rows(sk, ctx, dev: ClientDevice) -> SecretRows:
+    """The cached :class:`SecretRows` of secret key ``sk`` for ``ctx`` on ``dev``."""
+    if ctx.n != sk.n:
+        raise ValueError(f"secret has N = {sk.n}, context has N = {ctx.n}")
+    cache = sk.__dict__.setdefault("_rows", {})
+    key = (id(ctx), dev.kind)
+    hit = cache.get(key)
+    if hit is None or hit.ctx is not ctx:
+        hit = cache[key] = SecretRows(sk.coeffs, ctx, dev)
+    return hit
+
+
+def ntt_tables(ctx, limbs):
+    return [ctx.ntt_table(int(l)) for l in limbs]
+
+
+def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
+    """NTT-form residues of int64 or Python-int coefficients on ``limbs``, (k, N) uint32 on ``dev``."""
+    limbs = [int(l) for l in limbs]
+    c = np.asarray(coeffs)
+    if c.dtype == object:
+        from caramel.ckks.rns import to_residues
+
+        res = dev.put(to_residues(c, ctx, limbs))
+    else:
+        res = int_residues(dev.put(c), prime_column(ctx, limbs, dev), dev.xp)
+    return ntt(res, ntt_tables(ctx, limbs))
+
+
+def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice):
+    """c0 = e + p_mod * s_new - a * s_old (mod q) per row; a, s_old, s_new (k, N), e (N,) int64 on
+    ``dev``, p_mod (k, 1) uint64 on the host. Returns (k, N) uint32 on ``dev``."""
+    xp = dev.xp
+    qcol = prime_column(ctx, limbs, dev)
+    tabs = ntt_tables(ctx, limbs)
+    p_dev = dev.put(p_mod)
+    out = xp.empty(a.shape, dtype=np.uint32)
+
+    def run(r0: int, r1: int) -> None:
+        q = qcol[r0:r1]
+        en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
+        en -= mulmod(a[r0:r1], s_old[r0:r1], q, xp)  # in (0, 2q)
+        if p_mod[r0:r1].any():
+            en += mulmod(s_new[r0:r1], p_dev[r0:r1], q, xp)
+        out[r0:r1] = xp.remainder(en, q, out=en)
+
+    dev.rows(run, len(limbs), HOST_CHUNK_RESIDUES, ctx.n)
+    return out
+
+
+def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
+    """c0 = m + e - a * s (mod q) per row; a, m (NTT form), s (k, N) and e (N,) int64 on ``dev``."""
+    xp = dev.xp
+    qcol = prime_column(ctx, limbs, dev)
+    tabs = ntt_tables(ctx, limbs)
+    out = xp.empty(a.shape, dtype=np.uint32)
+
+    def run(r0: int, r1: int) -> None:
+        q = qcol[r0:r1]
+        en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
+        en += m[r0:r1]
+        en -= mulmod(a[r0:r1], s[r0:r1], q, xp)  # in (0, 3q)
+        out[r0:r1] = xp.remainder(en, q, out=en)
+
+    dev.rows(run, len(limbs), HOST_CHUNK_RESIDUES, ctx.n)
+    return out
+
+
+def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):
+    """Coefficient-form residues INTT(c0 + c1 * s mod q), (k, N) uint32 on ``dev``."""
+    from caramel.ring.ntt import intt
+
+    xp = dev.xp
+    qcol = prime_column(ctx, limbs, dev)
+    m = mulmod(c1, s, qcol, xp)
+    m += c0
+    return intt(xp.remainder(m, qcol, out=m).astype(np.uint32), ntt_tables(ctx, limbs))

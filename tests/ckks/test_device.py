@@ -1,0 +1,193 @@
+"""Batched client arithmetic (caramel.ckks.device) against the per-limb formulas, draw for draw.
+
+The reference functions below are the pre-batching implementations (one limb at a time through the
+context's NTT, products with ``%``); the batched code must give the same bits for the same draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import caramel
+from caramel.ckks import Secrets, generate_evalkey
+from caramel.ckks import device as devmod
+from caramel.ckks.encrypt import decrypt, encrypt
+from caramel.ckks.keys import extension_modulus, generate_evalkeys, key_limbs, key_secrets
+from caramel.ckks.keyset import generate_keyset
+from caramel.ckks.rns import from_residues, mulmod, prime_column, to_ntt
+from caramel.ckks.sampling import cbd, uniform_residues
+from caramel.program import EvalKeyId, KeyType
+
+from ckks_helpers import context
+
+N = 256
+
+KEY_IDS = [
+    EvalKeyId(KeyType.RELIN, 4, ext=2, rot=0, digits=(0, 1, 2, 3)),
+    EvalKeyId(KeyType.ROTATION, 4, ext=2, rot=3, digits=(0, 2)),
+    EvalKeyId(KeyType.ROTATION, 3, ext=1, rot=-5, digits=(1,)),
+    EvalKeyId(KeyType.CONJUGATION, 4, ext=1, rot=0, digits=(0, 1, 2, 3)),
+    EvalKeyId(KeyType.EPHEMERAL, 3, ext=1, rot=0, digits=(0,)),
+    EvalKeyId(KeyType.BOOTSTRAP, 5, ext=3, rot=4, digits=(0, 1, 2, 3, 4)),
+    EvalKeyId(KeyType.BOOTSTRAP2, 4, ext=2, rot=3, digits=(1, 3)),
+]
+
+
+def reference_evalkey(ctx, key_id, secrets, rng):
+    """c0, c1 of ISA.md 5.3 computed limb by limb (the pre-batching code path)."""
+    limbs = key_limbs(key_id)
+    qcol = prime_column(ctx, limbs)
+    a = uniform_residues(ctx, limbs, rng)
+    e_coeffs = cbd(ctx.n, rng)
+    e = np.stack([to_ntt(e_coeffs, ctx, [l])[0] for l in limbs])
+    s_old, s_new = key_secrets(ctx, key_id, secrets, limbs)
+    big_p = extension_modulus(ctx, key_id.ext)
+    p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
+    c0 = (qcol - mulmod(a, s_old, qcol) + e.astype(np.uint64) + mulmod(s_new, p_mod, qcol)) % qcol
+    return c0.astype(np.uint32), a
+
+
+@pytest.mark.parametrize("key_id", KEY_IDS, ids=str)
+def test_batched_evalkey_equals_per_limb(key_id):
+    ctx = context(N)
+    sec = Secrets.generate(N, 11)
+    want_c0, want_c1 = reference_evalkey(ctx, key_id, sec, np.random.default_rng(5))
+    key = generate_evalkey(ctx, key_id, sec, np.random.default_rng(5), device="cpu")
+    assert np.array_equal(key.c0, want_c0) and np.array_equal(key.c1, want_c1)
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_keys_do_not_depend_on_threads(monkeypatch, threads):
+    ctx = context(N)
+    sec = Secrets.generate(N, 3)
+    monkeypatch.setenv("CARAMEL_CLIENT_THREADS", "1")
+    want = generate_evalkeys(ctx, KEY_IDS, sec, 8)
+    monkeypatch.setenv("CARAMEL_CLIENT_THREADS", threads)
+    monkeypatch.setattr(devmod, "HOST_CHUNK_RESIDUES", N)  # one row per chunk: many chunks, all threads
+    got = generate_evalkeys(ctx, KEY_IDS, sec, 8)
+    for k in KEY_IDS:
+        assert np.array_equal(got[k].c0, want[k].c0) and np.array_equal(got[k].c1, want[k].c1)
+
+
+def test_generate_evalkeys_equals_one_by_one():
+    ctx = context(N)
+    sec = Secrets.generate(N, 4)
+    rng = np.random.default_rng(9)
+    one = {k: generate_evalkey(ctx, k, sec, rng) for k in KEY_IDS}
+    many = generate_evalkeys(ctx, KEY_IDS, sec, np.random.default_rng(9))
+    assert all(np.array_equal(one[k].c0, many[k].c0) for k in KEY_IDS)
+
+
+def test_encrypt_equals_per_limb_and_decrypts(rng):
+    ctx = context(N)
+    sec = Secrets.generate(N, 2)
+    limbs = (0, 1, 2, 5)
+    coeffs = rng.integers(-(2**40), 2**40, N)
+    ct = encrypt(ctx, sec.s, coeffs, limbs, np.random.default_rng(1))
+    r = np.random.default_rng(1)
+    qcol = prime_column(ctx, limbs)
+    a = uniform_residues(ctx, limbs, r)
+    m = to_ntt(coeffs, ctx, limbs).astype(np.uint64)
+    e = to_ntt(cbd(N, r), ctx, limbs).astype(np.uint64)
+    c0 = ((qcol - mulmod(a, sec.s.ntt_limbs(ctx, limbs), qcol)) + m + e) % qcol
+    assert np.array_equal(ct.c0, c0.astype(np.uint32)) and np.array_equal(ct.c1, a)
+    got = decrypt(ctx, sec.s, ct)
+    assert np.max(np.abs((got - coeffs.astype(object)).astype(np.int64))) <= 21
+
+
+def test_decrypt_equals_per_limb(rng):
+    ctx = context(N)
+    sec = Secrets.generate(N, 2)
+    limbs = (0, 3, 4)
+    ct = encrypt(ctx, sec.s, rng.integers(-1000, 1000, N), limbs, rng)
+    qcol = prime_column(ctx, limbs)
+    m = (ct.c0.astype(np.uint64) + mulmod(ct.c1, sec.s.ntt_limbs(ctx, limbs), qcol)) % qcol
+    want = from_residues(np.asarray(ctx.intt(m.astype(np.uint32), list(limbs))), ctx, limbs)
+    assert np.array_equal(decrypt(ctx, sec.s, ct), want)
+
+
+def test_resolve_and_using():
+    assert devmod.resolve(None, "gpu").on_gpu and not devmod.resolve(None, "cpu").on_gpu
+    assert not devmod.resolve("cpu", "gpu").on_gpu
+    with pytest.raises(caramel.errors.CaramelError):
+        devmod.resolve("tpu")
+    with devmod.using("cpu"):
+        assert devmod.current() is devmod.CPU
+
+
+def _gpu() -> bool:
+    try:
+        from caramel.api import gpu_available
+    except ImportError:  # pragma: no cover
+        return False
+    return gpu_available()
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_client_equals_cpu_client():
+    from pathlib import Path
+
+    program = caramel.load_program(Path(__file__).resolve().parents[2] / "programs" / "Mul_4L_2c")
+    ctx = context(1024)
+    cpu = generate_keyset(program, ctx, 7, device="cpu")
+    gpu = generate_keyset(program, ctx, 7, device="gpu")
+    for k, key in cpu.keys.items():
+        assert np.array_equal(key.c0, gpu.keys[k].c0) and np.array_equal(key.c1, gpu.keys[k].c1)
+    sec = cpu.secrets
+    coeffs = np.arange(1024) - 512
+    a = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3, device="cpu")
+    b = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3, device="gpu")
+    assert np.array_equal(a.c0, b.c0) and np.array_equal(a.c1, b.c1)
+    assert np.array_equal(decrypt(ctx, sec.s, a, device="cpu"), decrypt(ctx, sec.s, a, device="gpu"))
+    c1 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, device="cpu")
+    c2 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, device="gpu")
+    assert c1.digest == c2.digest
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_lemire_replay_equals_numpy(seed, buffered):
+    """The device replay of bounded integers: same values and same generator state as rng.integers."""
+    from caramel.ckks.sampling import lemire_rows
+
+    ctx = context(2048)
+    limbs = list(range(9)) + [62, 63]
+    qs = np.array([ctx.q(l) for l in limbs], dtype=np.int64)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    if buffered:  # leave half a 64-bit word in the generator's buffer
+        r1.integers(0, 5), r2.integers(0, 5)
+    want = r1.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+    got = lemire_rows([int(q) for q in qs], ctx.n, r2, np)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+    assert np.array_equal(r1.integers(0, qs[:3, None], size=(3, 40)), r2.integers(0, qs[:3, None], size=(3, 40)))
+
+
+def test_lemire_replay_declines_other_generators():
+    from caramel.ckks.sampling import lemire_rows
+
+    rng = np.random.Generator(np.random.MT19937(1))
+    assert lemire_rows([268369921], 16, rng, np) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binomial_replay_equals_numpy(seed):
+    """The device replay of the centred binomial error: same values and same generator state."""
+    from caramel.ckks.sampling import binomial_replay
+
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    r1.integers(0, 5), r2.integers(0, 5)
+    want = cbd(4096, r1)
+    got = binomial_replay(4096, 21, r2, np)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lemire_replay_serves_all_limbs(seed):
+    """The replay's windows hold every row of a key on all 64 limbs (no fallback)."""
+    from caramel.ckks.sampling import lemire_rows
+
+    ctx = context(4096)
+    assert lemire_rows([ctx.q(l) for l in range(64)], ctx.n, np.random.default_rng(seed), np) is not None
