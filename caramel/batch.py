@@ -263,11 +263,13 @@ def run_batch(
     rank: int = 0,
     devices: Sequence[int] | None = None,
     log: Callable[[str], None] | None = None,
+    device: str | None = None,
 ) -> BatchResult:
     """Run ``batch`` instances of ``program`` (module docstring) on ``gpus`` devices of ``backend``
     and check each by decryption. ``indices``: the instances this call runs (default all; process
     mode passes its share); ``devices``: the CUDA devices to use instead of 0 .. G-1 (process mode:
-    ``[LOCAL_RANK]``). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
+    ``[LOCAL_RANK]``). ``device``: where the client arithmetic runs (as :func:`caramel.api.run_program`;
+    default the GPU for the ``gpu`` backend). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
     output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
     from caramel.api import (
         check_prime_count, default_spec, output_digest, resolve_backend, resolve_check,
@@ -291,7 +293,7 @@ def run_batch(
     from caramel.ckks.device import resolve as client_device, using as using_client
 
     backend = resolve_backend(backend)
-    client = client_device(None, backend)  # the client arithmetic on the GPU when the backend is the GPU
+    client = client_device(device, backend)  # by default the arithmetic on the GPU when the backend is the GPU
     indices = list(range(batch)) if indices is None else list(indices)
     shared: dict[str, float] = {}
     t0 = time.perf_counter()

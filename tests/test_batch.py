@@ -260,7 +260,7 @@ def fake_gpu(monkeypatch):
 def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
     """1-chip: one instance per device, each under cupy.cuda.Device(d); 2-chip on 4 GPUs: two
     instances at once on devices (0, 1) and (2, 3). Digests as the CPU's single runs."""
-    result = run_batch(rot1, n=N, backend="gpu", seed=SEED, batch=4, gpus=3)
+    result = run_batch(rot1, n=N, backend="gpu", seed=SEED, batch=4, gpus=3, device="cpu")  # fake CuPy: client on the host
     assert set(fake_gpu) <= {(0,), (1,), (2,)}
     # every instance ran under the CUDA device of its slot
     assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
@@ -269,7 +269,7 @@ def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
         assert r["digest"] == single_digest(rot1, SEED + r["instance"], SEED)
     assert len(fake_gpu) == 4
     fake_gpu.clear()
-    result = run_batch(mul2, n=N, backend="gpu", seed=SEED, batch=4, gpus=4)
+    result = run_batch(mul2, n=N, backend="gpu", seed=SEED, batch=4, gpus=4, device="cpu")
     assert set(fake_gpu) <= {(0, 1), (2, 3)} and len(fake_gpu) == 4
     assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
     assert all(tuple(r["devices"]) in {(0, 1), (2, 3)} for r in result.records)
@@ -281,6 +281,7 @@ def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
     with its chips merged there)."""
     for program, want in ((rot1, (3,)), (mul2, (3,))):
         fake_gpu.clear()
-        result = run_batch(program, n=N, backend="gpu", seed=SEED, batch=4, gpus=1, devices=[3], indices=[1, 3])
+        result = run_batch(program, n=N, backend="gpu", seed=SEED, batch=4, gpus=1, devices=[3], indices=[1, 3],
+                           device="cpu")
         assert set(fake_gpu) == {want} and [r["instance"] for r in result.records] == [1, 3]
         assert [r["digest"] for r in result.records] == [single_digest(program, SEED + i, SEED) for i in (1, 3)]
