@@ -25,6 +25,7 @@ import numpy as np
 
 from caramel.errors import DeadlockError, ExecutionError, Location
 from caramel.execute.memory import check_memory_image
+from caramel.execute.result import RunResult
 from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 from caramel.ring import Context, Mode
 from caramel.ring.modular import inv_mod
@@ -78,25 +79,6 @@ class _Acc:
     tag: int
     total: np.ndarray | None
     count: int
-
-
-@dataclass
-class RunResult:
-    """What a run leaves behind: each chip's private store, and the memory seen by the host
-    (the input image with every chip's stores laid over it)."""
-
-    stores: list[dict[Mem, np.ndarray]]
-    memory: dict[Mem, np.ndarray]
-    executed: int
-
-    @classmethod
-    def from_stores(cls, stores: list[dict[Mem, np.ndarray]], memory: Mapping[Mem, np.ndarray],
-                    executed: int) -> "RunResult":
-        """The result of chips whose private stores are ``stores``, over the input image ``memory``."""
-        merged = dict(memory)
-        for store in stores:
-            merged.update(store)
-        return cls(stores, merged, executed)
 
 
 def _where(chip: ChipState, ins: Instruction) -> str:
