@@ -26,9 +26,9 @@ import numpy as np
 from caramel.errors import DeadlockError, ExecutionError, Location
 from caramel.execute.memory import check_memory_image
 from caramel.execute.result import RunResult
-from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.program import ELEMENTWISE_OP, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 from caramel.ring import Context, Mode
-from caramel.ring.modular import inv_mod
+from caramel.ring.modular import ELEMENTWISE, inv_mod
 
 _U64 = np.uint64
 
@@ -186,27 +186,14 @@ class ReferenceInterpreter:
             raise ExecutionError(f"{_where(chip, ins)}: '{op.value}' is not supported (never emitted by the compiler)")
 
         q = self._q[L]
-        if op in (Opcode.ADS, Opcode.SUS, Opcode.MUS):
-            a = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-            s = _U64(self._scalar(chip, ins.srcs[1], ins) % int(q))
-            if op == Opcode.ADS:
-                out = (a + s) % q
-            elif op == Opcode.SUS:
-                out = (a + (q - s)) % q
-            else:
-                out = (a * s) % q
-        elif op in (Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP):
-            a = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-            b = self._read(chip, ins.srcs[1], ins).data.astype(_U64)
-            if op == Opcode.ADD:
-                out = (a + b) % q
-            elif op == Opcode.SUB:
-                out = (a + (q - b)) % q
-            else:
-                out = (a * b) % q
-        elif op == Opcode.NEG:
-            a = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-            out = (q - a) % q
+        name = ELEMENTWISE_OP.get(op)
+        if name is not None:
+            args = [self._read(chip, ins.srcs[0], ins).data.astype(_U64)]
+            if op in (Opcode.ADS, Opcode.SUS, Opcode.MUS):
+                args.append(_U64(self._scalar(chip, ins.srcs[1], ins) % int(q)))
+            elif op != Opcode.NEG:
+                args.append(self._read(chip, ins.srcs[1], ins).data.astype(_U64))
+            out = ELEMENTWISE[name](q, *args)
         elif op == Opcode.MOV:
             src = self._read(chip, ins.srcs[0], ins)
             chip.regs[ins.dst.index] = Limb(L, src.data)
@@ -247,8 +234,8 @@ class ReferenceInterpreter:
             y = ctx.sud_lift(rb.data, rb.tag, L, self.mode)
             factor = self._qinv(ctx.q(rb.tag), L)
         q = self._q[L]
-        diff = (a.astype(_U64) + (q - ctx.ntt(y, L).astype(_U64))) % q
-        return (diff * _U64(factor)) % q
+        diff = ELEMENTWISE["sub"](q, a.astype(_U64), ctx.ntt(y, L).astype(_U64))
+        return ELEMENTWISE["mul"](q, diff, _U64(factor))
 
     @staticmethod
     def _free(chip: ChipState, ins: Instruction) -> None:
@@ -324,7 +311,7 @@ class ReferenceInterpreter:
                 entry = acc[ins.sync] = _Acc(L, None, 0)
             if ins.srcs:
                 x = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-                entry.total = x if entry.total is None else (entry.total + x) % self._q[L]
+                entry.total = x if entry.total is None else ELEMENTWISE["add"](self._q[L], entry.total, x)
                 self._free(chip, ins)
             entry.count += 1
             chip.joined = True

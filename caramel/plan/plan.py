@@ -44,15 +44,9 @@ import numpy as np
 from caramel.plan import dag as _dag
 from caramel.plan import fusion
 from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
-from caramel.program import BcuSlot, Opcode, Program
+from caramel.program import ELEMENTWISE_OP, BcuSlot, Opcode, Program
 
 # ---------------------------------------------------------------------------------------------- lowering
-
-
-_EW_NAME = {
-    Opcode.ADD: "add", Opcode.SUB: "sub", Opcode.MUL: "mul", Opcode.MUP: "mul",
-    Opcode.ADS: "add", Opcode.SUS: "sub", Opcode.MUS: "mul", Opcode.NEG: "neg",
-}
 
 
 def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
@@ -74,7 +68,7 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
         op = ins.op
         u, d = chip.uses[i], chip.defs[i]
         L = ins.base
-        name = _EW_NAME.get(op)
+        name = ELEMENTWISE_OP.get(op)
         if name is not None:
             if op in (Opcode.ADS, Opcode.SUS, Opcode.MUS):
                 mem = scalar_mem[chip.uses[producer[u[1]]][0]]
