@@ -48,7 +48,6 @@ import numpy as np
 
 from caramel.errors import ExecutionError
 from caramel.plan.kernel import ChipPlan, Kind
-from caramel.plan.plan import assign_rows
 
 
 @dataclass(frozen=True)
