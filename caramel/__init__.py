@@ -8,7 +8,8 @@ from caramel.api import RunOutcome, output_digest, run_program
 from caramel.batch import run_batch
 from caramel.ckks.keystore import load_keys, save_keys
 from caramel.errors import CaramelError, ExecutionError, ParseError, ValidationError
-from caramel.execute.reference import RunResult, run_reference
+from caramel.execute.reference import run_reference
+from caramel.execute.result import RunResult
 from caramel.parse import load_program
 from caramel.program import Instruction, Opcode, Program, Stream
 from caramel.ring import Context, Mode

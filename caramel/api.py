@@ -36,7 +36,8 @@ from caramel.ckks.check import (
 from caramel.ckks.device import resolve as client_device, using as using_client
 from caramel.ckks.keyset import KeySet, generate_keyset, input_rng
 from caramel.errors import CaramelError
-from caramel.execute.reference import RunResult, run_reference
+from caramel.execute.reference import run_reference
+from caramel.execute.result import RunResult
 from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
 
@@ -49,10 +50,10 @@ BACKENDS = ("auto", "cpu", "cpu-plan", "gpu")
 def gpu_available() -> bool:
     """Whether CuPy imports and sees a CUDA device."""
     try:
-        from caramel.execute.gpu import gpu_available as probe
+        from caramel.backends.cuda import available
     except ImportError:
         return False
-    return probe()
+    return available()
 
 
 def default_spec(program: Program) -> CheckSpec:
@@ -116,27 +117,22 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
         return _gpu_executor_on(program, ctx, mode, gpus, streams, tuple(devices))
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
+    if backend == "gpu" and not gpu_available():
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
     from caramel.plan import build_plan
 
+    plan = build_plan(program)
     if backend == "cpu-plan":
-        plan = build_plan(program)
+        from caramel.execute.drive import run_on_devices, run_plan
+
         if gpus:
-            from caramel.execute.devices import run_on_devices
-
             return lambda memory: run_on_devices(plan, ctx, memory, mode, gpus, streams=streams or 1)
-        from caramel.execute.plan_engine import run_plan
-
         return lambda memory: run_plan(plan, ctx, memory, mode)
-    if not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
-    if len(program.streams) > 1 or gpus:
-        from caramel.execute.multi_gpu import run_multi_gpu
+    from caramel.execute.cuda_graph import GRAPH_STREAMS, run_gpu, run_multi_gpu
 
-        plan = build_plan(program)
+    if len(plan.chips) > 1 or gpus:
         return lambda memory: run_multi_gpu(plan, ctx, memory, mode, gpus, streams=streams)
-    from caramel.execute.gpu import DEFAULT_STREAMS, gpu_executor
-
-    return gpu_executor(program, ctx, mode, streams=streams or DEFAULT_STREAMS)
+    return lambda memory: run_gpu(plan, ctx, memory, mode, streams=streams or GRAPH_STREAMS)
 
 
 def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | None, streams: int | None,

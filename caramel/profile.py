@@ -23,7 +23,6 @@ Everything here is a pure function of its inputs; ``caramel.cli`` only parses an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -190,7 +189,7 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
     import cupy as cp
 
     from caramel.api import output_digest
-    from caramel.execute.gpu import GpuRun
+    from caramel.execute.cuda_graph import GpuRun
 
     if len(plans["graph+fusion"].chips) != 1:
         raise ExecutionError(f"profiling on the GPU takes a 1-chip program, not {program.chips} chips "
@@ -226,9 +225,7 @@ def _instrument_gpu(run) -> list[KernelRecord]:
     marks = []
     with run.stream:
         origin.record(run.stream)
-        for i, (kernel, call) in enumerate(zip(chip.kernels, run.chip.calls)):
-            if call is None:
-                continue
+        for call, (_, i, kernel) in zip(run.device.calls, run.device.kernel_of):
             start, stop = cp.cuda.Event(), cp.cuda.Event()
             start.record(run.stream)
             call(b)
@@ -239,43 +236,16 @@ def _instrument_gpu(run) -> list[KernelRecord]:
             for i, k, s, e in marks]
 
 
-def _cpu_chips(plan, ctx, memory, mode, per_row: bool, hook=None):
-    """Fresh :class:`ChipRun` s of ``plan`` on NumPy; ``per_row`` lowers every row as its own call;
-    ``hook(chip, index, kernel, call)`` may wrap each call."""
+def _cpu_run(plan, ctx, memory, mode, per_row: bool):
+    """A fresh :class:`~caramel.execute.runner.DeviceRun` of ``plan`` on NumPy, one device hosting
+    every chip; ``per_row`` lowers every row as its own call. Returns it and its kernel launches."""
     from caramel.backends.numpy_backend import NumpyBackend
-    from caramel.execute.plan_engine import ChipRun, lower_kernel
+    from caramel.execute.placement import device_programs
+    from caramel.execute.runner import DeviceRun
 
-    chips = [ChipRun(cp, ctx, memory, mode, NumpyBackend) for cp in plan.chips]
-    launches = 0
-    for ch in chips:
-        calls = []
-        for i, (kernel, call) in enumerate(zip(ch.plan.kernels, ch.calls)):
-            if call is None:
-                calls.append(None)
-                continue
-            if per_row:
-                parts = [lower_kernel(dataclasses.replace(kernel, rows=(r,)), ch.rows_of, ctx, mode)
-                         for r in kernel.rows]
-                launches += len(parts)
-
-                def call(b, parts=parts):
-                    for p in parts:
-                        p(b)
-            else:
-                launches += 1
-            calls.append(hook(ch.plan.chip, i, kernel, call) if hook else call)
-        ch.calls = calls
-    return chips, launches
-
-
-def _run_chips(chips, primes) -> None:
-    from caramel.errors import DeadlockError
-    from caramel.execute.plan_engine import Transport
-
-    transport = Transport(primes)
-    while not all(ch.done for ch in chips):
-        if not any([ch.run(transport) for ch in chips]):
-            raise DeadlockError("deadlock while profiling: every unfinished chip is blocked")
+    run = DeviceRun(device_programs(plan, 1, ctx.primes, ctx.n)[0], plan, ctx, memory, mode, NumpyBackend,
+                    per_row=per_row)
+    return run, sum(k is not None for k in run.kernel_of)
 
 
 def _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log):
@@ -287,42 +257,35 @@ def _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log):
         t_setup = 0.0
         for rep in range(warmup + repeats):
             t0 = time.perf_counter()
-            chips, launches = _cpu_chips(plans[name], ctx, memory, mode, per_row=name == "eager")
+            run, launches = _cpu_run(plans[name], ctx, memory, mode, per_row=name == "eager")
             t1 = time.perf_counter()
-            _run_chips(chips, ctx.primes)
+            run.run()
             t2 = time.perf_counter()
             t_setup += t1 - t0
             if rep >= warmup:
                 times.append((t2 - t1) * 1e3)
             if rep == warmup + repeats - 1:
                 merged = dict(memory)
-                for ch in chips:
-                    merged.update(ch.stores())
+                for store in run.stores():
+                    merged.update(store)
                 digest = output_digest(program, merged)
         setup[name] = t_setup
         med, lo, hi = _stats(times)
         variants.append(VariantTiming(name, launches, med, lo, hi, len(times), digest))
         log(f"{name}: {launches} launches, median {med:.3f} ms")
-    records: list[KernelRecord] = []
-    origin = [0.0]
-
-    def hook(chip, index, kernel, call):
-        def timed(b):
-            t0 = time.perf_counter()
-            call(b)
-            t1 = time.perf_counter()
-            records.append(_record(kernel, chip, index, (t0 - origin[0]) * 1e3, (t1 - t0) * 1e3))
-        return timed
-
-    chips, _ = _cpu_chips(plans["graph+fusion"], ctx, memory, mode, per_row=False, hook=hook)
-    origin[0] = time.perf_counter()
-    _run_chips(chips, ctx.primes)
+    run, _ = _cpu_run(plans["graph+fusion"], ctx, memory, mode, per_row=False)
+    marks: list[float] = []
+    origin = time.perf_counter()
+    run.run(lambda i: marks.append(time.perf_counter()))
+    starts = [origin] + marks[:-1]
+    records = [_record(k[2], k[0], k[1], (t0 - origin) * 1e3, (t1 - t0) * 1e3)
+               for k, t0, t1 in zip(run.kernel_of, starts, marks) if k is not None]
     records.sort(key=lambda r: (r.chip, r.index))
     return variants, records, setup
 
 
 def resolve_profile_backend(backend: str) -> str:
-    from caramel.execute.gpu import gpu_available
+    from caramel.execute.cuda_graph import gpu_available
 
     if backend == "auto":
         return "gpu" if gpu_available() else "cpu-plan"

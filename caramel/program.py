@@ -54,6 +54,11 @@ class Opcode(enum.Enum):
 ELEMENTWISE = frozenset(
     {Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP, Opcode.ADS, Opcode.SUS, Opcode.MUS, Opcode.NEG, Opcode.MOV}
 )
+#: The elementwise operation (:data:`caramel.ring.modular.ELEMENTWISE`) of each arithmetic opcode.
+ELEMENTWISE_OP = {
+    Opcode.ADD: "add", Opcode.ADS: "add", Opcode.SUB: "sub", Opcode.SUS: "sub",
+    Opcode.MUL: "mul", Opcode.MUP: "mul", Opcode.MUS: "mul", Opcode.NEG: "neg",
+}
 #: Communication opcodes (ISA.md section 6).
 COMMUNICATION = frozenset({Opcode.DIS, Opcode.RCV, Opcode.JOI})
 #: Opcodes that move a limb from memory into a register.

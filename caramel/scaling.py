@@ -1,7 +1,7 @@
 """``caramel profile FAMILY --gpus 1,2,4,8``: one program family compiled for 1, 2, 4 and 8 chips,
 each run on as many devices; a table, a PNG plot of the scaling curve and a Chrome trace.
 
-For every G: the G-chip program runs on G devices (``gpu``: :class:`~caramel.execute.multi_gpu.MultiGpuRun`,
+For every G: the G-chip program runs on G devices (``gpu``: :class:`~caramel.execute.cuda_graph.MultiGpuRun`,
 one CUDA graph per GPU, timed with CUDA events, the slowest GPU per replay; ``cpu-plan``: the
 same device programs on NumPy in host threads over the fake fabric, wall clock, which checks the
 machinery but shows no speedup). Then one instrumented eager run records every call per device,
@@ -161,15 +161,16 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     import cupy as cp
 
     from caramel.backends.cuda.backend import CupyBackend
-    from caramel.execute.devices import DeviceRun
-    from caramel.execute.gpu import StreamLauncher, time_runs
-    from caramel.execute.multi_gpu import gpu_device_programs, launch_device
+    from caramel.execute.cuda_graph import StreamLauncher, launch_device
+    from caramel.execute.placement import gpu_device_programs
+    from caramel.execute.runner import DeviceRun
+    from caramel.execute.timing import time_runs
 
     out = []
     for prog in gpu_device_programs(plan, devices, ctx, streams):
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
-            run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend, None)
+            run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend)
             run.run(collectives=False)  # compiles kernels, uploads index arrays
             launcher = StreamLauncher(run.schedule(streams), stream) if streams > 1 else None
             stream.synchronize()
@@ -191,14 +192,12 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
     ``streams`` streams per device (default: the multi-GPU executor's)."""
     from caramel.api import default_spec, output_digest
     from caramel.ckks.check import prepare_check
-    from caramel.execute.devices import HostRun
+    from caramel.execute.drive import HostRun
     from caramel.parse import load_program
     from caramel.plan import build_plan
     from caramel.validate import validate
 
-    from caramel.execute.gpu import gpu_available
-
-    from caramel.execute.devices import DEFAULT_STREAMS
+    from caramel.execute.cuda_graph import DEFAULT_STREAMS, gpu_available
 
     streams = DEFAULT_STREAMS if streams is None else streams
     if backend == "auto":
@@ -229,7 +228,7 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
         plan = build_plan(program)
         t0 = time.perf_counter()
         if backend == "gpu":
-            from caramel.execute.multi_gpu import MultiGpuRun
+            from caramel.execute.cuda_graph import MultiGpuRun
 
             run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams)
             run.capture()

@@ -21,7 +21,7 @@ import numpy as np
 
 from caramel.api import default_spec, resolve_check
 from caramel.ckks.check import prepare_check
-from caramel.execute.gpu import gpu_executor
+from caramel.execute.cuda_graph import gpu_executor
 from caramel.execute.reference import run_reference
 from caramel.parse import load_program
 from caramel.ring import Context, Mode

@@ -59,7 +59,8 @@ def same(want, have) -> bool:
 
 
 def checks(args, gpus: int, rows: list) -> bool:
-    from caramel.execute.multi_gpu import MultiGpuRun, nccl_communicators
+    from caramel.execute.cuda_graph import MultiGpuRun
+    from caramel.execute.fabric.nccl import nccl_communicators
 
     paths = sorted(str(p) for pat in args.pattern for p in Path(args.corpus).glob(pat)
                    if p.is_dir() and not p.name.endswith("_1c"))
@@ -96,7 +97,7 @@ def checks(args, gpus: int, rows: list) -> bool:
 
 
 def bootstrap(args, gpus: int, rows: list) -> bool:
-    from caramel.execute.multi_gpu import MultiGpuRun
+    from caramel.execute.cuda_graph import MultiGpuRun
 
     ctx = Context(n=65536)
     good = True
@@ -145,7 +146,8 @@ def sweep_streams(args, gpus: int, rows: list) -> bool:
     """BootstrapLike_51L_{K}c on K GPUs with S streams per GPU for each S of --sweep-streams
     (S = 1: kernels and collectives in one order; S > 1: collectives on a stream of their own):
     replay times and digests."""
-    from caramel.execute.multi_gpu import MultiGpuRun, NcclFabric
+    from caramel.execute.cuda_graph import MultiGpuRun
+    from caramel.execute.fabric.nccl import NcclFabric
     from caramel.scaling import compute_only_ms
 
     ctx = Context(n=65536)

@@ -84,11 +84,4 @@ class Backend(abc.ABC):
         """``mod``: arena[outs[r]] = X_r mod q_primes[r]; ins (R, m) words, outs (R,)."""
 
 
-def numpy_backend(ctx, rows: int) -> Backend:
-    """A :class:`~caramel.backends.numpy_backend.NumpyBackend` of ``rows`` arena rows."""
-    from caramel.backends.numpy_backend import NumpyBackend
-
-    return NumpyBackend(ctx, rows)
-
-
-__all__ = ["Backend", "numpy_backend"]
+__all__ = ["Backend"]

@@ -10,6 +10,7 @@ import numpy as np
 
 from caramel.backends import Backend
 from caramel.ring import Context, Mode
+from caramel.ring.modular import ELEMENTWISE
 
 _U64 = np.uint64
 
@@ -37,18 +38,10 @@ class NumpyBackend(Backend):
         vals = [self.arena[ins[:, k]].astype(_U64) for k in range(expr.n_vec)]
         vals += [self._scalars[scalars[:, k]][:, None] for k in range(expr.n_scalar)]
         for o in expr.ops:
-            a = vals[o.args[0]]
-            if o.op == "add":
-                v = (a + vals[o.args[1]]) % q
-            elif o.op == "sub":
-                v = (a + (q - vals[o.args[1]])) % q
-            elif o.op == "mul":
-                v = (a * vals[o.args[1]]) % q
-            elif o.op == "neg":
-                v = (q - a) % q
-            else:
+            f = ELEMENTWISE.get(o.op)
+            if f is None:
                 raise ValueError(f"unknown elementwise operation {o.op!r}")
-            vals.append(v)
+            vals.append(f(q, *(vals[i] for i in o.args)))
         for k, v in enumerate(expr.outputs):
             self.arena[outs[:, k]] = vals[v]
 

@@ -5,14 +5,14 @@ Each process reads its place from the environment (:func:`launch_env`): ``RANK``
 ``_SIZE``/``_LOCAL_RANK`` (Open MPI's mpirun) or ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``
 (srun). Process r drives device r of the run (of WORLD_SIZE devices) on its CUDA device
 LOCAL_RANK, with the same plan, the same inputs (generated from the same seed) and the same
-device programs as the threaded executor (:class:`~caramel.execute.multi_gpu.MultiGpuRun` with
+device programs as the threaded executor (:class:`~caramel.execute.cuda_graph.MultiGpuRun` with
 ``local=[r]``).
 
 Rendezvous goes through a file that every process can read (``CARAMEL_RENDEZVOUS``, on a shared
 file system across machines): rank 0 creates one NCCL unique id per device group and writes them
 there atomically (write, then rename); the others wait for the file (with a timeout). Results
 are gathered the same way: each rank writes its chips' stores beside the rendezvous file, rank 0
-waits for all and merges them into one :class:`~caramel.execute.reference.RunResult`.
+waits for all and merges them into one :class:`~caramel.execute.result.RunResult`.
 
 With ``--backend cpu-plan`` the processes run on NumPy and exchange limbs through files
 (:class:`FileFabric`): the whole process mode (launcher, rendezvous, per-rank device programs,
@@ -42,12 +42,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from caramel.errors import ExecutionError
-from caramel.execute.collectives import CollectiveKind
-from caramel.execute.devices import (
-    DeviceRun, Fabric, RowOp, collective_result, device_groups, device_programs, merge_results,
-)
-from caramel.execute.plan_engine import check_plan_memory
-from caramel.execute.reference import RunResult
+from caramel.execute.fabric import Fabric, RowOp, collective_result
+from caramel.execute.memory import check_plan_memory
+from caramel.execute.placement import device_groups, device_programs
+from caramel.execute.result import RunResult, merge_results
+from caramel.execute.runner import DeviceRun
+from caramel.plan.collectives import CollectiveKind
 from caramel.program import Mem
 
 _ENV = (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -308,7 +308,7 @@ def _communicator(nccl, size: int, uid: tuple, rank: int):
 
 class FileFabric(Fabric):
     """Collectives between processes through files beside the rendezvous file (NCCL's semantics,
-    like :class:`~caramel.execute.devices.FakeNetwork`): the CPU stand-in for NCCL that lets the
+    like :class:`~caramel.execute.fabric.threads.FakeNetwork`): the CPU stand-in for NCCL that lets the
     whole process mode run, and be tested, without GPUs. The k-th call on a device group is
     ``<rendezvous>.g<group>.c<k>.r<rank>.npy`` for every member that sends."""
 
@@ -380,11 +380,12 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
 def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeout: float, streams: int | None,
                 log, identity: RunIdentity | None = None) -> tuple[list[dict], Place]:
     """This rank's device on its GPU: NCCL communicators from the shared ids, a one-device
-    :class:`~caramel.execute.multi_gpu.MultiGpuRun`; the stores of its chips."""
+    :class:`~caramel.execute.cuda_graph.MultiGpuRun`; the stores of its chips."""
     import cupy as cp
     from cupy.cuda import nccl
 
-    from caramel.execute.multi_gpu import MultiGpuRun, nccl_environment
+    from caramel.execute.cuda_graph import MultiGpuRun
+    from caramel.execute.fabric.nccl import nccl_environment
 
     nccl_environment()
     groups = device_groups(progs)

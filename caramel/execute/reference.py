@@ -25,9 +25,10 @@ import numpy as np
 
 from caramel.errors import DeadlockError, ExecutionError, Location
 from caramel.execute.memory import check_memory_image
-from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.execute.result import RunResult
+from caramel.program import ELEMENTWISE_OP, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 from caramel.ring import Context, Mode
-from caramel.ring.modular import inv_mod
+from caramel.ring.modular import ELEMENTWISE, inv_mod
 
 _U64 = np.uint64
 
@@ -78,25 +79,6 @@ class _Acc:
     tag: int
     total: np.ndarray | None
     count: int
-
-
-@dataclass
-class RunResult:
-    """What a run leaves behind: each chip's private store, and the memory seen by the host
-    (the input image with every chip's stores laid over it)."""
-
-    stores: list[dict[Mem, np.ndarray]]
-    memory: dict[Mem, np.ndarray]
-    executed: int
-
-    @classmethod
-    def from_stores(cls, stores: list[dict[Mem, np.ndarray]], memory: Mapping[Mem, np.ndarray],
-                    executed: int) -> "RunResult":
-        """The result of chips whose private stores are ``stores``, over the input image ``memory``."""
-        merged = dict(memory)
-        for store in stores:
-            merged.update(store)
-        return cls(stores, merged, executed)
 
 
 def _where(chip: ChipState, ins: Instruction) -> str:
@@ -204,27 +186,14 @@ class ReferenceInterpreter:
             raise ExecutionError(f"{_where(chip, ins)}: '{op.value}' is not supported (never emitted by the compiler)")
 
         q = self._q[L]
-        if op in (Opcode.ADS, Opcode.SUS, Opcode.MUS):
-            a = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-            s = _U64(self._scalar(chip, ins.srcs[1], ins) % int(q))
-            if op == Opcode.ADS:
-                out = (a + s) % q
-            elif op == Opcode.SUS:
-                out = (a + (q - s)) % q
-            else:
-                out = (a * s) % q
-        elif op in (Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP):
-            a = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-            b = self._read(chip, ins.srcs[1], ins).data.astype(_U64)
-            if op == Opcode.ADD:
-                out = (a + b) % q
-            elif op == Opcode.SUB:
-                out = (a + (q - b)) % q
-            else:
-                out = (a * b) % q
-        elif op == Opcode.NEG:
-            a = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-            out = (q - a) % q
+        name = ELEMENTWISE_OP.get(op)
+        if name is not None:
+            args = [self._read(chip, ins.srcs[0], ins).data.astype(_U64)]
+            if op in (Opcode.ADS, Opcode.SUS, Opcode.MUS):
+                args.append(_U64(self._scalar(chip, ins.srcs[1], ins) % int(q)))
+            elif op != Opcode.NEG:
+                args.append(self._read(chip, ins.srcs[1], ins).data.astype(_U64))
+            out = ELEMENTWISE[name](q, *args)
         elif op == Opcode.MOV:
             src = self._read(chip, ins.srcs[0], ins)
             chip.regs[ins.dst.index] = Limb(L, src.data)
@@ -265,8 +234,8 @@ class ReferenceInterpreter:
             y = ctx.sud_lift(rb.data, rb.tag, L, self.mode)
             factor = self._qinv(ctx.q(rb.tag), L)
         q = self._q[L]
-        diff = (a.astype(_U64) + (q - ctx.ntt(y, L).astype(_U64))) % q
-        return (diff * _U64(factor)) % q
+        diff = ELEMENTWISE["sub"](q, a.astype(_U64), ctx.ntt(y, L).astype(_U64))
+        return ELEMENTWISE["mul"](q, diff, _U64(factor))
 
     @staticmethod
     def _free(chip: ChipState, ins: Instruction) -> None:
@@ -342,7 +311,7 @@ class ReferenceInterpreter:
                 entry = acc[ins.sync] = _Acc(L, None, 0)
             if ins.srcs:
                 x = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
-                entry.total = x if entry.total is None else (entry.total + x) % self._q[L]
+                entry.total = x if entry.total is None else ELEMENTWISE["add"](self._q[L], entry.total, x)
                 self._free(chip, ins)
             entry.count += 1
             chip.joined = True

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from caramel.errors import DeadlockError
 from caramel.program import Opcode, Stream
-from caramel.plan.plan import Comm, Expr, ExprOp, Kernel, Kind, Op, Row
+from caramel.plan.kernel import Comm, Expr, ExprOp, Kernel, Kind, Op, Row
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
 

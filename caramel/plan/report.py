@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from caramel.plan.plan import Kind, Plan, assign_rows
+from caramel.plan.kernel import Kind, Plan
+from caramel.plan.plan import assign_rows
 from caramel.stats import instruction_limbs
 from caramel.program import Opcode, Program
 

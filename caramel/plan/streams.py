@@ -1,8 +1,8 @@
 """Streams: tasks spread over several in-order queues (CUDA streams).
 
 A *task* (:class:`Task`) is one unit of a single-stream run: a kernel of a
-:class:`~caramel.plan.plan.ChipPlan` (:func:`chip_tasks`) or, on a device of a multi-GPU run, a
-kernel or one communication step (:mod:`caramel.execute.devices`); it declares the arena rows
+:class:`~caramel.plan.kernel.ChipPlan` (:func:`chip_tasks`) or, on a device of a multi-GPU run, a
+kernel or one communication step (:mod:`caramel.execute.runner`); it declares the arena rows
 it reads and writes. A :class:`StreamSchedule` puts every task on one of ``n_streams`` streams.
 Tasks of one stream run in task order; a task also waits for the earlier tasks of other streams
 listed in ``waits`` (an event recorded after each of them). Before the first task every stream
@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from caramel.errors import ExecutionError
-from caramel.plan.plan import ChipPlan, Kind, assign_rows
+from caramel.plan.kernel import ChipPlan, Kind
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ moduli are below 2^30 so every product of two residues fits in uint64, results a
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from caramel.errors import ArgumentError
 
@@ -23,6 +25,19 @@ def inv_mod(a: int, q: int) -> int:
         return pow(int(a), -1, int(q))
     except ValueError:
         raise ArgumentError(f"{a} has no inverse modulo {q}") from None
+
+
+#: The elementwise operations by name (the ISA's ``add``/``ads``, ``sub``/``sus``,
+#: ``mul``/``mup``/``mus``, ``neg``, and the operations of fused expressions) on canonical residues
+#: held in uint64 (q < 2^30, so a * b is exact): (a + b) % q, (a + (q - b)) % q, a * b % q,
+#: (q - a) % q, each ``f(q, *args)``. The reference interpreter and the NumPy backend evaluate
+#: exactly these, which keeps them bit-identical.
+ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "add": lambda q, a, b: (a + b) % q,
+    "sub": lambda q, a, b: (a + (q - b)) % q,
+    "mul": lambda q, a, b: (a * b) % q,
+    "neg": lambda q, a: (q - a) % q,
+}
 
 
 def add_mod(a, b, q) -> np.ndarray:

@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 from caramel.backends.numpy_backend import NumpyBackend  # noqa: E402
 from caramel.ckks.check import check_path, prepare_check  # noqa: E402
 from caramel.errors import DeadlockError, ExecutionError  # noqa: E402
-from caramel.execute.collectives import (  # noqa: E402
-    ZERO, Collective, CollectiveKind, LocalSum, ModRows, check_order, check_reduce_size, device_comm_step,
-    placement, plan_collectives,
-)
-from caramel.execute.devices import (  # noqa: E402
-    DeviceRun, FakeNetwork, HostRun, RowOp, device_programs, run_on_devices, run_threads,
+from caramel.execute.drive import HostRun, run_on_devices, run_threads  # noqa: E402
+from caramel.execute.fabric import RowOp  # noqa: E402
+from caramel.execute.fabric.threads import FakeNetwork  # noqa: E402
+from caramel.execute.placement import ZERO, LocalSum, ModRows, device_comm_step, device_programs, placement  # noqa: E402
+from caramel.execute.runner import DeviceRun  # noqa: E402
+from caramel.plan.collectives import (  # noqa: E402
+    Collective, CollectiveKind, check_order, check_reduce_size, plan_collectives,
 )
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import Kind, build_plan  # noqa: E402
@@ -202,12 +203,12 @@ def test_device_schedules_put_communication_on_its_own_stream():
 def test_gpu_device_programs_never_overwrite_their_inputs(name):
     """The device programs the GPUs replay (:func:`gpu_device_programs`): no kernel and no
     communication step writes an input's or the zero buffer's row, so a replay needs no restore."""
-    from caramel.execute.multi_gpu import gpu_device_programs
+    from caramel.execute.placement import gpu_device_programs
 
     program, plan, memory = prepared(name)
     for g, streams in ((1, 1), (2, 2), (len(plan.chips), 2)):
         for prog in gpu_device_programs(plan, g, context(1024), streams):
-            run = DeviceRun(prog, plan, context(1024), memory, "exact", NumpyBackend, None)
+            run = DeviceRun(prog, plan, context(1024), memory, "exact", NumpyBackend)
             written = set().union(*(t.writes for t in run.tasks))
             assert not written & set(run.init_rows.tolist()), f"{name} on {g} devices, device {prog.device}"
 
@@ -266,7 +267,7 @@ def test_one_group_call_per_communication_step():
 
 
 def test_pack_buckets_by_group_kind_and_root_in_the_same_order_everywhere():
-    from caramel.execute.collectives import DeviceOp, pack, staging_rows
+    from caramel.execute.placement import DeviceOp, pack, staging_rows
 
     ops = [DeviceOp(s, k, (0, 1), r, (0, s), None, 1) for s, k, r in
            ((5, B, 1), (3, B, 0), (9, R, 1), (4, B, 1), (7, B, 0), (8, R, 1))]

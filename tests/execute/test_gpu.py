@@ -1,4 +1,4 @@
-"""caramel.execute.gpu against the reference interpreter: GPU outputs (one CUDA graph of the fused
+"""caramel.execute.cuda_graph (one GPU) against the reference interpreter: GPU outputs (one CUDA graph of the fused
 plan, and eager one-launch-per-instruction runs of the unfused plan) identical limb for limb to
 ``run_reference`` on fresh random inputs. Skipped without CuPy or a CUDA device.
 
@@ -15,7 +15,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.execute.gpu import GpuRun, gpu_available, gpu_executor, run_gpu  # noqa: E402
+from caramel.execute.cuda_graph import GpuRun, gpu_available, gpu_executor, run_gpu  # noqa: E402
 
 if not gpu_available():
     pytest.skip("no CUDA device", allow_module_level=True)

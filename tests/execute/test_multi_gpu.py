@@ -1,4 +1,4 @@
-"""caramel.execute.multi_gpu against the reference interpreter: K-chip programs on K GPUs (NCCL
+"""caramel.execute.cuda_graph (several GPUs) against the reference interpreter: K-chip programs on K GPUs (NCCL
 broadcast and reduce inside one CUDA graph per GPU) and on fewer GPUs than chips, identical limb
 for limb to ``run_reference`` on fresh random inputs; clean shutdown. Skipped without CuPy, NCCL
 or enough CUDA devices. Programs come from ``<repo>/.data/corpus``, ``<repo>/.data`` or the
@@ -18,7 +18,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.execute.gpu import gpu_available  # noqa: E402
+from caramel.execute.cuda_graph import gpu_available  # noqa: E402
 
 if not gpu_available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -28,7 +28,7 @@ except Exception:  # noqa: BLE001
     pytest.skip("CuPy has no NCCL", allow_module_level=True)
 
 from caramel.ckks.check import check_path, prepare_check  # noqa: E402
-from caramel.execute.multi_gpu import MultiGpuRun, run_multi_gpu  # noqa: E402
+from caramel.execute.cuda_graph import MultiGpuRun, run_multi_gpu  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
@@ -137,7 +137,7 @@ def test_process_exits_cleanly_after_a_multi_gpu_run():
         "from caramel.ring import Context\n"
         "from caramel.api import default_spec\n"
         "from caramel.ckks.check import prepare_check\n"
-        "from caramel.execute.multi_gpu import run_multi_gpu\n"
+        "from caramel.execute.cuda_graph import run_multi_gpu\n"
         f"p = load_program({str(find_program('Mul_10L_2c').path)!r})\n"
         "ctx = Context(n=4096)\n"
         "m = prepare_check(default_spec(p), p, ctx, rng=1).memory\n"

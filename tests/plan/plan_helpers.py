@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from caramel.parse import load_program, parse_stream
-from caramel.plan.plan import Kind, Plan
+from caramel.plan import Kind, Plan
 from caramel.program import BcuSlot, Instruction, Manifest, Mem, Opcode, Program, SReg, Stream, VReg
 
 PROGRAMS = Path("/work/shared/programs")

@@ -15,7 +15,7 @@ if not available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from caramel.backends.cuda.backend import CupyBackend  # noqa: E402
-from caramel.execute.plan_engine import run_plan  # noqa: E402
+from caramel.execute.drive import run_plan  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402

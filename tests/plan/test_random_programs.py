@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from caramel.execute.plan_engine import run_plan
+from caramel.execute.drive import run_plan
 from caramel.execute.reference import run_reference
 from caramel.plan import build_plan
 from caramel.ring import Context

@@ -17,9 +17,10 @@ import pytest
 
 from caramel.backends.numpy_backend import NumpyBackend
 from caramel.errors import ExecutionError
-from caramel.execute.plan_engine import _rows, lower_kernel, run_plan
+from caramel.execute.drive import run_plan
+from caramel.execute.runner import _rows, lower_kernel
 from caramel.plan import build_plan
-from caramel.plan.plan import Kind, assign_rows
+from caramel.plan import Kind, assign_rows
 from caramel.plan.streams import (
     StreamSchedule, Task, assign_streams, check_schedule, chip_tasks, happens_before_order, hazards,
 )

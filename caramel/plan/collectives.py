@@ -1,4 +1,4 @@
-"""Communication of a multi-chip plan as collectives, and their placement on devices.
+"""Communication of a multi-chip plan as collectives in one global order, and its legality.
 
 A plan's ``COMM`` kernels hold each chip's ``dis``/``rcv``/``joi`` (ISA.md section 6). For a
 collective library every communication id becomes ONE :class:`Collective` among its
@@ -16,12 +16,7 @@ total order that every chip's own sequence of collectives follows: no chip can w
 collective that another member would issue only after one it is itself blocked on. A plan that
 breaks this (participants at different levels, a missing participant) is refused before any
 device work starts, and :func:`check_order` verifies per-rank sequences against one global order.
-
-Placement. Chips map onto G <= K devices in contiguous blocks (:func:`placement`). A device runs
-its chips' kernels merged by level; a communication among chips of ONE device is a local copy or
-a local modular sum; otherwise the device-level collective (:class:`DeviceOp`) runs among the
-devices involved, after local partial sums, and is followed by local copies and ``% q``
-(:func:`device_comm_step`).
+Where the collectives run (chips on devices) is :mod:`caramel.execute.placement`.
 """
 
 from __future__ import annotations
@@ -31,8 +26,9 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from caramel.errors import ExecutionError
-from caramel.plan.plan import Kind, Plan
+from caramel.plan.kernel import Kind, Plan
 from caramel.program import Opcode
+
 
 U32_MAX = (1 << 32) - 1
 
@@ -177,132 +173,5 @@ def check_order(sequences: Mapping[int, Sequence[object]], members: Mapping[obje
         raise ExecutionError(f"no collective order is consistent with every rank: {text}") from None
 
 
-def placement(chips: int, devices: int) -> tuple[int, ...]:
-    """The device of every chip: contiguous blocks, chip c on device c * G // K (G <= K)."""
-    if devices < 1:
-        raise ExecutionError(f"need at least one device, got {devices}")
-    devices = min(devices, chips)
-    return tuple(c * devices // chips for c in range(chips))
 
-
-# ---------------------------------------------------------------------------------------------- devices
-
-
-@dataclass(frozen=True)
-class DeviceOp:
-    """A collective among devices: ``group`` (sorted device indices; one communicator per group),
-    ``root`` (a device of the group), ``kind``; ``send``/``recv``: row references on this device
-    (see :func:`device_comm_step`), None where unused. BROADCAST: the root sends ``send`` (and
-    receives nothing), the others receive into ``recv``. REDUCE: every device sends ``send``
-    (its local partial sum, or the zero row when it contributes nothing), the root sums into
-    ``recv``; ``prime`` is q's index. ``sync`` names the communication."""
-
-    sync: int
-    kind: CollectiveKind
-    group: tuple[int, ...]
-    root: int
-    send: tuple[int, int] | None
-    recv: tuple[int, int] | None
-    prime: int
-
-
-@dataclass(frozen=True)
-class LocalSum:
-    """On this device: ``out`` = (sum of ``ins``) mod q_prime (row references); one input: a copy."""
-
-    ins: tuple[tuple[int, int], ...]
-    out: tuple[int, int]
-    prime: int
-
-
-@dataclass(frozen=True)
-class ModRows:
-    """On this device: every (chip, buffer) of ``rows`` (a uint32 SUM) is reduced mod q_prime."""
-
-    rows: tuple[tuple[int, int], ...]
-    prime: int
-
-
-@dataclass(frozen=True)
-class CommStep:
-    """One device's communication at one level: ``before`` (local sums and copies), ``ops`` (one
-    group of device collectives, in the global order), ``after`` (``% q`` of reduce results,
-    then copies of received limbs to the device's other receivers). ``scratch``: rows needed."""
-
-    level: int
-    before: tuple[LocalSum, ...]
-    ops: tuple[DeviceOp, ...]
-    after: tuple[ModRows | LocalSum, ...]
-    scratch: int
-
-
-ZERO = (-2, 0)  # the row ref of a device's zero row (never written)
-
-
-def device_comm_step(level: int, collectives: Sequence[Collective], device: int, where: Sequence[int]) -> CommStep:
-    """The :class:`CommStep` of ``device`` for the ``collectives`` of one level (those without a
-    member on ``device`` are skipped); ``where[chip]`` is the chip's device. Row references are
-    (chip, buffer), (-1, k) for scratch row k, or :data:`ZERO` for the device's zero row."""
-    before: list[LocalSum] = []
-    ops: list[DeviceOp] = []
-    mods: list[ModRows] = []
-    copies: list[LocalSum] = []
-    scratch = 0
-    for col in collectives:
-        mine = [c for c in col.members if where[c] == device]
-        if not mine:
-            continue
-        group = tuple(sorted({where[c] for c in col.members}))
-        root_dev = where[col.root]
-        dst = dict(col.dst)
-        if col.kind is CollectiveKind.BROADCAST:
-            src = col.src[0]
-            receivers = [(c, dst[c]) for c in mine if c in dst]
-            if device == root_dev:
-                if len(group) > 1:
-                    ops.append(DeviceOp(col.sync, col.kind, group, root_dev, src, None, col.prime))
-                copies += [LocalSum((src,), r, col.prime) for r in receivers]
-            else:
-                first, rest = receivers[0], receivers[1:]
-                ops.append(DeviceOp(col.sync, col.kind, group, root_dev, None, first, col.prime))
-                copies += [LocalSum((first,), r, col.prime) for r in rest]
-            continue
-        contributions = tuple(s for s in col.src if where[s[0]] == device and s[1] >= 0)
-        if len(group) == 1:
-            before.append(LocalSum(contributions or (ZERO,), (col.root, dst[col.root]), col.prime))
-            continue
-        if len(contributions) > 1:
-            partial = (-1, scratch)
-            scratch += 1
-            before.append(LocalSum(contributions, partial, col.prime))
-        else:
-            partial = contributions[0] if contributions else ZERO
-        recv = (col.root, dst[col.root]) if device == root_dev else None
-        ops.append(DeviceOp(col.sync, col.kind, group, root_dev, partial, recv, col.prime))
-        if recv is not None:
-            mods.append(ModRows((recv,), col.prime))
-    ops.sort(key=lambda o: (len(o.group), o.group, o.sync))
-    return CommStep(level, tuple(before), tuple(ops), tuple(mods) + tuple(copies), scratch)
-
-
-def pack(ops: Sequence[DeviceOp]) -> list[list[DeviceOp]]:
-    """The device collectives of one step in buckets of the same (group, kind, root), in an order
-    every member computes alike (by group, kind, root; ids ascending inside): each bucket of more
-    than one becomes ONE collective over contiguous staging rows (an all-gather-like broadcast
-    from one root, or one reduce of many limbs), instead of one NCCL call per limb."""
-    buckets: dict[tuple, list[DeviceOp]] = {}
-    for o in ops:
-        buckets.setdefault((len(o.group), o.group, o.kind.value, o.root), []).append(o)
-    return [sorted(b, key=lambda o: o.sync) for _, b in sorted(buckets.items())]
-
-
-def staging_rows(ops: Sequence[DeviceOp]) -> int:
-    """Staging rows that :func:`pack` needs for one step (buckets of one use the rows in place)."""
-    return sum(len(b) for b in pack(ops) if len(b) > 1)
-
-
-__all__ = [
-    "Collective", "CollectiveKind", "CommStep", "DeviceOp", "LocalSum", "ModRows", "check_order",
-    "ZERO", "check_reduce_size", "device_comm_step", "pack", "placement", "plan_collectives",
-    "staging_rows",
-]
+__all__ = ["Collective", "CollectiveKind", "check_order", "check_reduce_size", "plan_collectives"]

@@ -1,0 +1,483 @@
+"""Plans on CUDA GPUs: the stream launcher, CUDA graph capture and replay, one GPU or G GPUs.
+
+Every GPU runs the chip runner (:class:`~caramel.execute.runner.DeviceRun`) over a
+:class:`~caramel.backends.cuda.backend.CupyBackend` arena. The inputs are uploaded once into rows
+that no kernel writes (``keep_inputs``), so a replayed graph needs no restore. An eager run
+compiles every kernel and uploads every index array; then the whole sequence is captured into ONE
+CUDA graph per GPU on a non-default stream and replayed.
+
+* :class:`GpuRun`: a 1-chip plan on one GPU, eagerly (``per_row``: one launch per instruction
+  with an unfused plan, the baseline) or as a graph; :func:`run_gpu`, :func:`gpu_executor`.
+* :class:`MultiGpuRun`: a K-chip plan on G GPUs, one host thread per GPU under the watchdog of
+  :func:`~caramel.execute.drive.run_threads`, collectives over NCCL
+  (:mod:`caramel.execute.fabric.nccl`); :func:`run_multi_gpu`. Life of a run: the collectives
+  are derived and checked and the device programs built before any GPU work; one communicator
+  per device group (``ncclCommInitAll``; in process mode ``ncclCommInitRank`` with ids shared
+  through a file, :mod:`caramel.execute.distributed`); per GPU thread: inputs uploaded, a dry
+  run without collectives (compiling and loading every kernel: nothing may do that while an
+  NCCL kernel waits for a peer), an eager run with them, a capture in thread-local mode; replays
+  launch every GPU's graph at once (a barrier lines the threads up); :meth:`MultiGpuRun.close`
+  drops the graphs, then destroys the communicators (``ncclCommDestroy`` waits while a graph
+  holding the communicator's work exists). A GPU that does not finish a phase in time makes the
+  run abort its communicators and raise a :class:`~caramel.errors.DeadlockError` naming it.
+
+Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
+(:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;
+rows reused first-in first-out, fewer hazards between branches): on a GPU with communication each
+communication step (local sums, copies, NCCL group, ``% q``) goes on the last stream and the
+kernels on the others, so that kernels run while a collective waits for its peers.
+:class:`StreamLauncher` starts on the origin stream, records a *fork* event that every other
+stream waits for, makes each task wait for the events of its cross-stream ``waits``, and at the
+end joins every other stream back; captured, these become the edges of one graph with parallel
+branches, and eager runs issue the same sequence, so both are bit-identical to one stream.
+CuPy is imported lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from caramel.errors import ExecutionError
+from caramel.execute.drive import run_threads
+from caramel.execute.fabric.nccl import NcclFabric, nccl_communicators
+from caramel.execute.memory import check_plan_memory
+from caramel.execute.placement import device_groups, gpu_device_programs
+from caramel.execute.result import RunResult, merge_results
+from caramel.execute.runner import DeviceRun
+from caramel.execute.timing import Timing, time_runs
+from caramel.plan.kernel import Kind, Plan
+from caramel.program import Mem, Program
+from caramel.ring import Context, Mode
+
+#: CUDA streams of a 1-chip graph by default (its kernel DAG spread over all of them).
+GRAPH_STREAMS = 4
+#: CUDA streams per GPU of a multi-GPU run by default: the kernels on one, the communication on the
+#: other (measurements: docs/PERFORMANCE.md).
+DEFAULT_STREAMS = 2
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees a CUDA device."""
+    from caramel.backends.cuda import available
+
+    return available()
+
+
+class StreamLauncher:
+    """Issues the tasks of a :class:`~caramel.plan.streams.StreamSchedule` on CUDA streams: the
+    ``origin`` stream (stream 0, where the run's earlier work is) and ``n_streams - 1`` new ones,
+    with one event per waited-for task, all created now (on the current device, before any
+    capture)."""
+
+    def __init__(self, schedule, origin):
+        import cupy as cp
+
+        self.schedule = schedule
+        self.streams = [origin] + [cp.cuda.Stream(non_blocking=True) for _ in range(schedule.n_streams - 1)]
+        self.events = [cp.cuda.Event(disable_timing=True) for _ in range(schedule.n_events)]
+        self.fork = cp.cuda.Event(disable_timing=True)
+
+    def launch(self, issue: Callable[[int], None]) -> None:
+        """Fork every used stream from the origin, then per task in order: its stream waits for
+        the events of its ``waits``, ``issue(k)`` launches it with that stream current, and its
+        event is recorded if anyone waits for it; finally the origin joins every other stream."""
+        sch, streams, events = self.schedule, self.streams, self.events
+        self.fork.record(streams[0])
+        forked = [True] + [False] * (len(streams) - 1)
+        for k, t in enumerate(sch.stream):
+            s = streams[t]
+            if not forked[t]:
+                s.wait_event(self.fork)
+                forked[t] = True
+            for j in sch.waits[k]:
+                s.wait_event(events[sch.event[j]])
+            with s:
+                issue(k)
+            if sch.event[k] >= 0:
+                events[sch.event[k]].record(s)
+        for j in sch.joins:
+            streams[0].wait_event(events[sch.event[j]])
+
+
+def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collectives: bool = True) -> None:
+    """Issue one device's whole program: in order on the current stream (no ``launcher``), or over
+    the launcher's streams; ``collectives`` as in :meth:`DeviceRun.run`."""
+    if launcher is None:
+        run.run(collectives=collectives)
+    else:
+        launcher.launch(lambda t: run.run_task(t, collectives=collectives))
+
+
+class GpuRun:
+    """One 1-chip plan resident on the GPU: its :class:`~caramel.execute.runner.DeviceRun` on a
+    CuPy arena, eager launches and one captured CUDA graph."""
+
+    def __init__(self, plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                 *, per_row: bool = False, streams: int = 1):
+        """``per_row``: lower every kernel row as its own launch (with an unfused plan, one launch
+        per limb-level instruction: the eager baseline; the rows of one kernel stay on its stream).
+        ``streams``: how many CUDA streams the kernel DAG is spread over (module docstring)."""
+        import cupy as cp
+
+        from caramel.backends.cuda.backend import CupyBackend
+
+        streams = int(streams)
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, got {streams}")
+        if len(plan.chips) != 1:
+            raise ExecutionError(f"GpuRun takes a 1-chip plan, not {len(plan.chips)} chips")
+        if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
+            raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
+        self.plan, self.ctx, self.mode = plan, ctx, Mode(mode)
+        check_plan_memory(plan, ctx, memory)
+        self.memory = memory
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        prog = gpu_device_programs(plan, 1, ctx, streams)[0]
+        with self.stream:
+            self.device = DeviceRun(prog, plan, ctx, memory, self.mode, CupyBackend, per_row=per_row)
+            self.device.init_data = None  # the inputs stay in their rows: no host copy to restore from
+        self.stream.synchronize()
+        self.graph = None
+        self.kernels = len(self.device.calls)
+        self.schedule = self.device.schedule(streams, comm_stream=False) if streams > 1 else None
+        self._launcher = StreamLauncher(self.schedule, self.stream) if streams > 1 else None
+
+    @property
+    def backend(self):
+        return self.device.backend
+
+    def _launch(self) -> None:
+        """Launch every kernel: all on the run's stream, or (with a schedule) fork, every kernel
+        on its stream after its waits, join (module docstring)."""
+        with self.stream:
+            launch_device(self.device, self._launcher)
+
+    def eager(self) -> None:
+        """Launch every kernel once (no synchronisation; the work ends on the run's stream)."""
+        self._launch()
+
+    def capture(self):
+        """Capture the whole kernel sequence into one CUDA graph (after an eager warm-up, which
+        uses the same streams, so that every cache and memory pool is filled before capture)."""
+        if self.graph is None:
+            self.eager()  # compiles kernels, uploads index arrays, fills the caches
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            try:
+                self._launch()
+            finally:
+                graph = self.stream.end_capture()
+            self.graph = graph
+        return self.graph
+
+    def replay(self) -> None:
+        """Launch the captured graph (no synchronisation)."""
+        self.capture().launch(self.stream)
+
+    def run(self, graph: bool = True) -> None:
+        (self.replay if graph else self.eager)()
+        self.stream.synchronize()
+
+    def time(self, graph: bool = True, repeats: int = 10, warmup: int = 1) -> Timing:
+        if graph:
+            self.capture()
+        return time_runs(self.replay if graph else self.eager, self.stream, repeats, warmup)
+
+    def result(self) -> RunResult:
+        """The outputs of the last run, read back, as a :class:`RunResult`."""
+        self.stream.synchronize()
+        return RunResult.from_stores(self.device.stores(), self.memory, self.plan.instructions)
+
+
+class MultiGpuRun:
+    """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
+    per chip); ``local``: the devices (indices 0..G-1) that this process drives (default all; one
+    in process mode, :mod:`caramel.execute.distributed`); ``device_ids``: the CUDA device of each
+    local device (default 0, 1, ...); ``timeout``: the watchdog's limit in seconds for every
+    phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
+    :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
+    ``streams``: CUDA streams per GPU (module docstring)."""
+
+    def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                 gpus: int | None = None, *, local: Sequence[int] | None = None,
+                 device_ids: Sequence[int] | None = None, timeout: float = 300.0,
+                 comms: Mapping[int, Mapping] | None = None, streams: int | None = None):
+        import cupy as cp
+
+        from caramel.backends.cuda.backend import CupyBackend
+
+        self.plan, self.ctx, self.mode, self.memory = plan, ctx, Mode(mode), memory
+        self.timeout = timeout
+        present = cp.cuda.runtime.getDeviceCount()
+        g = min(gpus or len(plan.chips), len(plan.chips))
+        self.local = list(local) if local is not None else list(range(g))
+        ids = list(device_ids) if device_ids is not None else list(range(len(self.local)))
+        if len(ids) < len(self.local) or any(not 0 <= i < present for i in ids):
+            raise ExecutionError(f"{len(self.local)} GPU(s) asked for (CUDA devices {ids}); "
+                                 f"this machine has {present}")
+        check_plan_memory(plan, ctx, memory)
+        streams = DEFAULT_STREAMS if streams is None else int(streams)
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, got {streams}")
+        self.progs = gpu_device_programs(plan, g, ctx, streams)  # checks the collectives first
+        self.device_ids = dict(zip(self.local, ids))
+        self.groups = device_groups(self.progs)
+        self._own_comms = comms is None  # communicators passed in stay open at close()
+        if comms is None:
+            if len(self.local) != len(self.progs):
+                raise ExecutionError("a run driving some of the devices needs their communicators (comms=)")
+            comms = nccl_communicators(self.groups, [self.device_ids[d] for d in self.local])
+        self.comms = comms
+        self.runs: list[DeviceRun | None] = [None] * len(self.progs)
+        self.streams: list = [None] * len(self.progs)
+        self.graphs: list = [None] * len(self.progs)
+        self.launchers: list = [None] * len(self.progs)
+        self._closed = False
+
+        def setup(d: int):
+            def go():
+                with cp.cuda.Device(self.device_ids[d]):
+                    stream = self.streams[d] = cp.cuda.Stream(non_blocking=True)
+                    with stream:
+                        run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode, CupyBackend,
+                                        NcclFabric(d, self.comms.get(d, {})))
+                        self.runs[d] = run
+                        run.init_data = None  # the inputs stay in their rows: no host copy to restore from
+                        # A dry run without collectives compiles and loads every kernel and uploads
+                        # every index array now: loading a module or a synchronous copy while an
+                        # NCCL kernel waits for a peer can deadlock the GPUs (as seen on H200s).
+                        run.run(collectives=False)
+                        if streams > 1:
+                            self.launchers[d] = StreamLauncher(run.schedule(streams), stream)
+                    stream.synchronize()
+            return go
+
+        self._each(setup, "setup")
+
+    # ------------------------------------------------------------------ phases
+
+    @property
+    def gpus(self) -> int:
+        return len(self.progs)
+
+    def _each(self, make, phase: str) -> list:
+        """Run ``make(d)()`` on one new thread per local GPU under the watchdog; results in
+        ``self.local`` order."""
+        def describe(i: int) -> str:
+            run = self.runs[self.local[i]]
+            return f"GPU {self.local[i]}, {phase}: " + (run.position if run is not None else "setting up")
+
+        return run_threads([make(d) for d in self.local], self.timeout, lambda e: self.abort(), describe)
+
+    def _launch(self, d: int) -> None:
+        launch_device(self.runs[d], self.launchers[d])
+
+    def _on(self, d: int, body):
+        import cupy as cp
+
+        def go():
+            with cp.cuda.Device(self.device_ids[d]), self.streams[d]:
+                return body(d)
+        return go
+
+    def eager(self) -> None:
+        """Every GPU runs its program once, kernel by kernel, and waits."""
+        def body(d):
+            self._launch(d)
+            self.streams[d].synchronize()
+        self._each(lambda d: self._on(d, body), "eager run")
+
+    def capture(self) -> None:
+        """Capture every GPU's program into one CUDA graph each (after an eager warm-up that
+        compiles the kernels and warms the communicators up)."""
+        if self.graphs[self.local[0]] is not None:
+            return
+        self.eager()
+        import cupy as cp
+
+        mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", 1)
+
+        def body(d):
+            s = self.streams[d]
+            s.begin_capture(mode)
+            try:
+                self._launch(d)
+            finally:
+                self.graphs[d] = s.end_capture()
+        self._each(lambda d: self._on(d, body), "capture")
+
+    def replay(self, repeats: int = 1) -> list[list[float]]:
+        """Launch every GPU's graph ``repeats`` times, all GPUs together; returns per repeat the
+        milliseconds of each GPU (CUDA events around its launch)."""
+        import cupy as cp
+
+        self.capture()
+        barrier = threading.Barrier(len(self.local))
+        times = [[0.0] * self.gpus for _ in range(repeats)]
+
+        def body(d):
+            s = self.streams[d]
+            for r in range(repeats):
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                s.synchronize()
+                barrier.wait(self.timeout)
+                start.record(s)
+                self.graphs[d].launch(s)
+                stop.record(s)
+                stop.synchronize()
+                times[r][d] = cp.cuda.get_elapsed_time(start, stop)
+        self._each(lambda d: self._on(d, body), "replay")
+        return times
+
+    def time(self, repeats: int = 10, warmup: int = 1) -> Timing:
+        """Replay timing: per repeat the slowest local GPU's time (they finish together, being
+        coupled by the collectives); median, min and max over ``repeats``."""
+        if warmup:
+            self.replay(warmup)
+        return Timing.of([max(t) for t in self.replay(repeats)])
+
+    def instrument(self) -> list[list[tuple[int, float, float]]]:
+        """One eager run with a CUDA event after every call: per GPU, (call index, start ms,
+        duration ms) from the GPU's first event (the GPUs start together at a barrier)."""
+        import cupy as cp
+
+        barrier = threading.Barrier(len(self.local))
+
+        def body(d):
+            s = self.streams[d]
+            events = []
+
+            def mark(i):
+                e = cp.cuda.Event()
+                e.record(s)
+                events.append(e)
+            s.synchronize()
+            barrier.wait(self.timeout)
+            origin = cp.cuda.Event()
+            origin.record(s)
+            self.runs[d].run(mark)
+            s.synchronize()
+            ends = [cp.cuda.get_elapsed_time(origin, e) for e in events]
+            starts = [0.0] + ends[:-1]
+            return [(i, a, b - a) for i, (a, b) in enumerate(zip(starts, ends))]
+        return self._each(lambda d: self._on(d, body), "instrumented run")
+
+    def result(self) -> RunResult:
+        """The outputs of the last run, read back."""
+        out = self._each(lambda d: self._on(d, lambda d: (self.progs[d].chips, self.runs[d].stores())), "read back")
+        return merge_results(self.plan, self.memory, out)  # (chips of other processes: empty stores)
+
+    def abort(self) -> None:
+        """Abort every communicator: GPUs blocked in a collective return (with an error)."""
+        for d in self.local:
+            for comm in self.comms.get(d, {}).values():
+                try:
+                    comm.abort()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def close(self) -> None:
+        """Drop the graphs, then destroy the communicators (each in its GPU's thread). The order
+        matters: ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
+        exists (seen on H200s with NCCL 2.28.9: a process that destroyed its communicator before
+        its graph never exited)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.graphs = [None] * self.gpus
+
+        def body(d):
+            self.streams[d].synchronize()
+            run = self.runs[d]
+            if run is not None and self._own_comms:
+                run.fabric.close()
+        try:
+            self._each(lambda d: self._on(d, body), "shutdown")
+        finally:
+            self.comms = {}
+
+    def __enter__(self) -> "MultiGpuRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            self.abort()
+            self._closed = True
+            return
+        self.close()
+
+
+def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                  gpus: int | None = None, *, graph: bool = True, repeats: int = 0,
+                  streams: int | None = None) -> RunResult:
+    """Run ``plan`` on ``gpus`` GPUs (default one per chip, at most those present), as one CUDA
+    graph per GPU (``graph``) or eagerly, on ``streams`` streams per GPU (default
+    :data:`DEFAULT_STREAMS`); ``repeats`` > 0 also times that many replays."""
+    if gpus is None:
+        import cupy as cp
+
+        gpus = min(len(plan.chips), cp.cuda.runtime.getDeviceCount())
+    with MultiGpuRun(plan, ctx, memory, mode, gpus, streams=streams) as run:
+        if graph:
+            run.replay(1)
+        else:
+            run.eager()
+        timing = run.time(repeats) if repeats > 0 else None
+        result = run.result()
+    if timing is not None:
+        result.timing = timing
+    return result
+
+
+def _plan_of(plan_or_program, fuse: bool):
+    from caramel.plan import build_plan
+
+    if isinstance(plan_or_program, Program):
+        return build_plan(plan_or_program, fuse=fuse)
+    return plan_or_program
+
+
+def run_gpu(
+    plan_or_program,
+    ctx: Context,
+    memory: Mapping[Mem, np.ndarray],
+    mode: Mode | str = Mode.EXACT,
+    *,
+    graph: bool = True,
+    repeats: int = 0,
+    per_row: bool | None = None,
+    streams: int = 1,
+) -> RunResult:
+    """Run on one GPU. ``graph=True``: the (fused) plan as one CUDA graph; ``graph=False``: eager,
+    one launch per instruction (unfused plan, ``per_row``, default: when not ``graph``) when given
+    a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`). A multi-chip plan
+    runs all its chips on this one GPU (:func:`run_multi_gpu` with
+    one device: chips merged by level, communication as local copies and sums). ``repeats`` > 0 replays that many extra
+    times (and attaches ``timing`` to the result)."""
+    plan = _plan_of(plan_or_program, fuse=graph)
+    if len(plan.chips) != 1:
+        return run_multi_gpu(plan, ctx, memory, mode, 1, graph=graph, repeats=repeats)
+    if per_row is None:
+        per_row = not graph and isinstance(plan_or_program, Program)
+    run = GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams)
+    run.run(graph)
+    timing = run.time(graph, repeats) if repeats > 0 else None
+    result = run.result()
+    if timing is not None:
+        result.timing = timing
+    return result
+
+
+def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: bool = True,
+                 streams: int = GRAPH_STREAMS) -> Callable[[Mapping], RunResult]:
+    """``memory -> RunResult`` running ``program`` on the GPU (the plan is built once) on
+    ``streams`` CUDA streams."""
+    plan = _plan_of(program, fuse=graph)
+    return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams)
+
+
+__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_available",
+           "gpu_executor", "launch_device", "run_gpu", "run_multi_gpu"]

@@ -1,0 +1,288 @@
+"""The chip runner: a device's program lowered to backend calls, for every backend and driver.
+
+:class:`DeviceRun` takes one device's :class:`~caramel.execute.placement.DeviceProgram` (the chips
+it hosts, merged by level, with their communication steps), writes the inputs, zero rows and
+scalar table into the backend's arena and lowers every kernel to one backend call
+(:func:`lower_kernel`) and every communication step to local sums, copies through staging rows,
+ONE fabric group call and ``% q``. The same object runs in order on one stream (:meth:`run`),
+task by task for several streams (:meth:`schedule`, :meth:`run_task`, :mod:`caramel.plan.streams`)
+or captured into a CUDA graph (:mod:`caramel.execute.cuda_graph`); the drivers
+(:mod:`caramel.execute.drive`, :mod:`caramel.execute.cuda_graph`,
+:mod:`caramel.execute.distributed`) decide how many devices and which fabric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from caramel.backends import Backend
+from caramel.errors import ExecutionError
+from caramel.execute.fabric import Fabric, RowOp
+from caramel.execute.placement import CommStep, DeviceOp, DeviceProgram, LocalSum, ModRows, pack, staging_rows
+from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Plan
+from caramel.plan.streams import StreamSchedule, Task, assign_streams, check_schedule
+from caramel.program import Mem
+from caramel.ring import Context, Mode
+
+_I32 = np.int32
+
+
+def _rows(rows_of: np.ndarray, ids) -> np.ndarray:
+    return rows_of[np.asarray(ids, dtype=np.int64)].astype(_I32)
+
+
+def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode,
+                 scalar_base: int = 0) -> Callable[[Backend], None]:
+    """The backend call of a non-communication kernel, with its index arrays built once
+    (``rows_of``: arena row of every buffer; ``scalar_base``: where the chip's scalar table starts
+    in the backend's)."""
+    rows = kernel.rows
+    primes = np.array([r.prime for r in rows], dtype=_I32)
+    kind = kernel.kind
+    if kind is Kind.ELEMENTWISE:
+        expr = kernel.expr
+        ins = _rows(rows_of, [r.ins for r in rows]).reshape(len(rows), expr.n_vec)
+        outs = _rows(rows_of, [r.outs for r in rows]).reshape(len(rows), len(expr.outputs))
+        sca = np.array([r.scalars for r in rows], dtype=_I32).reshape(len(rows), expr.n_scalar) + scalar_base
+        return lambda b: b.elementwise(expr, ins, outs, primes, sca)
+    if kind is Kind.BASECONV:
+        ins, outs = _rows(rows_of, [r.ins for r in rows]), _rows(rows_of, [r.outs for r in rows])
+        return lambda b: b.base_convert(kernel.in_limbs, kernel.out_limbs, ins, outs, mode)
+    if kind is Kind.RSV:
+        ins, outs = _rows(rows_of, [r.ins for r in rows]), _rows(rows_of, [r.outs for r in rows])
+        return lambda b: b.rsv(kernel.in_limbs, ins, outs, primes)
+    if kind is Kind.MOD:
+        ins, outs = _rows(rows_of, [r.ins for r in rows]), _rows(rows_of, [r.outs[0] for r in rows])
+        return lambda b: b.mod(ins, outs, primes)
+    ins, outs = _rows(rows_of, [r.ins[0] for r in rows]), _rows(rows_of, [r.outs[0] for r in rows])
+    if kind is Kind.NTT:
+        return lambda b: b.ntt(ins, outs, primes)
+    if kind is Kind.INTT:
+        return lambda b: b.intt(ins, outs, primes)
+    if kind is Kind.AUTOMORPHISM:
+        galois = np.array(kernel.galois(ctx), dtype=_I32)
+        return lambda b: b.automorphism(ins, outs, galois)
+    if kind is Kind.SUD_LIFT:
+        src = np.array([r.arg for r in rows], dtype=_I32)
+        return lambda b: b.sud_lift(ins, outs, src, primes, mode)
+    raise ExecutionError(f"no backend call for kernel kind {kind.value}")
+
+
+def _sum_expr(m: int) -> Expr:
+    """v0 + v1 + ... + v(m-1) mod q (m = 1: a copy)."""
+    ops = tuple(ExprOp("add", (0 if i == 0 else m + i - 1, i + 1)) for i in range(m - 1))
+    return Expr(m, 0, ops, (m + len(ops) - 1,) if ops else (0,))
+
+
+def _local_calls(prog: DeviceProgram, actions: Sequence[LocalSum | ModRows]) -> list[Callable]:
+    """Backend calls for local sums (batched by input count) and ``% q`` of reduce results."""
+    calls: list[Callable] = []
+    sums: dict[int, list[LocalSum]] = {}
+    mods: list[ModRows] = []
+    for a in actions:
+        if isinstance(a, LocalSum):
+            sums.setdefault(len(a.ins), []).append(a)
+        else:
+            mods.append(a)
+    if mods:
+        rows = np.array([prog.row(r) for m in mods for r in m.rows], dtype=_I32)
+        primes = np.array([m.prime for m in mods for _ in m.rows], dtype=_I32)
+        words = rows[:, None].copy()
+        calls.append(lambda b: b.mod(words, rows, primes))
+    for m, group in sorted(sums.items()):
+        expr = _sum_expr(m)
+        ins = np.array([[prog.row(r) for r in a.ins] for a in group], dtype=_I32).reshape(len(group), m)
+        outs = np.array([[prog.row(a.out)] for a in group], dtype=_I32)
+        primes = np.array([a.prime for a in group], dtype=_I32)
+        sca = np.zeros((len(group), 0), dtype=_I32)
+        calls.append(lambda b, e=expr, i=ins, o=outs, p=primes, s=sca: b.elementwise(e, i, o, p, s))
+    return calls
+
+
+def _packed(prog: DeviceProgram, ops: Sequence[DeviceOp]):
+    """The step's collectives as :class:`RowOp` s, one per bucket of :func:`pack`: a bucket of
+    m > 1 limbs goes through m contiguous staging rows (``gather``: (row, staging row) copies
+    before, ``scatter``: (staging row, row) copies after, each with its prime); a bucket of one
+    uses its rows in place."""
+    gather, out, scatter = [], [], []
+    at = prog.staging_base
+    for bucket in pack(ops):
+        o = bucket[0]
+        if len(bucket) == 1:
+            out.append(RowOp(o.sync, o.kind, o.group, o.root, prog.row(o.send) if o.send is not None else -1,
+                             prog.row(o.recv) if o.recv is not None else -1))
+            continue
+        rows = range(at, at + len(bucket))
+        sends = [(prog.row(x.send), r, x.prime) for x, r in zip(bucket, rows) if x.send is not None]
+        recvs = [(r, prog.row(x.recv), x.prime) for x, r in zip(bucket, rows) if x.recv is not None]
+        gather += sends
+        scatter += recvs
+        out.append(RowOp(o.sync, o.kind, o.group, o.root, at if sends else -1, at if recvs else -1, len(bucket)))
+        at += len(bucket)
+    return gather, out, scatter
+
+
+def _copy_calls(copies: Sequence[tuple[int, int, int]]) -> list[Callable]:
+    """One backend call copying arena rows (source, destination, prime) of ``copies``."""
+    if not copies:
+        return []
+    expr = _sum_expr(1)
+    ins = np.array([[c[0]] for c in copies], dtype=_I32)
+    outs = np.array([[c[1]] for c in copies], dtype=_I32)
+    primes = np.array([c[2] for c in copies], dtype=_I32)
+    sca = np.zeros((len(copies), 0), dtype=_I32)
+    return [lambda b: b.elementwise(expr, ins, outs, primes, sca)]
+
+
+def _comm_rows(prog: DeviceProgram, step: CommStep) -> tuple[frozenset[int], frozenset[int]]:
+    """The arena rows (reads, writes) of a communication step, staging and scratch rows included."""
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for a in step.before + step.after:
+        if isinstance(a, LocalSum):
+            reads.update(prog.row(r) for r in a.ins)
+            writes.add(prog.row(a.out))
+        else:
+            rows = {prog.row(r) for r in a.rows}
+            reads |= rows
+            writes |= rows
+    for o in step.ops:
+        if o.send is not None:
+            reads.add(prog.row(o.send))
+        if o.recv is not None:
+            writes.add(prog.row(o.recv))
+    staging = range(prog.staging_base, prog.staging_base + staging_rows(step.ops))
+    return frozenset(reads.union(staging)), frozenset(writes.union(staging))
+
+
+class DeviceRun:
+    """One device's program lowered to backend calls over its arena, with the inputs written.
+
+    ``calls`` is the single-stream sequence (:meth:`run`); ``tasks`` groups it for several
+    streams (:meth:`schedule`, :mod:`caramel.plan.streams`): each kernel is a task, and each
+    communication step is one task (its local sums, copies, collective group and ``% q``) on
+    the communication stream; ``task_calls[t]`` are the calls of task t."""
+
+    def __init__(self, prog: DeviceProgram, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray],
+                 mode: Mode, backend_factory: Callable[[Context, int], object], fabric: Fabric | None = None,
+                 *, per_row: bool = False):
+        """``fabric``: the device's collectives (None: a device hosting every chip needs none);
+        ``per_row``: every kernel row is its own call (with an unfused plan, one call per
+        limb-level instruction: the eager baseline)."""
+        self.prog, self.plan, self.fabric = prog, plan, fabric
+        self.backend = backend_factory(ctx, prog.n_rows)
+        init_rows, init = [], []
+        for c in prog.chips:
+            chip = plan.chips[c]
+            for m, b in chip.inputs.items():
+                init_rows.append(prog.rows_of[c][b])
+                init.append(memory[m])
+            if chip.zero_buffer >= 0:
+                init_rows.append(prog.rows_of[c][chip.zero_buffer])
+                init.append(np.zeros(ctx.n, dtype=np.uint32))
+        self.init_rows = np.array(init_rows, dtype=np.int64)
+        self.init_data = np.stack(init).astype(np.uint32) if init_rows else None
+        self.restore()
+        self.backend.set_scalars(np.array([s.value(ctx.primes, memory) for s in prog.scalars], dtype=np.uint32))
+        self.calls: list[Callable] = []
+        self.labels: list[str] = []
+        self.kernel_of: list[tuple[int, int, Kernel] | None] = []  # per call: (chip, index, kernel) or None
+        self.groups: set[int] = set()  # indices of the fabric's group calls
+        self.tasks: list[Task] = []
+        self.task_calls: list[range] = []
+        for step in prog.steps:
+            first = len(self.calls)
+            if isinstance(step, CommStep):
+                self.calls += _local_calls(prog, step.before)
+                self.labels += ["comm: local sums"] * (len(self.calls) - len(self.labels))
+                if step.ops:
+                    gather, ops, scatter = _packed(prog, step.ops)
+                    self.calls += _copy_calls(gather)
+                    self.groups.add(len(self.calls))
+                    self.calls.append(lambda b, ops=ops: self.fabric.group(b, ops))
+                    self.calls += _copy_calls(scatter)
+                    self.labels += ["comm: gather to staging"] * bool(gather) + [
+                        f"comm level {step.level}: {len(step.ops)} collective(s) in {len(ops)} call(s), ids "
+                        f"{', '.join(str(o.sync) for o in step.ops[:4])}{'...' if len(step.ops) > 4 else ''}"
+                    ] + ["comm: scatter from staging"] * bool(scatter)
+                self.calls += _local_calls(prog, step.after)
+                self.labels += ["comm: % q and copies"] * (len(self.calls) - len(self.labels))
+                reads, writes = _comm_rows(prog, step)
+                task = Task(reads, writes, cost=len(step.ops) + 1, stream=0, name=f"communication at level {step.level}")
+            else:
+                c, j, k = step
+                parts = [dataclasses.replace(k, rows=(r,)) for r in k.rows] if per_row else [k]
+                self.calls += [lower_kernel(p, prog.rows_of[c], ctx, mode, prog.scalar_base[c]) for p in parts]
+                self.labels += [f"chip {c} {k.kind.value} level {k.level}"] * len(parts)
+                rows = prog.rows_of[c]
+                task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
+                            cost=max(1, k.size), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+            self.kernel_of += [None if isinstance(step, CommStep) else step] * (len(self.calls) - first)
+            self.tasks.append(task)
+            self.task_calls.append(range(first, len(self.calls)))
+        self.pc = -1
+
+    def schedule(self, streams: int, *, comm_stream: bool = True) -> StreamSchedule:
+        """The tasks on ``streams`` streams, checked: with more than one (and ``comm_stream``), the
+        communication steps go on the last stream, in order, and the kernels are spread over the
+        others, so that kernels run while collectives wait for their peers; without
+        ``comm_stream`` (a device without communication) the kernels use every stream."""
+        tasks = self.tasks
+        reserved = 1 if streams > 1 and comm_stream else 0
+        if reserved:
+            tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
+        sch = assign_streams(tasks, streams, reserved=reserved)
+        check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
+        return sch
+
+    def run_task(self, t: int, *, collectives: bool = True) -> None:
+        """The calls of task ``t``, in order (on the backend's current stream); ``collectives``
+        as in :meth:`run`."""
+        b = self.backend
+        for self.pc in self.task_calls[t]:
+            if collectives or self.pc not in self.groups:
+                self.calls[self.pc](b)
+
+    def restore(self) -> None:
+        """Write the inputs (and zero buffers) again: a run may reuse their rows."""
+        if self.init_data is not None:
+            self.backend.write(self.init_rows, self.init_data)
+
+    def run(self, mark: Callable[[int], None] | None = None, *, collectives: bool = True) -> None:
+        """Every call in order (``pc`` tells where a stalled run waits); ``mark(i)``, if given,
+        is called after call i (an instrumented run records a clock or an event there).
+        ``collectives=False`` skips the fabric's group calls: a dry run that only compiles and
+        loads every kernel and uploads its index arrays (results are meaningless)."""
+        b = self.backend
+        for self.pc, call in enumerate(self.calls):
+            if collectives or self.pc not in self.groups:
+                call(b)
+            if mark is not None:
+                mark(self.pc)
+        self.pc = len(self.calls)
+
+    def is_comm(self, i: int) -> bool:
+        """Whether call i is communication (a collective group, a local sum or ``% q``)."""
+        return self.labels[i].startswith("comm")
+
+    @property
+    def position(self) -> str:
+        if 0 <= self.pc < len(self.calls):
+            return f"step {self.pc} of {len(self.calls)} ({self.labels[self.pc]})"
+        return "finished" if self.pc >= len(self.calls) else "not started"
+
+    def stores(self) -> list[dict[Mem, np.ndarray]]:
+        """The private store of each hosted chip."""
+        out = []
+        for c in self.prog.chips:
+            names = list(self.plan.chips[c].stores)
+            rows = np.array([self.prog.rows_of[c][self.plan.chips[c].stores[m]] for m in names], dtype=np.int64)
+            data = self.backend.read(rows) if names else []
+            out.append(dict(zip(names, data)))
+        return out
+
+
+__all__ = ["DeviceRun", "lower_kernel"]

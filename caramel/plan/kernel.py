@@ -1,0 +1,226 @@
+"""The plan's types: kernel kinds, fused expressions, kernels, chip plans and plans.
+
+The rules these types follow (what each :class:`Kind` reads and writes, how an :class:`Expr` reduces
+modulo q) are in :mod:`caramel.plan.plan`, which builds them; :mod:`caramel.plan.fusion` groups
+:class:`Op` s into kernels.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple
+
+from caramel.program import Mem, Opcode
+
+
+class Kind(enum.Enum):
+    """Kernel kinds; the value is the name used in reports."""
+
+    COMM = "comm"
+    ELEMENTWISE = "elementwise"
+    NTT = "ntt"
+    INTT = "intt"
+    AUTOMORPHISM = "automorphism"
+    BASECONV = "baseconv"
+    SUD_LIFT = "sud_lift"
+    RSV = "rsv"
+    MOD = "mod"
+
+
+class ExprOp(NamedTuple):
+    """One operation of an :class:`Expr`: ``op`` in ``add``, ``sub``, ``mul``, ``neg`` applied to
+    the values ``args``."""
+
+    op: str
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Expr:
+    """A tiny SSA program over ``n_vec`` vector and ``n_scalar`` scalar operands.
+
+    Values 0..n_vec-1 are the vector operands, n_vec..n_vec+n_scalar-1 the scalar operands, then
+    one value per entry of ``ops``; ``outputs`` are the values written (same layout as the CUDA
+    ``FusedProgram``, so lowering is field by field).
+    """
+
+    n_vec: int
+    n_scalar: int
+    ops: tuple[ExprOp, ...]
+    outputs: tuple[int, ...]
+
+    def text(self) -> str:
+        """e.g. ``v3s1: t4=mul(v0,v1) t5=add(t4,v2) -> t5``."""
+        def name(v: int) -> str:
+            if v < self.n_vec:
+                return f"v{v}"
+            if v < self.n_vec + self.n_scalar:
+                return f"s{v - self.n_vec}"
+            return f"t{v}"
+
+        base = self.n_vec + self.n_scalar
+        body = " ".join(f"t{base + i}={o.op}({','.join(map(name, o.args))})" for i, o in enumerate(self.ops))
+        return f"v{self.n_vec}s{self.n_scalar}: {body} -> {','.join(map(name, self.outputs))}"
+
+
+class Row(NamedTuple):
+    """One independent instance of a kernel: prime index, input and output buffers, scalar
+    table indices (ELEMENTWISE) and a per-row argument (see :class:`Kind` rules)."""
+
+    prime: int
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    scalars: tuple[int, ...] = ()
+    arg: int | None = None
+
+
+class Comm(NamedTuple):
+    """One communication: ``op`` (DIS, RCV, JOI), its sync id and group size, the buffer sent or
+    contributed (``src``, -1 if none), the buffer received (``dst``, -1 if none), the prime."""
+
+    op: Opcode
+    sync: int
+    size: int
+    src: int
+    dst: int
+    prime: int
+
+
+class ScalarSpec(NamedTuple):
+    """An entry of a chip's scalar table, reduced modulo q_prime.
+
+    With ``mem``: the loaded scalar, int(memory[mem]) mod q_{mem.limb} mod q_prime (``loas`` then
+    a use at base ``prime``). Without: the immediate (prod_{l in limbs} q_l)^-1 mod q_prime (the
+    factor of ``sud``: q_t^-1, or P^-1 for P the product of a base conversion's input primes).
+    """
+
+    mem: Mem | None
+    limbs: tuple[int, ...]
+    prime: int
+
+    def value(self, primes, memory: Mapping[Mem, object]) -> int:
+        q = primes[self.prime]
+        if self.mem is not None:
+            return int(memory[self.mem]) % primes[self.mem.limb] % q
+        product = 1
+        for l in self.limbs:
+            product = product * primes[l] % q
+        return pow(product, -1, q)
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One launch: ``kind``, ``rows`` (or ``comms`` for COMM), ``expr`` (ELEMENTWISE),
+    ``in_limbs``/``out_limbs`` (BASECONV; ``in_limbs`` is the basis of RSV), its ``level`` in the
+    whole-program DAG and the source ``lines`` of the instructions it executes."""
+
+    kind: Kind
+    rows: tuple[Row, ...] = ()
+    expr: Expr | None = None
+    in_limbs: tuple[int, ...] = ()
+    out_limbs: tuple[int, ...] = ()
+    comms: tuple[Comm, ...] = ()
+    level: int = 0
+    lines: tuple[int, ...] = ()
+
+    def reads(self) -> list[int]:
+        """Every buffer the kernel reads (with repeats across rows)."""
+        if self.kind is Kind.COMM:
+            return [c.src for c in self.comms if c.src >= 0]
+        return [b for r in self.rows for b in r.ins]
+
+    def writes(self) -> list[int]:
+        """Every buffer the kernel writes."""
+        if self.kind is Kind.COMM:
+            return [c.dst for c in self.comms if c.dst >= 0]
+        return [b for r in self.rows for b in r.outs]
+
+    def galois(self, ctx) -> list[int]:
+        """AUTOMORPHISM: the Galois element of every row for ``ctx`` (rotation or conjugation)."""
+        return [ctx.conjugation_element if r.arg is None else ctx.galois_element(r.arg) for r in self.rows]
+
+    @property
+    def size(self) -> int:
+        return len(self.comms) if self.kind is Kind.COMM else len(self.rows)
+
+
+@dataclass(frozen=True)
+class ChipPlan:
+    """The plan of one chip: ``kernels`` in execution order, ``deps[k]`` the earlier kernels that
+    kernel k reads from; ``inputs`` (memory limb -> buffer, filled from the input image before
+    the run), ``zero_buffer`` (filled with zeros, -1 if unused), ``scalars`` (the scalar table),
+    ``stores`` (memory name -> buffer holding it at the end: the chip's stores and spills)."""
+
+    chip: int
+    kernels: tuple[Kernel, ...]
+    deps: tuple[tuple[int, ...], ...]
+    n_buffers: int
+    inputs: dict[Mem, int]
+    zero_buffer: int
+    scalars: tuple[ScalarSpec, ...]
+    stores: dict[Mem, int]
+    instructions: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of a program: one :class:`ChipPlan` per chip, and the build ``timings`` (seconds
+    per phase)."""
+
+    name: str
+    chips: tuple[ChipPlan, ...]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> int:
+        return sum(len(c.kernels) for c in self.chips)
+
+    @property
+    def instructions(self) -> int:
+        return sum(c.instructions for c in self.chips)
+
+    def to_json(self) -> str:
+        """JSON of the plan: per chip its kernels (kind, level, rows, expression, comms, lines, deps)."""
+        def kernel(k: Kernel, deps) -> dict:
+            out: dict = {"kind": k.kind.value, "level": k.level, "deps": list(deps), "lines": list(k.lines)}
+            if k.rows:
+                out["rows"] = [[r.prime, list(r.ins), list(r.outs), list(r.scalars), r.arg] for r in k.rows]
+            if k.expr is not None:
+                out["expr"] = k.expr.text()
+            if k.in_limbs or k.out_limbs:
+                out["in_limbs"], out["out_limbs"] = list(k.in_limbs), list(k.out_limbs)
+            if k.comms:
+                out["comms"] = [[c.op.value, c.sync, c.size, c.src, c.dst, c.prime] for c in k.comms]
+            return out
+
+        chips = [
+            {
+                "chip": c.chip,
+                "buffers": c.n_buffers,
+                "inputs": {str(m): b for m, b in c.inputs.items()},
+                "stores": {str(m): b for m, b in c.stores.items()},
+                "zero_buffer": c.zero_buffer,
+                "scalars": [[str(s.mem) if s.mem else None, list(s.limbs), s.prime] for s in c.scalars],
+                "kernels": [kernel(k, d) for k, d in zip(c.kernels, c.deps)],
+            }
+            for c in self.chips
+        ]
+        return json.dumps({"program": self.name, "timings": self.timings, "chips": chips}, separators=(",", ":"))
+
+
+
+class Op(NamedTuple):
+    """One operation before fusion and batching (one row of a future kernel). ELEMENTWISE: ``arg``
+    is the operation name; COMM: ``arg`` is the :class:`Comm`; BASECONV: ``arg`` is the
+    :class:`~caramel.plan.dag.Conversion`. ``index`` is the source instruction's index."""
+
+    kind: Kind
+    prime: int
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    scalars: tuple[int, ...]
+    arg: object
+    index: int
+

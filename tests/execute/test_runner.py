@@ -1,0 +1,65 @@
+"""The chip runner (:class:`caramel.execute.runner.DeviceRun`) in the shapes the GPU driver uses it,
+on NumPy: per-row lowering (the eager baseline) and the stream schedule of a 1-chip graph."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+
+from caramel.backends.numpy_backend import NumpyBackend  # noqa: E402
+from caramel.ckks.check import check_path, prepare_check  # noqa: E402
+from caramel.execute.placement import device_programs, gpu_device_programs  # noqa: E402
+from caramel.execute.result import RunResult  # noqa: E402
+from caramel.execute.runner import DeviceRun  # noqa: E402
+from caramel.execute.reference import run_reference  # noqa: E402
+from caramel.plan import build_plan  # noqa: E402
+from caramel.plan.streams import assign_streams, chip_tasks, happens_before_order  # noqa: E402
+from caramel.ring import Context  # noqa: E402
+
+from plan_helpers import load_corpus, store_mismatches  # noqa: E402
+
+CTX = Context(n=1024)
+
+
+def prepared(name: str):
+    program = load_corpus(name)
+    return program, prepare_check(check_path(program.name), program, CTX, rng=3).memory
+
+
+def result(run: DeviceRun, plan, memory) -> RunResult:
+    return RunResult.from_stores(run.stores(), memory, plan.instructions)
+
+
+@pytest.mark.parametrize("name", ["MulRotate_4L_1c", "Relin2_10L_2c"])
+def test_per_row_calls_give_the_reference(name):
+    """``per_row``: one call per kernel row (with an unfused plan, one per instruction)."""
+    program, memory = prepared(name)
+    plan = build_plan(program, fuse=False)
+    run = DeviceRun(device_programs(plan, 1, CTX.primes, CTX.n)[0], plan, CTX, memory, "exact", NumpyBackend,
+                    per_row=True)
+    rows = sum(len(k.rows) for c in plan.chips for k in c.kernels)
+    assert sum(k is not None for k in run.kernel_of) == rows
+    run.run()
+    assert not store_mismatches(run_reference(program, CTX, memory), result(run, plan, memory))
+
+
+@pytest.mark.parametrize("streams", [2, 4])
+def test_one_chip_schedule_is_the_chip_schedule(streams):
+    """A 1-chip device without communication spreads its kernels over every stream, exactly as
+    the chip's own tasks (:func:`chip_tasks`) would be; any order the schedule allows gives the
+    reference (the GPU replays this schedule as one graph)."""
+    program, memory = prepared("BootstrapModRaise_4L_1c")
+    plan = build_plan(program)
+    prog = gpu_device_programs(plan, 1, CTX, streams)[0]
+    run = DeviceRun(prog, plan, CTX, memory, "exact", NumpyBackend)
+    have = run.schedule(streams, comm_stream=False)
+    want = assign_streams(chip_tasks(plan.chips[0], prog.rows_of[0]), streams)
+    assert (have.stream, have.waits, have.joins) == (want.stream, want.waits, want.joins)
+    for t in happens_before_order(have, np.random.default_rng(streams)):
+        run.run_task(t)
+    assert not store_mismatches(run_reference(program, CTX, memory), result(run, plan, memory))
