@@ -14,7 +14,7 @@ from caramel.parse import load_program
 from caramel.program import Instruction, Opcode, Program, Stream
 from caramel.ring import Context, Mode
 
-__version__ = "0.1.0"
+from caramel.version import __version__
 
 
 def validate(program: Program, *, limit: int = 50, n: int | None = None) -> None:

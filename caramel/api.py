@@ -128,11 +128,11 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
         if gpus:
             return lambda memory: run_on_devices(plan, ctx, memory, mode, gpus, streams=streams or 1)
         return lambda memory: run_plan(plan, ctx, memory, mode)
-    from caramel.execute.cuda_graph import GRAPH_STREAMS, run_gpu, run_multi_gpu
+    from caramel.execute.cuda_graph import GRAPH_STREAMS, gpu_executor, run_multi_gpu
 
     if len(plan.chips) > 1 or gpus:
         return lambda memory: run_multi_gpu(plan, ctx, memory, mode, gpus, streams=streams)
-    return lambda memory: run_gpu(plan, ctx, memory, mode, streams=streams or GRAPH_STREAMS)
+    return gpu_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS)
 
 
 def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | None, streams: int | None,
@@ -140,22 +140,19 @@ def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | Non
     """:func:`executor` on the CUDA devices ``devices``: a 1-chip program (and ``gpus`` unset)
     on ``devices[0]``, else ``gpus`` (default ``len(devices)``) GPUs, device i on ``devices[i]``."""
     if not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or '[cuda13]')")
     import cupy as cp
 
+    from caramel.execute.cuda_graph import GRAPH_STREAMS, MultiGpuRun, gpu_executor
     from caramel.plan import build_plan
 
     if len(program.streams) == 1 and not gpus:
-        from caramel.execute.gpu import DEFAULT_STREAMS, gpu_executor
-
-        run = gpu_executor(program, ctx, mode, streams=streams or DEFAULT_STREAMS)
+        run = gpu_executor(program, ctx, mode, streams=streams or GRAPH_STREAMS)
 
         def on_device(memory):
             with cp.cuda.Device(devices[0]):
                 return run(memory)
         return on_device
-    from caramel.execute.multi_gpu import MultiGpuRun
-
     plan = build_plan(program)
     count = min(gpus or len(devices), len(devices))
 
@@ -164,6 +161,8 @@ def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | Non
             run.replay(1)
             return run.result()
     return on_devices
+
+
 def check_devices(program: Program, backend: str, gpus: int | None) -> None:
     """Refuse a device count that the run would ignore or could not use: ``gpus`` with the ``cpu``
     backend (the reference interpreter runs in one host thread), fewer than 1, or more devices than

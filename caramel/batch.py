@@ -35,9 +35,7 @@ writes their records (JSON) beside ``CARAMEL_RENDEZVOUS``, and rank 0 gathers an
 from __future__ import annotations
 
 import json
-import os
 import queue
-import sys
 import threading
 import time
 from contextlib import nullcontext

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Sequence
 
-from caramel import __version__
+from caramel.version import __version__
 from caramel.api import BACKENDS
 from caramel.errors import CaramelError, ValidationError
 

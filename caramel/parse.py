@@ -654,10 +654,10 @@ def _cache_key(source: str) -> str:
 
 def _cache_meta(source: str) -> dict:
     """What an entry must say it is the cache of (:mod:`caramel.cache`)."""
-    import caramel
     from caramel import cache
+    from caramel.version import __version__
 
-    return {"format": cache.FORMAT_VERSION, "caramel": caramel.__version__, "source": source,
+    return {"format": cache.FORMAT_VERSION, "caramel": __version__, "source": source,
             "parser": _parser_fingerprint().hex()}
 
 

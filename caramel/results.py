@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
+
+from caramel.fileio import write_atomic
 
 #: The phases of a run, in the order they happen (and are printed).
 PHASES = ("load", "plan", "keys", "encrypt", "run", "decrypt", "check")
@@ -113,7 +113,7 @@ def environment(probe_gpu: bool = True) -> dict[str, Any]:
     names. Never raises: what cannot be found is null."""
     import numpy as np
 
-    from caramel import __version__
+    from caramel.version import __version__
 
     env: dict[str, Any] = {"caramel": __version__, "python": platform.python_version(), "numpy": np.__version__,
                            "cupy": None, "cuda": None, "nccl": None, "gpus": [], "host": platform.node()}
@@ -196,32 +196,6 @@ def scaling_document(result) -> dict[str, Any]:
             "throughput": [asdict(t) for t in getattr(result, "throughput", [])],
             "timings_s": {f"{p.gpus} devices": p.median_ms / 1e3 for p in result.points}}
     return document("scaling", body)
-
-
-def _refuse_links(path: Path) -> None:
-    if path.is_symlink():
-        raise OSError(f"{path} is a symbolic link; refusing to write through it")
-
-
-def write_atomic(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> Path:
-    """Write ``path`` atomically (``mode``: ``"w"`` text, ``"wb"`` bytes): ``write(file)`` fills a fresh temporary file in the same folder
-    (created exclusively, never following a link), which then replaces ``path`` (``os.replace``
-    replaces a planted symbolic link instead of following it)."""
-    path = Path(path)
-    _refuse_links(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
 
 
 def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:

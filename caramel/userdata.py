@@ -219,8 +219,8 @@ def stack_outputs(per_instance: Sequence[Mapping[str, np.ndarray]]) -> dict[str,
 
 
 def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
-    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.results.write_atomic`)."""
-    from caramel.results import write_atomic
+    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.fileio.write_atomic`)."""
+    from caramel.fileio import write_atomic
 
     path = Path(path)
     if path.suffix.lower() != ".npz":

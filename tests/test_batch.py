@@ -215,11 +215,9 @@ def fake_gpu(monkeypatch):
     import sys
 
     import caramel.api as api
-    import caramel.execute.gpu as gpu
-    import caramel.execute.multi_gpu as multi
-    from caramel.execute.devices import run_on_devices
-    from caramel.execute.plan_engine import run_plan
-    from caramel.plan import build_plan
+    import caramel.execute.cuda_graph as gpu
+    from caramel.execute.drive import run_on_devices, run_plan
+    from caramel.plan import Plan, build_plan
 
     fake = _FakeCupy()
     seen: list[tuple[int, ...]] = []
@@ -227,7 +225,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(api, "gpu_available", lambda: True)
 
     def gpu_executor(program, ctx, mode, *, graph=True, streams=4):
-        plan = build_plan(program)
+        plan = program if isinstance(program, Plan) else build_plan(program)
 
         def run(memory):
             seen.append((fake.device(),))
@@ -253,7 +251,7 @@ def fake_gpu(monkeypatch):
             return self.result_
 
     monkeypatch.setattr(gpu, "gpu_executor", gpu_executor)
-    monkeypatch.setattr(multi, "MultiGpuRun", MultiGpuRun)
+    monkeypatch.setattr(gpu, "MultiGpuRun", MultiGpuRun)
     return seen
 
 

@@ -28,6 +28,7 @@ from functools import cached_property
 
 import numpy as np
 
+from caramel.ckks.rns import to_ntt as rns_to_ntt, to_residues
 from caramel.errors import CaramelError
 from caramel.ring.ntt import map_chunks, ntt
 
@@ -181,8 +182,6 @@ def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
     limbs = [int(l) for l in limbs]
     c = np.asarray(coeffs)
     if c.dtype == object:
-        from caramel.ckks.rns import to_residues
-
         res = dev.put(to_residues(c, ctx, limbs))
     else:
         res = int_residues(dev.put(c), prime_column(ctx, limbs, dev), dev.xp)
@@ -237,3 +236,14 @@ def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):
     m = mulmod(c1, s, qcol, xp)
     m += c0
     return intt(xp.remainder(m, qcol, out=m).astype(np.uint32), ntt_tables(ctx, limbs))
+
+
+def to_ntt(coeffs, ctx, limbs) -> np.ndarray:
+    """NTT-form residues of integer coefficients, shape (len(limbs), N) uint32, computed on the
+    current client device (:func:`current`) and returned on the host; the same bits as
+    :func:`caramel.ckks.rns.to_ntt`."""
+    limbs = list(limbs)
+    dev = current()
+    if dev.on_gpu and np.asarray(coeffs).shape == (ctx.n,):
+        return dev.get(to_ntt_rows(coeffs, ctx, limbs, dev))
+    return rns_to_ntt(coeffs, ctx, limbs)

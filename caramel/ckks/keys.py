@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from caramel.ckks.rns import mulmod, prime_column, to_ntt
+from caramel.ckks.device import to_ntt
+from caramel.ckks.rns import mulmod, prime_column
 from caramel.ckks.sampling import cbd, dense_ternary, rng_of, sparse_ternary, uniform_residues
 from caramel.program import EvalKeyId, KeyType
 

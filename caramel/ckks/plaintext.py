@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 
 from caramel.ckks.encoding import encode
-from caramel.ckks.rns import to_ntt
+from caramel.ckks.device import to_ntt
 
 
 @dataclass(frozen=True, eq=False)

@@ -39,14 +39,9 @@ def to_residues(coeffs, ctx, limbs) -> np.ndarray:
 
 
 def to_ntt(coeffs, ctx, limbs) -> np.ndarray:
-    """NTT-form residues of integer coefficients, shape (len(limbs), N) uint32 (on the current client
-    device of :mod:`caramel.ckks.device`, returned on the host)."""
-    from caramel.ckks import device as devmod
-
+    """NTT-form residues of integer coefficients on the host, shape (len(limbs), N) uint32
+    (:func:`caramel.ckks.device.to_ntt` runs it on the current client device)."""
     limbs = list(limbs)
-    dev = devmod.current()
-    if dev.on_gpu and np.asarray(coeffs).shape == (ctx.n,):
-        return dev.get(devmod.to_ntt_rows(coeffs, ctx, limbs, dev))
     return np.asarray(ctx.ntt(to_residues(coeffs, ctx, limbs), limbs), dtype=np.uint32)
 
 
