@@ -90,6 +90,104 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
     }
 }
 
+// Tiled base conversion: block (b, tile, chunk), chunk fastest, computes outputs d0 .. d0 + 15
+// (d0 = 16 chunk) of 256 coefficients (2 per thread, 8-byte accesses). Its 16 columns of the table
+// (S x DP16, zero padded) sit in shared memory; the 32 sums (16 outputs x 2 coefficients) stay in
+// 64-bit registers; each input limb is read once per chunk (the chunks of a tile run together,
+// so the re-reads of the other chunks hit L2). t_k and the float sum f are recomputed per chunk.
+// (acc + v [-Q_S]_p) mod p in 32-bit arithmetic: acc = hi 2^32 + lo, so the value is
+// hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products (lo = lo * 1) each in [0, 2p), summed
+// with conditional subtractions (p < 2^30). c0 = (p, [-Q_S]_p, its Shoup quotient, [2^32]_p),
+// c1 = (Shoup quotient of [2^32]_p, floor(2^32 / p), 0, 0); v <= S (EXACT only).
+template <int MODE>
+__device__ __forceinline__ u32 reduce_sum(u64 acc, u32 v, uint4 c0, uint4 c1) {
+    const u32 p = c0.x, two_p = 2 * c0.x;
+    u32 r = shoup_lazy((u32)(acc >> 32), c0.w, c1.x, p) + shoup_lazy((u32)acc, 1u, c1.y, p);
+    if (MODE == 2) {
+        r = r >= two_p ? r - two_p : r;
+        r += shoup_lazy(v, c0.y, c0.z, p);
+    }
+    r = r >= two_p ? r - two_p : r;
+    return r >= p ? r - p : r;
+}
+
+template <int MODE>
+__device__ __forceinline__ void base_convert_tile(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table,
+        const double* __restrict__ recip, int n, int tiles, int chunks) {
+    __shared__ uint4 tab[64 * 4];
+    const int chunk = blockIdx.x % chunks;
+    const int rest = blockIdx.x / chunks;
+    const int tile = rest % tiles, b = rest / tiles;
+    const int DP = chunks * 16, d0 = chunk * 16;
+    for (int e = threadIdx.x; e < S * 4; e += blockDim.x)
+        tab[e] = *(const uint4*)(table + (e >> 2) * DP + d0 + (e & 3) * 4);
+    __syncthreads();
+    const int i = tile * 256 + 2 * threadIdx.x;
+    if (i >= n) return;
+    const int* __restrict__ ins = in_slots + b * S;
+    u64 a0[16], a1[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) { a0[j] = 0; a1[j] = 0; }
+    double f0 = 0.0, f1 = 0.0;
+    // Inputs in groups of 8 limbs: the 8 loads of a group are in flight together.
+    for (int k0 = 0; k0 < S; k0 += 8) {
+        uint2 xs[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            xs[j] = k0 + j < S ? *(const uint2*)(arena + (u64)__ldg(ins + k0 + j) * n + i) : make_uint2(0u, 0u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int k = k0 + j;
+            if (k >= S) break;
+            uint2 x = xs[j];
+            if (MODE != 1) {
+                const u32 qk = __ldg(in_consts + 4 * k), w = __ldg(in_consts + 4 * k + 1);
+                const u32 wp = __ldg(in_consts + 4 * k + 2);
+                x.x = shoup(x.x, w, wp, qk);
+                x.y = shoup(x.y, w, wp, qk);
+                if (MODE == 2) {
+                    const double r = __ldg(recip + k);
+                    f0 = __dadd_rn(f0, __dmul_rn((double)x.x, r));
+                    f1 = __dadd_rn(f1, __dmul_rn((double)x.y, r));
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const uint4 m = tab[4 * k + c];
+                a0[4 * c + 0] += (u64)x.x * m.x; a1[4 * c + 0] += (u64)x.y * m.x;
+                a0[4 * c + 1] += (u64)x.x * m.y; a1[4 * c + 1] += (u64)x.y * m.y;
+                a0[4 * c + 2] += (u64)x.x * m.z; a1[4 * c + 2] += (u64)x.y * m.z;
+                a0[4 * c + 3] += (u64)x.x * m.w; a1[4 * c + 3] += (u64)x.y * m.w;
+            }
+        }
+    }
+    const u32 v0 = MODE == 2 ? (u32)floor(__dadd_rn(f0, 0.5)) : 0u;
+    const u32 v1 = MODE == 2 ? (u32)floor(__dadd_rn(f1, 0.5)) : 0u;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int d = d0 + j;
+        if (d < D) {
+            const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
+            uint2 y;
+            y.x = reduce_sum<MODE>(a0[j], v0, c0, c1);
+            y.y = reduce_sum<MODE>(a1[j], v1, c0, c1);
+            *(uint2*)(arena + (u64)__ldg(out_slots + b * D + d) * n + i) = y;
+        }
+    }
+}
+#define BC_TILED(NAME, MODE) \
+extern "C" __global__ void __launch_bounds__(128) NAME( \
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table, \
+        const double* __restrict__ recip, int n, int tiles, int chunks) { \
+    base_convert_tile<MODE>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
+}
+BC_TILED(base_convert_tiled_textbook, 0)
+BC_TILED(base_convert_tiled_emulator, 1)
+BC_TILED(base_convert_tiled_exact, 2)
+
 // 4 residues per thread (16-byte accesses); n4 = N / 4.
 __device__ __forceinline__ u32 lift1(u32 x, u32 qt, u32 ql, u64 mu, u32 qt_mod_ql, int centred) {
     u32 y = reduce64(x, ql, mu);
@@ -157,12 +255,27 @@ class BaseConversion:
         self._qhat = cp.asarray(qhat)
         self._factors = cp.asarray(factors)
         self._recip = cp.asarray(conv.reciprocals.astype(np.float64))
+        # The tiled kernel's tables: (S, DP16), zero padded to a multiple of 16 outputs.
+        self._chunks = max(1, -(-d // 16))
+        wide = np.zeros((2, s, 16 * self._chunks), dtype=np.uint32)
+        wide[0, :, :d] = conv.qhat_mod_out.T
+        wide[1, :, :d] = conv.factors.T
+        self._qhat16 = cp.asarray(wide[0])
+        # Its output constants, 8 words an output prime (see reduce_sum in the source).
+        out8 = np.zeros((max(d, 1), 8), dtype=np.uint32)
+        for j, p in enumerate(conv.out_primes):
+            negq, c32 = (p - int(conv.product_mod_out[j])) % p, (1 << 32) % p
+            out8[j, :6] = [p, negq, shoup_constant(negq, p), c32, shoup_constant(c32, p), (1 << 32) // p]
+        self._out8 = cp.asarray(out8)
+        self._factors16 = cp.asarray(wide[1])
 
-    def convert(self, arena, in_slots, out_slots, mode) -> None:
+    def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
+        ``tiled``: the tiled kernel (16 outputs x 256 coefficients a block); False: one thread per
+        coefficient (the first kernel, kept for comparison). Both compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -173,6 +286,17 @@ class BaseConversion:
             return
         code = mode_code(mode)
         cp = cupy()
+        if tiled:
+            tiles = -(-ring.n // 256)
+            name = "base_convert_tiled_" + ("textbook", "emulator", "exact")[code]
+            ring.kernel("basis", _source, name)(
+                (batch * tiles * self._chunks,),
+                (128,),
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in_consts, self._out8,
+                 self._factors16 if code == 1 else self._qhat16, self._recip, cp.int32(ring.n), cp.int32(tiles),
+                 cp.int32(self._chunks)),
+            )
+            return
         tiles = -(-ring.n // THREADS)
         smem = 4 * (s * self._dp + s * THREADS)
         kernel = ring.kernel("basis", _source, "base_convert")
