@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from gpu_kernels_check import Bench, sets_for  # noqa: E402
 
-#: (rows, split, min_blocks) of the NTT row kernel; the first is the kernel of commit 10baff7.
-NTT_VARIANTS = [(16, False, 1), (16, True, 4), (32, True, 3), (32, True, 4)]
+#: (rows, split, min_blocks, row layout) of the NTT row kernel; the first is the kernel of commit
+#: 10baff7 (row layout 0: the default for the row count, see caramel.backends.cuda.ntt._source).
+NTT_VARIANTS = [(16, False, 1, 2), (32, True, 4, 4)]
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2)]
 
@@ -74,14 +75,14 @@ def main() -> int:
         want_f = ctx.ntt(x, limbs)
         want_i = ctx.intt(x, limbs)
         rows = len(limbs)
-        for rpb, split, mb in NTT_VARIANTS:
+        for rpb, split, mb, lay in NTT_VARIANTS:
             for inverse, want in ((False, want_f), (True, want_i)):
                 arena = cp.asarray(np.concatenate([x, np.full_like(x, 0xFFFFFFFF)]))
                 dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
-                             rpb, split=split, min_blocks=mb)
+                             rpb, split=split, min_blocks=mb, row_mode=lay)
                 ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
                 if not ok:
-                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb}")
+                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} layout={lay}")
         print(f"NTT checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 2. bit-exactness of both base conversion kernels, all modes
@@ -94,7 +95,7 @@ def main() -> int:
             ref = ctx.base_converter(in_limbs, out_limbs)
             xs = [residues(ctx, in_limbs) for _ in range(2)]
             for mode in Mode:
-                for tiled in (False, True):
+                for tiled in (False, 1, 2):
                     arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
                     outs = i32(np.arange(2 * d).reshape(2, d) + 2 * s)
                     conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), outs, mode, tiled=tiled)
@@ -123,17 +124,18 @@ def main() -> int:
     outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
-    for rpb, split, mb in NTT_VARIANTS + [(16, "body", 4), (32, "body", 4)]:
-        kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb)
+    for rpb, split, mb, lay in NTT_VARIANTS + [(32, "body", 4, 4)]:
+        kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb, row_mode=lay)
         for fname, inverse in (("ntt", False), ("intt", True)):
             t = bench.time(lambda s: dntt._launch(ring, arena, ins[s], outs[s], primes, inverse, **kw), sets)
-            bench.add(f"{fname} rows={rpb} split={split} mb={mb}", f"R={rows}", t,
+            bench.add(f"{fname} rows={rpb} split={split} mb={mb} layout={lay}", f"R={rows}", t,
                       f"{rows / t / 1e6:6.2f} M limbs/s {4 * rows * limb / t / copy * 100:5.1f}% of copy")
         if ring.logn > 12 and split != "body":
             tw, pt = ring.twiddles[0], ring.prime_table
-            key = f"ntt{n}-var-{rpb}-{split}-{mb}"
+            key = f"ntt{n}-var-{rpb}-{split}-{mb}-{lay}"
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
-                k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, split=split, min_blocks=mb), kname)
+                k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, split=split, min_blocks=mb,
+                                                                row_mode=lay), kname)
                 t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)),
                                sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
@@ -147,9 +149,9 @@ def main() -> int:
         bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
-            for tiled in (False, True):
+            for tiled in (False, 1, 2):
                 t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tiled=tiled), sets)
-                bench.add(f"baseconv {mode.value} {'tiled' if tiled else 'first'}", f"S={s_in} D={d_out} B={batch}",
+                bench.add(f"baseconv {mode.value} {f'tiled x{tiled}' if tiled else 'first'}", f"S={s_in} D={d_out} B={batch}",
                           t, f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")

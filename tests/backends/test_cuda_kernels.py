@@ -156,7 +156,8 @@ def test_ntt_roundtrip_all_primes(pair, rng):
     expect_rows(arena.download(), slots, x, "intt(ntt(x))")
 
 
-@pytest.mark.parametrize("config", [(16, False, 1), (16, True, 4), (32, True, 4), (32, False, 4), (8, True, 4)],
+@pytest.mark.parametrize("config", [(16, False, 1), (16, True, 4), (32, True, 4), (32, False, 4), (8, True, 4),
+                                    (32, True, 3)],
                          ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]}")
 def test_ntt_configurations(pair, rng, config):
     """Every row-kernel configuration (layout, split twiddles, register cap) computes the reference."""
@@ -318,7 +319,7 @@ def test_automorphism(pair, rng):
 # --------------------------------------------------------------------------- base conversion and sud
 
 
-@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "first"])
+@pytest.mark.parametrize("tiled", [2, 1, False], ids=["tiled2", "tiled1", "first"])
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
 @pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32), (13, 50), (60, 3)],
                          ids=lambda s: f"S={s[0]},D={s[1]}")

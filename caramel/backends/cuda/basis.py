@@ -22,6 +22,7 @@ import numpy as np
 from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_constant
 
 THREADS = 128
+TILED_CO = 2  # coefficients per thread of the tiled kernel (1 or 2)
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 
 
@@ -111,7 +112,7 @@ __device__ __forceinline__ u32 reduce_sum(u64 acc, u32 v, uint4 c0, uint4 c1) {
     return r >= p ? r - p : r;
 }
 
-template <int MODE>
+template <int MODE, int CO>
 __device__ __forceinline__ void base_convert_tile(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table,
@@ -124,69 +125,91 @@ __device__ __forceinline__ void base_convert_tile(
     for (int e = threadIdx.x; e < S * 4; e += blockDim.x)
         tab[e] = *(const uint4*)(table + (e >> 2) * DP + d0 + (e & 3) * 4);
     __syncthreads();
-    const int i = tile * 256 + 2 * threadIdx.x;
+    const int i = (tile * blockDim.x + threadIdx.x) * CO;
     if (i >= n) return;
     const int* __restrict__ ins = in_slots + b * S;
-    u64 a0[16], a1[16];
+    u64 acc[CO][16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) { a0[j] = 0; a1[j] = 0; }
-    double f0 = 0.0, f1 = 0.0;
+    for (int c = 0; c < CO; ++c)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[c][j] = 0;
+    double f[CO];
+#pragma unroll
+    for (int c = 0; c < CO; ++c) f[c] = 0.0;
     // Inputs in groups of 8 limbs: the 8 loads of a group are in flight together.
     for (int k0 = 0; k0 < S; k0 += 8) {
-        uint2 xs[8];
+        u32 xs[8][CO];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            xs[j] = k0 + j < S ? *(const uint2*)(arena + (u64)__ldg(ins + k0 + j) * n + i) : make_uint2(0u, 0u);
+        for (int j = 0; j < 8; ++j) {
+            if (CO == 2) {
+                const uint2 w = k0 + j < S ? *(const uint2*)(arena + (u64)__ldg(ins + k0 + j) * n + i) : make_uint2(0u, 0u);
+                xs[j][0] = w.x; xs[j][CO - 1] = w.y;
+            } else {
+                xs[j][0] = k0 + j < S ? arena[(u64)__ldg(ins + k0 + j) * n + i] : 0u;
+            }
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int k = k0 + j;
             if (k >= S) break;
-            uint2 x = xs[j];
+            u32 x[CO];
+#pragma unroll
+            for (int c = 0; c < CO; ++c) x[c] = xs[j][c];
             if (MODE != 1) {
                 const u32 qk = __ldg(in_consts + 4 * k), w = __ldg(in_consts + 4 * k + 1);
                 const u32 wp = __ldg(in_consts + 4 * k + 2);
-                x.x = shoup(x.x, w, wp, qk);
-                x.y = shoup(x.y, w, wp, qk);
+#pragma unroll
+                for (int c = 0; c < CO; ++c) x[c] = shoup(x[c], w, wp, qk);
                 if (MODE == 2) {
                     const double r = __ldg(recip + k);
-                    f0 = __dadd_rn(f0, __dmul_rn((double)x.x, r));
-                    f1 = __dadd_rn(f1, __dmul_rn((double)x.y, r));
+#pragma unroll
+                    for (int c = 0; c < CO; ++c) f[c] = __dadd_rn(f[c], __dmul_rn((double)x[c], r));
                 }
             }
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const uint4 m = tab[4 * k + c];
-                a0[4 * c + 0] += (u64)x.x * m.x; a1[4 * c + 0] += (u64)x.y * m.x;
-                a0[4 * c + 1] += (u64)x.x * m.y; a1[4 * c + 1] += (u64)x.y * m.y;
-                a0[4 * c + 2] += (u64)x.x * m.z; a1[4 * c + 2] += (u64)x.y * m.z;
-                a0[4 * c + 3] += (u64)x.x * m.w; a1[4 * c + 3] += (u64)x.y * m.w;
+            for (int q4 = 0; q4 < 4; ++q4) {
+                const uint4 m = tab[4 * k + q4];
+#pragma unroll
+                for (int c = 0; c < CO; ++c) {
+                    acc[c][4 * q4 + 0] += (u64)x[c] * m.x;
+                    acc[c][4 * q4 + 1] += (u64)x[c] * m.y;
+                    acc[c][4 * q4 + 2] += (u64)x[c] * m.z;
+                    acc[c][4 * q4 + 3] += (u64)x[c] * m.w;
+                }
             }
         }
     }
-    const u32 v0 = MODE == 2 ? (u32)floor(__dadd_rn(f0, 0.5)) : 0u;
-    const u32 v1 = MODE == 2 ? (u32)floor(__dadd_rn(f1, 0.5)) : 0u;
+    u32 v[CO];
+#pragma unroll
+    for (int c = 0; c < CO; ++c) v[c] = MODE == 2 ? (u32)floor(__dadd_rn(f[c], 0.5)) : 0u;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int d = d0 + j;
         if (d < D) {
             const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
-            uint2 y;
-            y.x = reduce_sum<MODE>(a0[j], v0, c0, c1);
-            y.y = reduce_sum<MODE>(a1[j], v1, c0, c1);
-            *(uint2*)(arena + (u64)__ldg(out_slots + b * D + d) * n + i) = y;
+            u32* dst = arena + (u64)__ldg(out_slots + b * D + d) * n + i;
+            if (CO == 2) {
+                *(uint2*)dst = make_uint2(reduce_sum<MODE>(acc[0][j], v[0], c0, c1),
+                                          reduce_sum<MODE>(acc[CO - 1][j], v[CO - 1], c0, c1));
+            } else {
+                *dst = reduce_sum<MODE>(acc[0][j], v[0], c0, c1);
+            }
         }
     }
 }
-#define BC_TILED(NAME, MODE) \
+#define BC_TILED(NAME, MODE, CO) \
 extern "C" __global__ void __launch_bounds__(128) NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table, \
         const double* __restrict__ recip, int n, int tiles, int chunks) { \
-    base_convert_tile<MODE>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
+    base_convert_tile<MODE, CO>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
 }
-BC_TILED(base_convert_tiled_textbook, 0)
-BC_TILED(base_convert_tiled_emulator, 1)
-BC_TILED(base_convert_tiled_exact, 2)
+BC_TILED(base_convert_tiled2_textbook, 0, 2)
+BC_TILED(base_convert_tiled2_emulator, 1, 2)
+BC_TILED(base_convert_tiled2_exact, 2, 2)
+BC_TILED(base_convert_tiled1_textbook, 0, 1)
+BC_TILED(base_convert_tiled1_emulator, 1, 1)
+BC_TILED(base_convert_tiled1_exact, 2, 1)
 
 // 4 residues per thread (16-byte accesses); n4 = N / 4.
 __device__ __forceinline__ u32 lift1(u32 x, u32 qt, u32 ql, u64 mu, u32 qt_mod_ql, int centred) {
@@ -274,8 +297,9 @@ class BaseConversion:
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
-        ``tiled``: the tiled kernel (16 outputs x 256 coefficients a block); False: one thread per
-        coefficient (the first kernel, kept for comparison). Both compute the same residues.
+        ``tiled``: the tiled kernel (16 outputs x 128 TILED_CO coefficients a block; 1 or 2 picks
+        the coefficients per thread); False: one thread per coefficient, t_k in shared memory (the
+        first kernel, kept for comparison). All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -287,8 +311,9 @@ class BaseConversion:
         code = mode_code(mode)
         cp = cupy()
         if tiled:
-            tiles = -(-ring.n // 256)
-            name = "base_convert_tiled_" + ("textbook", "emulator", "exact")[code]
+            per_thread = TILED_CO if tiled is True else int(tiled)
+            tiles = -(-ring.n // (128 * per_thread))
+            name = f"base_convert_tiled{per_thread}_" + ("textbook", "emulator", "exact")[code]
             ring.kernel("basis", _source, name)(
                 (batch * tiles * self._chunks,),
                 (128,),

@@ -77,6 +77,10 @@ __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int b
 // MODE 0: one transform (p). MODE 1: 32 columns, column-minor (bank = column).
 // MODE 3: 32 rows of 256 points, point-major like MODE 1 (a warp's lanes are 32 rows at the same
 // point; bank = row ^ (p / 4 mod 32), which also keeps the 16-byte row loads conflict free).
+// MODE 4: 32 rows of 256 points in 16-byte chunks, chunk j = p / 4 of row `sub` at chunk
+// j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
+// reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
+// warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
 // MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
 // pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
 // warp spans two rows, hence the row parity in the swizzle).
@@ -85,6 +89,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 0) return p;
     if (MODE == 1) return p * 32 + sub;
     if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
+    if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
     const int x = p >> 5;
     if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
@@ -104,14 +109,30 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     constexpr int NV = 1 << (LOGM - R);
     for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
         int sub, u;
-        if (MODE == 1 || MODE == 3) {{ sub = item % G; u = item / G; }} else {{ u = item % NV; sub = item / NV; }}
+        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
+            sub = item % G; u = item / G;
+        }} else if (MODE == 4) {{  // NV == 16, G == 32
+            const int lane = item & 31, w = item >> 5;
+            u = (lane & 3) | ((w & 3) << 2);
+            sub = ((lane >> 2) & 7) | ((w >> 2) << 3);
+        }} else {{
+            u = item % NV; sub = item / NV;
+        }}
         const int off = u & (T - 1);
         const int g = u >> LOGT;
         const int base = (g << (LOGT + R)) + off;
         const int bt = bt0 + bt_step * sub;
         u32 v[1 << R];
+        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-        for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
+            for (int c = 0; c < (1 << R) / 4; ++c) {{
+                const uint4 x = *(const uint4*)(sm + sidx<MODE>(sub, base + 4 * c));
+                v[4 * c] = x.x; v[4 * c + 1] = x.y; v[4 * c + 2] = x.z; v[4 * c + 3] = x.w;
+            }}
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
+        }}
 #pragma unroll
         for (int dd = 0; dd < R; ++dd) {{
             const int d = INV ? R - 1 - dd : dd;
@@ -137,8 +158,14 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 }}
             }}
         }}
+        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-        for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
+            for (int c = 0; c < (1 << R) / 4; ++c)
+                *(uint4*)(sm + sidx<MODE>(sub, base + 4 * c)) = make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
+        }}
     }}
 }}
 
@@ -199,7 +226,7 @@ _ROW = r"""
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ u32 sm[ROWS * 256];
+    __shared__ __align__(16) u32 sm[ROWS * 256];
     constexpr int TILES = (1 << A_BITS) / ROWS;
     const int r = blockIdx.x / TILES;
     const int hi0 = (blockIdx.x % TILES) * ROWS;
@@ -213,6 +240,7 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
         const int e = it * 256 + threadIdx.x;
         const uint4 v = src[e];
         const int sub = e >> 6, p = (e & 63) * 4;
+        if (ROW_MODE == 4) {{ *(uint4*)(sm + sidx<4>(sub, p)) = v; continue; }}
         sm[sidx<ROW_MODE>(sub, p)] = v.x;
         sm[sidx<ROW_MODE>(sub, p + 1)] = v.y;
         sm[sidx<ROW_MODE>(sub, p + 2)] = v.z;
@@ -226,10 +254,14 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
         const int e = it * 256 + threadIdx.x;
         const int sub = e >> 6, p = (e & 63) * 4;
         uint4 v;
-        v.x = sm[sidx<ROW_MODE>(sub, p)];
-        v.y = sm[sidx<ROW_MODE>(sub, p + 1)];
-        v.z = sm[sidx<ROW_MODE>(sub, p + 2)];
-        v.w = sm[sidx<ROW_MODE>(sub, p + 3)];
+        if (ROW_MODE == 4) {{
+            v = *(const uint4*)(sm + sidx<4>(sub, p));
+        }} else {{
+            v.x = sm[sidx<ROW_MODE>(sub, p)];
+            v.y = sm[sidx<ROW_MODE>(sub, p + 1)];
+            v.z = sm[sidx<ROW_MODE>(sub, p + 2)];
+            v.w = sm[sidx<ROW_MODE>(sub, p + 3)];
+        }}
 {finish}
         dst[e] = v;
     }}
@@ -258,14 +290,18 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
 
 
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
-            body: bool = True, min_blocks: int = MIN_BLOCKS) -> str:
+            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul); body=False leaves the butterflies out: loads and stores only, for timing; min_blocks: the
     row kernel's resident blocks per multiprocessor asked of the register allocator). rows = 32
-    selects the row kernel's point-major layout (MODE 3: a warp's lanes are 32 rows), where split
-    twiddles are broadcast loads; other row counts use the row-major layout (MODE 2)."""
-    row_mode = 3 if rows == 32 else 2
+    selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
+    the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
+    row-major layout (MODE 2). row_mode forces one (0: that default)."""
+    if not row_mode:
+        row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
+    if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
+        raise ValueError(f"row layout {row_mode} needs 32 rows per block (and radix 2^4 for layout 4)")
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
@@ -319,21 +355,21 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
-            min_blocks: int = MIN_BLOCKS) -> None:
+            min_blocks: int = MIN_BLOCKS, row_mode: int = 0) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
-    config = (rows_per_block, radix_log, split, body, min_blocks)
-    key = f"ntt{ring.n}" if config == (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS) else f"ntt{ring.n}-" + "-".join(map(str, config))
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode)
+    key = f"ntt{ring.n}" if config == (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0) else f"ntt{ring.n}-" + "-".join(map(str, config))
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
 
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks),
+        k = ring.kernel(key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode),
                         name)
         k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
