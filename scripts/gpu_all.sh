@@ -11,6 +11,7 @@ set -u
 out="${OUT:-gpu_all_logs}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export CARAMEL_PROGRAMS="${CARAMEL_PROGRAMS:-$PWD/.data/corpus}"  # the 10L programs of tests/execute/test_gpu.py
 status=0
 summary=()
 step() {  # step NAME COMMAND...

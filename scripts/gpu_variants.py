@@ -25,9 +25,10 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from gpu_kernels_check import Bench, sets_for  # noqa: E402
 
-#: (rows, split, min_blocks, row layout) of the NTT row kernel; the first is the kernel of commit
+#: (rows, split, min_blocks, row layout, pipe) of the NTT kernels; the first is the kernel of commit
 #: 10baff7 (row layout 0: the default for the row count, see caramel.backends.cuda.ntt._source).
-NTT_VARIANTS = [(16, False, 1, 2), (32, True, 4, 4)]
+NTT_VARIANTS = [(16, False, 1, 2, 0), (32, True, 4, 4, 0), (32, True, 4, 4, 2), (32, True, 4, 4, 4),
+                (32, True, 4, 4, 8)]
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2)]
 
@@ -75,14 +76,14 @@ def main() -> int:
         want_f = ctx.ntt(x, limbs)
         want_i = ctx.intt(x, limbs)
         rows = len(limbs)
-        for rpb, split, mb, lay in NTT_VARIANTS:
+        for rpb, split, mb, lay, pipe in NTT_VARIANTS:
             for inverse, want in ((False, want_f), (True, want_i)):
                 arena = cp.asarray(np.concatenate([x, np.full_like(x, 0xFFFFFFFF)]))
                 dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
-                             rpb, split=split, min_blocks=mb, row_mode=lay)
+                             rpb, split=split, min_blocks=mb, row_mode=lay, pipe=pipe)
                 ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
                 if not ok:
-                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} layout={lay}")
+                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} layout={lay} pipe={pipe}")
         print(f"NTT checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 2. bit-exactness of both base conversion kernels, all modes
@@ -124,13 +125,14 @@ def main() -> int:
     outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
-    for rpb, split, mb, lay in NTT_VARIANTS + [(32, "body", 4, 4)]:
-        kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb, row_mode=lay)
+    for rpb, split, mb, lay, pipe in NTT_VARIANTS + [(32, "body", 4, 4, 0), (32, "body", 4, 4, 4)]:
+        kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb, row_mode=lay,
+                  pipe=pipe)
         for fname, inverse in (("ntt", False), ("intt", True)):
             t = bench.time(lambda s: dntt._launch(ring, arena, ins[s], outs[s], primes, inverse, **kw), sets)
-            bench.add(f"{fname} rows={rpb} split={split} mb={mb} layout={lay}", f"R={rows}", t,
+            bench.add(f"{fname} rows={rpb} split={split} mb={mb} layout={lay} pipe={pipe}", f"R={rows}", t,
                       f"{rows / t / 1e6:6.2f} M limbs/s {4 * rows * limb / t / copy * 100:5.1f}% of copy")
-        if ring.logn > 12 and split != "body":
+        if ring.logn > 12 and split != "body" and not pipe:
             tw, pt = ring.twiddles[0], ring.prime_table
             key = f"ntt{n}-var-{rpb}-{split}-{mb}-{lay}"
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):

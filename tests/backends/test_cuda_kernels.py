@@ -156,13 +156,14 @@ def test_ntt_roundtrip_all_primes(pair, rng):
     expect_rows(arena.download(), slots, x, "intt(ntt(x))")
 
 
-@pytest.mark.parametrize("config", [(16, False, 1), (16, True, 4), (32, True, 4), (32, False, 4), (8, True, 4),
-                                    (32, True, 3)],
-                         ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]}")
+@pytest.mark.parametrize("config", [(16, False, 1, 0), (16, True, 4, 0), (32, True, 4, 0), (32, False, 4, 0),
+                                    (8, True, 4, 0), (32, True, 3, 0), (32, True, 4, 2), (32, True, 4, 4)],
+                         ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]},pipe={c[3]}")
 def test_ntt_configurations(pair, rng, config):
-    """Every row-kernel configuration (layout, split twiddles, register cap) computes the reference."""
+    """Every kernel configuration (row layout, split twiddles, register cap, pipelining) computes the
+    reference (5 rows: with pipe 2 or 4 the last block has fewer tiles than pipe)."""
     ctx, ring = pair
-    rows_per_block, split, min_blocks = config
+    rows_per_block, split, min_blocks, pipe = config
     limbs = limb_choice(rng, 5)
     x = residues(ctx, limbs, rng)
     for inverse in (False, True):
@@ -171,7 +172,7 @@ def test_ntt_configurations(pair, rng, config):
         dst = arena.take(5)
         dev = arena.upload()
         dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, rows_per_block, split=split,
-                     min_blocks=min_blocks)
+                     min_blocks=min_blocks, pipe=pipe)
         want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
         expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} {config}")
 

@@ -27,7 +27,7 @@ Rows are independent; each block reads its whole tile before writing it, so ``in
 
 from __future__ import annotations
 
-from caramel.backends.cuda.context import CudaRing, index_array
+from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256
 COLS = 32  # columns per block in the column kernel
@@ -36,6 +36,7 @@ ROWS = 32  # 256-point rows per row-kernel block: 32 = point-major layout (MODE 
 RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
 MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
+PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 
 _SRC = r"""
@@ -169,6 +170,40 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     }}
 }}
 
+// 16-byte asynchronous copies global -> shared (cp.async, sm_80+), for the pipelined kernels.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory");
+}}
+__device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
+
+// Start loading tile `tile` (of rows * TILES) into buf: the column kernel's 32 columns of a limb
+// (layout of MODE 1), or the row kernel's 32 rows (layout of MODE 4).
+__device__ __forceinline__ void col_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
+    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
+    const int r = tile / TILES, c0 = (tile % TILES) * 32;
+    const u32* src = arena + (u64)in_slots[r] * NN + c0;
+#pragma unroll
+    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        cp_async16(buf + e * 4, src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4);
+    }}
+    cp_async_commit();
+}}
+__device__ __forceinline__ void row_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
+    constexpr int TILES = (1 << A_BITS) / 32;
+    const int r = tile / TILES, hi0 = (tile % TILES) * 32;
+    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        cp_async16(buf + sidx<4>(e >> 6, (e & 63) * 4), src + e);
+    }}
+    cp_async_commit();
+}}
+
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
     if (x >= two_q) x -= two_q;
     return x >= q ? x - q : x;
@@ -269,6 +304,55 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
 """
 
 
+# Pipelined kernels: a block transforms PIPE consecutive tiles (of rows * TILES), loading tile t + 1
+# with cp.async into the second of two shared buffers while it transforms tile t, so that its
+# loads overlap its butterflies. Dynamic shared memory: two tiles.
+_PIPED = r"""
+extern "C" __global__ void __launch_bounds__(256) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all, int total) {{
+    extern __shared__ __align__(16) u32 smbuf[];
+    constexpr int TILES = {tiles};
+    constexpr int WORDS = {words};
+    const int first = blockIdx.x * PIPE;
+    {prefetch}(smbuf, arena, in_slots, first);
+    for (int t = 0; t < PIPE; ++t) {{
+        const int tile = first + t;
+        if (tile >= total) break;
+        u32* sm = smbuf + (t & 1) * WORDS;
+        if (t + 1 < PIPE && tile + 1 < total) {{
+            {prefetch}(smbuf + ((t + 1) & 1) * WORDS, arena, in_slots, tile + 1);
+            cp_async_wait<1>();
+        }} else {{
+            cp_async_wait<0>();
+        }}
+        __syncthreads();
+        const int r = tile / TILES;
+        const int pi = prime_idx[r];
+        const u32 q = prime_q(pt, pi), two_q = 2 * q;
+        const uint2* tw = tw_all + (u64)pi * NN;
+{setup}
+{passes}
+        __syncthreads();
+{store}
+        __syncthreads();
+    }}
+}}
+"""
+
+_COL_SETUP = """        const int c0 = (tile % TILES) * 32;
+        u32* dst = arena + (u64)out_slots[r] * NN + c0;"""
+_ROW_SETUP = """        const int hi0 = (tile % TILES) * 32;
+        uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);"""
+_ROW_STORE = """#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        uint4 v = *(const uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4));
+{finish}
+        dst[e] = v;
+    }}"""
+
+
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
                 split: bool = False, body: bool = True) -> str:
     if not body:
@@ -290,7 +374,7 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
 
 
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
-            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0) -> str:
+            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul); body=False leaves the butterflies out: loads and stores only, for timing; min_blocks: the
@@ -349,29 +433,62 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                       store=col_inv)
     )
-    return _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                       row_mode=row_mode, kernels=kernels)
+    if pipe >= 2:
+        if row_mode != 4:
+            raise ValueError("the pipelined NTT kernels need the row layout 4 (32 rows, radix 2^4)")
+        col = dict(tiles="(1 << (LOGN - A_BITS)) / 32", words="32 << A_BITS", prefetch="col_prefetch",
+                   setup=_COL_SETUP)
+        row = dict(tiles="(1 << A_BITS) / 32", words="32 * 256", prefetch="row_prefetch", setup=_ROW_SETUP)
+        bt = "(1 << A_BITS) + hi0"
+        kernels = (
+            _PIPED.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
+                          store=col_lazy, **col)
+            + _PIPED.format(name="ntt_fwd_row", store=_ROW_STORE.format(finish=row_fwd),
+                            passes=_pass_calls(ROW_LOG, 32, 4, False, bt, "1", radix_log, split, body), **row)
+            + _PIPED.format(name="ntt_inv_row", store=_ROW_STORE.format(finish=""),
+                            passes=_pass_calls(ROW_LOG, 32, 4, True, bt, "1", radix_log, split, body), **row)
+            + _PIPED.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
+                            store=col_inv, **col)
+        )
+    src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
+                      row_mode=row_mode, kernels=kernels)
+    return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
-            min_blocks: int = MIN_BLOCKS, row_mode: int = 0) -> None:
+            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
-    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode)
-    key = f"ntt{ring.n}" if config == (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0) else f"ntt{ring.n}-" + "-".join(map(str, config))
+    if pipe >= 2 and (rows_per_block, radix_log, row_mode) not in ((32, 4, 0), (32, 4, 4)):
+        pipe = 0  # the pipelined kernels exist for the row layout 4 only
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe)
+    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE)
+    key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
 
+    def kernel(name):
+        return ring.kernel(
+            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe), name
+        )
+
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode),
-                        name)
-        k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
+        kernel(name)((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
+
+    def run_piped(name, src, dst, tiles_per_row, words):
+        k = kernel(name)
+        smem = 2 * 4 * words
+        if k.max_dynamic_shared_size_bytes < smem:
+            k.max_dynamic_shared_size_bytes = smem
+        total = rows * tiles_per_row
+        k((-(-total // pipe),), (THREADS,), (arena, src, dst, prime_idx, pt, tw, cupy().int32(total)),
+          shared_mem=smem)
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
@@ -379,6 +496,13 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
     row_blocks = (1 << a) // rows_per_block
+    if pipe >= 2:
+        col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
+        row = ("ntt_inv_row" if inverse else "ntt_fwd_row", row_blocks, 32 << ROW_LOG)
+        first, second = (row, col) if inverse else (col, row)
+        run_piped(first[0], in_slots, out_slots, first[1], first[2])
+        run_piped(second[0], out_slots, out_slots, second[1], second[2])
+        return
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_blocks)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)
