@@ -9,10 +9,15 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
-The kernel gives one thread per coefficient: it reads the S inputs (coalesced), keeps t_k in shared
-memory and accumulates the dot products of 8 outputs at a time exactly in 64 bits (S <= 64
-products below 2^56), then reduces once per output (Barrett). One launch converts B independent inputs that share the primes
-(e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
+Two kernels compute the same residues. The tiled one (the default) is a matrix product tiled
+over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in shared memory,
+the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot overflow), each input
+limb read once per block (the blocks of one coefficient tile run together, so the other output
+chunks' re-reads hit L2), and one 32-bit reduction per output: acc = hi 2^32 + lo, so
+(acc + v [-Q_S]_p) mod p = hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products. The first
+kernel (``tiled=False``) gives one thread per coefficient, keeps t_k in shared memory and
+accumulates 8 outputs at a time, then reduces with Barrett. One launch converts B independent inputs
+that share the primes (e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
 """
 
 from __future__ import annotations
