@@ -63,6 +63,7 @@ class KernelRecord:
     lines: tuple[int, ...]
     start_ms: float
     dur_ms: float
+    bytes: int = 0  # device-memory traffic of the plan model (inputs read, outputs written once)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class ProfileResult:
     kernels: list[KernelRecord]
     date: str = ""
     setup_s: dict[str, float] = field(default_factory=dict)
+    copy_gbs: float = 0.0  # measured device-to-device copy bandwidth (read + write), 0 if not measured
 
     @property
     def digests_agree(self) -> bool:
@@ -101,6 +103,47 @@ def kind_table(kernels: Sequence[KernelRecord]) -> list[tuple[str, int, int, flo
     total = sum(a[2] for a in agg.values()) or 1.0
     out = [(kind, a[0], a[1], a[2], a[2] / total) for kind, a in agg.items()]
     return sorted(out, key=lambda r: (-r[3], r[0]))
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """One kernel kind of the roofline: measured time, the plan model's bytes, the achieved rate
+    (bytes / time) and its share of the measured copy bandwidth (0 when none was measured)."""
+
+    kind: str
+    kernels: int
+    ms: float
+    bytes: int
+    gbs: float
+    share: float
+
+
+def roofline_table(kernels: Sequence[KernelRecord], copy_gbs: float = 0.0) -> list[RooflineRow]:
+    """Per kernel kind: gbs = bytes / (ms 1e6), share = gbs / copy_gbs; the most expensive first,
+    then a ``total`` row."""
+    agg: dict[str, list] = {}
+    for k in kernels:
+        a = agg.setdefault(k.kind, [0, 0.0, 0])
+        a[0] += 1
+        a[1] += k.dur_ms
+        a[2] += k.bytes
+    rows = [(kind, a[0], a[1], a[2]) for kind, a in agg.items()]
+    rows.sort(key=lambda r: (-r[2], r[0]))
+    rows.append(("total", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows)))
+
+    def row(kind, count, ms, nbytes):
+        gbs = nbytes / (ms * 1e6) if ms > 0 else 0.0
+        return RooflineRow(kind, count, ms, nbytes, gbs, gbs / copy_gbs if copy_gbs > 0 else 0.0)
+
+    return [row(*r) for r in rows]
+
+
+def render_roofline(kernels: Sequence[KernelRecord], copy_gbs: float = 0.0) -> str:
+    """:func:`roofline_table` as text."""
+    head = ("kind", "kernels", "ms", "MiB moved", "GB/s", "of copy")
+    rows = [(r.kind, str(r.kernels), f"{r.ms:.3f}", f"{r.bytes / 2**20:.1f}", f"{r.gbs:.0f}",
+             f"{100 * r.share:.1f}%" if copy_gbs > 0 else "-") for r in roofline_table(kernels, copy_gbs)]
+    return _table(head, rows)
 
 
 def render(result: ProfileResult) -> str:
@@ -128,6 +171,11 @@ def render(result: ProfileResult) -> str:
     krows.append(("total", str(sum(r[1] for r in kinds)), str(sum(r[2] for r in kinds)), f"{total:.3f}",
                   "100.0%" if kinds else "-"))
     out.append(_table(("kind", "kernels", "rows", "total ms", "share"), krows))
+    if any(k.bytes for k in result.kernels):
+        out.append("")
+        ceiling = f"measured copy bandwidth {result.copy_gbs:.0f} GB/s" if result.copy_gbs > 0 else "no copy ceiling"
+        out.append(f"roofline per kernel kind (bytes of the plan's traffic model over the measured time; {ceiling}):")
+        out.append(render_roofline(result.kernels, result.copy_gbs))
     return "\n".join(out)
 
 
@@ -170,8 +218,30 @@ def write_trace(result: ProfileResult, path) -> None:
 # measuring
 
 
-def _record(kernel, chip: int, index: int, start_ms: float, dur_ms: float) -> KernelRecord:
-    return KernelRecord(chip, index, kernel.kind.value, len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms)
+def _record(kernel, chip: int, index: int, start_ms: float, dur_ms: float, limb_bytes: int = 0) -> KernelRecord:
+    moved = (len(kernel.reads()) + len(kernel.writes())) * limb_bytes
+    return KernelRecord(chip, index, kernel.kind.value, len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms,
+                        moved)
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 20) -> float:
+    """Device-to-device copy rate in GB/s (bytes read plus written, median of ``repeats`` copies of
+    an ``nbytes`` buffer timed with CUDA events): the ceiling of the roofline."""
+    import cupy as cp
+
+    src = cp.ones(nbytes // 4, dtype=cp.uint32)
+    dst = cp.empty_like(src)
+    dst[...] = src  # warm-up
+    times = []
+    for _ in range(repeats):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        dst[...] = src
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1))
+    del src, dst
+    return 2 * nbytes / (float(np.median(times)) * 1e6)
 
 
 def _stats(times: Sequence[float]) -> tuple[float, float, float]:
@@ -232,7 +302,8 @@ def _instrument_gpu(run) -> list[KernelRecord]:
             stop.record(run.stream)
             marks.append((i, kernel, start, stop))
     run.stream.synchronize()
-    return [_record(k, chip.chip, i, cp.cuda.get_elapsed_time(origin, s), cp.cuda.get_elapsed_time(s, e))
+    limb = 4 * run.ctx.n
+    return [_record(k, chip.chip, i, cp.cuda.get_elapsed_time(origin, s), cp.cuda.get_elapsed_time(s, e), limb)
             for i, k, s, e in marks]
 
 
@@ -278,7 +349,7 @@ def _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log):
     origin = time.perf_counter()
     run.run(lambda i: marks.append(time.perf_counter()))
     starts = [origin] + marks[:-1]
-    records = [_record(k[2], k[0], k[1], (t0 - origin) * 1e3, (t1 - t0) * 1e3)
+    records = [_record(k[2], k[0], k[1], (t0 - origin) * 1e3, (t1 - t0) * 1e3, 4 * ctx.n)
                for k, t0, t1 in zip(run.kernel_of, starts, marks) if k is not None]
     records.sort(key=lambda r: (r.chip, r.index))
     return variants, records, setup
@@ -334,12 +405,14 @@ def profile_program(
     if backend == "gpu":
         variants, kernels, setup = _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log)
         device, clock = _gpu_device(), "cuda events"
+        copy_gbs = copy_bandwidth()
     else:
         variants, kernels, setup = _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log)
         device, clock = "NumPy plan engine", "wall clock"
+        copy_gbs = 0.0
     return ProfileResult(program.name, n, mode.value, backend, device, clock, program.instruction_count,
-                         variants, kernels, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), setup)
+                         variants, kernels, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), setup, copy_gbs)
 
 
-__all__ = ["KernelRecord", "ProfileResult", "VariantTiming", "chrome_trace", "kind_table", "profile_program",
-           "render", "write_trace"]
+__all__ = ["KernelRecord", "ProfileResult", "RooflineRow", "VariantTiming", "chrome_trace", "copy_bandwidth",
+           "kind_table", "profile_program", "render", "render_roofline", "roofline_table", "write_trace"]

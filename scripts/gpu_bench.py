@@ -27,6 +27,7 @@ from caramel.execute.timing import time_runs  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
+from caramel.profile import _instrument_gpu, copy_bandwidth, render_roofline  # noqa: E402
 from caramel.ring import Context  # noqa: E402
 from reference_digests import bootstrap_inputs, reference_digest  # noqa: E402  (scripts/ beside this file)
 
@@ -118,6 +119,7 @@ def main() -> int:
     unfused, fused = build_plan(program, fuse=False), build_plan(program)
     log(f"plans in {time.perf_counter() - t0:.1f} s")
     digests = {}
+    records = []
     for label, plan, graph, per_row, streams in (("eager per instruction", unfused, False, True, 1),
                                                  ("eager unfused kernels", unfused, False, False, 1),
                                                  ("graph unfused", unfused, True, False, 1),
@@ -133,6 +135,8 @@ def main() -> int:
         timing = run.time(graph=graph, repeats=min(args.repeats, 3) if per_row else args.repeats,
                           warmup=0 if per_row else 1)
         digests[label] = output_digest(program, run.result().memory)
+        if label == "graph fused":  # one instrumented run, kernel by kernel, for the roofline
+            records = _instrument_gpu(run)
         log(f"{label}: {run.kernels} launches, arena {run.backend.nbytes / 2**30:.2f} GiB, setup {setup:.1f} s, "
             f"{timing}; digest {digests[label][:16]}")
         rows.append((f"{args.program} N={args.n} {label} ({run.kernels} launches)",
@@ -157,6 +161,10 @@ def main() -> int:
         ref = output_digest(program, want.memory)
         log(f"CPU reference in {time.perf_counter() - t0:.1f} s: digest {ref[:16]}")
         rows.append(("CPU reference digest matches", str(ref == digests["graph fused"])))
+    copy_gbs = copy_bandwidth()
+    print(f"\nroofline of the fused plan, kernel by kernel (plan traffic model; copy {copy_gbs:.0f} GB/s):")
+    print(render_roofline(records, copy_gbs))
+    rows.append(("device copy bandwidth (256 MiB, read + write)", f"{copy_gbs:.0f} GB/s"))
     print("\n| what | result |\n| --- | --- |")
     for a, b in rows:
         print(f"| {a} | {b} |")

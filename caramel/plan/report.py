@@ -22,6 +22,10 @@ from caramel.plan.plan import assign_rows
 from caramel.stats import instruction_limbs
 from caramel.program import Opcode, Program
 
+#: Device-to-device copy bandwidth (bytes read plus written) measured on one H200 (GB/s), the
+#: rate at which ``caramel plan`` prices its traffic floor (scripts/gpu_variants.py, 2026-11-23).
+COPY_GBS = 4202.0
+
 #: Instructions that never become a kernel (aliases, bindings, unit setup, scalar loads).
 ALIASES = frozenset(
     {Opcode.LOAD, Opcode.EVG, Opcode.MOV, Opcode.BCW, Opcode.STORE, Opcode.SPILL, Opcode.BCI, Opcode.RSI, Opcode.LOAS}
@@ -32,6 +36,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     """The figures of :func:`plan_report` as a dict (traffic in bytes at ring degree ``n``)."""
     limb = 4 * n
     by_kind: dict[str, list[int]] = {k.value: [0, 0, 0] for k in Kind}  # kernels, rows, instructions
+    bytes_by_kind: dict[str, int] = {k.value: 0 for k in Kind}  # the plan model's traffic floor per kind
     chip_traffic, chip_levels, chip_paths, chip_rows, widths = [], [], [], [], []
     exprs = set()
     for chip in plan.chips:
@@ -43,7 +48,9 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
             entry[0] += 1
             entry[1] += kernel.size
             entry[2] += len(kernel.lines)
-            traffic += len(kernel.reads()) + len(kernel.writes())
+            moved = len(kernel.reads()) + len(kernel.writes())
+            traffic += moved
+            bytes_by_kind[kernel.kind.value] += moved * limb
             per_level[kernel.level] += 1
             path[k] = 1 + max((path[d] for d in deps), default=0)
             if kernel.expr is not None:
@@ -61,6 +68,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "instructions": plan.instructions,
         "kernels": plan.kernels,
         "by_kind": by_kind,
+        "bytes_by_kind": bytes_by_kind,
         "expressions": len(exprs),
         "plan_bytes": sum(chip_traffic),
         "plan_bytes_busiest_chip": max(chip_traffic, default=0),
@@ -85,6 +93,21 @@ def _bytes(x: float) -> str:
             return f"{x:.1f} {unit}" if unit != "B" else f"{int(x)} B"
         x /= 1024
     return ""
+
+
+def traffic_floor_lines(stats: dict, bandwidth_gbs: float = COPY_GBS) -> list[str]:
+    """The plan model's traffic floor per kernel kind (each kernel reads its inputs and writes its
+    outputs once): bytes, share of the plan's bytes, and the time those bytes take at
+    ``bandwidth_gbs`` (default: the device-to-device copy rate measured on one H200)."""
+    total = max(stats["plan_bytes"], 1)
+    out = [f"  traffic floor per kind (the model above; time at {bandwidth_gbs:.0f} GB/s copy bandwidth):",
+           f"    {'kind':<14}{'bytes':>12}{'share':>8}{'floor ms':>10}"]
+    for kind, b in sorted(stats["bytes_by_kind"].items(), key=lambda kv: -kv[1]):
+        if b:
+            out.append(f"    {kind:<14}{_bytes(b):>12}{100 * b / total:>7.1f}%{b / bandwidth_gbs / 1e6:>10.3f}")
+    out.append(f"    {'total':<14}{_bytes(stats['plan_bytes']):>12}{'100.0%':>8}"
+               f"{stats['plan_bytes'] / bandwidth_gbs / 1e6:>10.3f}")
+    return out
 
 
 def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> str:
@@ -115,6 +138,7 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
         )
     else:
         out.append(f"  plan: {_bytes(s['plan_bytes'])} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])})")
+    out.extend(traffic_floor_lines(s))
     out.append("")
     out.append(
         f"critical path: {s['critical_path']} kernels (levels of the whole program;"

@@ -156,8 +156,29 @@ def test_ntt_roundtrip_all_primes(pair, rng):
     expect_rows(arena.download(), slots, x, "intt(ntt(x))")
 
 
+@pytest.mark.parametrize("config", [(16, False, 1, 0), (16, True, 4, 0), (32, True, 4, 0), (32, False, 4, 0),
+                                    (8, True, 4, 0), (32, True, 3, 0), (32, True, 4, 2), (32, True, 4, 4)],
+                         ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]},pipe={c[3]}")
+def test_ntt_configurations(pair, rng, config):
+    """Every kernel configuration (row layout, split twiddles, register cap, pipelining) computes the
+    reference (5 rows: with pipe 2 or 4 the last block has fewer tiles than pipe)."""
+    ctx, ring = pair
+    rows_per_block, split, min_blocks, pipe = config
+    limbs = limb_choice(rng, 5)
+    x = residues(ctx, limbs, rng)
+    for inverse in (False, True):
+        arena = Arena(ctx.n, 10, rng)
+        src = arena.put(x)
+        dst = arena.take(5)
+        dev = arena.upload()
+        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, rows_per_block, split=split,
+                     min_blocks=min_blocks, pipe=pipe)
+        want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
+        expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} {config}")
+
+
 def test_ntt_small_sizes(rng):
-    for n in (16, 32, 256, 8192):
+    for n in (16, 32, 256, 2048, 8192, 16384, 32768):
         ctx, ring = rings(n)
         limbs = [0, 63, 31]
         x = residues(ctx, limbs, rng)
@@ -299,9 +320,11 @@ def test_automorphism(pair, rng):
 # --------------------------------------------------------------------------- base conversion and sud
 
 
+@pytest.mark.parametrize("tiled", [2, 1, False], ids=["tiled2", "tiled1", "first"])
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
-@pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32)], ids=lambda s: f"S={s[0]},D={s[1]}")
-def test_base_conversion(pair, rng, mode, shape):
+@pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32), (13, 50), (60, 3)],
+                         ids=lambda s: f"S={s[0]},D={s[1]}")
+def test_base_conversion(pair, rng, mode, shape, tiled):
     ctx, ring = pair
     s, d = shape
     others = [int(l) for l in rng.permutation(np.arange(1, 63))]
@@ -315,7 +338,7 @@ def test_base_conversion(pair, rng, mode, shape):
     ins = np.array([arena.put(x) for x in xs])
     outs = np.array([arena.take(d) for _ in range(batch)])
     dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode)
+    conv.convert(dev, i32(ins), i32(outs), mode, tiled=tiled)
     have = arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], ref.convert(xs[b], mode), f"base conversion {mode.value} batch {b}")

@@ -9,10 +9,15 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
-The kernel gives one thread per coefficient: it reads the S inputs (coalesced), keeps t_k in shared
-memory and accumulates the dot products of 8 outputs at a time exactly in 64 bits (S <= 64
-products below 2^56), then reduces once per output (Barrett). One launch converts B independent inputs that share the primes
-(e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
+Two kernels compute the same residues. The tiled one (the default) is a matrix product tiled
+over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in shared memory,
+the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot overflow), each input
+limb read once per block (the blocks of one coefficient tile run together, so the other output
+chunks' re-reads hit L2), and one 32-bit reduction per output: acc = hi 2^32 + lo, so
+(acc + v [-Q_S]_p) mod p = hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products. The first
+kernel (``tiled=False``) gives one thread per coefficient, keeps t_k in shared memory and
+accumulates 8 outputs at a time, then reduces with Barrett. One launch converts B independent inputs
+that share the primes (e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_constant
 
 THREADS = 128
+TILED_CO = 2  # coefficients per thread of the tiled kernel (1 or 2)
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 
 
@@ -90,6 +96,126 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
     }
 }
 
+// Tiled base conversion: block (b, tile, chunk), chunk fastest, computes outputs d0 .. d0 + 15
+// (d0 = 16 chunk) of 256 coefficients (2 per thread, 8-byte accesses). Its 16 columns of the table
+// (S x DP16, zero padded) sit in shared memory; the 32 sums (16 outputs x 2 coefficients) stay in
+// 64-bit registers; each input limb is read once per chunk (the chunks of a tile run together,
+// so the re-reads of the other chunks hit L2). t_k and the float sum f are recomputed per chunk.
+// (acc + v [-Q_S]_p) mod p in 32-bit arithmetic: acc = hi 2^32 + lo, so the value is
+// hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products (lo = lo * 1) each in [0, 2p), summed
+// with conditional subtractions (p < 2^30). c0 = (p, [-Q_S]_p, its Shoup quotient, [2^32]_p),
+// c1 = (Shoup quotient of [2^32]_p, floor(2^32 / p), 0, 0); v <= S (EXACT only).
+template <int MODE>
+__device__ __forceinline__ u32 reduce_sum(u64 acc, u32 v, uint4 c0, uint4 c1) {
+    const u32 p = c0.x, two_p = 2 * c0.x;
+    u32 r = shoup_lazy((u32)(acc >> 32), c0.w, c1.x, p) + shoup_lazy((u32)acc, 1u, c1.y, p);
+    if (MODE == 2) {
+        r = r >= two_p ? r - two_p : r;
+        r += shoup_lazy(v, c0.y, c0.z, p);
+    }
+    r = r >= two_p ? r - two_p : r;
+    return r >= p ? r - p : r;
+}
+
+template <int MODE, int CO>
+__device__ __forceinline__ void base_convert_tile(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table,
+        const double* __restrict__ recip, int n, int tiles, int chunks) {
+    __shared__ uint4 tab[64 * 4];
+    const int chunk = blockIdx.x % chunks;
+    const int rest = blockIdx.x / chunks;
+    const int tile = rest % tiles, b = rest / tiles;
+    const int DP = chunks * 16, d0 = chunk * 16;
+    for (int e = threadIdx.x; e < S * 4; e += blockDim.x)
+        tab[e] = *(const uint4*)(table + (e >> 2) * DP + d0 + (e & 3) * 4);
+    __syncthreads();
+    const int i = (tile * blockDim.x + threadIdx.x) * CO;
+    if (i >= n) return;
+    const int* __restrict__ ins = in_slots + b * S;
+    u64 acc[CO][16];
+#pragma unroll
+    for (int c = 0; c < CO; ++c)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[c][j] = 0;
+    double f[CO];
+#pragma unroll
+    for (int c = 0; c < CO; ++c) f[c] = 0.0;
+    // Inputs in groups of 8 limbs: the 8 loads of a group are in flight together.
+    for (int k0 = 0; k0 < S; k0 += 8) {
+        u32 xs[8][CO];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (CO == 2) {
+                const uint2 w = k0 + j < S ? *(const uint2*)(arena + (u64)__ldg(ins + k0 + j) * n + i) : make_uint2(0u, 0u);
+                xs[j][0] = w.x; xs[j][CO - 1] = w.y;
+            } else {
+                xs[j][0] = k0 + j < S ? arena[(u64)__ldg(ins + k0 + j) * n + i] : 0u;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int k = k0 + j;
+            if (k >= S) break;
+            u32 x[CO];
+#pragma unroll
+            for (int c = 0; c < CO; ++c) x[c] = xs[j][c];
+            if (MODE != 1) {
+                const u32 qk = __ldg(in_consts + 4 * k), w = __ldg(in_consts + 4 * k + 1);
+                const u32 wp = __ldg(in_consts + 4 * k + 2);
+#pragma unroll
+                for (int c = 0; c < CO; ++c) x[c] = shoup(x[c], w, wp, qk);
+                if (MODE == 2) {
+                    const double r = __ldg(recip + k);
+#pragma unroll
+                    for (int c = 0; c < CO; ++c) f[c] = __dadd_rn(f[c], __dmul_rn((double)x[c], r));
+                }
+            }
+#pragma unroll
+            for (int q4 = 0; q4 < 4; ++q4) {
+                const uint4 m = tab[4 * k + q4];
+#pragma unroll
+                for (int c = 0; c < CO; ++c) {
+                    acc[c][4 * q4 + 0] += (u64)x[c] * m.x;
+                    acc[c][4 * q4 + 1] += (u64)x[c] * m.y;
+                    acc[c][4 * q4 + 2] += (u64)x[c] * m.z;
+                    acc[c][4 * q4 + 3] += (u64)x[c] * m.w;
+                }
+            }
+        }
+    }
+    u32 v[CO];
+#pragma unroll
+    for (int c = 0; c < CO; ++c) v[c] = MODE == 2 ? (u32)floor(__dadd_rn(f[c], 0.5)) : 0u;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int d = d0 + j;
+        if (d < D) {
+            const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
+            u32* dst = arena + (u64)__ldg(out_slots + b * D + d) * n + i;
+            if (CO == 2) {
+                *(uint2*)dst = make_uint2(reduce_sum<MODE>(acc[0][j], v[0], c0, c1),
+                                          reduce_sum<MODE>(acc[CO - 1][j], v[CO - 1], c0, c1));
+            } else {
+                *dst = reduce_sum<MODE>(acc[0][j], v[0], c0, c1);
+            }
+        }
+    }
+}
+#define BC_TILED(NAME, MODE, CO) \
+extern "C" __global__ void __launch_bounds__(128) NAME( \
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table, \
+        const double* __restrict__ recip, int n, int tiles, int chunks) { \
+    base_convert_tile<MODE, CO>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
+}
+BC_TILED(base_convert_tiled2_textbook, 0, 2)
+BC_TILED(base_convert_tiled2_emulator, 1, 2)
+BC_TILED(base_convert_tiled2_exact, 2, 2)
+BC_TILED(base_convert_tiled1_textbook, 0, 1)
+BC_TILED(base_convert_tiled1_emulator, 1, 1)
+BC_TILED(base_convert_tiled1_exact, 2, 1)
+
 // 4 residues per thread (16-byte accesses); n4 = N / 4.
 __device__ __forceinline__ u32 lift1(u32 x, u32 qt, u32 ql, u64 mu, u32 qt_mod_ql, int centred) {
     u32 y = reduce64(x, ql, mu);
@@ -157,12 +283,28 @@ class BaseConversion:
         self._qhat = cp.asarray(qhat)
         self._factors = cp.asarray(factors)
         self._recip = cp.asarray(conv.reciprocals.astype(np.float64))
+        # The tiled kernel's tables: (S, DP16), zero padded to a multiple of 16 outputs.
+        self._chunks = max(1, -(-d // 16))
+        wide = np.zeros((2, s, 16 * self._chunks), dtype=np.uint32)
+        wide[0, :, :d] = conv.qhat_mod_out.T
+        wide[1, :, :d] = conv.factors.T
+        self._qhat16 = cp.asarray(wide[0])
+        # Its output constants, 8 words an output prime (see reduce_sum in the source).
+        out8 = np.zeros((max(d, 1), 8), dtype=np.uint32)
+        for j, p in enumerate(conv.out_primes):
+            negq, c32 = (p - int(conv.product_mod_out[j])) % p, (1 << 32) % p
+            out8[j, :6] = [p, negq, shoup_constant(negq, p), c32, shoup_constant(c32, p), (1 << 32) // p]
+        self._out8 = cp.asarray(out8)
+        self._factors16 = cp.asarray(wide[1])
 
-    def convert(self, arena, in_slots, out_slots, mode) -> None:
+    def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
+        ``tiled``: the tiled kernel (16 outputs x 128 TILED_CO coefficients a block; 1 or 2 picks
+        the coefficients per thread); False: one thread per coefficient, t_k in shared memory (the
+        first kernel, kept for comparison). All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -173,6 +315,18 @@ class BaseConversion:
             return
         code = mode_code(mode)
         cp = cupy()
+        if tiled:
+            per_thread = TILED_CO if tiled is True else int(tiled)
+            tiles = -(-ring.n // (128 * per_thread))
+            name = f"base_convert_tiled{per_thread}_" + ("textbook", "emulator", "exact")[code]
+            ring.kernel("basis", _source, name)(
+                (batch * tiles * self._chunks,),
+                (128,),
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in_consts, self._out8,
+                 self._factors16 if code == 1 else self._qhat16, self._recip, cp.int32(ring.n), cp.int32(tiles),
+                 cp.int32(self._chunks)),
+            )
+            return
         tiles = -(-ring.n // THREADS)
         smem = 4 * (s * self._dp + s * THREADS)
         kernel = ring.kernel("basis", _source, "base_convert")

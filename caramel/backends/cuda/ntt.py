@@ -14,9 +14,12 @@ __syncthreads between passes.
 * N <= 4096: one kernel, one block per row, the whole transform in shared memory.
 * N >= 8192: two kernels. Write the index j = hi * 256 + lo. The "column" kernel does the first
   log2(N) - 8 stages (butterflies along hi, 32 columns per block, 256 threads); the "row" kernel
-  does the last 8 stages (butterflies along lo, ROWS = 16 rows of 256 points per block). Stage s of a
-  256-point row transform uses twiddle index 2^s (2^a + hi) + i_local, a = log2(N) - 8. ``intt``
-  runs the row kernel first, then the column kernel, which also multiplies by N^-1.
+  does the last 8 stages (butterflies along lo, ROWS = 32 rows of 256 points per block, a warp's
+  lanes being 32 rows at the same point). Stage s of a 256-point row transform uses twiddle index
+  2^s (2^a + hi) + i_local, a = log2(N) - 8, i_local < 2^s; the row kernel takes it as the product
+  of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows, so a warp's
+  loads are broadcasts): psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit.
+  ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
@@ -24,15 +27,17 @@ Rows are independent; each block reads its whole tile before writing it, so ``in
 
 from __future__ import annotations
 
-from caramel.backends.cuda.context import CudaRing, index_array
+from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256
 COLS = 32  # columns per block in the column kernel
-# Measured on an H200, N = 65536, 512 limbs (2026-11-21): (ROWS, RADIX_LOG) = (16, 4) gives 2.01 M
-# NTT/s and 1.96 M INTT/s; (8, 3) 1.90 and 1.78; (16, 3) 1.93 and 1.80; (8, 4) 1.76 and 1.78.
-ROWS = 16  # 256-point rows per block in the row kernel (a multiple of 4, at most 2^(log2 N - 8))
+# Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
+ROWS = 32  # 256-point rows per row-kernel block: 32 = point-major layout (MODE 3), else a multiple of 4
 RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
+MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
+PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
+SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -40,24 +45,43 @@ _SRC = r"""
 #define A_BITS {a_bits}
 #define ROWS {rows}
 #define RADIX_LOG {radix_log}
+#define MIN_BLOCKS {min_blocks}
+#define ROW_MODE {row_mode}
 
-// Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q).
-__device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 w, u32 wp, u32 q, u32 two_q) {{
+// Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q); t = y * w in [0, 2q).
+__device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
     if (x >= two_q) x -= two_q;
-    const u32 t = shoup_lazy(y, w, wp, q);
     y = x + two_q - t;
     x = x + t;
 }}
-// Inverse Gentleman-Sande butterfly: x, y in [0, 2q) -> [0, 2q).
-__device__ __forceinline__ void gs_bfly(u32& x, u32& y, u32 w, u32 wp, u32 q, u32 two_q) {{
-    u32 u = x + y;
-    if (u >= two_q) u -= two_q;
-    y = shoup_lazy(x + two_q - y, w, wp, q);
-    x = u;
+
+// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il], il < 2^s. SPLIT: W = tw[bt << s] *
+// tw[il] mod q, as two Shoup products (the bit fields of bt << s and il do not overlap, so the
+// exponents br((bt << s) + il) = br(bt << s) + br(il) add up); the row factor rf = tw[bt << s] is
+// loaded once per stage and virtual thread, tw[il] comes from the first 2^s entries (L1-resident).
+// FIRST (stage 0, il = 0): W = rf.
+template <bool SPLIT, bool FIRST>
+__device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int bt, int s, int il, uint2 rf,
+                                      u32 q) {{
+    if (SPLIT) {{
+        if (!FIRST) {{
+            const uint2 sw = __ldg(tw + il);
+            a = shoup_lazy(a, sw.x, sw.y, q);
+        }}
+        return shoup_lazy(a, rf.x, rf.y, q);
+    }}
+    const uint2 w = __ldg(tw + (bt << s) + il);
+    return shoup_lazy(a, w.x, w.y, q);
 }}
 
 // Shared-memory position of point p of sub-transform `sub`.
 // MODE 0: one transform (p). MODE 1: 32 columns, column-minor (bank = column).
+// MODE 3: 32 rows of 256 points, point-major like MODE 1 (a warp's lanes are 32 rows at the same
+// point; bank = row ^ (p / 4 mod 32), which also keeps the 16-byte row loads conflict free).
+// MODE 4: 32 rows of 256 points in 16-byte chunks, chunk j = p / 4 of row `sub` at chunk
+// j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
+// reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
+// warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
 // MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
 // pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
 // warp spans two rows, hence the row parity in the swizzle).
@@ -65,6 +89,8 @@ template <int MODE>
 __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 0) return p;
     if (MODE == 1) return p * 32 + sub;
+    if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
+    if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
     const int x = p >> 5;
     if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
@@ -76,7 +102,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // the table tw, bt = bt0 + bt_step * sub (read through L1: a warp reads one or a few
 // contiguous twiddles; building the row twiddles in shared memory from two table entries each
 // measured slower, 2026-11-21).
-template <int LOGM, int G, int MODE, int S0, int R, bool INV>
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
                                          u32 q, u32 two_q) {{
     constexpr int LOGT = LOGM - S0 - R;
@@ -84,31 +110,98 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     constexpr int NV = 1 << (LOGM - R);
     for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
         int sub, u;
-        if (MODE == 1) {{ sub = item % G; u = item / G; }} else {{ u = item % NV; sub = item / NV; }}
+        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
+            sub = item % G; u = item / G;
+        }} else if (MODE == 4) {{  // NV == 16, G == 32
+            const int lane = item & 31, w = item >> 5;
+            u = (lane & 3) | ((w & 3) << 2);
+            sub = ((lane >> 2) & 7) | ((w >> 2) << 3);
+        }} else {{
+            u = item % NV; sub = item / NV;
+        }}
         const int off = u & (T - 1);
         const int g = u >> LOGT;
         const int base = (g << (LOGT + R)) + off;
         const int bt = bt0 + bt_step * sub;
         u32 v[1 << R];
+        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-        for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
+            for (int c = 0; c < (1 << R) / 4; ++c) {{
+                const uint4 x = *(const uint4*)(sm + sidx<MODE>(sub, base + 4 * c));
+                v[4 * c] = x.x; v[4 * c + 1] = x.y; v[4 * c + 2] = x.z; v[4 * c + 3] = x.w;
+            }}
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
+        }}
 #pragma unroll
         for (int dd = 0; dd < R; ++dd) {{
             const int d = INV ? R - 1 - dd : dd;
             const int half = 1 << (R - 1 - d);
             const int s = S0 + d;
+            const uint2 rf = SPLIT ? __ldg(tw + (bt << s)) : make_uint2(0u, 0u);
 #pragma unroll
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
                 const int il = (g << d) + (k >> (R - d));
-                const uint2 w = __ldg(tw + (bt << s) + il);
-                if (INV) gs_bfly(v[k], v[k + half], w.x, w.y, q, two_q);
-                else ct_bfly(v[k], v[k + half], w.x, w.y, q, two_q);
+                if (INV) {{
+                    u32 x = v[k], y = v[k + half];
+                    u32 u2 = x + y;
+                    if (u2 >= two_q) u2 -= two_q;
+                    const u32 a = x + two_q - y;
+                    v[k + half] = s == 0 ? tw_mul<SPLIT, true>(a, tw, bt, s, il, rf, q)
+                                         : tw_mul<SPLIT, false>(a, tw, bt, s, il, rf, q);
+                    v[k] = u2;
+                }} else {{
+                    const u32 t = s == 0 ? tw_mul<SPLIT, true>(v[k + half], tw, bt, s, il, rf, q)
+                                         : tw_mul<SPLIT, false>(v[k + half], tw, bt, s, il, rf, q);
+                    ct_bfly(v[k], v[k + half], t, two_q);
+                }}
             }}
         }}
+        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-        for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
+            for (int c = 0; c < (1 << R) / 4; ++c)
+                *(uint4*)(sm + sidx<MODE>(sub, base + 4 * c)) = make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
+        }}
     }}
+}}
+
+// 16-byte asynchronous copies global -> shared (cp.async, sm_80+), for the pipelined kernels.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory");
+}}
+__device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
+
+// Start loading tile `tile` (of rows * TILES) into buf: the column kernel's 32 columns of a limb
+// (layout of MODE 1), or the row kernel's 32 rows (layout of MODE 4).
+__device__ __forceinline__ void col_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
+    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
+    const int r = tile / TILES, c0 = (tile % TILES) * 32;
+    const u32* src = arena + (u64)in_slots[r] * NN + c0;
+#pragma unroll
+    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        cp_async16(buf + e * 4, src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4);
+    }}
+    cp_async_commit();
+}}
+__device__ __forceinline__ void row_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
+    constexpr int TILES = (1 << A_BITS) / 32;
+    const int r = tile / TILES, hi0 = (tile % TILES) * 32;
+    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        cp_async16(buf + sidx<4>(e >> 6, (e & 63) * 4), src + e);
+    }}
+    cp_async_commit();
 }}
 
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
@@ -165,10 +258,10 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 _ROW = r"""
-extern "C" __global__ void __launch_bounds__(256) {name}(
+extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ u32 sm[ROWS * 256];
+    __shared__ __align__(16) u32 sm[ROWS * 256];
     constexpr int TILES = (1 << A_BITS) / ROWS;
     const int r = blockIdx.x / TILES;
     const int hi0 = (blockIdx.x % TILES) * ROWS;
@@ -182,10 +275,11 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
         const int e = it * 256 + threadIdx.x;
         const uint4 v = src[e];
         const int sub = e >> 6, p = (e & 63) * 4;
-        sm[sidx<2>(sub, p)] = v.x;
-        sm[sidx<2>(sub, p + 1)] = v.y;
-        sm[sidx<2>(sub, p + 2)] = v.z;
-        sm[sidx<2>(sub, p + 3)] = v.w;
+        if (ROW_MODE == 4) {{ *(uint4*)(sm + sidx<4>(sub, p)) = v; continue; }}
+        sm[sidx<ROW_MODE>(sub, p)] = v.x;
+        sm[sidx<ROW_MODE>(sub, p + 1)] = v.y;
+        sm[sidx<ROW_MODE>(sub, p + 2)] = v.z;
+        sm[sidx<ROW_MODE>(sub, p + 3)] = v.w;
     }}
     __syncthreads();
 {passes}
@@ -195,10 +289,14 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
         const int e = it * 256 + threadIdx.x;
         const int sub = e >> 6, p = (e & 63) * 4;
         uint4 v;
-        v.x = sm[sidx<2>(sub, p)];
-        v.y = sm[sidx<2>(sub, p + 1)];
-        v.z = sm[sidx<2>(sub, p + 2)];
-        v.w = sm[sidx<2>(sub, p + 3)];
+        if (ROW_MODE == 4) {{
+            v = *(const uint4*)(sm + sidx<4>(sub, p));
+        }} else {{
+            v.x = sm[sidx<ROW_MODE>(sub, p)];
+            v.y = sm[sidx<ROW_MODE>(sub, p + 1)];
+            v.z = sm[sidx<ROW_MODE>(sub, p + 2)];
+            v.w = sm[sidx<ROW_MODE>(sub, p + 3)];
+        }}
 {finish}
         dst[e] = v;
     }}
@@ -206,7 +304,59 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 
-def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int) -> str:
+# Pipelined kernels: a block transforms PIPE consecutive tiles (of rows * TILES), loading tile t + 1
+# with cp.async into the second of two shared buffers while it transforms tile t, so that its
+# loads overlap its butterflies. Dynamic shared memory: two tiles.
+_PIPED = r"""
+extern "C" __global__ void __launch_bounds__(256) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all, int total) {{
+    extern __shared__ __align__(16) u32 smbuf[];
+    constexpr int TILES = {tiles};
+    constexpr int WORDS = {words};
+    const int first = blockIdx.x * PIPE;
+    {prefetch}(smbuf, arena, in_slots, first);
+    for (int t = 0; t < PIPE; ++t) {{
+        const int tile = first + t;
+        if (tile >= total) break;
+        u32* sm = smbuf + (t & 1) * WORDS;
+        if (t + 1 < PIPE && tile + 1 < total) {{
+            {prefetch}(smbuf + ((t + 1) & 1) * WORDS, arena, in_slots, tile + 1);
+            cp_async_wait<1>();
+        }} else {{
+            cp_async_wait<0>();
+        }}
+        __syncthreads();
+        const int r = tile / TILES;
+        const int pi = prime_idx[r];
+        const u32 q = prime_q(pt, pi), two_q = 2 * q;
+        const uint2* tw = tw_all + (u64)pi * NN;
+{setup}
+{passes}
+        __syncthreads();
+{store}
+        __syncthreads();
+    }}
+}}
+"""
+
+_COL_SETUP = """        const int c0 = (tile % TILES) * 32;
+        u32* dst = arena + (u64)out_slots[r] * NN + c0;"""
+_ROW_SETUP = """        const int hi0 = (tile % TILES) * 32;
+        uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);"""
+_ROW_STORE = """#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        uint4 v = *(const uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4));
+{finish}
+        dst[e] = v;
+    }}"""
+
+
+def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
+                split: bool = False, body: bool = True) -> str:
+    if not body:
+        return ""
     plan, s = [], 0
     while s < logm:
         r = min(radix_log, logm - s)
@@ -215,16 +365,27 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
+    spl = "true" if split else "false"
     calls = [
-        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, {bt0}, {bt_step}, q, two_q);"
+        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}>(sm, tw, {bt0}, {bt_step}, q, two_q);"
         for s0, r in plan
     ]
     return "\n    __syncthreads();\n".join(calls)
 
 
-def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG) -> str:
+def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
+            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
-    radix_log: stages per register pass)."""
+    radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
+    tw_mul); body=False leaves the butterflies out: loads and stores only, for timing; min_blocks: the
+    row kernel's resident blocks per multiprocessor asked of the register allocator). rows = 32
+    selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
+    the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
+    row-major layout (MODE 2). row_mode forces one (0: that default)."""
+    if not row_mode:
+        row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
+    if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
+        raise ValueError(f"row layout {row_mode} needs 32 rows per block (and radix 2^4 for layout 4)")
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
@@ -232,9 +393,11 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG) -> str:
             "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = shoup(sm[i], ni, nip, q);"
         )
         kernels = _SMALL.format(
-            name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, "1", "0", radix_log), store=fwd_store
-        ) + _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log), store=inv_store)
-        return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, kernels=kernels)
+            name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, "1", "0", radix_log, body=body), store=fwd_store
+        ) + _SMALL.format(
+            name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log, body=body), store=inv_store)
+        return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
+                           row_mode=2, kernels=kernels)
     a = logn - ROW_LOG
     col_store = (
         "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
@@ -255,38 +418,77 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG) -> str:
         f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
     )
     kernels = (
-        _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log), store=col_lazy)
+        _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
+                    store=col_lazy)
         + _ROW.format(
             name="ntt_fwd_row",
-            passes=_pass_calls(ROW_LOG, rows, 2, False, "(1 << A_BITS) + hi0", "1", radix_log),
+            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body),
             finish=row_fwd,
         )
         + _ROW.format(
             name="ntt_inv_row",
-            passes=_pass_calls(ROW_LOG, rows, 2, True, "(1 << A_BITS) + hi0", "1", radix_log),
+            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body),
             finish="",
         )
-        + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log), store=col_inv)
+        + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
+                      store=col_inv)
     )
-    return _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log, kernels=kernels)
+    if pipe >= 2:
+        if row_mode != 4:
+            raise ValueError("the pipelined NTT kernels need the row layout 4 (32 rows, radix 2^4)")
+        col = dict(tiles="(1 << (LOGN - A_BITS)) / 32", words="32 << A_BITS", prefetch="col_prefetch",
+                   setup=_COL_SETUP)
+        row = dict(tiles="(1 << A_BITS) / 32", words="32 * 256", prefetch="row_prefetch", setup=_ROW_SETUP)
+        bt = "(1 << A_BITS) + hi0"
+        kernels = (
+            _PIPED.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
+                          store=col_lazy, **col)
+            + _PIPED.format(name="ntt_fwd_row", store=_ROW_STORE.format(finish=row_fwd),
+                            passes=_pass_calls(ROW_LOG, 32, 4, False, bt, "1", radix_log, split, body), **row)
+            + _PIPED.format(name="ntt_inv_row", store=_ROW_STORE.format(finish=""),
+                            passes=_pass_calls(ROW_LOG, 32, 4, True, bt, "1", radix_log, split, body), **row)
+            + _PIPED.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
+                            store=col_inv, **col)
+        )
+    src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
+                      row_mode=row_mode, kernels=kernels)
+    return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
-            rows_per_block: int = ROWS, radix_log: int = RADIX_LOG) -> None:
+            rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
+            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
-    key = f"ntt{ring.n}" if (rows_per_block, radix_log) == (ROWS, RADIX_LOG) else f"ntt{ring.n}-{rows_per_block}-{radix_log}"
+    if pipe >= 2 and (rows_per_block, radix_log, row_mode) not in ((32, 4, 0), (32, 4, 4)):
+        pipe = 0  # the pipelined kernels exist for the row layout 4 only
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe)
+    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE)
+    key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
 
+    def kernel(name):
+        return ring.kernel(
+            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe), name
+        )
+
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn, rows_per_block, radix_log), name)
-        k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
+        kernel(name)((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
+
+    def run_piped(name, src, dst, tiles_per_row, words):
+        k = kernel(name)
+        smem = 2 * 4 * words
+        if k.max_dynamic_shared_size_bytes < smem:
+            k.max_dynamic_shared_size_bytes = smem
+        total = rows * tiles_per_row
+        k((-(-total // pipe),), (THREADS,), (arena, src, dst, prime_idx, pt, tw, cupy().int32(total)),
+          shared_mem=smem)
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
@@ -294,6 +496,13 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
     row_blocks = (1 << a) // rows_per_block
+    if pipe >= 2:
+        col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
+        row = ("ntt_inv_row" if inverse else "ntt_fwd_row", row_blocks, 32 << ROW_LOG)
+        first, second = (row, col) if inverse else (col, row)
+        run_piped(first[0], in_slots, out_slots, first[1], first[2])
+        run_piped(second[0], out_slots, out_slots, second[1], second[2])
+        return
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_blocks)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)

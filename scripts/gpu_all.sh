@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build, check and time the CUDA kernels in one call on a GPU machine (from the repository root):
+#   1. scripts/gpu_bench.py: BootstrapLike_51L_1c at N = 65536 (replay times, digest against
+#      scripts/reference_digests.json, NTT throughput, roofline per kernel kind);
+#   2. scripts/gpu_variants.py: NTT/INTT and base conversion kernels checked bit-exact against the
+#      CPU reference on fresh random data (N = 4096, 8192, 65536) and timed, variants side by side;
+#   3. the GPU test modules (tests/backends/test_cuda_kernels.py, tests/execute/test_gpu.py);
+#   4. scripts/gpu_corpus_check.py over .data/corpus in the three arithmetic modes, N = 4096 and 65536.
+# Logs go to $OUT (or ./gpu_all_logs); a summary is printed last. Exit status 1 if any step failed.
+set -u
+out="${OUT:-gpu_all_logs}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export CARAMEL_PROGRAMS="${CARAMEL_PROGRAMS:-$PWD/.data/corpus}"  # the 10L programs of tests/execute/test_gpu.py
+status=0
+summary=()
+step() {  # step NAME COMMAND...
+    local name=$1; shift
+    local t0=$SECONDS
+    "$@" > "$out/$name.txt" 2>&1
+    local rc=$?
+    summary+=("$(printf '%-22s rc=%d  %4ds' "$name" "$rc" $((SECONDS - t0)))")
+    [ "$rc" -eq 0 ] || status=1
+}
+step bench python3 scripts/gpu_bench.py --skip-reference --skip-checks --repeats 10
+step variants python3 scripts/gpu_variants.py --sizes 4096,8192,65536
+step tests python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_kernels.py tests/execute/test_gpu.py
+for mode in exact textbook emulator; do
+    step "corpus-$mode" python3 scripts/gpu_corpus_check.py .data/corpus --n 4096,65536 --workers 14 --mode "$mode"
+done
+echo "=== bench (last lines)"; tail -n 32 "$out/bench.txt"
+echo "=== variants (last lines)"; tail -n 40 "$out/variants.txt"
+echo "=== tests"; tail -n 3 "$out/tests.txt"
+for mode in exact textbook emulator; do tail -n 1 "$out/corpus-$mode.txt"; done
+echo "=== summary"; printf '%s\n' "${summary[@]}"
+exit $status

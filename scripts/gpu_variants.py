@@ -1,0 +1,167 @@
+"""Kernel variants side by side, one command on a GPU machine: every variant is first checked
+bit-exact against the CPU reference on fresh random data, then timed (CUDA graph of launches over
+rotating input sets, median of replays; see scripts/gpu_kernels_check.py's Bench).
+
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_variants.py [--sizes 4096,8192,65536] [--quick]
+
+NTT/INTT variants: (split row twiddles, row-kernel blocks per multiprocessor); a loads-and-stores
+only variant gives the floor of the access pattern. Base conversion: the first kernel (one thread
+per coefficient) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c.
+Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from gpu_kernels_check import Bench, sets_for  # noqa: E402
+
+#: (rows, split, min_blocks, row layout, pipe) of the NTT kernels; the first is the kernel of commit
+#: 10baff7 (row layout 0: the default for the row count, see caramel.backends.cuda.ntt._source).
+NTT_VARIANTS = [(16, False, 1, 2, 0), (32, True, 4, 4, 0), (32, True, 4, 4, 2), (32, True, 4, 4, 4),
+                (32, True, 4, 4, 8)]
+#: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
+BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4096,8192,65536")
+    ap.add_argument("--n", type=int, default=65536, help="ring degree of the timings")
+    ap.add_argument("--rows", type=int, default=512)
+    args = ap.parse_args()
+    import cupy as cp
+
+    from caramel.backends.cuda import CudaRing
+    from caramel.backends.cuda import basis as dbasis
+    from caramel.backends.cuda import ntt as dntt
+    from caramel.ring import Context, Mode
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    print(f"device {props['name'].decode()} date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    failures: list[str] = []
+    rings = {}
+
+    def ring_of(n):
+        if n not in rings:
+            t0 = time.time()
+            ctx = Context(n)
+            ring = CudaRing(ctx)
+            ring.twiddles
+            rings[n] = (ctx, ring)
+            print(f"tables N={n}: {time.time() - t0:.1f} s", flush=True)
+        return rings[n]
+
+    def i32(a):
+        return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
+
+    def residues(ctx, limbs):
+        return np.stack([rng.integers(0, ctx.q(l), ctx.n, dtype=np.uint64) for l in limbs]).astype(np.uint32)
+
+    # 1. bit-exactness of every NTT variant (all 64 primes, fresh data, poisoned outputs)
+    for n in [int(x) for x in args.sizes.split(",")]:
+        ctx, ring = ring_of(n)
+        limbs = list(range(64)) if n <= 8192 else list(rng.permutation(64)[:12])
+        x = residues(ctx, limbs)
+        want_f = ctx.ntt(x, limbs)
+        want_i = ctx.intt(x, limbs)
+        rows = len(limbs)
+        for rpb, split, mb, lay, pipe in NTT_VARIANTS:
+            for inverse, want in ((False, want_f), (True, want_i)):
+                arena = cp.asarray(np.concatenate([x, np.full_like(x, 0xFFFFFFFF)]))
+                dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
+                             rpb, split=split, min_blocks=mb, row_mode=lay, pipe=pipe)
+                ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
+                if not ok:
+                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} layout={lay} pipe={pipe}")
+        print(f"NTT checks N={n}: {'ok' if not failures else failures}", flush=True)
+
+    # 2. bit-exactness of both base conversion kernels, all modes
+    for n in (4096, args.n):
+        ctx, ring = ring_of(n)
+        for s, d, _ in BC_SHAPES[:3] + [(1, 3, 1), (40, 24, 1)]:
+            perm = [int(v) for v in rng.permutation(64)]
+            in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
+            conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+            ref = ctx.base_converter(in_limbs, out_limbs)
+            xs = [residues(ctx, in_limbs) for _ in range(2)]
+            for mode in Mode:
+                for tiled in (False, 1, 2):
+                    arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
+                    outs = i32(np.arange(2 * d).reshape(2, d) + 2 * s)
+                    conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), outs, mode, tiled=tiled)
+                    have = cp.asnumpy(arena[2 * s :])
+                    for b in range(2):
+                        if not np.array_equal(have[b * d : (b + 1) * d], ref.convert(xs[b], mode)):
+                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tiled={tiled}")
+        print(f"base conversion checks N={n}: {'ok' if not failures else failures}", flush=True)
+
+    # 3. timings at N = args.n
+    n = args.n
+    ctx, ring = ring_of(n)
+    bench = Bench(cp, n)
+    limb = 4 * n
+    big = cp.asarray(rng.integers(0, 2**28, (1024, n), dtype=np.uint32))
+    big2 = cp.empty_like(big)
+    t = bench.time(lambda s: big2.__setitem__(Ellipsis, big), 1, per_replay=8)
+    copy = 2 * big.nbytes / t
+    bench.add("device copy (ceiling)", "256 MiB", t, f"{copy / 1e9:8.0f} GB/s")
+    del big, big2
+    rows = args.rows
+    sets = sets_for(2 * rows * limb)
+    arena = cp.asarray(rng.integers(0, 2**28, (2 * rows * sets, n), dtype=np.uint32))
+    primes = i32(np.arange(rows) % 64)
+    ins = [i32(np.arange(rows) + 2 * rows * s) for s in range(sets)]
+    outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
+    two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
+    print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
+    for rpb, split, mb, lay, pipe in NTT_VARIANTS + [(32, "body", 4, 4, 0), (32, "body", 4, 4, 4)]:
+        kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb, row_mode=lay,
+                  pipe=pipe)
+        for fname, inverse in (("ntt", False), ("intt", True)):
+            t = bench.time(lambda s: dntt._launch(ring, arena, ins[s], outs[s], primes, inverse, **kw), sets)
+            bench.add(f"{fname} rows={rpb} split={split} mb={mb} layout={lay} pipe={pipe}", f"R={rows}", t,
+                      f"{rows / t / 1e6:6.2f} M limbs/s {4 * rows * limb / t / copy * 100:5.1f}% of copy")
+        if ring.logn > 12 and split != "body" and not pipe:
+            tw, pt = ring.twiddles[0], ring.prime_table
+            key = f"ntt{n}-var-{rpb}-{split}-{mb}-{lay}"
+            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
+                k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, split=split, min_blocks=mb,
+                                                                row_mode=lay), kname)
+                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)),
+                               sets)
+                bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
+    del arena
+    for s_in, d_out, batch in BC_SHAPES:
+        perm = list(range(64))
+        conv = dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out])
+        per = batch * (s_in + d_out)
+        sets = sets_for(per * limb)
+        arena = cp.asarray(rng.integers(0, 2**20, (per * sets, n), dtype=np.uint32))
+        bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
+        bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
+        for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
+            for tiled in (False, 1, 2):
+                t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tiled=tiled), sets)
+                bench.add(f"baseconv {mode.value} {f'tiled x{tiled}' if tiled else 'first'}", f"S={s_in} D={d_out} B={batch}",
+                          t, f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
+        del arena
+    print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
+    for name, config, seconds, rate in bench.rows:
+        print(f"| {name} | {config} | {seconds * 1e6:.1f} | {rate} |")
+    print(f"\nchecks: {'ALL BIT-EXACT' if not failures else 'MISMATCH: ' + ', '.join(failures)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The roofline of ``caramel profile``: per kernel kind, time, bytes of the plan's traffic model,
+achieved GB/s and share of the copy bandwidth (pure functions; the NumPy plan engine for one run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from caramel.parse import load_program
+from caramel.plan import build_plan
+from caramel.plan.report import plan_stats
+from caramel.profile import KernelRecord, profile_program, render, render_roofline, roofline_table
+
+from tests.conftest import REPO
+
+PROGRAM = REPO / "programs" / "MulRotate_4L_1c"
+
+
+def _rec(kind: str, ms: float, nbytes: int) -> KernelRecord:
+    return KernelRecord(0, 0, kind, 1, (), 0.0, ms, nbytes)
+
+
+def test_roofline_rates_and_shares():
+    rows = roofline_table([_rec("ntt", 1.0, 2_000_000_000), _rec("ntt", 1.0, 2_000_000_000),
+                           _rec("elementwise", 0.5, 1_000_000_000)], copy_gbs=4000.0)
+    assert [r.kind for r in rows] == ["ntt", "elementwise", "total"]
+    ntt, ew, total = rows
+    assert (ntt.kernels, ntt.ms, ntt.bytes) == (2, 2.0, 4_000_000_000)
+    assert ntt.gbs == pytest.approx(2000.0) and ntt.share == pytest.approx(0.5)
+    assert ew.gbs == pytest.approx(2000.0)
+    assert (total.kernels, total.ms, total.bytes) == (3, 2.5, 5_000_000_000)
+    assert total.share == pytest.approx(2000.0 / 4000.0)
+
+
+def test_roofline_without_ceiling_or_time():
+    rows = roofline_table([_rec("mod", 0.0, 10)])
+    assert rows[0].gbs == 0.0 and rows[0].share == 0.0
+    assert "-" in render_roofline([_rec("mod", 0.0, 10)])
+
+
+@pytest.mark.skipif(not PROGRAM.is_dir(), reason="programs/MulRotate_4L_1c not found")
+def test_profile_records_the_plan_traffic():
+    """The instrumented run's bytes per kind are the plan model's (caramel plan's traffic floor)."""
+    program = load_program(PROGRAM, progress=False)
+    n = 256
+    result = profile_program(program, n=n, repeats=1, backend="cpu-plan", seed=3)
+    stats = plan_stats(build_plan(program, fuse=True), program, n)
+    by_kind: dict[str, int] = {}
+    for k in result.kernels:
+        by_kind[k.kind] = by_kind.get(k.kind, 0) + k.bytes
+    assert by_kind == {k: b for k, b in stats["bytes_by_kind"].items() if b}
+    assert sum(by_kind.values()) == stats["plan_bytes"]
+    text = render(result)
+    assert "roofline per kernel kind" in text and "MiB moved" in text
