@@ -88,6 +88,11 @@ class RunOutcome:
     seconds: float
     digest: str
 
+    def __repr__(self) -> str:  # short: the outcome holds the program, keys and every limb of the run
+        verdict = "not checked" if self.report is None else ("PASS" if self.report.passed else "FAIL")
+        return (f"RunOutcome({self.program.name!r}, N = {self.ctx.n}, mode {self.mode.value}, backend "
+                f"{self.backend!r}, {self.seconds:.3f} s, {verdict}, digest {self.digest[:16]}...)")
+
 
 def resolve_backend(backend: str) -> str:
     """``auto`` -> ``gpu`` when one is usable, else ``cpu``; unknown names are errors."""
@@ -120,7 +125,7 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
 
         return lambda memory: run_plan(plan, ctx, memory, mode)
     if not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
     if len(program.streams) > 1 or gpus:
         from caramel.execute.multi_gpu import run_multi_gpu
 

@@ -24,6 +24,7 @@ EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 #: 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
+_NOT_CHECKED = "not checked: no check file for this family (give one with --check CHECK.toml)"
 _PROGRAM_HELP = "compiled program: a folder, an archive (a.tar.xz or a.tar.xz#NAME) or one instructions file"
 
 
@@ -78,6 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"mode {args.mode}, backend {outcome.backend}: ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
     if outcome.report is None:
+        print(_NOT_CHECKED)
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
@@ -111,6 +113,7 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
           f"mode {args.mode}, {place.world} processes")
     print(f"output digest (sha256): {output_digest(program, result.memory)}")
     if spec is None:
+        print(_NOT_CHECKED)
         return EXIT_OK
     report = evaluate_check(prepared, result.memory, Mode(args.mode))
     print(report.summary())

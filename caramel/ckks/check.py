@@ -76,8 +76,8 @@ from caramel.program import EvalKeyId, Manifest, Mem, Program
 
 #: Scale of a fresh input, 2^28.
 FRESH_SCALE = 2**28
-#: Where the family check files live: ``<repo>/programs/checks/<Family>.toml``.
-CHECKS_DIR = Path(__file__).resolve().parents[2] / "programs" / "checks"
+#: Where the family check files live: ``caramel/checks/<Family>.toml``, package data (``programs/checks`` links here).
+CHECKS_DIR = Path(__file__).resolve().parents[1] / "checks"
 MODES = ("exact", "textbook", "emulator")
 
 _BUILTINS = frozenset({"S", "q", "N", "slots", "L"})
@@ -86,7 +86,7 @@ _TOP_KEYS = {"description", "params", "inputs", "outputs"}
 _INPUT_KEYS = {"kind", "scale", "limbs", "magnitude", "real"}
 _OUTPUT_KEYS = {"formula", "scale", "modulus", "key", "tolerance_bits"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PROGRAM_NAME = re.compile(r"^(?P<family>[A-Za-z0-9]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
+_PROGRAM_NAME = re.compile(r"^(?P<family>[A-Za-z0-9-]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
 
 
 class CheckError(CaramelError):
@@ -306,6 +306,10 @@ class PreparedCheck:
     memory: dict[Mem, np.ndarray]
     keys: MutableMapping[EvalKeyId, EvalKey]
     aliases: Mapping[str, str] | None = None
+
+    def __repr__(self) -> str:  # short: the memory image and keys are large
+        return (f"PreparedCheck({self.spec.path!r}, {len(self.objects)} inputs, {len(self.memory)} limbs, "
+                f"{len(self.keys)} keys)")
 
 
 @dataclass(frozen=True)

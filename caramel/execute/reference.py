@@ -98,6 +98,9 @@ class RunResult:
             merged.update(store)
         return cls(stores, merged, executed)
 
+    def __repr__(self) -> str:  # short: the memory holds every limb of the run
+        return f"RunResult({len(self.stores)} chip stores, {len(self.memory)} limbs in memory, {self.executed} executed)"
+
 
 def _where(chip: ChipState, ins: Instruction) -> str:
     return f"{Location(chip.stream.path, ins.line)} ({ins.text()})"
