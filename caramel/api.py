@@ -63,12 +63,16 @@ def default_spec(program: Program) -> CheckSpec:
 
 
 def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
-    """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs."""
+    """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs.
+
+    Outputs are named by their position in the manifest, not by the compiler's term names, so that
+    two compilations of one program (1 and 2 chips) with bit-identical outputs print the same digest.
+    """
     h = hashlib.sha256()
-    for entry in program.manifest.outputs:
+    for position, entry in enumerate(program.manifest.outputs):
         for limb in entry.limbs:
             key = Mem(entry.term, limb)
-            h.update(f"{key}\0".encode())
+            h.update(f"output {position} limb {limb}\0".encode())
             if key in memory:
                 h.update(np.ascontiguousarray(memory[key], dtype=np.uint32).tobytes())
     return h.hexdigest()
