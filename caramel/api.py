@@ -190,19 +190,30 @@ def run_program(
     material (secrets and evaluation keys) from ``key_seed`` (default ``seed``), or ``keys`` as
     given (see :mod:`caramel.ckks.keyset`). ``gpus``, ``streams``: see :func:`executor`.
     """
+    from caramel.logs import progress
+
     mode = Mode(mode)
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)
+    bar = progress(total=4, desc=f"{program.name}: keys", unit="step")
     if keys is None:
         keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+    bar.set_description(f"{program.name}: encrypt")
+    bar.update()
     prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
                              secrets=keys.secrets, keys=dict(keys.keys))
     backend = resolve_backend(backend)
+    bar.set_description(f"{program.name}: plan and run ({backend})")
+    bar.update()
     run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
+    bar.set_description(f"{program.name}: decrypt and check")
+    bar.update()
     report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+    bar.update()
+    bar.close()
     return RunOutcome(program, ctx, mode, backend, prepared, result, report, seconds,
                       output_digest(program, result.memory))

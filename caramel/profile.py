@@ -163,8 +163,10 @@ def chrome_trace(result: ProfileResult) -> dict:
 
 
 def write_trace(result: ProfileResult, path) -> None:
-    with open(path, "w") as f:
-        json.dump(chrome_trace(result), f)
+    """Write :func:`chrome_trace` to ``path`` atomically."""
+    from caramel.outfiles import write_atomic
+
+    write_atomic(path, json.dumps(chrome_trace(result)))
 
 
 # ----------------------------------------------------------------------------------------------
