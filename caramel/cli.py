@@ -137,7 +137,11 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
 
     ctx = Context(n=args.n)
     spec = resolve_check(program, check)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=np.random.default_rng(args.seed))
+    from caramel.ckks.keyset import generate_keyset, input_rng
+
+    keys = generate_keyset(program, ctx, args.seed)  # the keys and inputs of run_program, so digests agree
+    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(args.seed),
+                             secrets=keys.secrets, keys=dict(keys.keys))
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
     result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,
