@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "on NumPy), gpu (default auto)")
     p.add_argument("--seed", type=int, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--check", metavar="CHECK.toml",
-                   help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
+                   help="check file: inputs and output formulas (default: caramel/checks/<Family>.toml if "
                         "it exists, else random inputs and no judgement)")
     p.add_argument("--no-check", action="store_true", help="random inputs, no decryption check")
     p.add_argument("--gpus", type=_positive, metavar="G",
