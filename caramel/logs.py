@@ -22,7 +22,7 @@ import sys
 from contextlib import nullcontext
 from typing import ContextManager, Iterable
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 LOGGER = logging.getLogger("caramel")
 LOGGER.addHandler(logging.NullHandler())
