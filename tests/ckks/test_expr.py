@@ -108,7 +108,7 @@ def test_reductions():
     assert np.allclose(v, np.full(4, 6.0))
     # the repeated squaring's true scale: S^(2^k) / prod over the levels of q[L-i]^(2^(k-i))
     k = 3
-    want = 2**28 ** (2**k) / (ENV["q"][2] ** 4 * ENV["q"][1] ** 2 * ENV["q"][0])
+    want = (2**28) ** (2**k) / (ENV["q"][2] ** 4 * ENV["q"][1] ** 2 * ENV["q"][0])
     got = evaluate(f"S**(2**{k}) / prod(q[L-i]**2**({k}-i) for i in range(1, {k}+1))", ENV)
     assert got == pytest.approx(want, rel=1e-12)
 
