@@ -221,6 +221,8 @@ def _instrument_gpu(run) -> list[KernelRecord]:
     """Run ``run``'s (fused) plan kernel by kernel with a CUDA event pair around each kernel."""
     import cupy as cp
 
+    from caramel.logs import nvtx_range
+
     chip = run.plan.chips[0]
     b = run.backend
     run.stream.synchronize()
@@ -233,7 +235,8 @@ def _instrument_gpu(run) -> list[KernelRecord]:
                 continue
             start, stop = cp.cuda.Event(), cp.cuda.Event()
             start.record(run.stream)
-            call(b)
+            with nvtx_range(f"caramel {kernel.kind.value} x{len(kernel.rows)} (kernel {i})"):
+                call(b)
             stop.record(run.stream)
             marks.append((i, kernel, start, stop))
     run.stream.synchronize()
