@@ -65,12 +65,16 @@ def default_spec(program: Program) -> CheckSpec:
 
 
 def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
-    """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs."""
+    """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs.
+
+    Outputs are named by their position in the manifest, not by the compiler's term names, so that
+    two compilations of one program (1 and 2 chips) with bit-identical outputs print the same digest.
+    """
     h = hashlib.sha256()
-    for entry in program.manifest.outputs:
+    for position, entry in enumerate(program.manifest.outputs):
         for limb in entry.limbs:
             key = Mem(entry.term, limb)
-            h.update(f"{key}\0".encode())
+            h.update(f"output {position} limb {limb}\0".encode())
             if key in memory:
                 h.update(np.ascontiguousarray(memory[key], dtype=np.uint32).tobytes())
     return h.hexdigest()
@@ -91,6 +95,11 @@ class RunOutcome:
     digest: str
     #: seconds per phase (``keys``, ``encrypt``, ``plan``, ``run``, ``check``; :mod:`caramel.results`)
     timings: dict[str, float] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # short: the outcome holds the program, keys and every limb of the run
+        verdict = "not checked" if self.report is None else ("PASS" if self.report.passed else "FAIL")
+        return (f"RunOutcome({self.program.name!r}, N = {self.ctx.n}, mode {self.mode.value}, backend "
+                f"{self.backend!r}, {self.seconds:.3f} s, {verdict}, digest {self.digest[:16]}...)")
 
 
 def resolve_backend(backend: str) -> str:
@@ -118,7 +127,7 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
     if backend == "gpu" and not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel[cuda12]' or '[cuda13]')")
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
     from caramel.plan import build_plan
 
     plan = build_plan(program)
@@ -261,19 +270,16 @@ def run_program(
     ``device``: where the client arithmetic (keys, encoding, encryption, decryption) runs, "cpu" or
     "gpu" (default: the GPU when the backend is the GPU); the results are the same bit for bit.
     """
-    if not isinstance(program, Program):
-        from caramel.errors import ArgumentError
+    from caramel.errors import ArgumentError
+    from caramel.logs import progress
 
+    if not isinstance(program, Program):
         raise ArgumentError(f"run_program needs a Program (from caramel.load_program), got {type(program).__name__}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        from caramel.errors import ArgumentError
-
         raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
     try:
         mode = Mode(mode)
     except ValueError:
-        from caramel.errors import ArgumentError
-
         raise ArgumentError(f"mode must be one of {', '.join(m.value for m in Mode)}, got {mode!r}") from None
     ctx = ctx or Context(n=n)
     check_prime_count(program, ctx)
@@ -286,21 +292,30 @@ def run_program(
         check_inputs(data, program, ctx.n // 2)
         supplied = instance_values(data, program, 0)
     client = client_device(device, resolve_backend(backend))
+    bar = progress(total=4, desc=f"{program.name}: keys", unit="step")
     marks = [time.perf_counter()]
     with using_client(client):
         if keys is None:
             keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
         marks.append(time.perf_counter())
+        bar.set_description(f"{program.name}: encrypt")
+        bar.update()
         prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
                                  secrets=keys.secrets, keys=dict(keys.keys), supplied=supplied)
     marks.append(time.perf_counter())
     backend = resolve_backend(backend)
+    bar.set_description(f"{program.name}: plan and run ({backend})")
+    bar.update()
     run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
+    bar.set_description(f"{program.name}: decrypt and check")
+    bar.update()
     with using_client(client):
         report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
+    bar.update()
+    bar.close()
     timings = {"keys": marks[1] - marks[0], "encrypt": marks[2] - marks[1], "plan": start - marks[2],
                "run": seconds, "check": time.perf_counter() - start - seconds}
     return RunOutcome(program, ctx, mode, backend, prepared, result, report, seconds,

@@ -372,7 +372,8 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
     beside the rendezvous file; rank 0 waits for all ranks and returns the whole batch (the other
     ranks return None)."""
     from caramel.api import resolve_backend
-    from caramel.results import write_atomic, write_json
+    from caramel.outfiles import write_atomic
+    from caramel.results import write_json
 
     start = time.perf_counter()
     backend = "gpu" if resolve_backend(backend) == "gpu" else "cpu-plan"
@@ -391,7 +392,7 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
             per = [x.outputs for x in result.instances]
             arrays.update({k: (v[None] if len(per) == 1 and not k.endswith(".limbs") else v)
                            for k, v in stack_outputs(per).items()})
-        write_atomic(_outputs_path(place.rendezvous, place.rank), lambda f: np.savez(f, **arrays), mode="wb")
+        write_atomic(_outputs_path(place.rendezvous, place.rank), lambda f: np.savez(f, **arrays))
     if place.rank != 0:
         return None
     records: list[dict] = []

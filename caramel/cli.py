@@ -5,12 +5,18 @@ picks one program of several) or a single ``instructions<p>`` file. Exit codes: 
 1 the program is invalid (``validate``) or a decryption check failed (``run``), 2 usage, parse or other caramel errors (printed as
 ``caramel: error: <message>``, never a traceback), 130 interrupted by Ctrl-C (SIGINT; one line
 ``caramel: interrupted`` on stderr), 141 stdout closed by its reader.
+
+``--json [FILE]`` means the same on ``validate``, ``stats`` and ``plan``: the command's result as
+JSON, written atomically to FILE, or printed on stdout instead of the text when FILE is ``-`` or
+left out. ``-q`` keeps stderr to warnings and errors (no progress bars), ``-v`` adds debug lines;
+diagnostics go through the ``caramel`` logger (:mod:`caramel.logs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -24,7 +30,32 @@ EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 #: 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
+_NOT_CHECKED = "not checked: no check file for this family (give one with --check CHECK.toml)"
 _PROGRAM_HELP = "compiled program: a folder, an archive (a.tar.xz or a.tar.xz#NAME) or one instructions file"
+
+
+def _emit_json(args: argparse.Namespace, data) -> bool:
+    """``--json [FILE]``: write ``data`` as JSON to FILE, or print it when FILE is ``-``; True when
+    it went to stdout (the command then prints no text)."""
+    if args.json is None:
+        return False
+    text = data if isinstance(data, str) else json.dumps(data, indent=2)
+    if args.json == "-":
+        print(text)
+        return True
+    from caramel.outfiles import write_atomic
+
+    write_atomic(args.json, text + ("" if text.endswith("\n") else "\n"))
+    return False
+
+
+def _add_json(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", metavar="FILE", nargs="?", const="-",
+                   help=f"write {what} as JSON to FILE (atomically), or print it instead of the text with '-' or no FILE")
+
+
+#: ``plan --dot`` refuses programs with more instructions than this before writing anything.
+DOT_MAX_NODES = 2000
 
 
 def _load(args: argparse.Namespace):
@@ -38,14 +69,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from caramel.validate import validate
 
     program = _load(args)
+    summary = {"program": program.name, "path": str(args.program), "chips": program.chips,
+               "instructions": program.instruction_count, "ok": True, "problems": [], "truncated": False}
     try:
         validate(program, limit=args.limit)
     except ValidationError as exc:
+        summary.update(ok=False, problems=[str(p) for p in exc.problems], truncated=bool(exc.truncated))
+        if _emit_json(args, summary):
+            return EXIT_INVALID
         for problem in exc.problems:
             print(problem)
         more = f" (stopped at {args.limit}; use --limit to see more)" if exc.truncated else ""
         print(f"{len(exc.problems)}{'+' if exc.truncated else ''} error(s) in {args.program}{more}")
         return EXIT_INVALID
+    if _emit_json(args, summary):
+        return EXIT_OK
     print(f"ok: {program.instruction_count} instructions on {program.chips} chip{'s' if program.chips != 1 else ''}")
     return EXIT_OK
 
@@ -55,9 +93,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from caramel.stats import program_stats, render_table
 
     stats = program_stats(_load(args), n=args.n)
-    if args.json:
-        print(json.dumps(stats.to_dict(), indent=2))
-    else:
+    if not _emit_json(args, stats.to_dict()):
         print(render_table(stats))
     return EXIT_OK
 
@@ -95,6 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"output digest (sha256): {outcome.digest}")
     _run_results(args, program, outcome, load_s)
     if outcome.report is None:
+        print(_NOT_CHECKED)
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
@@ -241,6 +278,7 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
           f"mode {args.mode}, {place.world} processes")
     print(f"output digest (sha256): {output_digest(program, result.memory)}")
     if spec is None:
+        print(_NOT_CHECKED)
         return EXIT_OK
     report = evaluate_check(prepared, result.memory, Mode(args.mode))
     print(report.summary())
@@ -291,26 +329,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from caramel.plan.report import plan_report
     from caramel.validate import validate
 
+    from caramel.outfiles import write_atomic
+
     program = _load(args)
     validate(program)
+    if args.dot and program.instruction_count > DOT_MAX_NODES:  # before any work or any file
+        raise CaramelError(f"--dot: {program.name} has {program.instruction_count} instructions, too many for "
+                           f"Graphviz (limit {DOT_MAX_NODES}); use --dag-json")
     plan = build_plan(program, fuse=not args.no_fuse)
-    print(plan_report(plan, program, n=args.n))
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(plan.to_json())
+    if not _emit_json(args, plan.to_json()):
+        print(plan_report(plan, program, n=args.n))
     if args.dag_json or args.dot:
         graph = dag.program_graph(program)
         if args.dag_json:
-            with open(args.dag_json, "w") as f:
-                f.write(dag.to_json(graph, program))
+            write_atomic(args.dag_json, json.dumps(dag_node_link(graph, program)))
         if args.dot:
-            try:
-                text = dag.to_dot(graph, program)  # before the file is opened: no empty file left
-            except ValueError as exc:
-                raise CaramelError(f"--dot: {exc}") from None
-            with open(args.dot, "w") as f:
-                f.write(text)
+            write_atomic(args.dot, dag.to_dot(graph, program, max_nodes=DOT_MAX_NODES))
     return EXIT_OK
+
+
+def dag_node_link(graph, program) -> dict:
+    """The dependency DAG as :func:`networkx.node_link_data` (``edges="edges"``): nodes ``"chip:index"``
+    with ``chip``, ``index``, ``line`` and ``text``; edges with ``dep`` (raw, comm, ...). Reload it with
+    ``networkx.node_link_graph(json.load(f), edges="edges")``."""
+    import networkx as nx
+
+    named = nx.DiGraph(program=program.name)
+    for c, i in graph.nodes:
+        ins = program.streams[c].instructions[i]
+        named.add_node(f"{c}:{i}", chip=c, index=i, line=ins.line, text=ins.text())
+    for u, v, d in graph.edges(data=True):
+        named.add_edge(f"{u[0]}:{u[1]}", f"{v[0]}:{v[1]}", dep=d.get("dep", "raw"))
+    return nx.node_link_data(named, edges="edges")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -318,8 +368,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from caramel.profile import profile_program, render, write_trace
     from caramel.validate import validate
 
-    log = (lambda s: None) if args.quiet else (lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
-                                                                   file=sys.stderr, flush=True))
+    log = logging.getLogger("caramel.profile").info
     if args.throughput and not args.gpus:
         raise CaramelError("--throughput goes with --gpus 1,2,4,8 (and a family)")
     if args.plot and not args.gpus:
@@ -354,13 +403,14 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     """``caramel profile FAMILY --gpus 1,2,4,8``: the scaling table, a PNG plot and a trace."""
     import json
 
-    from caramel.scaling import plot_scaling, profile_scaling, render_scaling, scaling_trace
+    from caramel.scaling import plot_format, plot_scaling, profile_scaling, render_scaling, scaling_trace
 
-    if args.plot:
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise CaramelError("--plot needs matplotlib (pip install matplotlib); nothing was run")
+    if args.plot:  # before the work: a known format, and matplotlib present
+        plot_format(args.plot)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'") from None
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
                              streams=args.streams, log=log)
@@ -381,8 +431,9 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
         plot_scaling(result, args.plot)
         print(f"plot: {args.plot}")
     if args.trace:
-        with open(args.trace, "w") as f:
-            json.dump(scaling_trace(result), f)
+        from caramel.outfiles import write_atomic
+
+        write_atomic(args.trace, json.dumps(scaling_trace(result)))
         print(f"trace: {len(result.trace)} calls written to {args.trace}")
     return EXIT_OK
 
@@ -443,19 +494,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("program", metavar="PROGRAM", help=_PROGRAM_HELP)
         p.add_argument("--no-cache", action="store_true", help="parse the files even if a cached parse exists")
-        p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, only warnings and errors on stderr")
+        p.add_argument("-v", "--verbose", action="store_true", help="debug lines on stderr")
         p.set_defaults(func=func)
         return p
 
     p = command("validate", "check a compiled program statically (def-use, memory, BCU, communication)",
                 cmd_validate)
     p.add_argument("--limit", type=_positive, default=50, help="report at most this many errors (default 50)")
+    _add_json(p, "the verdict and every problem")
 
     p = command("stats", "per-chip instruction counts, registers, limbs, communication and memory traffic",
                 cmd_stats)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures "
                    "(default 65536)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    _add_json(p, "the figures")
 
     p = command("run", "generate keys, encrypt random inputs, run the program, decrypt and check", cmd_run)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
@@ -466,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "on NumPy), gpu (default auto)")
     p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--check", metavar="CHECK.toml",
-                   help="check file: inputs and output formulas (default: programs/checks/<Family>.toml if "
+                   help="check file: inputs and output formulas (default: caramel/checks/<Family>.toml if "
                         "it exists, else random inputs and no judgement)")
     p.add_argument("--no-check", action="store_true", help="random inputs, no decryption check")
     p.add_argument("--gpus", type=_positive, metavar="G",
@@ -517,9 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures (default 65536)")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per instruction (the unfused baseline)")
-    p.add_argument("--json", metavar="FILE", help="write the plan (kernels, rows, buffers) as JSON to FILE")
-    p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG as JSON to FILE")
-    p.add_argument("--dot", metavar="FILE", help="write the dependency DAG as Graphviz DOT to FILE (small programs)")
+    _add_json(p, "the plan (kernels, rows, buffers)")
+    p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG to FILE as networkx "
+                   "node-link JSON (networkx.node_link_graph(json.load(f), edges='edges') reloads it)")
+    p.add_argument("--dot", metavar="FILE", help=f"write the dependency DAG as Graphviz DOT to FILE (programs of at "
+                   f"most {DOT_MAX_NODES} instructions)")
 
     p = command("profile", "time a program (eager, graph, graph+fusion), per kernel kind, and write a trace",
                 cmd_profile)
@@ -536,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=_gpu_list, metavar="1,2,4,8",
                    help="scaling profile: PROGRAM is a family (path prefix such as programs/Mul_10L, or an archive "
                         "such as BootstrapLike_51L.tar.xz) whose G-chip program runs on G devices for each G")
-    p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve as a PNG")
+    p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve (PNG, PDF or SVG by the "
+                   "file's extension; needs matplotlib: pip install 'caramel-fhe[plot]')")
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
     p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
@@ -585,6 +641,9 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    from caramel.logs import configure
+
+    configure(-1 if getattr(args, "quiet", False) else 1 if getattr(args, "verbose", False) else 0)
     try:
         return args.func(args)
     except CaramelError as exc:

@@ -49,7 +49,7 @@ from caramel.program import (
     Symbol,
     VReg,
 )
-from caramel.progress import Progress
+from caramel.logs import progress as progress_bar
 
 logger = logging.getLogger(__name__)
 GRAMMAR_PATH = Path(__file__).resolve().parent / "grammar" / "cinnamon.lark"
@@ -668,10 +668,10 @@ def build_program(files: _Files, *, fast: bool = True, progress: bool | None = N
         raise ParseError(Location(files.where), f"instruction files must be numbered 0..K-1, found {chips}")
     total = sum(files.files[f"instructions{c}"].count(b"\n") for c in chips)
     streams = []
-    with Progress("parse", total, enabled=progress) as bar:
+    with progress_bar(total=total, desc="parse", unit="lines", enabled=progress) as bar:
         for c in chips:
             name = f"instructions{c}"
-            streams.append(parse_stream(files.files[name], files.path(name), c, fast=fast, progress=bar.advance))
+            streams.append(parse_stream(files.files[name], files.path(name), c, fast=fast, progress=bar.update))
     manifest = Manifest(files.path("program_inputs"), ())
     if "program_inputs" in files.files:
         manifest = parse_manifest(files.files["program_inputs"], files.path("program_inputs"))

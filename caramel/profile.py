@@ -210,8 +210,10 @@ def chrome_trace(result: ProfileResult) -> dict:
 
 
 def write_trace(result: ProfileResult, path) -> None:
-    with open(path, "w") as f:
-        json.dump(chrome_trace(result), f)
+    """Write :func:`chrome_trace` to ``path`` atomically."""
+    from caramel.outfiles import write_atomic
+
+    write_atomic(path, json.dumps(chrome_trace(result)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,6 +290,8 @@ def _instrument_gpu(run) -> list[KernelRecord]:
     """Run ``run``'s (fused) plan kernel by kernel with a CUDA event pair around each kernel."""
     import cupy as cp
 
+    from caramel.logs import nvtx_range
+
     chip = run.plan.chips[0]
     b = run.backend
     run.stream.synchronize()
@@ -298,7 +302,8 @@ def _instrument_gpu(run) -> list[KernelRecord]:
         for call, (_, i, kernel) in zip(run.device.calls, run.device.kernel_of):
             start, stop = cp.cuda.Event(), cp.cuda.Event()
             start.record(run.stream)
-            call(b)
+            with nvtx_range(f"caramel {kernel.kind.value} x{len(kernel.rows)} (kernel {i})"):
+                call(b)
             stop.record(run.stream)
             marks.append((i, kernel, start, stop))
     run.stream.synchronize()

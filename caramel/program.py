@@ -223,6 +223,9 @@ class Stream:
     def __iter__(self) -> Iterator[Instruction]:
         return iter(self.instructions)
 
+    def __repr__(self) -> str:  # short: a stream holds up to 10^5 instructions
+        return f"Stream(chip {self.chip}, {len(self.instructions)} instructions, {self.path!r})"
+
 
 class Section(enum.Enum):
     """Manifest sections; the value is the header text without ``" Stream:"``."""
@@ -314,6 +317,9 @@ class Manifest:
     def outputs(self) -> tuple[ManifestEntry, ...]:
         return self.section(Section.OUTPUT)
 
+    def __repr__(self) -> str:  # short: a manifest may list thousands of limbs
+        return f"Manifest({self.path!r}, {len(self.entries)} entries)"
+
 
 @dataclass(frozen=True, slots=True)
 class Program:
@@ -328,6 +334,10 @@ class Program:
     @property
     def chips(self) -> int:
         return len(self.streams)
+
+    def __repr__(self) -> str:  # short: the full dataclass repr of a large program is megabytes
+        return (f"Program({self.name!r}, {len(self.streams)} chip{'s' if len(self.streams) != 1 else ''}, "
+                f"{sum(len(s) for s in self.streams)} instructions, path={self.path!r})")
 
     @property
     def instruction_count(self) -> int:

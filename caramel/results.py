@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from caramel.fileio import write_atomic
+from caramel.outfiles import write_atomic
 
 #: The phases of a run, in the order they happen (and are printed).
 PHASES = ("load", "plan", "keys", "encrypt", "run", "decrypt", "check")
@@ -201,7 +201,7 @@ def scaling_document(result) -> dict[str, Any]:
 def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     """``data`` as strict JSON (indented) at ``path``, atomically."""
     text = json.dumps(data, indent=2, allow_nan=False, default=_jsonable)
-    return write_atomic(path, lambda f: f.write(text + "\n"))
+    return write_atomic(path, text + "\n")
 
 
 def _jsonable(x: Any) -> Any:
@@ -219,4 +219,4 @@ def _jsonable(x: Any) -> Any:
 
 
 __all__ = ["PHASES", "SCHEMA", "Timings", "check_record", "document", "environment", "profile_document",
-           "run_record", "scaling_document", "timings_line", "write_atomic", "write_json"]
+           "run_record", "scaling_document", "timings_line", "write_json"]

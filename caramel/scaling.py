@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from caramel.errors import CaramelError
+from caramel.logs import nvtx_range, progress
 from caramel.ring import Context, Mode
 
 
@@ -55,7 +56,9 @@ class ScalingResult:
     clock: str
     date: str
     points: list[ScalingPoint]
-    trace: list[tuple[int, int, str, bool, float, float]] = field(default_factory=list)  # (G, dev, label, comm, start, dur)
+    #: (G, device, label, comm, start ms, dur ms, stream, collectives): ``stream`` the call's stream
+    #: in the device's schedule, ``collectives`` the (level, id) keys of a group call (else ()).
+    trace: list[tuple] = field(default_factory=list)
     throughput: list = field(default_factory=list)  # caramel.batch.ThroughputPoint per G (--throughput)
 
     def speedup(self, p: ScalingPoint) -> float:
@@ -98,56 +101,132 @@ def render_scaling(result: ScalingResult) -> str:
     return "\n".join(lines)
 
 
-def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ((2, 1.7), (4, 2.8), (8, 4.0))) -> None:
-    """A PNG: replay time and speedup against the number of devices, with ideal and target lines."""
-    import matplotlib
+#: Formats :func:`plot_scaling` writes, by file extension.
+PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot_format(path) -> str:
+    """The matplotlib format of ``path`` from its extension (PNG, PDF, SVG); others are errors."""
+    fmt = PLOT_FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise CaramelError(f"plot {path}: the file name must end in {', '.join(PLOT_FORMATS)}")
+    return fmt
+
+
+def bar_split(p: ScalingPoint) -> tuple[float, float]:
+    """(compute, communication) of the busiest device, scaled so that they add up to the replay's
+    median: the proportion compute : communication as measured (see the module docstring),
+    applied to the replay time it explains."""
+    total = p.compute_ms + p.comm_ms
+    if total <= 0:
+        return p.median_ms, 0.0
+    compute = p.median_ms * p.compute_ms / total
+    return compute, p.median_ms - compute
+
+
+def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ()) -> None:
+    """Save the scaling curve to ``path`` (PNG, PDF or SVG by extension) with matplotlib's object
+    API (a :class:`~matplotlib.figure.Figure`, never the global backend): left, the replay time per
+    device count as stacked compute + communication bars that add up to the replay (median, with
+    its min-max range); right, the speedup on log2 axes, where the ideal line (speedup = G) is
+    straight. ``targets``: optional (G, speedup) points drawn as a target line."""
+    fmt = plot_format(path)
+    from matplotlib.figure import Figure
 
     g = [p.gpus for p in result.points]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.errorbar(g, [p.median_ms for p in result.points],
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    a, b = fig.subplots(1, 2)
+    x = np.arange(len(g))
+    split = [bar_split(p) for p in result.points]
+    a.bar(x, [c for c, _ in split], 0.6, label="compute (busiest device)")
+    a.bar(x, [m for _, m in split], 0.6, bottom=[c for c, _ in split], label="communication and waiting")
+    a.errorbar(x, [p.median_ms for p in result.points],
                yerr=[[p.median_ms - p.min_ms for p in result.points], [p.max_ms - p.median_ms for p in result.points]],
-               marker="o", capsize=3, label="replay (median, min-max)")
-    a.plot(g, [p.compute_ms for p in result.points], "s--", label="compute (busiest device)")
-    a.plot(g, [p.comm_ms for p in result.points], "^--", label="communication and waiting (busiest device)")
-    a.set(xlabel="devices", ylabel="ms", xscale="log", xticks=g, xticklabels=[str(x) for x in g],
-          title="time per run")
-    a.minorticks_off()
+               fmt="none", ecolor="black", capsize=4, label="replay min-max")
+    a.set(xlabel="devices", ylabel="ms per run", xticks=x, xticklabels=[str(v) for v in g], title="time per run")
     a.legend(fontsize=7)
     b.plot(g, [result.speedup(p) for p in result.points], "o-", label="latency (G-chip program)")
     if result.throughput:
         b.plot([t.gpus for t in result.throughput], [t.speedup for t in result.throughput], "D-",
                label="throughput (1-chip program)")
-    b.plot(g, g, ":", color="gray", label="ideal")
+    b.plot([min(g), max(g)], [min(g), max(g)], ":", color="gray", label="ideal (speedup = devices)")
     tg = [t for t in targets if t[0] <= max(g)]
     if tg:
         b.plot([1] + [t[0] for t in tg], [1.0] + [t[1] for t in tg], "x--", color="red", label="target")
-    b.set(xlabel="devices", ylabel="speedup over 1", xscale="log", xticks=g, xticklabels=[str(x) for x in g],
+    b.set_xscale("log", base=2)
+    b.set_yscale("log", base=2)
+    b.set(xlabel="devices", ylabel="speedup over 1 device", xticks=g, xticklabels=[str(v) for v in g],
           title="speedup")
     b.minorticks_off()
     b.legend(fontsize=7)
-    fig.suptitle(f"{Path(result.family).name}, N = {result.n}, {result.device}, {result.date}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.suptitle(f"{Path(result.family).name}, N = {result.n}, backend {result.backend} ({result.device}), "
+                 f"{result.date}", fontsize=9)
+    import io
+
+    from caramel.outfiles import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=120)
+    write_atomic(path, buf.getvalue())
+
+
+def call_streams(dev_run, streams: int) -> list[int]:
+    """The stream of every call of ``dev_run`` in its schedule on ``streams`` streams (all 0 for one)."""
+    out = [0] * len(dev_run.calls)
+    if streams > 1:
+        schedule = dev_run.schedule(streams)
+        for t, calls in enumerate(dev_run.task_calls):
+            for i in calls:
+                out[i] = schedule.stream[t]
+    return out
+
+
+def call_collectives(dev_run) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Call index -> the (level, id) keys of the collectives that a fabric group call carries: the
+    k-th group call of a device is its k-th communication step with collectives."""
+    from caramel.execute.collectives import CommStep
+
+    steps = [s for s in dev_run.prog.steps if isinstance(s, CommStep) and s.ops]
+    return {i: tuple((s.level, o.sync) for o in s.ops) for i, s in zip(sorted(dev_run.groups), steps)}
 
 
 def scaling_trace(result: ScalingResult) -> dict:
-    """A Chrome / Perfetto trace of the instrumented runs: one process per (G, device), one row
-    (its stream); kernels and collectives are "X" events of categories ``kernel``/``comm``."""
+    """A Chrome / Perfetto trace of the instrumented runs: one process per (G, device), one thread
+    row per stream of its schedule; kernels and collectives are "X" events of categories
+    ``kernel``/``comm``; flow arrows (``s``/``f`` events, category ``collective``) link the ends
+    of each collective on different devices, from the first device that issued it to each other."""
     events: list[dict] = []
     pids: dict[tuple[int, int], int] = {}
-    for g, d, label, comm, start, dur in result.trace:
+    rows: set[tuple[int, int]] = set()
+    ends: dict[tuple[int, tuple[int, int]], list[tuple[int, int, float]]] = {}
+    for entry in result.trace:
+        g, d, label, comm, start, dur = entry[:6]
+        stream = entry[6] if len(entry) > 6 else 0
+        keys = entry[7] if len(entry) > 7 else ()
         pid = pids.get((g, d))
         if pid is None:
             pid = pids[(g, d)] = len(pids)
             events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                            "args": {"name": f"{g} device run: device {d}"}})
-            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "stream 0"}})
-        events.append({"name": label, "cat": "comm" if comm else "kernel", "ph": "X", "pid": pid, "tid": 0,
-                       "ts": round(start * 1e3, 3), "dur": round(dur * 1e3, 3)})
+        if (pid, stream) not in rows:
+            rows.add((pid, stream))
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": stream,
+                           "args": {"name": f"stream {stream}"}})
+        ts = round(start * 1e3, 3)
+        events.append({"name": label, "cat": "comm" if comm else "kernel", "ph": "X", "pid": pid, "tid": stream,
+                       "ts": ts, "dur": round(dur * 1e3, 3)})
+        for key in keys:
+            ends.setdefault((g, key), []).append((pid, stream, ts))
+    flow = 0
+    for (_, (level, sync)), where in sorted(ends.items()):
+        first, *others = sorted(where, key=lambda w: (w[2], w[0]))
+        for pid, tid, ts in others:
+            name = f"collective id {sync} (level {level})"
+            events.append({"name": name, "cat": "collective", "ph": "s", "id": flow, "pid": first[0],
+                           "tid": first[1], "ts": first[2]})
+            events.append({"name": name, "cat": "collective", "ph": "f", "bp": "e", "id": flow, "pid": pid,
+                           "tid": tid, "ts": ts})
+            flow += 1
     meta = {"family": result.family, "n": result.n, "backend": result.backend, "device": result.device,
             "date": result.date}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
@@ -217,7 +296,7 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
     ctx = Context(n=n)
     mode = Mode(mode)
     points, trace = [], []
-    for g in gpus:
+    for g in progress(gpus, desc=f"scaling {Path(family).name}", unit="G"):
         path = family_member(family, g)
         log(f"{g} device(s): loading {path}")
         program = load_program(path)
@@ -227,18 +306,21 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
         memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(seed)).memory
         plan = build_plan(program)
         t0 = time.perf_counter()
-        if backend == "gpu":
-            from caramel.execute.cuda_graph import MultiGpuRun
+        with nvtx_range(f"caramel {g} devices: setup and capture"):
+            if backend == "gpu":
+                from caramel.execute.cuda_graph import MultiGpuRun
 
-            run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams)
-            run.capture()
-        else:
-            run = HostRun(plan, ctx, memory, mode, g, timeout=600.0, streams=streams, seed=seed)
+                run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams)
+                run.capture()
+            else:
+                run = HostRun(plan, ctx, memory, mode, g, timeout=600.0, streams=streams, seed=seed)
         setup = time.perf_counter() - t0
         try:
-            t = run.time(repeats, warmup)
+            with nvtx_range(f"caramel {g} devices: {repeats} timed replays"):
+                t = run.time(repeats, warmup)
             digest = output_digest(program, run.result().memory)
-            marks = run.instrument()
+            with nvtx_range(f"caramel {g} devices: instrumented run"):
+                marks = run.instrument()
         finally:
             run.close()
         progs = run.progs
@@ -247,7 +329,9 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
             comm = sum(dur for i, _, dur in m if dev_run.is_comm(i))
             total = sum(dur for _, _, dur in m)
             split = max(split, (total - comm, comm), key=sum)
-            trace += [(g, d, dev_run.labels[i], dev_run.is_comm(i), start, dur) for i, start, dur in m]
+            stream_of, keys_of = call_streams(dev_run, streams), call_collectives(dev_run)
+            trace += [(g, d, dev_run.labels[i], dev_run.is_comm(i), start, dur, stream_of[i], keys_of.get(i, ()))
+                      for i, start, dur in m]
         if backend == "gpu":  # graph replays without collectives, not the eager instrumented run
             del run
             floor = max(compute_only_ms(plan, ctx, memory, mode, g, repeats, streams))

@@ -219,13 +219,13 @@ def stack_outputs(per_instance: Sequence[Mapping[str, np.ndarray]]) -> dict[str,
 
 
 def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
-    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.fileio.write_atomic`)."""
-    from caramel.fileio import write_atomic
+    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.outfiles.write_atomic`)."""
+    from caramel.outfiles import write_atomic
 
     path = Path(path)
     if path.suffix.lower() != ".npz":
         raise InputDataError(f"{path}: outputs are written as .npz; give a file name ending in .npz")
-    return write_atomic(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()}), mode="wb")
+    return write_atomic(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()}))
 
 
 __all__ = ["InputData", "InputDataError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",

@@ -53,3 +53,15 @@ def check_launch(program: str, n: int, backend: str, nproc: int = 2, timeout: fl
     assert digest and digest[0] in have.stdout
     assert f"{nproc} processes" in have.stdout and "PASS" in have.stdout
     return have
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line when the compiled corpus is absent: where it was looked for and how many tests
+    skipped for it (the README's Development section)."""
+    if SHARED_PROGRAMS.is_dir():
+        return
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if "not found" in str(getattr(r, "longrepr", "")) or "corpus" in str(getattr(r, "longrepr", ""))]
+    terminalreporter.write_line(
+        f"caramel: compiled corpus not found at {SHARED_PROGRAMS} (set CARAMEL_SHARED_PROGRAMS); "
+        f"{len(skipped)} test(s) that read it were skipped")

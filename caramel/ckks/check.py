@@ -17,19 +17,24 @@ must decrypt to. Format (unknown keys are errors, to catch typos)::
     magnitude = 1.0               # optional: real and imaginary parts drawn uniform in [-m, m]
     real = false                  # optional: draw real values only (scalars are always real)
 
+    [let]                         # optional named formulas over the inputs, evaluated in order at
+    a1 = "x + rot(x, 1)"          # each output (may use inputs, params, functions, earlier lets);
+    a2 = "a1 + rot(a1, 2)"        # a rotation-sum written level by level
+
     [outputs.z]                   # one table per output name of the manifest
     formula = "x * y"             # expected slots, over the decoded inputs (see below)
     scale = "S**2 / q[L-1]"       # the output's true scale: decode the decryption at this scale
     modulus = "q[0]*q[1]*q[2]"    # optional: reduce the centred decrypted coefficients centred
                                   #   modulo this integer before decoding (BootstrapModRaise)
     key = "s"                     # optional: decrypt under "s" (default) or "s_eph"
-    tolerance_bits = 10           # pass if precision >= this; or a table keyed by mode:
+    tolerance_bits = 10           # pass if precision >= this (a positive finite number); or by mode:
     # tolerance_bits = { exact = 10, textbook = { 1024 = 10, 4096 = 9, 65536 = 4 }, default = 8 }
 
 Tolerance tables: the entry for the arithmetic mode (``exact``, ``textbook``, ``emulator``), else
 ``default``; an entry is a number or a table keyed by N thresholds, where the smallest threshold
 >= N applies (the largest one above every threshold). A mode with no entry and no default is
-measured but not judged (``passed`` is None).
+measured but not judged (``passed`` is None). Thresholds are powers of two up to 65536; every
+bar is a positive finite number of bits.
 
 Expressions (:mod:`caramel.ckks.expr`, a whitelist-checked ``ast`` evaluator, never ``eval``):
 numbers (also complex, ``1j``), ``+ - * / **``, unary ``-``, ``q[i]`` indexing, and the names
@@ -38,11 +43,21 @@ numbers (also complex, ``1j``), ``+ - * / **``, unary ``-``, ``q[i]`` indexing, 
   ``slots`` = N/2, ``L`` = the program's input limb count: the largest ciphertext input's limb count
   (max limb index + 1) in the manifest, unless given explicitly to :func:`prepare_check`;
 * params;
-* in formulas only: every input name (a ciphertext or plaintext is its vector of N/2 decoded slots,
+* the reductions ``sum(v)``, ``prod(v)``, ``sum(E for i in range(a, b))``, ``prod(E for i in
+  range(a, b))`` (a slot sum, a product over the levels such as a repeated squaring's true scale
+  ``S**8 / prod(q[L-i]**2**(3-i) for i in range(1, 4))``);
+* in formulas and lets only: every input name (a ciphertext or plaintext is its vector of N/2 decoded slots,
   a scalar is its decoded real number) and the functions ``rot(v, k)`` (rotate LEFT by k, slot i
   receives slot i+k; negative k rotates right; k acts modulo N/2, ISA.md decision 6), ``conj(v)``,
   ``scaled(v, s)`` = v * s / scale_out, for a term that reaches the output at true scale s while the
   output is decoded at scale_out (sums of terms that went through different rescales).
+
+What a check file can cost is bounded: the file is at most ``MAX_CHECK_BYTES`` bytes of UTF-8,
+nested at most ``MAX_TOML_DEPTH`` tables or arrays deep; expressions have the limits of
+:mod:`caramel.ckks.expr` (length, nodes, depth, steps, integer size; no repetition of sequences), at
+most ``MAX_LETS`` lets (each one vector of N/2 slots), and ``limbs`` cannot exceed the primes. An
+output whose true scale times its largest expected value does not fit half its modulus cannot be
+decrypted to that value: the result says so (and fails) instead of printing a precision.
 
 "Decoded inputs" are the exact messages that were encrypted: decode(encode(v)) for vectors and
 round(c * scale) / scale for scalars.
@@ -58,7 +73,7 @@ import enum
 import math
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
@@ -67,7 +82,7 @@ import numpy as np
 from caramel.ckks.bind import InputKind, Requirements, bind_inputs, read_outputs, requirements
 from caramel.ckks.encoding import decode, encode, rotate_slots
 from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
-from caramel.ckks.expr import ExprError, evaluate, parse
+from caramel.ckks.expr import REDUCTIONS, ExprError, evaluate, parse
 from caramel.ckks.keys import EvalKey, Secrets
 from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
 from caramel.ckks.sampling import rng_of
@@ -76,17 +91,23 @@ from caramel.program import EvalKeyId, Manifest, Mem, Program
 
 #: Scale of a fresh input, 2^28.
 FRESH_SCALE = 2**28
-#: Where the family check files live: ``<repo>/programs/checks/<Family>.toml``.
-CHECKS_DIR = Path(__file__).resolve().parents[2] / "programs" / "checks"
+#: Where the family check files live: ``caramel/checks/<Family>.toml``, package data (``programs/checks`` links here).
+CHECKS_DIR = Path(__file__).resolve().parents[1] / "checks"
 MODES = ("exact", "textbook", "emulator")
 
 _BUILTINS = frozenset({"S", "q", "N", "slots", "L"})
 _FUNCTIONS = frozenset({"rot", "conj", "scaled"})
-_TOP_KEYS = {"description", "params", "inputs", "outputs"}
+#: Names that a param, input or let may not take (reductions and the ``range`` of their loops).
+_RESERVED = _BUILTINS | _FUNCTIONS | REDUCTIONS | {"range"}
+_TOP_KEYS = {"description", "params", "let", "inputs", "outputs"}
+#: Bounds on what a check file may cost (see the module docstring).
+MAX_CHECK_BYTES = 1 << 20
+MAX_TOML_DEPTH = 32
+MAX_LETS = 256
 _INPUT_KEYS = {"kind", "scale", "limbs", "magnitude", "real"}
 _OUTPUT_KEYS = {"formula", "scale", "modulus", "key", "tolerance_bits"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PROGRAM_NAME = re.compile(r"^(?P<family>[A-Za-z0-9]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
+_PROGRAM_NAME = re.compile(r"^(?P<family>[A-Za-z0-9-]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
 
 
 class CheckError(CaramelError):
@@ -126,6 +147,7 @@ class CheckSpec:
     params: Mapping[str, str]
     inputs: Mapping[str, InputSpec]
     outputs: Mapping[str, OutputSpec]
+    lets: Mapping[str, str] = field(default_factory=dict)
 
 
 def mode_name(mode: Any) -> str:
@@ -139,21 +161,31 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _bar(v: Any, where: str) -> None:
+    """A tolerance bar: a positive finite number of bits (not a boolean, NaN or infinity)."""
+    if not _is_number(v) or not math.isfinite(v) or v <= 0:
+        raise CheckError(f"{where}: a tolerance must be a positive finite number of bits, got {v!r}")
+
+
 def _validate_tolerance(tol: Any, where: str) -> None:
-    if tol is None or _is_number(tol):
+    if tol is None:
         return
     if not isinstance(tol, dict):
-        raise CheckError(f"{where}: tolerance_bits must be a number or a table keyed by mode")
+        _bar(tol, f"{where}.tolerance_bits")
+        return
     for mode, entry in tol.items():
         if mode not in MODES and mode != "default":
-            raise CheckError(f"{where}: unknown mode {mode!r} in tolerance_bits (modes: {', '.join(MODES)}, default)")
-        if _is_number(entry):
+            raise CheckError(f"{where}: unknown mode {mode!r} in tolerance_bits (keys: {', '.join(MODES)}, default)")
+        if not isinstance(entry, dict):
+            _bar(entry, f"{where}.tolerance_bits.{mode}")
             continue
-        if not isinstance(entry, dict) or not entry:
+        if not entry:
             raise CheckError(f"{where}: tolerance_bits.{mode} must be a number or a table keyed by N")
         for k, v in entry.items():
-            if not str(k).isdigit() or not _is_number(v):
-                raise CheckError(f"{where}: tolerance_bits.{mode} needs entries N = bits, got {k!r} = {v!r}")
+            if not str(k).isdigit() or int(k) < 2 or int(k) > 65536 or int(k) & (int(k) - 1):
+                raise CheckError(f"{where}: unknown key {k!r} in tolerance_bits.{mode} (keys are ring dimensions N, "
+                                 "powers of two up to 65536)")
+            _bar(v, f"{where}.tolerance_bits.{mode}.{k}")
 
 
 def resolve_tolerance(tol: Any, mode: str, n: int) -> float | None:
@@ -198,7 +230,7 @@ def parse_check(data: Mapping[str, Any], path: str = "<check>") -> CheckSpec:
     names = set(_BUILTINS)
     params: dict[str, str] = {}
     for name, text in params_raw.items():
-        if not _IDENT.match(name) or name in _BUILTINS or name in _FUNCTIONS:
+        if not _IDENT.match(name) or name in _RESERVED:
             raise CheckError(f"{path}: bad or reserved parameter name {name!r}")
         params[name] = _expr(text, names, frozenset(), f"{path}: params.{name}")
         names.add(name)
@@ -207,7 +239,7 @@ def parse_check(data: Mapping[str, Any], path: str = "<check>") -> CheckSpec:
     inputs: dict[str, InputSpec] = {}
     for name, t in inputs_raw.items():
         where = f"{path}: inputs.{name}"
-        if not _IDENT.match(name) or name in scale_names or name in _FUNCTIONS:
+        if not _IDENT.match(name) or name in scale_names or name in _RESERVED:
             raise CheckError(f"{where}: bad or reserved input name")
         if not isinstance(t, dict):
             raise CheckError(f"{where} must be a table")
@@ -235,7 +267,18 @@ def parse_check(data: Mapping[str, Any], path: str = "<check>") -> CheckSpec:
             real,
         )
 
+    lets_raw = data.get("let", {})
+    if not isinstance(lets_raw, dict):
+        raise CheckError(f"{path}: [let] must be a table")
+    if len(lets_raw) > MAX_LETS:
+        raise CheckError(f"{path}: more than {MAX_LETS} lets")
     formula_names = scale_names | set(inputs)
+    lets: dict[str, str] = {}
+    for name, text in lets_raw.items():
+        if not _IDENT.match(name) or name in formula_names or name in _RESERVED:
+            raise CheckError(f"{path}: let.{name}: bad, reserved or already declared name")
+        lets[name] = _expr(text, formula_names, _FUNCTIONS, f"{path}: let.{name}")
+        formula_names = formula_names | {name}
     outputs: dict[str, OutputSpec] = {}
     for name, t in outputs_raw.items():
         where = f"{path}: outputs.{name}"
@@ -260,19 +303,60 @@ def parse_check(data: Mapping[str, Any], path: str = "<check>") -> CheckSpec:
         )
     if not isinstance(description, str):
         raise CheckError(f"{path}: description must be a string")
-    return CheckSpec(str(path), description, params, inputs, outputs)
+    return CheckSpec(str(path), description, params, inputs, outputs, lets)
+
+
+def _toml_depth(text: str) -> int:
+    """An upper bound on the nesting of TOML arrays and inline tables (brackets outside strings
+    are counted as if every one opened a level; comments and strings are skipped roughly)."""
+    depth = deepest = 0
+    quote = None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def load_check(path: str | Path) -> CheckSpec:
-    """Read and validate a check file."""
+    """Read and validate a check file: a regular file of at most ``MAX_CHECK_BYTES`` bytes of UTF-8
+    TOML, nested at most ``MAX_TOML_DEPTH`` deep (errors name the file and the reason)."""
+    import os
+    import stat
+
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            data = tomllib.load(f)
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CheckError(f"{p}: not a regular file")
+            if info.st_size > MAX_CHECK_BYTES:
+                raise CheckError(f"{p}: {info.st_size} bytes; a check file has at most {MAX_CHECK_BYTES}")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                raw = f.read(MAX_CHECK_BYTES + 1)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise CheckError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    if _toml_depth(text) > MAX_TOML_DEPTH:
+        raise CheckError(f"{p}: arrays or tables nested deeper than {MAX_TOML_DEPTH}")
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CheckError(f"{p}: {exc}") from None
-    except OSError as exc:
-        raise CheckError(f"{p}: cannot read: {exc}") from None
+    except (RecursionError, MemoryError):
+        raise CheckError(f"{p}: nested too deeply to read") from None
     return parse_check(data, str(p))
 
 
@@ -307,6 +391,10 @@ class PreparedCheck:
     keys: MutableMapping[EvalKeyId, EvalKey]
     aliases: Mapping[str, str] | None = None
 
+    def __repr__(self) -> str:  # short: the memory image and keys are large
+        return (f"PreparedCheck({self.spec.path!r}, {len(self.objects)} inputs, {len(self.memory)} limbs, "
+                f"{len(self.keys)} keys)")
+
 
 @dataclass(frozen=True)
 class OutputResult:
@@ -321,10 +409,14 @@ class OutputResult:
     passed: bool | None
     scale: float
     limbs: tuple[int, ...]
+    #: Why the precision means nothing (the expected values overflow the output modulus), or None.
+    overflow: str | None = None
 
     def __str__(self) -> str:
         bar = "no bar" if self.tolerance_bits is None else f"bar {self.tolerance_bits:g}"
         verdict = {True: "PASS", False: "FAIL", None: "----"}[self.passed]
+        if self.overflow:
+            return f"{verdict} {self.name}: {self.overflow}, {bar}, {len(self.limbs)} limbs"
         return (
             f"{verdict} {self.name}: precision {self.precision_bits:.1f} bits (median {self.median_bits:.1f}), "
             f"{bar}, {len(self.limbs)} limbs"
@@ -379,6 +471,14 @@ def _integer(v: Any, what: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise CheckError(f"{what} must evaluate to a positive integer, got {v!r}")
     return v
+
+
+def _limb_count(v: Any, primes: int, what: str) -> int:
+    """An input's ``limbs``: a positive integer no larger than the context's prime count."""
+    count = _integer(v, what)
+    if count > primes:
+        raise CheckError(f"{what} = {count} is beyond the context's {primes} primes")
+    return count
 
 
 def default_limb_count(req) -> int:
@@ -475,7 +575,7 @@ def prepare_check(
             limbs = (
                 need.limbs
                 if ins.limbs is None
-                else tuple(range(_integer(evaluate(ins.limbs, env), f"{where}.limbs")))
+                else tuple(range(_limb_count(evaluate(ins.limbs, env), len(ctx.primes), f"{where}.limbs")))
             )
         except ExprError as exc:
             raise CheckError(f"{where}: {exc}") from None
@@ -541,8 +641,15 @@ def expected_output(prepared: PreparedCheck, name: str) -> tuple[np.ndarray, flo
     out = prepared.spec.outputs[name]
     scale, modulus = output_scales(prepared.spec, prepared.ctx, prepared.env["L"])[name]
     slots = prepared.ctx.n // 2
+    functions = _functions(slots, scale)
+    env = {**prepared.env, **prepared.values}
+    for let, text in prepared.spec.lets.items():
+        try:
+            env[let] = evaluate(text, env, functions)
+        except ExprError as exc:
+            raise CheckError(f"{prepared.spec.path}: let.{let}: {exc}") from None
     try:
-        value = evaluate(out.formula, {**prepared.env, **prepared.values}, _functions(slots, scale))
+        value = evaluate(out.formula, env, functions)
     except ExprError as exc:
         raise CheckError(f"{prepared.spec.path}: outputs.{name}.formula: {exc}") from None
     try:
@@ -550,6 +657,20 @@ def expected_output(prepared: PreparedCheck, name: str) -> tuple[np.ndarray, flo
     except (TypeError, ValueError):
         raise CheckError(f"{prepared.spec.path}: outputs.{name}.formula does not give {slots} slots") from None
     return value, scale, modulus
+
+
+def overflow_reason(scale: float, expected_max: float, modulus: int) -> str | None:
+    """Why values up to ``expected_max`` at ``scale`` cannot decrypt correctly modulo ``modulus``:
+    a centred coefficient holds at most modulus/2, and a slot of magnitude m at scale s needs
+    about m * s of it (encoding keeps |coefficient| <= max slot magnitude * s). None when it fits."""
+    need = expected_max * scale
+    if not math.isfinite(need) or need <= 0:
+        return None
+    need_bits, room_bits = math.log2(need), math.log2(modulus) - 1
+    if need_bits < room_bits:
+        return None
+    return (f"the expected values overflow the output modulus (scale x max|value| = 2^{need_bits:.1f} "
+            f">= modulus/2 = 2^{room_bits:.1f}): no precision to report")
 
 
 def _bits(err: float, ref: float) -> float:
@@ -578,6 +699,12 @@ def evaluate_check(prepared: PreparedCheck, memory: Mapping[Mem, np.ndarray], mo
         ref = max(1.0, float(np.max(np.abs(expected))))
         prec = _bits(max_err, ref)
         tol = out.tolerance(mode, ctx.n)
+        q_out = modulus if modulus is not None else math.prod(int(ctx.primes[l]) for l in ct.limbs)
+        overflow = overflow_reason(scale, float(np.max(np.abs(expected))), q_out)
+        if overflow:
+            results[name] = OutputResult(name, -math.inf, -math.inf, math.inf, math.inf, tol, False, scale, ct.limbs,
+                                         overflow)
+            continue
         results[name] = OutputResult(
             name, prec, _bits(med_err, ref), max_err, med_err, tol, None if tol is None else prec >= tol, scale, ct.limbs
         )

@@ -31,8 +31,8 @@ Example (one machine, 2 GPUs)::
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -52,7 +52,8 @@ from caramel.program import Mem
 
 _ENV = (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"))
 
 
 @dataclass(frozen=True)
@@ -351,9 +352,8 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
     (``backend="gpu"``) or on NumPy over :class:`FileFabric` (``"cpu-plan"``); the merged result
     on rank 0, None elsewhere. Every rank first meets rank 0 (:func:`rendezvous`; ``identity``
     checked); rank 0 removes the run's files once it has gathered the stores."""
-    def log(text: str) -> None:  # each phase on stderr, so that a stalled process says where it is
-        if os.environ.get("CARAMEL_PROGRESS", "1") != "0":
-            print(f"caramel rank {place.rank}/{place.world}: {text}", file=sys.stderr, flush=True)
+    def log(text: str) -> None:  # each phase, so that a stalled process says where it is
+        logging.getLogger("caramel.distributed").info("rank %d/%d: %s", place.rank, place.world, text)
 
     if place.world > len(plan.chips):
         raise ExecutionError(f"{place.world} processes for a {len(plan.chips)}-chip program: use at most one per chip")

@@ -30,6 +30,9 @@ class RunResult:
             merged.update(store)
         return cls(stores, merged, executed)
 
+    def __repr__(self) -> str:  # short: the memory holds every limb of the run
+        return f"RunResult({len(self.stores)} chip stores, {len(self.memory)} limbs in memory, {self.executed} executed)"
+
 
 def merge_results(plan, memory: Mapping[Mem, np.ndarray],
                   per_device: Sequence[tuple[Sequence[int], Sequence[dict]]]) -> RunResult:

@@ -177,6 +177,9 @@ class Plan:
     def kernels(self) -> int:
         return sum(len(c.kernels) for c in self.chips)
 
+    def __repr__(self) -> str:  # short: a plan holds every kernel of every chip
+        return f"Plan({self.name!r}, {len(self.chips)} chips, {self.kernels} kernels)"
+
     @property
     def instructions(self) -> int:
         return sum(c.instructions for c in self.chips)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +27,11 @@ from caramel.ckks import (
     write_outputs,
 )
 from caramel.ckks.bind import read_outputs
-from caramel.ckks.check import default_limb_count, resolve_tolerance
+from caramel.ckks.check import (
+    CheckSpec, InputSpec, OutputSpec, default_limb_count, expected_output, resolve_tolerance,
+)
+from caramel import load_program, run_program
+from caramel.ring import Context
 from caramel.program import Mem
 from caramel.ring import Mode
 
@@ -181,8 +186,19 @@ BAD_DOCS = [
     ({"formula": "eval(x)"}, "call"),
     ({"scale": "x"}, "not declared"),  # inputs are not scale variables
     ({"tolerance_bits": {"fast": 3}}, "unknown mode"),
-    ({"tolerance_bits": {"exact": {"big": 3}}}, "N = bits"),
-    ({"tolerance_bits": "ten"}, "number or a table"),
+    ({"tolerance_bits": {"exact": {"big": 3}}}, "unknown key 'big'"),
+    ({"tolerance_bits": {"exact": {"1000": 3}}}, "unknown key '1000'"),
+    ({"tolerance_bits": "ten"}, "positive finite"),
+    # tolerances are positive finite numbers of bits
+    ({"tolerance_bits": 0}, "positive finite"),
+    ({"tolerance_bits": -3}, "positive finite"),
+    ({"tolerance_bits": float("nan")}, "positive finite"),
+    ({"tolerance_bits": float("inf")}, "positive finite"),
+    ({"tolerance_bits": True}, "positive finite"),
+    ({"tolerance_bits": {"exact": float("nan")}}, "positive finite"),
+    ({"tolerance_bits": {"textbook": {"1024": -1}}}, "positive finite"),
+    # memory bounds: no sequence repetition
+    ({"scale": "S * (q * 10**9)[0]"}, "Subscript|sequence|subscripted"),
     ({"key": "s2"}, "key must be"),
     ({"colour": "red"}, "unknown keys"),
 ]
@@ -226,3 +242,121 @@ def test_prepared_values_are_the_decoded_messages(rng):
     assert prep.values["x"].shape == (N // 2,)
     ct = read_outputs(prog, {**prep.memory, **write_outputs(prog, {"z": prep.objects["x"]})})["z"]
     assert ct.limbs == (0, 1, 2, 3)
+
+
+# --- issue 12 / 17: bounded check files, readable errors, expressiveness -------------------------
+
+MUL_1C = Path(__file__).resolve().parents[2] / "programs" / "Mul_4L_1c"
+
+def _write(tmp_path, data: bytes, name: str = "c.toml"):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+GOOD_TOML = b'''
+[inputs.x]
+kind = "ciphertext"
+scale = "S"
+[outputs.z]
+formula = "x"
+scale = "S"
+tolerance_bits = 10
+'''
+
+
+def test_load_check_refuses_invalid_utf8_with_file_and_reason(tmp_path):
+    p = _write(tmp_path, GOOD_TOML.replace(b'"x"', b'"x\xff\xfe"'))
+    with pytest.raises(CheckError, match=r"c\.toml: not UTF-8"):
+        load_check(p)
+
+
+@pytest.mark.parametrize("opener", ["[", "{ a = "])
+def test_load_check_refuses_deep_nesting(tmp_path, opener):
+    closer = "]" if opener == "[" else "}"
+    deep = "v = " + opener * 5000 + "1" + closer * 5000 + "\n"
+    with pytest.raises(CheckError, match=r"c\.toml: .*nested"):
+        load_check(_write(tmp_path, deep.encode() + GOOD_TOML))
+
+
+def test_load_check_refuses_what_is_not_a_small_regular_file(tmp_path):
+    with pytest.raises(CheckError, match="not a regular file"):
+        load_check(tmp_path)
+    with pytest.raises(CheckError, match="not a regular file"):
+        load_check("/dev/zero")
+    import os
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckError, match="not a regular file"):
+        load_check(fifo)
+    with pytest.raises(CheckError, match="at most"):
+        load_check(_write(tmp_path, GOOD_TOML + b"#" * (2 << 20)))
+
+
+def test_limbs_beyond_the_primes_are_refused_before_any_allocation():
+    prog = load_program(MUL_1C)
+    spec = load_check(check_path("Mul"))
+    for bad in ("10**9", "65", "N"):
+        ins = dict(spec.inputs)
+        ins["x"] = InputSpec("x", ins["x"].kind, "S", bad)
+        doc = CheckSpec(spec.path, "", {}, ins, spec.outputs)
+        with pytest.raises(CheckError, match="beyond the context's 64 primes"):
+            prepare_check(doc, prog, Context(n=1024), rng=0)
+
+
+def test_overflowing_output_scale_says_so_instead_of_a_precision():
+    prog = load_program(MUL_1C)
+    spec = load_check(check_path("Mul"))
+    outs = dict(spec.outputs)
+    outs["z"] = OutputSpec("z", "x * y * 2**80", outs["z"].scale, tolerance_bits=10)
+    doc = CheckSpec(spec.path, "", spec.params, spec.inputs, outs)
+    report = run_program(prog, n=1024, backend="cpu", check=doc).report
+    result = report.results["z"]
+    assert result.passed is False and result.overflow and "overflow the output modulus" in str(result)
+    assert "precision" not in str(result).split("overflow")[0]
+
+
+def test_lets_sum_and_products_express_a_rotation_sum(tmp_path):
+    """The same rotation-sum expected value written three ways: lets level by level, a sum over a
+    range, and the slot sum (all slots equal the sum after log2(slots) levels)."""
+    ctx = Context(n=64)
+    x = np.arange(32.0) + 1j
+    env_values = {"x": x}
+    forms = {
+        "lets": {"let": {"a1": "x + rot(x, 1)", "a2": "a1 + rot(a1, 2)", "a3": "a2 + rot(a2, 4)",
+                         "a4": "a3 + rot(a3, 8)", "a5": "a4 + rot(a4, 16)"}, "formula": "a5"},
+        "range": {"formula": "sum(rot(x, i) for i in range(slots))"},
+        "slot sum": {"formula": "sum(x)"},
+    }
+    for what, form in forms.items():
+        doc = {"inputs": {"x": {"kind": "ciphertext", "scale": "S"}}, "let": form.get("let", {}),
+               "outputs": {"z": {"formula": form["formula"], "scale": "S**2 / prod(q[L-i] for i in range(1, 2))",
+                                 "tolerance_bits": 10}}}
+        spec = parse_check(doc, what)
+        assert spec.lets == form.get("let", {})
+
+        class Prepared:  # the fields expected_output reads
+            pass
+
+        prepared = Prepared()
+        prepared.spec, prepared.ctx = spec, ctx
+        prepared.env = {"S": 2**28, "q": tuple(int(p) for p in ctx.primes), "N": 64, "slots": 32, "L": 3}
+        prepared.values = env_values
+        value, scale, _ = expected_output(prepared, "z")
+        assert np.allclose(value, np.full(32, x.sum())), what
+        assert scale == pytest.approx(2**56 / int(ctx.primes[2]))
+
+
+def test_lets_are_checked_like_formulas():
+    base = {"inputs": {"x": {"kind": "ciphertext", "scale": "S"}},
+            "outputs": {"z": {"formula": "a", "scale": "S", "tolerance_bits": 10}}}
+    with pytest.raises(CheckError, match="let.a"):
+        parse_check({**base, "let": {"a": "x.real"}})
+    with pytest.raises(CheckError, match="already declared"):
+        parse_check({**base, "let": {"x": "x"}})
+    with pytest.raises(CheckError, match="reserved"):
+        parse_check({**base, "let": {"sum": "x"}})
+    with pytest.raises(CheckError, match="not declared"):
+        parse_check({**base, "let": {"a": "b", "b": "x"}})  # in order: b is not yet declared
+    with pytest.raises(CheckError, match="more than"):
+        parse_check({**base, "let": {f"a{i}": "x" for i in range(300)} | {"a": "x"}})

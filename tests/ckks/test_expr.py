@@ -70,8 +70,25 @@ BAD = [
     ("rot(x, 1)(2)", "call"),
     ("S;S", "parse"),
     ("import os", "parse"),
-    ("9" * 3000, "longer"),
-    ("+".join(["S"] * 400), "nodes"),
+    ("9" * 30000, "longer"),
+    ("+".join(["S"] * 400), "deeper"),
+    ("rot(" + ",".join(["S"] * 6000) + ")", "nodes"),
+    # memory bounds: no repetition or concatenation of sequences
+    ("q * 10**9", "sequence"),
+    ("10**9 * q", "sequence"),
+    ("q + q", "sequence"),
+    ("-q", "sequence"),
+    # reductions: one for over range, no if, no shadowing, bounded ranges and steps
+    ("sum(i for i in x)", "range"),
+    ("sum(i for i in range(3) if i)", "if"),
+    ("sum(i for i in range(3) for j in range(3))", "exactly one"),
+    ("sum(S for S in range(3))", "shadows"),
+    ("sum(x, 1)", "one positional"),
+    ("sum(i for i in range(10**9))", "exceeds"),
+    ("sum(sum(sum(i for i in range(60000)) for j in range(60000)) for k in range(2))", "steps"),
+    ("sum(i for i in range(0.5))", "integers"),
+    ("prod(q[i] for i in range(3)) ** 1000", "exceeds"),
+    ("i + sum(i for i in range(3))", "not declared"),
 ]
 
 
@@ -79,6 +96,26 @@ BAD = [
 def test_rejects(text, why):
     with pytest.raises(ExprError, match=why.replace("*", r"\*")):
         evaluate(text, ENV, FUNCS)
+
+
+def test_reductions():
+    assert evaluate("sum(i for i in range(4))", ENV) == 6
+    assert evaluate("prod(q[i] for i in range(1, 3))", ENV) == 205651969 * 206307329
+    assert evaluate("prod(q)", ENV) == 204865537 * 205651969 * 206307329
+    assert evaluate("sum(q[L-1-i]**2**i for i in range(L))", ENV) == sum(ENV["q"][2 - i] ** 2**i for i in range(3))
+    assert evaluate("sum(x)", ENV) == 6
+    v = evaluate("sum(rot(x, i) for i in range(4))", ENV, FUNCS)
+    assert np.allclose(v, np.full(4, 6.0))
+    # the repeated squaring's true scale: S^(2^k) / prod over the levels of q[L-i]^(2^(k-i))
+    k = 3
+    want = (2**28) ** (2**k) / (ENV["q"][2] ** 4 * ENV["q"][1] ** 2 * ENV["q"][0])
+    got = evaluate(f"S**(2**{k}) / prod(q[L-i]**2**({k}-i) for i in range(1, {k}+1))", ENV)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_long_formulas_within_the_raised_caps():
+    terms = " + ".join(f"rot(x * {i}, {i})" for i in range(64))  # a 64-term BSGS-like sum
+    assert np.allclose(evaluate(terms, ENV, FUNCS), sum(np.roll(ENV["x"] * i, -i) for i in range(64)))
 
 
 def test_parse_validates_without_values():

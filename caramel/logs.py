@@ -1,0 +1,79 @@
+"""Diagnostics through :mod:`logging` and progress bars through :mod:`tqdm`.
+
+Every diagnostic line of caramel goes to the ``caramel`` logger (or a child such as
+``caramel.distributed``); the library itself only attaches a :class:`logging.NullHandler`, so an
+embedder silences, filters or redirects it with the standard library, e.g.
+``logging.getLogger("caramel").setLevel(logging.WARNING)``. The ``caramel`` command attaches a
+handler on stderr (:func:`configure`): INFO by default, DEBUG with ``-v``, WARNING with ``-q``.
+
+Progress bars (:func:`progress`) are tqdm bars on stderr, shown when stderr is a terminal and the
+``caramel`` logger is enabled for INFO (so ``-q`` or a WARNING level hides them);
+``CARAMEL_PROGRESS=1`` forces them, ``CARAMEL_PROGRESS=0`` hides them.
+
+:func:`nvtx_range` marks a phase for Nsight Systems (the ``nvtx`` package, else CuPy's
+``cupyx.profiler.time_range``, else nothing: neither is required).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import nullcontext
+from typing import ContextManager, Iterable
+
+from tqdm import tqdm
+
+LOGGER = logging.getLogger("caramel")
+LOGGER.addHandler(logging.NullHandler())
+
+_cli_handler: logging.Handler | None = None
+
+
+def progress_enabled() -> bool:
+    """Whether progress bars show now (see the module docstring)."""
+    flag = os.environ.get("CARAMEL_PROGRESS")
+    if flag is not None:
+        return flag.lower() not in ("", "0", "false", "no")
+    return LOGGER.isEnabledFor(logging.INFO) and sys.stderr.isatty()
+
+
+def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
+             enabled: bool | None = None) -> tqdm:
+    """A tqdm bar on stderr (``enabled``: None = :func:`progress_enabled`); use it as tqdm:
+    ``for x in progress(xs, desc="runs")`` or ``with progress(total=n) as bar: bar.update(k)``."""
+    show = progress_enabled() if enabled is None else enabled
+    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False,
+                dynamic_ncols=True)
+
+
+def configure(verbosity: int = 0) -> None:
+    """The command line's logging: one stderr handler on the ``caramel`` logger at WARNING
+    (``verbosity`` < 0, ``-q``), INFO (0) or DEBUG (> 0, ``-v``). Calling it again replaces the handler."""
+    global _cli_handler
+    if _cli_handler is not None:
+        LOGGER.removeHandler(_cli_handler)
+    _cli_handler = logging.StreamHandler(sys.stderr)
+    _cli_handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    LOGGER.addHandler(_cli_handler)
+    LOGGER.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
+    LOGGER.propagate = False
+
+
+def nvtx_range(name: str) -> ContextManager:
+    """An NVTX range named ``name`` around a ``with`` block, so that Nsight Systems shows caramel's
+    phases and kernels by name; a no-op without the ``nvtx`` package and without CuPy."""
+    try:
+        import nvtx
+
+        return nvtx.annotate(name, domain="caramel")
+    except ImportError:
+        pass
+    if "cupy" in sys.modules:  # never import CuPy just for this
+        try:
+            from cupyx.profiler import time_range
+
+            return time_range(name)
+        except ImportError:
+            pass
+    return nullcontext()
