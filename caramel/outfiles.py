@@ -1,6 +1,7 @@
 """Writing result files (JSON, plots, traces, DOT, saved outputs) atomically: a temporary file
 created exclusively in the target's folder (``mkstemp``: never an existing path, never a planted
-symlink), then renamed over the target; a target that is a symbolic link is refused. So that a reader never sees a half-written file and an error leaves no file behind."""
+symlink), then renamed over the target, so that a reader never sees a half-written file and an
+error leaves no file behind. A target that is a symbolic link is refused."""
 
 from __future__ import annotations
 

@@ -161,13 +161,9 @@ def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float
     b.legend(fontsize=7)
     fig.suptitle(f"{Path(result.family).name}, N = {result.n}, backend {result.backend} ({result.device}), "
                  f"{result.date}", fontsize=9)
-    import io
-
     from caramel.outfiles import write_atomic
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=120)
-    write_atomic(path, buf.getvalue())
+    write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=120))
 
 
 def call_streams(dev_run, streams: int) -> list[int]:
@@ -184,7 +180,7 @@ def call_streams(dev_run, streams: int) -> list[int]:
 def call_collectives(dev_run) -> dict[int, tuple[tuple[int, int], ...]]:
     """Call index -> the (level, id) keys of the collectives that a fabric group call carries: the
     k-th group call of a device is its k-th communication step with collectives."""
-    from caramel.execute.collectives import CommStep
+    from caramel.execute.placement import CommStep
 
     steps = [s for s in dev_run.prog.steps if isinstance(s, CommStep) and s.ops]
     return {i: tuple((s.level, o.sync) for o in s.ops) for i, s in zip(sorted(dev_run.groups), steps)}
