@@ -75,3 +75,11 @@ class DeviceMemoryError(ExecutionError):
 class ArgumentError(CaramelError, ValueError):
     """A value given to a public function that it does not accept (an argument out of range, of the
     wrong kind); also a :class:`ValueError`, its natural base."""
+
+
+class MissingLimbError(CaramelError, KeyError):
+    """A limb asked of an object (a ciphertext, a plaintext, a key) that does not hold it; also a
+    :class:`KeyError`, its natural base."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -473,3 +473,24 @@ def test_chip_inputs_that_disagree_with_program_inputs_are_refused(tmp_path, old
     (d / "inputs1").write_bytes(data.replace(old, new))
     with pytest.raises(ParseError, match=message):
         load_program(d, cache=False)
+
+
+def test_client_functions_raise_caramel_errors():
+    """The CKKS client's public functions raise caramel's error types (also ValueError / KeyError)."""
+    import numpy as np
+
+    from caramel.ckks import encode, encrypt
+    from caramel.ckks.keys import Secrets
+    from caramel.ckks.sampling import sparse_ternary
+    from caramel.errors import ArgumentError, CaramelError, MissingLimbError
+    from caramel.ring import Context
+
+    ctx = Context(n=64)
+    with pytest.raises(ArgumentError, match="expected 32 slot values"):
+        encode(np.zeros(5), 2.0**20, 64)
+    with pytest.raises(ArgumentError, match="Hamming weight"):
+        sparse_ternary(64, 65, np.random.default_rng(0))
+    ct = encrypt(ctx, Secrets.generate(64, 0).s, encode(np.zeros(32), 2.0**20, 64), [0, 1], np.random.default_rng(0), 2.0**20)
+    with pytest.raises(MissingLimbError, match="no limb 5") as info:
+        ct.limb(0, 5)
+    assert isinstance(info.value, (CaramelError, KeyError))

@@ -29,7 +29,7 @@ from functools import cached_property
 import numpy as np
 
 from caramel.ckks.rns import to_ntt as rns_to_ntt, to_residues
-from caramel.errors import CaramelError
+from caramel.errors import ArgumentError, CaramelError
 from caramel.ring.ntt import map_chunks, ntt
 
 _U64 = np.uint64
@@ -164,7 +164,7 @@ class SecretRows:
 def secret_rows(sk, ctx, dev: ClientDevice) -> SecretRows:
     """The cached :class:`SecretRows` of secret key ``sk`` for ``ctx`` on ``dev``."""
     if ctx.n != sk.n:
-        raise ValueError(f"secret has N = {sk.n}, context has N = {ctx.n}")
+        raise ArgumentError(f"secret has N = {sk.n}, context has N = {ctx.n}")
     cache = sk.__dict__.setdefault("_rows", {})
     key = (id(ctx), dev.kind)
     hit = cache.get(key)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+from caramel.errors import ArgumentError
 
 #: Coefficients below this magnitude are returned as int64 by :func:`encode`.
 INT64_LIMIT = 2**62
@@ -39,7 +40,7 @@ INT64_LIMIT = 2**62
 
 def _check_n(n: int) -> None:
     if n < 2 or n & (n - 1):
-        raise ValueError(f"ring dimension N must be a power of two >= 2, got {n}")
+        raise ArgumentError(f"ring dimension N must be a power of two >= 2, got {n}")
 
 
 @lru_cache(maxsize=32)
@@ -87,7 +88,7 @@ def encode_float(values, n: int) -> np.ndarray:
     if z.ndim == 0:
         z = np.full(n // 2, z)
     if z.shape != (n // 2,):
-        raise ValueError(f"expected {n // 2} slot values for N = {n}, got shape {z.shape}")
+        raise ArgumentError(f"expected {n // 2} slot values for N = {n}, got shape {z.shape}")
     full = np.zeros(n, dtype=np.complex128)
     full[t] = z
     full[n - 1 - t] = np.conj(z)
@@ -102,7 +103,7 @@ def float_to_int(x: np.ndarray) -> np.ndarray:
     """
     r = np.rint(np.asarray(x, dtype=np.float64))
     if not np.all(np.isfinite(r)):
-        raise ValueError("cannot encode non-finite values")
+        raise ArgumentError("cannot encode non-finite values")
     if r.size == 0 or np.max(np.abs(r)) < INT64_LIMIT:
         return r.astype(np.int64)
     mant, exp = np.frexp(r)
@@ -120,7 +121,7 @@ def encode(values, scale: float, n: int) -> np.ndarray:
     Returns int64 (|c| < 2^62) or an object array of Python ints, shape (N,).
     """
     if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale}")
+        raise ArgumentError(f"scale must be positive, got {scale}")
     return float_to_int(encode_float(values, n) * float(scale))
 
 
@@ -147,7 +148,7 @@ def decode(coeffs, scale: float, n: int | None = None) -> np.ndarray:
     n = c.shape[-1] if n is None else n
     _check_n(n)
     if c.shape != (n,):
-        raise ValueError(f"expected {n} coefficients, got shape {c.shape}")
+        raise ArgumentError(f"expected {n} coefficients, got shape {c.shape}")
     t, zeta, _ = _tables(n)
     with np.errstate(invalid="ignore", over="ignore"):
         evals = np.fft.ifft(c * zeta) * n
@@ -168,7 +169,7 @@ def apply_galois(coeffs, g: int) -> np.ndarray:
     a = np.asarray(coeffs)
     n = a.shape[-1]
     if g % 2 == 0:
-        raise ValueError(f"Galois element must be odd, got {g}")
+        raise ArgumentError(f"Galois element must be odd, got {g}")
     e = np.arange(n, dtype=np.int64) * (g % (2 * n)) % (2 * n)
     out = np.zeros_like(a)
     sign_flip = e >= n

@@ -21,6 +21,7 @@ from caramel.ckks.encoding import decode, encode
 from caramel.ckks.keys import SecretKey
 from caramel.ckks.rns import from_residues
 from caramel.ckks.sampling import cbd, rng_of, uniform_residues
+from caramel.errors import ArgumentError, MissingLimbError
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +40,7 @@ class Ciphertext:
     def __post_init__(self) -> None:
         k = len(self.limbs)
         if self.c0.shape != self.c1.shape or self.c0.ndim != 2 or self.c0.shape[0] != k:
-            raise ValueError(f"c0 {self.c0.shape} and c1 {self.c1.shape} must both be ({k}, N)")
+            raise ArgumentError(f"c0 {self.c0.shape} and c1 {self.c1.shape} must both be ({k}, N)")
 
     @property
     def n(self) -> int:
@@ -49,7 +50,7 @@ class Ciphertext:
         """``c0`` or ``c1`` (0/1 or "c0"/"c1")."""
         h = {0: 0, 1: 1, "c0": 0, "c1": 1}.get(part)
         if h is None:
-            raise ValueError(f"ciphertext part must be 0, 1, 'c0' or 'c1', got {part!r}")
+            raise ArgumentError(f"ciphertext part must be 0, 1, 'c0' or 'c1', got {part!r}")
         return (self.c0, self.c1)[h]
 
     def limb(self, part: int | str, limb: int) -> np.ndarray:
@@ -57,7 +58,7 @@ class Ciphertext:
         try:
             r = self.limbs.index(int(limb))
         except ValueError:
-            raise KeyError(f"ciphertext has no limb {limb} (limbs {list(self.limbs)})") from None
+            raise MissingLimbError(f"ciphertext has no limb {limb} (limbs {list(self.limbs)})") from None
         return self.part(part)[r]
 
     def restrict(self, limbs) -> "Ciphertext":
@@ -104,5 +105,5 @@ def decrypt_values(
     """Decrypt and decode: N/2 complex slots at ``scale`` (default: ``ct.scale``)."""
     scale = ct.scale if scale is None else scale
     if scale is None:
-        raise ValueError("decrypt_values needs a scale (the ciphertext has none)")
+        raise ArgumentError("decrypt_values needs a scale (the ciphertext has none)")
     return decode(decrypt(ctx, sk, ct, modulus), scale, ctx.n)

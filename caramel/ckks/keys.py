@@ -37,6 +37,7 @@ from caramel.ckks.device import to_ntt
 from caramel.ckks.rns import mulmod, prime_column
 from caramel.ckks.sampling import cbd, dense_ternary, rng_of, sparse_ternary, uniform_residues
 from caramel.program import EvalKeyId, KeyType
+from caramel.errors import ArgumentError, MissingLimbError
 
 #: Index of the last prime; extension primes count down from here (ISA.md 5.1).
 TOP_LIMB = 63
@@ -88,7 +89,7 @@ class SecretKey:
     def ntt(self, ctx, limb: int) -> np.ndarray:
         """NTT form of s on limb ``limb``, (N,) uint32, cached per context and limb (read-only)."""
         if ctx.n != self.n:
-            raise ValueError(f"secret has N = {self.n}, context has N = {ctx.n}")
+            raise ArgumentError(f"secret has N = {self.n}, context has N = {ctx.n}")
         if self._ctx is not ctx:
             self._ntt.clear()
             self._ctx = ctx
@@ -136,11 +137,11 @@ class EvalKey:
         """Half ``half`` (0/1 or "c0"/"c1") on limb ``limb``: (N,) uint32."""
         h = {0: 0, 1: 1, "c0": 0, "c1": 1}.get(half)
         if h is None:
-            raise ValueError(f"key half must be 0, 1, 'c0' or 'c1', got {half!r}")
+            raise ArgumentError(f"key half must be 0, 1, 'c0' or 'c1', got {half!r}")
         try:
             r = self.limbs.index(int(limb))
         except ValueError:
-            raise KeyError(f"key {self.key_id} has no limb {limb} (limbs {list(self.limbs)})") from None
+            raise MissingLimbError(f"key {self.key_id} has no limb {limb} (limbs {list(self.limbs)})") from None
         return (self.c0, self.c1)[h][r]
 
 
@@ -175,7 +176,7 @@ def key_secrets(ctx, key_id: EvalKeyId, secrets: Secrets, limbs) -> tuple[np.nda
         new = s_ntt
     else:  # BOOTSTRAP, BOOTSTRAP2: q_{level-1} * (s or s_eph)
         if key_id.level < 1:
-            raise ValueError(f"bootstrap key {key_id} needs level >= 1")
+            raise ArgumentError(f"bootstrap key {key_id} needs level >= 1")
         base = s_ntt if t == KeyType.BOOTSTRAP else eph.ntt_limbs(ctx, limbs)
         factor = np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None]
         new = mulmod(base, factor, qcol)
@@ -186,11 +187,11 @@ def _check_key_id(key_id: EvalKeyId, limbs: tuple[int, ...]) -> None:
     in_key = set(limbs)
     bad = [d for d in key_id.digits if d not in in_key or d >= key_id.level]
     if bad:
-        raise ValueError(f"key {key_id}: digit limbs {bad} are not among its Q limbs 0..{key_id.level - 1}")
+        raise ArgumentError(f"key {key_id}: digit limbs {bad} are not among its Q limbs 0..{key_id.level - 1}")
     if key_id.ext < 0 or key_id.ext > TOP_LIMB + 1 or key_id.level < 0:
-        raise ValueError(f"key {key_id}: bad level or extension size")
+        raise ArgumentError(f"key {key_id}: bad level or extension size")
     if KeyType(key_id.type) in (KeyType.BOOTSTRAP, KeyType.BOOTSTRAP2) and key_id.level < 1:
-        raise ValueError(f"bootstrap key {key_id} needs level >= 1")
+        raise ArgumentError(f"bootstrap key {key_id} needs level >= 1")
 
 
 def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev):

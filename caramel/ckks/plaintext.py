@@ -18,6 +18,7 @@ import numpy as np
 
 from caramel.ckks.encoding import encode
 from caramel.ckks.device import to_ntt
+from caramel.errors import ArgumentError, MissingLimbError
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +51,7 @@ def _row(limbs: tuple[int, ...], limb: int, what: str) -> int:
     try:
         return limbs.index(int(limb))
     except ValueError:
-        raise KeyError(f"{what} has no limb {limb} (limbs {list(limbs)})") from None
+        raise MissingLimbError(f"{what} has no limb {limb} (limbs {list(limbs)})") from None
 
 
 def plaintext_from_coeffs(ctx, coeffs, limbs, scale: float | None = None) -> Plaintext:
@@ -70,7 +71,7 @@ def encode_scalar(ctx, value, scale: float, limbs) -> Scalar:
     """The scalar round(value * scale) reduced into every limb (uint32 residues, shape (k,))."""
     c = complex(value)
     if c.imag != 0:
-        raise ValueError(f"a scalar input must be real (constant polynomial), got {value!r}")
+        raise ArgumentError(f"a scalar input must be real (constant polynomial), got {value!r}")
     v = round(Fraction(c.real) * Fraction(scale))
     limbs = tuple(int(l) for l in limbs)
     res = np.array([v % ctx.q(l) for l in limbs], dtype=np.uint32)

@@ -11,6 +11,7 @@ result is Delta*m + e + Q3*I and reducing centred modulo Q3 = q_0 q_1 q_2 remove
 from __future__ import annotations
 
 import numpy as np
+from caramel.errors import ArgumentError
 
 
 def modulus(ctx, limbs) -> int:
@@ -29,11 +30,11 @@ def to_residues(coeffs, ctx, limbs) -> np.ndarray:
     """
     c = np.asarray(coeffs)
     if c.shape != (ctx.n,):
-        raise ValueError(f"expected {ctx.n} coefficients, got shape {c.shape}")
+        raise ArgumentError(f"expected {ctx.n} coefficients, got shape {c.shape}")
     if c.dtype == object:
         return np.stack([(c % ctx.q(int(l))).astype(np.int64) for l in limbs]).astype(np.uint32)
     if not np.issubdtype(c.dtype, np.integer):
-        raise TypeError(f"coefficients must be integers, got dtype {c.dtype}")
+        raise ArgumentError(f"coefficients must be integers, got dtype {c.dtype}")
     qs = np.array([ctx.q(int(l)) for l in limbs], dtype=np.int64)
     return np.mod(c.astype(np.int64)[None, :], qs[:, None]).astype(np.uint32)
 

@@ -14,6 +14,7 @@ import math
 import sys
 
 import numpy as np
+from caramel.errors import ArgumentError
 
 #: Coin pairs of the centred binomial error: sigma = sqrt(CBD_K / 2) ~ 3.2.
 CBD_K = 21
@@ -130,7 +131,7 @@ def dense_ternary(n: int, rng: np.random.Generator) -> np.ndarray:
 def sparse_ternary(n: int, h: int, rng: np.random.Generator) -> np.ndarray:
     """N coefficients with exactly h non-zeros, each +-1 (int64)."""
     if not 0 <= h <= n:
-        raise ValueError(f"Hamming weight must be in [0, {n}], got {h}")
+        raise ArgumentError(f"Hamming weight must be in [0, {n}], got {h}")
     out = np.zeros(n, dtype=np.int64)
     pos = rng.choice(n, size=h, replace=False)
     out[pos] = rng.integers(0, 2, size=h, dtype=np.int64) * 2 - 1
