@@ -344,7 +344,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.dag_json:
             write_atomic(args.dag_json, json.dumps(dag_node_link(graph, program)))
         if args.dot:
-            write_atomic(args.dot, dag.to_dot(graph, program, max_nodes=DOT_MAX_NODES))
+            try:
+                text = dag.to_dot(graph, program, max_nodes=DOT_MAX_NODES)  # before the file: none left behind
+            except ValueError as exc:
+                raise CaramelError(f"--dot: {exc}") from None
+            write_atomic(args.dot, text)
     return EXIT_OK
 
 
@@ -406,11 +410,11 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     from caramel.scaling import plot_format, plot_scaling, profile_scaling, render_scaling, scaling_trace
 
     if args.plot:  # before the work: a known format, and matplotlib present
+        import importlib.util
+
         plot_format(args.plot)
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'") from None
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'")
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
                              streams=args.streams, log=log)
@@ -643,19 +647,19 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     from caramel.logs import configure
 
-    configure(-1 if getattr(args, "quiet", False) else 1 if getattr(args, "verbose", False) else 0)
-    try:
-        return args.func(args)
-    except CaramelError as exc:
-        print(f"caramel: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except BrokenPipeError:  # the reader went away (e.g. `caramel stats X | head`): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
-    except OSError as exc:
-        print(f"caramel: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    with configure(-1 if getattr(args, "quiet", False) else 1 if getattr(args, "verbose", False) else 0):
+        try:
+            return args.func(args)
+        except CaramelError as exc:
+            print(f"caramel: error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        except BrokenPipeError:  # the reader went away (e.g. `caramel stats X | head`): stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 141
+        except OSError as exc:
+            print(f"caramel: error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

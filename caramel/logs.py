@@ -16,18 +16,18 @@ Progress bars (:func:`progress`) are tqdm bars on stderr, shown when stderr is a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 from contextlib import nullcontext
-from typing import ContextManager, Iterable
+from typing import ContextManager, Iterable, Iterator
 
 from tqdm import tqdm
 
 LOGGER = logging.getLogger("caramel")
 LOGGER.addHandler(logging.NullHandler())
 
-_cli_handler: logging.Handler | None = None
 
 
 def progress_enabled() -> bool:
@@ -47,17 +47,24 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
                 dynamic_ncols=True)
 
 
-def configure(verbosity: int = 0) -> None:
-    """The command line's logging: one stderr handler on the ``caramel`` logger at WARNING
-    (``verbosity`` < 0, ``-q``), INFO (0) or DEBUG (> 0, ``-v``). Calling it again replaces the handler."""
-    global _cli_handler
-    if _cli_handler is not None:
-        LOGGER.removeHandler(_cli_handler)
-    _cli_handler = logging.StreamHandler(sys.stderr)
-    _cli_handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    LOGGER.addHandler(_cli_handler)
+@contextlib.contextmanager
+def configure(verbosity: int = 0) -> Iterator[None]:
+    """The command line's logging while the ``with`` block runs: one stderr handler on the
+    ``caramel`` logger at WARNING (``verbosity`` < 0, ``-q``), INFO (0) or DEBUG (> 0, ``-v``), not
+    propagated to the root logger. The logger is left as it was found afterwards, so that calling
+    :func:`caramel.cli.main` inside a program (a notebook, a test) changes nothing of its logging."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    level, propagate = LOGGER.level, LOGGER.propagate
+    LOGGER.addHandler(handler)
     LOGGER.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
     LOGGER.propagate = False
+    try:
+        yield
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(level)
+        LOGGER.propagate = propagate
 
 
 def nvtx_range(name: str) -> ContextManager:
