@@ -110,14 +110,20 @@ def test_trace_rows_per_device_and_stream_and_collective_flows():
     assert (flows[0]["pid"], flows[1]["pid"]) == (0, 1)
 
 
-def test_logging_levels_follow_v_and_q(capsys):
+def test_logging_levels_follow_v_and_q(capsys, monkeypatch):
+    """-q / (nothing) / -v set the caramel logger to WARNING / INFO / DEBUG while the command runs,
+    and main() leaves the logger as it found it."""
+    import caramel.cli
+
     logger = logging.getLogger("caramel")
-    run(capsys, "validate", MUL, "-q")
-    assert logger.level == logging.WARNING
-    run(capsys, "validate", MUL, "-v")
-    assert logger.level == logging.DEBUG
-    run(capsys, "validate", MUL)
-    assert logger.level == logging.INFO
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    seen = []
+    real = caramel.cli._load
+    monkeypatch.setattr(caramel.cli, "_load", lambda args: (seen.append(logger.getEffectiveLevel()), real(args))[1])
+    for flag in ("-q", None, "-v"):
+        run(capsys, "validate", MUL, *([flag] if flag else []))
+    assert seen == [logging.WARNING, logging.INFO, logging.DEBUG]
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
 
 
 def test_profile_logs_phases_unless_quiet(capsys, tmp_path):
