@@ -25,6 +25,8 @@ from caramel.program import Instruction
 
 from tests.conftest import SHARED_PROGRAMS, corpus
 
+from tests.conftest import SYNTAX_FORMS
+
 ROUND_TRIP = corpus("*_4L_*c") + corpus("*_10L_*c") + corpus("BootstrapLike_20L_*c")
 MUL = SHARED_PROGRAMS / "Mul_4L_2c"
 ADD = SHARED_PROGRAMS / "Add_4L_2c"
@@ -74,15 +76,7 @@ def test_decoded_program_equals_the_parsed_one(path):
 def test_round_trip_of_every_syntax_form():
     from caramel.program import Program, Stream, Manifest
 
-    forms = [
-        "load r0: i1(4){F}", "evg r48: k50(63){F}", "loas s0: s3(4)", "store r2[X]: v5(4)", "spill r4[X]: v49(63)",
-        "add r8: r0, r0[X] | 4", "mup r26: r2[X], r25 | 4", "sus r55: r0[X], s0[X] | 4", "rot -2 r1: r0[X] | 2",
-        "ntt r45: b0{4} | 63", "sud r45: r3[X], b1{4} | 4", "sud r6: r18[X], r34 | 3",
-        "bci B0: [59,60,61,62,63], [0,1,2,3,4]", "pl1 B1: r47[X] | 63", "bcw B0: r20[X] | 4",
-        "rsi {r37, r36, r39}", "rsv {r37, r36, r39}: r21[X]: [0,1,2] | 2", "mod r55: {r37[X], r36[X], r39[X]} | 0",
-        "dis @ 65540:4 : r18", "rcv @ 65539:4 r21: ", "joi @ 65540:4 r35: r22[X] | 4", "joi @ 65539:4 : r61[X] | 3",
-        "joi @ 65538:4 :  | 2", "rec r0: i1(0) | 0", "snd r0[X]: v1(0) | 0",
-    ]  # fmt: skip
+    forms = SYNTAX_FORMS
     ins = tuple(caramel.parse.parse_instruction(line, "x", i) for i, line in enumerate(forms, 1))
     program = Program("p", "/x", (Stream(0, "/x/instructions0", ins),), Manifest("/x/program_inputs", ()))
     meta = {"format": cache.FORMAT_VERSION}

@@ -14,7 +14,7 @@ from caramel.errors import ParseError
 from caramel.parse import load_program, parse_instruction, parse_manifest
 from caramel.program import BcuSlot, Instruction, Mem, Opcode, Section, SReg, VReg
 
-from tests.conftest import SHARED_PROGRAMS, corpus
+from tests.conftest import SYNTAX_FORMS, SHARED_PROGRAMS, corpus
 
 CORPUS = corpus()
 # Lark round trips are ~60 us a line: every line of these programs (all opcodes, 1-8 chips).
@@ -66,15 +66,7 @@ def test_parse_of_text_round_trips(path):
 
 
 def test_round_trip_of_every_syntax_form():
-    forms = [
-        "load r0: i1(4){F}", "evg r48: k50(63){F}", "loas s0: s3(4)", "store r2[X]: v5(4)", "spill r4[X]: v49(63)",
-        "add r8: r0, r0[X] | 4", "mup r26: r2[X], r25 | 4", "sus r55: r0[X], s0[X] | 4", "rot -2 r1: r0[X] | 2",
-        "ntt r45: b0{4} | 63", "sud r45: r3[X], b1{4} | 4", "sud r6: r18[X], r34 | 3",
-        "bci B0: [59,60,61,62,63], [0,1,2,3,4]", "pl1 B1: r47[X] | 63", "bcw B0: r20[X] | 4",
-        "rsi {r37, r36, r39}", "rsv {r37, r36, r39}: r21[X]: [0,1,2] | 2", "mod r55: {r37[X], r36[X], r39[X]} | 0",
-        "dis @ 65540:4 : r18", "rcv @ 65539:4 r21: ", "joi @ 65540:4 r35: r22[X] | 4", "joi @ 65539:4 : r61[X] | 3",
-        "joi @ 65538:4 :  | 2", "rec r0: i1(0) | 0", "snd r0[X]: v1(0) | 0",
-    ]  # fmt: skip
+    forms = SYNTAX_FORMS
     for text in forms:
         ins = parse_instruction(text)
         assert ins.text() == text
