@@ -12,17 +12,17 @@ devices (several chips per device); a 1-chip program runs one instance per devic
 the instance's inputs, runs it, decrypts and checks it. Without ``gpus`` there is one slot on the
 executor's default devices.
 
-What is shared, and what is not (the executors of :func:`caramel.api.executor`):
+What is shared, and what is not:
 
-* the keys are generated (or loaded) once, on the host, for all instances;
-* a 1-chip program has ONE executor (one plan) for all slots; on the GPU each call runs under
-  ``cupy.cuda.Device(d)`` of its slot, so the device's compiled kernels and twiddle tables
-  (``cuda_ring``, one per device and N) are built once per device and reused by its instances;
-  a K-chip slot has its own executor (plan built once per slot) on its CUDA devices;
-* each instance still uploads its whole input image, evaluation-key rows included, and (GPU)
-  builds its arena and captures its graph: the executors bind an input image when they are built,
-  and none can yet swap the ciphertext rows of a built run while keeping the key rows and the
-  graph. (That reuse belongs to the executors; batch.py only uses ``caramel.api.executor``.)
+* the keys are generated (or loaded) once for all instances (on the GPU client for ``gpu``);
+* on GPUs a 1-chip program stays resident on each device (:func:`slot_runners`): the device's
+  first instance uploads its whole image, evaluation keys included, and captures the graph; every
+  later instance on that device rewrites only its own input rows and the scalar table, in place
+  (:meth:`caramel.execute.cuda_graph.GpuRun.rebind`), and replays the same graph, so the keys
+  are uploaded once per device;
+* a K-chip slot has its own executor (plan built once per slot) on its CUDA devices, and its
+  instances still upload their whole image and capture their own graphs;
+* ``cpu-plan`` and ``cpu`` slots share one executor (one plan) and run each image afresh.
 
 Backends: ``gpu`` (slots on CUDA devices), ``cpu-plan`` (slots on simulated devices: a K-chip
 instance runs on K host-thread devices over the fake fabric), ``cpu`` (the reference, slots as
@@ -45,8 +45,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from caramel.ckks.bind import requirements
 from caramel.errors import CaramelError
-from caramel.program import Program
+from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
 
 #: Seconds rank 0 waits for the other ranks' records in process mode.
@@ -170,12 +171,37 @@ def _slot_context(backend: str, devices: tuple[int, ...]):
     return cp.cuda.Device(devices[0])
 
 
+def key_mems(program: Program) -> frozenset[Mem]:
+    """The limbs of the memory image that hold evaluation keys: the same in every instance of a
+    batch (one key set), so that a device keeps them in place from one instance to the next."""
+    req = requirements(program)
+    return frozenset(Mem(term, l) for term, src in req.terms.items() if src.key is not None
+                     for l in req.term_limbs[term])
+
+
 def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layout: Sequence[tuple[int, ...]],
                  streams: int | None = None) -> list[Callable[[Mapping], Any]]:
-    """One ``memory -> RunResult`` per slot (see the module docstring for what is shared)."""
+    """One ``memory -> RunResult`` per slot (see the module docstring for what is shared). On
+    GPUs a 1-chip program stays resident on each device: the first instance uploads its image
+    (keys included) and captures the graph, the later ones rewrite only their own inputs and
+    replay it (:func:`caramel.execute.cuda_graph.resident_executor`)."""
     from caramel.api import executor
 
     chips = len(program.streams)
+    if chips == 1 and backend == "gpu" and all(len(g) == 1 for g in layout):
+        from caramel.execute.cuda_graph import GRAPH_STREAMS, resident_executor
+        from caramel.plan import build_plan
+
+        plan, keep = build_plan(program), key_mems(program)
+
+        def resident(devices):
+            run = resident_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS, keep=keep)
+
+            def on_device(memory):
+                with _slot_context(backend, devices):
+                    return run(memory)
+            return on_device
+        return [resident(g) for g in layout]
     if chips == 1 and all(len(g) <= 1 for g in layout):
         shared = executor(program, ctx, mode, backend, None, streams)
 
@@ -472,11 +498,14 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
     log = log or (lambda s: None)
     mode = Mode(mode)
     backend = "cpu-plan" if backend == "auto" and resolve_backend("auto") == "cpu" else resolve_backend(backend)
+    from caramel.ckks.device import resolve as client_device, using as using_client
+
     ctx = Context(n=n)
-    keys = generate_keyset(program, ctx, seed)
     spec = default_spec(program)
-    images = [prepare_check(spec, program, ctx, rng=input_rng(seed + d), secrets=keys.secrets,
-                            keys=dict(keys.keys)).memory for d in range(max(gpus))]
+    with using_client(client_device(None, backend)):
+        keys = generate_keyset(program, ctx, seed)
+        images = [prepare_check(spec, program, ctx, rng=input_rng(seed + d), secrets=keys.secrets,
+                                keys=dict(keys.keys)).memory for d in range(max(gpus))]
     points: list[ThroughputPoint] = []
     for g in gpus:
         layout = batch_layout(1, g)
@@ -508,5 +537,5 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
 
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "Instance", "ThroughputPoint", "batch_layout",
-           "gathered_outputs", "instance_line", "measure_throughput", "run_batch", "run_batch_distributed",
+           "gathered_outputs", "instance_line", "key_mems", "measure_throughput", "run_batch", "run_batch_distributed",
            "slot_runners"]

@@ -251,6 +251,8 @@ def fake_gpu(monkeypatch):
             return self.result_
 
     monkeypatch.setattr(gpu, "gpu_executor", gpu_executor)
+    monkeypatch.setattr(gpu, "resident_executor",
+                        lambda plan, ctx, mode, *, streams=4, keep=frozenset(): gpu_executor(plan, ctx, mode))
     monkeypatch.setattr(gpu, "MultiGpuRun", MultiGpuRun)
     return seen
 

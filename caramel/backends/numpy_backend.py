@@ -31,7 +31,12 @@ class NumpyBackend(Backend):
         return self.arena[rows].copy()
 
     def set_scalars(self, values) -> None:
-        self._scalars = np.asarray(values, dtype=_U64)
+        """The scalar table; rewritten in place when its size is unchanged (as the CUDA backend's)."""
+        values = np.asarray(values, dtype=_U64)
+        if getattr(self, "_scalars", None) is not None and self._scalars.shape == values.shape:
+            self._scalars[...] = values
+        else:
+            self._scalars = values
 
     def elementwise(self, expr, ins, outs, primes, scalars) -> None:
         q = self._q[primes][:, None]

@@ -191,6 +191,15 @@ class GpuRun:
         self.stream.synchronize()
         return RunResult.from_stores(self.device.stores(), self.memory, self.plan.instructions)
 
+    def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
+        """The inputs of another instance (:meth:`DeviceRun.rebind`): written in place, so that the
+        captured graph replays on them; ``keep``: limbs already in place (a batch's shared keys)."""
+        check_plan_memory(self.plan, self.ctx, memory)
+        with self.stream:
+            self.device.rebind(memory, keep)
+        self.stream.synchronize()
+        self.memory = memory
+
 
 class MultiGpuRun:
     """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
@@ -471,6 +480,26 @@ def run_gpu(
     return result
 
 
+def resident_executor(program_or_plan, ctx: Context, mode: Mode | str, *, streams: int = GRAPH_STREAMS,
+                      keep: frozenset[Mem] = frozenset()) -> Callable[[Mapping], RunResult]:
+    """``memory -> RunResult`` for many instances of one 1-chip program on the current GPU: the
+    first call uploads its image and captures the graph, every later call rewrites only the inputs
+    outside ``keep`` (:meth:`GpuRun.rebind`; ``keep``: the limbs that are the same in every image,
+    such as shared evaluation keys) and replays. One resident run per executor: call it from one
+    thread at a time."""
+    plan = _plan_of(program_or_plan, fuse=True)
+    resident: list[GpuRun] = []
+
+    def run(memory: Mapping[Mem, np.ndarray]) -> RunResult:
+        if resident:
+            resident[0].rebind(memory, keep)
+        else:
+            resident.append(GpuRun(plan, ctx, memory, mode, streams=streams))
+        resident[0].run(graph=True)
+        return resident[0].result()
+    return run
+
+
 def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: bool = True,
                  streams: int = GRAPH_STREAMS) -> Callable[[Mapping], RunResult]:
     """``memory -> RunResult`` running ``program`` on the GPU (the plan is built once) on
@@ -480,4 +509,4 @@ def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: boo
 
 
 __all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_available",
-           "gpu_executor", "launch_device", "run_gpu", "run_multi_gpu"]
+           "gpu_executor", "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]

@@ -174,19 +174,22 @@ class DeviceRun:
         limb-level instruction: the eager baseline)."""
         self.prog, self.plan, self.fabric = prog, plan, fabric
         self.backend = backend_factory(ctx, prog.n_rows)
-        init_rows, init = [], []
+        init_rows, init, self.input_mems = [], [], []
         for c in prog.chips:
             chip = plan.chips[c]
             for m, b in chip.inputs.items():
                 init_rows.append(prog.rows_of[c][b])
                 init.append(memory[m])
+                self.input_mems.append(m)
             if chip.zero_buffer >= 0:
                 init_rows.append(prog.rows_of[c][chip.zero_buffer])
                 init.append(np.zeros(ctx.n, dtype=np.uint32))
+                self.input_mems.append(None)
         self.init_rows = np.array(init_rows, dtype=np.int64)
         self.init_data = np.stack(init).astype(np.uint32) if init_rows else None
         self.restore()
-        self.backend.set_scalars(np.array([s.value(ctx.primes, memory) for s in prog.scalars], dtype=np.uint32))
+        self._primes = ctx.primes
+        self.backend.set_scalars(self._scalar_values(memory))
         self.calls: list[Callable] = []
         self.labels: list[str] = []
         self.kernel_of: list[tuple[int, int, Kernel] | None] = []  # per call: (chip, index, kernel) or None
@@ -245,6 +248,23 @@ class DeviceRun:
         for self.pc in self.task_calls[t]:
             if collectives or self.pc not in self.groups:
                 self.calls[self.pc](b)
+
+    def _scalar_values(self, memory: Mapping[Mem, np.ndarray]) -> np.ndarray:
+        return np.array([s.value(self._primes, memory) for s in self.prog.scalars], dtype=np.uint32)
+
+    def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
+        """Take the inputs of another instance of the same program: write every input row except
+        those of ``keep`` (limbs whose values are those already written, such as the evaluation
+        keys that the instances of a batch share) and the scalar table, both in place, so that the
+        same calls (or a graph captured from them) run on the new inputs. Needs input rows that
+        no call overwrites (``keep_inputs`` placement, as on the GPU) or a :meth:`restore` copy."""
+        idx = [i for i, m in enumerate(self.input_mems) if m is not None and m not in keep]
+        if idx:
+            data = np.stack([memory[self.input_mems[i]] for i in idx]).astype(np.uint32)
+            self.backend.write(self.init_rows[idx], data)
+            if self.init_data is not None:
+                self.init_data[idx] = data
+        self.backend.set_scalars(self._scalar_values(memory))
 
     def restore(self) -> None:
         """Write the inputs (and zero buffers) again: a run may reuse their rows."""

@@ -84,8 +84,15 @@ class CupyBackend(Backend):
         return cp.asnumpy(self.arena[cp.asarray(np.asarray(rows, dtype=np.int64))])
 
     def set_scalars(self, values) -> None:
+        """The scalar table; rewritten in place when its size is unchanged, so that a captured
+        graph (which holds the table's address) reads the new values."""
         if len(values):
-            self.scalars = _cp().asarray(np.asarray(values, dtype=np.uint32))
+            values = np.asarray(values, dtype=np.uint32)
+            old = getattr(self, "scalars", None)
+            if old is not None and old.shape == values.shape:
+                old.set(values, stream=_cp().cuda.get_current_stream())
+            else:
+                self.scalars = _cp().asarray(values)
 
     def elementwise(self, expr, ins, outs, primes, scalars) -> None:
         from caramel.backends.cuda import FusedOp, FusedProgram
