@@ -47,6 +47,7 @@ import re
 import sys
 import types
 from collections import deque
+from typing import Callable, NamedTuple
 from pathlib import PurePath
 
 from caramel.errors import ArgumentError, LocatedError, Location, UnsupportedError, ValidationError
@@ -62,11 +63,8 @@ _ACC = -1
 
 _LOAD, _EVG, _LOAS = Opcode.LOAD, Opcode.EVG, Opcode.LOAS
 _STORE, _SPILL = Opcode.STORE, Opcode.SPILL
-_SUD, _BCI, _PL1, _BCW = Opcode.SUD, Opcode.BCI, Opcode.PL1, Opcode.BCW
-_RSI, _RSV, _MOD = Opcode.RSI, Opcode.RSV, Opcode.MOD
-_DIS, _RCV, _JOI = Opcode.DIS, Opcode.RCV, Opcode.JOI
-_REC, _SND = Opcode.REC, Opcode.SND
-_ROT = Opcode.ROT
+_RSI, _RSV, _REC = Opcode.RSI, Opcode.RSV, Opcode.REC
+_DIS, _RCV = Opcode.DIS, Opcode.RCV
 _INPUT_SECTIONS = frozenset({Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.EVALKEY, Section.INPUT})
 
 
@@ -171,6 +169,129 @@ def _bad_list(values: tuple[int, ...]) -> str | None:
     return None
 
 
+class _Scan(NamedTuple):
+    """What an opcode's check sees of one instruction's place in the scan of its stream:
+    the instruction, where it is, how to report, and the scan's live state (vector register
+    tags, base conversion units, the stream's communication list)."""
+
+    ins: Instruction
+    rank: int
+    path: str
+    add: Callable
+    vdef: dict
+    units: dict
+    comm: list
+    half: int
+    n: int | None
+
+    def report(self, message: str, what=None, cls=None) -> None:
+        if cls is None:
+            self.add(self.rank, self.path, self.ins.line, message, self.ins, what)
+        else:
+            self.add(self.rank, self.path, self.ins.line, message, self.ins, what, cls)
+
+
+def _check_sud(c: _Scan) -> None:
+    """``sud`` drops a limb above its base: the dropped register's limb must exceed the base."""
+    b, base = c.ins.srcs[1], c.ins.base
+    if type(b) is VReg:
+        tag = c.vdef.get(b.index)
+        if tag is not None and base is not None and tag <= base:
+            what = "an rsv accumulator" if tag == _ACC else f"limb {tag}"
+            c.report(f"sud drops r{b.index}, which holds {what}; the dropped limb must be above the base {base}", b)
+
+
+def _check_bcu_write(c: _Scan) -> None:
+    """``pl1``/``bcw`` write one input limb of their unit's last ``bci``, once."""
+    op, unit, base = c.ins.op, c.ins.unit, c.ins.base
+    u = c.units.get(unit)
+    if u is None:
+        c.report(f"{op.value} B{unit} before any bci B{unit}")
+    elif base not in u.ins:
+        limbs = ",".join(str(x) for x in sorted(u.ins))
+        c.report(f"{op.value} B{unit} writes limb {base}, which is not an input of bci B{unit} at line {u.line} "
+                 f"([{limbs}])", "base")
+    else:
+        first = u.written.get(base)
+        if first is not None:
+            c.report(f"{op.value} B{unit} writes input limb {base} twice (first at line {first})", "base")
+        else:
+            u.written[base] = c.ins.line
+            u.missing -= 1
+
+
+def _check_bci(c: _Scan) -> None:
+    """``bci`` resets a unit whose slots were all read; its lists are valid and disjoint."""
+    ins, unit = c.ins, c.ins.unit
+    prev = c.units.get(unit)
+    if prev is not None and len(prev.read) < len(prev.outs):
+        unread = ",".join(str(m) for m in range(len(prev.outs)) if m not in prev.read)
+        c.report(f"bci B{unit} resets the unit before every slot of bci B{unit} at line {prev.line} was read "
+                 f"(unread slots {unread})")
+    for what, values in (("output", ins.out_limbs), ("input", ins.in_limbs)):
+        why = _bad_list(values)
+        if why:
+            c.report(f"bci B{unit} {what} list {why}")
+    both = set(ins.out_limbs) & set(ins.in_limbs)
+    if both:
+        limbs = ",".join(str(x) for x in sorted(both))
+        c.report(f"bci B{unit} output and input lists overlap on limb(s) {limbs}: limb index collision, "
+                 f"level + extension > {LIMBS} (ISA.md 8.7)")
+    if not 0 <= unit < 2:
+        c.report(f"unit B{unit} does not exist (only B0 and B1)")
+    c.units[unit] = _Bcu(ins)
+
+
+def _check_rsv(c: _Scan) -> None:
+    """``rsv``: a valid basis, one group register per basis limb, the base among them."""
+    ins = c.ins
+    why = _bad_list(ins.in_limbs)
+    if why:
+        c.report(f"rsv basis {why}")
+    if len(ins.group) != len(ins.in_limbs):
+        c.report(f"rsv group has {len(ins.group)} register(s) but its basis has {len(ins.in_limbs)} limb(s)")
+    if ins.base not in ins.in_limbs:
+        c.report(f"rsv base {ins.base} is not in its basis", "base")
+
+
+def _check_mod(c: _Scan) -> None:
+    """``mod`` reads registers that ``rsi`` initialised."""
+    for g in c.ins.srcs:
+        tag = c.vdef.get(g.index)
+        if tag is not None and tag != _ACC:
+            c.report(f"mod reads r{g.index}, which was not initialised by rsi", g)
+
+
+def _check_comm(c: _Scan) -> None:
+    """``dis``/``rcv``/``joi``: collected for the cross-stream checks; the sync id names a limb."""
+    c.comm.append(c.ins)
+    sync = c.ins.sync
+    limb = sync & 0xFFFF
+    if not 0 <= limb < LIMBS:
+        c.report(f"sync id {sync} names limb {limb}, outside 0..{LIMBS - 1}", "sync")
+
+
+def _check_unsupported(c: _Scan) -> None:
+    """``rec``/``snd`` are refused (ISA.md 4.1)."""
+    c.report(f"{c.ins.op.value} is not supported: the Cinnamon compiler never emits it and its meaning is "
+             f"unspecified (ISA.md 4.1)", None, UnsupportedError)
+
+
+def _check_rot(c: _Scan) -> None:
+    """``rot`` steps lie strictly between -N/2 and N/2."""
+    step = c.ins.step
+    if not -c.half < step < c.half:
+        c.report(f"rot step {step} {_step_problem(step, c.n)}", step)
+
+
+#: The opcode-specific checks of :func:`_check_stream`, one handler per opcode that has any.
+_OPCODE_CHECKS: dict[Opcode, Callable[[_Scan], None]] = {
+    Opcode.SUD: _check_sud, Opcode.PL1: _check_bcu_write, Opcode.BCW: _check_bcu_write, Opcode.BCI: _check_bci,
+    Opcode.RSV: _check_rsv, Opcode.MOD: _check_mod, Opcode.DIS: _check_comm, Opcode.RCV: _check_comm,
+    Opcode.JOI: _check_comm, Opcode.REC: _check_unsupported, Opcode.SND: _check_unsupported, Opcode.ROT: _check_rot,
+}
+
+
 def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, problems: _Problems, comm: list,
                   own: set, n: int | None = None) -> None:
     """Scan one stream: def-use, memory, BCU, limbs.
@@ -253,73 +374,10 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
         if base is not None and not 0 <= base < LIMBS:
             add(rank, path, line, f"base {base} is outside 0..{LIMBS - 1}", ins, "base")
 
-        # ---- opcode-specific checks
-        if op is _SUD:
-            b = srcs[1]
-            if type(b) is VReg:
-                tag = vdef.get(b.index)
-                if tag is not None and base is not None and tag <= base:
-                    what = "an rsv accumulator" if tag == _ACC else f"limb {tag}"
-                    add(rank, path, line, f"sud drops r{b.index}, which holds {what}; the dropped limb must be "
-                        f"above the base {base}", ins, b)
-        elif op is _PL1 or op is _BCW:
-            u = units.get(unit)
-            if u is None:
-                add(rank, path, line, f"{op.value} B{unit} before any bci B{unit}", ins)
-            elif base not in u.ins:
-                limbs = ",".join(str(x) for x in sorted(u.ins))
-                add(rank, path, line, f"{op.value} B{unit} writes limb {base}, which is not an input of bci B{unit} "
-                    f"at line {u.line} ([{limbs}])", ins, "base")
-            else:
-                first = u.written.get(base)
-                if first is not None:
-                    add(rank, path, line, f"{op.value} B{unit} writes input limb {base} twice (first at line {first})",
-                        ins, "base")
-                else:
-                    u.written[base] = line
-                    u.missing -= 1
-        elif op is _BCI:
-            prev = units.get(unit)
-            if prev is not None and len(prev.read) < len(prev.outs):
-                unread = ",".join(str(m) for m in range(len(prev.outs)) if m not in prev.read)
-                add(rank, path, line, f"bci B{unit} resets the unit before every slot of bci B{unit} at line "
-                    f"{prev.line} was read (unread slots {unread})", ins)
-            for what, values in (("output", out_limbs), ("input", in_limbs)):
-                why = _bad_list(values)
-                if why:
-                    add(rank, path, line, f"bci B{unit} {what} list {why}", ins)
-            both = set(out_limbs) & set(in_limbs)
-            if both:
-                limbs = ",".join(str(x) for x in sorted(both))
-                add(rank, path, line, f"bci B{unit} output and input lists overlap on limb(s) {limbs}: limb index "
-                    f"collision, level + extension > {LIMBS} (ISA.md 8.7)", ins)
-            if not 0 <= unit < 2:
-                add(rank, path, line, f"unit B{unit} does not exist (only B0 and B1)", ins)
-            units[unit] = _Bcu(ins)
-        elif op is _RSV:
-            why = _bad_list(in_limbs)
-            if why:
-                add(rank, path, line, f"rsv basis {why}", ins)
-            if len(group) != len(in_limbs):
-                add(rank, path, line, f"rsv group has {len(group)} register(s) but its basis has {len(in_limbs)} "
-                    f"limb(s)", ins)
-            if base not in in_limbs:
-                add(rank, path, line, f"rsv base {base} is not in its basis", ins, "base")
-        elif op is _MOD:
-            for g in srcs:
-                tag = vdef.get(g.index)
-                if tag is not None and tag != _ACC:
-                    add(rank, path, line, f"mod reads r{g.index}, which was not initialised by rsi", ins, g)
-        elif op is _DIS or op is _RCV or op is _JOI:
-            comm.append(ins)
-            limb = sync & 0xFFFF
-            if not 0 <= limb < LIMBS:
-                add(rank, path, line, f"sync id {sync} names limb {limb}, outside 0..{LIMBS - 1}", ins, "sync")
-        elif op is _REC or op is _SND:
-            add(rank, path, line, f"{op.value} is not supported: the Cinnamon compiler never emits it and its "
-                f"meaning is unspecified (ISA.md 4.1)", ins, None, UnsupportedError)
-        elif op is _ROT and not -half < step < half:
-            add(rank, path, line, f"rot step {step} {_step_problem(step, n)}", ins, step)
+        # ---- opcode-specific checks (a table of handlers, below)
+        handler = _OPCODE_CHECKS.get(op)
+        if handler is not None:
+            handler(_Scan(ins, rank, path, add, vdef, units, comm, half, n))
 
         # ---- last uses [X], then the destination (an instruction may overwrite a dying source)
         for s in srcs:
