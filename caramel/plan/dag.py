@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import networkx as nx
 
@@ -151,177 +151,220 @@ def _error(stream: Stream, ins: Instruction, reason: str) -> PlanError:
     return PlanError(Location(stream.path, ins.line), f"{reason} ({ins.text()})")
 
 
-def ssa(stream: Stream) -> ChipSSA:
-    """Rename ``stream`` into SSA values (see :class:`ChipSSA`); raises :class:`PlanError` where the
-    reference would fail (a register or unit input read before it is written, a bad slot)."""
-    kind: list[int] = []
-    tag: list[int] = []
-    buf: list[int] = []
-    producer: list[int] = []
-    n_buffers = 0
+class _Renamer:
+    """The state of :func:`ssa` over one stream: every SSA value's kind, tag (limb), buffer and
+    producing instruction; the live registers, memory names, base conversion groups and the
+    buffer counter. The per-opcode rules are the handlers of :data:`_SSA_RULES`."""
 
-    def value(k: int, t: int, b: int, p: int) -> int:
-        kind.append(k)
-        tag.append(t)
-        buf.append(b)
-        producer.append(p)
-        return len(kind) - 1
+    def __init__(self, stream: Stream):
+        self.stream = stream
+        self.kind: list[int] = []
+        self.tag: list[int] = []
+        self.buf: list[int] = []
+        self.producer: list[int] = []
+        self.n_buffers = 0
+        self.regs: dict[int, int] = {}
+        self.sregs: dict[int, int] = {}
+        self.memory: dict[Mem, int] = {}
+        self.inputs: dict[Mem, int] = {}
+        self.scalar_inputs: dict[Mem, int] = {}
+        self.groups: dict[int, _Group] = {}
+        self.conversions: dict[int, Conversion] = {}
+        self.zero = -1
 
-    regs: dict[int, int] = {}
-    sregs: dict[int, int] = {}
-    memory: dict[Mem, int] = {}
-    inputs: dict[Mem, int] = {}
-    scalar_inputs: dict[Mem, int] = {}
-    groups: dict[int, _Group] = {}
-    conversions: dict[int, Conversion] = {}
-    zero = -1
-    uses: list[tuple[int, ...]] = []
-    defs: list[tuple[int, ...]] = []
+    def value(self, k: int, t: int, b: int, p: int) -> int:
+        """A new SSA value of kind ``k``, tag ``t``, in buffer ``b``, made by instruction ``p``."""
+        self.kind.append(k)
+        self.tag.append(t)
+        self.buf.append(b)
+        self.producer.append(p)
+        return len(self.kind) - 1
 
-    def read(op, ins: Instruction) -> int:
-        got = regs.get(op.index)
+    def fresh(self, t: int, p: int) -> int:
+        """A new vector value in a buffer of its own."""
+        v = self.value(VECTOR, t, self.n_buffers, p)
+        self.n_buffers += 1
+        return v
+
+    def read(self, op, ins: Instruction) -> int:
+        got = self.regs.get(op.index)
         if got is None:
-            raise _error(stream, ins, f"register r{op.index} is read before it is written")
+            raise _error(self.stream, ins, f"register r{op.index} is read before it is written")
         return got
 
-    def group(unit: int) -> _Group:
-        g = groups.get(unit)
+    def group(self, unit: int) -> _Group:
+        g = self.groups.get(unit)
         if g is None:
-            g = groups[unit] = _Group(value(GROUP, -1, -1, -1))
+            g = self.groups[unit] = _Group(self.value(GROUP, -1, -1, -1))
         return g
 
-    def slot(s: BcuSlot, ins: Instruction, i: int, extra: list[int]) -> int:
-        g = groups.get(s.unit)
+    def slot(self, s: BcuSlot, ins: Instruction, i: int, extra: list[int]) -> int:
+        """The value of output slot ``s`` of its unit's conversion (made at its first read, which
+        also reads the group and every input limb: ``extra``)."""
+        g = self.groups.get(s.unit)
         if g is None or g.conversion is None:
             missing = [] if g is None else [l for l in g.in_limbs if l not in g.inputs]
             if g is None or missing or not g.in_limbs:
-                raise _error(stream, ins, f"B{s.unit} is read before inputs {missing} are written")
-            g.conversion = conversions[i] = Conversion(
+                raise _error(self.stream, ins, f"B{s.unit} is read before inputs {missing} are written")
+            g.conversion = self.conversions[i] = Conversion(
                 s.unit, i, g.in_limbs, g.out_limbs, tuple(g.inputs[l] for l in g.in_limbs)
             )
             extra.append(g.value)
             extra.extend(g.conversion.inputs)
         conv = g.conversion
         if s.slot >= len(conv.out_limbs):
-            raise _error(stream, ins, f"B{s.unit} has no output slot {s.slot}")
+            raise _error(self.stream, ins, f"B{s.unit} has no output slot {s.slot}")
         got = conv.slots.get(s.slot)
         if got is None:
-            nonlocal n_buffers
-            got = conv.slots[s.slot] = value(VECTOR, ins.base, n_buffers, conv.at)
-            n_buffers += 1
+            got = conv.slots[s.slot] = self.value(VECTOR, ins.base, self.n_buffers, conv.at)
+            self.n_buffers += 1
         return got
 
+
+_Uses = tuple[tuple[int, ...], tuple[int, ...]]  # (values read, values defined) of one instruction
+
+
+def _ssa_binary(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    return (r.read(ins.srcs[0], ins), r.read(ins.srcs[1], ins)), (r.fresh(ins.base, i),)
+
+
+def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    """``load``/``evg``: an alias of the value stored under that name, or of a program input."""
+    m = ins.srcs[0]
+    src = r.memory.get(m)
+    if src is None:
+        src = r.inputs.get(m)
+        if src is None:
+            src = r.inputs[m] = r.fresh(m.limb, -1)
+    return (src,), (r.value(VECTOR, m.limb, r.buf[src], i),)
+
+
+def _ssa_scalar(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    s = r.sregs.get(ins.srcs[1].index)
+    if s is None:
+        raise _error(r.stream, ins, f"scalar register s{ins.srcs[1].index} is read before it is written")
+    return (r.read(ins.srcs[0], ins), s), (r.fresh(ins.base, i),)
+
+
+def _ssa_unary(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    return (r.read(ins.srcs[0], ins),), (r.fresh(ins.base, i),)
+
+
+def _ssa_mov(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    a = r.read(ins.srcs[0], ins)
+    return (a,), (r.value(VECTOR, ins.base, r.buf[a], i),)
+
+
+def _ssa_limb_op(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    """``ntt``/``sud``: registers or base conversion slots in, one new limb out."""
+    extra: list[int] = []
+    u = tuple(r.read(s, ins) if isinstance(s, VReg) else r.slot(s, ins, i, extra) for s in ins.srcs) + tuple(extra)
+    return u, (r.fresh(ins.base, i),)
+
+
+def _ssa_store(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    a = r.read(ins.srcs[0], ins)
+    d = r.value(VECTOR, r.tag[a], r.buf[a], i)
+    r.memory[ins.dst] = d
+    return (a,), (d,)
+
+
+def _ssa_loas(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    m = ins.srcs[0]
+    if m in r.memory:
+        raise _error(r.stream, ins, f"loas reads {m}, which this chip stored as a vector")
+    src = r.scalar_inputs.get(m)
+    if src is None:
+        src = r.scalar_inputs[m] = r.value(SCALAR, m.limb, -1, -1)
+    d = r.value(SCALAR, m.limb, -1, i)
+    r.sregs[ins.dst.index] = d
+    return (src,), (d,)
+
+
+def _ssa_bci(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    g = r.groups[ins.unit] = _Group(r.value(GROUP, -1, -1, i), ins.in_limbs, ins.out_limbs)
+    return (), (g.value,)
+
+
+def _ssa_bcu_write(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    """``pl1`` (a new limb) or ``bcw`` (in place) writes one input of its unit's group."""
+    a = r.read(ins.srcs[0], ins)
+    g = r.group(ins.unit)
+    d = r.fresh(ins.base, i) if ins.op == Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
+    g.inputs[ins.base] = d
+    return (a, g.value), (d,)
+
+
+def _ssa_rsi(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    if r.zero < 0:
+        r.zero, r.n_buffers = r.n_buffers, r.n_buffers + 1
+    return (), tuple(r.value(VECTOR, -1, r.zero, i) for _ in ins.group)
+
+
+def _ssa_rsv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    u = tuple(r.read(g, ins) for g in ins.group) + (r.read(ins.srcs[0], ins),)
+    d = tuple(r.value(VECTOR, -1, r.n_buffers + k, i) for k in range(len(ins.group)))
+    r.n_buffers += len(ins.group)
+    return u, d
+
+
+def _ssa_mod(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    return tuple(r.read(g, ins) for g in ins.srcs), (r.fresh(ins.base, i),)
+
+
+def _ssa_dis(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    return (r.read(ins.srcs[0], ins),), ()
+
+
+def _ssa_rcv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    return (), (r.fresh(ins.sync & 0xFFFF, i),)
+
+
+def _ssa_joi(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    u = (r.read(ins.srcs[0], ins),) if ins.srcs else ()
+    return u, ((r.fresh(ins.base, i),) if ins.dst is not None else ())
+
+
+#: How each opcode renames: (values read, values defined) of one instruction (``rec``/``snd``,
+#: never emitted by the compiler, have no rule).
+_SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses]] = {
+    **dict.fromkeys(_ELEMENTWISE_2, _ssa_binary), **dict.fromkeys(_SCALAR_OPS, _ssa_scalar),
+    **dict.fromkeys(_UNARY, _ssa_unary),
+    Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov, Opcode.NTT: _ssa_limb_op,
+    Opcode.SUD: _ssa_limb_op, Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
+    Opcode.BCI: _ssa_bci, Opcode.PL1: _ssa_bcu_write, Opcode.BCW: _ssa_bcu_write, Opcode.RSI: _ssa_rsi,
+    Opcode.RSV: _ssa_rsv, Opcode.MOD: _ssa_mod, Opcode.DIS: _ssa_dis, Opcode.RCV: _ssa_rcv, Opcode.JOI: _ssa_joi,
+}
+
+
+def ssa(stream: Stream) -> ChipSSA:
+    """Rename ``stream`` into SSA values (see :class:`ChipSSA`); raises :class:`PlanError` where the
+    reference would fail (a register or unit input read before it is written, a bad slot)."""
+    r = _Renamer(stream)
+    uses: list[tuple[int, ...]] = []
+    defs: list[tuple[int, ...]] = []
     for i, ins in enumerate(stream.instructions):
         op = ins.op
-        srcs = ins.srcs
-        L = ins.base
-        if op in _ELEMENTWISE_2:
-            u = (read(srcs[0], ins), read(srcs[1], ins))
-            d = (value(VECTOR, L, n_buffers, i),)
-            n_buffers += 1
-        elif op in (Opcode.LOAD, Opcode.EVG):
-            m = srcs[0]
-            src = memory.get(m)
-            if src is None:
-                src = inputs.get(m)
-                if src is None:
-                    src = inputs[m] = value(VECTOR, m.limb, n_buffers, -1)
-                    n_buffers += 1
-            u = (src,)
-            d = (value(VECTOR, m.limb, buf[src], i),)
-        elif op in _SCALAR_OPS:
-            s = sregs.get(srcs[1].index)
-            if s is None:
-                raise _error(stream, ins, f"scalar register s{srcs[1].index} is read before it is written")
-            u = (read(srcs[0], ins), s)
-            d = (value(VECTOR, L, n_buffers, i),)
-            n_buffers += 1
-        elif op in _UNARY:
-            u = (read(srcs[0], ins),)
-            d = (value(VECTOR, L, n_buffers, i),)
-            n_buffers += 1
-        elif op == Opcode.MOV:
-            a = read(srcs[0], ins)
-            u = (a,)
-            d = (value(VECTOR, L, buf[a], i),)
-        elif op == Opcode.NTT or op == Opcode.SUD:
-            extra: list[int] = []
-            u = tuple(read(s, ins) if isinstance(s, VReg) else slot(s, ins, i, extra) for s in srcs) + tuple(extra)
-            d = (value(VECTOR, L, n_buffers, i),)
-            n_buffers += 1
-        elif op in (Opcode.STORE, Opcode.SPILL):
-            a = read(srcs[0], ins)
-            u = (a,)
-            d = (value(VECTOR, tag[a], buf[a], i),)
-            memory[ins.dst] = d[0]
-        elif op == Opcode.LOAS:
-            m = srcs[0]
-            if m in memory:
-                raise _error(stream, ins, f"loas reads {m}, which this chip stored as a vector")
-            src = scalar_inputs.get(m)
-            if src is None:
-                src = scalar_inputs[m] = value(SCALAR, m.limb, -1, -1)
-            u = (src,)
-            d = (value(SCALAR, m.limb, -1, i),)
-            sregs[ins.dst.index] = d[0]
-        elif op == Opcode.BCI:
-            g = groups[ins.unit] = _Group(value(GROUP, -1, -1, i), ins.in_limbs, ins.out_limbs)
-            u, d = (), (g.value,)
-        elif op in (Opcode.PL1, Opcode.BCW):
-            a = read(srcs[0], ins)
-            g = group(ins.unit)
-            u = (a, g.value)
-            if op == Opcode.PL1:
-                d = (value(VECTOR, L, n_buffers, i),)
-                n_buffers += 1
-            else:
-                d = (value(VECTOR, L, buf[a], i),)
-            g.inputs[L] = d[0]
-        elif op == Opcode.RSI:
-            if zero < 0:
-                zero, n_buffers = n_buffers, n_buffers + 1
-            u = ()
-            d = tuple(value(VECTOR, -1, zero, i) for _ in ins.group)
-        elif op == Opcode.RSV:
-            u = tuple(read(r, ins) for r in ins.group) + (read(srcs[0], ins),)
-            d = tuple(value(VECTOR, -1, n_buffers + k, i) for k in range(len(ins.group)))
-            n_buffers += len(ins.group)
-        elif op == Opcode.MOD:
-            u = tuple(read(r, ins) for r in srcs)
-            d = (value(VECTOR, L, n_buffers, i),)
-            n_buffers += 1
-        elif op == Opcode.DIS:
-            u, d = (read(srcs[0], ins),), ()
-        elif op == Opcode.RCV:
-            u = ()
-            d = (value(VECTOR, ins.sync & 0xFFFF, n_buffers, i),)
-            n_buffers += 1
-        elif op == Opcode.JOI:
-            u = (read(srcs[0], ins),) if srcs else ()
-            if ins.dst is not None:
-                d = (value(VECTOR, L, n_buffers, i),)
-                n_buffers += 1
-            else:
-                d = ()
-        else:
+        rule = _SSA_RULES.get(op)
+        if rule is None:
             raise _error(stream, ins, f"'{op.value}' is not supported (never emitted by the compiler)")
+        u, d = rule(r, i, ins)
         # Registers read with [X] are freed (as in the reference), then the destination is written.
         if op not in _NO_FREE:
             dst = ins.dst.index if isinstance(ins.dst, VReg) else -1
-            for s in srcs:
+            for s in ins.srcs:
                 if isinstance(s, VReg) and s.dead and s.index != dst:
-                    regs.pop(s.index, None)
+                    r.regs.pop(s.index, None)
         if op == Opcode.RSI or op == Opcode.RSV:
-            for r, v in zip(ins.group, d):
-                regs[r.index] = v
+            for reg, v in zip(ins.group, d):
+                r.regs[reg.index] = v
         elif d and isinstance(ins.dst, VReg):
-            regs[ins.dst.index] = d[0]
+            r.regs[ins.dst.index] = d[0]
         uses.append(u)
         defs.append(d)
-    stores = {m: v for m, v in memory.items()}
     return ChipSSA(
-        stream.chip, stream, uses, defs, kind, tag, buf, producer, n_buffers,
-        inputs, scalar_inputs, stores, conversions, zero,
+        stream.chip, stream, uses, defs, r.kind, r.tag, r.buf, r.producer, r.n_buffers,
+        r.inputs, r.scalar_inputs, dict(r.memory), r.conversions, r.zero,
     )
 
 
