@@ -43,13 +43,13 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import time
 from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 
+from caramel.outfiles import replace_atomically
 from caramel.program import (
     BcuSlot, EvalKeyId, Instruction, KeyType, Manifest, ManifestEntry, Mem, Opcode, Program, Section, SReg, Stream,
     Symbol, VReg,
@@ -396,22 +396,13 @@ def remove_stale_temps(folder: Path, now: float | None = None) -> list[str]:
 
 
 def write_entry(path: Path, data: bytes) -> bool:
-    """Write ``data`` to ``path`` atomically: a fresh temporary file (``mkstemp``, exclusive, mode
-    0600) in the same folder, then ``os.replace``. False when the folder cannot be written."""
+    """Write ``data`` to ``path`` atomically (:func:`caramel.outfiles.replace_atomically`: a fresh
+    temporary file of mode 0600 named for :func:`remove_stale_temps`, then ``os.replace``). False
+    when the folder cannot be written."""
     folder = path.parent
     remove_stale_temps(folder)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", suffix=".part", dir=folder)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        replace_atomically(path, data, mode=0o600, prefix=f"{TEMP_PREFIX}{os.getpid()}-", suffix=".part")
         return True
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False

@@ -9,8 +9,8 @@ and every file with mode 0600. Layout (data only, nothing in it can execute code
     DIR/keys/K.c0.npy      evaluation key K's halves, (limbs, N) uint32, NTT form
     DIR/keys/K.c1.npy
 
-Writes go to a temporary file of the same folder, then ``os.replace`` (atomic), opened with
-O_NOFOLLOW so a planted symlink is never followed; the manifest is written last, so a folder whose
+Writes go to a temporary file created exclusively in the same folder (``mkstemp``), then
+``os.replace`` (atomic), so a planted symlink is never followed; the manifest is written last, so a folder whose
 writing was interrupted is no key store. Loading checks the format, N and primes against the
 context, the digest of every file, every array's dtype and shape, and (:func:`require_keys`) that
 the store has every key a program needs; it reads files in parallel threads.
@@ -31,6 +31,7 @@ import numpy as np
 from caramel.ckks.keys import EvalKey, SecretDist, SecretKey, Secrets, key_limbs
 from caramel.ckks.keyset import KeySet
 from caramel.errors import CaramelError
+from caramel.outfiles import replace_atomically
 from caramel.program import EvalKeyId, KeyType
 
 #: ``format`` of the manifest and its version.
@@ -51,19 +52,9 @@ class KeyStoreError(CaramelError):
 
 
 def _write_atomic(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` atomically (temp file + os.replace, mode 0600, no symlinks); SHA-256."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, _FILE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` atomically (mode 0600, synced; :func:`caramel.outfiles.replace_atomically`)
+    and return its SHA-256."""
+    replace_atomically(path, data, mode=_FILE_MODE, sync=True)
     return hashlib.sha256(data).hexdigest()
 
 
