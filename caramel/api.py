@@ -64,6 +64,16 @@ def default_spec(program: Program) -> CheckSpec:
     return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs)
 
 
+def prepare_inputs(program: Program, ctx: Context, keys: KeySet, seed: int, spec: CheckSpec | None = None,
+                   supplied: Mapping | None = None) -> PreparedCheck:
+    """The input image of one run: ``spec``'s inputs (default :func:`default_spec`), drawn from
+    :func:`~caramel.ckks.keyset.input_rng` (``seed``) or the user's ``supplied`` values, encrypted
+    under ``keys``, with ``keys``' evaluation keys bound (the client's current device does the
+    arithmetic)."""
+    return prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed), secrets=keys.secrets,
+                         keys=dict(keys.keys), supplied=supplied)
+
+
 def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
     """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs.
 
@@ -300,8 +310,7 @@ def run_program(
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()
-        prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed),
-                                 secrets=keys.secrets, keys=dict(keys.keys), supplied=supplied)
+        prepared = prepare_inputs(program, ctx, keys, seed, spec, supplied)
     marks.append(time.perf_counter())
     backend = resolve_backend(backend)
     bar.set_description(f"{program.name}: plan and run ({backend})")

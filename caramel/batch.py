@@ -296,10 +296,10 @@ def run_batch(
     default the GPU for the ``gpu`` backend). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
     output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
     from caramel.api import (
-        check_prime_count, default_spec, output_digest, resolve_backend, resolve_check,
+        check_prime_count, default_spec, output_digest, prepare_inputs, resolve_backend, resolve_check,
     )
-    from caramel.ckks.check import evaluate_check, prepare_check
-    from caramel.ckks.keyset import generate_keyset, input_rng
+    from caramel.ckks.check import evaluate_check
+    from caramel.ckks.keyset import generate_keyset
 
     if batch < 1:
         raise BatchError(f"--batch must be at least 1, got {batch}")
@@ -348,8 +348,7 @@ def run_batch(
 
             supplied = instance_values(data, program, i)
         with using_client(client):
-            prepared = prepare_check(the_spec, program, ctx, rng=input_rng(seed + i), secrets=keys.secrets,
-                                     keys=dict(keys.keys), supplied=supplied)
+            prepared = prepare_inputs(program, ctx, keys, seed + i, the_spec, supplied)
         times["encrypt"] = time.perf_counter() - t
         t = time.perf_counter()
         result = runners[group](prepared.memory)
@@ -491,9 +490,8 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
     device at a time; G input images prepared once from seeds ``seed .. seed+G-1``, each device
     runs its own ``rounds`` times). Speedup = rate(G) / rate(smallest G) * smallest G;
     efficiency = speedup / G. Every run's outputs must have the digest of its image's first run."""
-    from caramel.api import default_spec, output_digest, resolve_backend
-    from caramel.ckks.check import prepare_check
-    from caramel.ckks.keyset import generate_keyset, input_rng
+    from caramel.api import default_spec, output_digest, prepare_inputs, resolve_backend
+    from caramel.ckks.keyset import generate_keyset
 
     log = log or (lambda s: None)
     mode = Mode(mode)
@@ -504,8 +502,7 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
     spec = default_spec(program)
     with using_client(client_device(None, backend)):
         keys = generate_keyset(program, ctx, seed)
-        images = [prepare_check(spec, program, ctx, rng=input_rng(seed + d), secrets=keys.secrets,
-                                keys=dict(keys.keys)).memory for d in range(max(gpus))]
+        images = [prepare_inputs(program, ctx, keys, seed + d, spec).memory for d in range(max(gpus))]
     points: list[ThroughputPoint] = []
     for g in gpus:
         layout = batch_layout(1, g)

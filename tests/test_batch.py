@@ -90,9 +90,10 @@ def test_reference_backend_runs_slots_as_threads(rot1):
 
 
 def test_an_error_in_one_instance_is_raised(mul2, monkeypatch):
+    import caramel.api as api
     import caramel.ckks.check as check
 
-    real = check.prepare_check
+    real = api.prepare_inputs  # where each instance's inputs are prepared
     calls = []
 
     def failing(*a, **k):
@@ -100,7 +101,7 @@ def test_an_error_in_one_instance_is_raised(mul2, monkeypatch):
         if len(calls) == 2:
             raise check.CheckError("boom")
         return real(*a, **k)
-    monkeypatch.setattr(check, "prepare_check", failing)
+    monkeypatch.setattr(api, "prepare_inputs", failing)
     with pytest.raises(check.CheckError, match="boom"):
         run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, gpus=2)
 
