@@ -54,6 +54,11 @@ def _add_json(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"write {what} as JSON to FILE (atomically), or print it instead of the text with '-' or no FILE")
 
 
+def _add_keys(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
+                   "(made by `caramel keys`) instead of generating them")
+
+
 #: ``plan --dot`` refuses programs with more instructions than this before writing anything.
 DOT_MAX_NODES = 2000
 
@@ -242,28 +247,23 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
     """``caramel run --distributed``: this process's GPU of a multi-process run (launcher
     variables, :mod:`caramel.execute.distributed`); rank 0 gathers, checks and prints."""
-    from caramel.api import default_spec, output_digest, resolve_backend, resolve_check
-    from caramel.ckks.check import evaluate_check, prepare_check
+    from caramel.api import check_prime_count, output_digest, prepare_inputs, resolve_backend, resolve_check
+    from caramel.ckks.check import evaluate_check
+    from caramel.ckks.keyset import generate_keyset
     from caramel.errors import CaramelError
-    from caramel.execute.distributed import launch_env, run_distributed
+    from caramel.execute.distributed import RunIdentity, check_digest, launch_env, run_distributed
     from caramel.plan import build_plan
     from caramel.ring import Context, Mode
 
     place = launch_env()
     if place is None:
         raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-    from caramel.api import check_prime_count
-    from caramel.execute.distributed import RunIdentity, check_digest
-
     ctx = Context(n=args.n)
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)
-    from caramel.ckks.keyset import generate_keyset, input_rng
-
     # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
     keys = generate_keyset(program, ctx, args.seed if args.key_seed is None else args.key_seed)
-    prepared = prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(args.seed),
-                             secrets=keys.secrets, keys=dict(keys.keys))
+    prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
     from caramel.parse import read_source, source_digest
@@ -384,12 +384,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     memory = None
     keys, ctx = _stored_keys(args, program)
     if keys is not None:
-        from caramel.api import default_spec
-        from caramel.ckks.check import prepare_check
-        from caramel.ckks.keyset import input_rng
+        from caramel.api import prepare_inputs
 
-        memory = prepare_check(default_spec(program), program, ctx, rng=input_rng(args.seed),
-                               secrets=keys.secrets, keys=dict(keys.keys)).memory
+        memory = prepare_inputs(program, ctx, keys, args.seed).memory
     result = profile_program(program, n=args.n, mode=args.mode, seed=args.seed, repeats=args.repeats,
                              warmup=args.warmup, backend=args.backend, log=log, memory=memory)
     print(render(result))
@@ -548,9 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(<name>.c0, <name>.c1, <name>.limbs)")
     p.add_argument("--json", metavar="FILE", help="write the results (digest, checks, time per phase, environment) "
                    "as JSON to FILE")
-
-    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
-                   "(made by `caramel keys`) instead of generating them")
+    _add_keys(p)
 
     p = command("keys", "generate the secrets and every evaluation key a program needs into a key store folder",
                 cmd_keys)
@@ -602,8 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
                    "devices, one instance per device (instances/s, speedup, efficiency)")
     p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE")
-    p.add_argument("--keys", metavar="DIR", help="load the secrets and evaluation keys from the key store DIR "
-                   "(made by `caramel keys`) instead of generating them")
+    _add_keys(p)
     return parser
 
 
