@@ -92,16 +92,23 @@ class ProfileResult:
 # tables and trace
 
 
-def kind_table(kernels: Sequence[KernelRecord]) -> list[tuple[str, int, int, float, float]]:
-    """``(kind, kernels, rows, total ms, share)`` per kernel kind, the most expensive first."""
+def _by_kind(kernels: Sequence[KernelRecord]) -> dict[str, tuple[int, int, float, int]]:
+    """``kind -> (kernels, rows, total ms, bytes)`` summed over ``kernels``."""
     agg: dict[str, list] = {}
     for k in kernels:
-        a = agg.setdefault(k.kind, [0, 0, 0.0])
+        a = agg.setdefault(k.kind, [0, 0, 0.0, 0])
         a[0] += 1
         a[1] += k.rows
         a[2] += k.dur_ms
+        a[3] += k.bytes
+    return {kind: tuple(a) for kind, a in agg.items()}
+
+
+def kind_table(kernels: Sequence[KernelRecord]) -> list[tuple[str, int, int, float, float]]:
+    """``(kind, kernels, rows, total ms, share)`` per kernel kind, the most expensive first."""
+    agg = _by_kind(kernels)
     total = sum(a[2] for a in agg.values()) or 1.0
-    out = [(kind, a[0], a[1], a[2], a[2] / total) for kind, a in agg.items()]
+    out = [(kind, count, rows, ms, ms / total) for kind, (count, rows, ms, _) in agg.items()]
     return sorted(out, key=lambda r: (-r[3], r[0]))
 
 
@@ -121,13 +128,7 @@ class RooflineRow:
 def roofline_table(kernels: Sequence[KernelRecord], copy_gbs: float = 0.0) -> list[RooflineRow]:
     """Per kernel kind: gbs = bytes / (ms 1e6), share = gbs / copy_gbs; the most expensive first,
     then a ``total`` row."""
-    agg: dict[str, list] = {}
-    for k in kernels:
-        a = agg.setdefault(k.kind, [0, 0.0, 0])
-        a[0] += 1
-        a[1] += k.dur_ms
-        a[2] += k.bytes
-    rows = [(kind, a[0], a[1], a[2]) for kind, a in agg.items()]
+    rows = [(kind, count, ms, nbytes) for kind, (count, _, ms, nbytes) in _by_kind(kernels).items()]
     rows.sort(key=lambda r: (-r[2], r[0]))
     rows.append(("total", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows)))
 
