@@ -12,16 +12,7 @@ out="${OUT:-gpu_all_logs}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export CARAMEL_PROGRAMS="${CARAMEL_PROGRAMS:-$PWD/.data/corpus}"  # the 10L programs of tests/execute/test_gpu.py
-status=0
-summary=()
-step() {  # step NAME COMMAND...
-    local name=$1; shift
-    local t0=$SECONDS
-    "$@" > "$out/$name.txt" 2>&1
-    local rc=$?
-    summary+=("$(printf '%-22s rc=%d  %4ds' "$name" "$rc" $((SECONDS - t0)))")
-    [ "$rc" -eq 0 ] || status=1
-}
+source "$(dirname "$0")/gpu_step.sh"
 step bench python3 scripts/gpu_bench.py --skip-reference --skip-checks --repeats 10
 step variants python3 scripts/gpu_variants.py --sizes 4096,8192,65536
 step tests python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_kernels.py tests/execute/test_gpu.py

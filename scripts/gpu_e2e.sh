@@ -12,16 +12,7 @@ out="${OUT:-gpu_e2e_logs}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 CARAMEL_CACHE="$(mktemp -d)"
 big=".data/BootstrapLike_51L.tar.xz#BootstrapLike_51L_1c"
-status=0
-summary=()
-step() {  # step NAME COMMAND...
-    local name=$1; shift
-    local t0=$SECONDS
-    "$@" > "$out/$name.txt" 2>&1
-    local rc=$?
-    summary+=("$(printf '%-16s rc=%d  %4d s' "$name" "$rc" $((SECONDS - t0)))")
-    [ "$rc" -eq 0 ] || status=1
-}
+source "$(dirname "$0")/gpu_step.sh"
 step client python3 scripts/gpu_client_check.py .data/corpus --bootstrap "$big" --store /tmp/caramel-ks-check
 step run-cold python3 -m caramel run "$big" --n 65536 --backend gpu --json "$out/run-cold.json"
 step run-warm python3 -m caramel run "$big" --n 65536 --backend gpu --json "$out/run-warm.json"
