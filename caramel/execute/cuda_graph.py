@@ -194,7 +194,7 @@ class GpuRun:
     def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
         """The inputs of another instance (:meth:`DeviceRun.rebind`): written in place, so that the
         captured graph replays on them; ``keep``: limbs already in place (a batch's shared keys)."""
-        check_plan_memory(self.plan, self.ctx, memory)
+        check_plan_memory(self.plan, self.ctx, memory, kept=keep)  # the kept rows were checked with the first image
         with self.stream:
             self.device.rebind(memory, keep)
         self.stream.synchronize()

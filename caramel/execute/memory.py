@@ -77,12 +77,14 @@ def check_memory_image(program: Program, ctx: Context, memory: Mapping[Mem, np.n
     check_image(ctx, memory, needed, scalars, memory)
 
 
-def check_plan_memory(plan, ctx: Context, memory: Mapping[Mem, np.ndarray]) -> None:
+def check_plan_memory(plan, ctx: Context, memory: Mapping[Mem, np.ndarray], kept: frozenset[Mem] = frozenset()) -> None:
     """The same check for the limbs that a :class:`~caramel.plan.Plan` reads (its chips'
-    ``inputs`` and loaded ``scalars``), in name order."""
+    ``inputs`` and loaded ``scalars``), in name order. ``kept``: limbs that a resident run keeps
+    from an image checked before and does not read from this one (a batch's shared keys): they
+    must be present, and their contents are not scanned again."""
     scalars = {s.mem for c in plan.chips for s in c.scalars if s.mem is not None}
     needed = {m: "" for m in sorted({m for c in plan.chips for m in c.inputs} | scalars, key=str)}
-    check_image(ctx, memory, needed, scalars, [m for m in needed if m in memory])
+    check_image(ctx, memory, needed, scalars, [m for m in needed if m in memory and m not in kept])
 
 
 __all__ = ["check_image", "check_memory_image", "check_plan_memory", "loaded_names"]

@@ -69,3 +69,27 @@ def test_rebind_without_keep_rewrites_the_keys_too():
     run.rebind(other)
     run.run()
     assert not all(np.array_equal(run.stores()[0][k], kept[k]) for k in kept)
+
+
+def test_check_of_a_rebound_image_skips_only_the_kept_contents():
+    """check_plan_memory(kept=...): kept limbs must be present but are not scanned again; every
+    other limb is checked as before."""
+    import pytest
+
+    from caramel.errors import BindingError
+    from caramel.execute.memory import check_plan_memory
+
+    program = caramel.load_program(EXAMPLES / "MulRotate_4L_1c")
+    ctx = Context(n=1024)
+    plan = build_plan(program)
+    image = _images(program, ctx, (1,))[0]
+    keep = key_mems(program)
+    key, other = sorted(keep, key=str)[0], sorted(set(image) - keep, key=str)[0]
+    bad_key = {**image, key: np.full(ctx.n, ctx.q(key.limb), dtype=np.uint32)}
+    check_plan_memory(plan, ctx, bad_key, kept=keep)
+    with pytest.raises(BindingError, match="residues must lie"):
+        check_plan_memory(plan, ctx, bad_key)
+    with pytest.raises(BindingError, match="residues must lie"):
+        check_plan_memory(plan, ctx, {**image, other: np.full(ctx.n, ctx.q(other.limb), dtype=np.uint32)}, kept=keep)
+    with pytest.raises(BindingError, match="not provided"):
+        check_plan_memory(plan, ctx, {m: v for m, v in image.items() if m != key}, kept=keep)
