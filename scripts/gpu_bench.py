@@ -85,6 +85,7 @@ def main() -> int:
     ap.add_argument("--skip-reference", action="store_true", help="do not run the CPU reference of the big program")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--ntt-rows", type=int, default=1024)
+    ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
     args = ap.parse_args()
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
     if not gpu_available():
@@ -126,6 +127,8 @@ def main() -> int:
                                                  ("graph fused", fused, True, False, 1),
                                                  ("graph fused, 4 streams", fused, True, False, 4),
                                                  ("graph fused, 8 streams", fused, True, False, 8)):
+        if args.fused_only and not label.startswith("graph fused"):
+            continue
         t0 = time.perf_counter()
         run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays

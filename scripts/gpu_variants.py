@@ -25,12 +25,16 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from gpu_kernels_check import Bench, sets_for  # noqa: E402
 
-#: (rows, split, min_blocks, row layout, pipe) of the NTT kernels; the first is the kernel of commit
-#: 10baff7 (row layout 0: the default for the row count, see caramel.backends.cuda.ntt._source).
-NTT_VARIANTS = [(16, False, 1, 2, 0), (32, True, 4, 4, 0), (32, True, 4, 4, 2), (32, True, 4, 4, 4),
-                (32, True, 4, 4, 8)]
+#: (rows, split, min_blocks, row layout, pipe, split_from, lazy, threads) of the NTT kernels; the first
+#: is the kernel of commit 10baff7 (row layout 0: the default for the row count, see
+#: caramel.backends.cuda.ntt._source), the second the default of session 4 (5fcd20c), the fourth the
+#: default of session 5.
+NTT_VARIANTS = [(16, False, 1, 2, 0, 0, False, 256), (32, True, 4, 4, 0, 0, False, 256),
+                (32, True, 4, 4, 0, 4, True, 256), (32, True, 4, 4, 0, (6, 5), True, 256),
+                (32, True, 4, 4, 0, (7, 5), True, 256), (32, True, 4, 4, 0, (8, 5), True, 256),
+                (32, True, 4, 4, 0, (6, 5), True, 512), (32, True, 4, 4, 4, (6, 5), True, 256)]
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
-BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2)]
+BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 
 
 def main() -> int:
@@ -76,34 +80,38 @@ def main() -> int:
         want_f = ctx.ntt(x, limbs)
         want_i = ctx.intt(x, limbs)
         rows = len(limbs)
-        for rpb, split, mb, lay, pipe in NTT_VARIANTS:
+        for rpb, split, mb, lay, pipe, sfrom, lazy, threads in NTT_VARIANTS:
             for inverse, want in ((False, want_f), (True, want_i)):
                 arena = cp.asarray(np.concatenate([x, np.full_like(x, 0xFFFFFFFF)]))
                 dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
-                             rpb, split=split, min_blocks=mb, row_mode=lay, pipe=pipe)
+                             rpb, split=split, min_blocks=mb, row_mode=lay, pipe=pipe, split_from=sfrom, lazy=lazy,
+                             threads=threads)
                 ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
                 if not ok:
-                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} layout={lay} pipe={pipe}")
+                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} "
+                                    f"layout={lay} pipe={pipe} from={sfrom} lazy={lazy} threads={threads}")
         print(f"NTT checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 2. bit-exactness of both base conversion kernels, all modes
     for n in (4096, args.n):
         ctx, ring = ring_of(n)
-        for s, d, _ in BC_SHAPES[:3] + [(1, 3, 1), (40, 24, 1)]:
+        for s, d, _ in BC_SHAPES[:3] + [(1, 3, 1), (40, 24, 1), (20, 40, 1), (55, 9, 1), (5, 8, 1)]:
             perm = [int(v) for v in rng.permutation(64)]
             in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
             conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
             ref = ctx.base_converter(in_limbs, out_limbs)
             xs = [residues(ctx, in_limbs) for _ in range(2)]
             for mode in Mode:
-                for tiled in (False, 1, 2):
+                for tiled, tail8, mb in ((False, False, 0), (1, False, 0), (1, True, 0), (2, False, 0), (2, True, 0),
+                                         (1, True, 6), (2, True, 5)):
                     arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
                     outs = i32(np.arange(2 * d).reshape(2, d) + 2 * s)
-                    conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), outs, mode, tiled=tiled)
+                    conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), outs, mode, tiled=tiled, tail8=tail8,
+                                 min_blocks=mb)
                     have = cp.asnumpy(arena[2 * s :])
                     for b in range(2):
                         if not np.array_equal(have[b * d : (b + 1) * d], ref.convert(xs[b], mode)):
-                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tiled={tiled}")
+                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tiled={tiled} tail8={tail8} mb={mb}")
         print(f"base conversion checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 3. timings at N = args.n
@@ -125,19 +133,23 @@ def main() -> int:
     outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
-    for rpb, split, mb, lay, pipe in NTT_VARIANTS + [(32, "body", 4, 4, 0), (32, "body", 4, 4, 4)]:
+    for rpb, split, mb, lay, pipe, sfrom, lazy, threads in NTT_VARIANTS + [(32, "body", 4, 4, 0, (6, 5), True, 256)]:
         kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb, row_mode=lay,
-                  pipe=pipe)
+                  pipe=pipe, split_from=sfrom, lazy=lazy, threads=threads)
         for fname, inverse in (("ntt", False), ("intt", True)):
-            t = bench.time(lambda s: dntt._launch(ring, arena, ins[s], outs[s], primes, inverse, **kw), sets)
-            bench.add(f"{fname} rows={rpb} split={split} mb={mb} layout={lay} pipe={pipe}", f"R={rows}", t,
-                      f"{rows / t / 1e6:6.2f} M limbs/s {4 * rows * limb / t / copy * 100:5.1f}% of copy")
-        if ring.logn > 12 and split != "body" and not pipe:
+            for r in (rows, 40):  # a large batch, and the typical size of the plan's INTT launches
+                t = bench.time(lambda s: dntt._launch(ring, arena, ins[s][:r], outs[s][:r], primes[:r], inverse,
+                                                      **kw), sets)
+                sf = "/".join(map(str, sfrom)) if isinstance(sfrom, tuple) else sfrom
+                bench.add(f"{fname} rows={rpb} split={split} mb={mb} lay={lay} pipe={pipe} from={sf} "
+                          f"lazy={int(lazy)} t={threads}", f"R={r}", t,
+                          f"{r / t / 1e6:6.2f} M limbs/s {4 * r * limb / t / copy * 100:5.1f}% of copy")
+        if ring.logn > 12 and split != "body" and not pipe and threads == 256:
             tw, pt = ring.twiddles[0], ring.prime_table
-            key = f"ntt{n}-var-{rpb}-{split}-{mb}-{lay}"
+            key = f"ntt{n}-var-{rpb}-{split}-{mb}-{lay}-{sfrom}-{lazy}"
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, split=split, min_blocks=mb,
-                                                                row_mode=lay), kname)
+                                                          row_mode=lay, split_from=sfrom, lazy=lazy), kname)
                 t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)),
                                sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
@@ -151,9 +163,13 @@ def main() -> int:
         bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
-            for tiled in (False, 1, 2):
-                t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tiled=tiled), sets)
-                bench.add(f"baseconv {mode.value} {f'tiled x{tiled}' if tiled else 'first'}", f"S={s_in} D={d_out} B={batch}",
+            for tiled, tail8, mb in ((False, False, 0), (1, True, 0), (1, True, 6), (2, False, 0), (2, True, 0),
+                                     (2, True, 5)):
+                t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tiled=tiled, tail8=tail8,
+                                                      min_blocks=mb), sets)
+                bench.add(f"baseconv {mode.value} {f'tiled x{tiled}' if tiled else 'first'}{' tail8' if tail8 else ''}"
+                          f"{f' mb{mb}' if mb else ''}",
+                          f"S={s_in} D={d_out} B={batch}",
                           t, f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")

@@ -177,6 +177,27 @@ def test_ntt_configurations(pair, rng, config):
         expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} {config}")
 
 
+@pytest.mark.parametrize("split_from,lazy,threads", [(0, False, 256), (4, False, 256), (0, True, 256), (5, True, 256),
+                                                    (8, True, 256), ((6, 5), True, 512), ((7, 3), False, 512)],
+                         ids=lambda v: str(v))
+def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, threads):
+    """The forward butterflies' lazy reduction (once per pass), the row kernel's whole-table
+    twiddles for stages below split_from and blocks of 512 threads compute the reference, forward
+    and inverse."""
+    ctx, ring = pair
+    limbs = limb_choice(rng, 5)
+    x = residues(ctx, limbs, rng)
+    for inverse in (False, True):
+        arena = Arena(ctx.n, 10, rng)
+        src = arena.put(x)
+        dst = arena.take(5)
+        dev = arena.upload()
+        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, split_from=split_from, lazy=lazy,
+                     threads=threads)
+        want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
+        expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} from={split_from} lazy={lazy}")
+
+
 def test_ntt_small_sizes(rng):
     for n in (16, 32, 256, 2048, 8192, 16384, 32768):
         ctx, ring = rings(n)
@@ -343,6 +364,26 @@ def test_base_conversion(pair, rng, mode, shape, tiled):
     for b in range(batch):
         expect_rows(have, outs[b], ref.convert(xs[b], mode), f"base conversion {mode.value} batch {b}")
     expect_inputs_kept(arena, have, outs.reshape(-1))
+
+
+@pytest.mark.parametrize("tail8,min_blocks", [(False, 0), (True, 5)], ids=["tail16", "tail8-mb5"])
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(3, 5), (13, 40), (20, 41), (7, 24)], ids=lambda s: f"S={s[0]},D={s[1]}")
+def test_base_conversion_chunks(pair, rng, mode, shape, tail8, min_blocks):
+    """The tiled kernel with 16-wide last chunks, and with a register bound, computes the reference."""
+    ctx, ring = pair
+    s, d = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    x = residues(ctx, in_limbs, rng)
+    arena = Arena(ctx.n, s + d, rng)
+    ins = np.array([arena.put(x)])
+    outs = np.array([arena.take(d)])
+    dev = arena.upload()
+    conv.convert(dev, i32(ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks)
+    expect_rows(arena.download(), outs[0], ref.convert(x, mode), f"base conversion {mode.value}")
 
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)

@@ -28,6 +28,8 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_con
 
 THREADS = 128
 TILED_CO = 2  # coefficients per thread of the tiled kernel (1 or 2)
+TAIL8 = True  # the tiled kernel's last chunk of outputs is 8 wide when D mod 16 is 1..8
+BC_MIN_BLOCKS = 0  # resident blocks per multiprocessor asked for the tiled kernels (0: no bound)
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 
 
@@ -39,8 +41,14 @@ def mode_code(mode) -> int:
     return MODES[name]
 
 
-def _source() -> str:
-    return r"""
+def _source(min_blocks: int = 0) -> str:
+    """The module's CUDA source; min_blocks > 0 asks the register allocator for that many resident
+    blocks of the tiled kernels per multiprocessor (__launch_bounds__(128, min_blocks))."""
+    bounds = f"128, {min_blocks}" if min_blocks else "128"
+    return _SOURCE.replace("__launch_bounds__(TILED_BOUNDS)", f"__launch_bounds__({bounds})")
+
+
+_SOURCE = r"""
 // in_consts: S x 4 (q_k, [Qhat_k^-1]_{q_k}, its Shoup quotient, 0); out_consts: D x 4 (p_d, [-Q_S]_{p_d},
 // mu_lo, mu_hi); table: S x DP (DP = D rounded up to a multiple of 8, zero padded), [Qhat_k]_{p_d}
 // (textbook, exact) or F_{k,d} (emulator); recip: S, 1/q_k. mode: 0 textbook, 1 emulator, 2 exact.
@@ -96,48 +104,44 @@ extern "C" __global__ void __launch_bounds__(128) base_convert(
     }
 }
 
-// Tiled base conversion: block (b, tile, chunk), chunk fastest, computes outputs d0 .. d0 + 15
-// (d0 = 16 chunk) of 256 coefficients (2 per thread, 8-byte accesses). Its 16 columns of the table
-// (S x DP16, zero padded) sit in shared memory; the 32 sums (16 outputs x 2 coefficients) stay in
-// 64-bit registers; each input limb is read once per chunk (the chunks of a tile run together,
-// so the re-reads of the other chunks hit L2). t_k and the float sum f are recomputed per chunk.
-// (acc + v [-Q_S]_p) mod p in 32-bit arithmetic: acc = hi 2^32 + lo, so the value is
-// hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products (lo = lo * 1) each in [0, 2p), summed
-// with conditional subtractions (p < 2^30). c0 = (p, [-Q_S]_p, its Shoup quotient, [2^32]_p),
-// c1 = (Shoup quotient of [2^32]_p, floor(2^32 / p), 0, 0); v <= S (EXACT only).
-template <int MODE>
-__device__ __forceinline__ u32 reduce_sum(u64 acc, u32 v, uint4 c0, uint4 c1) {
+// Tiled base conversion: block (b, tile, chunk), chunk fastest, computes outputs d0 .. d0 + W - 1
+// (d0 = 16 chunk; W = 16, or 8 for the last chunk when D mod 16 is 1..8, so that fewer padded
+// outputs are accumulated) of 128 CO coefficients (CO per thread, 8-byte accesses for CO = 2). Its W
+// columns of the table (S x DP16, zero padded) sit in shared memory; the CO W sums stay in 64-bit
+// registers; each input limb is read once per chunk (the chunks of a tile run together, so the
+// re-reads of the other chunks hit L2). t_k and the float sum f are recomputed per chunk.
+// EXACT adds v [-Q_S]_p to the 64-bit sum (one more multiply-add; v <= S). Then acc mod p in 32-bit
+// arithmetic: acc = hi 2^32 + lo, so the value is hi [2^32]_p + lo mod p, two Shoup products (lo =
+// lo * 1) each in [0, 2p), summed with conditional subtractions (p < 2^30). c0 = (p, [-Q_S]_p, its
+// Shoup quotient, [2^32]_p), c1 = (Shoup quotient of [2^32]_p, floor(2^32 / p), 0, 0).
+__device__ __forceinline__ u32 reduce_sum(u64 acc, uint4 c0, uint4 c1) {
     const u32 p = c0.x, two_p = 2 * c0.x;
     u32 r = shoup_lazy((u32)(acc >> 32), c0.w, c1.x, p) + shoup_lazy((u32)acc, 1u, c1.y, p);
-    if (MODE == 2) {
-        r = r >= two_p ? r - two_p : r;
-        r += shoup_lazy(v, c0.y, c0.z, p);
-    }
     r = r >= two_p ? r - two_p : r;
     return r >= p ? r - p : r;
 }
 
-template <int MODE, int CO>
+template <int MODE, int CO, int W>
 __device__ __forceinline__ void base_convert_tile(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table,
         const double* __restrict__ recip, int n, int tiles, int chunks) {
-    __shared__ uint4 tab[64 * 4];
+    __shared__ uint4 tab[64 * (W / 4)];
     const int chunk = blockIdx.x % chunks;
     const int rest = blockIdx.x / chunks;
     const int tile = rest % tiles, b = rest / tiles;
     const int DP = chunks * 16, d0 = chunk * 16;
-    for (int e = threadIdx.x; e < S * 4; e += blockDim.x)
-        tab[e] = *(const uint4*)(table + (e >> 2) * DP + d0 + (e & 3) * 4);
+    for (int e = threadIdx.x; e < S * (W / 4); e += blockDim.x)
+        tab[e] = *(const uint4*)(table + (e / (W / 4)) * DP + d0 + (e % (W / 4)) * 4);
     __syncthreads();
     const int i = (tile * blockDim.x + threadIdx.x) * CO;
     if (i >= n) return;
     const int* __restrict__ ins = in_slots + b * S;
-    u64 acc[CO][16];
+    u64 acc[CO][W];
 #pragma unroll
     for (int c = 0; c < CO; ++c)
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[c][j] = 0;
+        for (int j = 0; j < W; ++j) acc[c][j] = 0;
     double f[CO];
 #pragma unroll
     for (int c = 0; c < CO; ++c) f[c] = 0.0;
@@ -172,8 +176,8 @@ __device__ __forceinline__ void base_convert_tile(
                 }
             }
 #pragma unroll
-            for (int q4 = 0; q4 < 4; ++q4) {
-                const uint4 m = tab[4 * k + q4];
+            for (int q4 = 0; q4 < W / 4; ++q4) {
+                const uint4 m = tab[(W / 4) * k + q4];
 #pragma unroll
                 for (int c = 0; c < CO; ++c) {
                     acc[c][4 * q4 + 0] += (u64)x[c] * m.x;
@@ -188,26 +192,32 @@ __device__ __forceinline__ void base_convert_tile(
 #pragma unroll
     for (int c = 0; c < CO; ++c) v[c] = MODE == 2 ? (u32)floor(__dadd_rn(f[c], 0.5)) : 0u;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < W; ++j) {
         const int d = d0 + j;
         if (d < D) {
             const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
             u32* dst = arena + (u64)__ldg(out_slots + b * D + d) * n + i;
+            u32 r[CO];
+#pragma unroll
+            for (int c = 0; c < CO; ++c) r[c] = reduce_sum(MODE == 2 ? acc[c][j] + (u64)v[c] * c0.y : acc[c][j], c0, c1);
             if (CO == 2) {
-                *(uint2*)dst = make_uint2(reduce_sum<MODE>(acc[0][j], v[0], c0, c1),
-                                          reduce_sum<MODE>(acc[CO - 1][j], v[CO - 1], c0, c1));
+                *(uint2*)dst = make_uint2(r[0], r[CO - 1]);
             } else {
-                *dst = reduce_sum<MODE>(acc[0][j], v[0], c0, c1);
+                *dst = r[0];
             }
         }
     }
 }
+// tail8: the last chunk holds 8 outputs (see base_convert_tile).
 #define BC_TILED(NAME, MODE, CO) \
-extern "C" __global__ void __launch_bounds__(128) NAME( \
+extern "C" __global__ void __launch_bounds__(TILED_BOUNDS) NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table, \
-        const double* __restrict__ recip, int n, int tiles, int chunks) { \
-    base_convert_tile<MODE, CO>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
+        const double* __restrict__ recip, int n, int tiles, int chunks, int tail8) { \
+    if (tail8 && blockIdx.x % chunks == chunks - 1) \
+        base_convert_tile<MODE, CO, 8>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
+    else \
+        base_convert_tile<MODE, CO, 16>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
 }
 BC_TILED(base_convert_tiled2_textbook, 0, 2)
 BC_TILED(base_convert_tiled2_emulator, 1, 2)
@@ -297,7 +307,8 @@ class BaseConversion:
         self._out8 = cp.asarray(out8)
         self._factors16 = cp.asarray(wide[1])
 
-    def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True) -> None:
+    def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
+                min_blocks: int = BC_MIN_BLOCKS) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -319,12 +330,13 @@ class BaseConversion:
             per_thread = TILED_CO if tiled is True else int(tiled)
             tiles = -(-ring.n // (128 * per_thread))
             name = f"base_convert_tiled{per_thread}_" + ("textbook", "emulator", "exact")[code]
-            ring.kernel("basis", _source, name)(
+            key = f"basis-mb{min_blocks}" if min_blocks else "basis"
+            ring.kernel(key, lambda: _source(min_blocks), name)(
                 (batch * tiles * self._chunks,),
                 (128,),
                 (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in_consts, self._out8,
                  self._factors16 if code == 1 else self._qhat16, self._recip, cp.int32(ring.n), cp.int32(tiles),
-                 cp.int32(self._chunks)),
+                 cp.int32(self._chunks), cp.int32(tail8 and 1 <= d % 16 <= 8)),
             )
             return
         tiles = -(-ring.n // THREADS)

@@ -6,7 +6,9 @@ A[j] = sum_i a_i psi^((2 br(j) + 1) i) mod q (bit-reversed output); ``intt`` is 
 
 Algorithm: the radix-2 Cooley-Tukey loop with psi powers in bit-reversed order (stage m = 2^s uses
 ``psi^br(m + i)`` for group i; Gentleman-Sande with the inverse powers for ``intt``), with Harvey's
-lazy butterflies (values in [0, 4q) forward, [0, 2q) inverse) and Shoup twiddle products.
+lazy butterflies (values in [0, 4q) forward, [0, 2q) inverse) and Shoup twiddle products. With
+LAZY and primes below 2^28 the forward butterflies reduce only at the first stage of each pass
+(values below 16q <= 2^32; see ct_bfly_lazy).
 Data is staged in shared memory; stages run in passes of up to RADIX_LOG (4) stages held in
 registers (16 points per virtual thread; the thesis' scheme is 3 stages, 8 points), with a
 __syncthreads between passes.
@@ -19,6 +21,8 @@ __syncthreads between passes.
   2^s (2^a + hi) + i_local, a = log2(N) - 8, i_local < 2^s; the row kernel takes it as the product
   of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows, so a warp's
   loads are broadcasts): psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit.
+  Stages below SPLIT_FROM read the one table entry instead (one product; those entries are the
+  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime).
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
-THREADS = 256
+THREADS = 256  # threads a block of the column and row kernels (256 or 512)
 COLS = 32  # columns per block in the column kernel
 # Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
 ROWS = 32  # 256-point rows per row-kernel block: 32 = point-major layout (MODE 3), else a multiple of 4
@@ -38,6 +42,9 @@ ROW_LOG = 8  # log2 of the row length
 MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
 PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
+#: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
+SPLIT_FROM = (6, 5)
+LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -47,10 +54,24 @@ _SRC = r"""
 #define RADIX_LOG {radix_log}
 #define MIN_BLOCKS {min_blocks}
 #define ROW_MODE {row_mode}
+#define SPLIT_FROM_FWD {split_fwd}
+#define SPLIT_FROM_INV {split_inv}
+#define LAZY {lazy}
+#define NTHREADS {threads}
 
 // Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q); t = y * w in [0, 2q).
 __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
     if (x >= two_q) x -= two_q;
+    y = x + two_q - t;
+    x = x + t;
+}}
+
+// LAZY forward butterfly (q < 2^28, so 16q <= 2^32): values of a pass stay below 16q. The first
+// stage of a pass (RED) brings x from [0, 16q) to [0, 8q); each stage adds at most 2q (t < 2q):
+// after the 4 stages of a pass, x, y < 8q + 4 * 2q = 16q. Inputs < 16q, outputs < 16q.
+template <bool RED>
+__device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q) {{
+    if (RED && x >= 4 * two_q) x -= 4 * two_q;
     y = x + two_q - t;
     x = x + t;
 }}
@@ -139,7 +160,8 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             const int d = INV ? R - 1 - dd : dd;
             const int half = 1 << (R - 1 - d);
             const int s = S0 + d;
-            const uint2 rf = SPLIT ? __ldg(tw + (bt << s)) : make_uint2(0u, 0u);
+            const bool split_s = SPLIT && s >= (INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD);  // constant once unrolled
+            const uint2 rf = split_s ? __ldg(tw + (bt << s)) : make_uint2(0u, 0u);
 #pragma unroll
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
@@ -149,13 +171,17 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                     u32 u2 = x + y;
                     if (u2 >= two_q) u2 -= two_q;
                     const u32 a = x + two_q - y;
-                    v[k + half] = s == 0 ? tw_mul<SPLIT, true>(a, tw, bt, s, il, rf, q)
-                                         : tw_mul<SPLIT, false>(a, tw, bt, s, il, rf, q);
+                    v[k + half] = !split_s ? tw_mul<false, false>(a, tw, bt, s, il, rf, q)
+                                           : s == 0 ? tw_mul<SPLIT, true>(a, tw, bt, s, il, rf, q)
+                                                    : tw_mul<SPLIT, false>(a, tw, bt, s, il, rf, q);
                     v[k] = u2;
                 }} else {{
-                    const u32 t = s == 0 ? tw_mul<SPLIT, true>(v[k + half], tw, bt, s, il, rf, q)
-                                         : tw_mul<SPLIT, false>(v[k + half], tw, bt, s, il, rf, q);
-                    ct_bfly(v[k], v[k + half], t, two_q);
+                    const u32 t = !split_s ? tw_mul<false, false>(v[k + half], tw, bt, s, il, rf, q)
+                                  : s == 0 ? tw_mul<SPLIT, true>(v[k + half], tw, bt, s, il, rf, q)
+                                           : tw_mul<SPLIT, false>(v[k + half], tw, bt, s, il, rf, q);
+                    if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
+                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
+                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
                 }}
             }}
         }}
@@ -204,7 +230,10 @@ __device__ __forceinline__ void row_prefetch(u32* buf, const u32* arena, const i
     cp_async_commit();
 }}
 
+// Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
+    if (LAZY && x >= 4 * two_q) x -= 4 * two_q;
+    if (LAZY && x >= two_q + two_q) x -= two_q + two_q;
     if (x >= two_q) x -= two_q;
     return x >= q ? x - q : x;
 }}
@@ -232,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 _COL = r"""
-extern "C" __global__ void __launch_bounds__(256) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[32 << A_BITS];
@@ -244,10 +273,10 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
-    // 16-byte accesses, all issued before the first use (blockDim.x == 256).
+    // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
 #pragma unroll
-    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
-        const int e = it * 256 + threadIdx.x;
+    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
+        const int e = it * NTHREADS + threadIdx.x;
         *(uint4*)(sm + e * 4) = *(const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4);
     }}
     __syncthreads();
@@ -258,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 _ROW = r"""
-extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ __align__(16) u32 sm[ROWS * 256];
@@ -271,8 +300,8 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
 #pragma unroll
-    for (int it = 0; it < ROWS / 4; ++it) {{
-        const int e = it * 256 + threadIdx.x;
+    for (int it = 0; it < ROWS * 64 / NTHREADS; ++it) {{
+        const int e = it * NTHREADS + threadIdx.x;
         const uint4 v = src[e];
         const int sub = e >> 6, p = (e & 63) * 4;
         if (ROW_MODE == 4) {{ *(uint4*)(sm + sidx<4>(sub, p)) = v; continue; }}
@@ -285,8 +314,8 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) {name}(
 {passes}
     __syncthreads();
 #pragma unroll
-    for (int it = 0; it < ROWS / 4; ++it) {{
-        const int e = it * 256 + threadIdx.x;
+    for (int it = 0; it < ROWS * 64 / NTHREADS; ++it) {{
+        const int e = it * NTHREADS + threadIdx.x;
         const int sub = e >> 6, p = (e & 63) * 4;
         uint4 v;
         if (ROW_MODE == 4) {{
@@ -373,12 +402,23 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
     return "\n    __syncthreads();\n".join(calls)
 
 
+def _split_defines(split_from) -> dict:
+    fwd, inv = (split_from, split_from) if isinstance(split_from, int) else split_from
+    return {"split_fwd": int(fwd), "split_inv": int(inv)}
+
+
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
-            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0) -> str:
+            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
+            split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
-    tw_mul); body=False leaves the butterflies out: loads and stores only, for timing; min_blocks: the
-    row kernel's resident blocks per multiprocessor asked of the register allocator). rows = 32
+    tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
+    whose twiddles are the first 2^(log2(N) - 8 + split_from) entries of the table, read one entry:
+    one product); body=False leaves the butterflies out: loads
+    and stores only, for timing; min_blocks: the row kernel's resident blocks per multiprocessor asked
+    of the register allocator; lazy: forward butterflies reduce once per pass, see ct_bfly_lazy;
+    threads: a block's threads in the column and row kernels, 256 or 512 (the pipelined and the
+    single-kernel N <= 4096 ones always run 256)). rows = 32
     selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
     the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
     row-major layout (MODE 2). row_mode forces one (0: that default)."""
@@ -397,14 +437,14 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         ) + _SMALL.format(
             name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log, body=body), store=inv_store)
         return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                           row_mode=2, kernels=kernels)
+                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, **_split_defines(split_from))
     a = logn - ROW_LOG
     col_store = (
         "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
         "    (void)ni; (void)nip;\n"
         "#pragma unroll\n"
-        "    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{\n"
-        "        const int e = it * 256 + threadIdx.x;\n"
+        "    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{\n"
+        "        const int e = it * NTHREADS + threadIdx.x;\n"
         "        uint4 v = *(const uint4*)(sm + e * 4);\n"
         "{finish}"
         "        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = v;\n"
@@ -450,14 +490,18 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
             + _PIPED.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                             store=col_inv, **col)
         )
-    src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                      row_mode=row_mode, kernels=kernels)
+    if threads != 256 and pipe >= 2:
+        raise ValueError("the pipelined NTT kernels run 256 threads a block")
+    src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log,
+                      min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
+                      lazy=int(lazy), threads=threads, **_split_defines(split_from))
     return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
-            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE) -> None:
+            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
+            lazy: bool = LAZY, threads: int = THREADS) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -466,8 +510,11 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return
     if pipe >= 2 and (rows_per_block, radix_log, row_mode) not in ((32, 4, 0), (32, 4, 4)):
         pipe = 0  # the pipelined kernels exist for the row layout 4 only
-    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe)
-    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE)
+    lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
+    if pipe >= 2 or ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
+        threads = 256  # 512 threads need 512 16-byte chunks in a column and a row tile
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
+    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
@@ -475,11 +522,12 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
 
     def kernel(name):
         return ring.kernel(
-            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe), name
+            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
+                                 split_from, lazy, threads), name
         )
 
     def run(name, src, dst, blocks_per_row):
-        kernel(name)((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
+        kernel(name)((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw))
 
     def run_piped(name, src, dst, tiles_per_row, words):
         k = kernel(name)
