@@ -644,9 +644,12 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
                 digests.setdefault(d, set()).add(output_digest(program, result.memory))
 
         # one warm-up round (compiles kernels per device), then the timed rounds
-        _run_slots(layout, work, list(range(g)))
-        digests.clear()
-        wall = _run_slots(layout, work, list(range(g * rounds)))
+        try:
+            _run_slots(layout, work, list(range(g)))
+            digests.clear()
+            wall = _run_slots(layout, work, list(range(g * rounds)))
+        finally:
+            _close(list(runners.values()), False)
         if any(len(s) != 1 for s in digests.values()):
             raise BatchError(f"{program.name} on {g} device(s): repeated runs of one input gave different digests")
         count = g * rounds
