@@ -417,7 +417,7 @@ def run_batch(
     default the GPU for the ``gpu`` backend). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
     output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
     from caramel.api import (
-        check_prime_count, default_spec, output_digest, prepare_inputs, resolve_backend, resolve_check,
+        check_prime_count, default_spec, key_seed_for, output_digest, prepare_inputs, resolve_backend, resolve_check,
     )
     from caramel.ckks.check import evaluate_check
     from caramel.ckks.keyset import generate_keyset
@@ -444,7 +444,7 @@ def run_batch(
     t0 = time.perf_counter()
     if keys is None:
         with using_client(client):
-            keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed))
     shared["keys"] = time.perf_counter() - t0
     layout = batch_layout(program.chips, gpus)
     if devices is not None:  # renumber the slots' devices onto the given CUDA devices

@@ -351,3 +351,33 @@ def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
                            device="cpu")
         assert set(fake_gpu) == {want} and [r["instance"] for r in result.records] == [1, 3]
         assert [r["digest"] for r in result.records] == [single_digest(program, SEED + i, SEED) for i in (1, 3)]
+
+
+def test_key_seed_for():
+    from caramel.api import key_seed_for
+
+    assert key_seed_for(5, None) == 5 and key_seed_for(5, 11) == 11 and key_seed_for(5, 0) == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--batch", "2", "--gpus", "2"]], ids=["run", "batch"])
+def test_cli_json_dash_writes_the_record_alone_on_stdout(extra, mul2, capsys):
+    """`run --json -`: stdout is the JSON record alone (parseable), the text goes to stderr."""
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--seed", str(SEED), "-q", "--json", "-",
+                 *extra])
+    out, err = capsys.readouterr()
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["kind"] == ("batch" if extra else "run") and "environment" in doc
+    assert "output digest" in err or "batch: 2 instances" in err
+    want = single_digest(mul2, SEED, SEED)
+    assert (doc["instances"][0]["digest"] if extra else doc["digest"]) == want
+    assert "results:" not in out + err
+
+
+def test_cli_profile_json_dash(capsys):
+    code = main(["profile", str(ROT1), "--n", "256", "--backend", "cpu-plan", "--repeats", "1", "--warmup", "0", "-q",
+                 "--json", "-"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["program"] == "MulRotate_4L_1c" and doc["variants"] and "eager" in err
