@@ -182,6 +182,12 @@ def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | Non
     return on_devices
 
 
+def key_seed_for(seed: int, key_seed: int | None) -> int:
+    """The seed of a run's secrets and evaluation keys: ``key_seed`` when given, else the run's
+    ``seed`` (``caramel run --seed S`` uses key seed S; its inputs always come from S)."""
+    return seed if key_seed is None else key_seed
+
+
 def check_devices(program: Program, backend: str, gpus: int | None) -> None:
     """Refuse a device count that the run would ignore or could not use: ``gpus`` with the ``cpu``
     backend (the reference interpreter runs in one host thread), fewer than 1, or more devices than
@@ -306,7 +312,7 @@ def run_program(
     marks = [time.perf_counter()]
     with using_client(client):
         if keys is None:
-            keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed))
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()

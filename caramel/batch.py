@@ -20,9 +20,13 @@ What is shared, and what is not:
   later instance on that device rewrites only its own input rows and the scalar table, in place
   (:meth:`caramel.execute.cuda_graph.GpuRun.rebind`), and replays the same graph, so the keys
   are uploaded once per device;
-* a K-chip slot has its own executor (plan built once per slot) on its CUDA devices, and its
-  instances still upload their whole image and capture their own graphs;
-* ``cpu-plan`` and ``cpu`` slots share one executor (one plan) and run each image afresh.
+* a K-chip slot stays resident the same way on its devices (:class:`ResidentGpus`: one
+  :class:`~caramel.execute.cuda_graph.MultiGpuRun` per slot, its graphs captured on the first
+  instance; later instances rewrite the non-key input rows and scalar tables of every device,
+  :meth:`~caramel.execute.cuda_graph.MultiGpuRun.rebind`), closed after the batch;
+* ``cpu-plan`` slots stay resident on their simulated devices in the same way
+  (:class:`ResidentHost`: one set of device runs per slot whose key rows are written once), so
+  that CI covers the logic of the GPU slots; ``cpu`` slots share the reference interpreter.
 
 Backends: ``gpu`` (slots on CUDA devices), ``cpu-plan`` (slots on simulated devices: a K-chip
 instance runs on K host-thread devices over the fake fabric), ``cpu`` (the reference, slots as
@@ -179,47 +183,156 @@ def key_mems(program: Program) -> frozenset[Mem]:
                      for l in req.term_limbs[term])
 
 
+class ResidentHost:
+    """A slot of simulated devices (``cpu-plan``) that stays resident, the CPU twin of
+    :class:`ResidentGpus`: the plan's device programs on ``devices`` NumPy devices (host threads,
+    a fresh :class:`~caramel.execute.fabric.threads.FakeNetwork` per instance, under the
+    watchdog), with the inputs in rows that no kernel overwrites (the GPU's ``keep_inputs``
+    placement). The first instance writes its whole image; every later one rewrites only the
+    input rows outside ``keep`` and the scalar table (:meth:`DeviceRun.rebind
+    <caramel.execute.runner.DeviceRun.rebind>`), so the key rows are written once per device.
+    ``streams`` > 1: each run executes a random order that that many streams allow (as
+    :class:`~caramel.execute.drive.HostRun`). One instance at a time (one slot thread)."""
+
+    def __init__(self, plan, ctx: Context, mode: Mode, devices: int, keep: frozenset[Mem], *, streams: int = 1,
+                 timeout: float = 120.0, seed: int | None = None):
+        from caramel.execute.placement import device_programs
+
+        self.plan, self.ctx, self.mode, self.keep, self.timeout = plan, ctx, Mode(mode), keep, timeout
+        self.progs = device_programs(plan, max(1, devices), ctx.primes, ctx.n,
+                                     reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
+        self.streams = streams
+        self.seed = np.random.SeedSequence(seed).entropy
+        self.runs: list = []
+        self.schedules: list | None = None
+        self.instances = 0  # instances run so far
+
+    def __call__(self, memory: Mapping[Mem, np.ndarray]):
+        from caramel.backends.numpy_backend import NumpyBackend
+        from caramel.execute.drive import run_threads
+        from caramel.execute.fabric.threads import FakeNetwork
+        from caramel.execute.memory import check_plan_memory
+        from caramel.execute.result import merge_results
+        from caramel.execute.runner import DeviceRun
+
+        if self.runs:
+            check_plan_memory(self.plan, self.ctx, memory, kept=self.keep)
+            for r in self.runs:
+                r.rebind(memory, self.keep)
+        else:
+            check_plan_memory(self.plan, self.ctx, memory)
+            self.runs = [DeviceRun(p, self.plan, self.ctx, memory, self.mode, NumpyBackend) for p in self.progs]
+            for r in self.runs:
+                r.init_data = None  # the inputs stay in their rows: no host copy to restore from
+            if self.streams > 1:
+                self.schedules = [r.schedule(self.streams) for r in self.runs]
+        net = FakeNetwork(len(self.runs), self.timeout)
+        count, self.instances = self.instances, self.instances + 1
+
+        def body(r):
+            r.fabric = net.fabric(r.prog.device)
+            if self.schedules is None:
+                r.run()
+            else:
+                from caramel.plan.streams import happens_before_order
+
+                rng = np.random.default_rng((self.seed, count, r.prog.device))
+                for t in happens_before_order(self.schedules[r.prog.device], rng):
+                    r.run_task(t)
+                r.pc = len(r.calls)
+            return r.prog.chips, r.stores()
+        if len(self.runs) == 1:  # one device hosting every chip: no collectives, no watchdog
+            out = [body(self.runs[0])]
+        else:
+            out = run_threads([lambda r=r: body(r) for r in self.runs], self.timeout, net.abort,
+                              lambda d: self.runs[d].position)
+        return merge_results(self.plan, memory, out)
+
+    def close(self, failed: bool = False) -> None:
+        """Nothing to release (the interface of :class:`ResidentGpus`)."""
+
+
+class ResidentGpus:
+    """A K-chip slot resident on its CUDA devices: ONE :class:`~caramel.execute.cuda_graph.MultiGpuRun`
+    (``devices``: the slot's CUDA devices, several chips per GPU when fewer than K; empty: one
+    per chip on devices 0, 1, ... up to those present). The first instance uploads its whole
+    image (keys included), runs eagerly and captures one graph per GPU; every later instance
+    rewrites only the input rows outside ``keep`` and the scalar tables of every GPU
+    (:meth:`MultiGpuRun.rebind <caramel.execute.cuda_graph.MultiGpuRun.rebind>`) and replays the
+    same graphs. :meth:`close` releases the graphs and communicators (after the batch)."""
+
+    def __init__(self, plan, ctx: Context, mode: Mode, devices: tuple[int, ...], keep: frozenset[Mem],
+                 streams: int | None = None):
+        self.plan, self.ctx, self.mode, self.keep, self.streams = plan, ctx, Mode(mode), keep, streams
+        self.devices = devices
+        self.run = None
+        self.instances = 0
+
+    def __call__(self, memory: Mapping[Mem, np.ndarray]):
+        from caramel.execute.cuda_graph import MultiGpuRun
+
+        if self.run is None:
+            devices = self.devices
+            if not devices:
+                import cupy as cp
+
+                devices = tuple(range(min(len(self.plan.chips), cp.cuda.runtime.getDeviceCount())))
+            self.run = MultiGpuRun(self.plan, self.ctx, memory, self.mode, len(devices), device_ids=list(devices),
+                                   streams=self.streams)
+        else:
+            self.run.rebind(memory, self.keep)
+        self.instances += 1
+        self.run.replay(1)
+        return self.run.result()
+
+    def close(self, failed: bool = False) -> None:
+        """Drop the graphs and communicators (abort them first after a failed instance)."""
+        run, self.run = self.run, None
+        if run is None:
+            return
+        if failed:
+            run.abort()
+            run._closed = True  # (as MultiGpuRun.__exit__ after an error)
+        else:
+            run.close()
+
+
 def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layout: Sequence[tuple[int, ...]],
                  streams: int | None = None) -> list[Callable[[Mapping], Any]]:
     """One ``memory -> RunResult`` per slot (see the module docstring for what is shared). On
-    GPUs a 1-chip program stays resident on each device: the first instance uploads its image
-    (keys included) and captures the graph, the later ones rewrite only their own inputs and
-    replay it (:func:`caramel.execute.cuda_graph.resident_executor`)."""
+    GPUs and simulated devices every slot stays resident: the first instance writes its image
+    (keys included), the later ones rewrite only their own inputs (a 1-chip program on a GPU:
+    :func:`caramel.execute.cuda_graph.resident_executor`; K chips: :class:`ResidentGpus`;
+    ``cpu-plan``: :class:`ResidentHost`). Runners with a ``close(failed)`` method are closed by
+    :func:`run_batch` after the batch."""
     from caramel.api import executor
 
     chips = len(program.streams)
-    if chips == 1 and backend == "gpu" and all(len(g) == 1 for g in layout):
-        from caramel.execute.cuda_graph import GRAPH_STREAMS, resident_executor
-        from caramel.plan import build_plan
-
-        plan, keep = build_plan(program), key_mems(program)
-
-        def resident(devices):
-            run = resident_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS, keep=keep)
-
-            def on_device(memory):
-                with _slot_context(backend, devices):
-                    return run(memory)
-            return on_device
-        return [resident(g) for g in layout]
-    if chips == 1 and all(len(g) <= 1 for g in layout):
+    if backend not in ("gpu", "cpu-plan"):  # the reference: one shared function, slots as host threads
         shared = executor(program, ctx, mode, backend, None, streams)
+        return [shared for _ in layout]
+    from caramel.plan import build_plan
 
-        def on(devices):
-            def run(memory):
-                with _slot_context(backend, devices):
-                    return shared(memory)
-            return run
-        return [on(g) for g in layout]
-    runners = []
-    for g in layout:
-        if not g:
-            runners.append(executor(program, ctx, mode, backend, None, streams))
-        elif backend == "gpu":
-            runners.append(executor(program, ctx, mode, backend, len(g), streams, devices=g))
-        else:  # simulated devices (cpu-plan) or the reference (cpu, devices ignored)
-            runners.append(executor(program, ctx, mode, backend, len(g), streams))
-    return runners
+    plan, keep = build_plan(program), key_mems(program)
+    if backend == "cpu-plan":
+        return [ResidentHost(plan, ctx, mode, len(g), keep, streams=streams or 1) for g in layout]
+    from caramel.api import gpu_available
+    from caramel.execute.cuda_graph import GRAPH_STREAMS, resident_executor
+
+    if not gpu_available():
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or "
+                           "'caramel-fhe[cuda13]')")
+    if chips > 1 or any(len(g) > 1 for g in layout):
+        return [ResidentGpus(plan, ctx, mode, g, keep, streams) for g in layout]
+
+    def resident(devices):
+        run = resident_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS, keep=keep)
+
+        def on_device(memory):
+            with _slot_context(backend, devices):
+                return run(memory)
+        return on_device
+    return [resident(g) for g in layout]
 
 
 def _run_slots(layout, work: Callable[[int, tuple[int, ...]], None], indices: Sequence[int]) -> float:
@@ -266,6 +379,14 @@ def _run_slots(layout, work: Callable[[int, tuple[int, ...]], None], indices: Se
     return wall
 
 
+def _close(runners: Sequence[Any], failed: bool) -> None:
+    """Close the resident slots that have a ``close(failed)`` (:class:`ResidentGpus`)."""
+    for r in runners:
+        close = getattr(r, "close", None)
+        if close is not None:
+            close(failed)
+
+
 def run_batch(
     program: Program,
     *,
@@ -296,7 +417,7 @@ def run_batch(
     default the GPU for the ``gpu`` backend). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
     output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
     from caramel.api import (
-        check_prime_count, default_spec, output_digest, prepare_inputs, resolve_backend, resolve_check,
+        check_prime_count, default_spec, key_seed_for, output_digest, prepare_inputs, resolve_backend, resolve_check,
     )
     from caramel.ckks.check import evaluate_check
     from caramel.ckks.keyset import generate_keyset
@@ -323,7 +444,7 @@ def run_batch(
     t0 = time.perf_counter()
     if keys is None:
         with using_client(client):
-            keys = generate_keyset(program, ctx, seed if key_seed is None else key_seed)
+            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed))
     shared["keys"] = time.perf_counter() - t0
     layout = batch_layout(program.chips, gpus)
     if devices is not None:  # renumber the slots' devices onto the given CUDA devices
@@ -332,7 +453,8 @@ def run_batch(
             raise BatchError(f"{gpus} device(s) asked for, {len(devices)} given ({devices})")
         layout = [tuple(devices[d] for d in g) for g in layout]
     t0 = time.perf_counter()
-    runners = dict(zip(layout, slot_runners(program, ctx, mode, backend, layout, streams)))
+    slots = slot_runners(program, ctx, mode, backend, layout, streams)
+    runners = dict(zip(layout, slots))
     shared["plan"] = time.perf_counter() - t0
     log(f"{len(indices)} instance(s) on {len(layout)} slot(s) of {max(1, len(layout[0]))} device(s); keys in "
         f"{shared['keys']:.2f} s")
@@ -368,7 +490,12 @@ def run_batch(
         done[i] = Instance(i, seed + i, digest, report, group, times, kept, rank)
         log(f"instance {i}: {'checked' if report is not None else 'ran'}, digest {digest[:16]}")
 
-    wall = _run_slots(layout, work, indices)
+    failed = True
+    try:
+        wall = _run_slots(layout, work, indices)
+        failed = False
+    finally:
+        _close(slots, failed)
     instances = [done[i] for i in sorted(done)]
     verdicts = [x.passed for x in instances]
     passed = None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
@@ -517,9 +644,12 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
                 digests.setdefault(d, set()).add(output_digest(program, result.memory))
 
         # one warm-up round (compiles kernels per device), then the timed rounds
-        _run_slots(layout, work, list(range(g)))
-        digests.clear()
-        wall = _run_slots(layout, work, list(range(g * rounds)))
+        try:
+            _run_slots(layout, work, list(range(g)))
+            digests.clear()
+            wall = _run_slots(layout, work, list(range(g * rounds)))
+        finally:
+            _close(list(runners.values()), False)
         if any(len(s) != 1 for s in digests.values()):
             raise BatchError(f"{program.name} on {g} device(s): repeated runs of one input gave different digests")
         count = g * rounds
@@ -533,6 +663,7 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
     return points
 
 
-__all__ = ["BatchError", "BatchResult", "BatchSummary", "Instance", "ThroughputPoint", "batch_layout",
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "Instance", "ResidentGpus", "ResidentHost", "ThroughputPoint",
+           "batch_layout",
            "gathered_outputs", "instance_line", "key_mems", "measure_throughput", "run_batch", "run_batch_distributed",
            "slot_runners"]

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from caramel.version import __version__
 from caramel.api import BACKENDS
+from caramel.api import key_seed_for
 from caramel.errors import CaramelError, ValidationError
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
@@ -103,8 +104,31 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _json_on_stdout(command, args: argparse.Namespace) -> int:
+    """``run``/``profile --json -``: the command with its text on stderr, so that stdout carries
+    the JSON record alone (:func:`_write_results`)."""
+    import contextlib
+
+    args.json_out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return command(args)
+
+
+def _write_results(args: argparse.Namespace, doc) -> None:
+    """The JSON record of ``run``/``profile --json FILE``: written atomically to FILE (its path
+    printed), or with ``-`` printed on stdout (:func:`_json_on_stdout`)."""
+    from caramel.results import json_text, write_json
+
+    if args.json == "-":
+        print(json_text(doc), file=getattr(args, "json_out", None) or sys.stdout, flush=True)
+        return
+    print(f"results: {write_json(args.json, doc)}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``caramel run PROGRAM``: the whole chain on one backend; exit 1 when a check fails."""
+    if args.json == "-" and not hasattr(args, "json_out"):
+        return _json_on_stdout(cmd_run, args)
     from caramel.api import run_program
     from caramel.validate import validate
 
@@ -144,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_results(args: argparse.Namespace, program, outcome, load_s: float) -> None:
     """The time breakdown line of a run, and ``--save-outputs`` / ``--json`` (:mod:`caramel.results`)."""
-    from caramel.results import document, run_record, timings_line, write_json
+    from caramel.results import document, run_record, timings_line
 
     timings = {"load": load_s, **outcome.timings}
     if args.save_outputs or args.save_limbs:
@@ -159,16 +183,16 @@ def _run_results(args: argparse.Namespace, program, outcome, load_s: float) -> N
     if args.json:
         devices = args.gpus or (program.chips if outcome.backend == "gpu" else 1)
         record = run_record(outcome, timings, devices=devices, seed=args.seed,
-                            key_seed=args.seed if args.key_seed is None else args.key_seed)
+                            key_seed=key_seed_for(args.seed, args.key_seed))
         record["inputs"] = args.inputs
-        print(f"results: {write_json(args.json, document('run', record))}")
+        _write_results(args, document('run', record))
 
 
 def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     """``caramel run --batch B``: B instances (:mod:`caramel.batch`), one line each and a summary;
     with ``--distributed`` this process's share, rank 0 gathering and printing."""
     from caramel.batch import gathered_outputs, instance_line, run_batch, run_batch_distributed
-    from caramel.results import PHASES, document, timings_line, write_json
+    from caramel.results import PHASES, document, timings_line
     from caramel.userdata import save_outputs, stack_outputs
 
     keep = bool(args.save_outputs or args.save_limbs)
@@ -190,7 +214,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, key seed "
-          f"{args.seed if args.key_seed is None else args.key_seed})")
+          f"{key_seed_for(args.seed, args.key_seed)})")
     for record in result.records:
         print(instance_line(record))
     print(result.summary.line())
@@ -205,7 +229,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         body = result.body()
         body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
         body["inputs"] = args.inputs
-        print(f"results: {write_json(args.json, document('batch', body))}")
+        _write_results(args, document('batch', body))
     return EXIT_OK if result.passed else EXIT_INVALID
 
 
@@ -262,7 +286,7 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     check_prime_count(program, ctx)
     spec = resolve_check(program, check)
     # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
-    keys = generate_keyset(program, ctx, args.seed if args.key_seed is None else args.key_seed)
+    keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
     prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
@@ -369,6 +393,8 @@ def dag_node_link(graph, program) -> dict:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``caramel profile PROGRAM``: eager / graph / graph+fusion timings, time per kernel kind, trace."""
+    if args.json == "-" and not hasattr(args, "json_out"):
+        return _json_on_stdout(cmd_profile, args)
     from caramel.profile import profile_program, render, write_trace
     from caramel.validate import validate
 
@@ -394,9 +420,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         write_trace(result, args.trace)
         print(f"trace: {len(result.kernels)} kernels written to {args.trace}")
     if args.json:
-        from caramel.results import profile_document, write_json
+        from caramel.results import profile_document
 
-        print(f"results: {write_json(args.json, profile_document(result))}")
+        _write_results(args, profile_document(result))
     return EXIT_OK
 
 
@@ -425,9 +451,9 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
                                                rounds=args.repeats, streams=args.streams, log=log)
     print(render_scaling(result))
     if args.json:
-        from caramel.results import scaling_document, write_json
+        from caramel.results import scaling_document
 
-        print(f"results: {write_json(args.json, scaling_document(result))}")
+        _write_results(args, scaling_document(result))
     if args.plot:
         plot_scaling(result, args.plot)
         print(f"plot: {args.plot}")
@@ -544,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-limbs", action="store_true", help="with --save-outputs: also the raw output limbs "
                    "(<name>.c0, <name>.c1, <name>.limbs)")
     p.add_argument("--json", metavar="FILE", help="write the results (digest, checks, time per phase, environment) "
-                   "as JSON to FILE")
+                   "as JSON to FILE ('-': on stdout, the text then on stderr)")
     _add_keys(p)
 
     p = command("keys", "generate the secrets and every evaluation key a program needs into a key store folder",
@@ -596,7 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the multi-GPU executor's)")
     p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
                    "devices, one instance per device (instances/s, speedup, efficiency)")
-    p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE ('-': on "
+                   "stdout, the text then on stderr)")
     _add_keys(p)
     return parser
 

@@ -391,11 +391,12 @@ def profile_program(
 ) -> ProfileResult:
     """Time ``program`` (eager / graph / graph+fusion) and one instrumented run of its fused plan.
 
-    Inputs are random (``caramel.api.default_spec``, keys and inputs from ``seed``) unless
-    ``memory`` (an input image at ring dimension ``n``) is given. ``backend``: ``gpu``,
+    Inputs are random unless ``memory`` (an input image at ring dimension ``n``) is given: those of
+    ``caramel run --seed S --no-check`` (``caramel.api.default_spec``, keys from key seed ``seed``,
+    inputs from :func:`~caramel.ckks.keyset.input_rng`), so the digests agree with that run's. ``backend``: ``gpu``,
     ``cpu-plan`` or ``auto`` (the GPU when usable)."""
-    from caramel.api import default_spec
-    from caramel.ckks.check import prepare_check
+    from caramel.api import prepare_inputs
+    from caramel.ckks.keyset import generate_keyset
     from caramel.plan import build_plan
 
     log = log or (lambda s: None)
@@ -404,7 +405,7 @@ def profile_program(
     ctx = Context(n=n)
     if memory is None:
         t0 = time.perf_counter()
-        memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(seed)).memory
+        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, seed), seed).memory
         log(f"keys and inputs at N = {n} in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     unfused = build_plan(program, fuse=False)

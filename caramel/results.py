@@ -198,10 +198,14 @@ def scaling_document(result) -> dict[str, Any]:
     return document("scaling", body)
 
 
+def json_text(data: Mapping[str, Any]) -> str:
+    """``data`` as strict JSON text (indented), as :func:`write_json` writes it."""
+    return json.dumps(data, indent=2, allow_nan=False, default=_jsonable)
+
+
 def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     """``data`` as strict JSON (indented) at ``path``, atomically."""
-    text = json.dumps(data, indent=2, allow_nan=False, default=_jsonable)
-    return write_atomic(path, text + "\n")
+    return write_atomic(path, json_text(data) + "\n")
 
 
 def _jsonable(x: Any) -> Any:

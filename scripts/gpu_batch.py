@@ -1,5 +1,7 @@
-"""Program-level parallelism on the device (issue 16): a batch of B instances of a 1-chip program
-(default BootstrapLike_51L_1c at N = 65536) on G GPUs, every instance's digest compared with a
+"""Program-level parallelism on the device (issue 16): a batch of B instances of a program
+(default BootstrapLike_51L_1c at N = 65536; a K-chip program runs G // K instances at once, or one on
+all G GPUs when G < K) on G GPUs, with each instance's run phase (the first on a slot uploads and
+captures, later ones rebind and replay), every instance's digest compared with a
 single run (``run_program(seed=S+i, key_seed=S)``) on the same backend, then the throughput
 (instances/s, speedup, efficiency) on each device count of ``--throughput``. Writes a JSON record.
 
@@ -65,6 +67,7 @@ def main() -> int:
     log(f"batch done in {time.perf_counter() - t0:.1f} s (keys {result.timings['keys']:.1f} s)")
     for record in result.records:
         print(instance_line(record))
+        print(f"  instance {record['instance']} run {record['timings_s']['run']:.4f} s (devices {record['devices']})")
     print(result.summary.line())
     ok = True
     singles = []
@@ -76,8 +79,9 @@ def main() -> int:
             same = single.digest == result.records[i]["digest"]
             ok &= same
             singles.append({"instance": i, "digest": single.digest, "same": same,
-                            "seconds": time.perf_counter() - t})
-            log(f"single run seed {args.seed + i}: digest {'==' if same else '!='} instance {i}'s")
+                            "seconds": time.perf_counter() - t, "run_s": single.timings.get("run")})
+            log(f"single run seed {args.seed + i}: digest {'==' if same else '!='} instance {i}'s; its run phase "
+                f"{single.timings.get('run', float('nan')):.4f} s (a fresh executor: upload, warm-up, capture)")
     counts = [int(x) for x in args.throughput.split(",") if x.strip()] or [args.gpus]
     points = measure_throughput(program, counts, n=args.n, backend=args.backend, seed=args.seed,
                                 rounds=args.rounds, log=log)

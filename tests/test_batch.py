@@ -8,7 +8,7 @@ import json
 import pytest
 
 from caramel.api import run_program
-from caramel.batch import BatchError, batch_layout, instance_line, measure_throughput, run_batch
+from caramel.batch import BatchError, batch_layout, instance_line, key_mems, measure_throughput, run_batch
 from caramel.cli import main
 from caramel.parse import load_program
 
@@ -68,6 +68,51 @@ def test_batch_on_simulated_devices_equals_single_runs(request, fixture, gpus, s
     assert {"keys", "plan"} <= set(result.timings)
     assert all({"encrypt", "run", "check"} <= set(r["timings_s"]) for r in result.records)
     assert all(len(r["devices"]) == per for r in result.records)
+
+
+@pytest.mark.parametrize(("gpus", "slots"), [(2, 1), (4, 2)])
+def test_a_k_chip_slot_stays_resident_and_writes_its_key_rows_once(mul2, monkeypatch, gpus, slots):
+    """A 2-chip program, batch of 4 on simulated devices: each slot keeps one set of device runs
+    (ResidentHost); every row write of the NumPy devices is counted: a device's key rows are
+    written once (its slot's first instance), its other input rows once per instance of the slot.
+    Instance i's digest is a single run's with seed S + i."""
+    from collections import Counter
+
+    import numpy as np
+
+    import caramel.batch as batch_mod
+    from caramel.backends.numpy_backend import NumpyBackend
+    from caramel.batch import ResidentHost
+
+    writes: dict[int, Counter] = {}
+    real_write, real_slots, made = NumpyBackend.write, batch_mod.slot_runners, []
+
+    def counting(self, rows, data):
+        writes.setdefault(id(self), Counter()).update(int(r) for r in np.asarray(rows).ravel())
+        return real_write(self, rows, data)
+
+    def slot_runners(*a, **k):
+        made.extend(real_slots(*a, **k))
+        return list(made)
+    monkeypatch.setattr(NumpyBackend, "write", counting)
+    monkeypatch.setattr(batch_mod, "slot_runners", slot_runners)
+    result = run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, gpus=gpus)
+    monkeypatch.undo()
+    digests = [r["digest"] for r in result.records]
+    assert digests == [single_digest(mul2, SEED + i, SEED) for i in range(4)] and len(set(digests)) == 4
+    assert all(r["passed"] is True for r in result.records)
+    assert len(made) == slots and all(isinstance(m, ResidentHost) for m in made)
+    assert sum(m.instances for m in made) == 4
+    keep = key_mems(mul2)
+    for slot in made:
+        assert len(slot.runs) == 2  # one device per chip
+        for run in slot.runs:
+            counts = writes[id(run.backend)]
+            key_rows = [int(r) for r, m in zip(run.init_rows, run.input_mems) if m in keep]
+            other = [int(r) for r, m in zip(run.init_rows, run.input_mems) if m is not None and m not in keep]
+            assert key_rows and other
+            assert {counts[r] for r in key_rows} == {1}, "a key row was written again"
+            assert {counts[r] for r in other} == {slot.instances}
 
 
 def test_keys_are_shared_and_key_seed_is_separate(rot1):
@@ -221,7 +266,7 @@ def fake_gpu(monkeypatch):
     from caramel.plan import Plan, build_plan
 
     fake = _FakeCupy()
-    seen: list[tuple[int, ...]] = []
+    seen: _Seen = _Seen()
     monkeypatch.setitem(sys.modules, "cupy", fake.module)
     monkeypatch.setattr(api, "gpu_available", lambda: True)
 
@@ -234,28 +279,43 @@ def fake_gpu(monkeypatch):
         return run
 
     class MultiGpuRun:
+        """Resident on ``device_ids``: built once per slot, rebound for every later instance."""
+
+        made: list["MultiGpuRun"] = []
+
         def __init__(self, plan, ctx, memory, mode, gpus=None, *, device_ids=None, streams=None, **kw):
             assert device_ids is not None and len(device_ids) == gpus
-            seen.append(tuple(device_ids))
-            self.result_ = run_on_devices(plan, ctx, memory, mode, gpus)
+            self.plan, self.ctx, self.memory, self.mode, self.gpus = plan, ctx, memory, mode, gpus
+            self.device_ids, self.rebinds, self.closed = tuple(device_ids), [], False
+            MultiGpuRun.made.append(self)
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
+        def rebind(self, memory, keep=frozenset()):
+            self.rebinds.append(keep)
+            self.memory = memory
 
         def replay(self, repeats=1):
-            return None
+            seen.append(self.device_ids)
+            self.result_ = run_on_devices(self.plan, self.ctx, self.memory, self.mode, self.gpus)
 
         def result(self):
             return self.result_
+
+        def close(self):
+            self.closed = True
+
+        def abort(self):
+            self.closed = True
 
     monkeypatch.setattr(gpu, "gpu_executor", gpu_executor)
     monkeypatch.setattr(gpu, "resident_executor",
                         lambda plan, ctx, mode, *, streams=4, keep=frozenset(): gpu_executor(plan, ctx, mode))
     monkeypatch.setattr(gpu, "MultiGpuRun", MultiGpuRun)
+    seen.multi = MultiGpuRun.made
     return seen
+
+
+class _Seen(list):
+    """The CUDA devices of each instance (and ``multi``: the fake MultiGpuRuns made)."""
 
 
 def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
@@ -275,6 +335,11 @@ def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
     assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
     assert all(tuple(r["devices"]) in {(0, 1), (2, 3)} for r in result.records)
     assert [r["digest"] for r in result.records] == [single_digest(mul2, SEED + i, SEED) for i in range(4)]
+    # resident: one MultiGpuRun per slot, rebound (keys kept) for its later instances, closed at the end
+    made = fake_gpu.multi
+    assert sorted(m.device_ids for m in made) == [(0, 1), (2, 3)]
+    assert sum(1 + len(m.rebinds) for m in made) == 4 and all(m.closed for m in made)
+    assert all(keep == key_mems(mul2) and keep for m in made for keep in m.rebinds)
 
 
 def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
@@ -286,3 +351,33 @@ def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
                            device="cpu")
         assert set(fake_gpu) == {want} and [r["instance"] for r in result.records] == [1, 3]
         assert [r["digest"] for r in result.records] == [single_digest(program, SEED + i, SEED) for i in (1, 3)]
+
+
+def test_key_seed_for():
+    from caramel.api import key_seed_for
+
+    assert key_seed_for(5, None) == 5 and key_seed_for(5, 11) == 11 and key_seed_for(5, 0) == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--batch", "2", "--gpus", "2"]], ids=["run", "batch"])
+def test_cli_json_dash_writes_the_record_alone_on_stdout(extra, mul2, capsys):
+    """`run --json -`: stdout is the JSON record alone (parseable), the text goes to stderr."""
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--seed", str(SEED), "-q", "--json", "-",
+                 *extra])
+    out, err = capsys.readouterr()
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["kind"] == ("batch" if extra else "run") and "environment" in doc
+    assert "output digest" in err or "batch: 2 instances" in err
+    want = single_digest(mul2, SEED, SEED)
+    assert (doc["instances"][0]["digest"] if extra else doc["digest"]) == want
+    assert "results:" not in out + err
+
+
+def test_cli_profile_json_dash(capsys):
+    code = main(["profile", str(ROT1), "--n", "256", "--backend", "cpu-plan", "--repeats", "1", "--warmup", "0", "-q",
+                 "--json", "-"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["program"] == "MulRotate_4L_1c" and doc["variants"] and "eager" in err

@@ -78,3 +78,12 @@ def test_cli_profile_multichip_on_cpu(capsys):
                  "--repeats", "1", "-q"])
     out, _ = capsys.readouterr()
     assert code == 0 and "graph+fusion" in out
+
+
+def test_inputs_are_those_of_run_with_the_same_seed(result, program):
+    """profile --seed S draws the keys and inputs of `caramel run --seed S --no-check` (the same digest)."""
+    from caramel.api import run_program
+
+    want = run_program(program, n=256, backend="cpu", seed=1, check=None).digest
+    assert {v.digest for v in result.variants} == {want}
+    assert run_program(program, n=256, backend="cpu", seed=2, check=None).digest != want

@@ -374,6 +374,20 @@ class MultiGpuRun:
             return [(i, a, b - a) for i, (a, b) in enumerate(zip(starts, ends))]
         return self._each(lambda d: self._on(d, body), "instrumented run")
 
+    def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
+        """The inputs of another instance of the same program, written in place on every local GPU
+        (:meth:`DeviceRun.rebind <caramel.execute.runner.DeviceRun.rebind>`: every input row
+        outside ``keep`` and the scalar table), so that the captured graphs replay on them;
+        ``keep``: limbs already in place (a batch's shared evaluation keys), checked with the first
+        image and not sent again. The graphs and communicators stay."""
+        check_plan_memory(self.plan, self.ctx, memory, kept=keep)
+
+        def body(d):
+            self.runs[d].rebind(memory, keep)
+            self.streams[d].synchronize()
+        self._each(lambda d: self._on(d, body), "rebind")
+        self.memory = memory
+
     def result(self) -> RunResult:
         """The outputs of the last run, read back."""
         out = self._each(lambda d: self._on(d, lambda d: (self.progs[d].chips, self.runs[d].stores())), "read back")
