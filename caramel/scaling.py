@@ -265,8 +265,8 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
                     streams: int | None = None, log: Callable[[str], None] = lambda s: None) -> ScalingResult:
     """Run and time ``family`` on each device count of ``gpus`` (see the module docstring) with
     ``streams`` streams per device (default: the multi-GPU executor's)."""
-    from caramel.api import default_spec, output_digest
-    from caramel.ckks.check import prepare_check
+    from caramel.api import output_digest, prepare_inputs
+    from caramel.ckks.keyset import generate_keyset
     from caramel.execute.drive import HostRun
     from caramel.parse import load_program
     from caramel.plan import build_plan
@@ -299,7 +299,7 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
         validate(program)
         if program.chips != g:
             raise CaramelError(f"{path} is compiled for {program.chips} chips, expected {g}")
-        memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(seed)).memory
+        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, seed), seed).memory
         plan = build_plan(program)
         t0 = time.perf_counter()
         with nvtx_range(f"caramel {g} devices: setup and capture"):

@@ -1,0 +1,23 @@
+"""Tests of ``caramel.scaling`` (``caramel profile FAMILY --gpus ...``) on simulated devices: no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from caramel.api import run_program
+from caramel.parse import load_program
+from caramel.scaling import profile_scaling
+
+from tests.conftest import SHARED_PROGRAMS
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="Mul_4L_1c/2c not in the corpus")
+def test_each_point_has_the_digest_of_run_with_the_same_seed(tmp_path):
+    """Every device count draws the keys and inputs of ``caramel run --seed S --no-check`` of its member."""
+    for g in (1, 2):
+        (tmp_path / f"Mul_4L_{g}c").symlink_to(SHARED_PROGRAMS / f"Mul_4L_{g}c")
+    result = profile_scaling(str(tmp_path / "Mul_4L"), [1, 2], n=256, seed=3, repeats=1, backend="cpu-plan")
+    for point in result.points:
+        member = load_program(tmp_path / f"Mul_4L_{point.gpus}c", progress=False)
+        assert point.digest == run_program(member, n=256, backend="cpu", seed=3, check=None).digest
+        assert point.digest != run_program(member, n=256, backend="cpu", seed=4, check=None).digest
