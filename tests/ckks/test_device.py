@@ -191,3 +191,41 @@ def test_lemire_replay_serves_all_limbs(seed):
 
     ctx = context(4096)
     assert lemire_rows([ctx.q(l) for l in range(64)], ctx.n, np.random.default_rng(seed), np) is not None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_compiled_host_replay_equals_numpy(seed, buffered):
+    """The compiled host replay (Numba) of bounded integers: same values and generator state as
+    rng.integers, also after a partial draw left half a word in the generator's buffer."""
+    pytest.importorskip("numba")
+    from caramel.ckks.sampling import lemire_host
+
+    ctx = context(2048)
+    limbs = list(range(9)) + [62, 63]
+    qs = np.array([ctx.q(l) for l in limbs], dtype=np.int64)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    if buffered:
+        r1.integers(0, 5), r2.integers(0, 5)
+    want = r1.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+    got = lemire_host([int(q) for q in qs], ctx.n, r2)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+    assert np.array_equal(r1.integers(0, qs[:3, None], size=(3, 40)), r2.integers(0, qs[:3, None], size=(3, 40)))
+
+
+def test_compiled_host_replay_declines(monkeypatch):
+    """No replay (generator untouched) for another generator, when disabled, or when words run out."""
+    pytest.importorskip("numba")
+    from caramel.ckks import sampling
+    from caramel.ring import ntt_jit
+
+    assert sampling.lemire_host([268369921], 16, np.random.Generator(np.random.MT19937(1))) is None
+    rng = np.random.default_rng(5)
+    before = rng.bit_generator.state
+    monkeypatch.setenv(ntt_jit.ENV, "0")
+    assert sampling.lemire_host([268369921], 16, rng) is None
+    monkeypatch.delenv(ntt_jit.ENV)
+    monkeypatch.setattr(ntt_jit, "lemire_fill", lambda *a: -1)
+    assert sampling.lemire_host([268369921], 16, rng) is None
+    assert rng.bit_generator.state == before

@@ -1,0 +1,224 @@
+"""The host client's negacyclic NTT compiled with Numba (optional: ``pip install 'caramel-fhe[fast]'``).
+
+The same transforms as :func:`caramel.ring.ntt.ntt` / :func:`~caramel.ring.ntt.intt`, one row at a
+time in compiled loops instead of whole-stage NumPy operations (which make about ten passes over
+memory per stage). Both are exact integer arithmetic with fully reduced outputs, so the results are
+the same bits (tests/ring/test_ntt_jit.py compares them on random data).
+
+Forward (Cooley-Tukey, SEAL order): for stage m = 1, 2, 4, ..., N/2 with t = N/2m, group i < m,
+twiddle W = psi^br(m+i), and j in [2it, 2it + t):
+
+    u = a_j reduced to [0, 2q),  v = a_{j+t} W mod q in [0, 2q) (Shoup: v = a W - floor(a W' / 2^32) q),
+    a_j = u + v,  a_{j+t} = u - v + 2q                       (values stay in [0, 4q) < 2^32)
+
+then a_j is reduced to [0, q). Inverse (Gentleman-Sande): for h = N/2, ..., 1 with t = N/2h, group
+i < h, W = psi^-br(h+i):
+
+    a_j = (u + v) reduced to [0, 2q),  a_{j+t} = (u - v + 2q) W mod q in [0, 2q)
+
+then a_j = a_j N^-1 mod q (Shoup) reduced to [0, q). W' = floor(W 2^32 / q).
+
+Numba compiles the two kernels once per process on first use (about a second; the time is logged
+at debug level). Its on-disk cache is NOT used: loading a cached kernel unpickles a file, and caramel
+executes nothing it reads from disk. ``CARAMEL_NUMBA=0`` turns the compiled path off (NumPy only).
+The kernels release the GIL, so the client's thread pool runs rows in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+#: Environment variable: "0" (or "false", "no", "off") disables the compiled NTT.
+ENV = "CARAMEL_NUMBA"
+
+_log = logging.getLogger("caramel")
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def enabled() -> bool:
+    """True when the compiled NTT may be used: Numba imports and ``CARAMEL_NUMBA`` does not say no."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return _kernels() is not None
+
+
+def _compile():
+    import numba
+    from numba import njit
+
+    u32, u64 = numba.uint32, numba.uint64
+    s32 = u64(32)
+    ro = numba.types.Array(numba.uint32, 1, "C", readonly=True)
+    opts = dict(nogil=True, cache=False)
+
+    # Butterflies on two disjoint runs lo, hi (slices: no aliasing, no negative indices, so LLVM
+    # vectorises); 32-bit arithmetic wraps modulo 2^32, which is exact since every result < 2^32.
+    @njit(**opts)
+    def ct_one(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled; one twiddle for the run
+        for k in range(lo.shape[0]):
+            u = lo[k]
+            u = u32(min(u, u32(u - tq)))
+            y = hi[k]
+            v = u32(u32(y * w) - u32(u32((u64(y) * wp) >> s32) * q))
+            lo[k] = u32(u + v)
+            hi[k] = u32(u32(u + tq) - v)
+
+    @njit(**opts)
+    def ct_many(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled; twiddle k for element k
+        for k in range(lo.shape[0]):
+            u = lo[k]
+            u = u32(min(u, u32(u - tq)))
+            y = hi[k]
+            v = u32(u32(y * w[k]) - u32(u32((u64(y) * u64(wp[k])) >> s32) * q))
+            lo[k] = u32(u + v)
+            hi[k] = u32(u32(u + tq) - v)
+
+    @njit(**opts)
+    def gs_one(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled
+        for k in range(lo.shape[0]):
+            u = lo[k]
+            v = hi[k]
+            s = u32(u + v)
+            lo[k] = u32(min(s, u32(s - tq)))
+            d = u32(u32(u + tq) - v)
+            hi[k] = u32(u32(d * w) - u32(u32((u64(d) * wp) >> s32) * q))
+
+    @njit(**opts)
+    def gs_many(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled
+        for k in range(lo.shape[0]):
+            u = lo[k]
+            v = hi[k]
+            s = u32(u + v)
+            lo[k] = u32(min(s, u32(s - tq)))
+            d = u32(u32(u + tq) - v)
+            hi[k] = u32(u32(d * w[k]) - u32(u32((u64(d) * u64(wp[k])) >> s32) * q))
+
+    @njit(numba.void(numba.uint32[:, ::1], ro, ro, u64), **opts)
+    def forward(a, w, wp, q64):  # pragma: no cover - compiled
+        n = a.shape[1]
+        q = u32(q64)
+        tq = u32(q + q)
+        for r in range(a.shape[0]):
+            x = a[r]
+            m = 1
+            t = n >> 1
+            while m < n:
+                if t >= 8:  # long runs of one twiddle
+                    for i in range(m):
+                        j1 = 2 * i * t
+                        ct_one(x[j1 : j1 + t], x[j1 + t : j1 + 2 * t], w[m + i], u64(wp[m + i]), q, tq)
+                else:  # short runs: strided over the groups, twiddle i for group i
+                    for k in range(t):
+                        ct_many(x[k::2 * t], x[k + t :: 2 * t], w[m : 2 * m], wp[m : 2 * m], q, tq)
+                m <<= 1
+                t >>= 1
+            for j in range(n):
+                u = x[j]
+                u = u32(min(u, u32(u - tq)))
+                x[j] = u32(min(u, u32(u - q)))
+
+    @njit(numba.void(numba.uint32[:, ::1], ro, ro, u64, u64, u64), **opts)
+    def inverse(a, w, wp, q64, ninv64, ninvp64):  # pragma: no cover - compiled
+        n = a.shape[1]
+        q = u32(q64)
+        tq = u32(q + q)
+        ninv = u32(ninv64)
+        ninvp = u64(ninvp64)
+        for r in range(a.shape[0]):
+            x = a[r]
+            t = 1
+            h = n >> 1
+            while h >= 1:
+                if t >= 8:
+                    for i in range(h):
+                        j1 = 2 * i * t
+                        gs_one(x[j1 : j1 + t], x[j1 + t : j1 + 2 * t], w[h + i], u64(wp[h + i]), q, tq)
+                else:
+                    for k in range(t):
+                        gs_many(x[k::2 * t], x[k + t :: 2 * t], w[h : 2 * h], wp[h : 2 * h], q, tq)
+                t <<= 1
+                h >>= 1
+            for j in range(n):
+                u = x[j]
+                u = u32(u32(u * ninv) - u32(u32((u64(u) * ninvp) >> s32) * q))
+                x[j] = u32(min(u, u32(u - q)))
+
+    @njit(numba.int64(numba.types.Array(numba.uint32, 1, "C", readonly=True), numba.uint64[::1], numba.uint64[::1],
+                      numba.uint32[:, ::1]), **opts)
+    def lemire(words, qs, thr, out):  # pragma: no cover - compiled
+        pos = 0
+        count = words.shape[0]
+        low = u64(0xFFFFFFFF)
+        for r in range(out.shape[0]):
+            q = qs[r]
+            th = thr[r]
+            row = out[r]
+            for i in range(row.shape[0]):
+                while True:
+                    if pos >= count:
+                        return -1
+                    m = u64(words[pos]) * q
+                    pos += 1
+                    if (m & low) >= th:
+                        row[i] = u32(m >> s32)
+                        break
+        return pos
+
+    return forward, inverse, lemire
+
+
+def _kernels():
+    """The compiled (forward, inverse) kernels, or None without Numba (compiled once per process)."""
+    if "kernels" not in _state:
+        with _lock:
+            if "kernels" not in _state:
+                try:
+                    t = time.perf_counter()
+                    _state["kernels"] = _compile()
+                    _log.debug("compiled the client's NTT with Numba in %.2f s", time.perf_counter() - t)
+                except ImportError:
+                    _state["kernels"] = None
+    return _state["kernels"]
+
+
+def shoup_table(w: np.ndarray, q: int) -> np.ndarray:
+    """floor(w * 2^32 / q) as uint32 (read-only), the Shoup companions of twiddles w < q."""
+    out = ((w.astype(np.uint64) << np.uint64(32)) // np.uint64(q)).astype(np.uint32)
+    out.flags.writeable = False
+    return out
+
+
+def forward_rows(src: np.ndarray, dst: np.ndarray, table) -> None:
+    """dst = NTT(src) row by row modulo ``table.q`` (src, dst (c, N) uint32; dst C-contiguous)."""
+    fwd = _kernels()[0]
+    dst[...] = src
+    fwd(dst, table.psi_powers, table.jit_tables()[0], np.uint64(table.q))
+
+
+def inverse_rows(src: np.ndarray, dst: np.ndarray, table) -> None:
+    """dst = INTT(src) row by row modulo ``table.q``."""
+    inv = _kernels()[1]
+    dst[...] = src
+    inv(dst, table.psi_inv_powers, table.jit_tables()[1], np.uint64(table.q), np.uint64(table.n_inv),
+        np.uint64(table._n_inv_shoup))
+
+
+def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: np.ndarray) -> int:
+    """NumPy's bounded 32-bit draws replayed from ``words`` (32-bit halves of the generator's outputs,
+    in order): row r of ``out`` takes the next N words w with (w q_r mod 2^32) >= thresholds[r]
+    (= 2^32 mod q_r), as floor(w q_r / 2^32). Returns how many words were used, or -1 when ``words``
+    ran out (:func:`caramel.ckks.sampling.lemire_host`)."""
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    if words.flags.writeable:
+        words = words.view()
+        words.flags.writeable = False
+    return int(_kernels()[2](words, qs, thresholds, out))
+
+
+__all__ = ["ENV", "enabled", "forward_rows", "inverse_rows", "lemire_fill", "shoup_table"]
