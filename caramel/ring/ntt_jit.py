@@ -39,6 +39,7 @@ ENV = "CARAMEL_NUMBA"
 _log = logging.getLogger("caramel")
 _lock = threading.Lock()
 _state: dict = {}
+_NO_PERM = np.empty(0, dtype=np.int64)
 
 
 def enabled() -> bool:
@@ -54,7 +55,6 @@ def _compile():
 
     u32, u64 = numba.uint32, numba.uint64
     s32 = u64(32)
-    ro = numba.types.Array(numba.uint32, 1, "C", readonly=True)
     opts = dict(nogil=True, cache=False)
 
     # Butterflies on two disjoint runs lo, hi (slices: no aliasing, no negative indices, so LLVM
@@ -99,31 +99,66 @@ def _compile():
             d = u32(u32(u + tq) - v)
             hi[k] = u32(u32(d * w[k]) - u32(u32((u64(d) * u64(wp[k])) >> s32) * q))
 
-    @njit(numba.void(numba.uint32[:, ::1], ro, ro, u64), **opts)
-    def forward(a, w, wp, q64):  # pragma: no cover - compiled
-        n = a.shape[1]
-        q = u32(q64)
-        tq = u32(q + q)
-        for r in range(a.shape[0]):
-            x = a[r]
-            m = 1
-            t = n >> 1
-            while m < n:
-                if t >= 8:  # long runs of one twiddle
-                    for i in range(m):
-                        j1 = 2 * i * t
-                        ct_one(x[j1 : j1 + t], x[j1 + t : j1 + 2 * t], w[m + i], u64(wp[m + i]), q, tq)
-                else:  # short runs: strided over the groups, twiddle i for group i
-                    for k in range(t):
-                        ct_many(x[k::2 * t], x[k + t :: 2 * t], w[m : 2 * m], wp[m : 2 * m], q, tq)
-                m <<= 1
-                t >>= 1
-            for j in range(n):
-                u = x[j]
-                u = u32(min(u, u32(u - tq)))
-                x[j] = u32(min(u, u32(u - q)))
+    @njit(**opts)
+    def forward_row(x, w, wp, q, tq):  # pragma: no cover - compiled; x (N,) in place
+        n = x.shape[0]
+        m = 1
+        t = n >> 1
+        while m < n:
+            if t >= 8:  # long runs of one twiddle
+                for i in range(m):
+                    j1 = 2 * i * t
+                    ct_one(x[j1 : j1 + t], x[j1 + t : j1 + 2 * t], w[m + i], u64(wp[m + i]), q, tq)
+            else:  # short runs: strided over the groups, twiddle i for group i
+                for k in range(t):
+                    ct_many(x[k::2 * t], x[k + t :: 2 * t], w[m : 2 * m], wp[m : 2 * m], q, tq)
+            m <<= 1
+            t >>= 1
+        for j in range(n):
+            u = x[j]
+            u = u32(min(u, u32(u - tq)))
+            x[j] = u32(min(u, u32(u - q)))
 
-    @njit(numba.void(numba.uint32[:, ::1], ro, ro, u64, u64, u64), **opts)
+    @njit(**opts)
+    def forward(a, w, wp, q64):  # pragma: no cover - compiled
+        q = u32(q64)
+        for r in range(a.shape[0]):
+            forward_row(a[r], w, wp, q, u32(q + q))
+
+    i64 = numba.int64
+
+    @njit(**opts)
+    def mulmod(x, y, q, qinv):  # pragma: no cover - compiled; x y mod q for x, y < 2^31, q < 2^30 (int64)
+        prod = i64(x) * i64(y)  # < 2^62
+        r = prod - i64(numba.float64(prod) * qinv) * q  # quotient estimate one off at most
+        if r < 0:
+            r += q
+        if r >= q:
+            r -= q
+        return r
+
+    @njit(**opts)
+    def c0_row(e, a, s, extra, factor, w, wp, q64, out, perm):  # pragma: no cover - compiled
+        n = out.shape[0]
+        q = u32(q64)
+        qq = i64(q64)
+        f = i64(factor)
+        qinv = 1.0 / numba.float64(qq)
+        for j in range(n):
+            out[j] = u32(e[j] + qq) if e[j] < 0 else u32(e[j])
+        forward_row(out, w, wp, q, u32(q + q))
+        for j in range(n):
+            v = i64(out[j]) + qq - mulmod(a[j], s[j], qq, qinv)  # in (0, 2q)
+            if f != 0:
+                x = extra[perm[j]] if perm.shape[0] else extra[j]
+                v += mulmod(x, f, qq, qinv)  # in (0, 3q)
+            if v >= qq:
+                v -= qq
+            if v >= qq:
+                v -= qq
+            out[j] = u32(v)
+
+    @njit(**opts)
     def inverse(a, w, wp, q64, ninv64, ninvp64):  # pragma: no cover - compiled
         n = a.shape[1]
         q = u32(q64)
@@ -149,8 +184,7 @@ def _compile():
                 u = u32(u32(u * ninv) - u32(u32((u64(u) * ninvp) >> s32) * q))
                 x[j] = u32(min(u, u32(u - q)))
 
-    @njit(numba.int64(numba.types.Array(numba.uint32, 1, "C", readonly=True), numba.uint64[::1], numba.uint64[::1],
-                      numba.uint32[:, ::1]), **opts)
+    @njit(**opts)
     def lemire(words, qs, thr, out):  # pragma: no cover - compiled
         pos = 0
         count = words.shape[0]
@@ -170,7 +204,7 @@ def _compile():
                         break
         return pos
 
-    return forward, inverse, lemire
+    return forward, inverse, lemire, c0_row
 
 
 def _kernels():
@@ -209,6 +243,19 @@ def inverse_rows(src: np.ndarray, dst: np.ndarray, table) -> None:
         np.uint64(table._n_inv_shoup))
 
 
+def c0_row(e: np.ndarray, a: np.ndarray, s: np.ndarray, extra: np.ndarray, factor: int, table, out: np.ndarray,
+           perm: np.ndarray | None = None) -> None:
+    """out = NTT(e mod q) - a s + factor * extra (mod q) for one limb of prime ``table.q``: the c0 of an
+    evaluation key (extra = s_new, factor = P mod q) or of an encryption (extra = m, factor = 1);
+    with ``perm`` (int64, non-empty), extra[perm] stands for extra (an automorphism's gather);
+    e (N,) small int64, a, s, extra (N,) uint32 residues, out (N,) uint32 C-contiguous.
+    (x y mod q: quotient estimated in float64, then corrected by one q: exact.)"""
+    w, wp = table.psi_powers, table.jit_tables()[0]
+    e, a, s, extra = (np.ascontiguousarray(x) for x in (e, a, s, extra))
+    perm = _NO_PERM if perm is None else perm
+    _kernels()[3](e, a, s, extra, np.uint64(factor), w, wp, np.uint64(table.q), out, perm)
+
+
 def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: np.ndarray) -> int:
     """NumPy's bounded 32-bit draws replayed from ``words`` (32-bit halves of the generator's outputs,
     in order): row r of ``out`` takes the next N words w with (w q_r mod 2^32) >= thresholds[r]
@@ -221,4 +268,4 @@ def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: 
     return int(_kernels()[2](words, qs, thresholds, out))
 
 
-__all__ = ["ENV", "enabled", "forward_rows", "inverse_rows", "lemire_fill", "shoup_table"]
+__all__ = ["ENV", "c0_row", "enabled", "forward_rows", "inverse_rows", "lemire_fill", "shoup_table"]

@@ -229,3 +229,17 @@ def test_compiled_host_replay_declines(monkeypatch):
     monkeypatch.setattr(ntt_jit, "lemire_fill", lambda *a: -1)
     assert sampling.lemire_host([268369921], 16, rng) is None
     assert rng.bit_generator.state == before
+
+
+def test_object_residues_equal_python_ints():
+    """Residues of big (object) integers by words equal Python's % per limb, signs and zero included."""
+    from caramel.ckks.rns import to_residues
+
+    ctx = context(64)
+    rng = np.random.default_rng(9)
+    c = np.array([int(x) * (1 << 70) + int(y) - (1 << 100) for x, y in zip(rng.integers(0, 2**62, 64),
+                                                                         rng.integers(0, 2**62, 64))], dtype=object)
+    c[:4] = [0, -1, -(1 << 200), ctx.q(3)]
+    limbs = [0, 3, 17, 63]
+    want = np.stack([[int(v) % ctx.q(l) for v in c] for l in limbs]).astype(np.uint32)
+    assert np.array_equal(to_residues(c, ctx, limbs), want)
