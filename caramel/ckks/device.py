@@ -195,8 +195,8 @@ def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
 
 def _host_jit(dev: ClientDevice, e, *rows) -> bool:
     """True when the c0 rows are computed by the compiled host kernel (:func:`caramel.ring.ntt_jit.c0_row`:
-    on the host, Numba present, int64 errors and uint32 rows), else by the array code."""
-    return (not dev.on_gpu and ntt_jit.enabled() and e.dtype == np.int64
+    on the host, compiled kernels ready, int64 errors and uint32 rows), else by the array code."""
+    return (not dev.on_gpu and e.dtype == np.int64 and ntt_jit.ready(int(e.shape[-1]))
             and all(r.dtype == np.uint32 for r in rows))
 
 

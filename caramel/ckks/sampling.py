@@ -118,15 +118,16 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
 def lemire_host(qs, n: int, rng: np.random.Generator):
     """The draw of :func:`uniform_residues` on the host by the compiled replay
     (:func:`caramel.ring.ntt_jit.lemire_fill`: the same acceptance test as :func:`lemire_rows`, word
-    by word in order), or None (the generator untouched) without Numba, for a generator other than
-    PCG64, or when the words drawn ahead run out."""
+    by word in order), or None (the generator untouched) when the compiled kernels are not ready
+    (:func:`caramel.ring.ntt_jit.ready`), for a generator other than PCG64, or when the words drawn
+    ahead run out."""
     from caramel.ring import ntt_jit
 
     bg = rng.bit_generator
     state = bg.state
     if state.get("bit_generator") != "PCG64" or sys.byteorder != "little" or any(q >= 2**32 for q in qs):
         return None
-    if not ntt_jit.enabled():
+    if not ntt_jit.ready(n):
         return None
     k = len(qs)
     if k == 0:

@@ -277,7 +277,7 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
                 tabs = tabs[:1]
         kernel(rows[c0:c1], out[c0:c1], tabs, xp)
 
-    if xp is np and _jit_enabled():
+    if xp is np and _jit_ready(n):
         from caramel.ring import ntt_jit
 
         jit_kernel = ntt_jit.forward_rows if forward else ntt_jit.inverse_rows
@@ -297,12 +297,12 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
     return out.reshape(a.shape)
 
 
-def _jit_enabled() -> bool:
-    """True when the host transforms run compiled (:mod:`caramel.ring.ntt_jit`: Numba present and
-    not disabled by ``CARAMEL_NUMBA=0``); else the NumPy kernels below."""
+def _jit_ready(n: int) -> bool:
+    """True when the host transforms run compiled (:func:`caramel.ring.ntt_jit.ready`: Numba present,
+    not disabled by ``CARAMEL_NUMBA=0``, compiled); else the NumPy kernels below (the same bits)."""
     from caramel.ring import ntt_jit
 
-    return ntt_jit.enabled()
+    return ntt_jit.ready(n)
 
 
 def _stack(tabs: list[NttTable], names: tuple[str, str], xp=np) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -18,8 +18,10 @@ i < h, W = psi^-br(h+i):
 
 then a_j = a_j N^-1 mod q (Shoup) reduced to [0, q). W' = floor(W 2^32 / q).
 
-Numba compiles the two kernels once per process on first use (about a second; the time is logged
-at debug level). Its on-disk cache is NOT used: loading a cached kernel unpickles a file, and caramel
+Numba compiles the kernels once per process (a few seconds of CPU; the time is logged at debug
+level): in a background thread started by the first transform of a ring of N >= 16384 (:func:`ready`),
+the NumPy path serving until they are ready (so small rings never wait), or at once on
+:func:`enabled`. Its on-disk cache is NOT used: loading a cached kernel unpickles a file, and caramel
 executes nothing it reads from disk. ``CARAMEL_NUMBA=0`` turns the compiled path off (NumPy only).
 The kernels release the GIL, so the client's thread pool runs rows in parallel.
 """
@@ -39,14 +41,39 @@ ENV = "CARAMEL_NUMBA"
 _log = logging.getLogger("caramel")
 _lock = threading.Lock()
 _state: dict = {}
+_PENDING = object()
+#: Smallest ring degree whose transforms start the background compilation (:func:`ready`).
+MIN_N = 1 << 14
 _NO_PERM = np.empty(0, dtype=np.int64)
 
 
+def disabled() -> bool:
+    """True when ``CARAMEL_NUMBA`` turns the compiled kernels off."""
+    return os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
 def enabled() -> bool:
-    """True when the compiled NTT may be used: Numba imports and ``CARAMEL_NUMBA`` does not say no."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    """True when the compiled kernels are used: Numba imports and ``CARAMEL_NUMBA`` does not say no
+    (compiles them now, in the calling thread, if no one has)."""
+    return not disabled() and _kernels() is not None
+
+
+def ready(n: int) -> bool:
+    """True when the compiled kernels are compiled and may be used now (for ring degree ``n``). The
+    first ask with n >= :data:`MIN_N` starts their compilation in a background thread and answers
+    False: the NumPy path (the same bits) serves until they are ready, so that small rings, where
+    the compile would cost more than it saves, never wait for it."""
+    if disabled():
         return False
-    return _kernels() is not None
+    got = _state.get("kernels", _PENDING)
+    if got is not _PENDING:
+        return got is not None
+    if n >= MIN_N:
+        with _lock:
+            if "thread" not in _state:
+                _state["thread"] = threading.Thread(target=_kernels, name="caramel-numba", daemon=True)
+                _state["thread"].start()
+    return False
 
 
 def _compile():
@@ -55,6 +82,9 @@ def _compile():
 
     u32, u64 = numba.uint32, numba.uint64
     s32 = u64(32)
+    ro32 = numba.types.Array(numba.uint32, 1, "C", readonly=True)
+    ro64 = numba.types.Array(numba.int64, 1, "C", readonly=True)
+    rows32 = numba.uint32[:, ::1]
     opts = dict(nogil=True, cache=False)
 
     # Butterflies on two disjoint runs lo, hi (slices: no aliasing, no negative indices, so LLVM
@@ -119,7 +149,7 @@ def _compile():
             u = u32(min(u, u32(u - tq)))
             x[j] = u32(min(u, u32(u - q)))
 
-    @njit(**opts)
+    @njit(numba.void(rows32, ro32, ro32, u64), **opts)
     def forward(a, w, wp, q64):  # pragma: no cover - compiled
         q = u32(q64)
         for r in range(a.shape[0]):
@@ -137,7 +167,7 @@ def _compile():
             r -= q
         return r
 
-    @njit(**opts)
+    @njit(numba.void(ro64, ro32, ro32, ro32, u64, ro32, ro32, u64, numba.uint32[::1], ro64), **opts)
     def c0_row(e, a, s, extra, factor, w, wp, q64, out, perm):  # pragma: no cover - compiled
         n = out.shape[0]
         q = u32(q64)
@@ -158,7 +188,7 @@ def _compile():
                 v -= qq
             out[j] = u32(v)
 
-    @njit(**opts)
+    @njit(numba.void(rows32, ro32, ro32, u64, u64, u64), **opts)
     def inverse(a, w, wp, q64, ninv64, ninvp64):  # pragma: no cover - compiled
         n = a.shape[1]
         q = u32(q64)
@@ -184,7 +214,7 @@ def _compile():
                 u = u32(u32(u * ninv) - u32(u32((u64(u) * ninvp) >> s32) * q))
                 x[j] = u32(min(u, u32(u - q)))
 
-    @njit(**opts)
+    @njit(numba.int64(ro32, numba.uint64[::1], numba.uint64[::1], rows32), **opts)
     def lemire(words, qs, thr, out):  # pragma: no cover - compiled
         pos = 0
         count = words.shape[0]
@@ -208,7 +238,8 @@ def _compile():
 
 
 def _kernels():
-    """The compiled (forward, inverse) kernels, or None without Numba (compiled once per process)."""
+    """The compiled kernels (forward, inverse, lemire, c0_row), or None without Numba (compiled once
+    per process, under a lock: a caller waits for a compilation under way)."""
     if "kernels" not in _state:
         with _lock:
             if "kernels" not in _state:
@@ -219,6 +250,15 @@ def _kernels():
                 except ImportError:
                     _state["kernels"] = None
     return _state["kernels"]
+
+
+def _ro(x: np.ndarray, dtype) -> np.ndarray:
+    """``x`` as a C-contiguous read-only array of ``dtype`` (a view when it already is one)."""
+    x = np.ascontiguousarray(x, dtype=dtype)
+    if x.flags.writeable:
+        x = x.view()
+        x.flags.writeable = False
+    return x
 
 
 def shoup_table(w: np.ndarray, q: int) -> np.ndarray:
@@ -251,8 +291,8 @@ def c0_row(e: np.ndarray, a: np.ndarray, s: np.ndarray, extra: np.ndarray, facto
     e (N,) small int64, a, s, extra (N,) uint32 residues, out (N,) uint32 C-contiguous.
     (x y mod q: quotient estimated in float64, then corrected by one q: exact.)"""
     w, wp = table.psi_powers, table.jit_tables()[0]
-    e, a, s, extra = (np.ascontiguousarray(x) for x in (e, a, s, extra))
-    perm = _NO_PERM if perm is None else perm
+    e, perm = _ro(e, np.int64), _ro(_NO_PERM if perm is None else perm, np.int64)
+    a, s, extra = (_ro(x, np.uint32) for x in (a, s, extra))
     _kernels()[3](e, a, s, extra, np.uint64(factor), w, wp, np.uint64(table.q), out, perm)
 
 
@@ -261,10 +301,7 @@ def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: 
     in order): row r of ``out`` takes the next N words w with (w q_r mod 2^32) >= thresholds[r]
     (= 2^32 mod q_r), as floor(w q_r / 2^32). Returns how many words were used, or -1 when ``words``
     ran out (:func:`caramel.ckks.sampling.lemire_host`)."""
-    words = np.ascontiguousarray(words, dtype=np.uint32)
-    if words.flags.writeable:
-        words = words.view()
-        words.flags.writeable = False
+    words = _ro(words, np.uint32)
     return int(_kernels()[2](words, qs, thresholds, out))
 
 

@@ -200,6 +200,9 @@ def test_compiled_host_replay_equals_numpy(seed, buffered):
     rng.integers, also after a partial draw left half a word in the generator's buffer."""
     pytest.importorskip("numba")
     from caramel.ckks.sampling import lemire_host
+    from caramel.ring import ntt_jit
+
+    assert ntt_jit.enabled()  # compiled now (else the replay waits for a background compilation)
 
     ctx = context(2048)
     limbs = list(range(9)) + [62, 63]
@@ -226,6 +229,7 @@ def test_compiled_host_replay_declines(monkeypatch):
     monkeypatch.setenv(ntt_jit.ENV, "0")
     assert sampling.lemire_host([268369921], 16, rng) is None
     monkeypatch.delenv(ntt_jit.ENV)
+    assert ntt_jit.enabled()
     monkeypatch.setattr(ntt_jit, "lemire_fill", lambda *a: -1)
     assert sampling.lemire_host([268369921], 16, rng) is None
     assert rng.bit_generator.state == before

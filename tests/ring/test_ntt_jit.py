@@ -72,3 +72,18 @@ def small_program():
     from pathlib import Path
 
     return caramel.load_program(Path(__file__).resolve().parents[2] / "programs" / "MulRotate_4L_1c")
+
+
+def test_ready_compiles_in_the_background_for_large_rings_only(monkeypatch):
+    """Small rings never start the compilation; the first large one starts it in a thread and is
+    served by NumPy until the kernels are there."""
+    monkeypatch.delenv(ntt_jit.ENV, raising=False)
+    monkeypatch.setattr(ntt_jit, "_state", {})
+    started = []
+    monkeypatch.setattr(ntt_jit, "_compile", lambda: started.append(1) or ("kernels",))
+    assert not ntt_jit.ready(1024) and "thread" not in ntt_jit._state
+    assert not ntt_jit.ready(ntt_jit.MIN_N)
+    ntt_jit._state["thread"].join(10)
+    assert started == [1] and ntt_jit.ready(1024)
+    monkeypatch.setenv(ntt_jit.ENV, "off")
+    assert not ntt_jit.ready(ntt_jit.MIN_N)
