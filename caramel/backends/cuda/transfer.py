@@ -12,7 +12,8 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
 
 Both run on the current CUDA stream and return when the host side is done (``download``: the data is
 on the host; ``upload_rows``: every chunk is queued and the host buffers may be reused, the last
-scatter may still run on the stream). Pinned buffers are per thread (GPU driver threads copy at once).
+scatter may still run on the stream). Pinned buffers are per thread and device (GPU driver threads copy
+at once).
 CuPy is imported lazily.
 """
 
@@ -36,14 +37,17 @@ def _cp():
 
 
 def _stages():
-    """The calling thread's two pinned host buffers (uint8 views) and their events."""
-    got = getattr(_local, "stages", None)
+    """The calling thread's two pinned host buffers (uint8 views) and their events, for the current
+    device (events belong to a device)."""
+    cp = _cp()
+    per_device = _local.__dict__.setdefault("stages", {})
+    device = cp.cuda.runtime.getDevice()
+    got = per_device.get(device)
     if got is None:
-        cp = _cp()
         mems = [cp.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
         views = [np.frombuffer(m, dtype=np.uint8, count=STAGE_BYTES) for m in mems]
         events = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
-        got = _local.stages = (mems, views, events, [False, False])
+        got = per_device[device] = (mems, views, events, [False, False])
     return got
 
 
