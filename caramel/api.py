@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -304,11 +303,6 @@ def run_program(
         supplied = instance_values(data, program, 0)
     client = client_device(device, resolve_backend(backend))
     bar = progress(total=4, desc=f"{program.name}: keys", unit="step")
-    # The plan is built in a host thread while the client prepares the inputs (both need only the
-    # program); "plan" below is the time still waited for it after the inputs.
-    planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="caramel-plan")
-    planned = planner.submit(executor, program, ctx, mode, resolve_backend(backend), gpus, streams)
-    planner.shutdown(wait=False)
     marks = [time.perf_counter()]
     with using_client(client):
         if keys is None:
@@ -321,7 +315,7 @@ def run_program(
     backend = resolve_backend(backend)
     bar.set_description(f"{program.name}: plan and run ({backend})")
     bar.update()
-    run = planned.result()
+    run = executor(program, ctx, mode, backend, gpus, streams)
     start = time.perf_counter()
     result = run(prepared.memory)
     seconds = time.perf_counter() - start
