@@ -47,6 +47,19 @@ MIN_N = 1 << 14
 _NO_PERM = np.empty(0, dtype=np.int64)
 
 
+def _after_fork() -> None:
+    """A forked child has no compile thread: a fresh lock, and a compilation that was under way
+    starts again on demand."""
+    global _lock
+    _lock = threading.Lock()
+    if "kernels" not in _state:
+        _state.pop("thread", None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def disabled() -> bool:
     """True when ``CARAMEL_NUMBA`` turns the compiled kernels off."""
     return os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off")
