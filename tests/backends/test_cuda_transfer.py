@@ -40,4 +40,4 @@ def test_upload_rows_equals_fancy_assignment(small_stage):
     cp.cuda.get_current_stream().synchronize()
     assert np.array_equal(arena.get(), want.get())
     with pytest.raises(ValueError):
-        small_stage.upload_rows(arena, rows, data[:3])
+        small_stage.upload_rows(arena, rows, data[:30])

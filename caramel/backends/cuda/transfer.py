@@ -90,13 +90,13 @@ def upload_rows(arena, rows, data) -> None:
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     data = np.ascontiguousarray(data, dtype=arena.dtype)
     k = rows.shape[0]
-    if data.ndim != 2 or data.shape != (k, arena.shape[1]):
-        raise ValueError(f"data of shape {data.shape} for {k} rows of {arena.shape[1]}")
-    row_bytes = data.strides[0]
+    row_bytes = arena.shape[1] * arena.itemsize
     per = max(1, STAGE_BYTES // row_bytes)
-    if k <= per or row_bytes > STAGE_BYTES:
+    if k <= per or row_bytes > STAGE_BYTES:  # small: one copy (CuPy's assignment, broadcasting as it does)
         arena[cp.asarray(rows)] = cp.asarray(data)
         return
+    if data.shape != (k, arena.shape[1]):
+        raise ValueError(f"data of shape {data.shape} for {k} rows of {arena.shape[1]}")
     _, views, events, used = _stages()
     stream = cp.cuda.get_current_stream()
     dev = [cp.empty((per, arena.shape[1]), dtype=arena.dtype) for _ in range(2)]
