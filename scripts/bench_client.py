@@ -64,20 +64,31 @@ def main() -> int:
     program = caramel.load_program(path)
     ctx = Context(n=args.n)
     print(f"{program.name} at N = {args.n}: loaded in {time.perf_counter() - t:.1f} s", flush=True)
-    t = time.perf_counter()
+    if args.device == "cpu":
+        from caramel.ring import ntt_jit
+
+        try:
+            import numba
+            jit = f"Numba {numba.__version__}, compiled in the background during the keys"
+        except ImportError:
+            jit = "no Numba: NumPy kernels"
+        print(f"host kernels: {'NumPy (CARAMEL_NUMBA=0)' if ntt_jit.disabled() else jit}", flush=True)
+    t, c = time.perf_counter(), time.process_time()
     keyset = generate_keyset(program, ctx, args.seed, device=args.device)
-    t_keys = time.perf_counter() - t
+    t_keys, c_keys = time.perf_counter() - t, time.process_time() - c
     size = sum(k.c0.nbytes + k.c1.nbytes for k in keyset.keys.values())
-    print(f"keys: {len(keyset.keys)} evaluation keys, {size / 2**30:.2f} GiB, {t_keys:.2f} s", flush=True)
-    t = time.perf_counter()
+    print(f"keys: {len(keyset.keys)} evaluation keys, {size / 2**30:.2f} GiB, {t_keys:.2f} s "
+          f"(CPU time {c_keys:.2f} s, load average {os.getloadavg()[0]:.1f})", flush=True)
+    t, c = time.perf_counter(), time.process_time()
     from caramel.ckks.device import using
 
     with using(args.device):
         spec = resolve_check(program, "auto") or default_spec(program)
         prepared = prepare_check(spec, program, ctx, rng=input_rng(args.seed), secrets=keyset.secrets,
                                  keys=dict(keyset.keys))
-    t_inputs = time.perf_counter() - t
-    print(f"inputs: {len(prepared.objects)} encoded/encrypted, {t_inputs:.2f} s", flush=True)
+    t_inputs, c_inputs = time.perf_counter() - t, time.process_time() - c
+    print(f"inputs: {len(prepared.objects)} encoded/encrypted, {t_inputs:.2f} s (CPU time {c_inputs:.2f} s, "
+          f"load average {os.getloadavg()[0]:.1f})", flush=True)
     print(f"total input preparation: {t_keys + t_inputs:.2f} s", flush=True)
     status = 0
     if args.compare_keys:

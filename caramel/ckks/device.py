@@ -30,6 +30,7 @@ import numpy as np
 
 from caramel.ckks.rns import to_ntt as rns_to_ntt, to_residues
 from caramel.errors import ArgumentError, CaramelError
+from caramel.ring import ntt_jit
 from caramel.ring.ntt import map_chunks, ntt
 
 _U64 = np.uint64
@@ -69,8 +70,12 @@ class ClientDevice:
         return self.xp.asarray(a, dtype=dtype)
 
     def get(self, a) -> np.ndarray:
-        """``a`` as a host NumPy array."""
-        return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+        """``a`` as a host NumPy array (from a GPU through pinned staging buffers)."""
+        if hasattr(a, "get") and not isinstance(a, np.ndarray):
+            from caramel.backends.cuda.transfer import download
+
+            return download(a)
+        return np.asarray(a)
 
     def rows(self, fn, total: int, chunk_residues: int, n: int) -> None:
         """Call fn(r0, r1) over row slices: on the host in cache-sized chunks on the thread pool,
@@ -188,16 +193,32 @@ def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
     return ntt(res, ntt_tables(ctx, limbs))
 
 
-def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice):
+def _host_jit(dev: ClientDevice, e, *rows) -> bool:
+    """True when the c0 rows are computed by the compiled host kernel (:func:`caramel.ring.ntt_jit.c0_row`:
+    on the host, compiled kernels ready, int64 errors and uint32 rows), else by the array code."""
+    return (not dev.on_gpu and e.dtype == np.int64 and ntt_jit.ready(int(e.shape[-1]))
+            and all(r.dtype == np.uint32 for r in rows))
+
+
+def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=None):
     """c0 = e + p_mod * s_new - a * s_old (mod q) per row; a, s_old, s_new (k, N), e (N,) int64 on
-    ``dev``, p_mod (k, 1) uint64 on the host. Returns (k, N) uint32 on ``dev``."""
+    ``dev``, p_mod (k, 1) uint64 on the host; ``perm``: s_new stands for s_new[:, perm]. Returns
+    (k, N) uint32 on ``dev``."""
     xp = dev.xp
+    host_jit = _host_jit(dev, e, a, s_old, s_new)
+    if perm is not None and not host_jit:
+        s_new = xp.take(s_new, perm, axis=1)
     qcol = prime_column(ctx, limbs, dev)
     tabs = ntt_tables(ctx, limbs)
     p_dev = dev.put(p_mod)
     out = xp.empty(a.shape, dtype=np.uint32)
+    gather = np.empty(0, dtype=np.int64) if perm is None else np.ascontiguousarray(perm, dtype=np.int64)
 
     def run(r0: int, r1: int) -> None:
+        if host_jit:
+            for r in range(r0, r1):
+                ntt_jit.c0_row(e, a[r], s_old[r], s_new[r], int(p_mod[r, 0]), tabs[r], out[r], gather)
+            return
         q = qcol[r0:r1]
         en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
         en -= mulmod(a[r0:r1], s_old[r0:r1], q, xp)  # in (0, 2q)
@@ -215,8 +236,13 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
     qcol = prime_column(ctx, limbs, dev)
     tabs = ntt_tables(ctx, limbs)
     out = xp.empty(a.shape, dtype=np.uint32)
+    host_jit = _host_jit(dev, e, a, s, m)
 
     def run(r0: int, r1: int) -> None:
+        if host_jit:
+            for r in range(r0, r1):
+                ntt_jit.c0_row(e, a[r], s[r], m[r], 1, tabs[r], out[r], None)
+            return
         q = qcol[r0:r1]
         en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
         en += m[r0:r1]

@@ -194,8 +194,10 @@ def _check_key_id(key_id: EvalKeyId, limbs: tuple[int, ...]) -> None:
         raise ArgumentError(f"bootstrap key {key_id} needs level >= 1")
 
 
-def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev):
-    """(s_old, s_new) rows on ``dev`` per the table of the module docstring (batched form of key_secrets)."""
+def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev, defer_permutation: bool = False):
+    """(s_old, s_new, perm) rows on ``dev`` per the table of the module docstring (batched form of
+    key_secrets); perm is None, or with ``defer_permutation`` for a rotation or conjugation the index
+    array with s_new = s_new[:, perm] left to the caller (the compiled host kernel gathers as it goes)."""
     from caramel.ckks.device import mulmod as dev_mulmod, prime_column as dev_primes, secret_rows
 
     t = KeyType(key_id.type)
@@ -206,14 +208,17 @@ def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev):
         new = dev_mulmod(s_rows, s_rows, qcol, dev.xp).astype(np.uint32)
     elif t in (KeyType.ROTATION, KeyType.CONJUGATION):
         g = ctx.galois_element(key_id.rot) if t == KeyType.ROTATION else ctx.conjugation_element
-        new = s_rows[:, dev.put(ctx.permutation(g))]
+        perm = dev.put(ctx.permutation(g))
+        if defer_permutation:
+            return old, s_rows, perm
+        new = dev.xp.take(s_rows, perm, axis=1)  # C-contiguous rows
     elif t == KeyType.EPHEMERAL:
         new = s_rows
     else:  # BOOTSTRAP, BOOTSTRAP2: q_{level-1} * (s or s_eph)
         base = s_rows if t == KeyType.BOOTSTRAP else secret_rows(secrets.s_eph, ctx, dev).take(limbs)
         factor = dev.put(np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None])
         new = dev_mulmod(base, factor, qcol, dev.xp).astype(np.uint32)
-    return old, new
+    return old, new, None
 
 
 def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=None):
@@ -227,10 +232,10 @@ def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=No
     _check_key_id(key_id, limbs)
     a = uniform_residues(ctx, limbs, rng, dev.xp)
     e = cbd(ctx.n, rng, xp=dev.xp)
-    s_old, s_new = _new_secret_rows(ctx, key_id, secrets, limbs, dev)
+    s_old, s_new, perm = _new_secret_rows(ctx, key_id, secrets, limbs, dev, defer_permutation=not dev.on_gpu)
     big_p = extension_modulus(ctx, key_id.ext)
     p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
-    c0 = devmod.evalkey_c0(ctx, limbs, a, dev.put(e), s_old, s_new, p_mod, dev)
+    c0 = devmod.evalkey_c0(ctx, limbs, a, dev.put(e), s_old, s_new, p_mod, dev, perm)
     return limbs, c0, a
 
 

@@ -32,11 +32,43 @@ def to_residues(coeffs, ctx, limbs) -> np.ndarray:
     if c.shape != (ctx.n,):
         raise ArgumentError(f"expected {ctx.n} coefficients, got shape {c.shape}")
     if c.dtype == object:
-        return np.stack([(c % ctx.q(int(l))).astype(np.int64) for l in limbs]).astype(np.uint32)
+        return _object_residues(c, [ctx.q(int(l)) for l in limbs])
     if not np.issubdtype(c.dtype, np.integer):
         raise ArgumentError(f"coefficients must be integers, got dtype {c.dtype}")
     qs = np.array([ctx.q(int(l)) for l in limbs], dtype=np.int64)
     return np.mod(c.astype(np.int64)[None, :], qs[:, None]).astype(np.uint32)
+
+
+#: Bits per word when a big integer is cut into words (word * (2^(30 i) mod q) < 2^60 fits uint64).
+_WORD_BITS = 30
+
+
+def _object_residues(c: np.ndarray, qs: list[int]) -> np.ndarray:
+    """[c mod q] for every q of ``qs``, c an object array of Python ints, as (len(qs), N) uint32.
+
+    |c| = sum_i w_i 2^(30 i) with words w_i < 2^30 (a few object-array passes for all limbs, instead
+    of one Python-int ``%`` per limb); then per q: r = sum_i w_i (2^(30 i) mod q) mod q, and
+    q - r (mod q) where c < 0."""
+    k, n = len(qs), c.shape[0]
+    if k == 0:
+        return np.empty((0, n), dtype=np.uint32)
+    neg = np.asarray(c < 0, dtype=bool)
+    mag = np.abs(c)
+    q = np.array(qs, dtype=np.uint64)[:, None]
+    acc = np.zeros((k, n), dtype=np.uint64)
+    mask = (1 << _WORD_BITS) - 1
+    shift = 0
+    while True:
+        word = np.asarray(mag & mask, dtype=np.uint64)
+        factor = np.array([pow(2, shift, int(p)) for p in qs], dtype=np.uint64)[:, None]
+        acc += word[None, :] * factor  # < 2q + 2^60: no overflow
+        np.remainder(acc, q, out=acc)
+        mag = mag >> _WORD_BITS
+        shift += _WORD_BITS
+        if not np.any(mag != 0):
+            break
+    acc = np.where(neg[None, :], q - acc, acc)
+    return np.minimum(acc, acc - q).astype(np.uint32)  # q - 0 = q -> 0
 
 
 def to_ntt(coeffs, ctx, limbs) -> np.ndarray:

@@ -35,8 +35,9 @@ def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
     """
     qs = [ctx.q(int(l)) for l in limbs]
     xp = np if xp is None else xp
-    # On the host NumPy's own loop is the faster of the two; the replay serves the GPU client.
-    out = None if xp is np else lemire_rows(qs, ctx.n, rng, xp)
+    # On the host: the compiled replay when Numba is there (NumPy's own loop is faster than the
+    # array replay); the array replay serves the GPU client.
+    out = lemire_host(qs, ctx.n, rng) if xp is np else lemire_rows(qs, ctx.n, rng, xp)
     if out is None:
         q_arr = np.array(qs, dtype=np.int64)
         out = rng.integers(0, q_arr[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
@@ -110,7 +111,47 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         keep = accept & (span >= xp.asarray(starts)) & (counts <= xp.asarray(limits))
         m >>= np.uint64(32)
         out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
-    # Leave the generator as NumPy would: pos words consumed (the first being the kept half, if any).
+    _leave_generator(bg, state, words, h0, pos)
+    return out
+
+
+def lemire_host(qs, n: int, rng: np.random.Generator):
+    """The draw of :func:`uniform_residues` on the host by the compiled replay
+    (:func:`caramel.ring.ntt_jit.lemire_fill`: the same acceptance test as :func:`lemire_rows`, word
+    by word in order), or None (the generator untouched) when the compiled kernels are not ready
+    (:func:`caramel.ring.ntt_jit.ready`), for a generator other than PCG64, or when the words drawn
+    ahead run out."""
+    from caramel.ring import ntt_jit
+
+    bg = rng.bit_generator
+    state = bg.state
+    if state.get("bit_generator") != "PCG64" or sys.byteorder != "little" or any(q >= 2**32 for q in qs):
+        return None
+    if not ntt_jit.ready(n):
+        return None
+    k = len(qs)
+    if k == 0:
+        return np.empty((0, n), dtype=np.uint32)
+    reject = np.array([(2**32 % q) / 2**32 for q in qs])
+    expected = float((n * reject / (1 - reject)).sum())  # rejected words among all rows
+    h0 = int(state["has_uint32"])
+    need = k * n + int(math.ceil(expected + 10 * math.sqrt(expected + 1))) + 256
+    words = bg.random_raw((need - h0 + 1) // 2).view(np.uint32)  # low half, then high half of each output
+    if h0:
+        words = np.concatenate([np.array([state["uinteger"]], dtype=np.uint32), words])
+    out = np.empty((k, n), dtype=np.uint32)
+    pos = ntt_jit.lemire_fill(words, np.array(qs, dtype=np.uint64), np.array([2**32 % q for q in qs], dtype=np.uint64),
+                              out)
+    if pos < 0:
+        bg.state = state
+        return None
+    _leave_generator(bg, state, words, h0, pos)
+    return out
+
+
+def _leave_generator(bg, state: dict, words: np.ndarray, h0: int, pos: int) -> None:
+    """Leave PCG64 ``bg`` (whose state before the draw was ``state``) as NumPy would after handing
+    out ``pos`` words of ``words`` (the first being the kept half ``state["uinteger"]`` when ``h0``)."""
     used = pos - h0
     bg.state = state
     bg.advance((used + 1) // 2)  # as many outputs as the words used need (PCG64: one step per output)
@@ -120,7 +161,6 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     else:  # NumPy keeps the last half it handed out in the (now unused) buffer
         after["has_uint32"], after["uinteger"] = 0, int(words[h0 + used - 1]) if used else state["uinteger"]
     bg.state = after
-    return out
 
 
 def dense_ternary(n: int, rng: np.random.Generator) -> np.ndarray:

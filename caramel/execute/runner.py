@@ -186,7 +186,7 @@ class DeviceRun:
                 init.append(np.zeros(ctx.n, dtype=np.uint32))
                 self.input_mems.append(None)
         self.init_rows = np.array(init_rows, dtype=np.int64)
-        self.init_data = np.stack(init).astype(np.uint32) if init_rows else None
+        self.init_data = np.stack(init).astype(np.uint32, copy=False) if init_rows else None
         self.restore()
         self._primes = ctx.primes
         self.backend.set_scalars(self._scalar_values(memory))

@@ -197,6 +197,16 @@ class NttTable:
     def __repr__(self) -> str:
         return f"NttTable(q={self.q}, n={self.n}, psi={self.psi})"
 
+    def jit_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """Shoup companions of ``psi_powers`` and ``psi_inv_powers`` (natural order), for the compiled
+        host kernels (:mod:`caramel.ring.ntt_jit`); computed once."""
+        got = self.__dict__.get("_jit")
+        if got is None:
+            from caramel.ring.ntt_jit import shoup_table
+
+            got = self.__dict__["_jit"] = (shoup_table(self.psi_powers, self.q), shoup_table(self.psi_inv_powers, self.q))
+        return got
+
     def device_array(self, name: str, xp):
         """device_array returns the kernel table ``name`` (e.g. ``"_fw"``) as uint64 on the device of
         array module ``xp`` (CuPy), copied once per table, name and device."""
@@ -267,12 +277,32 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
                 tabs = tabs[:1]
         kernel(rows[c0:c1], out[c0:c1], tabs, xp)
 
+    if xp is np and _jit_ready(n):
+        from caramel.ring import ntt_jit
+
+        jit_kernel = ntt_jit.forward_rows if forward else ntt_jit.inverse_rows
+
+        def run(c0: int, c1: int) -> None:  # noqa: F811 - the compiled kernels, row by row
+            if row_tables is None:
+                jit_kernel(rows[c0:c1], out[c0:c1], tables)
+            else:
+                for r in range(c0, c1):
+                    jit_kernel(rows[r : r + 1], out[r : r + 1], row_tables[r])
+
     if xp is np:
         map_chunks(run, rows.shape[0], chunk)
     else:
         for c0 in range(0, rows.shape[0], chunk):
             run(c0, min(c0 + chunk, rows.shape[0]))
     return out.reshape(a.shape)
+
+
+def _jit_ready(n: int) -> bool:
+    """True when the host transforms run compiled (:func:`caramel.ring.ntt_jit.ready`: Numba present,
+    not disabled by ``CARAMEL_NUMBA=0``, compiled); else the NumPy kernels below (the same bits)."""
+    from caramel.ring import ntt_jit
+
+    return ntt_jit.ready(n)
 
 
 def _stack(tabs: list[NttTable], names: tuple[str, str], xp=np) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -191,3 +191,59 @@ def test_lemire_replay_serves_all_limbs(seed):
 
     ctx = context(4096)
     assert lemire_rows([ctx.q(l) for l in range(64)], ctx.n, np.random.default_rng(seed), np) is not None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_compiled_host_replay_equals_numpy(seed, buffered):
+    """The compiled host replay (Numba) of bounded integers: same values and generator state as
+    rng.integers, also after a partial draw left half a word in the generator's buffer."""
+    pytest.importorskip("numba")
+    from caramel.ckks.sampling import lemire_host
+    from caramel.ring import ntt_jit
+
+    assert ntt_jit.enabled()  # compiled now (else the replay waits for a background compilation)
+
+    ctx = context(2048)
+    limbs = list(range(9)) + [62, 63]
+    qs = np.array([ctx.q(l) for l in limbs], dtype=np.int64)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    if buffered:
+        r1.integers(0, 5), r2.integers(0, 5)
+    want = r1.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+    got = lemire_host([int(q) for q in qs], ctx.n, r2)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+    assert np.array_equal(r1.integers(0, qs[:3, None], size=(3, 40)), r2.integers(0, qs[:3, None], size=(3, 40)))
+
+
+def test_compiled_host_replay_declines(monkeypatch):
+    """No replay (generator untouched) for another generator, when disabled, or when words run out."""
+    pytest.importorskip("numba")
+    from caramel.ckks import sampling
+    from caramel.ring import ntt_jit
+
+    assert sampling.lemire_host([268369921], 16, np.random.Generator(np.random.MT19937(1))) is None
+    rng = np.random.default_rng(5)
+    before = rng.bit_generator.state
+    monkeypatch.setenv(ntt_jit.ENV, "0")
+    assert sampling.lemire_host([268369921], 16, rng) is None
+    monkeypatch.delenv(ntt_jit.ENV)
+    assert ntt_jit.enabled()
+    monkeypatch.setattr(ntt_jit, "lemire_fill", lambda *a: -1)
+    assert sampling.lemire_host([268369921], 16, rng) is None
+    assert rng.bit_generator.state == before
+
+
+def test_object_residues_equal_python_ints():
+    """Residues of big (object) integers by words equal Python's % per limb, signs and zero included."""
+    from caramel.ckks.rns import to_residues
+
+    ctx = context(64)
+    rng = np.random.default_rng(9)
+    c = np.array([int(x) * (1 << 70) + int(y) - (1 << 100) for x, y in zip(rng.integers(0, 2**62, 64),
+                                                                         rng.integers(0, 2**62, 64))], dtype=object)
+    c[:4] = [0, -1, -(1 << 200), ctx.q(3)]
+    limbs = [0, 3, 17, 63]
+    want = np.stack([[int(v) % ctx.q(l) for v in c] for l in limbs]).astype(np.uint32)
+    assert np.array_equal(to_residues(c, ctx, limbs), want)

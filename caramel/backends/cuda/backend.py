@@ -76,8 +76,9 @@ class CupyBackend(Backend):
         return got[1]
 
     def write(self, rows, data) -> None:
-        cp = _cp()
-        self.arena[cp.asarray(np.asarray(rows, dtype=np.int64))] = cp.asarray(np.asarray(data, dtype=np.uint32))
+        from caramel.backends.cuda.transfer import upload_rows
+
+        upload_rows(self.arena, rows, np.asarray(data, dtype=np.uint32))
 
     def read(self, rows) -> np.ndarray:
         cp = _cp()

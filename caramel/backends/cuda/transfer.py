@@ -1,0 +1,120 @@
+"""Large host <-> device copies through small pinned (page-locked) staging buffers.
+
+A copy from or to ordinary (pageable) host memory makes the driver stage every byte through its
+own small pinned buffer, synchronously; measured on the H200 machine it ran near 1.3-1.7 GB/s for the
+client's 4 GiB of evaluation keys (docs/PERFORMANCE.md, Session 5). Here the copy is cut into chunks
+of :data:`STAGE_BYTES`: each chunk goes through one of two pinned buffers of the calling thread, so
+that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the other.
+
+* :func:`download`: a device array as a new host array (the same bytes as ``a.get()``);
+* :func:`upload_rows`: ``arena[rows] = data`` for a host (k, N) array (the same result as CuPy's
+  fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device staging buffer.
+
+Both run on the current CUDA stream and return when the host side is done (``download``: the data is
+on the host; ``upload_rows``: every chunk is queued and the host buffers may be reused, the last
+scatter may still run on the stream). Pinned buffers are per thread and device (GPU driver threads copy
+at once).
+CuPy is imported lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+#: Bytes of one pinned staging buffer (two per thread).
+STAGE_BYTES = 32 << 20
+_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+
+_local = threading.local()
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _stages():
+    """The calling thread's two pinned host buffers (uint8 views) and their events, for the current
+    device (events belong to a device)."""
+    cp = _cp()
+    per_device = _local.__dict__.setdefault("stages", {})
+    device = cp.cuda.runtime.getDevice()
+    got = per_device.get(device)
+    if got is None:
+        mems = [cp.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
+        views = [np.frombuffer(m, dtype=np.uint8, count=STAGE_BYTES) for m in mems]
+        events = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+        got = per_device[device] = (mems, views, events, [False, False])
+    return got
+
+
+def download(a) -> np.ndarray:
+    """The device array ``a`` as a new C-contiguous host ndarray (pinned, chunked copy)."""
+    cp = _cp()
+    a = cp.ascontiguousarray(a)
+    out = np.empty(a.shape, dtype=a.dtype)
+    total = a.nbytes
+    if total <= STAGE_BYTES:
+        return a.get()
+    _, views, events, _ = _stages()
+    stream = cp.cuda.get_current_stream()
+    dst = out.reshape(-1).view(np.uint8)
+    src = a.data.ptr
+    pending: list[tuple[int, int, int]] = []  # (buffer, start, stop) copies still on the device
+
+    def drain() -> None:
+        b, c0, c1 = pending.pop(0)
+        events[b].synchronize()
+        dst[c0:c1] = views[b][: c1 - c0]
+
+    for i, c0 in enumerate(range(0, total, STAGE_BYTES)):
+        c1 = min(total, c0 + STAGE_BYTES)
+        b = i % 2
+        if len(pending) == 2:
+            drain()
+        cp.cuda.runtime.memcpyAsync(views[b].ctypes.data, src + c0, c1 - c0, _D2H, stream.ptr)
+        events[b].record(stream)
+        pending.append((b, c0, c1))
+    while pending:
+        drain()
+    return out
+
+
+def upload_rows(arena, rows, data) -> None:
+    """``arena[rows] = data``: host ``data`` (k, N) into rows ``rows`` (k,) of the device (S, N) arena,
+    through pinned buffers and one device staging buffer per pinned buffer."""
+    cp = _cp()
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    data = np.ascontiguousarray(data, dtype=arena.dtype)
+    k = rows.shape[0]
+    row_bytes = arena.shape[1] * arena.itemsize
+    per = max(1, STAGE_BYTES // row_bytes)
+    if k <= per or row_bytes > STAGE_BYTES:  # small: one copy (CuPy's assignment, broadcasting as it does)
+        arena[cp.asarray(rows)] = cp.asarray(data)
+        return
+    if data.shape != (k, arena.shape[1]):
+        raise ValueError(f"data of shape {data.shape} for {k} rows of {arena.shape[1]}")
+    _, views, events, used = _stages()
+    stream = cp.cuda.get_current_stream()
+    dev = [cp.empty((per, arena.shape[1]), dtype=arena.dtype) for _ in range(2)]
+    rows_dev = cp.asarray(rows)
+    for i, r0 in enumerate(range(0, k, per)):
+        r1 = min(k, r0 + per)
+        b = i % 2
+        if used[b]:
+            events[b].synchronize()  # the previous copy out of this buffer is done
+        host = views[b][: (r1 - r0) * row_bytes].view(data.dtype).reshape(r1 - r0, -1)
+        np.copyto(host, data[r0:r1])
+        cp.cuda.runtime.memcpyAsync(dev[b].data.ptr, host.ctypes.data, (r1 - r0) * row_bytes, _H2D, stream.ptr)
+        arena[rows_dev[r0:r1]] = dev[b][: r1 - r0]
+        events[b].record(stream)
+        used[b] = True
+    for b in range(2):
+        if used[b]:
+            events[b].synchronize()  # the staging buffers are freed on return
+
+
+__all__ = ["STAGE_BYTES", "download", "upload_rows"]
