@@ -52,7 +52,9 @@ from pathlib import PurePath
 
 from caramel.errors import ArgumentError, LocatedError, Location, UnsupportedError, ValidationError
 from caramel.parse import no_gc as _no_gc
-from caramel.program import BcuSlot, Instruction, KeyType, Mem, Opcode, Program, Section, SReg, Stream, VReg
+from caramel.program import (
+    COMMUNICATION, OPCODES, BcuSlot, Instruction, KeyType, Mem, Opcode, Program, Section, SReg, Stream, VReg,
+)
 
 #: Number of primes in the context (ISA.md decision 1): every limb index is in 0..LIMBS-1.
 LIMBS = 64
@@ -61,9 +63,6 @@ MAX_N = 65536
 #: Tag of a register that holds an ``rsi``/``rsv`` accumulator word rather than a limb.
 _ACC = -1
 
-_LOAD, _EVG, _LOAS = Opcode.LOAD, Opcode.EVG, Opcode.LOAS
-_STORE, _SPILL = Opcode.STORE, Opcode.SPILL
-_RSI, _RSV, _REC = Opcode.RSI, Opcode.RSV, Opcode.REC
 _DIS, _RCV = Opcode.DIS, Opcode.RCV
 _INPUT_SECTIONS = frozenset({Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.EVALKEY, Section.INPUT})
 
@@ -284,11 +283,12 @@ def _check_rot(c: _Scan) -> None:
         c.report(f"rot step {step} {_step_problem(step, c.n)}", step)
 
 
-#: The opcode-specific checks of :func:`_check_stream`, one handler per opcode that has any.
+#: The opcode-specific checks of :func:`_check_stream`, one handler per opcode that has any; what
+#: every opcode reads and writes (the generic def-use rules) is :data:`caramel.program.OPCODES`.
 _OPCODE_CHECKS: dict[Opcode, Callable[[_Scan], None]] = {
     Opcode.SUD: _check_sud, Opcode.PL1: _check_bcu_write, Opcode.BCW: _check_bcu_write, Opcode.BCI: _check_bci,
-    Opcode.RSV: _check_rsv, Opcode.MOD: _check_mod, Opcode.DIS: _check_comm, Opcode.RCV: _check_comm,
-    Opcode.JOI: _check_comm, Opcode.REC: _check_unsupported, Opcode.SND: _check_unsupported, Opcode.ROT: _check_rot,
+    Opcode.RSV: _check_rsv, Opcode.MOD: _check_mod, Opcode.ROT: _check_rot, **dict.fromkeys(COMMUNICATION, _check_comm),
+    **{op: _check_unsupported for op, info in OPCODES.items() if not info.supported},
 }
 
 
@@ -324,6 +324,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
 
     for ins in stream.instructions:
         op, dst, srcs, base, line, _final, step, sync, _size, unit, out_limbs, in_limbs, group = ins
+        info = OPCODES[op]
 
         # ---- reads
         for s in srcs:
@@ -355,14 +356,14 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
                     if base != u.outs[s.slot]:
                         add(rank, path, line, f"b{s.unit}{{{s.slot}}} holds limb {u.outs[s.slot]} (bci B{s.unit} at "
                             f"line {u.line}) but is read with base {base}", ins, "base")
-            elif t is Mem:  # load, evg, loas (rec is rejected below)
+            elif t is Mem:  # load, evg, loas (rec is refused by its handler)
                 if not 0 <= s.limb < LIMBS:
                     add(rank, path, line, f"memory limb {s.limb} of {s} is outside 0..{LIMBS - 1}", ins, s)
                 key = (s.term, s.limb)
-                if check_mem and op is not _REC and key not in common and key not in own and key not in extra:
+                if check_mem and info.supported and key not in common and key not in own and key not in extra:
                     add(rank, path, line, f"{op.value} of {s}: no manifest entry provides it and no earlier "
                         f"store or spill of this stream wrote it", ins, s)
-        if group and op is _RSV:
+        if group and info.group == "rw":
             for g in group:
                 tag = vdef.get(g.index)
                 if tag is None:
@@ -397,14 +398,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
             t = type(dst)
             if t is VReg:
                 idx = dst.index
-                if op is _LOAD or op is _EVG:
-                    vdef[idx] = srcs[0].limb
-                elif op is _RCV:
-                    vdef[idx] = sync & 0xFFFF
-                elif op is _REC:
-                    vdef[idx] = srcs[0].limb
-                else:
-                    vdef[idx] = base
+                vdef[idx] = base if base is not None else ins.limb  # load/evg: memory limb, rcv: sync limb
                 if vdead:
                     vdead.pop(idx, None)
             elif t is SReg:
@@ -414,7 +408,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
                 if not 0 <= dst.limb < LIMBS:
                     add(rank, path, line, f"memory limb {dst.limb} of {dst} is outside 0..{LIMBS - 1}", ins, dst)
                 own.add((dst.term, dst.limb))
-        elif op is _RSI:
+        elif info.group == "w":
             for g in group:
                 vdef[g.index] = _ACC
                 vdead.pop(g.index, None)

@@ -36,16 +36,11 @@ from typing import Callable, Iterable
 import networkx as nx
 
 from caramel.errors import Location, LocatedError
-from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.program import OPCODES, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 
 #: Kinds of SSA values.
 VECTOR, SCALAR, GROUP = 0, 1, 2
 
-_ELEMENTWISE_2 = frozenset({Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP})
-_SCALAR_OPS = frozenset({Opcode.ADS, Opcode.SUS, Opcode.MUS})
-_UNARY = frozenset({Opcode.NEG, Opcode.INT, Opcode.ROT, Opcode.CON})
-# Instructions after which the reference frees the registers read with [X] (it does not for these).
-_NO_FREE = frozenset({Opcode.STORE, Opcode.SPILL, Opcode.PL1, Opcode.BCW})
 
 
 class PlanError(LocatedError):
@@ -290,7 +285,7 @@ def _ssa_bcu_write(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     """``pl1`` (a new limb) or ``bcw`` (in place) writes one input of its unit's group."""
     a = r.read(ins.srcs[0], ins)
     g = r.group(ins.unit)
-    d = r.fresh(ins.base, i) if ins.op == Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
+    d = r.fresh(ins.base, i) if ins.op is Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
     g.inputs[ins.base] = d
     return (a, g.value), (d,)
 
@@ -317,7 +312,7 @@ def _ssa_dis(r: _Renamer, i: int, ins: Instruction) -> _Uses:
 
 
 def _ssa_rcv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (), (r.fresh(ins.sync & 0xFFFF, i),)
+    return (), (r.fresh(ins.limb, i),)
 
 
 def _ssa_joi(r: _Renamer, i: int, ins: Instruction) -> _Uses:
@@ -325,11 +320,13 @@ def _ssa_joi(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     return u, ((r.fresh(ins.base, i),) if ins.dst is not None else ())
 
 
+#: The rule of the plain register forms, by operand layout (:data:`caramel.program.OPCODES`).
+_BY_LAYOUT = {("r", "r"): _ssa_binary, ("r", "s"): _ssa_scalar, ("r",): _ssa_unary}
+
 #: How each opcode renames: (values read, values defined) of one instruction (``rec``/``snd``,
 #: never emitted by the compiler, have no rule).
 _SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses]] = {
-    **dict.fromkeys(_ELEMENTWISE_2, _ssa_binary), **dict.fromkeys(_SCALAR_OPS, _ssa_scalar),
-    **dict.fromkeys(_UNARY, _ssa_unary),
+    **{op: _BY_LAYOUT[i.reads] for op, i in OPCODES.items() if i.writes == "r" and i.reads in _BY_LAYOUT},
     Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov, Opcode.NTT: _ssa_limb_op,
     Opcode.SUD: _ssa_limb_op, Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
     Opcode.BCI: _ssa_bci, Opcode.PL1: _ssa_bcu_write, Opcode.BCW: _ssa_bcu_write, Opcode.RSI: _ssa_rsi,
@@ -349,13 +346,14 @@ def ssa(stream: Stream) -> ChipSSA:
         if rule is None:
             raise _error(stream, ins, f"'{op.value}' is not supported (never emitted by the compiler)")
         u, d = rule(r, i, ins)
+        info = OPCODES[op]
         # Registers read with [X] are freed (as in the reference), then the destination is written.
-        if op not in _NO_FREE:
+        if info.frees:
             dst = ins.dst.index if isinstance(ins.dst, VReg) else -1
             for s in ins.srcs:
                 if isinstance(s, VReg) and s.dead and s.index != dst:
                     r.regs.pop(s.index, None)
-        if op == Opcode.RSI or op == Opcode.RSV:
+        if info.group:
             for reg, v in zip(ins.group, d):
                 r.regs[reg.index] = v
         elif d and isinstance(ins.dst, VReg):
@@ -442,15 +440,16 @@ def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], convert
                 writes.append(f"b{s.unit}")
             else:
                 reads.append(f"b{s.unit}")
-    if op == Opcode.BCI:
+    info = OPCODES[op]
+    if info.unit == "bci":
         writes.append(f"B{ins.unit}")
         bcu_inputs[ins.unit] = ins.in_limbs
         converted.discard(ins.unit)
-    elif op in (Opcode.PL1, Opcode.BCW):
+    elif info.unit == "in":
         reads.append(f"B{ins.unit}")
         writes.append(f"B{ins.unit}.in{ins.base}")
-    elif op in (Opcode.RSI, Opcode.RSV):
-        if op == Opcode.RSV:
+    elif info.group:
+        if "r" in info.group:
             reads.extend(f"r{r.index}" for r in ins.group)
         writes.extend(f"r{r.index}" for r in ins.group)
     elif ins.dst is not None:
