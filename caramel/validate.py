@@ -425,28 +425,57 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
 
 
 def _check_communication(program: Program, comm: list[list[Instruction]], problems: _Problems) -> None:
-    chips = program.chips
     paths = [s.path for s in program.streams]
-    add = problems.add
-    dis: dict[int, list[tuple[int, Instruction]]] = {}
-    rcv: dict[int, list[tuple[int, Instruction]]] = {}
-    joi: dict[int, list[tuple[int, Instruction]]] = {}
-    for chip, events in enumerate(comm):
-        for ins in events:
-            table = dis if ins.op is _DIS else rcv if ins.op is _RCV else joi
-            table.setdefault(ins.sync, []).append((chip, ins))
+    pairing = check_pairing(((c, ins) for c, events in enumerate(comm) for ins in events), program.chips,
+                            lambda c: _name(paths[c]))
+    for chip, ins, reason, where in pairing.problems:
+        problems.add(chip, paths[chip], ins.line, reason, ins, where)
+    _check_schedule(program, comm, pairing.dis, pairing.joi, pairing.bad, problems)
 
-    bad: set[int] = set()  # ids whose pairing is broken: not simulated
+
+_Parts = dict[int, list[tuple[int, Instruction]]]
+
+
+class Pairing(NamedTuple):
+    """The participants of every communication id by opcode (``dis``, ``rcv``, ``joi``: id ->
+    [(chip, instruction)]), the ``problems`` found ((chip, instruction, reason, column anchor)),
+    and the ids whose pairing is ``bad`` (no schedule or collective exists for them)."""
+
+    dis: _Parts
+    rcv: _Parts
+    joi: _Parts
+    problems: list[tuple[int, Instruction, str, object]]
+    bad: set[int]
+
+
+def check_pairing(parts, chips: int, name: Callable[[int], str]) -> Pairing:
+    """The pairing rules of ISA.md 6, the one home of communication legality (:func:`validate`
+    reports them located; :func:`caramel.plan.collectives.plan_collectives` checks a plan with them).
+
+    ``parts``: every (chip, ``dis``/``rcv``/``joi`` instruction) in stream order; ``name(chip)``
+    names a chip's file in messages. A ``dis`` id has one sender and size - 1 receivers on distinct
+    other chips; a ``joi`` id has ``size`` participants on distinct chips, exactly one with a
+    destination, and a base equal to ``id & 0xFFFF``; sizes agree and fit ``chips``; no id is used
+    by both.
+    """
+    dis: _Parts = {}
+    rcv: _Parts = {}
+    joi: _Parts = {}
+    for chip, ins in parts:
+        table = dis if ins.op is _DIS else rcv if ins.op is _RCV else joi
+        table.setdefault(ins.sync, []).append((chip, ins))
+    out = Pairing(dis, rcv, joi, [], set())
+    bad = out.bad
 
     def err(chip: int, ins: Instruction, reason: str, where="sync") -> None:
-        add(chip, paths[chip], ins.line, reason, ins, where)
+        out.problems.append((chip, ins, reason, where))
 
     def check_size(sync: int, parts: list[tuple[int, Instruction]]) -> int:
         size = parts[0][1].size
         for chip, ins in parts[1:]:
             if ins.size != size:
                 c0, i0 = parts[0]
-                err(chip, ins, f"{_desc(ins)} has size {ins.size} but {_name(paths[c0])}:{i0.line} gives size {size}")
+                err(chip, ins, f"{_desc(ins)} has size {ins.size} but {name(c0)}:{i0.line} gives size {size}")
                 bad.add(sync)
         if size > chips or size < 1:
             err(parts[0][0], parts[0][1], f"{_desc(parts[0][1])} has size {size} but the program has {chips} chip(s)")
@@ -456,19 +485,19 @@ def _check_communication(program: Program, comm: list[list[Instruction]], proble
     for sync, senders in dis.items():
         chip0, ins0 = senders[0]
         for chip, ins in senders[1:]:
-            err(chip, ins, f"dis @ {sync} has two senders: chip {chip0} ({_name(paths[chip0])}:{ins0.line}) and "
-                f"chip {chip} ({_name(paths[chip])}:{ins.line})")
+            err(chip, ins, f"dis @ {sync} has two senders: chip {chip0} ({name(chip0)}:{ins0.line}) and "
+                f"chip {chip} ({name(chip)}:{ins.line})")
             bad.add(sync)
         if sync in joi:
             cj, ij = joi[sync][0]
-            err(chip0, ins0, f"sync id {sync} is used by both dis and joi ({_name(paths[cj])}:{ij.line})")
+            err(chip0, ins0, f"sync id {sync} is used by both dis and joi ({name(cj)}:{ij.line})")
             bad.add(sync)
         receivers = rcv.get(sync, [])
         size = check_size(sync, senders + receivers)
         seen: dict[int, Instruction] = {}
         for chip, ins in receivers:
             if chip == chip0:
-                err(chip, ins, f"rcv @ {sync} is on the sending chip {chip0} ({_name(paths[chip0])}:{ins0.line})")
+                err(chip, ins, f"rcv @ {sync} is on the sending chip {chip0} ({name(chip0)}:{ins0.line})")
                 bad.add(sync)
             elif chip in seen:
                 err(chip, ins, f"rcv @ {sync} is received twice on chip {chip} (also at line {seen[chip].line})")
@@ -505,13 +534,12 @@ def _check_communication(program: Program, comm: list[list[Instruction]], proble
             bad.add(sync)
         if len(dests) != 1:
             if dests:
-                where = ", ".join(f"chip {c} ({_name(paths[c])}:{i.line})" for c, i in dests)
+                where = ", ".join(f"chip {c} ({name(c)}:{i.line})" for c, i in dests)
                 err(dests[1][0], dests[1][1], f"joi @ {sync} has {len(dests)} destinations: {where}")
             else:
                 err(parts[0][0], parts[0][1], f"joi @ {sync} has no participant with a destination register")
             bad.add(sync)
-
-    _check_schedule(program, comm, dis, joi, bad, problems)
+    return out
 
 
 def _check_schedule(program, comm, dis, joi, bad: set[int], problems: _Problems) -> None:
