@@ -1,7 +1,7 @@
 """Process mode: one process per GPU, possibly on several machines, under a standard launcher.
 
 Each process reads its place from the environment (:func:`launch_env`): ``RANK``,
-``WORLD_SIZE`` and ``LOCAL_RANK`` (torchrun and :func:`launch`), ``OMPI_COMM_WORLD_RANK``/
+``WORLD_SIZE`` and ``LOCAL_RANK`` (torchrun and :func:`caramel.launch.launch`), ``OMPI_COMM_WORLD_RANK``/
 ``_SIZE``/``_LOCAL_RANK`` (Open MPI's mpirun) or ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``
 (srun). Process r drives device r of the run (of WORLD_SIZE devices) on its CUDA device
 LOCAL_RANK, with the same plan, the same inputs (generated from the same seed) and the same
@@ -411,15 +411,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
     return [mine.stores[c] for c in progs[place.rank].chips], place
 
 
-def launch(nproc: int, args: Sequence[str], timeout: float | None = None) -> int:
-    """Start ``nproc`` processes of ``caramel ARGS --distributed`` on this machine and wait for
-    all: :func:`caramel.execute.launch.launch` (a dead rank stops the others, nothing outlives it)."""
-    from caramel.execute import launch as launcher
-
-    return launcher.launch(nproc, args, timeout=timeout)
-
-
-__all__ = ["Place", "RunIdentity", "clean_up", "exchange_ids", "gather_stores", "launch", "launch_env", "rendezvous",
+__all__ = ["Place", "RunIdentity", "clean_up", "exchange_ids", "gather_stores", "launch_env", "rendezvous",
            "run_distributed"]
 
 
