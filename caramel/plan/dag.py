@@ -37,6 +37,7 @@ import networkx as nx
 
 from caramel.errors import Location, LocatedError
 from caramel.program import OPCODES, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.validate import check_pairing
 
 #: Kinds of SSA values.
 VECTOR, SCALAR, GROUP = 0, 1, 2
@@ -373,38 +374,18 @@ def program_ssa(program: Program) -> list[ChipSSA]:
 
 def comm_edges(program: Program) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Cross-chip edges: (chip, index) of each ``dis`` to each ``rcv`` of its sync id, and of each
-    ``joi`` participant to the participant with a destination. Raises :class:`PlanError` when a
-    sync id has no sender (``rcv``) or no destination (``joi``)."""
-    senders: dict[int, tuple[int, int]] = {}
-    receivers: dict[int, list[tuple[int, int]]] = {}
-    joins: dict[int, list[tuple[int, int]]] = {}
-    dests: dict[int, tuple[int, int]] = {}
-    where: dict[int, tuple[Stream, Instruction]] = {}
-    for stream in program.streams:
-        c = stream.chip
-        for i, ins in enumerate(stream.instructions):
-            op = ins.op
-            if op == Opcode.DIS:
-                senders[ins.sync] = (c, i)
-            elif op == Opcode.RCV:
-                receivers.setdefault(ins.sync, []).append((c, i))
-                where[ins.sync] = (stream, ins)
-            elif op == Opcode.JOI:
-                joins.setdefault(ins.sync, []).append((c, i))
-                where.setdefault(ins.sync, (stream, ins))
-                if ins.dst is not None:
-                    dests[ins.sync] = (c, i)
-    edges = []
-    for sync, nodes in receivers.items():
-        src = senders.get(sync)
-        if src is None:
-            raise _error(*where[sync], f"no chip sends sync id {sync}")
-        edges.extend((src, n) for n in nodes)
-    for sync, nodes in joins.items():
-        dst = dests.get(sync)
-        if dst is None:
-            raise _error(*where[sync], f"no participant of joi {sync} names a destination")
-        edges.extend((n, dst) for n in nodes if n != dst)
+    ``joi`` participant to the participant with a destination. Raises :class:`PlanError` at the
+    first broken pairing rule (:func:`caramel.validate.check_pairing`, their one home)."""
+    node = {(s.chip, ins): (s.chip, i) for s in program.streams for i, ins in enumerate(s.instructions)
+            if OPCODES[ins.op].comm}
+    pairing = check_pairing(node, program.chips, lambda c: program.streams[c].path)
+    if pairing.problems:
+        chip, ins, reason, _ = pairing.problems[0]
+        raise _error(program.streams[chip], ins, reason)
+    edges = [(node[d[0]], node[r]) for sync, d in pairing.dis.items() for r in pairing.rcv.get(sync, ())]
+    for parts in pairing.joi.values():
+        dst = next(node[p] for p in parts if p[1].dst is not None)
+        edges.extend((node[p], dst) for p in parts if node[p] != dst)
     return edges
 
 
@@ -413,9 +394,7 @@ def program_graph(program: Program, chips: list[ChipSSA] | None = None) -> nx.Di
     chips = program_ssa(program) if chips is None else chips
     g = nx.DiGraph()
     for chip in chips:
-        c = chip.chip
-        g.add_nodes_from((c, i) for i in range(len(chip.uses)))
-        g.add_edges_from(((c, p), (c, i), {"dep": "raw", "value": v}) for p, i, v in chip.edges())
+        g.update(chip.graph())
     g.add_edges_from(comm_edges(program), dep="comm")
     return g
 
