@@ -59,13 +59,6 @@ GRAPH_STREAMS = 4
 DEFAULT_STREAMS = 2
 
 
-def gpu_available() -> bool:
-    """True when CuPy imports and sees a CUDA device."""
-    from caramel.backends.cuda import available
-
-    return available()
-
-
 class StreamLauncher:
     """Issues the tasks of a :class:`~caramel.plan.streams.StreamSchedule` on CUDA streams: the
     ``origin`` stream (stream 0, where the run's earlier work is) and ``n_streams - 1`` new ones,
@@ -436,8 +429,7 @@ def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mo
             run.eager()
         timing = run.time(repeats) if repeats > 0 else None
         result = run.result()
-    if timing is not None:
-        result.timing = timing
+    result.timing = timing
     return result
 
 
@@ -475,8 +467,7 @@ def run_gpu(
     run.run(graph)
     timing = run.time(graph, repeats) if repeats > 0 else None
     result = run.result()
-    if timing is not None:
-        result.timing = timing
+    result.timing = timing
     return result
 
 
@@ -508,5 +499,4 @@ def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: boo
     return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams)
 
 
-__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_available",
-           "gpu_executor", "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]
+__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_executor", "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]
