@@ -188,6 +188,15 @@ class _Renamer:
             raise _error(self.stream, ins, f"register r{op.index} is read before it is written")
         return got
 
+    def operand(self, op, ins: Instruction, i: int, extra: list[int]) -> int:
+        """The value a source operand reads: a vector or scalar register, or a slot (:meth:`slot`)."""
+        if type(op) is SReg:
+            got = self.sregs.get(op.index)
+            if got is None:
+                raise _error(self.stream, ins, f"scalar register s{op.index} is read before it is written")
+            return got
+        return self.slot(op, ins, i, extra) if type(op) is BcuSlot else self.read(op, ins)
+
     def group(self, unit: int) -> _Group:
         g = self.groups.get(unit)
         if g is None:
@@ -220,8 +229,13 @@ class _Renamer:
 _Uses = tuple[tuple[int, ...], tuple[int, ...]]  # (values read, values defined) of one instruction
 
 
-def _ssa_binary(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (r.read(ins.srcs[0], ins), r.read(ins.srcs[1], ins)), (r.fresh(ins.base, i),)
+def _ssa_plain(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    """The register forms (:data:`caramel.program.OPCODES`): every operand read (a slot's first
+    read also reads its conversion's group and inputs), one new limb written where there is a
+    destination (its limb: the base, or the sync id's for ``rcv``)."""
+    extra: list[int] = []
+    u = tuple(r.operand(s, ins, i, extra) for s in ins.srcs) + tuple(extra)
+    return u, ((r.fresh(ins.limb, i),) if ins.dst is not None else ())
 
 
 def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
@@ -235,27 +249,9 @@ def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     return (src,), (r.value(VECTOR, m.limb, r.buf[src], i),)
 
 
-def _ssa_scalar(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    s = r.sregs.get(ins.srcs[1].index)
-    if s is None:
-        raise _error(r.stream, ins, f"scalar register s{ins.srcs[1].index} is read before it is written")
-    return (r.read(ins.srcs[0], ins), s), (r.fresh(ins.base, i),)
-
-
-def _ssa_unary(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (r.read(ins.srcs[0], ins),), (r.fresh(ins.base, i),)
-
-
 def _ssa_mov(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     a = r.read(ins.srcs[0], ins)
     return (a,), (r.value(VECTOR, ins.base, r.buf[a], i),)
-
-
-def _ssa_limb_op(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    """``ntt``/``sud``: registers or base conversion slots in, one new limb out."""
-    extra: list[int] = []
-    u = tuple(r.read(s, ins) if isinstance(s, VReg) else r.slot(s, ins, i, extra) for s in ins.srcs) + tuple(extra)
-    return u, (r.fresh(ins.base, i),)
 
 
 def _ssa_store(r: _Renamer, i: int, ins: Instruction) -> _Uses:
@@ -304,34 +300,16 @@ def _ssa_rsv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     return u, d
 
 
-def _ssa_mod(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return tuple(r.read(g, ins) for g in ins.srcs), (r.fresh(ins.base, i),)
-
-
-def _ssa_dis(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (r.read(ins.srcs[0], ins),), ()
-
-
-def _ssa_rcv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (), (r.fresh(ins.limb, i),)
-
-
-def _ssa_joi(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    u = (r.read(ins.srcs[0], ins),) if ins.srcs else ()
-    return u, ((r.fresh(ins.base, i),) if ins.dst is not None else ())
-
-
-#: The rule of the plain register forms, by operand layout (:data:`caramel.program.OPCODES`).
-_BY_LAYOUT = {("r", "r"): _ssa_binary, ("r", "s"): _ssa_scalar, ("r",): _ssa_unary}
-
-#: How each opcode renames: (values read, values defined) of one instruction (``rec``/``snd``,
-#: never emitted by the compiler, have no rule).
+#: How each opcode renames: (values read, values defined) of one instruction. The plain forms
+#: (every operand a register or slot, at most one new limb written) follow the opcode table alone
+#: (:func:`_ssa_plain`); ``rec``/``snd``, never emitted by the compiler, have no rule.
 _SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses]] = {
-    **{op: _BY_LAYOUT[i.reads] for op, i in OPCODES.items() if i.writes == "r" and i.reads in _BY_LAYOUT},
-    Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov, Opcode.NTT: _ssa_limb_op,
-    Opcode.SUD: _ssa_limb_op, Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
+    **{op: _ssa_plain for op, i in OPCODES.items()
+       if i.supported and "m" not in i.reads and i.writes != "m" and not i.unit and not i.group},
+    Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov,
+    Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
     Opcode.BCI: _ssa_bci, Opcode.PL1: _ssa_bcu_write, Opcode.BCW: _ssa_bcu_write, Opcode.RSI: _ssa_rsi,
-    Opcode.RSV: _ssa_rsv, Opcode.MOD: _ssa_mod, Opcode.DIS: _ssa_dis, Opcode.RCV: _ssa_rcv, Opcode.JOI: _ssa_joi,
+    Opcode.RSV: _ssa_rsv,
 }
 
 
