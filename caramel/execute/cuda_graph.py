@@ -17,9 +17,8 @@ CUDA graph per GPU on a non-default stream and replayed.
   run without collectives (compiling and loading every kernel: nothing may do that while an
   NCCL kernel waits for a peer), an eager run with them, a capture in thread-local mode; replays
   launch every GPU's graph at once (a barrier lines the threads up); :meth:`MultiGpuRun.close`
-  drops the graphs, then destroys the communicators (``ncclCommDestroy`` waits while a graph
-  holding the communicator's work exists). A GPU that does not finish a phase in time makes the
-  run abort its communicators and raise a :class:`~caramel.errors.DeadlockError` naming it.
+  drops the graphs, then destroys the communicators. A GPU that does not finish a phase in time
+  makes the run abort its communicators and raise a :class:`~caramel.errors.DeadlockError`.
 
 Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
 (:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;

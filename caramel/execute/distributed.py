@@ -16,11 +16,9 @@ waits for all and merges them into one :class:`~caramel.execute.result.RunResult
 
 With ``--backend cpu-plan`` the processes run on NumPy and exchange limbs through files
 (:class:`FileFabric`): the whole process mode (launcher, rendezvous, per-rank device programs,
-gathering, check) runs and is tested without GPUs. On GPUs it runs on 2 H200s (a decryption check
-passes at N = 65536). Each process reports its phases on stderr. A process destroys its
-communicators only after its CUDA graph is gone: ``ncclCommDestroy`` waits forever while a graph
-holding the communicator's work exists (NCCL 2.28.9), which is why the first GPU runs never
-exited.
+gathering, check) runs and is tested without GPUs. Each process reports its phases on stderr and
+destroys its communicators only after its CUDA graph is gone (:meth:`MultiGpuRun.close
+<caramel.execute.cuda_graph.MultiGpuRun.close>` says why).
 
 Example (one machine, 2 GPUs)::
 
