@@ -62,8 +62,9 @@ class OpInfo:
     (``rsv``). ``unit``: ``bci`` starts a conversion of its unit, ``in`` writes one input limb of it.
     ``limb``: where the limb it works on comes from when it has no base: ``src``/``dst`` (the memory
     operand), ``sync`` (``id & 0xFFFF``). ``frees``: whether its ``[X]`` reads end the registers
-    (the reference keeps them for stores and unit writes). ``comm``: a communication (ISA.md 6). ``elementwise``: its operation in
-    :data:`caramel.ring.modular.ELEMENTWISE`. ``supported``: ``rec``/``snd`` are parsed but refused.
+    (the reference keeps them for stores and unit writes). ``comm``: a communication (ISA.md 6).
+    ``elementwise``: its operation in :data:`caramel.ring.modular.ELEMENTWISE`. ``supported``:
+    ``rec``/``snd`` are parsed but refused.
     """
 
     reads: tuple[str, ...] = ()

@@ -498,4 +498,5 @@ def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: boo
     return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams)
 
 
-__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_executor", "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]
+__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_executor",
+           "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]
