@@ -37,7 +37,10 @@ import networkx as nx
 
 from caramel.errors import Location, LocatedError
 from caramel.program import OPCODES, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.plan.streams import RAW, WAR, WAW, orderings
 from caramel.validate import check_pairing
+
+_DEP = {RAW: "raw", WAW: "waw", WAR: "war"}
 
 #: Kinds of SSA values.
 VECTOR, SCALAR, GROUP = 0, 1, 2
@@ -418,32 +421,15 @@ def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], convert
 def resource_graph(stream: Stream) -> nx.DiGraph:
     """The dependency graph before renaming: ``raw``, ``war`` and ``waw`` edges with the ``res``
     (resource name) they come from; where one pair has several, the first found (``raw`` before
-    ``waw`` before ``war``) labels the edge. Linear: one last writer and one list of readers
-    since that write per resource."""
+    ``waw`` before ``war``) labels the edge. The orderings are those of the stream schedules
+    (:func:`caramel.plan.streams.orderings`, linear), on resource names instead of arena rows."""
     c = stream.chip
-    writer: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
     bcu_inputs: dict[int, tuple[int, ...]] = {}
     converted: set[int] = set()
     edges: dict[tuple[int, int], tuple[str, str]] = {}
-    for i, ins in enumerate(stream.instructions):
-        reads, writes = _resources(ins, bcu_inputs, converted)
-        for r in reads:
-            w = writer.get(r)
-            if w is not None:
-                edges.setdefault((w, i), ("raw", r))
-        for r in writes:
-            w = writer.get(r)
-            if w is not None:
-                edges.setdefault((w, i), ("waw", r))
-            for rd in readers.get(r, ()):
-                if rd != i:
-                    edges.setdefault((rd, i), ("war", r))
-            writer[r] = i
-            readers[r] = []
-        for r in reads:
-            if r not in writes:
-                readers.setdefault(r, []).append(i)
+    accesses = [(*_resources(ins, bcu_inputs, converted), ()) for ins in stream.instructions]
+    for j, k, kind, r in orderings(accesses):
+        edges.setdefault((j, k), (_DEP[kind], r))
     g = nx.DiGraph()
     g.add_nodes_from((c, i) for i in range(len(stream.instructions)))
     g.add_edges_from(((c, u), (c, v), {"dep": d, "res": r}) for (u, v), (d, r) in edges.items())
