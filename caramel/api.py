@@ -132,12 +132,12 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     default 0, 1, ...; :mod:`caramel.batch` gives each instance its own)."""
     backend = resolve_backend(backend)
     check_devices(program, backend, gpus)
-    if devices is not None and backend == "gpu":
-        return _gpu_executor_on(program, ctx, mode, gpus, streams, tuple(devices))
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
     if backend == "gpu" and not gpu_available():
         raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
+    if devices is not None and backend == "gpu":
+        return _gpu_executor_on(program, ctx, mode, gpus, streams, tuple(devices))
     from caramel.plan import build_plan
 
     plan = build_plan(program)
@@ -158,8 +158,6 @@ def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | Non
                      devices: tuple[int, ...]) -> Callable[[Mapping], RunResult]:
     """:func:`executor` on the CUDA devices ``devices``: a 1-chip program (and ``gpus`` unset)
     on ``devices[0]``, else ``gpus`` (default ``len(devices)``) GPUs, device i on ``devices[i]``."""
-    if not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or '[cuda13]')")
     import cupy as cp
 
     from caramel.execute.cuda_graph import GRAPH_STREAMS, MultiGpuRun, gpu_executor

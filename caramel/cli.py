@@ -318,7 +318,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     Before any process starts: the command must be one of :data:`LAUNCHABLE` and parse (with
     ``--distributed``), and the program must have at least G chips."""
-    from caramel.execute.distributed import launch
+    from caramel.launch import launch
 
     rest = [a for a in args.args if a != "--"]
     if not rest:

@@ -365,7 +365,7 @@ def _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log):
 
 
 def resolve_profile_backend(backend: str) -> str:
-    from caramel.execute.cuda_graph import gpu_available
+    from caramel.api import gpu_available
 
     if backend == "auto":
         return "gpu" if gpu_available() else "cpu-plan"

@@ -50,20 +50,75 @@ class Opcode(enum.Enum):
         return f"Opcode.{self.name}"
 
 
-#: Opcodes whose result is an elementwise function of register (and scalar) operands on one limb.
-ELEMENTWISE = frozenset(
-    {Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP, Opcode.ADS, Opcode.SUS, Opcode.MUS, Opcode.NEG, Opcode.MOV}
-)
-#: The elementwise operation (:data:`caramel.ring.modular.ELEMENTWISE`) of each arithmetic opcode.
-ELEMENTWISE_OP = {
-    Opcode.ADD: "add", Opcode.ADS: "add", Opcode.SUB: "sub", Opcode.SUS: "sub",
-    Opcode.MUL: "mul", Opcode.MUP: "mul", Opcode.MUS: "mul", Opcode.NEG: "neg",
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """What ISA.md 2.1 says about one opcode's operands: the one home of these facts, read by
+    :mod:`caramel.validate` (checks) and :mod:`caramel.plan.dag` (SSA renaming, resources).
+
+    ``reads``: the kinds of ``Instruction.srcs`` in printed order: ``r`` vector register, ``s``
+    scalar register, ``m`` memory name, ``rb`` vector register or base conversion slot, ``r*`` a
+    list of vector registers; ``?`` marks an optional operand. ``writes``: the kind of ``dst``
+    (``""``: none). ``group``: ``w`` writes the register group (``rsi``), ``rw`` reads and writes it
+    (``rsv``). ``unit``: ``bci`` starts a conversion of its unit, ``in`` writes one input limb of it.
+    ``limb``: where the limb it works on comes from when it has no base: ``src``/``dst`` (the memory
+    operand), ``sync`` (``id & 0xFFFF``). ``frees``: whether its ``[X]`` reads end the registers
+    (the reference keeps them for stores and unit writes). ``comm``: a communication (ISA.md 6).
+    ``elementwise``: its operation in :data:`caramel.ring.modular.ELEMENTWISE`. ``supported``:
+    ``rec``/``snd`` are parsed but refused.
+    """
+
+    reads: tuple[str, ...] = ()
+    writes: str = ""
+    group: str = ""
+    unit: str = ""
+    limb: str = "base"
+    frees: bool = True
+    elementwise: str | None = None
+    comm: bool = False
+    supported: bool = True
+
+
+_R, _RR, _RS = ("r",), ("r", "r"), ("r", "s")
+
+#: One entry per opcode (ISA.md 2.1, 4 and 6).
+OPCODES: dict[Opcode, OpInfo] = {
+    Opcode.LOAD: OpInfo(("m",), "r", limb="src"),
+    Opcode.EVG: OpInfo(("m",), "r", limb="src"),
+    Opcode.LOAS: OpInfo(("m",), "s", limb="src"),
+    Opcode.STORE: OpInfo(_R, "m", limb="dst", frees=False),
+    Opcode.SPILL: OpInfo(_R, "m", limb="dst", frees=False),
+    Opcode.ADD: OpInfo(_RR, "r", elementwise="add"),
+    Opcode.SUB: OpInfo(_RR, "r", elementwise="sub"),
+    Opcode.MUL: OpInfo(_RR, "r", elementwise="mul"),
+    Opcode.MUP: OpInfo(_RR, "r", elementwise="mul"),
+    Opcode.ADS: OpInfo(_RS, "r", elementwise="add"),
+    Opcode.SUS: OpInfo(_RS, "r", elementwise="sub"),
+    Opcode.MUS: OpInfo(_RS, "r", elementwise="mul"),
+    Opcode.NEG: OpInfo(_R, "r", elementwise="neg"),
+    Opcode.MOV: OpInfo(_R, "r"),
+    Opcode.CON: OpInfo(_R, "r"),
+    Opcode.INT: OpInfo(_R, "r"),
+    Opcode.ROT: OpInfo(_R, "r"),
+    Opcode.NTT: OpInfo(("rb",), "r"),
+    Opcode.SUD: OpInfo(("r", "rb"), "r"),
+    Opcode.BCI: OpInfo(unit="bci"),
+    Opcode.PL1: OpInfo(_R, unit="in", frees=False),
+    Opcode.BCW: OpInfo(_R, unit="in", frees=False),
+    Opcode.RSI: OpInfo(group="w"),
+    Opcode.RSV: OpInfo(_R, group="rw"),
+    Opcode.MOD: OpInfo(("r*",), "r"),
+    Opcode.DIS: OpInfo(_R, limb="sync", comm=True),
+    Opcode.RCV: OpInfo((), "r", limb="sync", comm=True),
+    Opcode.JOI: OpInfo(("r?",), "r?", comm=True),
+    Opcode.REC: OpInfo(("m",), "r", limb="src", supported=False),
+    Opcode.SND: OpInfo(_R, "m", limb="dst", supported=False),
 }
+#: The elementwise operation (:data:`caramel.ring.modular.ELEMENTWISE`) of each arithmetic opcode.
+ELEMENTWISE_OP = {op: i.elementwise for op, i in OPCODES.items() if i.elementwise}
 #: Communication opcodes (ISA.md section 6).
-COMMUNICATION = frozenset({Opcode.DIS, Opcode.RCV, Opcode.JOI})
-#: Opcodes that move a limb from memory into a register.
+COMMUNICATION = frozenset(op for op, i in OPCODES.items() if i.comm)
+#: Opcodes that move a limb from memory into a register, and those that write a register to memory.
 LOADS = frozenset({Opcode.LOAD, Opcode.EVG})
-#: Opcodes that write a register to memory.
 STORES = frozenset({Opcode.STORE, Opcode.SPILL})
 
 
@@ -153,11 +208,12 @@ class Instruction(NamedTuple):
         """The limb the instruction works on: its base, or the low 16 bits of a sync id."""
         if self.base is not None:
             return self.base
-        if self.op in (Opcode.DIS, Opcode.RCV):
+        where = OPCODES[self.op].limb
+        if where == "sync":
             return self.sync & 0xFFFF
-        if self.op in LOADS or self.op == Opcode.LOAS:
+        if where == "src":
             return self.srcs[0].limb  # type: ignore[union-attr]
-        if self.op in STORES:
+        if where == "dst":
             return self.dst.limb  # type: ignore[union-attr]
         return None
 

@@ -272,7 +272,8 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
     from caramel.plan import build_plan
     from caramel.validate import validate
 
-    from caramel.execute.cuda_graph import DEFAULT_STREAMS, gpu_available
+    from caramel.api import gpu_available
+    from caramel.execute.cuda_graph import DEFAULT_STREAMS
 
     streams = DEFAULT_STREAMS if streams is None else streams
     if backend == "auto":

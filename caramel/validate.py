@@ -52,7 +52,9 @@ from pathlib import PurePath
 
 from caramel.errors import ArgumentError, LocatedError, Location, UnsupportedError, ValidationError
 from caramel.parse import no_gc as _no_gc
-from caramel.program import BcuSlot, Instruction, KeyType, Mem, Opcode, Program, Section, SReg, Stream, VReg
+from caramel.program import (
+    COMMUNICATION, OPCODES, BcuSlot, Instruction, KeyType, Mem, Opcode, Program, Section, SReg, Stream, VReg,
+)
 
 #: Number of primes in the context (ISA.md decision 1): every limb index is in 0..LIMBS-1.
 LIMBS = 64
@@ -61,9 +63,6 @@ MAX_N = 65536
 #: Tag of a register that holds an ``rsi``/``rsv`` accumulator word rather than a limb.
 _ACC = -1
 
-_LOAD, _EVG, _LOAS = Opcode.LOAD, Opcode.EVG, Opcode.LOAS
-_STORE, _SPILL = Opcode.STORE, Opcode.SPILL
-_RSI, _RSV, _REC = Opcode.RSI, Opcode.RSV, Opcode.REC
 _DIS, _RCV = Opcode.DIS, Opcode.RCV
 _INPUT_SECTIONS = frozenset({Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.EVALKEY, Section.INPUT})
 
@@ -284,11 +283,12 @@ def _check_rot(c: _Scan) -> None:
         c.report(f"rot step {step} {_step_problem(step, c.n)}", step)
 
 
-#: The opcode-specific checks of :func:`_check_stream`, one handler per opcode that has any.
+#: The opcode-specific checks of :func:`_check_stream`, one handler per opcode that has any; what
+#: every opcode reads and writes (the generic def-use rules) is :data:`caramel.program.OPCODES`.
 _OPCODE_CHECKS: dict[Opcode, Callable[[_Scan], None]] = {
     Opcode.SUD: _check_sud, Opcode.PL1: _check_bcu_write, Opcode.BCW: _check_bcu_write, Opcode.BCI: _check_bci,
-    Opcode.RSV: _check_rsv, Opcode.MOD: _check_mod, Opcode.DIS: _check_comm, Opcode.RCV: _check_comm,
-    Opcode.JOI: _check_comm, Opcode.REC: _check_unsupported, Opcode.SND: _check_unsupported, Opcode.ROT: _check_rot,
+    Opcode.RSV: _check_rsv, Opcode.MOD: _check_mod, Opcode.ROT: _check_rot, **dict.fromkeys(COMMUNICATION, _check_comm),
+    **{op: _check_unsupported for op, info in OPCODES.items() if not info.supported},
 }
 
 
@@ -324,6 +324,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
 
     for ins in stream.instructions:
         op, dst, srcs, base, line, _final, step, sync, _size, unit, out_limbs, in_limbs, group = ins
+        info = OPCODES[op]
 
         # ---- reads
         for s in srcs:
@@ -355,14 +356,14 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
                     if base != u.outs[s.slot]:
                         add(rank, path, line, f"b{s.unit}{{{s.slot}}} holds limb {u.outs[s.slot]} (bci B{s.unit} at "
                             f"line {u.line}) but is read with base {base}", ins, "base")
-            elif t is Mem:  # load, evg, loas (rec is rejected below)
+            elif t is Mem:  # load, evg, loas (rec is refused by its handler)
                 if not 0 <= s.limb < LIMBS:
                     add(rank, path, line, f"memory limb {s.limb} of {s} is outside 0..{LIMBS - 1}", ins, s)
                 key = (s.term, s.limb)
-                if check_mem and op is not _REC and key not in common and key not in own and key not in extra:
+                if check_mem and info.supported and key not in common and key not in own and key not in extra:
                     add(rank, path, line, f"{op.value} of {s}: no manifest entry provides it and no earlier "
                         f"store or spill of this stream wrote it", ins, s)
-        if group and op is _RSV:
+        if group and info.group == "rw":
             for g in group:
                 tag = vdef.get(g.index)
                 if tag is None:
@@ -397,14 +398,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
             t = type(dst)
             if t is VReg:
                 idx = dst.index
-                if op is _LOAD or op is _EVG:
-                    vdef[idx] = srcs[0].limb
-                elif op is _RCV:
-                    vdef[idx] = sync & 0xFFFF
-                elif op is _REC:
-                    vdef[idx] = srcs[0].limb
-                else:
-                    vdef[idx] = base
+                vdef[idx] = base if base is not None else ins.limb  # load/evg: memory limb, rcv: sync limb
                 if vdead:
                     vdead.pop(idx, None)
             elif t is SReg:
@@ -414,7 +408,7 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
                 if not 0 <= dst.limb < LIMBS:
                     add(rank, path, line, f"memory limb {dst.limb} of {dst} is outside 0..{LIMBS - 1}", ins, dst)
                 own.add((dst.term, dst.limb))
-        elif op is _RSI:
+        elif info.group == "w":
             for g in group:
                 vdef[g.index] = _ACC
                 vdead.pop(g.index, None)
@@ -431,28 +425,57 @@ def _check_stream(stream: Stream, rank: int, provided: tuple[set, set] | None, p
 
 
 def _check_communication(program: Program, comm: list[list[Instruction]], problems: _Problems) -> None:
-    chips = program.chips
     paths = [s.path for s in program.streams]
-    add = problems.add
-    dis: dict[int, list[tuple[int, Instruction]]] = {}
-    rcv: dict[int, list[tuple[int, Instruction]]] = {}
-    joi: dict[int, list[tuple[int, Instruction]]] = {}
-    for chip, events in enumerate(comm):
-        for ins in events:
-            table = dis if ins.op is _DIS else rcv if ins.op is _RCV else joi
-            table.setdefault(ins.sync, []).append((chip, ins))
+    pairing = check_pairing(((c, ins) for c, events in enumerate(comm) for ins in events), program.chips,
+                            lambda c: _name(paths[c]))
+    for chip, ins, reason, where in pairing.problems:
+        problems.add(chip, paths[chip], ins.line, reason, ins, where)
+    _check_schedule(program, comm, pairing.dis, pairing.joi, pairing.bad, problems)
 
-    bad: set[int] = set()  # ids whose pairing is broken: not simulated
+
+_Parts = dict[int, list[tuple[int, Instruction]]]
+
+
+class Pairing(NamedTuple):
+    """The participants of every communication id by opcode (``dis``, ``rcv``, ``joi``: id ->
+    [(chip, instruction)]), the ``problems`` found ((chip, instruction, reason, column anchor)),
+    and the ids whose pairing is ``bad`` (no schedule or collective exists for them)."""
+
+    dis: _Parts
+    rcv: _Parts
+    joi: _Parts
+    problems: list[tuple[int, Instruction, str, object]]
+    bad: set[int]
+
+
+def check_pairing(parts, chips: int, name: Callable[[int], str]) -> Pairing:
+    """The pairing rules of ISA.md 6, the one home of communication legality (:func:`validate`
+    reports them located; :func:`caramel.plan.collectives.plan_collectives` checks a plan with them).
+
+    ``parts``: every (chip, ``dis``/``rcv``/``joi`` instruction) in stream order; ``name(chip)``
+    names a chip's file in messages. A ``dis`` id has one sender and size - 1 receivers on distinct
+    other chips; a ``joi`` id has ``size`` participants on distinct chips, exactly one with a
+    destination, and a base equal to ``id & 0xFFFF``; sizes agree and fit ``chips``; no id is used
+    by both.
+    """
+    dis: _Parts = {}
+    rcv: _Parts = {}
+    joi: _Parts = {}
+    for chip, ins in parts:
+        table = dis if ins.op is _DIS else rcv if ins.op is _RCV else joi
+        table.setdefault(ins.sync, []).append((chip, ins))
+    out = Pairing(dis, rcv, joi, [], set())
+    bad = out.bad
 
     def err(chip: int, ins: Instruction, reason: str, where="sync") -> None:
-        add(chip, paths[chip], ins.line, reason, ins, where)
+        out.problems.append((chip, ins, reason, where))
 
     def check_size(sync: int, parts: list[tuple[int, Instruction]]) -> int:
         size = parts[0][1].size
         for chip, ins in parts[1:]:
             if ins.size != size:
                 c0, i0 = parts[0]
-                err(chip, ins, f"{_desc(ins)} has size {ins.size} but {_name(paths[c0])}:{i0.line} gives size {size}")
+                err(chip, ins, f"{_desc(ins)} has size {ins.size} but {name(c0)}:{i0.line} gives size {size}")
                 bad.add(sync)
         if size > chips or size < 1:
             err(parts[0][0], parts[0][1], f"{_desc(parts[0][1])} has size {size} but the program has {chips} chip(s)")
@@ -462,19 +485,19 @@ def _check_communication(program: Program, comm: list[list[Instruction]], proble
     for sync, senders in dis.items():
         chip0, ins0 = senders[0]
         for chip, ins in senders[1:]:
-            err(chip, ins, f"dis @ {sync} has two senders: chip {chip0} ({_name(paths[chip0])}:{ins0.line}) and "
-                f"chip {chip} ({_name(paths[chip])}:{ins.line})")
+            err(chip, ins, f"dis @ {sync} has two senders: chip {chip0} ({name(chip0)}:{ins0.line}) and "
+                f"chip {chip} ({name(chip)}:{ins.line})")
             bad.add(sync)
         if sync in joi:
             cj, ij = joi[sync][0]
-            err(chip0, ins0, f"sync id {sync} is used by both dis and joi ({_name(paths[cj])}:{ij.line})")
+            err(chip0, ins0, f"sync id {sync} is used by both dis and joi ({name(cj)}:{ij.line})")
             bad.add(sync)
         receivers = rcv.get(sync, [])
         size = check_size(sync, senders + receivers)
         seen: dict[int, Instruction] = {}
         for chip, ins in receivers:
             if chip == chip0:
-                err(chip, ins, f"rcv @ {sync} is on the sending chip {chip0} ({_name(paths[chip0])}:{ins0.line})")
+                err(chip, ins, f"rcv @ {sync} is on the sending chip {chip0} ({name(chip0)}:{ins0.line})")
                 bad.add(sync)
             elif chip in seen:
                 err(chip, ins, f"rcv @ {sync} is received twice on chip {chip} (also at line {seen[chip].line})")
@@ -511,13 +534,12 @@ def _check_communication(program: Program, comm: list[list[Instruction]], proble
             bad.add(sync)
         if len(dests) != 1:
             if dests:
-                where = ", ".join(f"chip {c} ({_name(paths[c])}:{i.line})" for c, i in dests)
+                where = ", ".join(f"chip {c} ({name(c)}:{i.line})" for c, i in dests)
                 err(dests[1][0], dests[1][1], f"joi @ {sync} has {len(dests)} destinations: {where}")
             else:
                 err(parts[0][0], parts[0][1], f"joi @ {sync} has no participant with a destination register")
             bad.add(sync)
-
-    _check_schedule(program, comm, dis, joi, bad, problems)
+    return out
 
 
 def _check_schedule(program, comm, dis, joi, bad: set[int], problems: _Problems) -> None:

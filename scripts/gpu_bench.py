@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from caramel.api import output_digest  # noqa: E402
 from caramel.ckks.check import check_path, prepare_check  # noqa: E402
-from caramel.execute.cuda_graph import GpuRun, gpu_available, run_gpu  # noqa: E402
+from caramel.api import gpu_available  # noqa: E402
+from caramel.execute.cuda_graph import GpuRun, run_gpu  # noqa: E402
 from caramel.execute.timing import time_runs  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402

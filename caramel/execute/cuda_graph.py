@@ -17,9 +17,8 @@ CUDA graph per GPU on a non-default stream and replayed.
   run without collectives (compiling and loading every kernel: nothing may do that while an
   NCCL kernel waits for a peer), an eager run with them, a capture in thread-local mode; replays
   launch every GPU's graph at once (a barrier lines the threads up); :meth:`MultiGpuRun.close`
-  drops the graphs, then destroys the communicators (``ncclCommDestroy`` waits while a graph
-  holding the communicator's work exists). A GPU that does not finish a phase in time makes the
-  run abort its communicators and raise a :class:`~caramel.errors.DeadlockError` naming it.
+  drops the graphs, then destroys the communicators. A GPU that does not finish a phase in time
+  makes the run abort its communicators and raise a :class:`~caramel.errors.DeadlockError`.
 
 Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
 (:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;
@@ -57,13 +56,6 @@ GRAPH_STREAMS = 4
 #: CUDA streams per GPU of a multi-GPU run by default: the kernels on one, the communication on the
 #: other (measurements: docs/PERFORMANCE.md).
 DEFAULT_STREAMS = 2
-
-
-def gpu_available() -> bool:
-    """True when CuPy imports and sees a CUDA device."""
-    from caramel.backends.cuda import available
-
-    return available()
 
 
 class StreamLauncher:
@@ -450,8 +442,7 @@ def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mo
             run.eager()
         timing = run.time(repeats) if repeats > 0 else None
         result = run.result()
-    if timing is not None:
-        result.timing = timing
+    result.timing = timing
     return result
 
 
@@ -489,8 +480,7 @@ def run_gpu(
     run.run(graph)
     timing = run.time(graph, repeats) if repeats > 0 else None
     result = run.result()
-    if timing is not None:
-        result.timing = timing
+    result.timing = timing
     return result
 
 
@@ -522,5 +512,5 @@ def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: boo
     return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams)
 
 
-__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_available",
-           "gpu_executor", "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]
+__all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_executor",
+           "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]

@@ -1,7 +1,7 @@
 """Process mode: one process per GPU, possibly on several machines, under a standard launcher.
 
 Each process reads its place from the environment (:func:`launch_env`): ``RANK``,
-``WORLD_SIZE`` and ``LOCAL_RANK`` (torchrun and :func:`launch`), ``OMPI_COMM_WORLD_RANK``/
+``WORLD_SIZE`` and ``LOCAL_RANK`` (torchrun and :func:`caramel.launch.launch`), ``OMPI_COMM_WORLD_RANK``/
 ``_SIZE``/``_LOCAL_RANK`` (Open MPI's mpirun) or ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``
 (srun). Process r drives device r of the run (of WORLD_SIZE devices) on its CUDA device
 LOCAL_RANK, with the same plan, the same inputs (generated from the same seed) and the same
@@ -16,11 +16,9 @@ waits for all and merges them into one :class:`~caramel.execute.result.RunResult
 
 With ``--backend cpu-plan`` the processes run on NumPy and exchange limbs through files
 (:class:`FileFabric`): the whole process mode (launcher, rendezvous, per-rank device programs,
-gathering, check) runs and is tested without GPUs. On GPUs it runs on 2 H200s (a decryption check
-passes at N = 65536). Each process reports its phases on stderr. A process destroys its
-communicators only after its CUDA graph is gone: ``ncclCommDestroy`` waits forever while a graph
-holding the communicator's work exists (NCCL 2.28.9), which is why the first GPU runs never
-exited.
+gathering, check) runs and is tested without GPUs. Each process reports its phases on stderr and
+destroys its communicators only after its CUDA graph is gone (:meth:`MultiGpuRun.close
+<caramel.execute.cuda_graph.MultiGpuRun.close>` says why).
 
 Example (one machine, 2 GPUs)::
 
@@ -47,6 +45,7 @@ from caramel.execute.memory import check_plan_memory
 from caramel.execute.placement import device_groups, device_programs
 from caramel.execute.result import RunResult, merge_results
 from caramel.execute.runner import DeviceRun
+from caramel.outfiles import replace_atomically
 from caramel.plan.collectives import CollectiveKind
 from caramel.program import Mem
 
@@ -159,16 +158,9 @@ def _wait_for(path: Path, timeout: float, what: str, place: Place | None = None)
 def report_failure(place: Place, reason: str) -> None:
     """Tell the other ranks of this run that this rank failed (a file they look for while they wait)."""
     try:
-        _write_atomic(place.data_path(f"failed{place.rank}"), reason.encode())
+        replace_atomically(place.data_path(f"failed{place.rank}"), reason)
     except OSError:
         pass
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -190,7 +182,8 @@ def rendezvous(place: Place, identity: RunIdentity | None = None, payload: Mappi
         run_id = place.run_id or uuid.uuid4().hex
         data = {"run_id": run_id, "world": place.world,
                 "identity": None if identity is None else identity.to_json(), **(payload or {})}
-        _write_atomic(place.rendezvous, json.dumps(data).encode())
+        place.rendezvous.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(place.rendezvous, json.dumps(data))
         return replace(place, run_id=run_id), data
     deadline = time.monotonic() + timeout
     seen = None
@@ -220,13 +213,10 @@ def rendezvous(place: Place, identity: RunIdentity | None = None, payload: Mappi
 
 
 def exchange_ids(groups: Sequence[tuple[int, ...]], place: Place, make_id: Callable[[], tuple] | None = None,
-                 timeout: float = 120.0, identity: RunIdentity | None = None) -> dict[tuple[int, ...], tuple]:
+                 timeout: float = 120.0, identity: RunIdentity | None = None) -> tuple[Place, dict[tuple, tuple]]:
     """One NCCL unique id per device group, created by rank 0 and read by every rank from
-    ``place.rendezvous`` (``make_id``: default ``nccl.get_unique_id``), with :func:`rendezvous`'s checks."""
-    return _exchange_ids(groups, place, make_id, timeout, identity)[1]
-
-
-def _exchange_ids(groups, place: Place, make_id, timeout: float, identity) -> tuple[Place, dict]:
+    ``place.rendezvous`` (``make_id``: default ``nccl.get_unique_id``), with :func:`rendezvous`'s
+    checks: ``place`` with the run id, and the ids."""
     payload = None
     if place.rank == 0:
         if make_id is None:
@@ -254,9 +244,7 @@ def gather_stores(stores: Sequence[Mapping[Mem, np.ndarray]], chips: Sequence[in
     arrays["__chips__"] = np.array(chips, dtype=np.int64)
     ident = json.dumps(None if identity is None else identity.to_json()).encode()
     arrays["__identity__"] = np.frombuffer(ident, dtype=np.uint8)
-    tmp = path(place.rank).with_name(f".{path(place.rank).name}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path(place.rank))
+    replace_atomically(path(place.rank), lambda f: np.savez(f, **arrays))
     if place.rank != 0:
         return None
     out: dict[int, dict[Mem, np.ndarray]] = {}
@@ -327,10 +315,8 @@ class FileFabric(Fabric):
             k = self.calls.get(op.group, 0)
             self.calls[op.group] = k + 1
             if op.send >= 0:
-                path = self._path(op, k, self.device)
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
-                np.save(tmp, backend.read(np.arange(op.send, op.send + op.rows)))
-                os.replace(tmp, path)
+                data = backend.read(np.arange(op.send, op.send + op.rows))
+                replace_atomically(self._path(op, k, self.device), lambda f, data=data: np.save(f, data))
             posted.append((op, k))
         for op, k in posted:
             if op.recv < 0:
@@ -389,7 +375,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
 
     nccl_environment()
     groups = device_groups(progs)
-    place, ids = _exchange_ids(groups, place, None, timeout, identity)
+    place, ids = exchange_ids(groups, place, None, timeout, identity)
     log(f"NCCL ids of {len(groups)} device group(s) read from {place.rendezvous}")
     comms: dict[int, dict] = {place.rank: {}}
     with cp.cuda.Device(place.local_rank):
@@ -411,15 +397,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
     return [mine.stores[c] for c in progs[place.rank].chips], place
 
 
-def launch(nproc: int, args: Sequence[str], timeout: float | None = None) -> int:
-    """Start ``nproc`` processes of ``caramel ARGS --distributed`` on this machine and wait for
-    all: :func:`caramel.execute.launch.launch` (a dead rank stops the others, nothing outlives it)."""
-    from caramel.execute import launch as launcher
-
-    return launcher.launch(nproc, args, timeout=timeout)
-
-
-__all__ = ["Place", "RunIdentity", "clean_up", "exchange_ids", "gather_stores", "launch", "launch_env", "rendezvous",
+__all__ = ["Place", "RunIdentity", "clean_up", "exchange_ids", "gather_stores", "launch_env", "rendezvous",
            "run_distributed"]
 
 

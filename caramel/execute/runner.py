@@ -71,10 +71,15 @@ def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode,
     raise ExecutionError(f"no backend call for kernel kind {kind.value}")
 
 
-def _sum_expr(m: int) -> Expr:
-    """v0 + v1 + ... + v(m-1) mod q (m = 1: a copy)."""
+def _sum_call(ins, outs, primes) -> Callable[[Backend], None]:
+    """One elementwise call: row ``outs[i]`` = (sum of rows ``ins[i]``) mod q_primes[i] (one input: a copy)."""
+    ins = np.array(ins, dtype=_I32)
+    m = ins.shape[1]
     ops = tuple(ExprOp("add", (0 if i == 0 else m + i - 1, i + 1)) for i in range(m - 1))
-    return Expr(m, 0, ops, (m + len(ops) - 1,) if ops else (0,))
+    expr = Expr(m, 0, ops, (m + len(ops) - 1,) if ops else (0,))
+    outs, primes = np.array(outs, dtype=_I32).reshape(-1, 1), np.array(primes, dtype=_I32)
+    sca = np.zeros((len(ins), 0), dtype=_I32)
+    return lambda b: b.elementwise(expr, ins, outs, primes, sca)
 
 
 def _local_calls(prog: DeviceProgram, actions: Sequence[LocalSum | ModRows]) -> list[Callable]:
@@ -92,13 +97,9 @@ def _local_calls(prog: DeviceProgram, actions: Sequence[LocalSum | ModRows]) -> 
         primes = np.array([m.prime for m in mods for _ in m.rows], dtype=_I32)
         words = rows[:, None].copy()
         calls.append(lambda b: b.mod(words, rows, primes))
-    for m, group in sorted(sums.items()):
-        expr = _sum_expr(m)
-        ins = np.array([[prog.row(r) for r in a.ins] for a in group], dtype=_I32).reshape(len(group), m)
-        outs = np.array([[prog.row(a.out)] for a in group], dtype=_I32)
-        primes = np.array([a.prime for a in group], dtype=_I32)
-        sca = np.zeros((len(group), 0), dtype=_I32)
-        calls.append(lambda b, e=expr, i=ins, o=outs, p=primes, s=sca: b.elementwise(e, i, o, p, s))
+    for _, group in sorted(sums.items()):
+        calls.append(_sum_call([[prog.row(r) for r in a.ins] for a in group], [prog.row(a.out) for a in group],
+                               [a.prime for a in group]))
     return calls
 
 
@@ -127,14 +128,7 @@ def _packed(prog: DeviceProgram, ops: Sequence[DeviceOp]):
 
 def _copy_calls(copies: Sequence[tuple[int, int, int]]) -> list[Callable]:
     """One backend call copying arena rows (source, destination, prime) of ``copies``."""
-    if not copies:
-        return []
-    expr = _sum_expr(1)
-    ins = np.array([[c[0]] for c in copies], dtype=_I32)
-    outs = np.array([[c[1]] for c in copies], dtype=_I32)
-    primes = np.array([c[2] for c in copies], dtype=_I32)
-    sca = np.zeros((len(copies), 0), dtype=_I32)
-    return [lambda b: b.elementwise(expr, ins, outs, primes, sca)]
+    return [_sum_call([[c[0]] for c in copies], [c[1] for c in copies], [c[2] for c in copies])] if copies else []
 
 
 def _comm_rows(prog: DeviceProgram, step: CommStep) -> tuple[frozenset[int], frozenset[int]]:

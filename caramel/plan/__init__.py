@@ -3,8 +3,8 @@
 dag (SSA renaming, networkx graphs, DOT/JSON export), kernel (the plan's types: :class:`Kind`,
 :class:`Expr`, :class:`Kernel`, :class:`ChipPlan`, :class:`Plan`), plan (lowering,
 :func:`build_plan`, :func:`assign_rows`), fusion (vertical fusion, levels, batching), collectives
-(communication as collectives in one global order), streams (row hazards, stream assignment),
-report (:func:`plan_report`).
+(communication as collectives in one global order, checked: :class:`PlanError`), streams (row
+hazards, stream assignment), report (:func:`plan_report`).
 """
 
 from caramel.plan.dag import PlanError, program_graph, resource_graph, ssa, to_dot, to_json

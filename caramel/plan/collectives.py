@@ -14,8 +14,9 @@ gives a ``rcv`` its ``dis``'s level and every ``joi`` participant its destinatio
 chip runs its levels in increasing order. So the *global order* (level, device group, id) is one
 total order that every chip's own sequence of collectives follows: no chip can wait for a
 collective that another member would issue only after one it is itself blocked on. A plan that
-breaks this (participants at different levels, a missing participant) is refused before any
-device work starts, and :func:`check_order` verifies per-rank sequences against one global order.
+breaks this (participants at different levels, or any pairing rule of ISA.md 6, whose one home is
+:func:`caramel.validate.check_pairing`) is refused with a :class:`~caramel.plan.dag.PlanError` before
+any device work starts, and :func:`check_order` verifies per-rank sequences against one global order.
 Where the collectives run (chips on devices) is :mod:`caramel.execute.placement`.
 """
 
@@ -25,9 +26,11 @@ import enum
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from caramel.errors import ExecutionError
+from caramel.errors import ExecutionError, Location
+from caramel.plan.dag import PlanError
 from caramel.plan.kernel import Kind, Plan
-from caramel.program import Opcode
+from caramel.program import Instruction, Opcode, VReg
+from caramel.validate import check_pairing
 
 
 U32_MAX = (1 << 32) - 1
@@ -75,67 +78,64 @@ def check_reduce_size(n: int, q: int, what: str) -> None:
 def plan_collectives(plan: Plan, primes: Sequence[int] | None = None) -> list[Collective]:
     """Every communication of ``plan`` as a :class:`Collective`, in the global order.
 
-    Checks (all problems are reported together as an :class:`ExecutionError`): a ``dis`` id has
-    exactly one sender and size - 1 distinct receivers, a ``joi`` id exactly size distinct
-    participants of which one names a destination, all participants of an id share one level;
-    with ``primes``, REDUCE groups are small enough for a uint32 sum (:func:`check_reduce_size`).
+    Raises :class:`PlanError` with every problem: the pairing rules of ISA.md 6
+    (:func:`caramel.validate.check_pairing`, their one home), all participants of an id at one
+    plan level, and with ``primes``, REDUCE groups small enough for a uint32 sum
+    (:func:`check_reduce_size`).
     """
-    seen: dict[int, list[tuple[int, object, int]]] = {}
+    parts: list[tuple[int, Instruction]] = []
+    level: dict[tuple[int, Instruction], int] = {}
     for chip in plan.chips:
         for kernel in chip.kernels:
             if kernel.kind is Kind.COMM:
-                for c in kernel.comms:
-                    seen.setdefault(c.sync, []).append((chip.chip, c, kernel.level))
+                for j, c in enumerate(kernel.comms):
+                    ins = Instruction(c.op, VReg(c.dst) if c.dst >= 0 else None, (VReg(c.src),) if c.src >= 0 else (),
+                                      c.prime if c.op is Opcode.JOI else None, _line(kernel.lines, j), sync=c.sync,
+                                      size=c.size)
+                    parts.append((chip.chip, ins))
+                    level[chip.chip, ins] = kernel.level
+    pairing = check_pairing(parts, len(plan.chips), lambda c: f"chip {c}")
+    problems = [f"chip {chip} line {ins.line}: {reason}" for chip, ins, reason, _ in pairing.problems]
     out: list[Collective] = []
-    problems: list[str] = []
-    for sync, parts in seen.items():
-        chips = [p[0] for p in parts]
-        comms = [p[1] for p in parts]
-        levels = {p[2] for p in parts}
-        size = comms[0].size
+    for sync in sorted({ins.sync for _, ins in parts} - pairing.bad):
+        members = pairing.dis.get(sync, []) + pairing.rcv.get(sync, []) + pairing.joi.get(sync, [])
+        size = members[0][1].size
         where = f"communication id {sync} ({sync >> 16}:{sync & 0xFFFF}, size {size})"
-        if len(set(chips)) != len(chips):
-            problems.append(f"{where}: chip(s) {sorted({c for c in chips if chips.count(c) > 1})} take part twice")
-            continue
-        if len(parts) != size or any(c.size != size for c in comms):
-            problems.append(f"{where}: {len(parts)} participant(s) on chips {sorted(chips)}, expected {size}")
-            continue
+        levels = {level[m] for m in members}
         if len(levels) != 1:
             problems.append(f"{where}: participants at different plan levels {sorted(levels)}; "
                             "no collective order exists")
             continue
-        ops = {c.op for c in comms}
-        if ops <= {Opcode.DIS, Opcode.RCV}:
-            roots = [ch for ch, c in zip(chips, comms) if c.op == Opcode.DIS]
-            if len(roots) != 1:
-                problems.append(f"{where}: {len(roots)} dis for one id on chips {sorted(chips)}, expected 1")
-                continue
-            kind = CollectiveKind.BROADCAST
-            src = tuple((ch, c.src) for ch, c in zip(chips, comms) if c.op == Opcode.DIS)
-        elif ops == {Opcode.JOI}:
-            roots = [ch for ch, c in zip(chips, comms) if c.dst >= 0]
-            if len(roots) != 1:
-                problems.append(f"{where}: {len(roots)} joi destinations on chips {sorted(roots)}, expected 1")
-                continue
-            kind = CollectiveKind.REDUCE
-            src = tuple(sorted((ch, c.src) for ch, c in zip(chips, comms)))
+        chips = sorted(ch for ch, _ in members)
+        dst = tuple(sorted((ch, ins.dst.index) for ch, ins in members if ins.dst is not None))
+        if sync in pairing.dis:
+            root, ins = pairing.dis[sync][0]
+            kind, src, prime = CollectiveKind.BROADCAST, ((root, _src(ins)),), sync & 0xFFFF
+        else:
+            kind, root, prime = CollectiveKind.REDUCE, dst[0][0], members[0][1].base
+            src = tuple(sorted((ch, _src(ins)) for ch, ins in members))
             if primes is not None:
                 try:
-                    check_reduce_size(size, int(primes[comms[0].prime]), where)
+                    check_reduce_size(size, int(primes[prime]), where)
                 except ExecutionError as e:
                     problems.append(str(e))
                     continue
-        else:
-            problems.append(f"{where}: mixes {sorted(o.value for o in ops)}")
-            continue
-        dst = tuple(sorted((ch, c.dst) for ch, c in zip(chips, comms) if c.dst >= 0))
-        out.append(Collective(sync, kind, roots[0], tuple(sorted(chips)), comms[0].prime, levels.pop(), src, dst))
+        out.append(Collective(sync, kind, root, tuple(chips), prime, levels.pop(), src, dst))
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise ExecutionError("the plan's communication cannot run as collectives:\n  "
-                             + "\n  ".join(problems[:20]) + more)
+        raise PlanError(Location(plan.name), "the plan's communication cannot run as collectives:\n  "
+                        + "\n  ".join(problems[:20]) + more)
     out.sort(key=lambda c: c.key)
     return out
+
+
+def _line(lines: Sequence[int], j: int) -> int:
+    return lines[j] if j < len(lines) else 0
+
+
+def _src(ins: Instruction) -> int:
+    """The buffer a participant sends or contributes (-1: a sourceless ``joi``)."""
+    return ins.srcs[0].index if ins.srcs else -1
 
 
 def check_order(sequences: Mapping[int, Sequence[object]], members: Mapping[object, Iterable[int]]) -> list[object]:

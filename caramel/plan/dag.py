@@ -36,16 +36,15 @@ from typing import Callable, Iterable
 import networkx as nx
 
 from caramel.errors import Location, LocatedError
-from caramel.program import BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.program import OPCODES, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
+from caramel.plan.streams import RAW, WAR, WAW, orderings
+from caramel.validate import check_pairing
+
+_DEP = {RAW: "raw", WAW: "waw", WAR: "war"}
 
 #: Kinds of SSA values.
 VECTOR, SCALAR, GROUP = 0, 1, 2
 
-_ELEMENTWISE_2 = frozenset({Opcode.ADD, Opcode.SUB, Opcode.MUL, Opcode.MUP})
-_SCALAR_OPS = frozenset({Opcode.ADS, Opcode.SUS, Opcode.MUS})
-_UNARY = frozenset({Opcode.NEG, Opcode.INT, Opcode.ROT, Opcode.CON})
-# Instructions after which the reference frees the registers read with [X] (it does not for these).
-_NO_FREE = frozenset({Opcode.STORE, Opcode.SPILL, Opcode.PL1, Opcode.BCW})
 
 
 class PlanError(LocatedError):
@@ -192,6 +191,15 @@ class _Renamer:
             raise _error(self.stream, ins, f"register r{op.index} is read before it is written")
         return got
 
+    def operand(self, op, ins: Instruction, i: int, extra: list[int]) -> int:
+        """The value a source operand reads: a vector or scalar register, or a slot (:meth:`slot`)."""
+        if type(op) is SReg:
+            got = self.sregs.get(op.index)
+            if got is None:
+                raise _error(self.stream, ins, f"scalar register s{op.index} is read before it is written")
+            return got
+        return self.slot(op, ins, i, extra) if type(op) is BcuSlot else self.read(op, ins)
+
     def group(self, unit: int) -> _Group:
         g = self.groups.get(unit)
         if g is None:
@@ -224,8 +232,13 @@ class _Renamer:
 _Uses = tuple[tuple[int, ...], tuple[int, ...]]  # (values read, values defined) of one instruction
 
 
-def _ssa_binary(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (r.read(ins.srcs[0], ins), r.read(ins.srcs[1], ins)), (r.fresh(ins.base, i),)
+def _ssa_plain(r: _Renamer, i: int, ins: Instruction) -> _Uses:
+    """The register forms (:data:`caramel.program.OPCODES`): every operand read (a slot's first
+    read also reads its conversion's group and inputs), one new limb written where there is a
+    destination (its limb: the base, or the sync id's for ``rcv``)."""
+    extra: list[int] = []
+    u = tuple(r.operand(s, ins, i, extra) for s in ins.srcs) + tuple(extra)
+    return u, ((r.fresh(ins.limb, i),) if ins.dst is not None else ())
 
 
 def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
@@ -239,27 +252,9 @@ def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     return (src,), (r.value(VECTOR, m.limb, r.buf[src], i),)
 
 
-def _ssa_scalar(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    s = r.sregs.get(ins.srcs[1].index)
-    if s is None:
-        raise _error(r.stream, ins, f"scalar register s{ins.srcs[1].index} is read before it is written")
-    return (r.read(ins.srcs[0], ins), s), (r.fresh(ins.base, i),)
-
-
-def _ssa_unary(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (r.read(ins.srcs[0], ins),), (r.fresh(ins.base, i),)
-
-
 def _ssa_mov(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     a = r.read(ins.srcs[0], ins)
     return (a,), (r.value(VECTOR, ins.base, r.buf[a], i),)
-
-
-def _ssa_limb_op(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    """``ntt``/``sud``: registers or base conversion slots in, one new limb out."""
-    extra: list[int] = []
-    u = tuple(r.read(s, ins) if isinstance(s, VReg) else r.slot(s, ins, i, extra) for s in ins.srcs) + tuple(extra)
-    return u, (r.fresh(ins.base, i),)
 
 
 def _ssa_store(r: _Renamer, i: int, ins: Instruction) -> _Uses:
@@ -290,7 +285,7 @@ def _ssa_bcu_write(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     """``pl1`` (a new limb) or ``bcw`` (in place) writes one input of its unit's group."""
     a = r.read(ins.srcs[0], ins)
     g = r.group(ins.unit)
-    d = r.fresh(ins.base, i) if ins.op == Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
+    d = r.fresh(ins.base, i) if ins.op is Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
     g.inputs[ins.base] = d
     return (a, g.value), (d,)
 
@@ -308,32 +303,16 @@ def _ssa_rsv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     return u, d
 
 
-def _ssa_mod(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return tuple(r.read(g, ins) for g in ins.srcs), (r.fresh(ins.base, i),)
-
-
-def _ssa_dis(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (r.read(ins.srcs[0], ins),), ()
-
-
-def _ssa_rcv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    return (), (r.fresh(ins.sync & 0xFFFF, i),)
-
-
-def _ssa_joi(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    u = (r.read(ins.srcs[0], ins),) if ins.srcs else ()
-    return u, ((r.fresh(ins.base, i),) if ins.dst is not None else ())
-
-
-#: How each opcode renames: (values read, values defined) of one instruction (``rec``/``snd``,
-#: never emitted by the compiler, have no rule).
+#: How each opcode renames: (values read, values defined) of one instruction. The plain forms
+#: (every operand a register or slot, at most one new limb written) follow the opcode table alone
+#: (:func:`_ssa_plain`); ``rec``/``snd``, never emitted by the compiler, have no rule.
 _SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses]] = {
-    **dict.fromkeys(_ELEMENTWISE_2, _ssa_binary), **dict.fromkeys(_SCALAR_OPS, _ssa_scalar),
-    **dict.fromkeys(_UNARY, _ssa_unary),
-    Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov, Opcode.NTT: _ssa_limb_op,
-    Opcode.SUD: _ssa_limb_op, Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
+    **{op: _ssa_plain for op, i in OPCODES.items()
+       if i.supported and "m" not in i.reads and i.writes != "m" and not i.unit and not i.group},
+    Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov,
+    Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
     Opcode.BCI: _ssa_bci, Opcode.PL1: _ssa_bcu_write, Opcode.BCW: _ssa_bcu_write, Opcode.RSI: _ssa_rsi,
-    Opcode.RSV: _ssa_rsv, Opcode.MOD: _ssa_mod, Opcode.DIS: _ssa_dis, Opcode.RCV: _ssa_rcv, Opcode.JOI: _ssa_joi,
+    Opcode.RSV: _ssa_rsv,
 }
 
 
@@ -349,13 +328,14 @@ def ssa(stream: Stream) -> ChipSSA:
         if rule is None:
             raise _error(stream, ins, f"'{op.value}' is not supported (never emitted by the compiler)")
         u, d = rule(r, i, ins)
+        info = OPCODES[op]
         # Registers read with [X] are freed (as in the reference), then the destination is written.
-        if op not in _NO_FREE:
+        if info.frees:
             dst = ins.dst.index if isinstance(ins.dst, VReg) else -1
             for s in ins.srcs:
                 if isinstance(s, VReg) and s.dead and s.index != dst:
                     r.regs.pop(s.index, None)
-        if op == Opcode.RSI or op == Opcode.RSV:
+        if info.group:
             for reg, v in zip(ins.group, d):
                 r.regs[reg.index] = v
         elif d and isinstance(ins.dst, VReg):
@@ -375,38 +355,18 @@ def program_ssa(program: Program) -> list[ChipSSA]:
 
 def comm_edges(program: Program) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Cross-chip edges: (chip, index) of each ``dis`` to each ``rcv`` of its sync id, and of each
-    ``joi`` participant to the participant with a destination. Raises :class:`PlanError` when a
-    sync id has no sender (``rcv``) or no destination (``joi``)."""
-    senders: dict[int, tuple[int, int]] = {}
-    receivers: dict[int, list[tuple[int, int]]] = {}
-    joins: dict[int, list[tuple[int, int]]] = {}
-    dests: dict[int, tuple[int, int]] = {}
-    where: dict[int, tuple[Stream, Instruction]] = {}
-    for stream in program.streams:
-        c = stream.chip
-        for i, ins in enumerate(stream.instructions):
-            op = ins.op
-            if op == Opcode.DIS:
-                senders[ins.sync] = (c, i)
-            elif op == Opcode.RCV:
-                receivers.setdefault(ins.sync, []).append((c, i))
-                where[ins.sync] = (stream, ins)
-            elif op == Opcode.JOI:
-                joins.setdefault(ins.sync, []).append((c, i))
-                where.setdefault(ins.sync, (stream, ins))
-                if ins.dst is not None:
-                    dests[ins.sync] = (c, i)
-    edges = []
-    for sync, nodes in receivers.items():
-        src = senders.get(sync)
-        if src is None:
-            raise _error(*where[sync], f"no chip sends sync id {sync}")
-        edges.extend((src, n) for n in nodes)
-    for sync, nodes in joins.items():
-        dst = dests.get(sync)
-        if dst is None:
-            raise _error(*where[sync], f"no participant of joi {sync} names a destination")
-        edges.extend((n, dst) for n in nodes if n != dst)
+    ``joi`` participant to the participant with a destination. Raises :class:`PlanError` at the
+    first broken pairing rule (:func:`caramel.validate.check_pairing`, their one home)."""
+    node = {(s.chip, ins): (s.chip, i) for s in program.streams for i, ins in enumerate(s.instructions)
+            if OPCODES[ins.op].comm}
+    pairing = check_pairing(node, program.chips, lambda c: program.streams[c].path)
+    if pairing.problems:
+        chip, ins, reason, _ = pairing.problems[0]
+        raise _error(program.streams[chip], ins, reason)
+    edges = [(node[d[0]], node[r]) for sync, d in pairing.dis.items() for r in pairing.rcv.get(sync, ())]
+    for parts in pairing.joi.values():
+        dst = next(node[p] for p in parts if p[1].dst is not None)
+        edges.extend((node[p], dst) for p in parts if node[p] != dst)
     return edges
 
 
@@ -415,9 +375,7 @@ def program_graph(program: Program, chips: list[ChipSSA] | None = None) -> nx.Di
     chips = program_ssa(program) if chips is None else chips
     g = nx.DiGraph()
     for chip in chips:
-        c = chip.chip
-        g.add_nodes_from((c, i) for i in range(len(chip.uses)))
-        g.add_edges_from(((c, p), (c, i), {"dep": "raw", "value": v}) for p, i, v in chip.edges())
+        g.update(chip.graph())
     g.add_edges_from(comm_edges(program), dep="comm")
     return g
 
@@ -442,15 +400,16 @@ def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], convert
                 writes.append(f"b{s.unit}")
             else:
                 reads.append(f"b{s.unit}")
-    if op == Opcode.BCI:
+    info = OPCODES[op]
+    if info.unit == "bci":
         writes.append(f"B{ins.unit}")
         bcu_inputs[ins.unit] = ins.in_limbs
         converted.discard(ins.unit)
-    elif op in (Opcode.PL1, Opcode.BCW):
+    elif info.unit == "in":
         reads.append(f"B{ins.unit}")
         writes.append(f"B{ins.unit}.in{ins.base}")
-    elif op in (Opcode.RSI, Opcode.RSV):
-        if op == Opcode.RSV:
+    elif info.group:
+        if "r" in info.group:
             reads.extend(f"r{r.index}" for r in ins.group)
         writes.extend(f"r{r.index}" for r in ins.group)
     elif ins.dst is not None:
@@ -462,32 +421,15 @@ def _resources(ins: Instruction, bcu_inputs: dict[int, tuple[int, ...]], convert
 def resource_graph(stream: Stream) -> nx.DiGraph:
     """The dependency graph before renaming: ``raw``, ``war`` and ``waw`` edges with the ``res``
     (resource name) they come from; where one pair has several, the first found (``raw`` before
-    ``waw`` before ``war``) labels the edge. Linear: one last writer and one list of readers
-    since that write per resource."""
+    ``waw`` before ``war``) labels the edge. The orderings are those of the stream schedules
+    (:func:`caramel.plan.streams.orderings`, linear), on resource names instead of arena rows."""
     c = stream.chip
-    writer: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
     bcu_inputs: dict[int, tuple[int, ...]] = {}
     converted: set[int] = set()
     edges: dict[tuple[int, int], tuple[str, str]] = {}
-    for i, ins in enumerate(stream.instructions):
-        reads, writes = _resources(ins, bcu_inputs, converted)
-        for r in reads:
-            w = writer.get(r)
-            if w is not None:
-                edges.setdefault((w, i), ("raw", r))
-        for r in writes:
-            w = writer.get(r)
-            if w is not None:
-                edges.setdefault((w, i), ("waw", r))
-            for rd in readers.get(r, ()):
-                if rd != i:
-                    edges.setdefault((rd, i), ("war", r))
-            writer[r] = i
-            readers[r] = []
-        for r in reads:
-            if r not in writes:
-                readers.setdefault(r, []).append(i)
+    accesses = [(*_resources(ins, bcu_inputs, converted), ()) for ins in stream.instructions]
+    for j, k, kind, r in orderings(accesses):
+        edges.setdefault((j, k), (_DEP[kind], r))
     g = nx.DiGraph()
     g.add_nodes_from((c, i) for i in range(len(stream.instructions)))
     g.add_edges_from(((c, u), (c, v), {"dep": d, "res": r}) for (u, v), (d, r) in edges.items())

@@ -35,7 +35,6 @@ Rules:
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import deque
 
@@ -44,6 +43,7 @@ import numpy as np
 from caramel.plan import dag as _dag
 from caramel.plan import fusion
 from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
+from caramel.parse import no_gc
 from caramel.program import ELEMENTWISE_OP, BcuSlot, Opcode, Program
 
 # ---------------------------------------------------------------------------------------------- lowering
@@ -147,14 +147,9 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> 
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     levels over the whole program and batching (:mod:`caramel.plan.fusion`). The cyclic garbage
-    collector is paused meanwhile (planning allocates many small acyclic objects)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
+    with no_gc():
         return _build(program, fuse, max_inputs)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build(program: Program, fuse: bool, max_inputs: int) -> Plan:

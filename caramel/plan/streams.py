@@ -42,7 +42,7 @@ the result is small, not guaranteed minimal).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -107,27 +107,43 @@ class StreamSchedule:
         return [k for k, t in enumerate(self.stream) if t == s]
 
 
-def hazards(tasks: Sequence[Task]) -> tuple[tuple[int, ...], ...]:
-    """Per task, the earlier tasks it must follow (module rule: read-after-write,
-    write-after-read and write-after-write on arena rows, plus ``deps``), sorted."""
-    writer: dict[int, int] = {}  # row -> last task that wrote it
-    readers: dict[int, list[int]] = {}  # row -> tasks that read it since
-    out = []
-    for k, task in enumerate(tasks):
-        need = set(task.deps)
-        for r in task.reads | task.writes:
+DEP, RAW, WAW, WAR = "data dependency", "read-after-write", "write-after-write", "write-after-read"
+
+
+def orderings(accesses: Iterable[tuple[Iterable, Iterable, Iterable[int]]]):
+    """Every ordering that the module rule asks of a sequence of accesses ((reads, writes, deps):
+    the resources read and written, and earlier accesses to follow anyway), in program order:
+    (earlier index j, index k, kind, resource) for each of ``deps`` (resource None), then each
+    read-after-write and write-after-write on the resource's last writer and each write-after-read
+    on the readers since that write. Linear: one last writer and one list of readers since that
+    write per resource, never a scan of earlier accesses."""
+    writer: dict = {}  # resource -> last access that wrote it
+    readers: dict = {}  # resource -> accesses that read it since
+    for k, (reads, writes, deps) in enumerate(accesses):
+        for j in deps:
+            yield j, k, DEP, None
+        for r in reads:
             if r in writer:
-                need.add(writer[r])
-        for r in task.writes:
-            need.update(readers.get(r, ()))
-        for r in task.reads:
+                yield writer[r], k, RAW, r
+        for r in writes:
+            if r in writer:
+                yield writer[r], k, WAW, r
+            for j in readers.get(r, ()):
+                yield j, k, WAR, r
+        for r in reads:
             readers.setdefault(r, []).append(k)
-        for r in task.writes:
+        for r in writes:
             writer[r] = k
             readers[r] = []
-        need.discard(k)
-        out.append(tuple(sorted(need)))
-    return tuple(out)
+
+
+def hazards(tasks: Sequence[Task]) -> tuple[tuple[int, ...], ...]:
+    """Per task, the earlier tasks it must follow (module rule: :func:`orderings` on arena rows,
+    plus ``deps``), sorted."""
+    need: list[set[int]] = [set() for _ in tasks]
+    for j, k, _, _ in orderings((t.reads, t.writes, t.deps) for t in tasks):
+        need[k].add(j)
+    return tuple(tuple(sorted(n - {k})) for k, n in enumerate(need))
 
 
 def assign_streams(tasks: Sequence[Task], n_streams: int, reserved: int = 0) -> StreamSchedule:
@@ -226,24 +242,8 @@ def check_schedule(tasks: Sequence[Task], schedule: StreamSchedule, limit: int =
             problems.append(f"{_describe(tasks, k, schedule)} is not ordered after "
                             f"{_describe(tasks, j, schedule)}: {why}")
 
-    writer: dict[int, int] = {}
-    readers: dict[int, list[int]] = {}
-    for k, task in enumerate(tasks):
-        for j in task.deps:
-            need(j, k, "data dependency")
-        for r in task.reads:
-            if r in writer:
-                need(writer[r], k, f"read-after-write on row {r}")
-        for r in task.writes:
-            if r in writer:
-                need(writer[r], k, f"write-after-write on row {r}")
-            for j in readers.get(r, ()):
-                need(j, k, f"write-after-read on row {r}")
-        for r in task.reads:
-            readers.setdefault(r, []).append(k)
-        for r in task.writes:
-            writer[r] = k
-            readers[r] = []
+    for j, k, kind, r in orderings((t.reads, t.writes, t.deps) for t in tasks):
+        need(j, k, kind if r is None else f"{kind} on row {r}")
     joins = set(schedule.joins)
     for s in range(1, m):
         if last[s] >= 0 and last[s] not in joins:
@@ -278,4 +278,5 @@ def happens_before_order(schedule: StreamSchedule, rng) -> list[int]:
     return order
 
 
-__all__ = ["StreamSchedule", "Task", "assign_streams", "check_schedule", "chip_tasks", "happens_before_order", "hazards"]
+__all__ = ["StreamSchedule", "Task", "assign_streams", "check_schedule", "chip_tasks", "happens_before_order", "hazards",
+           "orderings"]

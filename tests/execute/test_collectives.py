@@ -28,8 +28,8 @@ from caramel.plan.collectives import (  # noqa: E402
     Collective, CollectiveKind, check_order, check_reduce_size, plan_collectives,
 )
 from caramel.execute.reference import run_reference  # noqa: E402
-from caramel.plan import Kind, build_plan  # noqa: E402
-from caramel.program import Mem  # noqa: E402
+from caramel.plan import Kind, PlanError, build_plan  # noqa: E402
+from caramel.program import Mem, Opcode  # noqa: E402
 from caramel.ring import Context  # noqa: E402
 
 from plan_helpers import corpus, load_corpus, program_from_text, random_memory, store_mismatches  # noqa: E402
@@ -81,7 +81,7 @@ def _retag(plan, chip: int, fn):
 def test_participants_at_different_levels_are_refused():
     _, plan, _ = prepared("Mul_10L_2c")
     bad = _retag(plan, 1, lambda k: dataclasses.replace(k, level=k.level + 1))
-    with pytest.raises(ExecutionError, match="different plan levels"):
+    with pytest.raises(PlanError, match="different plan levels"):
         plan_collectives(bad)
 
 
@@ -96,8 +96,21 @@ def test_a_missing_participant_is_refused_before_any_work():
         return k
 
     bad = _retag(plan, 1, drop_first)
-    with pytest.raises(ExecutionError, match=r"participant\(s\) on chips \[0\], expected 2"):
+    with pytest.raises(PlanError, match=r"chip 0 line \d+: dis @ \d+:2 has 0 receiver\(s\) \(chips none\), expected 1"):
         run_on_devices(bad, context(1024), memory, devices=2)
+
+
+def test_plan_pairing_uses_the_rules_of_validate():
+    """A plan's communication is checked by the same pairing rules as a program
+    (:func:`caramel.validate.check_pairing`): a second sender for one id is named as validate names it."""
+    _, plan, _ = prepared("Mul_10L_2c")
+
+    def rcv_to_dis(k):
+        comms = tuple(c._replace(op=Opcode.DIS, src=c.dst, dst=-1) if c.op is Opcode.RCV else c for c in k.comms)
+        return dataclasses.replace(k, comms=comms)
+
+    with pytest.raises(PlanError, match=r"dis @ \d+ has two senders: chip 0 \(chip 0:\d+\) and chip 1"):
+        plan_collectives(_retag(plan, 1, rcv_to_dis))
 
 
 def test_reduce_size_guard():

@@ -35,7 +35,7 @@ def test_ids_are_shared_through_the_rendezvous_file(tmp_path):
 
     def rank(r):
         place = Place(r, 3, r, tmp_path / "ids.json")
-        results[r] = exchange_ids(groups, place, make_id=lambda: (next(counter),) * 4, timeout=10)
+        results[r] = exchange_ids(groups, place, make_id=lambda: (next(counter),) * 4, timeout=10)[1]
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]  # rank 0 last
     for t in threads:

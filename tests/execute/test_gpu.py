@@ -15,7 +15,8 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.execute.cuda_graph import GpuRun, gpu_available, gpu_executor, run_gpu  # noqa: E402
+from caramel.api import gpu_available  # noqa: E402
+from caramel.execute.cuda_graph import GpuRun, gpu_executor, run_gpu  # noqa: E402
 
 if not gpu_available():
     pytest.skip("no CUDA device", allow_module_level=True)

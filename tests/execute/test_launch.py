@@ -16,7 +16,7 @@ import pytest
 
 from caramel.errors import ExecutionError
 from caramel.execute.distributed import Place, RunIdentity, clean_up, rendezvous
-from caramel.execute.launch import Ending, launch
+from caramel.launch import Ending, launch
 
 from tests.conftest import REPO, SHARED_PROGRAMS, caramel_cli
 
@@ -88,7 +88,7 @@ def test_a_failed_check_passes_status_1(tmp_path):
 
 
 def _launcher(tmp_path: Path, nproc: int) -> subprocess.Popen:
-    script = ("import sys; from caramel.execute.launch import launch; from caramel.errors import CaramelError\n"
+    script = ("import sys; from caramel.launch import launch; from caramel.errors import CaramelError\n"
               f"try:\n    sys.exit(launch({nproc}, [], command=[sys.executable, '-c', {SLEEPER!r}], grace=2))\n"
               "except CaramelError as e:\n    print('caramel: error:', e, file=sys.stderr); sys.exit(2)\n"
               "except KeyboardInterrupt:\n    sys.exit(130)\n")

@@ -18,7 +18,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.execute.cuda_graph import gpu_available  # noqa: E402
+from caramel.api import gpu_available  # noqa: E402
 
 if not gpu_available():
     pytest.skip("no CUDA device", allow_module_level=True)

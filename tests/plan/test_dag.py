@@ -163,7 +163,7 @@ def test_errors_name_the_line():
     with pytest.raises(PlanError, match="r0 is read before"):  # [X] frees the register, as in the reference
         dag.ssa(p.streams[0])
     p = program_from_text("rcv @ 65537:2 r0: \nstore r0: v1(1)", "")
-    with pytest.raises(PlanError, match="no chip sends sync id 65537"):
+    with pytest.raises(PlanError, match="rcv @ 65537 has no matching dis on any chip"):
         dag.comm_edges(p)
 
 
