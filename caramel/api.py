@@ -17,7 +17,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -122,22 +122,18 @@ def resolve_backend(backend: str) -> str:
 
 
 def executor(program: Program, ctx: Context, mode: Mode, backend: str,
-             gpus: int | None = None, streams: int | None = None,
-             devices: Sequence[int] | None = None) -> Callable[[Mapping], RunResult]:
+             gpus: int | None = None, streams: int | None = None) -> Callable[[Mapping], RunResult]:
     """A function ``memory -> RunResult`` running ``program`` on ``backend``. ``gpus``: devices
     for a multi-chip program (``gpu``: that many GPUs, default one per chip up to those present;
     ``cpu-plan``: that many simulated devices in host threads, default none: one process).
     ``streams``: CUDA streams per GPU (default: the executor's; ``cpu-plan`` devices: a random
-    order that that many streams allow). ``devices``: the CUDA devices to run on (``gpu`` only;
-    default 0, 1, ...; :mod:`caramel.batch` gives each instance its own)."""
+    order that that many streams allow)."""
     backend = resolve_backend(backend)
     check_devices(program, backend, gpus)
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode)
     if backend == "gpu" and not gpu_available():
         raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
-    if devices is not None and backend == "gpu":
-        return _gpu_executor_on(program, ctx, mode, gpus, streams, tuple(devices))
     from caramel.plan import build_plan
 
     plan = build_plan(program)
@@ -152,32 +148,6 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     if len(plan.chips) > 1 or gpus:
         return lambda memory: run_multi_gpu(plan, ctx, memory, mode, gpus, streams=streams)
     return gpu_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS)
-
-
-def _gpu_executor_on(program: Program, ctx: Context, mode: Mode, gpus: int | None, streams: int | None,
-                     devices: tuple[int, ...]) -> Callable[[Mapping], RunResult]:
-    """:func:`executor` on the CUDA devices ``devices``: a 1-chip program (and ``gpus`` unset)
-    on ``devices[0]``, else ``gpus`` (default ``len(devices)``) GPUs, device i on ``devices[i]``."""
-    import cupy as cp
-
-    from caramel.execute.cuda_graph import GRAPH_STREAMS, MultiGpuRun, gpu_executor
-    from caramel.plan import build_plan
-
-    if len(program.streams) == 1 and not gpus:
-        run = gpu_executor(program, ctx, mode, streams=streams or GRAPH_STREAMS)
-
-        def on_device(memory):
-            with cp.cuda.Device(devices[0]):
-                return run(memory)
-        return on_device
-    plan = build_plan(program)
-    count = min(gpus or len(devices), len(devices))
-
-    def on_devices(memory):
-        with MultiGpuRun(plan, ctx, memory, mode, count, device_ids=list(devices[:count]), streams=streams) as run:
-            run.replay(1)
-            return run.result()
-    return on_devices
 
 
 def key_seed_for(seed: int, key_seed: int | None) -> int:

@@ -534,9 +534,7 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
     result = run_batch(program, batch=batch, backend=backend, indices=mine, gpus=1 if gpu else None,
                        devices=[place.local_rank] if gpu else None, outputs=outputs, limbs=limbs, rank=place.rank,
                        **kwargs)
-    write_json(_records_path(place.rendezvous, place.rank),
-               {"world": place.world, "records": result.records, "timings_s": result.timings})
-    if outputs or limbs:
+    if outputs or limbs:  # written before the records, which tell rank 0 that this rank is done
         from caramel.userdata import stack_outputs
 
         arrays = {"instances": np.asarray([x.index for x in result.instances], dtype=np.int64)}
@@ -545,6 +543,8 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
             arrays.update({k: (v[None] if len(per) == 1 and not k.endswith(".limbs") else v)
                            for k, v in stack_outputs(per).items()})
         write_atomic(_outputs_path(place.rendezvous, place.rank), lambda f: np.savez(f, **arrays))
+    write_json(_records_path(place.rendezvous, place.rank),
+               {"world": place.world, "records": result.records, "timings_s": result.timings})
     if place.rank != 0:
         return None
     records: list[dict] = []
