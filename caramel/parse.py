@@ -769,10 +769,12 @@ def load_program(
     cache_file = folder / f"{_cache_key(source)}{store.SUFFIX}"
     meta = _cache_meta(source)
     data = store.read_entry(cache_file) if usable else None
+    from caramel.plan_cache import remember  # the plan cache's key for this program (caramel.plan_cache)
+
     if data is not None:
         try:
             with no_gc():
-                return _relocate(store.from_bytes(data, meta), files)
+                return remember(_relocate(store.from_bytes(data, meta), files), cache_file.stem)
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     with no_gc():
@@ -780,7 +782,7 @@ def load_program(
     if usable:
         with no_gc():
             store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
-    return program
+    return remember(program, cache_file.stem)
 
 
 def iter_lines(program: Program) -> Iterable[tuple[Stream, Instruction]]:
