@@ -66,3 +66,15 @@ def test_row_maxima_equal_the_host_maxima():
     host = rng.integers(0, 2**32, (40, 300), dtype=np.uint32)
     rows = rng.permutation(40)[:25]
     assert np.array_equal(row_maxima(cp.asarray(host), rows, block=7), host[rows].max(axis=1))
+
+
+def test_upload_rows_with_several_fill_threads(small_stage, monkeypatch):
+    monkeypatch.setattr(small_stage, "FILL_THREADS", 3)
+    rng = np.random.default_rng(5)
+    arena = cp.zeros((60, 256), dtype=np.uint32)
+    rows = rng.permutation(60)[:41]
+    data = rng.integers(0, 2**32, (41, 256), dtype=np.uint32)
+    small_stage.upload_rows(arena, rows, list(data))
+    small_stage.upload_rows(arena[:, :], rows[::-1], data[::-1].copy())  # the array path too
+    cp.cuda.get_current_stream().synchronize()
+    assert np.array_equal(arena.get()[rows], data)

@@ -22,6 +22,7 @@ CuPy is imported lazily.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -31,6 +32,18 @@ STAGE_BYTES = 32 << 20
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
 _local = threading.local()
+#: Host threads that fill a pinned buffer (:func:`upload_rows`).
+FILL_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+_pool = None
+
+
+def _forget_pool() -> None:  # a forked child has none of the parent's threads
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _cp():
@@ -118,11 +131,7 @@ def upload_rows(arena, rows, data) -> None:
         if used[b]:
             events[b].synchronize()  # the previous copy out of this buffer is done
         host = views[b][: (r1 - r0) * row_bytes].view(arena.dtype).reshape(r1 - r0, -1)
-        if isinstance(data, np.ndarray):
-            np.copyto(host, data[r0:r1], casting="unsafe")
-        else:
-            for j in range(r1 - r0):
-                np.copyto(host[j], data[r0 + j], casting="unsafe")
+        _fill(host, data, r0)
         cp.cuda.runtime.memcpyAsync(dev[b].data.ptr, host.ctypes.data, (r1 - r0) * row_bytes, _H2D, stream.ptr)
         arena[rows_dev[r0:r1]] = dev[b][: r1 - r0]
         events[b].record(stream)
@@ -130,6 +139,32 @@ def upload_rows(arena, rows, data) -> None:
     for b in range(2):
         if used[b]:
             events[b].synchronize()  # the staging buffers are freed on return
+
+
+def _fill(host: np.ndarray, data, r0: int) -> None:
+    """``host[j] = data[r0 + j]`` for every row of ``host``, split over :data:`FILL_THREADS` threads
+    (NumPy's copies release the GIL; one thread's ``memcpy`` does not reach the memory's bandwidth,
+    and rows read from a memory-mapped file are first touched here)."""
+    k = host.shape[0]
+    parts = min(FILL_THREADS, k)
+
+    def part(p: int) -> None:
+        a, b = k * p // parts, k * (p + 1) // parts
+        if isinstance(data, np.ndarray):
+            np.copyto(host[a:b], data[r0 + a:r0 + b], casting="unsafe")
+        else:
+            for j in range(a, b):
+                np.copyto(host[j], data[r0 + j], casting="unsafe")
+
+    if parts <= 1:
+        part(0)
+        return
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="caramel-upload")
+    list(_pool.map(part, range(parts)))
 
 
 def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
