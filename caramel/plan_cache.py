@@ -6,7 +6,7 @@ the load cache (:mod:`caramel.cache`) and read back in a fraction of that.
 
 **What an entry is the cache of.** A plan is cached only for a program that
 :func:`caramel.parse.load_program` returned (it records the program's load-cache key, which covers
-the program's files and the parser, with :func:`remember`); any other program (built in memory,
+the program's files and the parser, with :func:`caramel.cache.remember`); any other program (built in memory,
 or changed with ``dataclasses.replace``) is planned as before. The entry name is the SHA-256 of
 that key, the planner's fingerprint (:func:`planner_fingerprint`: the source of
 ``caramel/plan/*.py``, ``caramel/program.py`` and this module) and the build options (``fuse``,
@@ -33,6 +33,8 @@ owned by the user, entries opened without following symlinks, written atomically
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -44,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from caramel import cache as store
+from caramel.cache import program_key, remember
 from caramel.program import Mem, Opcode, Program
 
 logger = logging.getLogger(__name__)
@@ -52,9 +55,6 @@ FORMAT_VERSION = 1
 MAGIC = b"CARAMEL-PLAN\0"
 SUFFIX = ".plan"
 _DIGEST = 32
-#: Programs returned by load_program, by id: (the program, its load-cache key); the most recent few.
-_KNOWN: dict[int, tuple[Program, str]] = {}
-_KNOWN_MAX = 4
 _OPCODES = tuple(Opcode)
 _OPCODE_INDEX = {op: i for i, op in enumerate(_OPCODES)}
 
@@ -63,20 +63,16 @@ class PlanEntryError(store.CacheEntryError):
     """An entry that must not be used (internal: the caller rebuilds it)."""
 
 
-def remember(program: Program, key: str) -> Program:
-    """Record that ``program`` is the program of load-cache key ``key`` (kept for the most recent
-    :data:`_KNOWN_MAX` programs); returns ``program``."""
-    _KNOWN.pop(id(program), None)
-    _KNOWN[id(program)] = (program, key)
-    while len(_KNOWN) > _KNOWN_MAX:
-        _KNOWN.pop(next(iter(_KNOWN)))
-    return program
-
-
-def program_key(program: Program) -> str | None:
-    """The load-cache key recorded for this very object by :func:`remember`, or None."""
-    got = _KNOWN.get(id(program))
-    return got[1] if got is not None and got[0] is program else None
+@contextlib.contextmanager
+def no_gc():
+    """The cyclic garbage collector paused while building or encoding ~10^5 acyclic objects."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @lru_cache(maxsize=1)
@@ -283,13 +279,12 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, ca
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
     ``timings`` then has one phase, ``cache``."""
-    from caramel.parse import _cache_dir, no_gc
     from caramel.plan import build_plan
 
     key = program_key(program) if cache else None
     if key is None:
         return build_plan(program, fuse=fuse, max_inputs=max_inputs)
-    folder = _cache_dir()
+    folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
     meta = _meta(key, fuse, max_inputs)
     path = entry_path(folder, meta)

@@ -217,7 +217,7 @@ def test_remember_keeps_a_few_recent_programs():
     for i, p in enumerate(programs):
         pc.remember(p, f"key{i}")
     assert [pc.program_key(p) for p in programs] == ["key0", "key1"]
-    for i in range(pc._KNOWN_MAX):
+    for i in range(cache.KNOWN_PROGRAMS):
         pc.remember(load_program(EXAMPLES / "Add_4L_1c", cache=False, progress=False), f"other{i}")
     assert pc.program_key(programs[0]) is None  # forgotten: planned without the cache
 
