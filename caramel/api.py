@@ -134,9 +134,9 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
         return lambda memory: run_reference(program, ctx, memory, mode)
     if backend == "gpu" and not gpu_available():
         raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
-    from caramel.plan import build_plan
+    from caramel.plan_cache import cached_plan
 
-    plan = build_plan(program)
+    plan = cached_plan(program)  # build_plan(program), or its entry in the plan cache
     if backend == "cpu-plan":
         from caramel.execute.drive import run_on_devices, run_plan
 

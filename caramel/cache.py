@@ -71,6 +71,33 @@ _COLUMNS = ("op", "dst", "srcs", "base", "line", "final", "step", "sync", "size"
 _warned: set[tuple[str, str]] = set()
 
 
+#: Programs returned by load_program, by id: (the program, its load-cache key); the most recent few
+#: (:func:`remember`, used by the plan cache, :mod:`caramel.plan_cache`).
+_KNOWN: dict[int, tuple[Program, str]] = {}
+KNOWN_PROGRAMS = 4
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$CARAMEL_CACHE``, default ``~/.cache/caramel``."""
+    return Path(os.environ.get("CARAMEL_CACHE") or Path.home() / ".cache" / "caramel")
+
+
+def remember(program: Program, key: str) -> Program:
+    """Record that ``program`` (this object) is the program of load-cache entry ``key``, for the most
+    recent :data:`KNOWN_PROGRAMS` programs (held until then); returns ``program``."""
+    _KNOWN.pop(id(program), None)
+    _KNOWN[id(program)] = (program, key)
+    while len(_KNOWN) > KNOWN_PROGRAMS:
+        _KNOWN.pop(next(iter(_KNOWN)))
+    return program
+
+
+def program_key(program: Program) -> str | None:
+    """The load-cache key that :func:`remember` recorded for this very object, or None."""
+    got = _KNOWN.get(id(program))
+    return got[1] if got is not None and got[0] is program else None
+
+
 class CacheEntryError(Exception):
     """An entry that must not be loaded (internal: the caller rebuilds it)."""
 

@@ -150,10 +150,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from caramel.api import check_devices, devices_used, resolve_backend
 
     check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
+    keys_s = time.perf_counter()
     keys, ctx = _stored_keys(args, program)
+    keys_s = time.perf_counter() - keys_s
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
                           gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs,
                           ctx=ctx, keys=keys)
+    if keys is not None:
+        outcome.timings["keys"] += keys_s  # loading the key store (--keys DIR) is the keys phase
     devices = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")

@@ -628,7 +628,9 @@ def read_source(source: str | os.PathLike) -> _Files:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("CARAMEL_CACHE") or Path.home() / ".cache" / "caramel")
+    from caramel.cache import cache_dir
+
+    return cache_dir()
 
 
 @lru_cache(maxsize=1)
@@ -772,7 +774,7 @@ def load_program(
     if data is not None:
         try:
             with no_gc():
-                return _relocate(store.from_bytes(data, meta), files)
+                return store.remember(_relocate(store.from_bytes(data, meta), files), cache_file.stem)
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     with no_gc():
@@ -780,7 +782,7 @@ def load_program(
     if usable:
         with no_gc():
             store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
-    return program
+    return store.remember(program, cache_file.stem)  # the plan cache's key (caramel.plan_cache)
 
 
 def iter_lines(program: Program) -> Iterable[tuple[Stream, Instruction]]:

@@ -3,7 +3,8 @@
 
 Usage: python3 scripts/gpu_setup_profile.py ARCHIVE#MEMBER [--n 65536] [--profile]
 
-Prints wall-clock phases (CUDA synchronised): first CUDA use, keys, inputs, plan, then the executor
+Prints wall-clock phases (CUDA synchronised): first CUDA use, keys, inputs, plan (built, then through
+the plan cache: written, read back and compared), then the executor
 (GpuRun: device programs, DeviceRun with its upload and lowering, eager warm-up, capture, replay,
 read-back), a second GpuRun on the same image in the same process, the kernel modules compiled or
 loaded (count and seconds) and the files of CuPy's on-disk kernel cache before and after.
@@ -53,6 +54,7 @@ def main() -> None:
     from caramel.ckks.keyset import generate_keyset
     from caramel.execute import cuda_graph
     from caramel.plan import build_plan
+    from caramel.plan_cache import cached_plan
     from caramel.ring import Context
 
     compiled = {"n": 0, "s": 0.0}
@@ -87,6 +89,12 @@ def main() -> None:
     mark("inputs")
     plan = build_plan(program, fuse=True)
     mark("plan")
+    cached_plan(program)
+    mark("plan cache: plan built and written")
+    cached = cached_plan(program)
+    mark("plan cache: read")
+    if cached.chips != plan.chips:
+        raise SystemExit("the cached plan differs from build_plan's")
     for attempt in (1, 2):
         compiled.update(n=0, s=0.0)
         prof = cProfile.Profile() if args.profile and attempt == 1 else None

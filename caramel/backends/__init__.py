@@ -37,7 +37,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def write(self, rows: np.ndarray, data: np.ndarray) -> None:
-        """arena[rows[r]] = data[r] for host data of shape (R, N), uint32."""
+        """arena[rows[r]] = data[r] for host data of shape (R, N), or a list of R rows of N (integer
+        residues below their prime, converted to the arena type)."""
 
     @abc.abstractmethod
     def read(self, rows: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ import numpy as np
 from caramel.errors import ExecutionError
 from caramel.execute.drive import run_threads
 from caramel.execute.fabric.nccl import NcclFabric, nccl_communicators
-from caramel.execute.memory import check_plan_memory
+from caramel.execute.memory import check_plan_memory, check_ranges
 from caramel.execute.placement import device_groups, gpu_device_programs
 from caramel.execute.result import RunResult, merge_results
 from caramel.execute.runner import DeviceRun
@@ -115,6 +115,7 @@ class GpuRun:
         import cupy as cp
 
         from caramel.backends.cuda.backend import CupyBackend
+        from caramel.backends.cuda.transfer import row_maxima
 
         streams = int(streams)
         if streams < 1:
@@ -124,13 +125,16 @@ class GpuRun:
         if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
             raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
         self.plan, self.ctx, self.mode = plan, ctx, Mode(mode)
-        check_plan_memory(plan, ctx, memory)
+        deferred = check_plan_memory(plan, ctx, memory, defer_ranges=True)
         self.memory = memory
         self.stream = cp.cuda.Stream(non_blocking=True)
         prog = gpu_device_programs(plan, 1, ctx, streams)[0]
         with self.stream:
             self.device = DeviceRun(prog, plan, ctx, memory, self.mode, CupyBackend, per_row=per_row)
             self.device.init_data = None  # the inputs stay in their rows: no host copy to restore from
+            if deferred:  # the residues not scanned on the host: the uploaded rows' maxima, on the device
+                row_of = {m: r for m, r in zip(self.device.input_mems, self.device.init_rows) if m is not None}
+                check_ranges(ctx, memory, deferred, row_maxima(self.backend.arena, [row_of[m] for m in deferred]))
         self.stream.synchronize()
         self.graph = None
         self.kernels = len(self.device.calls)

@@ -10,7 +10,7 @@ nothing from the plan: the oracle stays independent of it.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from caramel.program import Mem, Opcode, Program
 from caramel.ring import Context
 
 _LIMIT = 20
+#: Types whose values an upload to a ``uint32`` arena keeps exactly (no wrap-around), so that the
+#: range of the uploaded row is the range of the input (:func:`check_ranges`).
+_DEVICE_EXACT = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))
 
 
 def loaded_names(program: Program) -> dict[Mem, tuple[str, int]]:
@@ -38,10 +41,13 @@ def loaded_names(program: Program) -> dict[Mem, tuple[str, int]]:
 
 
 def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[Mem, str], scalars: set[Mem],
-                checked: Iterable[Mem]) -> None:
+                checked: Iterable[Mem], defer: list[Mem] | None = None) -> None:
     """Raise :class:`BindingError` naming every limb of ``needed`` (name -> where it is first
     read, for the message) missing from ``memory`` and every limb of ``checked`` that is
-    misshaped (vectors (N,), ``scalars`` () or (1,)), not of an integer type or out of range."""
+    misshaped (vectors (N,), ``scalars`` () or (1,)), not of an integer type or out of range.
+    ``defer``: a list that receives the vector limbs of ``checked`` whose type converts to the
+    device's ``uint32`` exactly (:data:`_DEVICE_EXACT`), instead of scanning their residues here:
+    the caller uploads them and must then call :func:`check_ranges`."""
     problems: list[str] = []
     missing = [(mem, where) for mem, where in needed.items() if mem not in memory]
     if missing:
@@ -62,8 +68,12 @@ def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[
         if a.shape not in want:
             problems.append(f"{mem}: shape {a.shape}, expected {want[0] if want[0] else '() (one residue)'} ")
             continue
+        if defer is not None and a.dtype in _DEVICE_EXACT and a.ndim == 1:
+            defer.append(mem)  # range checked after the upload (check_ranges)
+            continue
         q = ctx.q(mem.limb)
-        if a.size and (int(a.min()) < 0 or int(a.max()) >= q):
+        # unsigned: the minimum is >= 0, so one pass (the maximum) decides; both are named when it fails
+        if a.size and ((a.dtype.kind == "i" and int(a.min()) < 0) or int(a.max()) >= q):
             problems.append(f"{mem}: residues must lie in [0, q_{mem.limb} = {q}), found {int(a.min())}..{int(a.max())}")
     if problems:
         raise BindingError("bad input memory image:\n  " + "\n  ".join(problems))
@@ -77,14 +87,35 @@ def check_memory_image(program: Program, ctx: Context, memory: Mapping[Mem, np.n
     check_image(ctx, memory, needed, scalars, memory)
 
 
-def check_plan_memory(plan, ctx: Context, memory: Mapping[Mem, np.ndarray], kept: frozenset[Mem] = frozenset()) -> None:
+def check_plan_memory(plan, ctx: Context, memory: Mapping[Mem, np.ndarray], kept: frozenset[Mem] = frozenset(),
+                      *, defer_ranges: bool = False) -> list[Mem]:
     """The same check for the limbs that a :class:`~caramel.plan.Plan` reads (its chips'
     ``inputs`` and loaded ``scalars``), in name order. ``kept``: limbs that a resident run keeps
     from an image checked before and does not read from this one (a batch's shared keys): they
-    must be present, and their contents are not scanned again."""
+    must be present, and their contents are not scanned again. ``defer_ranges``: the residues of
+    vector limbs of an unsigned type of at most 32 bits are not scanned here; they are returned (in
+    name order), and the caller uploads them unchanged and passes each row's maximum to
+    :func:`check_ranges` (every other property, and every other limb, is checked here)."""
     scalars = {s.mem for c in plan.chips for s in c.scalars if s.mem is not None}
     needed = {m: "" for m in sorted({m for c in plan.chips for m in c.inputs} | scalars, key=str)}
-    check_image(ctx, memory, needed, scalars, [m for m in needed if m in memory and m not in kept])
+    deferred: list[Mem] | None = [] if defer_ranges else None
+    check_image(ctx, memory, needed, scalars, [m for m in needed if m in memory and m not in kept], deferred)
+    return deferred or []
 
 
-__all__ = ["check_image", "check_memory_image", "check_plan_memory", "loaded_names"]
+def check_ranges(ctx: Context, memory: Mapping[Mem, np.ndarray], mems: Sequence[Mem], maxima) -> None:
+    """The range part of :func:`check_image` for limbs left to the caller (``defer``): ``maxima[i]``
+    is the largest residue of ``mems[i]`` as uploaded (unsigned, so the smallest is >= 0). Raises
+    the same :class:`BindingError` as the host check, naming every limb with a residue >= q."""
+    maxima = np.asarray(maxima, dtype=np.int64).reshape(-1)
+    if len(maxima) != len(mems):
+        raise ValueError(f"{len(maxima)} maxima for {len(mems)} limbs")
+    q = np.array([ctx.q(m.limb) for m in mems], dtype=np.int64)
+    bad = [mems[i] for i in np.flatnonzero(maxima >= q)]
+    if bad:
+        check_image(ctx, memory, {}, set(), bad)  # the host scan of the bad limbs words the error
+        raise BindingError("bad input memory image:\n  " + "\n  ".join(
+            f"{m}: residues must lie in [0, q_{m.limb} = {ctx.q(m.limb)}) (not so on the device)" for m in bad))
+
+
+__all__ = ["check_image", "check_memory_image", "check_plan_memory", "check_ranges", "loaded_names"]

@@ -180,7 +180,7 @@ class DeviceRun:
                 init.append(np.zeros(ctx.n, dtype=np.uint32))
                 self.input_mems.append(None)
         self.init_rows = np.array(init_rows, dtype=np.int64)
-        self.init_data = np.stack(init).astype(np.uint32, copy=False) if init_rows else None
+        self.init_data = init if init_rows else None  # rows as given: backend.write copies them (no host image)
         self.restore()
         self._primes = ctx.primes
         self.backend.set_scalars(self._scalar_values(memory))
@@ -257,7 +257,8 @@ class DeviceRun:
             data = np.stack([memory[self.input_mems[i]] for i in idx]).astype(np.uint32)
             self.backend.write(self.init_rows[idx], data)
             if self.init_data is not None:
-                self.init_data[idx] = data
+                for j, i in enumerate(idx):
+                    self.init_data[i] = data[j]
         self.backend.set_scalars(self._scalar_values(memory))
 
     def restore(self) -> None:

@@ -41,3 +41,40 @@ def test_upload_rows_equals_fancy_assignment(small_stage):
     assert np.array_equal(arena.get(), want.get())
     with pytest.raises(ValueError):
         small_stage.upload_rows(arena, rows, data[:30])
+
+
+def test_upload_rows_from_a_list_of_rows(small_stage):
+    rng = np.random.default_rng(3)
+    arena = cp.asarray(rng.integers(0, 2**32, (50, 256), dtype=np.uint32))
+    want = arena.copy()
+    rows = rng.permutation(50)[:37]
+    data = rng.integers(0, 2**31, (37, 256), dtype=np.int64)
+    want[cp.asarray(rows)] = cp.asarray(data.astype(np.uint32))
+    small_stage.upload_rows(arena, rows, [r for r in data])  # int64 rows, converted as astype does
+    cp.cuda.get_current_stream().synchronize()
+    assert np.array_equal(arena.get(), want.get())
+    with pytest.raises(ValueError, match="row 4"):
+        small_stage.upload_rows(arena, rows, [r if i != 4 else r[:10] for i, r in enumerate(data)])
+    with pytest.raises(ValueError):
+        small_stage.upload_rows(arena, rows, [r for r in data[:30]])
+
+
+def test_row_maxima_equal_the_host_maxima():
+    from caramel.backends.cuda.transfer import row_maxima
+
+    rng = np.random.default_rng(4)
+    host = rng.integers(0, 2**32, (40, 300), dtype=np.uint32)
+    rows = rng.permutation(40)[:25]
+    assert np.array_equal(row_maxima(cp.asarray(host), rows, block=7), host[rows].max(axis=1))
+
+
+def test_upload_rows_with_several_fill_threads(small_stage, monkeypatch):
+    monkeypatch.setattr(small_stage, "FILL_THREADS", 3)
+    rng = np.random.default_rng(5)
+    arena = cp.zeros((60, 256), dtype=np.uint32)
+    rows = rng.permutation(60)[:41]
+    data = rng.integers(0, 2**32, (41, 256), dtype=np.uint32)
+    small_stage.upload_rows(arena, rows, list(data))
+    small_stage.upload_rows(arena[:, :], rows[::-1], data[::-1].copy())  # the array path too
+    cp.cuda.get_current_stream().synchronize()
+    assert np.array_equal(arena.get()[rows], data)

@@ -78,7 +78,7 @@ class CupyBackend(Backend):
     def write(self, rows, data) -> None:
         from caramel.backends.cuda.transfer import upload_rows
 
-        upload_rows(self.arena, rows, np.asarray(data, dtype=np.uint32))
+        upload_rows(self.arena, rows, data if isinstance(data, (list, tuple)) else np.asarray(data, dtype=np.uint32))
 
     def read(self, rows) -> np.ndarray:
         cp = _cp()

@@ -7,8 +7,11 @@ of :data:`STAGE_BYTES`: each chunk goes through one of two pinned buffers of the
 that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the other.
 
 * :func:`download`: a device array as a new host array (the same bytes as ``a.get()``);
-* :func:`upload_rows`: ``arena[rows] = data`` for a host (k, N) array (the same result as CuPy's
-  fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device staging buffer.
+* :func:`upload_rows`: ``arena[rows] = data`` for a host (k, N) array or a list of k rows (the same
+  result as CuPy's fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device
+  staging buffer;
+* :func:`row_maxima`: the largest value of each of some arena rows (a device reduction), for the
+  range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`).
 
 Both run on the current CUDA stream and return when the host side is done (``download``: the data is
 on the host; ``upload_rows``: every chunk is queued and the host buffers may be reused, the last
@@ -19,6 +22,7 @@ CuPy is imported lazily.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -28,6 +32,18 @@ STAGE_BYTES = 32 << 20
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
 _local = threading.local()
+#: Host threads that fill a pinned buffer (:func:`upload_rows`).
+FILL_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+_pool = None
+
+
+def _forget_pool() -> None:  # a forked child has none of the parent's threads
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _cp():
@@ -84,19 +100,27 @@ def download(a) -> np.ndarray:
 
 
 def upload_rows(arena, rows, data) -> None:
-    """``arena[rows] = data``: host ``data`` (k, N) into rows ``rows`` (k,) of the device (S, N) arena,
-    through pinned buffers and one device staging buffer per pinned buffer."""
+    """``arena[rows] = data``: host ``data`` into rows ``rows`` (k,) of the device (S, N) arena, through
+    pinned buffers and one device staging buffer per pinned buffer. ``data``: a (k, N) array, or a
+    sequence of k arrays of shape (N,) (copied row by row into the pinned buffers: no (k, N) host
+    image is built). Values are converted to the arena's type as ``astype`` does."""
     cp = _cp()
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    data = np.ascontiguousarray(data, dtype=arena.dtype)
     k = rows.shape[0]
     row_bytes = arena.shape[1] * arena.itemsize
     per = max(1, STAGE_BYTES // row_bytes)
     if k <= per or row_bytes > STAGE_BYTES:  # small: one copy (CuPy's assignment, broadcasting as it does)
-        arena[cp.asarray(rows)] = cp.asarray(data)
+        arena[cp.asarray(rows)] = cp.asarray(np.asarray(data).astype(arena.dtype, copy=False))
         return
-    if data.shape != (k, arena.shape[1]):
-        raise ValueError(f"data of shape {data.shape} for {k} rows of {arena.shape[1]}")
+    if isinstance(data, np.ndarray):
+        if data.shape != (k, arena.shape[1]):
+            raise ValueError(f"data of shape {data.shape} for {k} rows of {arena.shape[1]}")
+    else:
+        if len(data) != k:
+            raise ValueError(f"{len(data)} rows of data for {k} arena rows")
+        bad = next((i for i, r in enumerate(data) if np.shape(r) != (arena.shape[1],)), None)
+        if bad is not None:
+            raise ValueError(f"data row {bad} of shape {np.shape(data[bad])}, expected ({arena.shape[1]},)")
     _, views, events, used = _stages()
     stream = cp.cuda.get_current_stream()
     dev = [cp.empty((per, arena.shape[1]), dtype=arena.dtype) for _ in range(2)]
@@ -106,8 +130,8 @@ def upload_rows(arena, rows, data) -> None:
         b = i % 2
         if used[b]:
             events[b].synchronize()  # the previous copy out of this buffer is done
-        host = views[b][: (r1 - r0) * row_bytes].view(data.dtype).reshape(r1 - r0, -1)
-        np.copyto(host, data[r0:r1])
+        host = views[b][: (r1 - r0) * row_bytes].view(arena.dtype).reshape(r1 - r0, -1)
+        _fill(host, data, r0)
         cp.cuda.runtime.memcpyAsync(dev[b].data.ptr, host.ctypes.data, (r1 - r0) * row_bytes, _H2D, stream.ptr)
         arena[rows_dev[r0:r1]] = dev[b][: r1 - r0]
         events[b].record(stream)
@@ -117,4 +141,43 @@ def upload_rows(arena, rows, data) -> None:
             events[b].synchronize()  # the staging buffers are freed on return
 
 
-__all__ = ["STAGE_BYTES", "download", "upload_rows"]
+def _fill(host: np.ndarray, data, r0: int) -> None:
+    """``host[j] = data[r0 + j]`` for every row of ``host``, split over :data:`FILL_THREADS` threads
+    (NumPy's copies release the GIL; one thread's ``memcpy`` does not reach the memory's bandwidth,
+    and rows read from a memory-mapped file are first touched here)."""
+    k = host.shape[0]
+    parts = min(FILL_THREADS, k)
+
+    def part(p: int) -> None:
+        a, b = k * p // parts, k * (p + 1) // parts
+        if isinstance(data, np.ndarray):
+            np.copyto(host[a:b], data[r0 + a:r0 + b], casting="unsafe")
+        else:
+            for j in range(a, b):
+                np.copyto(host[j], data[r0 + j], casting="unsafe")
+
+    if parts <= 1:
+        part(0)
+        return
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="caramel-upload")
+    list(_pool.map(part, range(parts)))
+
+
+def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
+    """The largest value of each arena row of ``rows`` (k,), as a host array (k,): a device reduction
+    over at most ``block`` rows at a time (one gathered copy of that many rows on the device)."""
+    cp = _cp()
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    out = cp.empty(rows.shape[0], dtype=arena.dtype)
+    rows_dev = cp.asarray(rows)
+    for r0 in range(0, rows.shape[0], block):
+        r1 = min(rows.shape[0], r0 + block)
+        cp.max(arena[rows_dev[r0:r1]], axis=1, out=out[r0:r1])
+    return out.get()
+
+
+__all__ = ["STAGE_BYTES", "download", "row_maxima", "upload_rows"]

@@ -1,0 +1,314 @@
+"""The plan cache: a :class:`~caramel.plan.Plan` kept beside the load cache, stored safely.
+
+Planning a large program (SSA, lowering, fusion, batching) costs about a second per run; the plan
+depends only on the program's instructions and the planner's code, so it is kept on disk next to
+the load cache (:mod:`caramel.cache`) and read back in a fraction of that.
+
+**What an entry is the cache of.** A plan is cached only for a program that
+:func:`caramel.parse.load_program` returned (it records the program's load-cache key, which covers
+the program's files and the parser, with :func:`caramel.cache.remember`); any other program (built in memory,
+or changed with ``dataclasses.replace``) is planned as before. The entry name is the SHA-256 of
+that key, the planner's fingerprint (:func:`planner_fingerprint`: the source of
+``caramel/plan/*.py``, ``caramel/program.py`` and this module) and the build options (``fuse``,
+``max_inputs``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
+version), and an entry whose header differs is rebuilt, never used.
+
+**Entry format** (one file ``<key>.plan``)::
+
+    b"CARAMEL-PLAN\\0"  (13 bytes, MAGIC)
+    SHA-256 of everything after it  (32 bytes)
+    an uncompressed .npz: "header" (uint8, UTF-8 JSON) and integer tables
+
+Tuples of ints (a row's inputs, outputs and scalars, a kernel's limbs, lines and dependencies)
+are listed once each in a CSR table (``tup_off``/``tup_val``); rows, kernels and collectives are
+column tables (``r_*``, ``k_*``, ``c_*``); the distinct expressions, each chip's inputs, stores and
+scalar table are JSON in the header. Decoding checks every index against its table: an entry that
+is truncated, bit-flipped, of another program or planner, or inconsistent is rebuilt (and
+rewritten), never loaded. Nothing in an entry can execute code (``allow_pickle=False``, JSON).
+
+**Trust** is that of the load cache (:func:`caramel.cache.trusted_folder`,
+:func:`~caramel.cache.read_entry`, :func:`~caramel.cache.write_entry`): a folder of mode 0700
+owned by the user, entries opened without following symlinks, written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import io
+import json
+import logging
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from caramel import cache as store
+from caramel.cache import program_key, remember
+from caramel.program import Mem, Opcode, Program
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MAGIC = b"CARAMEL-PLAN\0"
+SUFFIX = ".plan"
+_DIGEST = 32
+_OPCODES = tuple(Opcode)
+_OPCODE_INDEX = {op: i for i, op in enumerate(_OPCODES)}
+
+
+class PlanEntryError(store.CacheEntryError):
+    """An entry that must not be used (internal: the caller rebuilds it)."""
+
+
+@contextlib.contextmanager
+def no_gc():
+    """The cyclic garbage collector paused while building or encoding ~10^5 acyclic objects."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@lru_cache(maxsize=1)
+def planner_fingerprint() -> str:
+    """SHA-256 of the planner's source: ``caramel/plan/*.py``, ``caramel/program.py``, this module."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in [*sorted((root / "plan").glob("*.py")), root / "program.py", Path(__file__).resolve()]:
+        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _meta(key: str, fuse: bool, max_inputs: int) -> dict:
+    from caramel.version import __version__
+
+    return {"format": FORMAT_VERSION, "caramel": __version__, "program": key, "planner": planner_fingerprint(),
+            "fuse": bool(fuse), "max_inputs": int(max_inputs)}
+
+
+def entry_path(folder: Path, meta: dict) -> Path:
+    return folder / (hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest() + SUFFIX)
+
+
+# ---------------------------------------------------------------------------------------------- encode
+
+
+class _Tuples:
+    """Interned int tuples (CSR)."""
+
+    def __init__(self):
+        self.ids: dict[tuple, int] = {}
+        self.rows: list[tuple[int, ...]] = []
+
+    def __call__(self, xs) -> int:
+        got = self.ids.get(xs)
+        if got is None:
+            if not all(type(x) is int for x in xs):
+                raise TypeError(f"not a tuple of ints: {xs!r}")
+            got = self.ids[xs] = len(self.rows)
+            self.rows.append(xs)
+        return got
+
+
+def _mem(m: Mem | None):
+    return None if m is None else [m.term, m.limb]
+
+
+def encode(plan, meta: dict) -> dict[str, np.ndarray]:
+    """``plan`` as integer tables plus a JSON ``header`` (``meta`` merged in). Raises TypeError for
+    a plan with a field of an unexpected type (it is then not cached)."""
+    from caramel.plan.kernel import Kind
+
+    kinds = {k: i for i, k in enumerate(Kind)}
+    tup = _Tuples()
+    exprs: dict = {}
+    r_cols: dict[str, list] = {c: [] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg")}
+    k_cols: dict[str, list] = {c: [] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps")}
+    c_cols: dict[str, list] = {c: [] for c in ("op", "sync", "size", "src", "dst", "prime")}
+    chips = []
+    for chip in plan.chips:
+        for k, deps in zip(chip.kernels, chip.deps, strict=True):
+            k_cols["kind"].append(kinds[k.kind])
+            k_cols["rows"].append(len(k.rows))
+            for r in k.rows:
+                if r.arg is not None and type(r.arg) is not int:
+                    raise TypeError(f"row argument {r.arg!r}")
+                r_cols["prime"].append(r.prime)
+                r_cols["ins"].append(tup(r.ins))
+                r_cols["outs"].append(tup(r.outs))
+                r_cols["scalars"].append(tup(r.scalars))
+                r_cols["arg"].append(0 if r.arg is None else r.arg)
+                r_cols["has_arg"].append(r.arg is not None)
+            if k.expr is None:
+                k_cols["expr"].append(-1)
+            else:
+                e = k.expr
+                text = (e.n_vec, e.n_scalar, tuple((o.op, tuple(o.args)) for o in e.ops), tuple(e.outputs))
+                k_cols["expr"].append(exprs.setdefault(text, len(exprs)))
+            k_cols["in"].append(tup(k.in_limbs))
+            k_cols["out"].append(tup(k.out_limbs))
+            k_cols["comms"].append(len(k.comms))
+            for c in k.comms:
+                c_cols["op"].append(_OPCODE_INDEX[c.op])
+                for f in ("sync", "size", "src", "dst", "prime"):
+                    c_cols[f].append(getattr(c, f))
+            k_cols["level"].append(k.level)
+            k_cols["lines"].append(tup(k.lines))
+            k_cols["deps"].append(tup(tuple(deps)))
+        chips.append({
+            "chip": chip.chip, "kernels": len(chip.kernels), "n_buffers": chip.n_buffers,
+            "zero_buffer": chip.zero_buffer, "instructions": chip.instructions,
+            "inputs": [[m.term, m.limb, b] for m, b in chip.inputs.items()],
+            "stores": [[m.term, m.limb, b] for m, b in chip.stores.items()],
+            "scalars": [[_mem(s.mem), list(s.limbs), s.prime] for s in chip.scalars],
+        })
+    header = {**meta, "chips": chips, "exprs": [[n, s, [[o, list(a)] for o, a in ops], list(out)]
+                                                 for n, s, ops, out in exprs]}
+    arrays = {f"r_{c}": np.asarray(v, dtype=np.int64) for c, v in r_cols.items()}
+    arrays.update({f"k_{c}": np.asarray(v, dtype=np.int64) for c, v in k_cols.items()})
+    arrays.update({f"c_{c}": np.asarray(v, dtype=np.int64) for c, v in c_cols.items()})
+    offsets = np.zeros(len(tup.rows) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(t) for t in tup.rows])
+    arrays["tup_off"] = offsets
+    arrays["tup_val"] = np.asarray([v for t in tup.rows for v in t], dtype=np.int64)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    return arrays
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+
+def _ids(a: np.ndarray, n: int, what: str, none: bool = False) -> list[int]:
+    """``a`` as a list of indices into a table of ``n`` entries (-1 too when ``none``)."""
+    if a.size and (int(a.min()) < (-1 if none else 0) or int(a.max()) >= n):
+        raise PlanEntryError(f"{what} index out of range")
+    return a.tolist()
+
+
+def decode(arrays, header: dict, name: str):
+    """The :class:`~caramel.plan.Plan` of :func:`encode`'s tables, named ``name``."""
+    from caramel.plan.kernel import ChipPlan, Comm, Expr, ExprOp, Kernel, Kind, Plan, Row, ScalarSpec
+
+    off = arrays["tup_off"].tolist()
+    val = arrays["tup_val"].tolist()
+    if not off or off[0] != 0 or off[-1] != len(val) or any(b < a for a, b in zip(off, off[1:])):
+        raise PlanEntryError("tuple table inconsistent")
+    tuples = [tuple(val[a:b]) for a, b in zip(off, off[1:])]
+    nt = len(tuples)
+    exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
+                  tuple(int(x) for x in out)) for n, s, ops, out in header["exprs"]]
+    r = {c: arrays[f"r_{c}"] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg")}
+    k = {c: arrays[f"k_{c}"] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps")}
+    c = {f: arrays[f"c_{f}"] for f in ("op", "sync", "size", "src", "dst", "prime")}
+    if len({len(v) for v in r.values()}) > 1 or len({len(v) for v in k.values()}) > 1 or len({len(v) for v in c.values()}) > 1:
+        raise PlanEntryError("columns of different lengths")
+    if int(k["rows"].sum()) != len(r["prime"]) or int(k["comms"].sum()) != len(c["op"]) or (k["rows"] < 0).any() \
+            or (k["comms"] < 0).any() or sum(ch["kernels"] for ch in header["chips"]) != len(k["kind"]):
+        raise PlanEntryError("row, collective or kernel counts do not add up")
+    ins, outs, sca = (map(tuples.__getitem__, _ids(r[f], nt, "row tuple")) for f in ("ins", "outs", "scalars"))
+    args = [a if h else None for a, h in zip(r["arg"].tolist(), r["has_arg"].tolist())]
+    rows = list(map(tuple.__new__, [Row] * len(args), zip(r["prime"].tolist(), ins, outs, sca, args)))
+    ops = [_OPCODES[i] for i in _ids(c["op"], len(_OPCODES), "opcode")]
+    comms = [Comm(op, *f) for op, *f in zip(ops, *(c[x].tolist() for x in ("sync", "size", "src", "dst", "prime")))]
+    kinds = list(Kind)
+    kind = [kinds[i] for i in _ids(k["kind"], len(kinds), "kernel kind")]
+    expr = [None if i < 0 else exprs[i] for i in _ids(k["expr"], len(exprs), "expression", none=True)]
+    lim_in, lim_out, lines, deps = ([tuples[i] for i in _ids(k[f], nt, "kernel tuple")] for f in ("in", "out", "lines", "deps"))
+    n_rows, n_comms, levels = k["rows"].tolist(), k["comms"].tolist(), k["level"].tolist()
+    kernels, at_r, at_c = [], 0, 0
+    for i in range(len(kind)):
+        kernels.append(Kernel(kind[i], tuple(rows[at_r:at_r + n_rows[i]]), expr[i], lim_in[i], lim_out[i],
+                              tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i]))
+        at_r += n_rows[i]
+        at_c += n_comms[i]
+    chips, at = [], 0
+    for ch in header["chips"]:
+        n = ch["kernels"]
+        chips.append(ChipPlan(
+            int(ch["chip"]), tuple(kernels[at:at + n]), tuple(deps[at:at + n]), int(ch["n_buffers"]),
+            {Mem(str(t), int(l)): int(b) for t, l, b in ch["inputs"]}, int(ch["zero_buffer"]),
+            tuple(ScalarSpec(None if m is None else Mem(str(m[0]), int(m[1])), tuple(int(x) for x in limbs), int(p))
+                  for m, limbs, p in ch["scalars"]),
+            {Mem(str(t), int(l)): int(b) for t, l, b in ch["stores"]}, int(ch["instructions"])))
+        at += n
+    return Plan(name, tuple(chips))
+
+
+def to_bytes(plan, meta: dict) -> bytes:
+    """An entry's bytes: :data:`MAGIC`, the SHA-256 of the body, the body (an uncompressed npz)."""
+    buf = io.BytesIO()
+    np.savez(buf, **encode(plan, meta))
+    body = buf.getvalue()
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def from_bytes(data: bytes, meta: dict, name: str):
+    """The plan of an entry, named ``name``; :class:`PlanEntryError` if its magic, digest or
+    header (every key of ``meta``) does not match, or its tables are inconsistent."""
+    head = len(MAGIC) + _DIGEST
+    if len(data) < head or not data.startswith(MAGIC):
+        raise PlanEntryError("not a caramel plan entry")
+    body = memoryview(data)[head:]
+    if hashlib.sha256(body).digest() != data[len(MAGIC):head]:
+        raise PlanEntryError("integrity digest mismatch (truncated or corrupted)")
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+        header = json.loads(bytes(arrays["header"]).decode())
+        for key, want in meta.items():
+            if header.get(key) != want:
+                raise PlanEntryError(f"entry is for {key} {header.get(key)!r}, not {want!r}")
+        return decode(arrays, header, name)
+    except PlanEntryError:
+        raise
+    except Exception as exc:  # any malformed table: the entry is rebuilt, whatever the cause
+        raise PlanEntryError(f"malformed entry: {type(exc).__name__}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------- use
+
+
+def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, cache: bool = True):
+    """``build_plan(program, fuse=fuse, max_inputs=max_inputs)``, read from the plan cache when
+    ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
+    is there, else built and (for such a program, in a trusted folder) written there. The plan's
+    ``timings`` then has one phase, ``cache``."""
+    from caramel.plan import build_plan
+
+    key = program_key(program) if cache else None
+    if key is None:
+        return build_plan(program, fuse=fuse, max_inputs=max_inputs)
+    folder = store.cache_dir()
+    usable = store.trusted_folder(folder, create=True)
+    meta = _meta(key, fuse, max_inputs)
+    path = entry_path(folder, meta)
+    data = store.read_entry(path) if usable else None
+    if data is not None:
+        t0 = time.perf_counter()
+        try:
+            with no_gc():
+                plan = from_bytes(data, meta, program.name)
+            plan.timings["cache"] = time.perf_counter() - t0
+            return plan
+        except PlanEntryError as exc:
+            logger.info("rebuilding plan cache entry %s: %s", path, exc)
+    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs)
+    if usable:
+        try:
+            with no_gc():
+                data = to_bytes(plan, meta)
+        except TypeError as exc:  # a field this format does not hold: the plan is not cached
+            logger.info("plan of %s not cached: %s", program.name, exc)
+        else:
+            store.write_entry(path, data)  # a read-only cache is not an error
+    return plan
+
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "SUFFIX", "cached_plan", "decode", "encode", "from_bytes",
+           "planner_fingerprint", "program_key", "remember", "to_bytes"]
