@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
-
-import networkx as nx
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from caramel.errors import Location, LocatedError
 from caramel.program import OPCODES, BcuSlot, Instruction, Mem, Opcode, Program, SReg, Stream, VReg
 from caramel.plan.streams import RAW, WAR, WAW, orderings
 from caramel.validate import check_pairing
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: a run from a cached plan never needs it
+    import networkx as nx
 
 _DEP = {RAW: "raw", WAW: "waw", WAR: "war"}
 
@@ -140,6 +141,8 @@ class ChipSSA:
     def graph(self) -> nx.DiGraph:
         """The renamed dependency graph: nodes (chip, index), ``raw`` edges with their ``value``."""
         c = self.chip
+        import networkx as nx
+
         g = nx.DiGraph()
         g.add_nodes_from((c, i) for i in range(len(self.uses)))
         g.add_edges_from(((c, p), (c, i), {"dep": "raw", "value": v}) for p, i, v in self.edges())
@@ -373,6 +376,8 @@ def comm_edges(program: Program) -> list[tuple[tuple[int, int], tuple[int, int]]
 def program_graph(program: Program, chips: list[ChipSSA] | None = None) -> nx.DiGraph:
     """The whole-program graph: every chip's renamed graph plus the cross-chip ``comm`` edges."""
     chips = program_ssa(program) if chips is None else chips
+    import networkx as nx
+
     g = nx.DiGraph()
     for chip in chips:
         g.update(chip.graph())
@@ -430,6 +435,8 @@ def resource_graph(stream: Stream) -> nx.DiGraph:
     accesses = [(*_resources(ins, bcu_inputs, converted), ()) for ins in stream.instructions]
     for j, k, kind, r in orderings(accesses):
         edges.setdefault((j, k), (_DEP[kind], r))
+    import networkx as nx
+
     g = nx.DiGraph()
     g.add_nodes_from((c, i) for i in range(len(stream.instructions)))
     g.add_edges_from(((c, u), (c, v), {"dep": d, "res": r}) for (u, v), (d, r) in edges.items())
