@@ -285,35 +285,47 @@ def decode(arrays, header: dict) -> Program:
                    tuple(_manifest_from(m) for m in header["chip_manifests"]))
 
 
-def to_bytes(program: Program, meta: dict) -> bytes:
-    """An entry's bytes: :data:`MAGIC`, the SHA-256 of the body, the body (an uncompressed npz)."""
+def seal(magic: bytes, arrays: dict) -> bytes:
+    """An entry's bytes: ``magic``, the SHA-256 of the body, the body (an uncompressed npz of ``arrays``)."""
     buf = io.BytesIO()
-    np.savez(buf, **encode(program, meta))
+    np.savez(buf, **arrays)
     body = buf.getvalue()
-    return MAGIC + hashlib.sha256(body).digest() + body
+    return magic + hashlib.sha256(body).digest() + body
 
 
-def from_bytes(data: bytes, meta: dict) -> Program:
-    """The :class:`Program` of an entry; :class:`CacheEntryError` if its magic, digest or header
-    (every key of ``meta``) does not match, or its tables are inconsistent."""
-    head = len(MAGIC) + _DIGEST
-    if len(data) < head or not data.startswith(MAGIC):
-        raise CacheEntryError("not a caramel cache entry")
+def unseal(data: bytes, meta: dict, magic: bytes, decode, error: type[Exception] = None):
+    """``decode(arrays, header)`` of an entry sealed by :func:`seal` with ``magic``; ``error``
+    (default :class:`CacheEntryError`) if its magic, digest or header (every key of ``meta``) does
+    not match, or its tables are inconsistent (whatever ``decode`` raises)."""
+    error = error or CacheEntryError
+    head = len(magic) + _DIGEST
+    if len(data) < head or not data.startswith(magic):
+        raise error(f"not a caramel entry ({magic[:-1].decode()})")
     body = memoryview(data)[head:]
-    if hashlib.sha256(body).digest() != data[len(MAGIC):head]:
-        raise CacheEntryError("integrity digest mismatch (truncated or corrupted)")
+    if hashlib.sha256(body).digest() != data[len(magic):head]:
+        raise error("integrity digest mismatch (truncated or corrupted)")
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
         header = json.loads(bytes(arrays["header"]).decode())
         for key, want in meta.items():
             if header.get(key) != want:
-                raise CacheEntryError(f"entry is for {key} {header.get(key)!r}, not {want!r}")
+                raise error(f"entry is for {key} {header.get(key)!r}, not {want!r}")
         return decode(arrays, header)
     except CacheEntryError:
         raise
     except Exception as exc:  # any malformed table: the entry is rebuilt, whatever the cause
-        raise CacheEntryError(f"malformed entry: {type(exc).__name__}: {exc}") from None
+        raise error(f"malformed entry: {type(exc).__name__}: {exc}") from None
+
+
+def to_bytes(program: Program, meta: dict) -> bytes:
+    """A load-cache entry's bytes (:func:`seal` with :data:`MAGIC`)."""
+    return seal(MAGIC, encode(program, meta))
+
+
+def from_bytes(data: bytes, meta: dict) -> Program:
+    """The :class:`Program` of a load-cache entry (:func:`unseal`)."""
+    return unseal(data, meta, MAGIC, decode)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -33,10 +33,7 @@ owned by the user, entries opened without following symlinks, written atomically
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
-import io
 import json
 import logging
 import time
@@ -47,6 +44,7 @@ import numpy as np
 
 from caramel import cache as store
 from caramel.cache import program_key, remember
+from caramel.parse import no_gc
 from caramel.program import Mem, Opcode, Program
 
 logger = logging.getLogger(__name__)
@@ -54,25 +52,12 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MAGIC = b"CARAMEL-PLAN\0"
 SUFFIX = ".plan"
-_DIGEST = 32
 _OPCODES = tuple(Opcode)
 _OPCODE_INDEX = {op: i for i, op in enumerate(_OPCODES)}
 
 
 class PlanEntryError(store.CacheEntryError):
     """An entry that must not be used (internal: the caller rebuilds it)."""
-
-
-@contextlib.contextmanager
-def no_gc():
-    """The cyclic garbage collector paused while building or encoding ~10^5 acyclic objects."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @lru_cache(maxsize=1)
@@ -241,34 +226,14 @@ def decode(arrays, header: dict, name: str):
 
 
 def to_bytes(plan, meta: dict) -> bytes:
-    """An entry's bytes: :data:`MAGIC`, the SHA-256 of the body, the body (an uncompressed npz)."""
-    buf = io.BytesIO()
-    np.savez(buf, **encode(plan, meta))
-    body = buf.getvalue()
-    return MAGIC + hashlib.sha256(body).digest() + body
+    """A plan entry's bytes (:func:`caramel.cache.seal` with :data:`MAGIC`)."""
+    return store.seal(MAGIC, encode(plan, meta))
 
 
 def from_bytes(data: bytes, meta: dict, name: str):
-    """The plan of an entry, named ``name``; :class:`PlanEntryError` if its magic, digest or
-    header (every key of ``meta``) does not match, or its tables are inconsistent."""
-    head = len(MAGIC) + _DIGEST
-    if len(data) < head or not data.startswith(MAGIC):
-        raise PlanEntryError("not a caramel plan entry")
-    body = memoryview(data)[head:]
-    if hashlib.sha256(body).digest() != data[len(MAGIC):head]:
-        raise PlanEntryError("integrity digest mismatch (truncated or corrupted)")
-    try:
-        with np.load(io.BytesIO(body), allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-        header = json.loads(bytes(arrays["header"]).decode())
-        for key, want in meta.items():
-            if header.get(key) != want:
-                raise PlanEntryError(f"entry is for {key} {header.get(key)!r}, not {want!r}")
-        return decode(arrays, header, name)
-    except PlanEntryError:
-        raise
-    except Exception as exc:  # any malformed table: the entry is rebuilt, whatever the cause
-        raise PlanEntryError(f"malformed entry: {type(exc).__name__}: {exc}") from None
+    """The plan of an entry, named ``name`` (:func:`caramel.cache.unseal`; :class:`PlanEntryError`
+    when it must not be used)."""
+    return store.unseal(data, meta, MAGIC, lambda arrays, header: decode(arrays, header, name), PlanEntryError)
 
 
 # ---------------------------------------------------------------------------------------------- use
