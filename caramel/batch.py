@@ -288,13 +288,8 @@ class ResidentGpus:
     def close(self, failed: bool = False) -> None:
         """Drop the graphs and communicators (abort them first after a failed instance)."""
         run, self.run = self.run, None
-        if run is None:
-            return
-        if failed:
-            run.abort()
-            run._closed = True  # (as MultiGpuRun.__exit__ after an error)
-        else:
-            run.close()
+        if run is not None:
+            run.close(failed)
 
 
 def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layout: Sequence[tuple[int, ...]],

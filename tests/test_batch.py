@@ -300,10 +300,7 @@ def fake_gpu(monkeypatch):
         def result(self):
             return self.result_
 
-        def close(self):
-            self.closed = True
-
-        def abort(self):
+        def close(self, failed=False):
             self.closed = True
 
     monkeypatch.setattr(gpu, "gpu_executor", gpu_executor)

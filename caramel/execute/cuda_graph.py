@@ -398,14 +398,17 @@ class MultiGpuRun:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Drop the graphs, then destroy the communicators (each in its GPU's thread). The order
         matters: ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
         exists (seen on H200s with NCCL 2.28.9: a process that destroyed its communicator before
-        its graph never exited)."""
+        its graph never exited). ``failed`` (after an error): abort the communicators instead."""
         if self._closed:
             return
         self._closed = True
+        if failed:
+            self.abort()
+            return
         self.graphs = [None] * self.gpus
 
         def body(d):
@@ -422,11 +425,7 @@ class MultiGpuRun:
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is not None:
-            self.abort()
-            self._closed = True
-            return
-        self.close()
+        self.close(failed=exc[0] is not None)
 
 
 def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
