@@ -35,6 +35,7 @@ CuPy is imported lazily.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -435,9 +436,7 @@ def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mo
         else:
             run.eager()
         timing = run.time(repeats) if repeats > 0 else None
-        result = run.result()
-    result.timing = timing
-    return result
+        return replace(run.result(), timing=timing)
 
 
 def _plan_of(plan_or_program, fuse: bool):
@@ -464,9 +463,7 @@ def run_gpu(plan_or_program, ctx: Context, memory: Mapping[Mem, np.ndarray], mod
     run = GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams)
     run.run(graph)
     timing = run.time(graph, repeats) if repeats > 0 else None
-    result = run.result()
-    result.timing = timing
-    return result
+    return replace(run.result(), timing=timing)
 
 
 def resident_executor(program_or_plan, ctx: Context, mode: Mode | str, *, streams: int = GRAPH_STREAMS,
