@@ -35,6 +35,7 @@ CuPy is imported lazily.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -117,9 +118,6 @@ class GpuRun:
         from caramel.backends.cuda.backend import CupyBackend
         from caramel.backends.cuda.transfer import row_maxima
 
-        streams = int(streams)
-        if streams < 1:
-            raise ValueError(f"streams must be at least 1, got {streams}")
         if len(plan.chips) != 1:
             raise ExecutionError(f"GpuRun takes a 1-chip plan, not {len(plan.chips)} chips")
         if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
@@ -128,7 +126,8 @@ class GpuRun:
         deferred = check_plan_memory(plan, ctx, memory, defer_ranges=True)
         self.memory = memory
         self.stream = cp.cuda.Stream(non_blocking=True)
-        prog = gpu_device_programs(plan, 1, ctx, streams)[0]
+        prog = gpu_device_programs(plan, 1, ctx, streams)[0]  # checks streams
+        streams = int(streams)
         with self.stream:
             self.device = DeviceRun(prog, plan, ctx, memory, self.mode, CupyBackend, per_row=per_row)
             self.device.init_data = None  # the inputs stay in their rows: no host copy to restore from
@@ -145,15 +144,12 @@ class GpuRun:
     def backend(self):
         return self.device.backend
 
-    def _launch(self) -> None:
-        """Launch every kernel: all on the run's stream, or (with a schedule) fork, every kernel
-        on its stream after its waits, join (module docstring)."""
+    def eager(self) -> None:
+        """Launch every kernel once: all on the run's stream, or (with a schedule) fork, every
+        kernel on its stream after its waits, join (module docstring). No synchronisation; the
+        work ends on the run's stream."""
         with self.stream:
             launch_device(self.device, self._launcher)
-
-    def eager(self) -> None:
-        """Launch every kernel once (no synchronisation; the work ends on the run's stream)."""
-        self._launch()
 
     def capture(self):
         """Capture the whole kernel sequence into one CUDA graph (after an eager warm-up, which
@@ -163,7 +159,7 @@ class GpuRun:
             self.stream.synchronize()
             self.stream.begin_capture()
             try:
-                self._launch()
+                self.eager()
             finally:
                 graph = self.stream.end_capture()
             self.graph = graph
@@ -224,10 +220,9 @@ class MultiGpuRun:
             raise ExecutionError(f"{len(self.local)} GPU(s) asked for (CUDA devices {ids}); "
                                  f"this machine has {present}")
         check_plan_memory(plan, ctx, memory)
-        streams = DEFAULT_STREAMS if streams is None else int(streams)
-        if streams < 1:
-            raise ValueError(f"streams must be at least 1, got {streams}")
-        self.progs = gpu_device_programs(plan, g, ctx, streams)  # checks the collectives first
+        streams = DEFAULT_STREAMS if streams is None else streams
+        self.progs = gpu_device_programs(plan, g, ctx, streams)  # checks streams, then the collectives
+        streams = int(streams)
         self.device_ids = dict(zip(self.local, ids))
         self.groups = device_groups(self.progs)
         self._own_comms = comms is None  # communicators passed in stay open at close()
@@ -277,9 +272,6 @@ class MultiGpuRun:
 
         return run_threads([make(d) for d in self.local], self.timeout, lambda e: self.abort(), describe)
 
-    def _launch(self, d: int) -> None:
-        launch_device(self.runs[d], self.launchers[d])
-
     def _on(self, d: int, body):
         import cupy as cp
 
@@ -291,7 +283,7 @@ class MultiGpuRun:
     def eager(self) -> None:
         """Every GPU runs its program once, kernel by kernel, and waits."""
         def body(d):
-            self._launch(d)
+            launch_device(self.runs[d], self.launchers[d])
             self.streams[d].synchronize()
         self._each(lambda d: self._on(d, body), "eager run")
 
@@ -309,7 +301,7 @@ class MultiGpuRun:
             s = self.streams[d]
             s.begin_capture(mode)
             try:
-                self._launch(d)
+                launch_device(self.runs[d], self.launchers[d])
             finally:
                 self.graphs[d] = s.end_capture()
         self._each(lambda d: self._on(d, body), "capture")
@@ -444,9 +436,7 @@ def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mo
         else:
             run.eager()
         timing = run.time(repeats) if repeats > 0 else None
-        result = run.result()
-    result.timing = timing
-    return result
+        return replace(run.result(), timing=timing)
 
 
 def _plan_of(plan_or_program, fuse: bool):
@@ -457,23 +447,14 @@ def _plan_of(plan_or_program, fuse: bool):
     return plan_or_program
 
 
-def run_gpu(
-    plan_or_program,
-    ctx: Context,
-    memory: Mapping[Mem, np.ndarray],
-    mode: Mode | str = Mode.EXACT,
-    *,
-    graph: bool = True,
-    repeats: int = 0,
-    per_row: bool | None = None,
-    streams: int = 1,
-) -> RunResult:
+def run_gpu(plan_or_program, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT, *,
+            graph: bool = True, repeats: int = 0, per_row: bool | None = None, streams: int = 1) -> RunResult:
     """Run on one GPU. ``graph=True``: the (fused) plan as one CUDA graph; ``graph=False``: eager,
     one launch per instruction (unfused plan, ``per_row``, default: when not ``graph``) when given
     a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`). A multi-chip plan
-    runs all its chips on this one GPU (:func:`run_multi_gpu` with
-    one device: chips merged by level, communication as local copies and sums). ``repeats`` > 0 replays that many extra
-    times (and attaches ``timing`` to the result)."""
+    runs all its chips on this one GPU (:func:`run_multi_gpu` with one device: chips merged by
+    level, communication as local copies and sums). ``repeats`` > 0 replays that many extra times
+    (and attaches ``timing`` to the result)."""
     plan = _plan_of(plan_or_program, fuse=graph)
     if len(plan.chips) != 1:
         return run_multi_gpu(plan, ctx, memory, mode, 1, graph=graph, repeats=repeats)
@@ -482,9 +463,7 @@ def run_gpu(
     run = GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams)
     run.run(graph)
     timing = run.time(graph, repeats) if repeats > 0 else None
-    result = run.result()
-    result.timing = timing
-    return result
+    return replace(run.result(), timing=timing)
 
 
 def resident_executor(program_or_plan, ctx: Context, mode: Mode | str, *, streams: int = GRAPH_STREAMS,

@@ -268,20 +268,17 @@ def gather_stores(stores: Sequence[Mapping[Mem, np.ndarray]], chips: Sequence[in
 
 def clean_up(place: Place) -> list[Path]:
     """Remove the files of this run (its data files and a rendezvous file of this run id); the paths removed."""
-    removed = []
     if place.run_id is None:
-        return removed
-    for p in place.rendezvous.parent.glob(f"{place.rendezvous.name}.{place.run_id}.*"):
+        return []
+    paths = list(place.rendezvous.parent.glob(f"{place.rendezvous.name}.{place.run_id}.*"))
+    data = _read_json(place.rendezvous) if place.rendezvous.exists() else None
+    if data is not None and data.get("run_id") == place.run_id:
+        paths.append(place.rendezvous)
+    removed = []
+    for p in paths:
         try:
             p.unlink()
             removed.append(p)
-        except OSError:
-            pass
-    data = _read_json(place.rendezvous) if place.rendezvous.exists() else None
-    if data is not None and data.get("run_id") == place.run_id:
-        try:
-            place.rendezvous.unlink()
-            removed.append(place.rendezvous)
         except OSError:
             pass
     return removed

@@ -236,12 +236,12 @@ def device_groups(progs: Sequence[DeviceProgram]) -> list[tuple[int, ...]]:
     return sorted(groups, key=lambda g: (len(g), g))
 
 
-
-
 def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int) -> list[DeviceProgram]:
     """The device programs as the GPUs run them (collectives checked first): inputs in rows that
     no kernel overwrites, so replays need no restore; with several streams, rows reused first-in
     first-out (fewer hazards between streams)."""
+    if int(streams) < 1:
+        raise ValueError(f"streams must be at least 1, got {streams}")
     return device_programs(plan, gpus, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
 
 

@@ -13,23 +13,6 @@ from caramel.plan.plan import assign_rows, build_plan
 from caramel.plan.report import plan_report, plan_stats
 
 __all__ = [
-    "ChipPlan",
-    "Comm",
-    "Expr",
-    "ExprOp",
-    "Kernel",
-    "Kind",
-    "Plan",
-    "PlanError",
-    "Row",
-    "ScalarSpec",
-    "assign_rows",
-    "build_plan",
-    "plan_report",
-    "plan_stats",
-    "program_graph",
-    "resource_graph",
-    "ssa",
-    "to_dot",
-    "to_json",
+    "ChipPlan", "Comm", "Expr", "ExprOp", "Kernel", "Kind", "Plan", "PlanError", "Row", "ScalarSpec", "assign_rows",
+    "build_plan", "plan_report", "plan_stats", "program_graph", "resource_graph", "ssa", "to_dot", "to_json",
 ]

@@ -173,5 +173,4 @@ def check_order(sequences: Mapping[int, Sequence[object]], members: Mapping[obje
         raise ExecutionError(f"no collective order is consistent with every rank: {text}") from None
 
 
-
 __all__ = ["Collective", "CollectiveKind", "check_order", "check_reduce_size", "plan_collectives"]

@@ -47,7 +47,6 @@ _DEP = {RAW: "raw", WAW: "waw", WAR: "war"}
 VECTOR, SCALAR, GROUP = 0, 1, 2
 
 
-
 class PlanError(LocatedError):
     """A program the planner cannot turn into a plan (a value read before it is written, ...)."""
 

@@ -213,7 +213,6 @@ class Plan:
         return json.dumps({"program": self.name, "timings": self.timings, "chips": chips}, separators=(",", ":"))
 
 
-
 class Op(NamedTuple):
     """One operation before fusion and batching (one row of a future kernel). ELEMENTWISE: ``arg``
     is the operation name; COMM: ``arg`` is the :class:`Comm`; BASECONV: ``arg`` is the

@@ -147,7 +147,7 @@ def test_resident_host_slot_keeps_the_key_rows_it_wrote_first():
 
 def _gpu_ready() -> bool:
     try:
-        from caramel.execute.cuda_graph import gpu_available
+        from caramel.api import gpu_available
 
         return gpu_available()
     except Exception:  # noqa: BLE001 - no CuPy
