@@ -225,6 +225,23 @@ def load_keyset(directory: str | Path, program: Program, ctx: Context) -> KeySet
     return keyset
 
 
+def run_setup(program: Program, n: int, ctx: Context | None, check, inputs: Any, batch: int | None = None):
+    """What a run (or a batch of ``batch`` instances) needs before its keys: the ring ``ctx``
+    (default ``Context(n=n)``, checked against the program's primes), the check spec
+    (:func:`resolve_check`) and the user's inputs (:class:`caramel.userdata.InputData`, checked
+    against the manifest; None without ``inputs``)."""
+    ctx = ctx or Context(n=n)
+    check_prime_count(program, ctx)
+    spec = resolve_check(program, check)
+    data = None
+    if inputs is not None:
+        from caramel.userdata import as_input_data, check_inputs
+
+        data = as_input_data(inputs)
+        check_inputs(data, program, ctx.n // 2, batch=batch)
+    return ctx, spec, data
+
+
 def run_program(
     program: Program,
     *,
@@ -265,15 +282,11 @@ def run_program(
         mode = Mode(mode)
     except ValueError:
         raise ArgumentError(f"mode must be one of {', '.join(m.value for m in Mode)}, got {mode!r}") from None
-    ctx = ctx or Context(n=n)
-    check_prime_count(program, ctx)
-    spec = resolve_check(program, check)
+    ctx, spec, data = run_setup(program, n, ctx, check, inputs)
     supplied = None
-    if inputs is not None:
-        from caramel.userdata import as_input_data, check_inputs, instance_values
+    if data is not None:
+        from caramel.userdata import instance_values
 
-        data = as_input_data(inputs)
-        check_inputs(data, program, ctx.n // 2)
         supplied = instance_values(data, program, 0)
     client = client_device(device, resolve_backend(backend))
     bar = progress(total=4, desc=f"{program.name}: keys", unit="step")

@@ -411,9 +411,7 @@ def run_batch(
     ``[LOCAL_RANK]``). ``device``: where the client arithmetic runs (as :func:`caramel.api.run_program`;
     default the GPU for the ``gpu`` backend). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
     output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
-    from caramel.api import (
-        check_prime_count, default_spec, key_seed_for, output_digest, prepare_inputs, resolve_backend, resolve_check,
-    )
+    from caramel.api import default_spec, key_seed_for, output_digest, prepare_inputs, resolve_backend, run_setup
     from caramel.ckks.check import evaluate_check
     from caramel.ckks.keyset import generate_keyset
 
@@ -421,15 +419,7 @@ def run_batch(
         raise BatchError(f"--batch must be at least 1, got {batch}")
     log = log or (lambda s: None)
     mode = Mode(mode)
-    ctx = ctx or Context(n=n)
-    check_prime_count(program, ctx)
-    spec = resolve_check(program, check)
-    data = None
-    if inputs is not None:
-        from caramel.userdata import as_input_data, check_inputs
-
-        data = as_input_data(inputs)
-        check_inputs(data, program, ctx.n // 2, batch=batch)
+    ctx, spec, data = run_setup(program, n, ctx, check, inputs, batch)
     from caramel.ckks.device import resolve as client_device, using as using_client
 
     backend = resolve_backend(backend)
