@@ -349,6 +349,16 @@ def _untrusted(st: os.stat_result) -> str | None:
     return None
 
 
+def _usable(path: Path, st: os.stat_result, is_kind, not_kind: str) -> bool:
+    """Whether ``path`` (``st``: its status) is of the kind ``is_kind`` (``stat.S_ISDIR``/``S_ISREG``)
+    and trusted (:func:`_untrusted`); if not, with one warning (``not_kind`` or the reason)."""
+    why = not_kind if not is_kind(st.st_mode) else _untrusted(st)
+    if why:
+        _warn_once(path, why)
+        return False
+    return True
+
+
 def trusted_folder(folder: Path, create: bool) -> bool:
     """True when ``folder`` is ours and nobody else can write it (created 0700 when ``create``)."""
     try:
@@ -361,14 +371,7 @@ def trusted_folder(folder: Path, create: bool) -> bool:
         st = os.stat(folder)
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode):
-        _warn_once(folder, "not a folder")
-        return False
-    why = _untrusted(st)
-    if why:
-        _warn_once(folder, why)
-        return False
-    return True
+    return _usable(folder, st, stat.S_ISDIR, "not a folder")
 
 
 def read_entry(path: Path) -> bytes | None:
@@ -382,12 +385,7 @@ def read_entry(path: Path) -> bytes | None:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            _warn_once(path, "not a regular file")
-            return None
-        why = _untrusted(st)
-        if why:
-            _warn_once(path, why)
+        if not _usable(path, st, stat.S_ISREG, "not a regular file"):
             return None
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
