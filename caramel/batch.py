@@ -44,7 +44,6 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -266,7 +265,6 @@ class ResidentGpus:
         self.plan, self.ctx, self.mode, self.keep, self.streams = plan, ctx, Mode(mode), keep, streams
         self.devices = devices
         self.run = None
-        self.instances = 0
 
     def __call__(self, memory: Mapping[Mem, np.ndarray]):
         from caramel.execute.cuda_graph import MultiGpuRun
@@ -281,7 +279,6 @@ class ResidentGpus:
                                    streams=self.streams)
         else:
             self.run.rebind(memory, self.keep)
-        self.instances += 1
         self.run.replay(1)
         return self.run.result()
 
@@ -306,9 +303,9 @@ def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layou
     if backend not in ("gpu", "cpu-plan"):  # the reference: one shared function, slots as host threads
         shared = executor(program, ctx, mode, backend, None, streams)
         return [shared for _ in layout]
-    from caramel.plan import build_plan
+    from caramel.plan_cache import cached_plan
 
-    plan, keep = build_plan(program), key_mems(program)
+    plan, keep = cached_plan(program), key_mems(program)  # build_plan(program), or its plan-cache entry
     if backend == "cpu-plan":
         return [ResidentHost(plan, ctx, mode, len(g), keep, streams=streams or 1) for g in layout]
     from caramel.api import gpu_available
@@ -492,14 +489,6 @@ def run_batch(
 
 # --------------------------------------------------------------------------------- process mode
 
-def _records_path(rendezvous: Path, rank: int) -> Path:
-    return rendezvous.with_name(f"{rendezvous.name}.batch{rank}.json")
-
-
-def _outputs_path(rendezvous: Path, rank: int) -> Path:
-    return rendezvous.with_name(f"{rendezvous.name}.batch{rank}.npz")
-
-
 def run_batch_distributed(program: Program, place, *, batch: int, backend: str = "auto", outputs: bool = False,
                           limbs: bool = False, timeout: float = GATHER_TIMEOUT, **kwargs) -> BatchResult | None:
     """This process's share of a batch in process mode: instances i with i % world == rank, on
@@ -509,6 +498,7 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
     beside the rendezvous file; rank 0 waits for all ranks and returns the whole batch (the other
     ranks return None)."""
     from caramel.api import resolve_backend
+    from caramel.execute.distributed import _wait_for
     from caramel.outfiles import write_atomic
     from caramel.results import write_json
 
@@ -527,19 +517,15 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
             per = [x.outputs for x in result.instances]
             arrays.update({k: (v[None] if len(per) == 1 and not k.endswith(".limbs") else v)
                            for k, v in stack_outputs(per).items()})
-        write_atomic(_outputs_path(place.rendezvous, place.rank), lambda f: np.savez(f, **arrays))
-    write_json(_records_path(place.rendezvous, place.rank),
+        write_atomic(place.data_path(f"batch{place.rank}.npz"), lambda f: np.savez(f, **arrays))
+    write_json(place.data_path(f"batch{place.rank}.json"),
                {"world": place.world, "records": result.records, "timings_s": result.timings})
     if place.rank != 0:
         return None
     records: list[dict] = []
     for r in range(place.world):
-        path = _records_path(place.rendezvous, r)
-        deadline = time.monotonic() + timeout
-        while not path.exists():
-            if time.monotonic() > deadline:
-                raise BatchError(f"waited {timeout:g} s for the records of rank {r} at {path}")
-            time.sleep(0.05)
+        path = place.data_path(f"batch{r}.json")
+        _wait_for(path, timeout, f"the records of rank {r}", place)  # stops early when a rank reported a failure
         data = json.loads(path.read_text())
         if data.get("world") != place.world:
             raise BatchError(f"{path} was written for {data.get('world')} processes, this run has {place.world}")
@@ -560,7 +546,7 @@ def gathered_outputs(place, batch: int) -> dict[str, np.ndarray]:
     into one array per name, stacked in instance order."""
     parts = []
     for r in range(place.world):
-        with np.load(_outputs_path(place.rendezvous, r), allow_pickle=False) as data:
+        with np.load(place.data_path(f"batch{r}.npz"), allow_pickle=False) as data:
             parts.append({k: data[k] for k in data.files})
     merged: dict[str, np.ndarray] = {}
     order = np.concatenate([p["instances"] for p in parts])
