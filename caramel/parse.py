@@ -504,10 +504,6 @@ _INSTR = re.compile(r"instructions(\d+)")
 _INPUTS = re.compile(r"inputs(\d+)")
 
 
-def _program_files(files: dict[str, bytes]) -> dict[str, bytes]:
-    return {k: v for k, v in files.items() if _INSTR.fullmatch(k) or _INPUTS.fullmatch(k) or k == "program_inputs"}
-
-
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
@@ -625,12 +621,6 @@ def read_source(source: str | os.PathLike) -> _Files:
     chip = int(m.group(1)) if m else 0
     key = f"instructions{chip}"
     return _Files(path.name, str(path.parent), {key: read_regular(path)}, {key: str(path)}, single=True)
-
-
-def _cache_dir() -> Path:
-    from caramel.cache import cache_dir
-
-    return cache_dir()
 
 
 @lru_cache(maxsize=1)
@@ -765,7 +755,7 @@ def load_program(
             return build_program(files, fast=fast, progress=progress)
     from caramel import cache as store
 
-    folder = _cache_dir()
+    folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
     source = source_digest(files)
     cache_file = folder / f"{_cache_key(source)}{store.SUFFIX}"

@@ -39,6 +39,7 @@ from caramel.outfiles import write_atomic
 
 #: The phases of a run, in the order they happen (and are printed).
 PHASES = ("load", "plan", "keys", "encrypt", "run", "decrypt", "check")
+_PHASE_ORDER = {p: i for i, p in enumerate(PHASES)}
 #: Version of the record layout.
 SCHEMA = 1
 
@@ -62,14 +63,17 @@ class Timings:
             self.add(name, time.perf_counter() - t0)
 
     def as_dict(self) -> dict[str, float]:
-        order = {p: i for i, p in enumerate(PHASES)}
-        return {k: round(v, 6) for k, v in sorted(self.seconds.items(), key=lambda kv: order.get(kv[0], 99))}
+        return {k: round(v, 6) for k, v in _in_phase_order(self.seconds)}
+
+
+def _in_phase_order(timings: Mapping[str, float]) -> list[tuple[str, float]]:
+    """The items of ``timings`` in the order of :data:`PHASES` (other names last)."""
+    return sorted(timings.items(), key=lambda kv: _PHASE_ORDER.get(kv[0], len(PHASES)))
 
 
 def timings_line(timings: Mapping[str, float]) -> str:
     """``load 0.01 s, plan 0.02 s, keys 1.20 s, ...`` in phase order."""
-    order = {p: i for i, p in enumerate(PHASES)}
-    parts = [f"{k} {v:.2f} s" for k, v in sorted(timings.items(), key=lambda kv: order.get(kv[0], 99))]
+    parts = [f"{k} {v:.2f} s" for k, v in _in_phase_order(timings)]
     return "time: " + ", ".join(parts) if parts else "time: -"
 
 
@@ -97,15 +101,6 @@ def check_record(report) -> dict[str, dict[str, Any]]:
             "limbs": list(r.limbs),
         }
     return out
-
-
-def _version(module: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(module)
-    except Exception:  # not installed (or no metadata)
-        return None
 
 
 def environment(probe_gpu: bool = True) -> dict[str, Any]:
