@@ -191,7 +191,7 @@ def instance_values(data: InputData, program, index: int) -> dict[str, Any]:
 def decrypted_outputs(prepared, memory, *, limbs: bool = False) -> dict[str, np.ndarray]:
     """The program's outputs decrypted (slots, complex128) at the check's output scales, and with
     ``limbs`` the raw output ciphertexts (``<name>.c0``, ``<name>.c1``, ``<name>.limbs``)."""
-    from caramel.ckks.check import output_scales
+    from caramel.ckks.check import FRESH_SCALE, output_scales
     from caramel.ckks.encrypt import decrypt_values
 
     cts = read_outputs(prepared.manifest, memory, aliases=prepared.aliases)
@@ -199,7 +199,7 @@ def decrypted_outputs(prepared, memory, *, limbs: bool = False) -> dict[str, np.
     out: dict[str, np.ndarray] = {}
     for name, ct in cts.items():
         spec = prepared.spec.outputs.get(name)
-        scale, modulus = scales.get(name, (float(2**28), None))
+        scale, modulus = scales.get(name, (float(FRESH_SCALE), None))
         sk = prepared.secrets.s_eph if spec is not None and spec.key == "s_eph" else prepared.secrets.s
         with np.errstate(all="ignore"):
             out[name] = np.asarray(decrypt_values(prepared.ctx, sk, ct, scale, modulus), dtype=np.complex128)

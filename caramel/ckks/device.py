@@ -157,7 +157,7 @@ class SecretRows:
         limbs = list(range(len(ctx.primes)))
         qcol = prime_column(ctx, limbs, dev)
         res = small_residues(dev.put(coeffs), qcol, dev.xp)
-        self.rows = ntt(res, [ctx.ntt_table(l) for l in limbs])
+        self.rows = ntt(res, ntt_tables(ctx, limbs))
         self.ctx = ctx
         self.dev = dev
 

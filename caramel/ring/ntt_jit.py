@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+from caramel.ring.modular import shoup
+
 #: Environment variable: "0" (or "false", "no", "off") disables the compiled NTT.
 ENV = "CARAMEL_NUMBA"
 
@@ -276,7 +278,7 @@ def _ro(x: np.ndarray, dtype) -> np.ndarray:
 
 def shoup_table(w: np.ndarray, q: int) -> np.ndarray:
     """floor(w * 2^32 / q) as uint32 (read-only), the Shoup companions of twiddles w < q."""
-    out = ((w.astype(np.uint64) << np.uint64(32)) // np.uint64(q)).astype(np.uint32)
+    out = shoup(w, q).astype(np.uint32)
     out.flags.writeable = False
     return out
 
