@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
-    _run_results(args, program, outcome, load_s)
+    _run_results(args, outcome, load_s, devices)
     if outcome.report is None:
         print(_NOT_CHECKED)
         return EXIT_OK
@@ -170,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
 
 
-def _run_results(args: argparse.Namespace, program, outcome, load_s: float) -> None:
+def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int) -> None:
     """The time breakdown line of a run, and ``--save-outputs`` / ``--json`` (:mod:`caramel.results`)."""
     from caramel.results import document, run_record, timings_line
 
@@ -185,7 +185,6 @@ def _run_results(args: argparse.Namespace, program, outcome, load_s: float) -> N
             print(f"outputs: {', '.join(sorted(arrays))} written to {save_outputs(args.save_outputs, arrays)}")
     print(timings_line(timings))
     if args.json:
-        devices = args.gpus or (program.chips if outcome.backend == "gpu" else 1)
         record = run_record(outcome, timings, devices=devices, seed=args.seed,
                             key_seed=key_seed_for(args.seed, args.key_seed))
         record["inputs"] = args.inputs
@@ -275,20 +274,18 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
     """``caramel run --distributed``: this process's GPU of a multi-process run (launcher
     variables, :mod:`caramel.execute.distributed`); rank 0 gathers, checks and prints."""
-    from caramel.api import check_prime_count, output_digest, prepare_inputs, resolve_backend, resolve_check
+    from caramel.api import output_digest, prepare_inputs, resolve_backend, run_setup
     from caramel.ckks.check import evaluate_check
     from caramel.ckks.keyset import generate_keyset
     from caramel.errors import CaramelError
     from caramel.execute.distributed import RunIdentity, check_digest, launch_env, run_distributed
     from caramel.plan import build_plan
-    from caramel.ring import Context, Mode
+    from caramel.ring import Mode
 
     place = launch_env()
     if place is None:
         raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-    ctx = Context(n=args.n)
-    check_prime_count(program, ctx)
-    spec = resolve_check(program, check)
+    ctx, spec, _ = run_setup(program, args.n, None, check, None)
     # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
     keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
     prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
