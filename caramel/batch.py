@@ -164,10 +164,15 @@ def instance_line(record: Mapping[str, Any]) -> str:
     return f"instance {record['instance']} (seed {record['seed']}{where}{rank}): {verdicts}; digest {record['digest']}"
 
 
-def _slot_context(backend: str, devices: tuple[int, ...]):
+def _batch_verdict(verdicts: Sequence[bool | None]) -> bool | None:
+    """A batch's verdict from its instances': None when none was checked, else True unless one failed."""
+    return None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
+
+
+def _slot_context(devices: tuple[int, ...]):
     """``cupy.cuda.Device(d)`` of a 1-device GPU slot (so that everything the call allocates lands
-    there); a no-op elsewhere."""
-    if backend != "gpu" or len(devices) != 1:
+    there); a no-op for a slot of the default device (``()``)."""
+    if len(devices) != 1:
         return nullcontext()
     import cupy as cp
 
@@ -195,11 +200,10 @@ class ResidentHost:
 
     def __init__(self, plan, ctx: Context, mode: Mode, devices: int, keep: frozenset[Mem], *, streams: int = 1,
                  timeout: float = 120.0, seed: int | None = None):
-        from caramel.execute.placement import device_programs
+        from caramel.execute.placement import gpu_device_programs
 
         self.plan, self.ctx, self.mode, self.keep, self.timeout = plan, ctx, Mode(mode), keep, timeout
-        self.progs = device_programs(plan, max(1, devices), ctx.primes, ctx.n,
-                                     reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
+        self.progs = gpu_device_programs(plan, max(1, devices), ctx, streams)  # the GPUs' row layout
         self.streams = streams
         self.seed = np.random.SeedSequence(seed).entropy
         self.runs: list = []
@@ -321,7 +325,7 @@ def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layou
         run = resident_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS, keep=keep)
 
         def on_device(memory):
-            with _slot_context(backend, devices):
+            with _slot_context(devices):
                 return run(memory)
         return on_device
     return [resident(g) for g in layout]
@@ -479,8 +483,7 @@ def run_batch(
     finally:
         _close(slots, failed)
     instances = [done[i] for i in sorted(done)]
-    verdicts = [x.passed for x in instances]
-    passed = None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
+    passed = _batch_verdict([x.passed for x in instances])
     summary = BatchSummary(len(instances), wall, len(instances) / wall if wall > 0 else 0.0, len(layout),
                            max(1, len(layout[0])), 1, passed)
     return BatchResult(program.name, int(ctx.n), mode.value, backend, seed, key_seed, [x.record() for x in instances],
@@ -534,8 +537,7 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
     if [r["instance"] for r in records] != list(range(batch)):
         raise BatchError(f"the ranks returned instances {[r['instance'] for r in records]}, expected 0..{batch - 1}")
     wall = time.perf_counter() - start
-    verdicts = [r["passed"] for r in records]
-    passed = None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
+    passed = _batch_verdict([r["passed"] for r in records])
     result.records = records
     result.summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, place.world, 1, place.world, passed)
     return result
