@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from caramel.ring import ntt_jit
 from caramel.ring.modular import inv_mod
 from caramel.errors import ArgumentError
 
@@ -266,28 +267,26 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
         rows = a
     out = xp.empty(rows.shape, dtype=np.uint32)
     chunk = max(1, (_CHUNK_RESIDUES if xp is np else _GPU_CHUNK_RESIDUES) // n)
-    kernel = _forward_rows if forward else _inverse_rows
-
-    def run(c0: int, c1: int) -> None:
-        if row_tables is None:
-            tabs = [tables]
-        else:
-            tabs = row_tables[c0:c1]
-            if all(t is tabs[0] for t in tabs):
-                tabs = tabs[:1]
-        kernel(rows[c0:c1], out[c0:c1], tabs, xp)
-
-    if xp is np and _jit_ready(n):
-        from caramel.ring import ntt_jit
-
+    if xp is np and ntt_jit.ready(n):  # compiled host kernels (Numba), row by row: the same bits
         jit_kernel = ntt_jit.forward_rows if forward else ntt_jit.inverse_rows
 
-        def run(c0: int, c1: int) -> None:  # noqa: F811 - the compiled kernels, row by row
+        def run(c0: int, c1: int) -> None:
             if row_tables is None:
                 jit_kernel(rows[c0:c1], out[c0:c1], tables)
             else:
                 for r in range(c0, c1):
                     jit_kernel(rows[r : r + 1], out[r : r + 1], row_tables[r])
+    else:
+        kernel = _forward_rows if forward else _inverse_rows
+
+        def run(c0: int, c1: int) -> None:
+            if row_tables is None:
+                tabs = [tables]
+            else:
+                tabs = row_tables[c0:c1]
+                if all(t is tabs[0] for t in tabs):
+                    tabs = tabs[:1]
+            kernel(rows[c0:c1], out[c0:c1], tabs, xp)
 
     if xp is np:
         map_chunks(run, rows.shape[0], chunk)
@@ -295,14 +294,6 @@ def _transform(a, tables, forward: bool) -> np.ndarray:
         for c0 in range(0, rows.shape[0], chunk):
             run(c0, min(c0 + chunk, rows.shape[0]))
     return out.reshape(a.shape)
-
-
-def _jit_ready(n: int) -> bool:
-    """True when the host transforms run compiled (:func:`caramel.ring.ntt_jit.ready`: Numba present,
-    not disabled by ``CARAMEL_NUMBA=0``, compiled); else the NumPy kernels below (the same bits)."""
-    from caramel.ring import ntt_jit
-
-    return ntt_jit.ready(n)
 
 
 def _stack(tabs: list[NttTable], names: tuple[str, str], xp=np) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
