@@ -45,15 +45,13 @@ import numpy as np
 from caramel import cache as store
 from caramel.cache import program_key, remember
 from caramel.parse import no_gc
-from caramel.program import Mem, Opcode, Program
+from caramel.program import Mem, Program
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MAGIC = b"CARAMEL-PLAN\0"
 SUFFIX = ".plan"
-_OPCODES = tuple(Opcode)
-_OPCODE_INDEX = {op: i for i, op in enumerate(_OPCODES)}
 
 
 class PlanEntryError(store.CacheEntryError):
@@ -140,7 +138,7 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             k_cols["out"].append(tup(k.out_limbs))
             k_cols["comms"].append(len(k.comms))
             for c in k.comms:
-                c_cols["op"].append(_OPCODE_INDEX[c.op])
+                c_cols["op"].append(store._OPCODE_INDEX[c.op])
                 for f in ("sync", "size", "src", "dst", "prime"):
                     c_cols[f].append(getattr(c, f))
             k_cols["level"].append(k.level)
@@ -158,10 +156,7 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
     arrays = {f"r_{c}": np.asarray(v, dtype=np.int64) for c, v in r_cols.items()}
     arrays.update({f"k_{c}": np.asarray(v, dtype=np.int64) for c, v in k_cols.items()})
     arrays.update({f"c_{c}": np.asarray(v, dtype=np.int64) for c, v in c_cols.items()})
-    offsets = np.zeros(len(tup.rows) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(t) for t in tup.rows])
-    arrays["tup_off"] = offsets
-    arrays["tup_val"] = np.asarray([v for t in tup.rows for v in t], dtype=np.int64)
+    arrays["tup_off"], arrays["tup_val"] = store._csr(tup.rows)
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     return arrays
 
@@ -199,7 +194,7 @@ def decode(arrays, header: dict, name: str):
     ins, outs, sca = (map(tuples.__getitem__, _ids(r[f], nt, "row tuple")) for f in ("ins", "outs", "scalars"))
     args = [a if h else None for a, h in zip(r["arg"].tolist(), r["has_arg"].tolist())]
     rows = list(map(tuple.__new__, [Row] * len(args), zip(r["prime"].tolist(), ins, outs, sca, args)))
-    ops = [_OPCODES[i] for i in _ids(c["op"], len(_OPCODES), "opcode")]
+    ops = [store._OPCODES[i] for i in _ids(c["op"], len(store._OPCODES), "opcode")]
     comms = [Comm(op, *f) for op, *f in zip(ops, *(c[x].tolist() for x in ("sync", "size", "src", "dst", "prime")))]
     kinds = list(Kind)
     kind = [kinds[i] for i in _ids(k["kind"], len(kinds), "kernel kind")]
