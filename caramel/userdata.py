@@ -91,10 +91,7 @@ def load_inputs(path: str | Path) -> InputData:
                     arrays[name] = np.asarray(data[name])
         except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
             raise InputDataError(f"{path}: not a readable .npz of numeric arrays ({exc})") from None
-        for name, a in arrays.items():
-            if a.dtype.kind not in "iufc":
-                raise InputDataError(f"{path}: {name}: expected real or complex numbers, got dtype {a.dtype}")
-            arrays[name] = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+        arrays = {name: _numeric(a, f"{path}: {name}") for name, a in arrays.items()}
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text())
@@ -106,6 +103,13 @@ def load_inputs(path: str | Path) -> InputData:
     else:
         raise InputDataError(f"{path}: an inputs file is .npz or .json, not {suffix or 'without a suffix'}")
     return InputData(str(path), arrays)
+
+
+def _numeric(a: np.ndarray, where: str) -> np.ndarray:
+    """``a`` as float64 (integers and reals) or complex128; :class:`InputDataError` for other dtypes."""
+    if a.dtype.kind not in "iufc":
+        raise InputDataError(f"{where}: expected real or complex numbers, got dtype {a.dtype}")
+    return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
 
 
 def as_input_data(inputs: InputData | str | Path | Mapping[str, Any]) -> InputData:
@@ -122,9 +126,7 @@ def as_input_data(inputs: InputData | str | Path | Mapping[str, Any]) -> InputDa
             a = np.asarray(v)
         except (TypeError, ValueError) as exc:
             raise InputDataError(f"inputs: {name}: {exc}") from None
-        if a.dtype.kind not in "iufc":
-            raise InputDataError(f"inputs: {name}: expected real or complex numbers, got dtype {a.dtype}")
-        arrays[str(name)] = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+        arrays[str(name)] = _numeric(a, f"inputs: {name}")
     return InputData("<inputs>", arrays)
 
 
