@@ -77,3 +77,16 @@ SYNTAX_FORMS = [
     "dis @ 65540:4 : r18", "rcv @ 65539:4 r21: ", "joi @ 65540:4 r35: r22[X] | 4", "joi @ 65539:4 : r61[X] | 3",
     "joi @ 65538:4 :  | 2", "rec r0: i1(0) | 0", "snd r0[X]: v1(0) | 0",
 ]  # fmt: skip
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty private cache folder (``CARAMEL_CACHE``) for the load and plan caches, and no
+    remembered warnings before or after the test; yields the folder (not yet created)."""
+    from caramel import cache
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("CARAMEL_CACHE", str(folder))
+    cache._warned.clear()
+    yield folder
+    cache._warned.clear()

@@ -33,13 +33,7 @@ ADD = SHARED_PROGRAMS / "Add_4L_2c"
 needs_corpus = pytest.mark.skipif(not (MUL.is_dir() and ADD.is_dir()), reason="shared corpus not found")
 
 
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("CARAMEL_CACHE", str(folder))
-    cache._warned.clear()
-    yield folder
-    cache._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # (tests/conftest.py)
 
 
 def entry_path(source) -> Path:

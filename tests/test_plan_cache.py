@@ -26,13 +26,7 @@ PROGRAMS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and p.name != "che
 MUL = EXAMPLES / "Mul_4L_2c"
 
 
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("CARAMEL_CACHE", str(folder))
-    cache._warned.clear()
-    yield folder
-    cache._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # (tests/conftest.py)
 
 
 def same_types(a, b) -> bool:
