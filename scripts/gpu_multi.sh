@@ -27,7 +27,7 @@ if [ "$part" = a ]; then
         --backend gpu --seed 1
     step threads timeout 200 python3 -m caramel run "$big#BootstrapLike_51L_2c" --n 65536 --backend gpu --gpus 2 \
         --seed 1
-    step same-digest bash -c "grep -h 'output digest' $out/launch.txt $out/threads.txt | uniq -c | tee /dev/stderr | awk '{n += $1} END {exit !(NR == 1 && n == 2)}'"
+    step same-digest bash -c "grep -h 'output digest' $out/launch.txt $out/threads.txt | uniq -c | tee /dev/stderr | awk '{n += \$1} END {exit !(NR == 1 && n == 2)}'"
     step batch timeout 300 python3 scripts/gpu_batch.py --batch 4 --gpus "$gpus" --throughput "$counts" --rounds 2 \
         --json "$out/batch.json"
 else
