@@ -41,13 +41,14 @@ def caramel_cli(*args: str, timeout: float = 300, env: dict | None = None) -> su
 
 
 def check_launch(program: str, n: int, backend: str, nproc: int = 2, timeout: float = 300,
-                 env: dict | None = None) -> subprocess.CompletedProcess:
+                 env: dict | None = None, quiet: bool = True) -> subprocess.CompletedProcess:
     """``caramel launch --nproc P -- run PROGRAM`` on ``backend`` against the reference
     (``--backend cpu``): both succeed, the same output digest, P processes, a passing check.
-    Returns the launch's result for further checks."""
+    Returns the launch's result for further checks (with ``quiet=False`` its stderr holds the
+    ranks' log lines)."""
     want = caramel_cli("run", program, "--n", str(n), "--backend", "cpu", "-q", timeout=timeout, env=env)
     have = caramel_cli("launch", "--nproc", str(nproc), "--", "run", program, "--n", str(n), "--backend", backend,
-                       "-q", timeout=timeout, env=env)
+                       *(["-q"] if quiet else []), timeout=timeout, env=env)
     assert want.returncode == 0 and have.returncode == 0, (want.stderr + have.stderr)[-3000:]
     digest = [line for line in want.stdout.splitlines() if line.startswith("output digest")]
     assert digest and digest[0] in have.stdout

@@ -103,7 +103,7 @@ def test_process_mode_on_gpus():
     from tests.conftest import check_launch
 
     have = check_launch(str(find_program("Mul_10L_2c").path), 4096, "gpu", timeout=240,
-                        env={"NCCL_NVLS_ENABLE": "0"})
+                        env={"NCCL_NVLS_ENABLE": "0"}, quiet=False)
     assert "communicators destroyed" in have.stderr
 
 
