@@ -38,7 +38,7 @@ def run_plan(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: M
     ``mode`` as one device hosting every chip; ``backend`` builds the device's backend from
     (ctx, arena rows) (default: the NumPy backend)."""
     check_plan_memory(plan, ctx, memory)
-    prog = device_programs(plan, 1, ctx.primes, ctx.n)[0]
+    prog = device_programs(plan, 1, ctx.primes)[0]
     run = DeviceRun(prog, plan, ctx, memory, Mode(mode), backend or NumpyBackend)
     run.run()
     return merge_results(plan, memory, [(prog.chips, run.stores())])
@@ -85,15 +85,10 @@ def run_threads(workers: Sequence[Callable[[], object]], timeout: float, abort: 
                 t.join(5.0)
             raise err
         finished += 1
-    first = next((e for e in errors if e is not None and not _is_secondary(e)), None)
-    first = first or next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
+    failed = [e for e in errors if e is not None]
+    if failed:  # the first error that is not a device's "stopped, another device failed"
+        raise min(failed, key=lambda e: isinstance(e, ExecutionError) and "another device failed" in str(e))
     return results
-
-
-def _is_secondary(e: BaseException) -> bool:
-    return isinstance(e, ExecutionError) and "another device failed" in str(e)
 
 
 class HostRun:
@@ -111,7 +106,7 @@ class HostRun:
                  seed: int | None = None):
         check_plan_memory(plan, ctx, memory)
         self.plan, self.memory, self.timeout = plan, memory, timeout
-        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes, ctx.n,
+        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes,
                                      reuse="fifo" if streams > 1 else "lifo")
         self.runs = [DeviceRun(p, plan, ctx, memory, Mode(mode), backend or NumpyBackend) for p in self.progs]
         self.schedules = [r.schedule(streams) for r in self.runs] if streams > 1 else None

@@ -32,6 +32,15 @@ from caramel.ring.modular import ELEMENTWISE, inv_mod
 
 _U64 = np.uint64
 
+#: The one-operand register forms: rD = f(rA) in limb ``base``.
+_UNARY: dict[Opcode, Callable[[Context, Instruction, np.ndarray], np.ndarray]] = {
+    Opcode.MOV: lambda ctx, ins, a: a,
+    Opcode.ROT: lambda ctx, ins, a: ctx.automorphism(a, ctx.galois_element(ins.step)),
+    Opcode.CON: lambda ctx, ins, a: ctx.automorphism(a, ctx.conjugation_element),
+    Opcode.NTT: lambda ctx, ins, a: ctx.ntt(a, ins.base),
+    Opcode.INT: lambda ctx, ins, a: ctx.intt(a, ins.base),
+}
+
 
 @dataclass(slots=True)
 class Limb:
@@ -194,21 +203,8 @@ class ReferenceInterpreter:
             elif op != Opcode.NEG:
                 args.append(self._read(chip, ins.srcs[1], ins).data.astype(_U64))
             out = ELEMENTWISE[name](q, *args)
-        elif op == Opcode.MOV:
-            src = self._read(chip, ins.srcs[0], ins)
-            chip.regs[ins.dst.index] = Limb(L, src.data)
-            self._free(chip, ins)
-            return
-        elif op == Opcode.ROT:
-            a = self._read(chip, ins.srcs[0], ins).data
-            out = ctx.automorphism(a, ctx.galois_element(ins.step))
-        elif op == Opcode.CON:
-            a = self._read(chip, ins.srcs[0], ins).data
-            out = ctx.automorphism(a, ctx.conjugation_element)
-        elif op == Opcode.NTT:
-            out = ctx.ntt(self._read(chip, ins.srcs[0], ins).data, L)
-        elif op == Opcode.INT:
-            out = ctx.intt(self._read(chip, ins.srcs[0], ins).data, L)
+        elif op in _UNARY:  # mov, rot, con, ntt, int
+            out = _UNARY[op](ctx, ins, self._read(chip, ins.srcs[0], ins).data)
         elif op == Opcode.SUD:
             out = self._sud(chip, ins)
         else:  # pragma: no cover - communication is handled by the scheduler
@@ -245,12 +241,7 @@ class ReferenceInterpreter:
                 chip.regs.pop(s.index, None)
 
     # -------------------------------------------------------------------------------- scheduler
-    def run(
-        self,
-        memory: Mapping[Mem, np.ndarray],
-        *,
-        on_instruction: Callable[[int, Instruction], None] | None = None,
-    ) -> RunResult:
+    def run(self, memory: Mapping[Mem, np.ndarray]) -> RunResult:
         """Run every chip to completion over the read-only input image ``memory`` (checked first)."""
         check_memory_image(self.program, self.ctx, memory)
         self.memory = memory
@@ -260,7 +251,7 @@ class ReferenceInterpreter:
         executed = 0
         while True:
             progressed = False
-            for c, chip in enumerate(chips):
+            for chip in chips:
                 instrs = chip.stream.instructions
                 while chip.pc < len(instrs):
                     ins = instrs[chip.pc]
@@ -283,19 +274,14 @@ class ReferenceInterpreter:
                             break
                     else:
                         self.step(chip, ins)
-                    if on_instruction is not None:
-                        on_instruction(c, ins)
                     chip.pc += 1
                     executed += 1
                     progressed = True
             if all(ch.done for ch in chips):
                 break
             if not progressed:
-                waits = [
-                    f"chip {c} waits at {_where(ch, ch.stream.instructions[ch.pc])}"
-                    for c, ch in enumerate(chips)
-                    if not ch.done
-                ]
+                waits = [f"chip {c} waits at {_where(ch, ch.stream.instructions[ch.pc])}"
+                         for c, ch in enumerate(chips) if not ch.done]
                 raise DeadlockError("deadlock: every unfinished chip is blocked:\n  " + "\n  ".join(waits))
         if mail:
             ids = ", ".join(str(i) for i in sorted(mail)[:8])
@@ -328,11 +314,7 @@ class ReferenceInterpreter:
         return True
 
 
-def run_reference(
-    program: Program,
-    ctx: Context,
-    memory: Mapping[Mem, np.ndarray],
-    mode: Mode | str = Mode.EXACT,
-) -> RunResult:
+def run_reference(program: Program, ctx: Context, memory: Mapping[Mem, np.ndarray],
+                  mode: Mode | str = Mode.EXACT) -> RunResult:
     """Run ``program`` on the CPU reference over the input image ``memory``."""
     return ReferenceInterpreter(program, ctx, mode).run(memory)

@@ -124,10 +124,6 @@ class ChipSSA:
     conversions: dict[int, Conversion]
     zero_buffer: int  # buffer of the zeros written by rsi, -1 when the stream has no rsi
 
-    @property
-    def n_values(self) -> int:
-        return len(self.kind)
-
     def edges(self) -> Iterable[tuple[int, int, int]]:
         """Every read-after-write edge (producer index, reader index, value) of the stream."""
         producer = self.producer
@@ -445,11 +441,6 @@ def resource_graph(stream: Stream) -> nx.DiGraph:
 # ---------------------------------------------------------------------------------------------- export
 
 
-def _label(program: Program, node) -> str:
-    c, i = node
-    return program.streams[c].instructions[i].text()
-
-
 def to_dot(graph: nx.DiGraph, program: Program, max_nodes: int = 2000) -> str:
     """Graphviz text of ``graph``: one cluster per chip, nodes labelled with their instruction,
     ``comm`` edges dashed. Refuses graphs above ``max_nodes`` nodes (DOT is for small programs)."""
@@ -462,7 +453,7 @@ def to_dot(graph: nx.DiGraph, program: Program, max_nodes: int = 2000) -> str:
     for c, nodes in sorted(by_chip.items()):
         lines.append(f'  subgraph cluster_{c} {{ label="chip {c}";')
         for n in sorted(nodes):
-            text = _label(program, n).replace('"', r"\"")
+            text = program.streams[c].instructions[n[1]].text().replace('"', r"\"")
             lines.append(f'    "{c}:{n[1]}" [label="{n[1]}: {text}"];')
         lines.append("  }")
     for u, v, data in graph.edges(data=True):

@@ -40,7 +40,7 @@ def test_per_row_calls_give_the_reference(name):
     """``per_row``: one call per kernel row (with an unfused plan, one per instruction)."""
     program, memory = prepared(name)
     plan = build_plan(program, fuse=False)
-    run = DeviceRun(device_programs(plan, 1, CTX.primes, CTX.n)[0], plan, CTX, memory, "exact", NumpyBackend,
+    run = DeviceRun(device_programs(plan, 1, CTX.primes)[0], plan, CTX, memory, "exact", NumpyBackend,
                     per_row=True)
     rows = sum(len(k.rows) for c in plan.chips for k in c.kernels)
     assert sum(k is not None for k in run.kernel_of) == rows
