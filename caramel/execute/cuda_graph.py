@@ -103,7 +103,7 @@ def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collective
 
 class MultiGpuRun:
     """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
-    per chip); ``local``: the devices (indices 0..G-1) that this process drives (default all; one
+    per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process drives (default all; one
     in process mode, :mod:`caramel.execute.distributed`); ``device_ids``: the CUDA device of each
     local device (default 0, 1, ...); ``timeout``: the watchdog's limit in seconds for every
     phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
@@ -126,7 +126,7 @@ class MultiGpuRun:
         self.plan, self.ctx, self.mode, self.memory = plan, ctx, Mode(mode), memory
         self.timeout = timeout
         present = cp.cuda.runtime.getDeviceCount()
-        g = min(gpus or len(plan.chips), len(plan.chips))
+        g = min(gpus or present, len(plan.chips))
         self.local = list(local) if local is not None else list(range(g))
         ids = list(device_ids) if device_ids is not None else list(range(len(self.local)))
         if len(ids) < len(self.local) or any(not 0 <= i < present for i in ids):
@@ -286,11 +286,9 @@ class MultiGpuRun:
         return self._each(lambda d: self._on(d, body), "instrumented run")
 
     def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
-        """The inputs of another instance of the same program, written in place on every local GPU
-        (:meth:`DeviceRun.rebind <caramel.execute.runner.DeviceRun.rebind>`: every input row
-        outside ``keep`` and the scalar table), so that the captured graphs replay on them;
-        ``keep``: limbs already in place (a batch's shared evaluation keys), checked with the first
-        image and not sent again. The graphs and communicators stay."""
+        """The inputs of another instance, written in place on every local GPU (:meth:`DeviceRun.rebind
+        <caramel.execute.runner.DeviceRun.rebind>`; ``keep``: limbs already in place, checked with
+        the first image), so that the graphs replay on them. The graphs and communicators stay."""
         check_plan_memory(self.plan, self.ctx, memory, kept=keep)
 
         def body(d):
@@ -314,10 +312,9 @@ class MultiGpuRun:
                     pass
 
     def close(self, failed: bool = False) -> None:
-        """Drop the graphs, then destroy the communicators (each in its GPU's thread). The order
-        matters: ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
-        exists (seen on H200s with NCCL 2.28.9: a process that destroyed its communicator before
-        its graph never exited). ``failed`` (after an error): abort the communicators instead."""
+        """Drop the graphs, then destroy the communicators (each in its GPU's thread): in this
+        order, as ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
+        exists. ``failed`` (after an error): abort the communicators instead."""
         if self._closed:
             return
         self._closed = True
@@ -361,13 +358,9 @@ class GpuRun(MultiGpuRun):
             raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
         super().__init__(plan, ctx, memory, mode, 1, device_ids=[cp.cuda.Device().id], streams=streams,
                          per_row=per_row)
-        self.device, self.stream = self.runs[0], self.streams[0]
+        self.device, self.stream, self.backend = self.runs[0], self.streams[0], self.runs[0].backend
         self.kernels = len(self.device.calls)
         self.schedule = self.launchers[0].schedule if self.launchers[0] is not None else None
-
-    @property
-    def backend(self):
-        return self.device.backend
 
 
 def _run_once(run: MultiGpuRun, graph: bool, repeats: int) -> RunResult:
@@ -380,13 +373,9 @@ def _run_once(run: MultiGpuRun, graph: bool, repeats: int) -> RunResult:
 def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                   gpus: int | None = None, *, graph: bool = True, repeats: int = 0,
                   streams: int | None = None) -> RunResult:
-    """Run ``plan`` on ``gpus`` GPUs (default one per chip, at most those present), as one CUDA
-    graph per GPU (``graph``) or eagerly, on ``streams`` streams per GPU (default
-    :data:`DEFAULT_STREAMS`); ``repeats`` > 0 also times that many replays."""
-    if gpus is None:
-        import cupy as cp
-
-        gpus = min(len(plan.chips), cp.cuda.runtime.getDeviceCount())
+    """Run ``plan`` on ``gpus`` GPUs (:class:`MultiGpuRun`), as one CUDA graph per GPU (``graph``)
+    or eagerly, on ``streams`` streams per GPU (default :data:`DEFAULT_STREAMS`); ``repeats`` > 0
+    also times that many runs."""
     with MultiGpuRun(plan, ctx, memory, mode, gpus, streams=streams) as run:
         return _run_once(run, graph, repeats)
 
@@ -403,10 +392,8 @@ def run_gpu(plan_or_program, ctx: Context, memory: Mapping[Mem, np.ndarray], mod
             graph: bool = True, repeats: int = 0, per_row: bool | None = None, streams: int = 1) -> RunResult:
     """Run on one GPU. ``graph=True``: the (fused) plan as one CUDA graph; ``graph=False``: eager,
     one launch per instruction (unfused plan, ``per_row``, default: when not ``graph``) when given
-    a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`). A multi-chip plan
-    runs all its chips on this one GPU (:func:`run_multi_gpu` with one device: chips merged by
-    level, communication as local copies and sums). ``repeats`` > 0 replays that many extra times
-    (and attaches ``timing`` to the result)."""
+    a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`); a multi-chip plan runs
+    all its chips on this GPU (:func:`run_multi_gpu`). ``repeats`` > 0: that many more runs timed."""
     plan = _plan_of(plan_or_program, fuse=graph)
     if len(plan.chips) != 1:
         return run_multi_gpu(plan, ctx, memory, mode, 1, graph=graph, repeats=repeats)

@@ -95,11 +95,9 @@ class HostRun:
     """The CPU twin of :class:`~caramel.execute.cuda_graph.MultiGpuRun`: a plan's device programs
     on NumPy (or ``backend``) devices, one host thread each, over a :class:`FakeNetwork` (a fresh
     one per run unless given), under the watchdog (``timeout``); timed with the wall clock.
-
-    ``streams`` > 1 stands in for the GPU's concurrent streams: each device's tasks are scheduled
-    as on the GPU (:meth:`DeviceRun.schedule`, rows reused first-in first-out) and a run executes
-    them in a random order that the schedule's happens-before allows (one new order per run,
-    from ``seed``); any such order must give the single-stream result."""
+    ``streams`` > 1 stands in for the GPU's streams: each device's tasks are scheduled as on the GPU
+    and run in a random order that the schedule's happens-before allows (a new one per run, from
+    ``seed``); any such order must give the single-stream result."""
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                  devices: int | None = None, *, backend=None, timeout: float = 120.0, streams: int = 1,

@@ -18,6 +18,7 @@ All arithmetic comes from :mod:`caramel.ring`; the arithmetic mode (``exact``, `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -85,9 +86,8 @@ class _Mail:
 
 @dataclass
 class _Acc:
-    tag: int
-    total: np.ndarray | None
-    count: int
+    total: np.ndarray | None = None
+    count: int = 0
 
 
 def _where(chip: ChipState, ins: Instruction) -> str:
@@ -129,9 +129,7 @@ class ReferenceInterpreter:
         return got
 
     def _load(self, chip: ChipState, mem: Mem, ins: Instruction) -> np.ndarray:
-        got = chip.store.get(mem)
-        if got is None:
-            got = self.memory.get(mem)
+        got = chip.store[mem] if mem in chip.store else self.memory.get(mem)
         if got is None:
             raise ExecutionError(f"{_where(chip, ins)}: memory {mem} was never provided or stored")
         return got
@@ -186,11 +184,6 @@ class ReferenceInterpreter:
                 chip.regs[r.index] = Limb(-1, w)
             self._free(chip, ins)
             return
-        if op == Opcode.MOD:
-            words = np.stack([self._read(chip, r, ins).data for r in ins.srcs])
-            chip.regs[ins.dst.index] = Limb(L, ctx.mod_reduce(words, L))
-            self._free(chip, ins)
-            return
         if op in (Opcode.REC, Opcode.SND):
             raise ExecutionError(f"{_where(chip, ins)}: '{op.value}' is not supported (never emitted by the compiler)")
 
@@ -207,6 +200,8 @@ class ReferenceInterpreter:
             out = _UNARY[op](ctx, ins, self._read(chip, ins.srcs[0], ins).data)
         elif op == Opcode.SUD:
             out = self._sud(chip, ins)
+        elif op == Opcode.MOD:
+            out = ctx.mod_reduce(np.stack([self._read(chip, r, ins).data for r in ins.srcs]), L)
         else:  # pragma: no cover - communication is handled by the scheduler
             raise ExecutionError(f"{_where(chip, ins)}: cannot execute {op.value} here")
         chip.regs[ins.dst.index] = Limb(L, np.asarray(out, dtype=np.uint32))
@@ -220,11 +215,7 @@ class ReferenceInterpreter:
         src = ins.srcs[1]
         if isinstance(src, BcuSlot):
             y = self._bcu_read(chip, src, ins)
-            unit = chip.bcus[src.unit]
-            product = 1
-            for l in unit.in_limbs:
-                product *= ctx.q(l)
-            factor = self._qinv(product, L)
+            factor = self._qinv(math.prod(ctx.q(l) for l in chip.bcus[src.unit].in_limbs), L)
         else:
             rb = self._read(chip, src, ins)
             y = ctx.sud_lift(rb.data, rb.tag, L, self.mode)
@@ -292,9 +283,7 @@ class ReferenceInterpreter:
         """Contribute once; a participant with a destination waits for all ``size`` contributions."""
         L = ins.base
         if not chip.joined:
-            entry = acc.get(ins.sync)
-            if entry is None:
-                entry = acc[ins.sync] = _Acc(L, None, 0)
+            entry = acc.setdefault(ins.sync, _Acc())
             if ins.srcs:
                 x = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
                 entry.total = x if entry.total is None else ELEMENTWISE["add"](self._q[L], entry.total, x)

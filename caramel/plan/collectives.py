@@ -48,8 +48,7 @@ class Collective:
     ``root``: the sender (BROADCAST) or the destination (REDUCE). ``src``: (chip, buffer) sent or
     contributed (buffer -1: a sourceless ``joi``, contributing zero); ``dst``: (chip, buffer)
     received. ``prime``: index of q (the limb, ``id & 0xFFFF`` or the ``joi`` base). ``level``:
-    the plan level shared by all participants; ``line``: (chip, source line) of one participant,
-    for messages.
+    the plan level shared by all participants.
     """
 
     sync: int
@@ -76,13 +75,10 @@ def check_reduce_size(n: int, q: int, what: str) -> None:
 
 
 def plan_collectives(plan: Plan, primes: Sequence[int] | None = None) -> list[Collective]:
-    """Every communication of ``plan`` as a :class:`Collective`, in the global order.
-
-    Raises :class:`PlanError` with every problem: the pairing rules of ISA.md 6
-    (:func:`caramel.validate.check_pairing`, their one home), all participants of an id at one
-    plan level, and with ``primes``, REDUCE groups small enough for a uint32 sum
-    (:func:`check_reduce_size`).
-    """
+    """Every communication of ``plan`` as a :class:`Collective`, in the global order. Raises
+    :class:`PlanError` with every problem: the pairing rules of ISA.md 6 (:func:`caramel.validate.check_pairing`),
+    all participants of an id at one plan level, and with ``primes``, REDUCE groups small enough for
+    a uint32 sum (:func:`check_reduce_size`)."""
     parts: list[tuple[int, Instruction]] = []
     level: dict[tuple[int, Instruction], int] = {}
     for chip in plan.chips:

@@ -18,10 +18,10 @@ from caramel.execute.result import RunResult  # noqa: E402
 from caramel.execute.runner import DeviceRun  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
-from caramel.plan.streams import assign_streams, chip_tasks, happens_before_order  # noqa: E402
+from caramel.plan.streams import assign_streams, happens_before_order  # noqa: E402
 from caramel.ring import Context  # noqa: E402
 
-from plan_helpers import load_corpus, store_mismatches  # noqa: E402
+from plan_helpers import chip_tasks, load_corpus, store_mismatches  # noqa: E402
 
 CTX = Context(n=1024)
 

@@ -22,11 +22,11 @@ from caramel.execute.runner import _rows, lower_kernel
 from caramel.plan import build_plan
 from caramel.plan import Kind, assign_rows
 from caramel.plan.streams import (
-    StreamSchedule, Task, assign_streams, check_schedule, chip_tasks, happens_before_order, hazards,
+    StreamSchedule, Task, assign_streams, check_schedule, happens_before_order, hazards,
 )
 from caramel.ring import Context, Mode
 
-from plan_helpers import PROGRAMS, load_corpus, random_memory, store_mismatches
+from plan_helpers import PROGRAMS, chip_tasks, load_corpus, random_memory, store_mismatches
 
 ONE_CHIP = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "Relin2_10L_1c", "RotMulAdd_10L_1c",
             "BootstrapModRaise_10L_1c"]
