@@ -31,6 +31,7 @@ CuPy is imported lazily.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
@@ -111,8 +112,9 @@ class MultiGpuRun:
     ``streams``: CUDA streams per GPU (module docstring); ``per_row``: every kernel row is its own
     launch (:class:`~caramel.execute.runner.DeviceRun`)."""
 
-    #: Whether the last stream of a device is kept for its communication steps (module docstring).
-    comm_stream = True
+    #: Whether the last stream of a device is kept for its communication steps (module docstring),
+    #: and whether a capture may allocate (CuPy's relaxed mode) or is thread-local.
+    comm_stream, relaxed_capture = True, False
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                  gpus: int | None = None, *, local: Sequence[int] | None = None,
@@ -144,10 +146,9 @@ class MultiGpuRun:
                 raise ExecutionError("a run driving some of the devices needs their communicators (comms=)")
             comms = nccl_communicators(device_groups(self.progs), [self.device_ids[d] for d in self.local])
         self.comms = comms
-        self.runs: list[DeviceRun | None] = [None] * len(self.progs)
-        self.streams: list = [None] * len(self.progs)
-        self.graphs: list = [None] * len(self.progs)
-        self.launchers: list = [None] * len(self.progs)
+        n = len(self.progs)
+        self.runs: list[DeviceRun | None] = [None] * n
+        self.streams, self.graphs, self.launchers = [None] * n, [None] * n, [None] * n
         self._closed = False
 
         def setup(d: int):
@@ -161,7 +162,8 @@ class MultiGpuRun:
                         run.init_data = None  # the inputs stay in their rows: no host copy to restore from
                         if deferred:  # the residues not scanned on the host: the uploaded rows' maxima
                             row_of = dict(zip(run.input_mems, run.init_rows))
-                            check_ranges(ctx, memory, deferred, row_maxima(run.backend.arena, [row_of[m] for m in deferred]))
+                            maxima = row_maxima(run.backend.arena, [row_of[m] for m in deferred])
+                            check_ranges(ctx, memory, deferred, maxima)
                         if self.gpus > 1:
                             # A dry run without collectives compiles and loads every kernel and uploads
                             # every index array now: loading a module or a synchronous copy while an
@@ -210,7 +212,7 @@ class MultiGpuRun:
         self.eager()
         import cupy as cp
 
-        mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", 1)
+        mode = None if self.relaxed_capture else getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", 1)
 
         def body(d):
             s = self.streams[d]
@@ -306,10 +308,8 @@ class MultiGpuRun:
         """Abort every communicator: GPUs blocked in a collective return (with an error)."""
         for d in self.local:
             for comm in self.comms.get(d, {}).values():
-                try:
+                with contextlib.suppress(Exception):  # best effort: the run is failing already
                     comm.abort()
-                except Exception:  # noqa: BLE001
-                    pass
 
     def close(self, failed: bool = False) -> None:
         """Drop the graphs, then destroy the communicators (each in its GPU's thread): in this
@@ -346,7 +346,7 @@ class GpuRun(MultiGpuRun):
     graph; ``per_row`` as there (with an unfused plan, one launch per limb-level instruction:
     the eager baseline). ``device`` is its :class:`~caramel.execute.runner.DeviceRun`."""
 
-    comm_stream = False
+    comm_stream, relaxed_capture = False, True
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                  *, per_row: bool = False, streams: int = 1):
@@ -406,9 +406,8 @@ def resident_executor(program_or_plan, ctx: Context, mode: Mode | str, *, stream
                       keep: frozenset[Mem] = frozenset()) -> Callable[[Mapping], RunResult]:
     """``memory -> RunResult`` for many instances of one 1-chip program on the current GPU: the
     first call uploads its image and captures the graph, every later call rewrites only the inputs
-    outside ``keep`` (:meth:`GpuRun.rebind`; ``keep``: the limbs that are the same in every image,
-    such as shared evaluation keys) and replays. One resident run per executor: call it from one
-    thread at a time."""
+    outside ``keep`` (the limbs that are the same in every image, such as shared evaluation keys)
+    and replays. One resident run per executor: call it from one thread at a time."""
     plan = _plan_of(program_or_plan, fuse=True)
     resident: list[GpuRun] = []
 

@@ -1,12 +1,10 @@
 """Drivers on the host: one device inline, or G devices in host threads under a watchdog.
 
 :func:`run_plan` runs a whole plan as ONE device hosting every chip (its communication becomes
-local copies and sums, :mod:`caramel.execute.placement`) on NumPy or any backend: the CPU plan
-engine, bit-identical to the reference. :class:`HostRun` (and :func:`run_on_devices`, one run of
-it) runs a plan on G "devices" of the NumPy backend, one host thread per device, over the
-in-process fabric (:mod:`caramel.execute.fabric.threads`): the CPU twin of the multi-GPU
-executor, that CI runs. :func:`run_threads` is the watchdog both this and the GPU driver
-(:class:`~caramel.execute.cuda_graph.MultiGpuRun`) use.
+local copies and sums) on NumPy or any backend: the CPU plan engine. :class:`HostRun` (and
+:func:`run_on_devices`, one run of it) runs a plan on G NumPy "devices", one host thread each, over
+the in-process fabric (:mod:`caramel.execute.fabric.threads`): the CPU twin of the multi-GPU
+executor, that CI runs. :func:`run_threads` is the watchdog of both drivers.
 """
 
 from __future__ import annotations

@@ -98,9 +98,7 @@ class ReferenceInterpreter:
     """Runs a program on K simulated chips with the exact semantics of ISA.md section 4."""
 
     def __init__(self, program: Program, ctx: Context, mode: Mode | str = Mode.EXACT):
-        self.program = program
-        self.ctx = ctx
-        self.mode = Mode(mode)
+        self.program, self.ctx, self.mode = program, ctx, Mode(mode)
         self._q = [np.uint64(q) for q in ctx.primes]
         self._inv: dict[tuple[int, int], int] = {}
 

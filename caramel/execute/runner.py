@@ -6,9 +6,8 @@ scalar table into the backend's arena and lowers every kernel to one backend cal
 (:func:`lower_kernel`) and every communication step to local sums, copies through staging rows,
 ONE fabric group call and ``% q``. The same object runs in order on one stream (:meth:`run`),
 task by task for several streams (:meth:`schedule`, :meth:`run_task`, :mod:`caramel.plan.streams`)
-or captured into a CUDA graph (:mod:`caramel.execute.cuda_graph`); the drivers
-(:mod:`caramel.execute.drive`, :mod:`caramel.execute.cuda_graph`,
-:mod:`caramel.execute.distributed`) decide how many devices and which fabric.
+or captured into a CUDA graph; the drivers (``drive``, ``cuda_graph``, ``distributed``) decide how
+many devices and which fabric.
 """
 
 from __future__ import annotations

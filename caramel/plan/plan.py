@@ -62,11 +62,8 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
     n_buffers = chip.n_buffers
     E, NTT = Kind.ELEMENTWISE, Kind.NTT
 
-    def scalar(spec: ScalarSpec) -> int:
-        got = scalars.get(spec)
-        if got is None:
-            got = scalars[spec] = len(scalars)
-        return got
+    def scalar(spec: ScalarSpec) -> int:  # its index in the chip's scalar table
+        return scalars.setdefault(spec, len(scalars))
 
     for i, ins in enumerate(chip.stream.instructions):
         op = ins.op

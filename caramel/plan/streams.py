@@ -1,9 +1,10 @@
 """Streams: tasks spread over several in-order queues (CUDA streams).
 
 A *task* (:class:`Task`) is one unit of a single-stream run: on a device, a kernel or one
-communication step (:mod:`caramel.execute.runner`); it declares the arena rows it reads and writes. A :class:`StreamSchedule` puts every task on one of ``n_streams`` streams.
-Tasks of one stream run in task order; a task also waits for the earlier tasks of other streams
-listed in ``waits`` (an event recorded after each of them). Before the first task every stream
+communication step (:mod:`caramel.execute.runner`); it declares the arena rows it reads and
+writes. A :class:`StreamSchedule` puts every task on one of ``n_streams`` streams. Tasks of one
+stream run in task order; a task also waits for the earlier tasks of other streams listed in
+``waits`` (an event recorded after each of them). Before the first task every stream
 is ordered after the arena's initial writes (the *fork*), and before the stores are read stream
 0 waits for the last task of every other stream (the *join*, ``joins``; explicit for every
 stream, as CUDA graph capture wants), so that everything happens before the end. Together they
@@ -72,16 +73,6 @@ class StreamSchedule:
     joins: tuple[int, ...]
     event: tuple[int, ...]
     n_events: int
-
-    @property
-    def streams_used(self) -> int:
-        """How many distinct streams have tasks."""
-        return len(set(self.stream))
-
-    @property
-    def n_waits(self) -> int:
-        """Cross-stream waits, joins included."""
-        return sum(map(len, self.waits)) + len(self.joins)
 
 
 DEP, RAW, WAW, WAR = "data dependency", "read-after-write", "write-after-write", "write-after-read"

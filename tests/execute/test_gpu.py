@@ -123,7 +123,7 @@ def test_multi_stream_bit_exact(name, streams):
         problems = mismatches(want, run.result())
         assert not problems, f"{name} streams={streams} graph={graph}: " + "; ".join(problems[:4])
     if name == "BootstrapModRaise_10L_1c":
-        assert run.schedule.streams_used > 1
+        assert len(set(run.schedule.stream)) > 1
 
 
 def test_multi_stream_eager_per_row_and_executor():

@@ -30,8 +30,7 @@ class FakeNetwork:
     module docstring). ``log[d]`` records, per device, the ops of every group call."""
 
     def __init__(self, devices: int, timeout: float = 60.0):
-        self.devices = devices
-        self.timeout = timeout
+        self.devices, self.timeout = devices, timeout
         self.cond = threading.Condition()
         self.calls: dict[tuple[int, ...], list[int]] = {}  # group -> calls issued per device
         self.slots: dict[tuple[tuple[int, ...], int], _Slot] = {}
