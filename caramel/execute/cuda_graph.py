@@ -104,10 +104,10 @@ def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collective
 
 class MultiGpuRun:
     """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
-    per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process drives (default all; one
-    in process mode, :mod:`caramel.execute.distributed`); ``device_ids``: the CUDA device of each
-    local device (default 0, 1, ...); ``timeout``: the watchdog's limit in seconds for every
-    phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
+    per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process
+    drives (default all; one in process mode, :mod:`caramel.execute.distributed`); ``device_ids``:
+    the CUDA device of each local device (default 0, 1, ...); ``timeout``: the watchdog's limit in
+    seconds for every phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
     :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
     ``streams``: CUDA streams per GPU (module docstring); ``per_row``: every kernel row is its own
     launch (:class:`~caramel.execute.runner.DeviceRun`)."""
