@@ -35,7 +35,7 @@ from caramel.ckks.check import (
 )
 from caramel.ckks.device import resolve as client_device, using as using_client
 from caramel.ckks.keyset import KeySet, generate_keyset, input_rng
-from caramel.errors import CaramelError
+from caramel.errors import ArgumentError, BindingError, CaramelError
 from caramel.execute.reference import run_reference
 from caramel.execute.result import RunResult
 from caramel.program import Mem, Program
@@ -160,8 +160,6 @@ def check_devices(program: Program, backend: str, gpus: int | None) -> None:
     """Refuse a device count that the run would ignore or could not use: ``gpus`` with the ``cpu``
     backend (the reference interpreter runs in one host thread), fewer than 1, or more devices than
     the program has chips (each device runs at least one chip)."""
-    from caramel.errors import ArgumentError
-
     if gpus is None:
         return
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
@@ -189,8 +187,6 @@ def devices_used(program: Program, backend: str, gpus: int | None) -> int:
 def check_prime_count(program: Program, ctx: Context) -> None:
     """Raise :class:`BindingError` when ``program`` uses a limb index (a base, a sync id's limb, a
     memory limb or a ``bci`` list entry) beyond the context's prime list, naming the first place."""
-    from caramel.errors import BindingError
-
     count = len(ctx.primes)
     for stream in program.streams:
         for ins in stream.instructions:
@@ -271,7 +267,6 @@ def run_program(
     ``device``: where the client arithmetic (keys, encoding, encryption, decryption) runs, "cpu" or
     "gpu" (default: the GPU when the backend is the GPU); the results are the same bit for bit.
     """
-    from caramel.errors import ArgumentError
     from caramel.logs import progress
 
     if not isinstance(program, Program):

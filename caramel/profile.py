@@ -323,7 +323,7 @@ def _cpu_run(plan, ctx, memory, mode, per_row: bool):
     from caramel.execute.placement import device_programs
     from caramel.execute.runner import DeviceRun
 
-    run = DeviceRun(device_programs(plan, 1, ctx.primes, ctx.n)[0], plan, ctx, memory, mode, NumpyBackend,
+    run = DeviceRun(device_programs(plan, 1, ctx.primes)[0], plan, ctx, memory, mode, NumpyBackend,
                     per_row=per_row)
     return run, sum(k is not None for k in run.kernel_of)
 

@@ -186,6 +186,18 @@ def call_collectives(dev_run) -> dict[int, tuple[tuple[int, int], ...]]:
     return {i: tuple((s.level, o.sync) for o in s.ops) for i, s in zip(sorted(dev_run.groups), steps)}
 
 
+def comm_figures(progs, n: int) -> tuple[int, int]:
+    """The most device collectives that one device program issues, and the bytes that all of them
+    send (a BROADCAST from its root, a REDUCE contribution from every other member: N residues of
+    4 bytes per limb)."""
+    from caramel.execute.placement import CommStep
+    from caramel.plan.collectives import CollectiveKind
+
+    ops = [[o for s in p.steps if isinstance(s, CommStep) for o in s.ops] for p in progs]
+    sent = sum((o.kind is CollectiveKind.BROADCAST) == (o.root == p.device) for p, os in zip(progs, ops) for o in os)
+    return max(map(len, ops), default=0), sent * 4 * n
+
+
 def scaling_trace(result: ScalingResult) -> dict:
     """A Chrome / Perfetto trace of the instrumented runs: one process per (G, device), one thread
     row per stream of its schedule; kernels and collectives are "X" events of categories
@@ -334,7 +346,7 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
             floor = max(compute_only_ms(plan, ctx, memory, mode, g, repeats, streams))
             split = (floor, max(0.0, t.median_ms - floor))
         points.append(ScalingPoint(program.name, g, t.median_ms, t.min_ms, t.max_ms, t.repeats,
-                                   max(p.collectives for p in progs), sum(p.comm_bytes for p in progs),
+                                   *comm_figures(progs, n),
                                    split[0], split[1], digest, setup))
         log(f"{g} device(s): {t}; setup {setup:.1f} s; digest {digest[:16]}")
     return ScalingResult(family, n, mode.value, backend, device, clock,

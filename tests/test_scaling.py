@@ -21,3 +21,17 @@ def test_each_point_has_the_digest_of_run_with_the_same_seed(tmp_path):
         member = load_program(tmp_path / f"Mul_4L_{point.gpus}c", progress=False)
         assert point.digest == run_program(member, n=256, backend="cpu", seed=3, check=None).digest
         assert point.digest != run_program(member, n=256, backend="cpu", seed=4, check=None).digest
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="Mul_4L_2c not in the corpus")
+def test_comm_figures_count_the_device_collectives_and_their_limbs():
+    """On one device a plan needs no collective; on two, each of Mul_4L_2c's collectives sends one limb."""
+    from caramel.execute.placement import device_programs
+    from caramel.plan import build_plan
+    from caramel.ring import Context
+    from caramel.scaling import comm_figures
+
+    plan, primes = build_plan(load_program(SHARED_PROGRAMS / "Mul_4L_2c", progress=False)), Context(n=256).primes
+    assert comm_figures(device_programs(plan, 1, primes), 256) == (0, 0)
+    count, sent = comm_figures(device_programs(plan, 2, primes), 256)
+    assert count > 0 and sent == count * 4 * 256

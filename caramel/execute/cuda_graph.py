@@ -1,24 +1,21 @@
 """Plans on CUDA GPUs: the stream launcher, CUDA graph capture and replay, one GPU or G GPUs.
 
-Every GPU runs the chip runner (:class:`~caramel.execute.runner.DeviceRun`) over a
-:class:`~caramel.backends.cuda.backend.CupyBackend` arena. The inputs are uploaded once into rows
-that no kernel writes (``keep_inputs``), so a replayed graph needs no restore. An eager run
-compiles every kernel and uploads every index array; then the whole sequence is captured into ONE
-CUDA graph per GPU on a non-default stream and replayed.
-
-* :class:`GpuRun`: a 1-chip plan on one GPU, eagerly (``per_row``: one launch per instruction
-  with an unfused plan, the baseline) or as a graph; :func:`run_gpu`, :func:`gpu_executor`.
-* :class:`MultiGpuRun`: a K-chip plan on G GPUs, one host thread per GPU under the watchdog of
-  :func:`~caramel.execute.drive.run_threads`, collectives over NCCL
-  (:mod:`caramel.execute.fabric.nccl`); :func:`run_multi_gpu`. Life of a run: the collectives
-  are derived and checked and the device programs built before any GPU work; one communicator
-  per device group (``ncclCommInitAll``; in process mode ``ncclCommInitRank`` with ids shared
-  through a file, :mod:`caramel.execute.distributed`); per GPU thread: inputs uploaded, a dry
-  run without collectives (compiling and loading every kernel: nothing may do that while an
-  NCCL kernel waits for a peer), an eager run with them, a capture in thread-local mode; replays
-  launch every GPU's graph at once (a barrier lines the threads up); :meth:`MultiGpuRun.close`
-  drops the graphs, then destroys the communicators. A GPU that does not finish a phase in time
-  makes the run abort its communicators and raise a :class:`~caramel.errors.DeadlockError`.
+:class:`MultiGpuRun` holds a K-chip plan on G GPUs: per GPU the chip runner
+(:class:`~caramel.execute.runner.DeviceRun`) over a :class:`~caramel.backends.cuda.backend.CupyBackend`
+arena, driven by one host thread under the watchdog of :func:`~caramel.execute.drive.run_threads`,
+collectives over NCCL (:mod:`caramel.execute.fabric.nccl`). Life of a run: the collectives are
+derived and checked and the device programs built before any GPU work; one communicator per device
+group (``ncclCommInitAll``; in process mode ``ncclCommInitRank`` with ids shared through a file,
+:mod:`caramel.execute.distributed`); per GPU: the inputs uploaded once into rows that no kernel
+writes (``keep_inputs``: a replay needs no restore), with several GPUs a dry run without
+collectives (compiling and loading every kernel: nothing may do that while an NCCL kernel waits
+for a peer), an eager run, a capture into ONE CUDA graph (thread-local mode); replays launch every
+GPU's graph at once (a barrier lines the threads up); :meth:`MultiGpuRun.close` drops the graphs,
+then destroys the communicators. A GPU that does not finish a phase in time makes the run abort
+its communicators and raise a :class:`~caramel.errors.DeadlockError`. :class:`GpuRun` is the same
+run of a 1-chip plan on the current GPU, eager (``per_row``: one launch per instruction with an
+unfused plan, the baseline) or as a graph. :func:`run_gpu`, :func:`run_multi_gpu`,
+:func:`gpu_executor` and :func:`resident_executor` run them.
 
 Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
 (:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;
@@ -34,6 +31,7 @@ CuPy is imported lazily.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
@@ -47,7 +45,7 @@ from caramel.execute.memory import check_plan_memory, check_ranges
 from caramel.execute.placement import device_groups, gpu_device_programs
 from caramel.execute.result import RunResult, merge_results
 from caramel.execute.runner import DeviceRun
-from caramel.execute.timing import Timing, time_runs
+from caramel.execute.timing import Timing
 from caramel.plan.kernel import Kind, Plan
 from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
@@ -104,137 +102,53 @@ def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collective
         launcher.launch(lambda t: run.run_task(t, collectives=collectives))
 
 
-class GpuRun:
-    """One 1-chip plan resident on the GPU: its :class:`~caramel.execute.runner.DeviceRun` on a
-    CuPy arena, eager launches and one captured CUDA graph."""
+class MultiGpuRun:
+    """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
+    per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process
+    drives (default all; one in process mode, :mod:`caramel.execute.distributed`); ``device_ids``:
+    the CUDA device of each local device (default 0, 1, ...); ``timeout``: the watchdog's limit in
+    seconds for every phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
+    :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
+    ``streams``: CUDA streams per GPU (module docstring); ``per_row``: every kernel row is its own
+    launch (:class:`~caramel.execute.runner.DeviceRun`)."""
 
-    def __init__(self, plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 *, per_row: bool = False, streams: int = 1):
-        """``per_row``: lower every kernel row as its own launch (with an unfused plan, one launch
-        per limb-level instruction: the eager baseline; the rows of one kernel stay on its stream).
-        ``streams``: how many CUDA streams the kernel DAG is spread over (module docstring)."""
+    #: Whether the last stream of a device is kept for its communication steps (module docstring),
+    #: and whether a capture may allocate (CuPy's relaxed mode) or is thread-local.
+    comm_stream, relaxed_capture = True, False
+
+    def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                 gpus: int | None = None, *, local: Sequence[int] | None = None,
+                 device_ids: Sequence[int] | None = None, timeout: float = 300.0,
+                 comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False):
         import cupy as cp
 
         from caramel.backends.cuda.backend import CupyBackend
         from caramel.backends.cuda.transfer import row_maxima
 
-        if len(plan.chips) != 1:
-            raise ExecutionError(f"GpuRun takes a 1-chip plan, not {len(plan.chips)} chips")
-        if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
-            raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
-        self.plan, self.ctx, self.mode = plan, ctx, Mode(mode)
-        deferred = check_plan_memory(plan, ctx, memory, defer_ranges=True)
-        self.memory = memory
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        prog = gpu_device_programs(plan, 1, ctx, streams)[0]  # checks streams
-        streams = int(streams)
-        with self.stream:
-            self.device = DeviceRun(prog, plan, ctx, memory, self.mode, CupyBackend, per_row=per_row)
-            self.device.init_data = None  # the inputs stay in their rows: no host copy to restore from
-            if deferred:  # the residues not scanned on the host: the uploaded rows' maxima, on the device
-                row_of = {m: r for m, r in zip(self.device.input_mems, self.device.init_rows) if m is not None}
-                check_ranges(ctx, memory, deferred, row_maxima(self.backend.arena, [row_of[m] for m in deferred]))
-        self.stream.synchronize()
-        self.graph = None
-        self.kernels = len(self.device.calls)
-        self.schedule = self.device.schedule(streams, comm_stream=False) if streams > 1 else None
-        self._launcher = StreamLauncher(self.schedule, self.stream) if streams > 1 else None
-
-    @property
-    def backend(self):
-        return self.device.backend
-
-    def eager(self) -> None:
-        """Launch every kernel once: all on the run's stream, or (with a schedule) fork, every
-        kernel on its stream after its waits, join (module docstring). No synchronisation; the
-        work ends on the run's stream."""
-        with self.stream:
-            launch_device(self.device, self._launcher)
-
-    def capture(self):
-        """Capture the whole kernel sequence into one CUDA graph (after an eager warm-up, which
-        uses the same streams, so that every cache and memory pool is filled before capture)."""
-        if self.graph is None:
-            self.eager()  # compiles kernels, uploads index arrays, fills the caches
-            self.stream.synchronize()
-            self.stream.begin_capture()
-            try:
-                self.eager()
-            finally:
-                graph = self.stream.end_capture()
-            self.graph = graph
-        return self.graph
-
-    def replay(self) -> None:
-        """Launch the captured graph (no synchronisation)."""
-        self.capture().launch(self.stream)
-
-    def run(self, graph: bool = True) -> None:
-        (self.replay if graph else self.eager)()
-        self.stream.synchronize()
-
-    def time(self, graph: bool = True, repeats: int = 10, warmup: int = 1) -> Timing:
-        if graph:
-            self.capture()
-        return time_runs(self.replay if graph else self.eager, self.stream, repeats, warmup)
-
-    def result(self) -> RunResult:
-        """The outputs of the last run, read back, as a :class:`RunResult`."""
-        self.stream.synchronize()
-        return RunResult.from_stores(self.device.stores(), self.memory, self.plan.instructions)
-
-    def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
-        """The inputs of another instance (:meth:`DeviceRun.rebind`): written in place, so that the
-        captured graph replays on them; ``keep``: limbs already in place (a batch's shared keys)."""
-        check_plan_memory(self.plan, self.ctx, memory, kept=keep)  # the kept rows were checked with the first image
-        with self.stream:
-            self.device.rebind(memory, keep)
-        self.stream.synchronize()
-        self.memory = memory
-
-
-class MultiGpuRun:
-    """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
-    per chip); ``local``: the devices (indices 0..G-1) that this process drives (default all; one
-    in process mode, :mod:`caramel.execute.distributed`); ``device_ids``: the CUDA device of each
-    local device (default 0, 1, ...); ``timeout``: the watchdog's limit in seconds for every
-    phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
-    :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
-    ``streams``: CUDA streams per GPU (module docstring)."""
-
-    def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 gpus: int | None = None, *, local: Sequence[int] | None = None,
-                 device_ids: Sequence[int] | None = None, timeout: float = 300.0,
-                 comms: Mapping[int, Mapping] | None = None, streams: int | None = None):
-        import cupy as cp
-
-        from caramel.backends.cuda.backend import CupyBackend
-
         self.plan, self.ctx, self.mode, self.memory = plan, ctx, Mode(mode), memory
         self.timeout = timeout
         present = cp.cuda.runtime.getDeviceCount()
-        g = min(gpus or len(plan.chips), len(plan.chips))
+        g = min(gpus or present, len(plan.chips))
         self.local = list(local) if local is not None else list(range(g))
         ids = list(device_ids) if device_ids is not None else list(range(len(self.local)))
         if len(ids) < len(self.local) or any(not 0 <= i < present for i in ids):
             raise ExecutionError(f"{len(self.local)} GPU(s) asked for (CUDA devices {ids}); "
                                  f"this machine has {present}")
-        check_plan_memory(plan, ctx, memory)
+        # On one GPU (no communicator to leave waiting) the residues are scanned there, after the upload.
+        deferred = check_plan_memory(plan, ctx, memory, defer_ranges=g == 1)
         streams = DEFAULT_STREAMS if streams is None else streams
         self.progs = gpu_device_programs(plan, g, ctx, streams)  # checks streams, then the collectives
         streams = int(streams)
         self.device_ids = dict(zip(self.local, ids))
-        self.groups = device_groups(self.progs)
         self._own_comms = comms is None  # communicators passed in stay open at close()
         if comms is None:
             if len(self.local) != len(self.progs):
                 raise ExecutionError("a run driving some of the devices needs their communicators (comms=)")
-            comms = nccl_communicators(self.groups, [self.device_ids[d] for d in self.local])
+            comms = nccl_communicators(device_groups(self.progs), [self.device_ids[d] for d in self.local])
         self.comms = comms
-        self.runs: list[DeviceRun | None] = [None] * len(self.progs)
-        self.streams: list = [None] * len(self.progs)
-        self.graphs: list = [None] * len(self.progs)
-        self.launchers: list = [None] * len(self.progs)
+        n = len(self.progs)
+        self.runs: list[DeviceRun | None] = [None] * n
+        self.streams, self.graphs, self.launchers = [None] * n, [None] * n, [None] * n
         self._closed = False
 
         def setup(d: int):
@@ -243,15 +157,21 @@ class MultiGpuRun:
                     stream = self.streams[d] = cp.cuda.Stream(non_blocking=True)
                     with stream:
                         run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode, CupyBackend,
-                                        NcclFabric(d, self.comms.get(d, {})))
+                                        NcclFabric(d, self.comms.get(d, {})), per_row=per_row)
                         self.runs[d] = run
                         run.init_data = None  # the inputs stay in their rows: no host copy to restore from
-                        # A dry run without collectives compiles and loads every kernel and uploads
-                        # every index array now: loading a module or a synchronous copy while an
-                        # NCCL kernel waits for a peer can deadlock the GPUs (as seen on H200s).
-                        run.run(collectives=False)
+                        if deferred:  # the residues not scanned on the host: the uploaded rows' maxima
+                            row_of = dict(zip(run.input_mems, run.init_rows))
+                            maxima = row_maxima(run.backend.arena, [row_of[m] for m in deferred])
+                            check_ranges(ctx, memory, deferred, maxima)
+                        if self.gpus > 1:
+                            # A dry run without collectives compiles and loads every kernel and uploads
+                            # every index array now: loading a module or a synchronous copy while an
+                            # NCCL kernel waits for a peer can deadlock the GPUs (as seen on H200s).
+                            run.run(collectives=False)
                         if streams > 1:
-                            self.launchers[d] = StreamLauncher(run.schedule(streams), stream)
+                            sch = run.schedule(streams, comm_stream=self.comm_stream)
+                            self.launchers[d] = StreamLauncher(sch, stream)
                     stream.synchronize()
             return go
 
@@ -282,10 +202,7 @@ class MultiGpuRun:
 
     def eager(self) -> None:
         """Every GPU runs its program once, kernel by kernel, and waits."""
-        def body(d):
-            launch_device(self.runs[d], self.launchers[d])
-            self.streams[d].synchronize()
-        self._each(lambda d: self._on(d, body), "eager run")
+        self.replay(1, graph=False)
 
     def capture(self) -> None:
         """Capture every GPU's program into one CUDA graph each (after an eager warm-up that
@@ -295,7 +212,7 @@ class MultiGpuRun:
         self.eager()
         import cupy as cp
 
-        mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", 1)
+        mode = None if self.relaxed_capture else getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", 1)
 
         def body(d):
             s = self.streams[d]
@@ -306,12 +223,13 @@ class MultiGpuRun:
                 self.graphs[d] = s.end_capture()
         self._each(lambda d: self._on(d, body), "capture")
 
-    def replay(self, repeats: int = 1) -> list[list[float]]:
-        """Launch every GPU's graph ``repeats`` times, all GPUs together; returns per repeat the
-        milliseconds of each GPU (CUDA events around its launch)."""
+    def replay(self, repeats: int = 1, *, graph: bool = True) -> list[list[float]]:
+        """Launch every GPU's graph (``graph=False``: its program, eagerly) ``repeats`` times, all
+        GPUs together; returns per repeat the milliseconds of each GPU (CUDA events around its launch)."""
         import cupy as cp
 
-        self.capture()
+        if graph:
+            self.capture()
         barrier = threading.Barrier(len(self.local))
         times = [[0.0] * self.gpus for _ in range(repeats)]
 
@@ -322,19 +240,26 @@ class MultiGpuRun:
                 s.synchronize()
                 barrier.wait(self.timeout)
                 start.record(s)
-                self.graphs[d].launch(s)
+                if graph:
+                    self.graphs[d].launch(s)
+                else:
+                    launch_device(self.runs[d], self.launchers[d])
                 stop.record(s)
                 stop.synchronize()
                 times[r][d] = cp.cuda.get_elapsed_time(start, stop)
-        self._each(lambda d: self._on(d, body), "replay")
+        self._each(lambda d: self._on(d, body), "replay" if graph else "eager run")
         return times
 
-    def time(self, repeats: int = 10, warmup: int = 1) -> Timing:
-        """Replay timing: per repeat the slowest local GPU's time (they finish together, being
-        coupled by the collectives); median, min and max over ``repeats``."""
+    def run(self, graph: bool = True) -> None:
+        """One run on every GPU: a replay of the graphs (``graph``), or eagerly."""
+        self.replay(1, graph=graph)
+
+    def time(self, repeats: int = 10, warmup: int = 1, *, graph: bool = True) -> Timing:
+        """Replay timing (``graph=False``: eager runs): per repeat the slowest local GPU's time
+        (they finish together, being coupled by the collectives); median, min and max over ``repeats``."""
         if warmup:
-            self.replay(warmup)
-        return Timing.of([max(t) for t in self.replay(repeats)])
+            self.replay(warmup, graph=graph)
+        return Timing.of([max(t) for t in self.replay(repeats, graph=graph)])
 
     def instrument(self) -> list[list[tuple[int, float, float]]]:
         """One eager run with a CUDA event after every call: per GPU, (call index, start ms,
@@ -363,11 +288,9 @@ class MultiGpuRun:
         return self._each(lambda d: self._on(d, body), "instrumented run")
 
     def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
-        """The inputs of another instance of the same program, written in place on every local GPU
-        (:meth:`DeviceRun.rebind <caramel.execute.runner.DeviceRun.rebind>`: every input row
-        outside ``keep`` and the scalar table), so that the captured graphs replay on them;
-        ``keep``: limbs already in place (a batch's shared evaluation keys), checked with the first
-        image and not sent again. The graphs and communicators stay."""
+        """The inputs of another instance, written in place on every local GPU (:meth:`DeviceRun.rebind
+        <caramel.execute.runner.DeviceRun.rebind>`; ``keep``: limbs already in place, checked with
+        the first image), so that the graphs replay on them. The graphs and communicators stay."""
         check_plan_memory(self.plan, self.ctx, memory, kept=keep)
 
         def body(d):
@@ -385,16 +308,13 @@ class MultiGpuRun:
         """Abort every communicator: GPUs blocked in a collective return (with an error)."""
         for d in self.local:
             for comm in self.comms.get(d, {}).values():
-                try:
+                with contextlib.suppress(Exception):  # best effort: the run is failing already
                     comm.abort()
-                except Exception:  # noqa: BLE001
-                    pass
 
     def close(self, failed: bool = False) -> None:
-        """Drop the graphs, then destroy the communicators (each in its GPU's thread). The order
-        matters: ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
-        exists (seen on H200s with NCCL 2.28.9: a process that destroyed its communicator before
-        its graph never exited). ``failed`` (after an error): abort the communicators instead."""
+        """Drop the graphs, then destroy the communicators (each in its GPU's thread): in this
+        order, as ``ncclCommDestroy`` waits while a CUDA graph holding the communicator's work
+        exists. ``failed`` (after an error): abort the communicators instead."""
         if self._closed:
             return
         self._closed = True
@@ -420,23 +340,44 @@ class MultiGpuRun:
         self.close(failed=exc[0] is not None)
 
 
+class GpuRun(MultiGpuRun):
+    """A 1-chip plan resident on the current GPU: a :class:`MultiGpuRun` of one device whose
+    kernels use every stream (``streams``, default one), launched eagerly or as one captured
+    graph; ``per_row`` as there (with an unfused plan, one launch per limb-level instruction:
+    the eager baseline). ``device`` is its :class:`~caramel.execute.runner.DeviceRun`."""
+
+    comm_stream, relaxed_capture = False, True
+
+    def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
+                 *, per_row: bool = False, streams: int = 1):
+        import cupy as cp
+
+        if len(plan.chips) != 1:
+            raise ExecutionError(f"GpuRun takes a 1-chip plan, not {len(plan.chips)} chips")
+        if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
+            raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
+        super().__init__(plan, ctx, memory, mode, 1, device_ids=[cp.cuda.Device().id], streams=streams,
+                         per_row=per_row)
+        self.device, self.stream, self.backend = self.runs[0], self.streams[0], self.runs[0].backend
+        self.kernels = len(self.device.calls)
+        self.schedule = self.launchers[0].schedule if self.launchers[0] is not None else None
+
+
+def _run_once(run: MultiGpuRun, graph: bool, repeats: int) -> RunResult:
+    """One run (a graph replay or eager), ``repeats`` > 0 more timed, the result read back."""
+    run.run(graph)
+    timing = run.time(repeats, graph=graph) if repeats > 0 else None
+    return replace(run.result(), timing=timing)
+
+
 def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                   gpus: int | None = None, *, graph: bool = True, repeats: int = 0,
                   streams: int | None = None) -> RunResult:
-    """Run ``plan`` on ``gpus`` GPUs (default one per chip, at most those present), as one CUDA
-    graph per GPU (``graph``) or eagerly, on ``streams`` streams per GPU (default
-    :data:`DEFAULT_STREAMS`); ``repeats`` > 0 also times that many replays."""
-    if gpus is None:
-        import cupy as cp
-
-        gpus = min(len(plan.chips), cp.cuda.runtime.getDeviceCount())
+    """Run ``plan`` on ``gpus`` GPUs (:class:`MultiGpuRun`), as one CUDA graph per GPU (``graph``)
+    or eagerly, on ``streams`` streams per GPU (default :data:`DEFAULT_STREAMS`); ``repeats`` > 0
+    also times that many runs."""
     with MultiGpuRun(plan, ctx, memory, mode, gpus, streams=streams) as run:
-        if graph:
-            run.replay(1)
-        else:
-            run.eager()
-        timing = run.time(repeats) if repeats > 0 else None
-        return replace(run.result(), timing=timing)
+        return _run_once(run, graph, repeats)
 
 
 def _plan_of(plan_or_program, fuse: bool):
@@ -451,28 +392,22 @@ def run_gpu(plan_or_program, ctx: Context, memory: Mapping[Mem, np.ndarray], mod
             graph: bool = True, repeats: int = 0, per_row: bool | None = None, streams: int = 1) -> RunResult:
     """Run on one GPU. ``graph=True``: the (fused) plan as one CUDA graph; ``graph=False``: eager,
     one launch per instruction (unfused plan, ``per_row``, default: when not ``graph``) when given
-    a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`). A multi-chip plan
-    runs all its chips on this one GPU (:func:`run_multi_gpu` with one device: chips merged by
-    level, communication as local copies and sums). ``repeats`` > 0 replays that many extra times
-    (and attaches ``timing`` to the result)."""
+    a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`); a multi-chip plan runs
+    all its chips on this GPU (:func:`run_multi_gpu`). ``repeats`` > 0: that many more runs timed."""
     plan = _plan_of(plan_or_program, fuse=graph)
     if len(plan.chips) != 1:
         return run_multi_gpu(plan, ctx, memory, mode, 1, graph=graph, repeats=repeats)
     if per_row is None:
         per_row = not graph and isinstance(plan_or_program, Program)
-    run = GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams)
-    run.run(graph)
-    timing = run.time(graph, repeats) if repeats > 0 else None
-    return replace(run.result(), timing=timing)
+    return _run_once(GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams), graph, repeats)
 
 
 def resident_executor(program_or_plan, ctx: Context, mode: Mode | str, *, streams: int = GRAPH_STREAMS,
                       keep: frozenset[Mem] = frozenset()) -> Callable[[Mapping], RunResult]:
     """``memory -> RunResult`` for many instances of one 1-chip program on the current GPU: the
     first call uploads its image and captures the graph, every later call rewrites only the inputs
-    outside ``keep`` (:meth:`GpuRun.rebind`; ``keep``: the limbs that are the same in every image,
-    such as shared evaluation keys) and replays. One resident run per executor: call it from one
-    thread at a time."""
+    outside ``keep`` (the limbs that are the same in every image, such as shared evaluation keys)
+    and replays. One resident run per executor: call it from one thread at a time."""
     plan = _plan_of(program_or_plan, fuse=True)
     resident: list[GpuRun] = []
 

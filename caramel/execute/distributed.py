@@ -1,12 +1,10 @@
 """Process mode: one process per GPU, possibly on several machines, under a standard launcher.
 
-Each process reads its place from the environment (:func:`launch_env`): ``RANK``,
-``WORLD_SIZE`` and ``LOCAL_RANK`` (torchrun and :func:`caramel.launch.launch`), ``OMPI_COMM_WORLD_RANK``/
-``_SIZE``/``_LOCAL_RANK`` (Open MPI's mpirun) or ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``
-(srun). Process r drives device r of the run (of WORLD_SIZE devices) on its CUDA device
-LOCAL_RANK, with the same plan, the same inputs (generated from the same seed) and the same
-device programs as the threaded executor (:class:`~caramel.execute.cuda_graph.MultiGpuRun` with
-``local=[r]``).
+Each process reads its place from the launcher's variables (:func:`launch_env`: torchrun and
+:func:`caramel.launch.launch`, Open MPI's mpirun, srun, MPICH). Process r drives device r of the
+run (of WORLD_SIZE devices) on its CUDA device LOCAL_RANK, with the same plan, the same inputs
+(generated from the same seed) and the same device programs as the threaded executor
+(:class:`~caramel.execute.cuda_graph.MultiGpuRun` with ``local=[r]``).
 
 Rendezvous goes through a file that every process can read (``CARAMEL_RENDEZVOUS``, on a shared
 file system across machines): rank 0 creates one NCCL unique id per device group and writes them
@@ -15,10 +13,9 @@ are gathered the same way: each rank writes its chips' stores beside the rendezv
 waits for all and merges them into one :class:`~caramel.execute.result.RunResult`.
 
 With ``--backend cpu-plan`` the processes run on NumPy and exchange limbs through files
-(:class:`FileFabric`): the whole process mode (launcher, rendezvous, per-rank device programs,
-gathering, check) runs and is tested without GPUs. Each process reports its phases on stderr and
-destroys its communicators only after its CUDA graph is gone (:meth:`MultiGpuRun.close
-<caramel.execute.cuda_graph.MultiGpuRun.close>` says why).
+(:class:`FileFabric`): the whole process mode runs and is tested without GPUs. Each process logs
+its phases; its communicators are destroyed only after its CUDA graph is gone
+(:meth:`MultiGpuRun.close <caramel.execute.cuda_graph.MultiGpuRun.close>` says why).
 
 Example (one machine, 2 GPUs)::
 
@@ -340,7 +337,7 @@ def run_distributed(plan, ctx, memory, mode, place: Place, *, backend: str = "gp
 
     if place.world > len(plan.chips):
         raise ExecutionError(f"{place.world} processes for a {len(plan.chips)}-chip program: use at most one per chip")
-    progs = device_programs(plan, place.world, ctx.primes, ctx.n)
+    progs = device_programs(plan, place.world, ctx.primes)
     chips = list(progs[place.rank].chips)
     if backend == "gpu":
         mine, place = _gpu_stores(plan, ctx, memory, mode, place, progs, graph, timeout, streams, log, identity)
@@ -383,10 +380,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, progs, graph: bool, timeo
     with MultiGpuRun(plan, ctx, memory, mode, place.world, local=[place.rank], device_ids=[place.local_rank],
                      timeout=timeout, comms=comms, streams=streams) as run:
         log("set up (inputs uploaded, kernels loaded)")
-        if graph:
-            run.replay(1)
-        else:
-            run.eager()
+        run.run(graph)
         mine = run.result()
     for comm in comms[place.rank].values():  # after close() dropped the graph (MultiGpuRun.close)
         comm.destroy()

@@ -1,12 +1,10 @@
 """Drivers on the host: one device inline, or G devices in host threads under a watchdog.
 
 :func:`run_plan` runs a whole plan as ONE device hosting every chip (its communication becomes
-local copies and sums, :mod:`caramel.execute.placement`) on NumPy or any backend: the CPU plan
-engine, bit-identical to the reference. :class:`HostRun` (and :func:`run_on_devices`, one run of
-it) runs a plan on G "devices" of the NumPy backend, one host thread per device, over the
-in-process fabric (:mod:`caramel.execute.fabric.threads`): the CPU twin of the multi-GPU
-executor, that CI runs. :func:`run_threads` is the watchdog both this and the GPU driver
-(:class:`~caramel.execute.cuda_graph.MultiGpuRun`) use.
+local copies and sums) on NumPy or any backend: the CPU plan engine. :class:`HostRun` (and
+:func:`run_on_devices`, one run of it) runs a plan on G NumPy "devices", one host thread each, over
+the in-process fabric (:mod:`caramel.execute.fabric.threads`): the CPU twin of the multi-GPU
+executor, that CI runs. :func:`run_threads` is the watchdog of both drivers.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ def run_plan(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: M
     ``mode`` as one device hosting every chip; ``backend`` builds the device's backend from
     (ctx, arena rows) (default: the NumPy backend)."""
     check_plan_memory(plan, ctx, memory)
-    prog = device_programs(plan, 1, ctx.primes, ctx.n)[0]
+    prog = device_programs(plan, 1, ctx.primes)[0]
     run = DeviceRun(prog, plan, ctx, memory, Mode(mode), backend or NumpyBackend)
     run.run()
     return merge_results(plan, memory, [(prog.chips, run.stores())])
@@ -85,33 +83,26 @@ def run_threads(workers: Sequence[Callable[[], object]], timeout: float, abort: 
                 t.join(5.0)
             raise err
         finished += 1
-    first = next((e for e in errors if e is not None and not _is_secondary(e)), None)
-    first = first or next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
+    failed = [e for e in errors if e is not None]
+    if failed:  # the first error that is not a device's "stopped, another device failed"
+        raise min(failed, key=lambda e: isinstance(e, ExecutionError) and "another device failed" in str(e))
     return results
-
-
-def _is_secondary(e: BaseException) -> bool:
-    return isinstance(e, ExecutionError) and "another device failed" in str(e)
 
 
 class HostRun:
     """The CPU twin of :class:`~caramel.execute.cuda_graph.MultiGpuRun`: a plan's device programs
     on NumPy (or ``backend``) devices, one host thread each, over a :class:`FakeNetwork` (a fresh
     one per run unless given), under the watchdog (``timeout``); timed with the wall clock.
-
-    ``streams`` > 1 stands in for the GPU's concurrent streams: each device's tasks are scheduled
-    as on the GPU (:meth:`DeviceRun.schedule`, rows reused first-in first-out) and a run executes
-    them in a random order that the schedule's happens-before allows (one new order per run,
-    from ``seed``); any such order must give the single-stream result."""
+    ``streams`` > 1 stands in for the GPU's streams: each device's tasks are scheduled as on the GPU
+    and run in a random order that the schedule's happens-before allows (a new one per run, from
+    ``seed``); any such order must give the single-stream result."""
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                  devices: int | None = None, *, backend=None, timeout: float = 120.0, streams: int = 1,
                  seed: int | None = None):
         check_plan_memory(plan, ctx, memory)
         self.plan, self.memory, self.timeout = plan, memory, timeout
-        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes, ctx.n,
+        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes,
                                      reuse="fifo" if streams > 1 else "lifo")
         self.runs = [DeviceRun(p, plan, ctx, memory, Mode(mode), backend or NumpyBackend) for p in self.progs]
         self.schedules = [r.schedule(streams) for r in self.runs] if streams > 1 else None

@@ -15,29 +15,13 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from caramel.errors import BindingError
-from caramel.program import Mem, Opcode, Program
+from caramel.program import LOADS, STORES, Mem, Opcode, Program
 from caramel.ring import Context
 
 _LIMIT = 20
 #: Types whose values an upload to a ``uint32`` arena keeps exactly (no wrap-around), so that the
 #: range of the uploaded row is the range of the input (:func:`check_ranges`).
 _DEVICE_EXACT = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))
-
-
-def loaded_names(program: Program) -> dict[Mem, tuple[str, int]]:
-    """Every memory name a program loads before storing it itself, with the first place it does
-    (file, line); scalars (``loas``) are marked by the opcode in the caller's check."""
-    needed: dict[Mem, tuple[str, int]] = {}
-    for stream in program.streams:
-        stored: set[Mem] = set()
-        for ins in stream.instructions:
-            if ins.op in (Opcode.STORE, Opcode.SPILL):
-                stored.add(ins.dst)
-            elif ins.op in (Opcode.LOAD, Opcode.EVG, Opcode.LOAS):
-                mem = ins.srcs[0]
-                if mem not in stored and mem not in needed:
-                    needed[mem] = (stream.path, ins.line)
-    return needed
 
 
 def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[Mem, str], scalars: set[Mem],
@@ -81,9 +65,18 @@ def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[
 
 def check_memory_image(program: Program, ctx: Context, memory: Mapping[Mem, np.ndarray]) -> None:
     """Raise :class:`BindingError` naming every missing, misshaped or out-of-range input limb of
-    ``program`` (every entry of ``memory`` is checked)."""
-    needed = {mem: f" (first loaded at {path}:{line})" for mem, (path, line) in loaded_names(program).items()}
+    ``program`` (every entry of ``memory`` is checked; a missing one with the first place where a
+    chip loads it before storing it itself)."""
+    needed: dict[Mem, str] = {}
     scalars = {ins.srcs[0] for s in program.streams for ins in s.instructions if ins.op == Opcode.LOAS}
+    for stream in program.streams:
+        stored: set[Mem] = set()
+        for ins in stream.instructions:
+            if ins.op in STORES:
+                stored.add(ins.dst)
+            elif ins.op in LOADS or ins.op == Opcode.LOAS:
+                if ins.srcs[0] not in stored:
+                    needed.setdefault(ins.srcs[0], f" (first loaded at {stream.path}:{ins.line})")
     check_image(ctx, memory, needed, scalars, memory)
 
 
@@ -91,11 +84,9 @@ def check_plan_memory(plan, ctx: Context, memory: Mapping[Mem, np.ndarray], kept
                       *, defer_ranges: bool = False) -> list[Mem]:
     """The same check for the limbs that a :class:`~caramel.plan.Plan` reads (its chips'
     ``inputs`` and loaded ``scalars``), in name order. ``kept``: limbs that a resident run keeps
-    from an image checked before and does not read from this one (a batch's shared keys): they
-    must be present, and their contents are not scanned again. ``defer_ranges``: the residues of
-    vector limbs of an unsigned type of at most 32 bits are not scanned here; they are returned (in
-    name order), and the caller uploads them unchanged and passes each row's maximum to
-    :func:`check_ranges` (every other property, and every other limb, is checked here)."""
+    from an image checked before (a batch's shared keys): present, not scanned again.
+    ``defer_ranges``: the residues of the limbs that ``check_image`` defers are not scanned; they
+    are returned (in name order) for the caller to upload and pass to :func:`check_ranges`."""
     scalars = {s.mem for c in plan.chips for s in c.scalars if s.mem is not None}
     needed = {m: "" for m in sorted({m for c in plan.chips for m in c.inputs} | scalars, key=str)}
     deferred: list[Mem] | None = [] if defer_ranges else None
@@ -118,4 +109,4 @@ def check_ranges(ctx: Context, memory: Mapping[Mem, np.ndarray], mems: Sequence[
             f"{m}: residues must lie in [0, q_{m.limb} = {ctx.q(m.limb)}) (not so on the device)" for m in bad))
 
 
-__all__ = ["check_image", "check_memory_image", "check_plan_memory", "check_ranges", "loaded_names"]
+__all__ = ["check_image", "check_memory_image", "check_plan_memory", "check_ranges"]

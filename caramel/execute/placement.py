@@ -165,8 +165,6 @@ class DeviceProgram:
     scalars: list[ScalarSpec]
     scalar_base: dict[int, int]
     steps: list[tuple[int, int, Kernel] | CommStep]  # (chip, kernel index, kernel) or a communication step
-    collectives: int = 0
-    comm_bytes: int = 0
 
     def row(self, ref: tuple[int, int]) -> int:
         """The arena row of a row reference: (chip, buffer), (-1, scratch k) or ZERO."""
@@ -178,13 +176,12 @@ class DeviceProgram:
         return int(self.rows_of[chip][b])
 
 
-def device_programs(plan: Plan, devices: int, primes: Sequence[int], n: int = 0, *,
-                    reuse: str = "lifo", keep_inputs: bool = False) -> list[DeviceProgram]:
+def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: str = "lifo",
+                    keep_inputs: bool = False) -> list[DeviceProgram]:
     """The :class:`DeviceProgram` of each of min(G, K) devices (collectives checked first,
-    :func:`~caramel.plan.collectives.plan_collectives`); ``n`` (ring degree) only sizes the
-    communicated bytes that are reported; ``reuse``, ``keep_inputs``: each chip's row assignment
-    (:func:`~caramel.plan.assign_rows`; ``"fifo"`` for runs on several streams, inputs kept for
-    replayed graphs)."""
+    :func:`~caramel.plan.collectives.plan_collectives`); ``reuse``, ``keep_inputs``: each chip's row
+    assignment (:func:`~caramel.plan.assign_rows`; ``"fifo"`` for runs on several streams, inputs
+    kept for replayed graphs)."""
     cols = plan_collectives(plan, primes if devices > 1 else None)  # (one device sums mod q: no uint32 limit)
     where = placement(len(plan.chips), devices)
     by_level: dict[int, list[Collective]] = {}
@@ -211,21 +208,17 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], n: int = 0,
         # Per level: the communication step first, then the hosted chips' kernels, chip by chip.
         order = sorted([((lv, 0, 0, 0), lv) for lv in comm_levels]
                        + [((key[0], 1) + key[1:], key[1:] + (k,)) for key, k in kernels], key=lambda e: e[0])
-        steps, scratch, staging, n_ops = [], 0, 0, 0
+        steps, scratch, staging = [], 0, 0
         for _, item in order:
             if isinstance(item, int):
                 step = device_comm_step(item, by_level[item], d, where)
                 scratch = max(scratch, step.scratch)
                 staging = max(staging, staging_rows(step.ops))
-                n_ops += len(step.ops)
                 steps.append(step)
             else:
                 steps.append(item)
-        sent = sum(1 for s in steps if isinstance(s, CommStep) for o in s.ops
-                   if o.kind is CollectiveKind.BROADCAST and o.root == d
-                   or o.kind is CollectiveKind.REDUCE and o.root != d)
         out.append(DeviceProgram(d, hosted, rows_of, base + scratch + 1 + staging, base, base + scratch,
-                                 base + scratch + 1, scalars, scalar_base, steps, n_ops, sent * 4 * n))
+                                 base + scratch + 1, scalars, scalar_base, steps))
     return out
 
 
@@ -242,7 +235,7 @@ def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int) -> list[Device
     first-out (fewer hazards between streams)."""
     if int(streams) < 1:
         raise ValueError(f"streams must be at least 1, got {streams}")
-    return device_programs(plan, gpus, ctx.primes, ctx.n, reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
+    return device_programs(plan, gpus, ctx.primes, reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ All arithmetic comes from :mod:`caramel.ring`; the arithmetic mode (``exact``, `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -31,6 +32,15 @@ from caramel.ring import Context, Mode
 from caramel.ring.modular import ELEMENTWISE, inv_mod
 
 _U64 = np.uint64
+
+#: The one-operand register forms: rD = f(rA) in limb ``base``.
+_UNARY: dict[Opcode, Callable[[Context, Instruction, np.ndarray], np.ndarray]] = {
+    Opcode.MOV: lambda ctx, ins, a: a,
+    Opcode.ROT: lambda ctx, ins, a: ctx.automorphism(a, ctx.galois_element(ins.step)),
+    Opcode.CON: lambda ctx, ins, a: ctx.automorphism(a, ctx.conjugation_element),
+    Opcode.NTT: lambda ctx, ins, a: ctx.ntt(a, ins.base),
+    Opcode.INT: lambda ctx, ins, a: ctx.intt(a, ins.base),
+}
 
 
 @dataclass(slots=True)
@@ -76,9 +86,8 @@ class _Mail:
 
 @dataclass
 class _Acc:
-    tag: int
-    total: np.ndarray | None
-    count: int
+    total: np.ndarray | None = None
+    count: int = 0
 
 
 def _where(chip: ChipState, ins: Instruction) -> str:
@@ -89,9 +98,7 @@ class ReferenceInterpreter:
     """Runs a program on K simulated chips with the exact semantics of ISA.md section 4."""
 
     def __init__(self, program: Program, ctx: Context, mode: Mode | str = Mode.EXACT):
-        self.program = program
-        self.ctx = ctx
-        self.mode = Mode(mode)
+        self.program, self.ctx, self.mode = program, ctx, Mode(mode)
         self._q = [np.uint64(q) for q in ctx.primes]
         self._inv: dict[tuple[int, int], int] = {}
 
@@ -120,9 +127,7 @@ class ReferenceInterpreter:
         return got
 
     def _load(self, chip: ChipState, mem: Mem, ins: Instruction) -> np.ndarray:
-        got = chip.store.get(mem)
-        if got is None:
-            got = self.memory.get(mem)
+        got = chip.store[mem] if mem in chip.store else self.memory.get(mem)
         if got is None:
             raise ExecutionError(f"{_where(chip, ins)}: memory {mem} was never provided or stored")
         return got
@@ -177,11 +182,6 @@ class ReferenceInterpreter:
                 chip.regs[r.index] = Limb(-1, w)
             self._free(chip, ins)
             return
-        if op == Opcode.MOD:
-            words = np.stack([self._read(chip, r, ins).data for r in ins.srcs])
-            chip.regs[ins.dst.index] = Limb(L, ctx.mod_reduce(words, L))
-            self._free(chip, ins)
-            return
         if op in (Opcode.REC, Opcode.SND):
             raise ExecutionError(f"{_where(chip, ins)}: '{op.value}' is not supported (never emitted by the compiler)")
 
@@ -194,23 +194,12 @@ class ReferenceInterpreter:
             elif op != Opcode.NEG:
                 args.append(self._read(chip, ins.srcs[1], ins).data.astype(_U64))
             out = ELEMENTWISE[name](q, *args)
-        elif op == Opcode.MOV:
-            src = self._read(chip, ins.srcs[0], ins)
-            chip.regs[ins.dst.index] = Limb(L, src.data)
-            self._free(chip, ins)
-            return
-        elif op == Opcode.ROT:
-            a = self._read(chip, ins.srcs[0], ins).data
-            out = ctx.automorphism(a, ctx.galois_element(ins.step))
-        elif op == Opcode.CON:
-            a = self._read(chip, ins.srcs[0], ins).data
-            out = ctx.automorphism(a, ctx.conjugation_element)
-        elif op == Opcode.NTT:
-            out = ctx.ntt(self._read(chip, ins.srcs[0], ins).data, L)
-        elif op == Opcode.INT:
-            out = ctx.intt(self._read(chip, ins.srcs[0], ins).data, L)
+        elif op in _UNARY:  # mov, rot, con, ntt, int
+            out = _UNARY[op](ctx, ins, self._read(chip, ins.srcs[0], ins).data)
         elif op == Opcode.SUD:
             out = self._sud(chip, ins)
+        elif op == Opcode.MOD:
+            out = ctx.mod_reduce(np.stack([self._read(chip, r, ins).data for r in ins.srcs]), L)
         else:  # pragma: no cover - communication is handled by the scheduler
             raise ExecutionError(f"{_where(chip, ins)}: cannot execute {op.value} here")
         chip.regs[ins.dst.index] = Limb(L, np.asarray(out, dtype=np.uint32))
@@ -224,11 +213,7 @@ class ReferenceInterpreter:
         src = ins.srcs[1]
         if isinstance(src, BcuSlot):
             y = self._bcu_read(chip, src, ins)
-            unit = chip.bcus[src.unit]
-            product = 1
-            for l in unit.in_limbs:
-                product *= ctx.q(l)
-            factor = self._qinv(product, L)
+            factor = self._qinv(math.prod(ctx.q(l) for l in chip.bcus[src.unit].in_limbs), L)
         else:
             rb = self._read(chip, src, ins)
             y = ctx.sud_lift(rb.data, rb.tag, L, self.mode)
@@ -245,12 +230,7 @@ class ReferenceInterpreter:
                 chip.regs.pop(s.index, None)
 
     # -------------------------------------------------------------------------------- scheduler
-    def run(
-        self,
-        memory: Mapping[Mem, np.ndarray],
-        *,
-        on_instruction: Callable[[int, Instruction], None] | None = None,
-    ) -> RunResult:
+    def run(self, memory: Mapping[Mem, np.ndarray]) -> RunResult:
         """Run every chip to completion over the read-only input image ``memory`` (checked first)."""
         check_memory_image(self.program, self.ctx, memory)
         self.memory = memory
@@ -260,7 +240,7 @@ class ReferenceInterpreter:
         executed = 0
         while True:
             progressed = False
-            for c, chip in enumerate(chips):
+            for chip in chips:
                 instrs = chip.stream.instructions
                 while chip.pc < len(instrs):
                     ins = instrs[chip.pc]
@@ -283,19 +263,14 @@ class ReferenceInterpreter:
                             break
                     else:
                         self.step(chip, ins)
-                    if on_instruction is not None:
-                        on_instruction(c, ins)
                     chip.pc += 1
                     executed += 1
                     progressed = True
             if all(ch.done for ch in chips):
                 break
             if not progressed:
-                waits = [
-                    f"chip {c} waits at {_where(ch, ch.stream.instructions[ch.pc])}"
-                    for c, ch in enumerate(chips)
-                    if not ch.done
-                ]
+                waits = [f"chip {c} waits at {_where(ch, ch.stream.instructions[ch.pc])}"
+                         for c, ch in enumerate(chips) if not ch.done]
                 raise DeadlockError("deadlock: every unfinished chip is blocked:\n  " + "\n  ".join(waits))
         if mail:
             ids = ", ".join(str(i) for i in sorted(mail)[:8])
@@ -306,9 +281,7 @@ class ReferenceInterpreter:
         """Contribute once; a participant with a destination waits for all ``size`` contributions."""
         L = ins.base
         if not chip.joined:
-            entry = acc.get(ins.sync)
-            if entry is None:
-                entry = acc[ins.sync] = _Acc(L, None, 0)
+            entry = acc.setdefault(ins.sync, _Acc())
             if ins.srcs:
                 x = self._read(chip, ins.srcs[0], ins).data.astype(_U64)
                 entry.total = x if entry.total is None else ELEMENTWISE["add"](self._q[L], entry.total, x)
@@ -328,11 +301,7 @@ class ReferenceInterpreter:
         return True
 
 
-def run_reference(
-    program: Program,
-    ctx: Context,
-    memory: Mapping[Mem, np.ndarray],
-    mode: Mode | str = Mode.EXACT,
-) -> RunResult:
+def run_reference(program: Program, ctx: Context, memory: Mapping[Mem, np.ndarray],
+                  mode: Mode | str = Mode.EXACT) -> RunResult:
     """Run ``program`` on the CPU reference over the input image ``memory``."""
     return ReferenceInterpreter(program, ctx, mode).run(memory)

@@ -6,9 +6,8 @@ scalar table into the backend's arena and lowers every kernel to one backend cal
 (:func:`lower_kernel`) and every communication step to local sums, copies through staging rows,
 ONE fabric group call and ``% q``. The same object runs in order on one stream (:meth:`run`),
 task by task for several streams (:meth:`schedule`, :meth:`run_task`, :mod:`caramel.plan.streams`)
-or captured into a CUDA graph (:mod:`caramel.execute.cuda_graph`); the drivers
-(:mod:`caramel.execute.drive`, :mod:`caramel.execute.cuda_graph`,
-:mod:`caramel.execute.distributed`) decide how many devices and which fabric.
+or captured into a CUDA graph; the drivers (``drive``, ``cuda_graph``, ``distributed``) decide how
+many devices and which fabric.
 """
 
 from __future__ import annotations
@@ -190,34 +189,35 @@ class DeviceRun:
         self.groups: set[int] = set()  # indices of the fabric's group calls
         self.tasks: list[Task] = []
         self.task_calls: list[range] = []
+
+        def add(calls: list[Callable], label: str, kernel: tuple[int, int, Kernel] | None = None) -> None:
+            self.calls += calls
+            self.labels += [label] * len(calls)
+            self.kernel_of += [kernel] * len(calls)
+
         for step in prog.steps:
             first = len(self.calls)
             if isinstance(step, CommStep):
-                self.calls += _local_calls(prog, step.before)
-                self.labels += ["comm: local sums"] * (len(self.calls) - len(self.labels))
+                add(_local_calls(prog, step.before), "comm: local sums")
                 if step.ops:
                     gather, ops, scatter = _packed(prog, step.ops)
-                    self.calls += _copy_calls(gather)
+                    add(_copy_calls(gather), "comm: gather to staging")
                     self.groups.add(len(self.calls))
-                    self.calls.append(lambda b, ops=ops: self.fabric.group(b, ops))
-                    self.calls += _copy_calls(scatter)
-                    self.labels += ["comm: gather to staging"] * bool(gather) + [
+                    add([lambda b, ops=ops: self.fabric.group(b, ops)],
                         f"comm level {step.level}: {len(step.ops)} collective(s) in {len(ops)} call(s), ids "
-                        f"{', '.join(str(o.sync) for o in step.ops[:4])}{'...' if len(step.ops) > 4 else ''}"
-                    ] + ["comm: scatter from staging"] * bool(scatter)
-                self.calls += _local_calls(prog, step.after)
-                self.labels += ["comm: % q and copies"] * (len(self.calls) - len(self.labels))
+                        f"{', '.join(str(o.sync) for o in step.ops[:4])}{'...' if len(step.ops) > 4 else ''}")
+                    add(_copy_calls(scatter), "comm: scatter from staging")
+                add(_local_calls(prog, step.after), "comm: % q and copies")
                 reads, writes = _comm_rows(prog, step)
                 task = Task(reads, writes, cost=len(step.ops) + 1, stream=0, name=f"communication at level {step.level}")
             else:
                 c, j, k = step
                 parts = [dataclasses.replace(k, rows=(r,)) for r in k.rows] if per_row else [k]
-                self.calls += [lower_kernel(p, prog.rows_of[c], ctx, mode, prog.scalar_base[c]) for p in parts]
-                self.labels += [f"chip {c} {k.kind.value} level {k.level}"] * len(parts)
+                add([lower_kernel(p, prog.rows_of[c], ctx, mode, prog.scalar_base[c]) for p in parts],
+                    f"chip {c} {k.kind.value} level {k.level}", step)
                 rows = prog.rows_of[c]
                 task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
                             cost=max(1, k.size), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
-            self.kernel_of += [None if isinstance(step, CommStep) else step] * (len(self.calls) - first)
             self.tasks.append(task)
             self.task_calls.append(range(first, len(self.calls)))
         self.pc = -1

@@ -16,7 +16,7 @@ total order that every chip's own sequence of collectives follows: no chip can w
 collective that another member would issue only after one it is itself blocked on. A plan that
 breaks this (participants at different levels, or any pairing rule of ISA.md 6, whose one home is
 :func:`caramel.validate.check_pairing`) is refused with a :class:`~caramel.plan.dag.PlanError` before
-any device work starts, and :func:`check_order` verifies per-rank sequences against one global order.
+any device work starts.
 Where the collectives run (chips on devices) is :mod:`caramel.execute.placement`.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Sequence
 
 from caramel.errors import ExecutionError, Location
 from caramel.plan.dag import PlanError
@@ -48,8 +48,7 @@ class Collective:
     ``root``: the sender (BROADCAST) or the destination (REDUCE). ``src``: (chip, buffer) sent or
     contributed (buffer -1: a sourceless ``joi``, contributing zero); ``dst``: (chip, buffer)
     received. ``prime``: index of q (the limb, ``id & 0xFFFF`` or the ``joi`` base). ``level``:
-    the plan level shared by all participants; ``line``: (chip, source line) of one participant,
-    for messages.
+    the plan level shared by all participants.
     """
 
     sync: int
@@ -76,22 +75,19 @@ def check_reduce_size(n: int, q: int, what: str) -> None:
 
 
 def plan_collectives(plan: Plan, primes: Sequence[int] | None = None) -> list[Collective]:
-    """Every communication of ``plan`` as a :class:`Collective`, in the global order.
-
-    Raises :class:`PlanError` with every problem: the pairing rules of ISA.md 6
-    (:func:`caramel.validate.check_pairing`, their one home), all participants of an id at one
-    plan level, and with ``primes``, REDUCE groups small enough for a uint32 sum
-    (:func:`check_reduce_size`).
-    """
+    """Every communication of ``plan`` as a :class:`Collective`, in the global order. Raises
+    :class:`PlanError` with every problem: the pairing rules of ISA.md 6 (:func:`caramel.validate.check_pairing`),
+    all participants of an id at one plan level, and with ``primes``, REDUCE groups small enough for
+    a uint32 sum (:func:`check_reduce_size`)."""
     parts: list[tuple[int, Instruction]] = []
     level: dict[tuple[int, Instruction], int] = {}
     for chip in plan.chips:
         for kernel in chip.kernels:
             if kernel.kind is Kind.COMM:
                 for j, c in enumerate(kernel.comms):
+                    line = kernel.lines[j] if j < len(kernel.lines) else 0
                     ins = Instruction(c.op, VReg(c.dst) if c.dst >= 0 else None, (VReg(c.src),) if c.src >= 0 else (),
-                                      c.prime if c.op is Opcode.JOI else None, _line(kernel.lines, j), sync=c.sync,
-                                      size=c.size)
+                                      c.prime if c.op is Opcode.JOI else None, line, sync=c.sync, size=c.size)
                     parts.append((chip.chip, ins))
                     level[chip.chip, ins] = kernel.level
     pairing = check_pairing(parts, len(plan.chips), lambda c: f"chip {c}")
@@ -129,48 +125,9 @@ def plan_collectives(plan: Plan, primes: Sequence[int] | None = None) -> list[Co
     return out
 
 
-def _line(lines: Sequence[int], j: int) -> int:
-    return lines[j] if j < len(lines) else 0
-
-
 def _src(ins: Instruction) -> int:
     """The buffer a participant sends or contributes (-1: a sourceless ``joi``)."""
     return ins.srcs[0].index if ins.srcs else -1
 
 
-def check_order(sequences: Mapping[int, Sequence[object]], members: Mapping[object, Iterable[int]]) -> list[object]:
-    """One global order of collectives consistent with every rank's own issue order, or an
-    :class:`ExecutionError`.
-
-    ``sequences[r]``: the collective ids rank r issues, in order; ``members[x]``: the ranks of
-    collective x. Each rank must issue each of its collectives exactly once, and the union of the
-    per-rank orders must be acyclic (otherwise two ranks wait on each other: the error names
-    the cycle). Returns a topological order of all collectives.
-    """
-    import networkx as nx
-
-    problems = []
-    for x, ranks in members.items():
-        for r in ranks:
-            count = list(sequences.get(r, ())).count(x)
-            if count != 1:
-                problems.append(f"rank {r} issues collective {x} {count} times, expected once")
-    for r, seq in sequences.items():
-        for x in seq:
-            if r not in set(members.get(x, ())):
-                problems.append(f"rank {r} issues collective {x} but is not one of its members")
-    if problems:
-        raise ExecutionError("inconsistent collectives:\n  " + "\n  ".join(problems[:20]))
-    g = nx.DiGraph()
-    g.add_nodes_from(members)
-    for r, seq in sequences.items():
-        g.add_edges_from(zip(seq[:-1], seq[1:]), rank=r)
-    try:
-        return list(nx.topological_sort(g))
-    except nx.NetworkXUnfeasible:
-        cycle = nx.find_cycle(g)
-        text = ", ".join(f"{a} before {b} on rank {g.edges[a, b]['rank']}" for a, b in cycle)
-        raise ExecutionError(f"no collective order is consistent with every rank: {text}") from None
-
-
-__all__ = ["Collective", "CollectiveKind", "check_order", "check_reduce_size", "plan_collectives"]
+__all__ = ["Collective", "CollectiveKind", "check_reduce_size", "plan_collectives"]

@@ -11,8 +11,7 @@ stream (``line`` = index + 2). An edge u -> v means that v must run after u. Res
 * memory names: ``store``/``spill`` write a name of the chip's private store, ``load``/``evg``/
   ``loas`` read it (or the read-only input image when the chip never stored that name).
 
-Two graphs, both built in linear time with one dict of last writers (plus one of readers since
-the last write) per resource, never by scanning earlier instructions:
+Two graphs, both built in linear time (one last writer per resource, never a scan back):
 
 * :func:`resource_graph`: read-after-write (``raw``), write-after-read (``war``) and
   write-after-write (``waw``) edges on the resources as named in the program;
@@ -24,12 +23,12 @@ the last write) per resource, never by scanning earlier instructions:
 
 :func:`program_graph` joins the per-chip graphs with cross-chip edges: every ``dis`` to each
 ``rcv`` of its sync id, and every ``joi`` participant to the participant that names a destination
-(``dep="comm"``). :func:`to_dot` (small programs) and :func:`to_json` (any) export a graph.
+(``dep="comm"``). :func:`to_dot` exports a graph for Graphviz (small programs; JSON: ``caramel plan
+--dag-json``).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -53,11 +52,9 @@ class PlanError(LocatedError):
 
 @dataclass
 class Conversion:
-    """One base conversion: the group of a ``bci`` converted at its first slot read (``at``).
-
-    ``inputs`` are the input values in ``in_limbs`` order; ``slots`` maps each slot that is read to
-    its output value (slots never read are not computed by the plan).
-    """
+    """One base conversion: the group of a ``bci`` converted at its first slot read (``at``);
+    ``inputs``: the input values in ``in_limbs`` order; ``slots``: each slot that is read -> its
+    output value (slots never read are not computed by the plan)."""
 
     unit: int
     at: int
@@ -123,10 +120,6 @@ class ChipSSA:
     stores: dict[Mem, int]  # memory name -> value it holds at the end (stores and spills)
     conversions: dict[int, Conversion]
     zero_buffer: int  # buffer of the zeros written by rsi, -1 when the stream has no rsi
-
-    @property
-    def n_values(self) -> int:
-        return len(self.kind)
 
     def edges(self) -> Iterable[tuple[int, int, int]]:
         """Every read-after-write edge (producer index, reader index, value) of the stream."""
@@ -344,10 +337,8 @@ def ssa(stream: Stream) -> ChipSSA:
             r.regs[ins.dst.index] = d[0]
         uses.append(u)
         defs.append(d)
-    return ChipSSA(
-        stream.chip, stream, uses, defs, r.kind, r.tag, r.buf, r.producer, r.n_buffers,
-        r.inputs, r.scalar_inputs, dict(r.memory), r.conversions, r.zero,
-    )
+    return ChipSSA(stream.chip, stream, uses, defs, r.kind, r.tag, r.buf, r.producer, r.n_buffers,
+                   r.inputs, r.scalar_inputs, dict(r.memory), r.conversions, r.zero)
 
 
 def program_ssa(program: Program) -> list[ChipSSA]:
@@ -445,11 +436,6 @@ def resource_graph(stream: Stream) -> nx.DiGraph:
 # ---------------------------------------------------------------------------------------------- export
 
 
-def _label(program: Program, node) -> str:
-    c, i = node
-    return program.streams[c].instructions[i].text()
-
-
 def to_dot(graph: nx.DiGraph, program: Program, max_nodes: int = 2000) -> str:
     """Graphviz text of ``graph``: one cluster per chip, nodes labelled with their instruction,
     ``comm`` edges dashed. Refuses graphs above ``max_nodes`` nodes (DOT is for small programs)."""
@@ -462,7 +448,7 @@ def to_dot(graph: nx.DiGraph, program: Program, max_nodes: int = 2000) -> str:
     for c, nodes in sorted(by_chip.items()):
         lines.append(f'  subgraph cluster_{c} {{ label="chip {c}";')
         for n in sorted(nodes):
-            text = _label(program, n).replace('"', r"\"")
+            text = program.streams[c].instructions[n[1]].text().replace('"', r"\"")
             lines.append(f'    "{c}:{n[1]}" [label="{n[1]}: {text}"];')
         lines.append("  }")
     for u, v, data in graph.edges(data=True):
@@ -473,14 +459,3 @@ def to_dot(graph: nx.DiGraph, program: Program, max_nodes: int = 2000) -> str:
         lines.append(f'  "{u[0]}:{u[1]}" -> "{v[0]}:{v[1]}" [style={style}{label}];')
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def to_json(graph: nx.DiGraph, program: Program) -> str:
-    """JSON of ``graph``: ``{"program", "nodes": [[chip, index, line, text], ...],
-    "edges": [[chip, index, chip, index, dep], ...]}``."""
-    nodes = []
-    for c, i in sorted(graph.nodes):
-        ins = program.streams[c].instructions[i]
-        nodes.append([c, i, ins.line, ins.text()])
-    edges = [[u[0], u[1], v[0], v[1], d.get("dep", "raw")] for u, v, d in graph.edges(data=True)]
-    return json.dumps({"program": program.name, "nodes": nodes, "edges": edges}, separators=(",", ":"))

@@ -44,9 +44,13 @@ from caramel.plan import dag as _dag
 from caramel.plan import fusion
 from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
 from caramel.parse import no_gc
-from caramel.program import ELEMENTWISE_OP, BcuSlot, Opcode, Program
+from caramel.program import COMMUNICATION, ELEMENTWISE_OP, BcuSlot, Opcode, Program
 
 # ---------------------------------------------------------------------------------------------- lowering
+
+#: The one-operand forms that lower to one kernel of their own kind.
+_UNARY = {Opcode.NTT: Kind.NTT, Opcode.INT: Kind.INTT, Opcode.PL1: Kind.INTT, Opcode.ROT: Kind.AUTOMORPHISM,
+          Opcode.CON: Kind.AUTOMORPHISM}
 
 
 def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
@@ -58,11 +62,8 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
     n_buffers = chip.n_buffers
     E, NTT = Kind.ELEMENTWISE, Kind.NTT
 
-    def scalar(spec: ScalarSpec) -> int:
-        got = scalars.get(spec)
-        if got is None:
-            got = scalars[spec] = len(scalars)
-        return got
+    def scalar(spec: ScalarSpec) -> int:  # its index in the chip's scalar table
+        return scalars.setdefault(spec, len(scalars))
 
     for i, ins in enumerate(chip.stream.instructions):
         op = ins.op
@@ -80,13 +81,8 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
         if conv is not None:
             outs = tuple(buf[conv.slots[s]] for s in sorted(conv.slots))
             ops.append(Op(Kind.BASECONV, -1, tuple(buf[v] for v in conv.inputs), outs, (), conv, i))
-        if op == Opcode.NTT:
-            ops.append(Op(NTT, L, (buf[u[0]],), (buf[d[0]],), (), None, i))
-        elif op in (Opcode.INT, Opcode.PL1):
-            ops.append(Op(Kind.INTT, L, (buf[u[0]],), (buf[d[0]],), (), None, i))
-        elif op in (Opcode.ROT, Opcode.CON):
-            step = ins.step if op == Opcode.ROT else None
-            ops.append(Op(Kind.AUTOMORPHISM, L, (buf[u[0]],), (buf[d[0]],), (), step, i))
+        if op in _UNARY:  # arg: the rotation step (None for a conjugation)
+            ops.append(Op(_UNARY[op], L, (buf[u[0]],), (buf[d[0]],), (), ins.step if op == Opcode.ROT else None, i))
         elif op == Opcode.SUD:
             y = u[1]
             if isinstance(ins.srcs[1], BcuSlot):
@@ -104,15 +100,10 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
             ops.append(Op(Kind.RSV, L, tuple(buf[v] for v in u), tuple(buf[v] for v in d), (), ins.in_limbs, i))
         elif op == Opcode.MOD:
             ops.append(Op(Kind.MOD, L, tuple(buf[v] for v in u), (buf[d[0]],), (), None, i))
-        elif op == Opcode.DIS:
-            c = Comm(op, ins.sync, ins.size, buf[u[0]], -1, ins.sync & 0xFFFF)
-            ops.append(Op(Kind.COMM, c.prime, (c.src,), (), (), c, i))
-        elif op == Opcode.RCV:
-            c = Comm(op, ins.sync, ins.size, -1, buf[d[0]], ins.sync & 0xFFFF)
-            ops.append(Op(Kind.COMM, c.prime, (), (c.dst,), (), c, i))
-        elif op == Opcode.JOI:
-            c = Comm(op, ins.sync, ins.size, buf[u[0]] if u else -1, buf[d[0]] if d else -1, L)
-            ops.append(Op(Kind.COMM, L, (c.src,) if u else (), (c.dst,) if d else (), (), c, i))
+        elif op in COMMUNICATION:  # the limb: the sync id's, or the joi's base
+            c = Comm(op, ins.sync, ins.size, buf[u[0]] if u else -1, buf[d[0]] if d else -1,
+                     L if op == Opcode.JOI else ins.sync & 0xFFFF)
+            ops.append(Op(Kind.COMM, c.prime, (c.src,) if u else (), (c.dst,) if d else (), (), c, i))
     return ops, list(scalars), n_buffers
 
 
@@ -153,26 +144,23 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> 
 
 
 def _build(program: Program, fuse: bool, max_inputs: int) -> Plan:
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+    marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
-    timings["ssa"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    marks.append(time.perf_counter())
     lowered = [lower(c) for c in chips]
-    timings["lower"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    marks.append(time.perf_counter())
     units = [
         fusion.fuse(ops, {c.buf[v] for v in c.stores.values()}, n, enable=fuse, max_inputs=max_inputs)
         for c, (ops, _, n) in zip(chips, lowered)
     ]
-    timings["fuse"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    marks.append(time.perf_counter())
     levels = fusion.levels(units, [c.stream for c in chips])
     kernels = [
         fusion.batch(u, lv, [ins.line for ins in c.stream.instructions]) for u, lv, c in zip(units, levels, chips)
     ]
-    timings["batch"] = time.perf_counter() - t0
+    marks.append(time.perf_counter())
+    timings = {name: b - a for name, a, b in zip(("ssa", "lower", "fuse", "batch"), marks, marks[1:])}
     plans = []
     for chip, (ops, scalars, n_buffers), (ks, deps), us in zip(chips, lowered, kernels, units):
         stores = {m: chip.buf[v] for m, v in chip.stores.items()}
@@ -202,14 +190,11 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = Fals
     buffers never used; number of rows). Inputs and the zero buffer get rows first; a kernel's
     outputs get free rows before its inputs' rows are released (outputs never share a row with
     an input of the same kernel); a row is released after the last kernel that reads it, except
-    the rows of stored buffers, which live to the end. ``reuse``: which free row a new buffer
-    takes, ``"lifo"`` the one freed last (default), ``"fifo"`` the one freed longest ago; the
-    row count is the same (the peak of live buffers). (For concurrent execution of independent
-    kernels an engine must also respect the reuse order: the reader before the next writer;
-    :mod:`caramel.plan.streams` derives those orderings, fewer with ``"fifo"``.)
-    ``keep_inputs``: the rows of inputs and the zero buffer are never released either, so no
-    kernel writes them: a replayed run (a CUDA graph) finds its inputs in place and needs no
-    restore (more rows: inputs that die early no longer lend their rows).)"""
+    the rows of stored buffers, which live to the end. ``reuse``: a new buffer takes the row freed
+    last (``"lifo"``, default) or the one freed longest ago (``"fifo"``: the same row count, fewer
+    reuse orderings between concurrent kernels, :mod:`caramel.plan.streams`). ``keep_inputs``:
+    the rows of inputs and the zero buffer are never released either, so that a replayed run (a
+    CUDA graph) finds its inputs in place (more rows)."""
     rows = np.full(chip.n_buffers, -1, dtype=np.int64)
     last = np.full(chip.n_buffers, -1, dtype=np.int64)
     for k, kernel in enumerate(chip.kernels):

@@ -126,28 +126,20 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
             out.append(f"  {kind:<14}{k:>9}{r:>9}{i:>14}")
     if "aliases" in s:
         out.append(f"  {'(aliases)':<14}{0:>9}{'-':>9}{s['aliases']:>14}   load/evg/mov/bcw/store/spill/bci/rsi/loas")
-    out.append(f"  distinct elementwise expressions: {s['expressions']}")
-    out.append("")
-    out.append(f"memory traffic at N = {n} (4 bytes per residue):")
+    out += [f"  distinct elementwise expressions: {s['expressions']}", "",
+            f"memory traffic at N = {n} (4 bytes per residue):"]
     if "instruction_bytes" in s:
         ib, pb = s["instruction_bytes"], s["plan_bytes"]
         out.append(f"  per instruction: {_bytes(ib)} (busiest chip {_bytes(s['instruction_bytes_busiest_chip'])})")
-        out.append(
-            f"  plan:            {_bytes(pb)} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])}),"
-            f" {pb / ib:.2f}x of per instruction"
-        )
+        out.append(f"  plan:            {_bytes(pb)} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])}),"
+                   f" {pb / ib:.2f}x of per instruction")
     else:
         out.append(f"  plan: {_bytes(s['plan_bytes'])} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])})")
     out.extend(traffic_floor_lines(s))
-    out.append("")
-    out.append(
-        f"critical path: {s['critical_path']} kernels (levels of the whole program;"
-        f" longest chain inside one chip {s['critical_path_per_chip']})"
-    )
-    out.append(
-        f"parallel width: {s['parallel_width_mean']:.1f} kernels per level on average,"
-        f" at most {s['parallel_width_max']} on one chip"
-    )
+    out += ["", f"critical path: {s['critical_path']} kernels (levels of the whole program;"
+                f" longest chain inside one chip {s['critical_path_per_chip']})",
+            f"parallel width: {s['parallel_width_mean']:.1f} kernels per level on average,"
+            f" at most {s['parallel_width_max']} on one chip"]
     rows = s["arena_rows"]
     out.append(f"arena rows (peak live buffers, in plan order): {max(rows, default=0)} on the busiest chip"
                f" ({_bytes(max(rows, default=0) * 4 * n)})")

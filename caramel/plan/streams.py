@@ -1,11 +1,10 @@
 """Streams: tasks spread over several in-order queues (CUDA streams).
 
-A *task* (:class:`Task`) is one unit of a single-stream run: a kernel of a
-:class:`~caramel.plan.kernel.ChipPlan` (:func:`chip_tasks`) or, on a device of a multi-GPU run, a
-kernel or one communication step (:mod:`caramel.execute.runner`); it declares the arena rows
-it reads and writes. A :class:`StreamSchedule` puts every task on one of ``n_streams`` streams.
-Tasks of one stream run in task order; a task also waits for the earlier tasks of other streams
-listed in ``waits`` (an event recorded after each of them). Before the first task every stream
+A *task* (:class:`Task`) is one unit of a single-stream run: on a device, a kernel or one
+communication step (:mod:`caramel.execute.runner`); it declares the arena rows it reads and
+writes. A :class:`StreamSchedule` puts every task on one of ``n_streams`` streams. Tasks of one
+stream run in task order; a task also waits for the earlier tasks of other streams listed in
+``waits`` (an event recorded after each of them). Before the first task every stream
 is ordered after the arena's initial writes (the *fork*), and before the stores are read stream
 0 waits for the last task of every other stream (the *join*, ``joins``; explicit for every
 stream, as CUDA graph capture wants), so that everything happens before the end. Together they
@@ -31,8 +30,8 @@ Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (
 in task order, each task goes on the stream where it could start earliest, preferring the
 stream whose last task it must follow (a chain continues without a wait), then the lowest
 index; so independent branches spread over idle streams. A task with a fixed ``stream`` goes
-there (``COMM`` kernels of a chip plan on stream 0; a device's communication steps on a stream
-of their own, ``reserved`` for them, so that kernels overlap the collectives). Redundant waits
+there (a device's communication steps on a stream of their own, ``reserved`` for them, so that
+kernels overlap the collectives). Redundant waits
 are dropped with a vector clock per task: ``clock[s]`` is the latest task of stream s already
 ordered before it; a needed task j that the clock covers (``clock[stream[j]] >= j``) needs no
 wait of its own (needed tasks are taken latest first, so most earlier ones are already covered;
@@ -44,10 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-import numpy as np
-
 from caramel.errors import ExecutionError
-from caramel.plan.kernel import ChipPlan, Kind
 
 
 @dataclass(frozen=True)
@@ -64,20 +60,6 @@ class Task:
     name: str = ""
 
 
-def chip_tasks(chip: ChipPlan, rows_of: np.ndarray) -> list[Task]:
-    """The kernels of ``chip`` as tasks over the row map ``rows_of`` (``COMM`` kernels on stream 0)."""
-    out = []
-    for k, kernel in enumerate(chip.kernels):
-        reads = {int(rows_of[b]) for b in kernel.reads()}
-        writes = {int(rows_of[b]) for b in kernel.writes()}
-        if -1 in reads or -1 in writes:
-            raise ExecutionError(f"kernel {k} ({kernel.kind.value}) accesses a buffer without an arena row")
-        out.append(Task(frozenset(reads), frozenset(writes), tuple(chip.deps[k]), max(1, kernel.size),
-                        0 if kernel.kind is Kind.COMM else None,
-                        f"kernel {k} ({kernel.kind.value}, lines {list(kernel.lines[:3])})"))
-    return out
-
-
 @dataclass(frozen=True)
 class StreamSchedule:
     """Per task k: ``stream[k]`` (0..n_streams-1), ``waits[k]`` the earlier tasks of other
@@ -91,20 +73,6 @@ class StreamSchedule:
     joins: tuple[int, ...]
     event: tuple[int, ...]
     n_events: int
-
-    @property
-    def streams_used(self) -> int:
-        """How many distinct streams have tasks."""
-        return len(set(self.stream))
-
-    @property
-    def n_waits(self) -> int:
-        """Cross-stream waits, joins included."""
-        return sum(map(len, self.waits)) + len(self.joins)
-
-    def kernels_of(self, s: int) -> list[int]:
-        """The tasks of stream ``s``, in order."""
-        return [k for k, t in enumerate(self.stream) if t == s]
 
 
 DEP, RAW, WAW, WAR = "data dependency", "read-after-write", "write-after-write", "write-after-read"
@@ -261,7 +229,7 @@ def happens_before_order(schedule: StreamSchedule, rng) -> list[int]:
     ``rng`` (a :class:`numpy.random.Generator`). For tests: executing kernels in any such order
     must reproduce the single-stream result."""
     n, m = len(schedule.stream), schedule.n_streams
-    queues = [schedule.kernels_of(s) for s in range(m)]
+    queues = [[k for k, t in enumerate(schedule.stream) if t == s] for s in range(m)]
     pos = [0] * m
     done = [False] * n
     order: list[int] = []
@@ -278,5 +246,4 @@ def happens_before_order(schedule: StreamSchedule, rng) -> list[int]:
     return order
 
 
-__all__ = ["StreamSchedule", "Task", "assign_streams", "check_schedule", "chip_tasks", "happens_before_order", "hazards",
-           "orderings"]
+__all__ = ["StreamSchedule", "Task", "assign_streams", "check_schedule", "happens_before_order", "hazards", "orderings"]

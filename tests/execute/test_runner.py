@@ -18,10 +18,10 @@ from caramel.execute.result import RunResult  # noqa: E402
 from caramel.execute.runner import DeviceRun  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
-from caramel.plan.streams import assign_streams, chip_tasks, happens_before_order  # noqa: E402
+from caramel.plan.streams import assign_streams, happens_before_order  # noqa: E402
 from caramel.ring import Context  # noqa: E402
 
-from plan_helpers import load_corpus, store_mismatches  # noqa: E402
+from plan_helpers import chip_tasks, load_corpus, store_mismatches  # noqa: E402
 
 CTX = Context(n=1024)
 
@@ -40,7 +40,7 @@ def test_per_row_calls_give_the_reference(name):
     """``per_row``: one call per kernel row (with an unfused plan, one per instruction)."""
     program, memory = prepared(name)
     plan = build_plan(program, fuse=False)
-    run = DeviceRun(device_programs(plan, 1, CTX.primes, CTX.n)[0], plan, CTX, memory, "exact", NumpyBackend,
+    run = DeviceRun(device_programs(plan, 1, CTX.primes)[0], plan, CTX, memory, "exact", NumpyBackend,
                     per_row=True)
     rows = sum(len(k.rows) for c in plan.chips for k in c.kernels)
     assert sum(k is not None for k in run.kernel_of) == rows

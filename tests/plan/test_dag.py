@@ -9,6 +9,7 @@ import time
 import networkx as nx
 import pytest
 
+from caramel.cli import dag_node_link
 from caramel.plan import dag
 from caramel.plan.dag import PlanError
 from caramel.program import Opcode, Stream
@@ -173,10 +174,10 @@ def test_dot_and_json_export():
     dot = dag.to_dot(g, program)
     assert dot.startswith("digraph caramel {") and "cluster_1" in dot and "style=dashed" in dot
     assert dot.count("->") == g.number_of_edges()
-    data = json.loads(dag.to_json(g, program))
-    assert data["program"] == "Rescale_4L_2c"
+    data = json.loads(json.dumps(dag_node_link(g, program)))  # the JSON export (caramel plan --dag-json)
+    assert data["graph"]["program"] == "Rescale_4L_2c"
     assert len(data["nodes"]) == program.instruction_count and len(data["edges"]) == g.number_of_edges()
-    assert {e[4] for e in data["edges"]} == {"raw", "comm"}
+    assert {e["dep"] for e in data["edges"]} == {"raw", "comm"}
     with pytest.raises(ValueError, match="too many for DOT"):
         dag.to_dot(g, program, max_nodes=5)
     reuse = program_from_text("load r0: i1(0)\nneg r1: r0 | 0\nload r0: i1(1)\nstore r0: v1(1)")

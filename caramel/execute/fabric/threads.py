@@ -30,13 +30,11 @@ class FakeNetwork:
     module docstring). ``log[d]`` records, per device, the ops of every group call."""
 
     def __init__(self, devices: int, timeout: float = 60.0):
-        self.devices = devices
-        self.timeout = timeout
+        self.devices, self.timeout = devices, timeout
         self.cond = threading.Condition()
         self.calls: dict[tuple[int, ...], list[int]] = {}  # group -> calls issued per device
         self.slots: dict[tuple[tuple[int, ...], int], _Slot] = {}
         self.log: list[list[list[RowOp]]] = [[] for _ in range(devices)]
-        self.waiting: dict[int, str] = {}
         self.failed: BaseException | None = None
 
     def fabric(self, device: int) -> "FakeFabric":
@@ -69,8 +67,7 @@ class FakeFabric(Fabric):
                         f"collective order mismatch on devices {op.group} at call {key[1]}: device {d} "
                         f"issued {op.kind.value} of id {op.sync} (root {op.root}, {op.rows} limbs), another "
                         f"issued {other.kind.value} of id {other.sync} (root {other.root}, {other.rows} limbs)")
-                    net.failed = net.failed or err
-                    net.cond.notify_all()
+                    net.abort(err)
                     raise err
                 slot.ops[d] = op
                 if op.send >= 0:
@@ -83,9 +80,7 @@ class FakeFabric(Fabric):
                 if op.recv < 0:
                     continue
                 slot = net.slots[key]
-                net.waiting[d] = f"{op.kind.value} of id {op.sync} among devices {op.group}"
                 ok = net.cond.wait_for(lambda: slot.result is not None or net.failed is not None, net.timeout)
-                net.waiting.pop(d, None)
                 if net.failed is not None:
                     raise ExecutionError(f"device {d}: stopped, another device failed") from net.failed
                 if not ok:
@@ -93,8 +88,7 @@ class FakeFabric(Fabric):
                     err = DeadlockError(
                         f"device {d} waited {net.timeout:g} s for {op.kind.value} of id {op.sync} among "
                         f"devices {op.group}; device(s) {missing} never issued it")
-                    net.failed = err
-                    net.cond.notify_all()
+                    net.abort(err)
                     raise err
                 backend.write(np.arange(op.recv, op.recv + op.rows), slot.result)
 
