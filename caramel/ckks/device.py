@@ -157,7 +157,7 @@ class SecretRows:
         limbs = list(range(len(ctx.primes)))
         qcol = prime_column(ctx, limbs, dev)
         res = small_residues(dev.put(coeffs), qcol, dev.xp)
-        self.rows = ntt(res, ntt_tables(ctx, limbs))
+        self.rows = transform_rows(res, ctx, limbs, dev)
         self.ctx = ctx
         self.dev = dev
 
@@ -182,6 +182,37 @@ def ntt_tables(ctx, limbs):
     return [ctx.ntt_table(int(l)) for l in limbs]
 
 
+#: Ring degrees for which the GPU client runs caramel's own CUDA NTT kernels
+#: (:mod:`caramel.backends.cuda.ntt`); other N use the array NTT of :mod:`caramel.ring.ntt` on CuPy.
+CUDA_NTT_SIZES = range(12, 17)
+
+
+def transform_rows(res, ctx, limbs, dev: ClientDevice, inverse: bool = False):
+    """NTT (or, with ``inverse``, INTT) of canonical residues ``res`` (k, N) uint32 on ``dev``, row r
+    modulo q_{limbs[r]}: the functions of :func:`caramel.ring.ntt.ntt` / ``intt``, bit for bit.
+
+    On the GPU (N = 2^12 .. 2^16) through caramel's CUDA kernels, the executor's own
+    (:func:`caramel.backends.cuda.ntt.ntt`, which compute the reference's transform from the
+    context's tables): one launch pair for all rows, the rows copied into the first half of a
+    (2k, N) arena and transformed into its second half. Elsewhere :mod:`caramel.ring.ntt`."""
+    from caramel.ring.ntt import intt
+
+    limbs = [int(l) for l in limbs]
+    if not (dev.on_gpu and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES and len(limbs)):
+        return (intt if inverse else ntt)(res, ntt_tables(ctx, limbs))
+    from caramel.backends.cuda import ntt as cuda_ntt
+    from caramel.backends.cuda.backend import cuda_ring
+
+    cp = dev.xp
+    k = len(limbs)
+    arena = cp.empty((2 * k, ctx.n), dtype=np.uint32)
+    arena[:k] = res
+    slots = cp.arange(2 * k, dtype=np.int32)
+    primes = cp.asarray(np.asarray(limbs, dtype=np.int32))
+    (cuda_ntt.intt if inverse else cuda_ntt.ntt)(cuda_ring(ctx), arena, slots[:k], slots[k:], primes)
+    return arena[k:]
+
+
 def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
     """NTT-form residues of int64 or Python-int coefficients on ``limbs``, (k, N) uint32 on ``dev``."""
     limbs = [int(l) for l in limbs]
@@ -190,7 +221,15 @@ def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
         res = dev.put(to_residues(c, ctx, limbs))
     else:
         res = int_residues(dev.put(c), prime_column(ctx, limbs, dev), dev.xp)
-    return ntt(res, ntt_tables(ctx, limbs))
+    return transform_rows(res, ctx, limbs, dev)
+
+
+def _e_rows(e, q, ctx, limbs, tabs, r0: int, r1: int, dev: ClientDevice):
+    """NTT-form residues of the small error ``e`` on rows r0..r1-1 (moduli ``q``, limbs[r0:r1])."""
+    res = small_residues(e, q, dev.xp)
+    if dev.on_gpu:
+        return transform_rows(res, ctx, limbs[r0:r1], dev)
+    return ntt(res, tabs[r0:r1])
 
 
 def _host_jit(dev: ClientDevice, e, *rows) -> bool:
@@ -220,7 +259,7 @@ def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=No
                 ntt_jit.c0_row(e, a[r], s_old[r], s_new[r], int(p_mod[r, 0]), tabs[r], out[r], gather)
             return
         q = qcol[r0:r1]
-        en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
+        en = xp.add(_e_rows(e, q, ctx, limbs, tabs, r0, r1, dev), q, dtype=_U64)  # e + q
         en -= mulmod(a[r0:r1], s_old[r0:r1], q, xp)  # in (0, 2q)
         if p_mod[r0:r1].any():
             en += mulmod(s_new[r0:r1], p_dev[r0:r1], q, xp)
@@ -244,7 +283,7 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
                 ntt_jit.c0_row(e, a[r], s[r], m[r], 1, tabs[r], out[r], None)
             return
         q = qcol[r0:r1]
-        en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
+        en = xp.add(_e_rows(e, q, ctx, limbs, tabs, r0, r1, dev), q, dtype=_U64)  # e + q
         en += m[r0:r1]
         en -= mulmod(a[r0:r1], s[r0:r1], q, xp)  # in (0, 3q)
         out[r0:r1] = xp.remainder(en, q, out=en)
@@ -255,13 +294,11 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
 
 def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):
     """Coefficient-form residues INTT(c0 + c1 * s mod q), (k, N) uint32 on ``dev``."""
-    from caramel.ring.ntt import intt
-
     xp = dev.xp
     qcol = prime_column(ctx, limbs, dev)
     m = mulmod(c1, s, qcol, xp)
     m += c0
-    return intt(xp.remainder(m, qcol, out=m).astype(np.uint32), ntt_tables(ctx, limbs))
+    return transform_rows(xp.remainder(m, qcol, out=m).astype(np.uint32), ctx, limbs, dev, inverse=True)
 
 
 def to_ntt(coeffs, ctx, limbs) -> np.ndarray:
