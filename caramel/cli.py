@@ -136,7 +136,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
     load_s = time.perf_counter()
     program = _load(args)
-    validate(program)
+    from caramel.cache import validate_once
+
+    validate_once(program, validate)  # a program that passed once is not validated again
     load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
     if args.distributed and args.keys:

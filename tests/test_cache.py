@@ -352,3 +352,75 @@ def test_archive_member_errors_are_unchanged(tmp_path):
     with pytest.raises(caramel.errors.ParseError, match="holds several programs"):
         load_program(str(archive))
     assert not list(Path(os.environ["CARAMEL_CACHE"]).glob("*.entry"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation markers (validate_once)
+# ----------------------------------------------------------------------------------------------
+
+
+def _counting_validator(fail: bool = False):
+    calls = []
+
+    def check(program):
+        calls.append(program.name)
+        if fail:
+            raise caramel.errors.ValidationError(["bad"], False)
+
+    return check, calls
+
+
+def _markers() -> list[Path]:
+    return list(Path(os.environ["CARAMEL_CACHE"]).glob(f"*{cache.VALID_SUFFIX}"))
+
+
+@needs_corpus
+def test_a_program_that_passed_is_validated_once():
+    check, calls = _counting_validator()
+    cache.validate_once(load_program(MUL), check)
+    cache.validate_once(load_program(MUL), check)
+    assert calls == ["Mul_4L_2c"]
+    (marker,) = _markers()
+    assert stat.S_IMODE(marker.stat().st_mode) == 0o600 and marker.read_bytes().startswith(cache.VALID_MAGIC)
+    cache.validate_once(load_program(ADD), check)  # another program: its own marker
+    assert calls == ["Mul_4L_2c", "Add_4L_2c"] and len(_markers()) == 2
+
+
+@needs_corpus
+def test_a_failure_is_never_recorded():
+    check, calls = _counting_validator(fail=True)
+    for _ in range(2):
+        with pytest.raises(caramel.errors.ValidationError):
+            cache.validate_once(load_program(MUL), check)
+    assert len(calls) == 2 and not _markers()
+
+
+@needs_corpus
+def test_programs_not_from_load_program_are_always_validated():
+    import dataclasses
+
+    check, calls = _counting_validator()
+    changed = dataclasses.replace(load_program(MUL), name="changed")
+    cache.validate_once(changed, check)
+    cache.validate_once(changed, check)
+    assert calls == ["changed", "changed"] and not _markers()
+
+
+@needs_corpus
+@pytest.mark.parametrize("change", ["flip", "other validator", "other program's marker"])
+def test_damaged_or_foreign_markers_are_not_trusted(monkeypatch, change):
+    check, calls = _counting_validator()
+    cache.validate_once(load_program(MUL), check)
+    (marker,) = _markers()
+    if change == "flip":
+        data = bytearray(marker.read_bytes())
+        data[-3] ^= 1
+        marker.write_bytes(bytes(data))
+    elif change == "other validator":
+        monkeypatch.setattr(cache, "validator_fingerprint", lambda: "0" * 64)
+    else:  # a pass of another program, renamed to this program's marker
+        cache.validate_once(load_program(ADD), check)
+        other = next(m for m in _markers() if m != marker)
+        other.replace(marker)
+    cache.validate_once(load_program(MUL), check)
+    assert calls.count("Mul_4L_2c") == 2
