@@ -134,6 +134,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.save_limbs and not args.save_outputs:
         raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
+    if args.backend == "gpu" and not args.distributed:
+        from caramel.ckks.device import warm_up
+
+        warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning
     load_s = time.perf_counter()
     program = _load(args)
     from caramel.cache import validate_once

@@ -23,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import logging
+import os
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -34,6 +37,7 @@ from caramel.ring import ntt_jit
 from caramel.ring.ntt import map_chunks, ntt
 
 _U64 = np.uint64
+logger = logging.getLogger(__name__)
 
 
 class ClientDeviceError(CaramelError, ValueError):
@@ -56,6 +60,7 @@ class ClientDevice:
     @cached_property
     def xp(self):
         if self.kind == DeviceKind.GPU:
+            wait_for_warm_up()  # the GPU's first work, when warm_up started it, is done
             import cupy
 
             return cupy
@@ -106,6 +111,56 @@ def resolve(device: ClientDevice | DeviceKind | str | None, backend: str | None 
     except ValueError:
         raise ClientDeviceError(f"client device must be 'cpu', 'gpu' or 'auto', got {device!r}") from None
     return GPU if kind == DeviceKind.GPU else CPU
+
+
+#: Environment variable: "0" turns :func:`warm_up` off.
+WARM_UP_ENV = "CARAMEL_GPU_WARMUP"
+_warm_up: threading.Thread | None = None
+
+
+def warm_up(n: int) -> None:
+    """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
+    loads and plans: import CuPy, create the CUDA context, build the ring's device tables
+    (:func:`caramel.backends.cuda.backend.cuda_ring`) and load the client's kernels (caramel's NTT,
+    :mod:`caramel.ckks.pcg`). The GPU client waits for it before its first GPU work
+    (:func:`wait_for_warm_up`); a failure here is only logged (the run then meets it itself). Off
+    when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per process."""
+    global _warm_up
+    if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
+        return
+
+    def work() -> None:
+        try:
+            import cupy as cp
+
+            from caramel.backends.cuda import ntt as cuda_ntt
+            from caramel.backends.cuda.backend import cuda_ring
+            from caramel.ckks import pcg
+            from caramel.ring import Context
+
+            ctx = Context(n=n)
+            ring = cuda_ring(ctx)
+            ring.prime_table, ring.twiddles  # noqa: B018 (built on first use)
+            if ctx.n.bit_length() - 1 in CUDA_NTT_SIZES:
+                arena = cp.zeros((2, ctx.n), dtype=np.uint32)
+                slots = cp.arange(2, dtype=np.int32)
+                primes = cp.zeros(1, dtype=np.int32)
+                cuda_ntt.ntt(ring, arena, slots[:1], slots[1:], primes)
+                cuda_ntt.intt(ring, arena, slots[:1], slots[1:], primes)
+            pcg.device_words(1, 1, 1, cp)
+            cp.cuda.Device().synchronize()
+        except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
+            logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
+
+    _warm_up = threading.Thread(target=work, name="caramel-gpu-warm-up")
+    _warm_up.start()
+
+
+def wait_for_warm_up() -> None:
+    """Return when the thread of :func:`warm_up` (if one was started) has finished."""
+    t = _warm_up
+    if t is not None and t is not threading.current_thread():
+        t.join()
 
 
 def current() -> ClientDevice:
@@ -248,7 +303,7 @@ def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=No
     if perm is not None and not host_jit:
         s_new = xp.take(s_new, perm, axis=1)
     qcol = prime_column(ctx, limbs, dev)
-    tabs = ntt_tables(ctx, limbs)
+    tabs = None if dev.on_gpu else ntt_tables(ctx, limbs)  # the GPU transforms with the CUDA ring's tables
     p_dev = dev.put(p_mod)
     out = xp.empty(a.shape, dtype=np.uint32)
     gather = np.empty(0, dtype=np.int64) if perm is None else np.ascontiguousarray(perm, dtype=np.int64)
@@ -273,7 +328,7 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
     """c0 = m + e - a * s (mod q) per row; a, m (NTT form), s (k, N) and e (N,) int64 on ``dev``."""
     xp = dev.xp
     qcol = prime_column(ctx, limbs, dev)
-    tabs = ntt_tables(ctx, limbs)
+    tabs = None if dev.on_gpu else ntt_tables(ctx, limbs)  # the GPU transforms with the CUDA ring's tables
     out = xp.empty(a.shape, dtype=np.uint32)
     host_jit = _host_jit(dev, e, a, s, m)
 

@@ -247,3 +247,19 @@ def test_object_residues_equal_python_ints():
     limbs = [0, 3, 17, 63]
     want = np.stack([[int(v) % ctx.q(l) for v in c] for l in limbs]).astype(np.uint32)
     assert np.array_equal(to_residues(c, ctx, limbs), want)
+
+
+def test_warm_up_runs_once_in_a_thread_and_never_raises(monkeypatch):
+    """Without a GPU the warm-up's failure is only logged; the client waits for the thread once."""
+    monkeypatch.setattr(devmod, "_warm_up", None)
+    monkeypatch.setenv(devmod.WARM_UP_ENV, "0")
+    devmod.warm_up(4096)
+    assert devmod._warm_up is None
+    monkeypatch.setenv(devmod.WARM_UP_ENV, "1")
+    devmod.warm_up(4096)
+    first = devmod._warm_up
+    assert first is not None
+    devmod.warm_up(4096)
+    assert devmod._warm_up is first  # started once per process
+    devmod.wait_for_warm_up()
+    assert not first.is_alive()
