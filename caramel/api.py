@@ -70,8 +70,10 @@ def prepare_inputs(program: Program, ctx: Context, keys: KeySet, seed: int, spec
     :func:`~caramel.ckks.keyset.input_rng` (``seed``) or the user's ``supplied`` values, encrypted
     under ``keys``, with ``keys``' evaluation keys bound (the client's current device does the
     arithmetic)."""
+    from collections import ChainMap  # keys added by binding go to the first map; the key set is read lazily
+
     return prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed), secrets=keys.secrets,
-                         keys=dict(keys.keys), supplied=supplied)
+                         keys=ChainMap({}, keys.keys), supplied=supplied)
 
 
 def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
