@@ -295,7 +295,7 @@ def run_program(
     marks = [time.perf_counter()]
     with using_client(client):
         if keys is None:
-            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed))
+            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed), background=True)  # GPU: copied back while encrypting
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()

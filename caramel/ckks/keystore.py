@@ -23,13 +23,12 @@ import io
 import json
 import os
 import stat
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from caramel.ckks.keys import EvalKey, SecretDist, SecretKey, Secrets, key_limbs
+from caramel.ckks.keys import EvalKey, PendingKeys, SecretDist, SecretKey, Secrets, key_limbs
 from caramel.ckks.keyset import KeySet
 from caramel.errors import CaramelError
 from caramel.outfiles import replace_atomically
@@ -210,42 +209,6 @@ def read_manifest(directory: str | Path) -> dict:
     return manifest
 
 
-class PendingKeys(Mapping):
-    """The evaluation keys of a store, read by a thread pool in the background (:func:`load_keys` with
-    ``background=True``): the key ids are known at once (``in``, ``len``, iteration do not wait); a
-    key's value waits for its two files (read, digest and range checked) and raises the
-    :class:`KeyStoreError` of a damaged one. :meth:`wait` waits for every key."""
-
-    def __init__(self, ids: list[tuple[EvalKeyId, tuple[int, ...]]], futures: list, pool: ThreadPoolExecutor):
-        self._ids = {kid: i for i, (kid, _) in enumerate(ids)}
-        self._limbs = [limbs for _, limbs in ids]
-        self._futures = futures
-        self._pool = pool
-        self._done: dict[EvalKeyId, EvalKey] = {}
-
-    def __getitem__(self, kid: EvalKeyId) -> EvalKey:
-        got = self._done.get(kid)
-        if got is None:
-            i = self._ids[kid]  # KeyError for a key the store does not hold
-            got = self._done[kid] = EvalKey(kid, self._limbs[i], self._futures[2 * i].result(),
-                                            self._futures[2 * i + 1].result())
-        return got
-
-    def __iter__(self):
-        return iter(self._ids)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __contains__(self, kid) -> bool:
-        return kid in self._ids
-
-    def wait(self) -> None:
-        """Wait for every key's files; raise the :class:`KeyStoreError` of the first damaged one."""
-        for kid in self._ids:
-            self[kid]
-
-
 def load_keys(directory: str | Path, ctx, *, threads: int | None = None, background: bool = False) -> KeySet:
     """Load the key store ``directory`` for context ``ctx`` (N and primes must match); see module docstring.
 
@@ -291,7 +254,7 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
         futures = [pool.submit(load, job) for job in jobs[1:]]
         pool.shutdown(wait=False)  # the threads end when the files are read
-        return KeySet(secrets, PendingKeys(ids, futures, pool))
+        return KeySet(secrets, PendingKeys(ids, futures))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         arrays = list(pool.map(load, jobs))
     secrets = _secrets(arrays[0], root / SECRETS, n, secrets_meta, where)
