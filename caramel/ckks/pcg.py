@@ -111,10 +111,11 @@ def pcg64_state(bit_generator) -> tuple[int, int] | None:
     return int(st["state"]["state"]), int(st["state"]["inc"])
 
 
-def device_words(state: int, inc: int, count: int, cp=None):
-    """The first ``count`` raw words of a draw from (``state``, ``inc``) as a CuPy uint64 array,
-    computed on the current GPU (the same words as ``random_raw(count)``; the generator is not
-    advanced)."""
+def device_words(state: int, inc: int, count: int, cp=None, dtype=np.uint64):
+    """The first ``count`` raw words of a draw from (``state``, ``inc``) as a CuPy array, computed on
+    the current GPU (the same words as ``random_raw(count)``; the generator is not advanced): uint64,
+    or with ``dtype`` uint32 the 2 ``count`` little-endian halves (low, then high, of each word: what
+    ``random_raw(count).view(np.uint32)`` gives)."""
     if cp is None:
         import cupy as cp
     dev = int(cp.cuda.Device().id)
@@ -122,7 +123,10 @@ def device_words(state: int, inc: int, count: int, cp=None):
     if kernel is None:
         kernel = _kernels[dev] = cp.RawKernel(f"#define WORDS {WORDS_PER_THREAD}\n" + _SOURCE, "pcg64_words",
                                               options=("--std=c++17",))
-    out = cp.empty(count, dtype=np.uint64)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.uint64), np.dtype(np.uint32)):
+        raise ValueError(f"raw words as uint64 or uint32, not {dtype}")
+    out = cp.empty(count * 8 // dtype.itemsize, dtype=dtype)  # the kernel writes 64-bit words
     if count:
         threads = -(-count // WORDS_PER_THREAD)
         u64 = np.uint64

@@ -74,7 +74,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
     h0 = int(state["has_uint32"])
     raw_count = (int(lo[-1]) + width - h0 + 1) // 2
-    words = raw_words(bg, raw_count, xp).view(np.uint32)  # low half, then high half of each output
+    words = raw_words(bg, raw_count, xp, np.uint32)  # low half, then high half of each output
     if h0:
         words = xp.concatenate([xp.asarray(np.array([state["uinteger"]], dtype=np.uint32)), words])
     stream = words
@@ -115,19 +115,20 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     return out
 
 
-def raw_words(bg, count: int, xp=np):
-    """``bg.random_raw(count)`` as an array of module ``xp``, leaving ``bg`` where ``random_raw`` leaves
-    it. For CuPy and a PCG64 generator the words are computed on the GPU (:mod:`caramel.ckks.pcg`,
-    the same words) and the generator is advanced past them: nothing is drawn on the host or copied."""
+def raw_words(bg, count: int, xp=np, dtype=np.uint64):
+    """``bg.random_raw(count)`` (viewed as ``dtype``: uint64, or uint32 halves) as an array of module
+    ``xp``, leaving ``bg`` where ``random_raw`` leaves it. For CuPy and a PCG64 generator the words are
+    computed on the GPU (:mod:`caramel.ckks.pcg`, the same words) and the generator is advanced past
+    them: nothing is drawn on the host or copied."""
     if xp is not np:
         from caramel.ckks import pcg
 
         got = pcg.pcg64_state(bg)
         if got is not None:
-            words = pcg.device_words(got[0], got[1], int(count), xp)
+            words = pcg.device_words(got[0], got[1], int(count), xp, dtype)
             bg.advance(int(count))
             return words
-    return xp.asarray(bg.random_raw(count))
+    return xp.asarray(bg.random_raw(count).view(dtype))
 
 
 def lemire_host(qs, n: int, rng: np.random.Generator):

@@ -95,4 +95,6 @@ def test_device_words_on_gpu():
     state, inc = pcg.pcg64_state(rng.bit_generator)
     count = 3 * pcg.WORDS_PER_THREAD * 256 + 17
     got = pcg.device_words(state, inc, count, cupy).get()
-    assert np.array_equal(got, rng.bit_generator.random_raw(count))
+    halves = pcg.device_words(state, inc, count, cupy, np.uint32).get()
+    want = rng.bit_generator.random_raw(count)
+    assert np.array_equal(got, want) and np.array_equal(halves, want.view(np.uint32))
