@@ -313,9 +313,16 @@ def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None, *,
     return {k: _finish(k, limbs, dev.get(c0), dev.get(a)) for k, limbs, c0, a in made}
 
 
+#: Host threads that copy a GPU client's keys back in the background (each its own stream and
+#: pinned buffers; the host side of a copy, writing fresh pages, is the slow part).
+DOWNLOAD_THREADS = 3
+
+
 def _download_in_background(made) -> PendingKeys:
-    """:class:`PendingKeys` of ``made`` ((id, limbs, c0, c1) on the GPU), copied to the host by one
-    thread on a non-blocking stream that first waits for the work queued so far (the keys' products)."""
+    """:class:`PendingKeys` of ``made`` ((id, limbs, c0, c1) on the GPU), copied to the host by
+    :data:`DOWNLOAD_THREADS` threads, each on a non-blocking stream that first waits for the work
+    queued so far (the keys' products)."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     import cupy as cp
@@ -324,18 +331,19 @@ def _download_in_background(made) -> PendingKeys:
 
     ready = cp.cuda.Event(disable_timing=True)
     ready.record()
-    streams: list = []
+    local = threading.local()
 
     def fetch(arr) -> np.ndarray:
-        if not streams:  # the thread's stream, created in the thread, after the keys' products
-            streams.append(cp.cuda.Stream(non_blocking=True))
-            streams[0].wait_event(ready)
-        with streams[0]:
+        stream = getattr(local, "stream", None)
+        if stream is None:  # the thread's stream, created in the thread, after the keys' products
+            stream = local.stream = cp.cuda.Stream(non_blocking=True)
+            stream.wait_event(ready)
+        with stream:
             host = download(arr)
         host.setflags(write=False)
         return host
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="caramel-key-download")
+    pool = ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="caramel-key-download")
     futures = [pool.submit(fetch, arr) for _, _, c0, c1 in made for arr in (c0, c1)]
     pool.shutdown(wait=False)
     return PendingKeys([(k, limbs) for k, limbs, _, _ in made], futures)
