@@ -12,7 +12,8 @@
 #      and schedule caches; CuPy's kernel cache filled by the steps before), again (caches filled),
 #      `caramel keys`, then `--keys` three times (the last with CARAMEL_GPU_WARMUP=0); the digests
 #      must be equal (the same seed, keys generated or loaded);
-#   5. profile-keys: cProfile (cumulative) of one `caramel run --keys`.
+#   5. profile-keys: cProfile (cumulative) of one `caramel run --keys`;
+#   6. gpu-tests: tests/execute/test_gpu.py (the executor, its stream schedules now read from the cache).
 # Logs go to $OUT (or ./gpu_e2e_logs); a summary is printed last. Exit status 1 if any step failed.
 set -u
 out="${OUT:-gpu_e2e_logs}"
@@ -29,7 +30,7 @@ cupy.zeros(1).sum(); cupy.cuda.Device().synchronize(); t.append(time.perf_counte
 import caramel.cli, caramel.api, caramel.execute.cuda_graph, caramel.backends.cuda.backend; t.append(time.perf_counter())
 print('import numpy %.3f s, cupy %.3f s, CUDA context and first kernel %.3f s, caramel (plan, executor) %.3f s' % tuple(b - a for a, b in zip(t, t[1:])))"
 step tests python3 -m pytest -q -rs tests/ckks/test_pcg.py tests/ckks/test_device.py tests/ckks/test_keystore.py \
-    tests/backends/test_cuda_transfer.py tests/execute/test_gpu.py
+    tests/backends/test_cuda_transfer.py
 step client python3 scripts/gpu_client_check.py .data/corpus --bootstrap "$big"
 step digest python3 scripts/gpu_setup_profile.py "$big" --digest
 export CARAMEL_CACHE="$(mktemp -d)"  # run-cold: empty load, plan and schedule caches; the later runs find them filled
@@ -42,13 +43,14 @@ step run-keys2 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys2.json"
 step run-keys3 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys3.json"
 step run-keys-nowarm env CARAMEL_GPU_WARMUP=0 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
 step profile-keys python3 -m cProfile -s cumulative -m caramel run "$big" --n 65536 --backend gpu --keys /tmp/caramel-ks
+step gpu-tests python3 -m pytest -q -rs tests/execute/test_gpu.py  # the executor (stream schedules from the cache)
 d1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-cold.json" 2>/dev/null)
 d2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-keys.json" 2>/dev/null)
 if [ -n "$d1" ] && [ "$d1" = "$d2" ]; then summary+=("run-cold digest = run-keys digest ($d1)"); else summary+=("digests differ: '$d1' '$d2'"); status=1; fi
 for f in run-cold run-again run-keys run-keys2 run-keys3 run-keys-nowarm; do
     summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()))" "$out/$f.json" 2>&1)")
 done
-for f in imports tests client digest run-cold run-again keys run-keys run-keys2 run-keys3 run-keys-nowarm; do
+for f in imports tests client digest run-cold run-again keys run-keys run-keys2 run-keys3 run-keys-nowarm gpu-tests; do
     echo "=== $f"; tail -n 14 "$out/$f.txt"
 done
 echo "=== profile-keys (top)"; head -n 70 "$out/profile-keys.txt"
