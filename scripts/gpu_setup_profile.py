@@ -105,7 +105,7 @@ def main() -> None:
         run.eager()
         mark(f"[{attempt}] eager warm-up ({compiled['n']} modules, {compiled['s']:.2f} s)")
         run.stream.begin_capture()
-        run._launch()
+        run.eager()
         run.graph = run.stream.end_capture()
         mark(f"[{attempt}] capture")
         run.replay()

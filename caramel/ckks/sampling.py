@@ -126,9 +126,19 @@ def raw_words(bg, count: int, xp=np, dtype=np.uint64):
         got = pcg.pcg64_state(bg)
         if got is not None:
             words = pcg.device_words(got[0], got[1], int(count), xp, dtype)
-            bg.advance(int(count))
+            _advance_raw(bg, int(count))
             return words
     return xp.asarray(bg.random_raw(count).view(dtype))
+
+
+def _advance_raw(bg, count: int) -> None:
+    """Put ``bg`` where ``bg.random_raw(count)`` leaves it: ``advance`` steps the state the same way but
+    also drops the buffered 32-bit half (``has_uint32``, ``uinteger``), which ``random_raw`` keeps."""
+    before = bg.state
+    bg.advance(count)
+    after = bg.state
+    after["has_uint32"], after["uinteger"] = before["has_uint32"], before["uinteger"]
+    bg.state = after
 
 
 def lemire_host(qs, n: int, rng: np.random.Generator):

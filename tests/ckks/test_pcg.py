@@ -98,3 +98,31 @@ def test_device_words_on_gpu():
     halves = pcg.device_words(state, inc, count, cupy, np.uint32).get()
     want = rng.bit_generator.random_raw(count)
     assert np.array_equal(got, want) and np.array_equal(halves, want.view(np.uint32))
+
+
+class _FakeDevice:
+    """An array module that is not NumPy (the GPU branch of ``sampling.raw_words``)."""
+
+    @staticmethod
+    def asarray(a):
+        return np.asarray(a)
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32])
+def test_raw_words_device_branch_leaves_the_generator_as_random_raw(monkeypatch, buffered, dtype):
+    """The words drawn 'on the device' and the generator afterwards, buffered 32-bit half included
+    (``advance`` alone drops it: a later bounded draw would then differ)."""
+    from caramel.ckks import sampling
+
+    monkeypatch.setattr(pcg, "device_words",
+                        lambda state, inc, count, xp, dtype: pcg.host_words(state, inc, 0, count).view(dtype))
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    if buffered:  # one 32-bit half drawn: the other is kept in the generator
+        a.integers(0, 7, dtype=np.uint32)
+        b.integers(0, 7, dtype=np.uint32)
+        assert a.bit_generator.state["has_uint32"] == 1
+    got = sampling.raw_words(a.bit_generator, 333, _FakeDevice, dtype)
+    want = b.bit_generator.random_raw(333).view(dtype)
+    assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
+    assert np.array_equal(a.integers(0, 1000, size=50, dtype=np.uint32), b.integers(0, 1000, size=50, dtype=np.uint32))
