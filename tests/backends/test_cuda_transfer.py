@@ -16,6 +16,8 @@ def small_stage(monkeypatch):
     from caramel.backends.cuda import transfer
 
     monkeypatch.setattr(transfer, "STAGE_BYTES", 4096)  # many chunks, odd tails
+    monkeypatch.setattr(transfer, "SMALL_BYTES", 64)  # through the pinned buffers from 64 bytes on
+    monkeypatch.setattr(transfer, "PARALLEL_COPY_BYTES", 1024)  # host copies split over threads
     monkeypatch.setattr(transfer, "_local", type(transfer._local)())  # fresh buffers of that size
     return transfer
 

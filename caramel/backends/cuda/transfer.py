@@ -89,7 +89,7 @@ def download(a) -> np.ndarray:
     def drain() -> None:
         b, c0, c1 = pending.pop(0)
         events[b].synchronize()
-        dst[c0:c1] = views[b][: c1 - c0]
+        _copy(dst[c0:c1], views[b][: c1 - c0])
 
     for i, c0 in enumerate(range(0, total, STAGE_BYTES)):
         c1 = min(total, c0 + STAGE_BYTES)
@@ -164,12 +164,38 @@ def _fill(host: np.ndarray, data, r0: int) -> None:
     if parts <= 1:
         part(0)
         return
+    list(_fill_pool().map(part, range(parts)))
+
+
+#: A host copy out of a pinned buffer is split over the fill threads from this many bytes on (the
+#: copy writes fresh pages of the new array: page faults, which threads take in parallel).
+PARALLEL_COPY_BYTES = 4 << 20
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for 1-D byte arrays, in :data:`FILL_THREADS` parts from
+    :data:`PARALLEL_COPY_BYTES` on (NumPy's copies release the GIL)."""
+    n = dst.shape[0]
+    parts = FILL_THREADS if n >= PARALLEL_COPY_BYTES else 1
+    if parts <= 1:
+        dst[:] = src
+        return
+
+    def part(p: int) -> None:
+        a, b = n * p // parts, n * (p + 1) // parts
+        dst[a:b] = src[a:b]
+
+    list(_fill_pool().map(part, range(parts)))
+
+
+def _fill_pool():
+    """The host threads of :func:`_fill` and :func:`_copy` (created on first use)."""
     global _pool
     if _pool is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _pool = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="caramel-upload")
-    list(_pool.map(part, range(parts)))
+    return _pool
 
 
 def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
