@@ -11,9 +11,9 @@
 #   4. `caramel run` of BootstrapLike_51L_1c end to end with --json (timings_s): cold (empty load, plan
 #      and schedule caches; CuPy's kernel cache filled by the steps before), again (caches filled),
 #      `caramel keys`, then `--keys` three times (the last with CARAMEL_GPU_WARMUP=0); the digests
-#      must be equal (the same seed, keys generated or loaded);
-#   5. profile-keys: cProfile (cumulative) of one `caramel run --keys`;
-#   6. gpu-tests: tests/execute/test_gpu.py (the executor, its stream schedules now read from the cache).
+#      must be equal (the same seed, keys generated or loaded); scripts/gpu_client_startup.py first;
+#   5. the same with caramel's sources compiled to bytecode (the device image writes none);
+#   6. with GPU_TESTS=1: tests/execute/test_gpu.py (the executor).
 # Logs go to $OUT (or ./gpu_e2e_logs); a summary is printed last. Exit status 1 if any step failed.
 set -u
 out="${OUT:-gpu_e2e_logs}"
@@ -35,24 +35,29 @@ step client python3 scripts/gpu_client_check.py .data/corpus --bootstrap "$big"
 step digest python3 scripts/gpu_setup_profile.py "$big" --digest
 export CARAMEL_CACHE="$(mktemp -d)"  # run-cold: empty load, plan and schedule caches; the later runs find them filled
 run=(python3 -m caramel run "$big" --n 65536 --backend gpu)
+step startup python3 scripts/gpu_client_startup.py
 step run-cold "${run[@]}" --json "$out/run-cold.json"
 step run-again "${run[@]}" --json "$out/run-again.json"
 step keys python3 -m caramel keys "$big" --n 65536 --out /tmp/caramel-ks
 step run-keys "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys.json"
 step run-keys2 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys2.json"
-step run-keys3 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys3.json"
 step run-keys-nowarm env CARAMEL_GPU_WARMUP=0 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
-step profile-keys python3 -m cProfile -s cumulative -m caramel run "$big" --n 65536 --backend gpu --keys /tmp/caramel-ks
-step gpu-tests python3 -m pytest -q -rs tests/execute/test_gpu.py  # the executor (stream schedules from the cache)
+# The device image sets PYTHONDONTWRITEBYTECODE=1, so every process above compiled caramel's sources; an
+# installed package has them compiled (pip does it at install): the same runs with caramel's bytecode.
+step compile python3 -m compileall -q caramel
+step startup-pyc python3 scripts/gpu_client_startup.py
+step run-again-pyc "${run[@]}" --json "$out/run-again-pyc.json"
+step run-keys-pyc "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-pyc.json"
+step run-keys-pyc2 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-pyc2.json"
+[ -n "${GPU_TESTS:-}" ] && step gpu-tests python3 -m pytest -q -rs tests/execute/test_gpu.py  # the executor
 d1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-cold.json" 2>/dev/null)
 d2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-keys.json" 2>/dev/null)
 if [ -n "$d1" ] && [ "$d1" = "$d2" ]; then summary+=("run-cold digest = run-keys digest ($d1)"); else summary+=("digests differ: '$d1' '$d2'"); status=1; fi
-for f in run-cold run-again run-keys run-keys2 run-keys3 run-keys-nowarm; do
+for f in run-cold run-again run-keys run-keys2 run-keys-nowarm run-again-pyc run-keys-pyc run-keys-pyc2; do
     summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()))" "$out/$f.json" 2>&1)")
 done
-for f in imports tests client digest run-cold run-again keys run-keys run-keys2 run-keys3 run-keys-nowarm gpu-tests; do
-    echo "=== $f"; tail -n 14 "$out/$f.txt"
+for f in imports tests client digest startup run-cold keys run-keys startup-pyc run-keys-pyc; do
+    echo "=== $f"; tail -n 16 "$out/$f.txt"
 done
-echo "=== profile-keys (top)"; head -n 70 "$out/profile-keys.txt"
 echo "=== summary"; printf '%s\n' "${summary[@]}"
 exit $status
