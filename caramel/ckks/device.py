@@ -120,25 +120,39 @@ _warm_up: threading.Thread | None = None
 
 def warm_up(n: int) -> None:
     """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
-    loads and plans: import CuPy, create the CUDA context, build the ring's device tables
-    (:func:`caramel.backends.cuda.backend.cuda_ring`) and load the client's kernels (caramel's NTT,
-    :mod:`caramel.ckks.pcg`). The GPU client waits for it before its first GPU work
-    (:func:`wait_for_warm_up`); a failure here is only logged (the run then meets it itself). Off
-    when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per process."""
+    loads and plans: import CuPy, create the CUDA context and load the client's kernels (caramel's
+    NTT, :mod:`caramel.ckks.pcg`) while a second thread computes the ring's NTT tables on the host,
+    then build the ring's device tables (:func:`caramel.backends.cuda.backend.cuda_ring`). The GPU
+    client waits for it before its first GPU work (:func:`wait_for_warm_up`); a failure here is only
+    logged (the run then meets it itself). Off when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per
+    process."""
     global _warm_up
     if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
         return
 
+    def tables():  # the ring's host tables (NumPy, much of it without the GIL) beside CuPy's import
+        from caramel.ring import Context
+
+        ctx = Context(n=n)
+        for limb in range(len(ctx.primes)):
+            ctx.ntt_table(limb)
+        return ctx
+
     def work() -> None:
         try:
-            import cupy as cp
+            from concurrent.futures import ThreadPoolExecutor
 
-            from caramel.backends.cuda import ntt as cuda_ntt
-            from caramel.backends.cuda.backend import cuda_ring
-            from caramel.ckks import pcg
-            from caramel.ring import Context
+            with ThreadPoolExecutor(1, thread_name_prefix="caramel-gpu-warm-up") as pool:
+                ctx_future = pool.submit(tables)
+                import cupy as cp
 
-            ctx = Context(n=n)
+                cp.empty(1)  # the CUDA context
+                from caramel.backends.cuda import ntt as cuda_ntt
+                from caramel.backends.cuda.backend import cuda_ring
+                from caramel.ckks import pcg
+
+                pcg.device_words(1, 1, 1, cp)
+                ctx = ctx_future.result()
             ring = cuda_ring(ctx)
             ring.prime_table, ring.twiddles  # noqa: B018 (built on first use)
             if ctx.n.bit_length() - 1 in CUDA_NTT_SIZES:
@@ -147,7 +161,6 @@ def warm_up(n: int) -> None:
                 primes = cp.zeros(1, dtype=np.int32)
                 cuda_ntt.ntt(ring, arena, slots[:1], slots[1:], primes)
                 cuda_ntt.intt(ring, arena, slots[:1], slots[1:], primes)
-            pcg.device_words(1, 1, 1, cp)
             cp.cuda.Device().synchronize()
         except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
             logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
