@@ -295,7 +295,9 @@ def run_program(
     marks = [time.perf_counter()]
     with using_client(client):
         if keys is None:
-            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed), background=True)  # GPU: copied back while encrypting
+            on_device = client.on_gpu and resolve_backend(backend) == "gpu" and program.chips == 1 and gpus is None
+            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed), background=True,  # GPU: copied back
+                                   on_device=on_device)  # while encrypting, or kept there for a 1-GPU executor
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()

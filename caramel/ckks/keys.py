@@ -296,18 +296,22 @@ def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=
 
 
 def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None, *,
-                      background: bool = False) -> Mapping[EvalKeyId, EvalKey]:
+                      background: bool = False, on_device: bool = False) -> Mapping[EvalKeyId, EvalKey]:
     """Generate ``key_ids`` in order from one generator (the same draws as calling
     :func:`generate_evalkey` for each); on a GPU every key's products are queued before any copy back.
 
     ``background`` (GPU only): return at once a :class:`PendingKeys` whose halves a host thread
     copies back on a stream of its own (after every key's products), so that the copies overlap
-    what the caller queues next (encrypting the inputs); else a dict of finished keys."""
+    what the caller queues next (encrypting the inputs); else a dict of finished keys.
+    ``on_device`` (GPU only): the keys' halves stay on the GPU (CuPy arrays, never copied back), for
+    a GPU executor that copies them into its arena there."""
     from caramel.ckks import device as devmod
 
     rng = rng_of(rng)
     dev = devmod.resolve(device) if device is not None else devmod.current()
     made = [(k, *generate_evalkey_on(ctx, k, secrets, rng, dev)) for k in key_ids]
+    if on_device and dev.on_gpu:
+        return {k: EvalKey(k, limbs, c0, a) for k, limbs, c0, a in made}
     if background and dev.on_gpu:
         return _download_in_background(made)
     return {k: _finish(k, limbs, dev.get(c0), dev.get(a)) for k, limbs, c0, a in made}

@@ -80,3 +80,26 @@ def test_upload_rows_with_several_fill_threads(small_stage, monkeypatch):
     small_stage.upload_rows(arena[:, :], rows[::-1], data[::-1].copy())  # the array path too
     cp.cuda.get_current_stream().synchronize()
     assert np.array_equal(arena.get()[rows], data)
+
+
+def test_upload_equals_asarray(small_stage):
+    host = np.random.default_rng(5).integers(0, 2**32, (9, 300), dtype=np.uint32)
+    got = small_stage.upload(host)
+    assert got.shape == host.shape and got.dtype == host.dtype and np.array_equal(got.get(), host)
+    assert np.array_equal(small_stage.upload(host[:1, :3]).get(), host[:1, :3])  # below SMALL_BYTES
+
+
+def test_upload_rows_takes_rows_already_on_the_device(small_stage, monkeypatch):
+    monkeypatch.setattr(small_stage, "DEVICE_ROWS_PER_COPY", 3)  # several gathers
+    rng = np.random.default_rng(6)
+    arena = cp.zeros((40, 256), dtype=cp.uint32)
+    rows = rng.permutation(40)[:23]
+    host = rng.integers(0, 2**32, (23, 256), dtype=np.uint32)
+    data = [cp.asarray(r) if i % 3 else r for i, r in enumerate(host)]  # mixed device and host rows
+    small_stage.upload_rows(arena, rows, data)
+    cp.cuda.Device().synchronize()
+    want = np.zeros((40, 256), dtype=np.uint32)
+    want[rows] = host
+    assert np.array_equal(arena.get(), want)
+    with pytest.raises(ValueError, match="shape"):
+        small_stage.upload_rows(arena, rows[:1], [cp.zeros(7, dtype=cp.uint32)])

@@ -274,9 +274,11 @@ def test_gpu_client_on_cuda_kernels_equals_cpu_client(n):
     cpu = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="cpu")
     gpu = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="gpu")
     later = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="gpu", background=True)
+    kept = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="gpu", on_device=True)
     for k in KEY_IDS:
         for got in (gpu[k], later[k]):
             assert np.array_equal(cpu[k].c0, got.c0) and np.array_equal(cpu[k].c1, got.c1)
+        assert np.array_equal(cpu[k].c0, kept[k].c0.get()) and np.array_equal(cpu[k].c1, kept[k].c1.get())
     coeffs = np.random.default_rng(1).integers(-2**20, 2**20, n)
     limbs = tuple(range(6))
     a = encrypt(ctx, sec.s, coeffs, limbs, 3, device="cpu")

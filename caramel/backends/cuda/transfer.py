@@ -104,14 +104,77 @@ def download(a) -> np.ndarray:
     return out
 
 
+def is_device_array(a) -> bool:
+    """Whether ``a`` is a GPU array (CuPy's, or any with ``__cuda_array_interface__``)."""
+    return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
+
+
+def upload(host: np.ndarray):
+    """A new C-contiguous device array holding ``host``: through the calling thread's pinned buffers on
+    the current stream (the host copy into one buffer overlapping the DMA of the other); returns when
+    the copy is done (the stream synchronised), so that any stream may read the result."""
+    cp = _cp()
+    host = np.ascontiguousarray(host)
+    out = cp.empty(host.shape, dtype=host.dtype)
+    total = host.nbytes
+    stream = cp.cuda.get_current_stream()
+    if total <= SMALL_BYTES:
+        out.set(host, stream=stream)
+        stream.synchronize()
+        return out
+    _, views, events, used = _stages()
+    src = host.reshape(-1).view(np.uint8)
+    for i, c0 in enumerate(range(0, total, STAGE_BYTES)):
+        c1 = min(total, c0 + STAGE_BYTES)
+        b = i % 2
+        if used[b]:
+            events[b].synchronize()  # the previous copy out of this buffer is done
+        views[b][: c1 - c0] = src[c0:c1]
+        cp.cuda.runtime.memcpyAsync(out.data.ptr + c0, views[b].ctypes.data, c1 - c0, _H2D, stream.ptr)
+        events[b].record(stream)
+        used[b] = True
+    stream.synchronize()
+    return out
+
+
+#: Device rows are gathered into the arena this many at a time (:func:`upload_rows`).
+DEVICE_ROWS_PER_COPY = 256
+
+
+def _device_rows(arena, rows: np.ndarray, data, idx: list[int]) -> None:
+    """``arena[rows[i]] = data[i]`` for the device rows ``data[i]``, i in ``idx`` (device-to-device
+    copies on the current stream, after everything queued on the device so far: the rows may come
+    from other streams)."""
+    cp = _cp()
+    n = arena.shape[1]
+    bad = next((i for i in idx if tuple(data[i].shape) != (n,)), None)
+    if bad is not None:
+        raise ValueError(f"data row {bad} of shape {tuple(data[bad].shape)}, expected ({n},)")
+    cp.cuda.Device().synchronize()
+    for j in range(0, len(idx), DEVICE_ROWS_PER_COPY):
+        part = idx[j:j + DEVICE_ROWS_PER_COPY]
+        arena[cp.asarray(rows[part])] = cp.stack([data[i] for i in part]).astype(arena.dtype, copy=False)
+
+
 def upload_rows(arena, rows, data) -> None:
     """``arena[rows] = data``: host ``data`` into rows ``rows`` (k,) of the device (S, N) arena, through
     pinned buffers and one device staging buffer per pinned buffer. ``data``: a (k, N) array, or a
     sequence of k arrays of shape (N,) (copied row by row into the pinned buffers: no (k, N) host
-    image is built). Values are converted to the arena's type as ``astype`` does."""
+    image is built; rows already on the device are copied there, :func:`_device_rows`). Values are
+    converted to the arena's type as ``astype`` does."""
     cp = _cp()
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     k = rows.shape[0]
+    if isinstance(data, (list, tuple)):
+        if len(data) != k:
+            raise ValueError(f"{len(data)} rows of data for {k} arena rows")
+        on_device = [i for i, r in enumerate(data) if is_device_array(r)]
+        if on_device:
+            _device_rows(arena, rows, data, on_device)
+            rest = sorted(set(range(k)) - set(on_device))
+            if not rest:
+                return
+            rows, data, k = rows[rest], [data[i] for i in rest], len(rest)
     row_bytes = arena.shape[1] * arena.itemsize
     per = max(1, STAGE_BYTES // row_bytes)
     if k <= per or row_bytes > STAGE_BYTES:  # small: one copy (CuPy's assignment, broadcasting as it does)
@@ -211,4 +274,4 @@ def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
     return out.get()
 
 
-__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "row_maxima", "upload_rows"]
+__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "upload", "row_maxima", "upload_rows"]
