@@ -10,10 +10,11 @@
 #      against scripts/reference_digests.json);
 #   4. `caramel run` of BootstrapLike_51L_1c end to end with --json (timings_s): cold (empty load, plan
 #      and schedule caches; CuPy's kernel cache filled by the steps before), again (caches filled),
-#      `caramel keys`, then `--keys` three times (the last with CARAMEL_GPU_WARMUP=0); the digests
-#      must be equal (the same seed, keys generated or loaded); scripts/gpu_client_startup.py first;
-#   5. the same with caramel's sources compiled to bytecode (the device image writes none);
-#   6. with GPU_TESTS=1: tests/execute/test_gpu.py (the executor).
+#      `caramel keys`, then `--keys` three times; the digests
+#      must be equal (the same seed, keys generated or loaded) and equal session 5's;
+#      scripts/gpu_client_startup.py first; NOWARM=1: also --keys with CARAMEL_GPU_WARMUP=0;
+#      BYTECODE=1: also --keys with caramel's sources compiled (the device image writes no bytecode);
+#   5. with GPU_TESTS=1: tests/execute/test_gpu.py (the executor).
 # Logs go to $OUT (or ./gpu_e2e_logs); a summary is printed last. Exit status 1 if any step failed.
 set -u
 out="${OUT:-gpu_e2e_logs}"
@@ -41,22 +42,30 @@ step run-again "${run[@]}" --json "$out/run-again.json"
 step keys python3 -m caramel keys "$big" --n 65536 --out /tmp/caramel-ks
 step run-keys "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys.json"
 step run-keys2 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys2.json"
-step run-keys-nowarm env CARAMEL_GPU_WARMUP=0 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
-# The device image sets PYTHONDONTWRITEBYTECODE=1, so every process above compiled caramel's sources; an
-# installed package has them compiled (pip does it at install): the same runs with caramel's bytecode.
-step compile python3 -m compileall -q caramel
-step startup-pyc python3 scripts/gpu_client_startup.py
-step run-again-pyc "${run[@]}" --json "$out/run-again-pyc.json"
-step run-keys-pyc "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-pyc.json"
-step run-keys-pyc2 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-pyc2.json"
+step run-keys3 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys3.json"
+if [ -n "${NOWARM:-}" ]; then
+    step run-keys-nowarm env CARAMEL_GPU_WARMUP=0 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
+fi
+if [ -n "${BYTECODE:-}" ]; then  # the device image writes no bytecode; an installed package has it compiled
+    step compile python3 -m compileall -q caramel
+    step run-keys-pyc "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-pyc.json"
+fi
 [ -n "${GPU_TESTS:-}" ] && step gpu-tests python3 -m pytest -q -rs tests/execute/test_gpu.py  # the executor
+# The digest of seed 0 with no check file (scripts/reference_digests.json holds the bench draws' digest).
+want=8440161b3e9ddf468d46ca8bc5ad3d433b129c784d35fd3ce1e51c3c4f17ee6f
+for f in run-cold run-again run-keys run-keys2 run-keys3; do
+    d=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/$f.json" 2>/dev/null)
+    if [ "$d" = "$want" ]; then summary+=("$f digest = $want (session 5's)"); else summary+=("$f digest '$d' DIFFERS"); status=1; fi
+done
 d1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-cold.json" 2>/dev/null)
 d2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-keys.json" 2>/dev/null)
 if [ -n "$d1" ] && [ "$d1" = "$d2" ]; then summary+=("run-cold digest = run-keys digest ($d1)"); else summary+=("digests differ: '$d1' '$d2'"); status=1; fi
-for f in run-cold run-again run-keys run-keys2 run-keys-nowarm run-again-pyc run-keys-pyc run-keys-pyc2; do
+for f in run-cold run-again run-keys run-keys2 run-keys3 run-keys-nowarm run-keys-pyc; do
+    [ -f "$out/$f.json" ] || continue
     summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()))" "$out/$f.json" 2>&1)")
 done
-for f in imports tests client digest startup run-cold keys run-keys startup-pyc run-keys-pyc; do
+for f in imports tests client digest startup run-cold keys run-keys gpu-tests; do
+    [ -f "$out/$f.txt" ] || continue
     echo "=== $f"; tail -n 16 "$out/$f.txt"
 done
 echo "=== summary"; printf '%s\n' "${summary[@]}"
