@@ -157,8 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
     keys_s = time.perf_counter()
-    keys, ctx = _stored_keys(args, program, background=True,  # key files read on while the inputs are encrypted,
-                             device=args.backend == "gpu" and program.chips == 1 and args.gpus is None)  # then to the GPU
+    keys, ctx = _stored_keys(args, program, background=True)  # key files read on while the inputs are encrypted
     keys_s = time.perf_counter() - keys_s
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
                           gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs,
@@ -244,11 +243,10 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     return EXIT_OK if result.passed else EXIT_INVALID
 
 
-def _stored_keys(args: argparse.Namespace, program, background: bool = False, device: bool = False):
+def _stored_keys(args: argparse.Namespace, program, background: bool = False):
     """(KeySet, Context) from ``--keys DIR``, or (None, None) without it. ``background``: the
-    evaluation keys' files are read by threads while the caller goes on, and with ``device`` copied to
-    the GPU (:func:`caramel.ckks.keystore.load_keys`); the secrets, the manifest and the key ids are
-    checked here."""
+    evaluation keys' files are read by threads while the caller goes on
+    (:func:`caramel.ckks.keystore.load_keys`); the secrets, the manifest and the key ids are checked here."""
     if getattr(args, "keys", None) is None:
         return None, None
     from caramel.api import load_keyset
@@ -259,7 +257,7 @@ def _stored_keys(args: argparse.Namespace, program, background: bool = False, de
         from caramel.ckks.bind import requirements
         from caramel.ckks.keystore import load_keys, require_keys
 
-        keyset = load_keys(args.keys, ctx, background=True, device=device)
+        keyset = load_keys(args.keys, ctx, background=True)
         require_keys(keyset, requirements(program).keys, args.keys)
         return keyset, ctx
     return load_keyset(args.keys, program, ctx), ctx

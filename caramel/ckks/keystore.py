@@ -209,19 +209,12 @@ def read_manifest(directory: str | Path) -> dict:
     return manifest
 
 
-#: Threads that copy a store's keys to the GPU (:func:`load_keys` with ``device=True``).
-UPLOAD_THREADS = 2
-
-
-def load_keys(directory: str | Path, ctx, *, threads: int | None = None, background: bool = False,
-              device: bool = False) -> KeySet:
+def load_keys(directory: str | Path, ctx, *, threads: int | None = None, background: bool = False) -> KeySet:
     """Load the key store ``directory`` for context ``ctx`` (N and primes must match); see module docstring.
 
     ``background``: return once the manifest and the secrets are read and checked; the evaluation
     keys' files are read on by a thread pool (the key set's ``keys`` is a :class:`PendingKeys`), so
-    that they load while the caller encrypts its inputs. ``device`` (with ``background``): each key's
-    halves, once read and checked, are copied to the current GPU by :data:`UPLOAD_THREADS` threads
-    (CuPy arrays, for a GPU executor that copies them into its arena there)."""
+    that they load while the caller encrypts its inputs."""
     root = Path(directory)
     manifest = read_manifest(root)
     where = root / MANIFEST
@@ -261,41 +254,12 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
         futures = [pool.submit(load, job) for job in jobs[1:]]
         pool.shutdown(wait=False)  # the threads end when the files are read
-        if device:
-            futures = _to_device(futures)
         return KeySet(secrets, PendingKeys(ids, futures))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         arrays = list(pool.map(load, jobs))
     secrets = _secrets(arrays[0], root / SECRETS, n, secrets_meta, where)
     keys = {kid: EvalKey(kid, limbs, arrays[1 + 2 * i], arrays[2 + 2 * i]) for i, (kid, limbs) in enumerate(ids)}
     return KeySet(secrets, keys)
-
-
-def _to_device(futures: list) -> list:
-    """Futures of the device copies of ``futures``' host arrays (each thread on a stream of its own);
-    ``futures`` itself without CuPy (the GPU executor then says what is missing)."""
-    import threading
-
-    try:
-        import cupy as cp
-    except ImportError:
-        return futures
-    from caramel.backends.cuda.transfer import upload
-
-    local = threading.local()
-
-    def copy(future):
-        host = future.result()
-        stream = getattr(local, "stream", None)
-        if stream is None:
-            stream = local.stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            return upload(host)
-
-    pool = ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="caramel-key-upload")
-    out = [pool.submit(copy, f) for f in futures]
-    pool.shutdown(wait=False)
-    return out
 
 
 def _secrets(data: bytes, path: Path, n: int, meta: dict, where: Path) -> Secrets:

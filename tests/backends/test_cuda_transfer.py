@@ -82,13 +82,6 @@ def test_upload_rows_with_several_fill_threads(small_stage, monkeypatch):
     assert np.array_equal(arena.get()[rows], data)
 
 
-def test_upload_equals_asarray(small_stage):
-    host = np.random.default_rng(5).integers(0, 2**32, (9, 300), dtype=np.uint32)
-    got = small_stage.upload(host)
-    assert got.shape == host.shape and got.dtype == host.dtype and np.array_equal(got.get(), host)
-    assert np.array_equal(small_stage.upload(host[:1, :3]).get(), host[:1, :3])  # below SMALL_BYTES
-
-
 def test_upload_rows_takes_rows_already_on_the_device(small_stage, monkeypatch):
     monkeypatch.setattr(small_stage, "DEVICE_ROWS_PER_COPY", 3)  # several gathers
     rng = np.random.default_rng(6)

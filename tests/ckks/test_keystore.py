@@ -180,18 +180,3 @@ def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
     assert "SHA-256 differs" in capsys.readouterr().err
-
-
-def test_background_load_to_the_gpu_equals_the_load(store, ctx):
-    cupy = pytest.importorskip("cupy")
-    from caramel.api import gpu_available
-
-    if not gpu_available():
-        pytest.skip("needs a CUDA GPU")
-    _, path = store
-    now = load_keys(path, ctx)
-    on_gpu = load_keys(path, ctx, background=True, device=True)
-    for k in now.keys:
-        assert isinstance(on_gpu.keys[k].c0, cupy.ndarray)
-        assert np.array_equal(on_gpu.keys[k].c0.get(), now.keys[k].c0)
-        assert np.array_equal(on_gpu.keys[k].c1.get(), now.keys[k].c1)

@@ -9,7 +9,7 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
 * :func:`download`: a device array as a new host array (the same bytes as ``a.get()``);
 * :func:`upload_rows`: ``arena[rows] = data`` for a host (k, N) array or a list of k rows (the same
   result as CuPy's fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device
-  staging buffer;
+  staging buffer; rows of the list already on the GPU (the GPU client's keys) are copied there;
 * :func:`row_maxima`: the largest value of each of some arena rows (a device reduction), for the
   range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`).
 
@@ -107,34 +107,6 @@ def download(a) -> np.ndarray:
 def is_device_array(a) -> bool:
     """Whether ``a`` is a GPU array (CuPy's, or any with ``__cuda_array_interface__``)."""
     return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
-
-
-def upload(host: np.ndarray):
-    """A new C-contiguous device array holding ``host``: through the calling thread's pinned buffers on
-    the current stream (the host copy into one buffer overlapping the DMA of the other); returns when
-    the copy is done (the stream synchronised), so that any stream may read the result."""
-    cp = _cp()
-    host = np.ascontiguousarray(host)
-    out = cp.empty(host.shape, dtype=host.dtype)
-    total = host.nbytes
-    stream = cp.cuda.get_current_stream()
-    if total <= SMALL_BYTES:
-        out.set(host, stream=stream)
-        stream.synchronize()
-        return out
-    _, views, events, used = _stages()
-    src = host.reshape(-1).view(np.uint8)
-    for i, c0 in enumerate(range(0, total, STAGE_BYTES)):
-        c1 = min(total, c0 + STAGE_BYTES)
-        b = i % 2
-        if used[b]:
-            events[b].synchronize()  # the previous copy out of this buffer is done
-        views[b][: c1 - c0] = src[c0:c1]
-        cp.cuda.runtime.memcpyAsync(out.data.ptr + c0, views[b].ctypes.data, c1 - c0, _H2D, stream.ptr)
-        events[b].record(stream)
-        used[b] = True
-    stream.synchronize()
-    return out
 
 
 #: Device rows are gathered into the arena this many at a time (:func:`upload_rows`).
@@ -274,4 +246,4 @@ def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
     return out.get()
 
 
-__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "upload", "row_maxima", "upload_rows"]
+__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "row_maxima", "upload_rows"]
