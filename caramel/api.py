@@ -70,8 +70,10 @@ def prepare_inputs(program: Program, ctx: Context, keys: KeySet, seed: int, spec
     :func:`~caramel.ckks.keyset.input_rng` (``seed``) or the user's ``supplied`` values, encrypted
     under ``keys``, with ``keys``' evaluation keys bound (the client's current device does the
     arithmetic)."""
+    from collections import ChainMap  # keys added by binding go to the first map; the key set is read lazily
+
     return prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed), secrets=keys.secrets,
-                         keys=dict(keys.keys), supplied=supplied)
+                         keys=ChainMap({}, keys.keys), supplied=supplied)
 
 
 def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
@@ -288,7 +290,9 @@ def run_program(
     marks = [time.perf_counter()]
     with using_client(client):
         if keys is None:
-            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed))
+            on_device = client.on_gpu and resolve_backend(backend) == "gpu" and program.chips == 1 and gpus is None
+            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed), background=True,  # GPU: copied back
+                                   on_device=on_device)  # while encrypting, or kept there for a 1-GPU executor
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()

@@ -432,6 +432,49 @@ def remove_stale_temps(folder: Path, now: float | None = None) -> list[str]:
     return removed
 
 
+#: Magic and suffix of a validation marker (:func:`validate_once`).
+VALID_MAGIC = b"CARAMEL-VALID\0"
+VALID_SUFFIX = ".valid"
+
+
+def validator_fingerprint() -> str:
+    """SHA-256 of the validator's source (``caramel/validate.py``, ``caramel/program.py``)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("validate.py", "program.py"):
+        h.update(name.encode() + b"\0" + hashlib.sha256((root / name).read_bytes()).digest())
+    return h.hexdigest()
+
+
+def validate_once(program: Program, validate) -> None:
+    """``validate(program)`` (which raises for an invalid program), skipped when a marker in the cache
+    folder says that this program passed this validator before: a program that
+    :func:`caramel.parse.load_program` returned (its load-cache key, :func:`program_key`, covers its
+    files and the parser) and the same :func:`validator_fingerprint` and caramel version. Only a pass
+    is recorded (a sealed entry ``<digest>.valid`` holding just that header, the load cache's trust:
+    :func:`read_entry`, :func:`write_entry`); a failure is found again, with its messages, each time."""
+    from caramel.version import __version__
+
+    key = program_key(program)
+    if key is None:
+        validate(program)
+        return
+    meta = {"program": key, "validator": validator_fingerprint(), "caramel": __version__}
+    folder = cache_dir()
+    usable = trusted_folder(folder, create=True)
+    path = folder / (hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest() + VALID_SUFFIX)
+    data = read_entry(path) if usable else None
+    if data is not None:
+        try:
+            unseal(data, meta, VALID_MAGIC, lambda arrays, header: None)
+            return
+        except CacheEntryError as exc:
+            logger.info("ignoring validation marker %s: %s", path, exc)
+    validate(program)
+    if usable:
+        write_entry(path, seal(VALID_MAGIC, {"header": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}))
+
+
 def write_entry(path: Path, data: bytes) -> bool:
     """Write ``data`` to ``path`` atomically (:func:`caramel.outfiles.replace_atomically`: a fresh
     temporary file of mode 0600 named for :func:`remove_stale_temps`, then ``os.replace``). False

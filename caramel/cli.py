@@ -134,9 +134,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.save_limbs and not args.save_outputs:
         raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
+    if args.backend == "gpu" and not args.distributed:
+        from caramel.ckks.device import warm_up
+
+        warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning
     load_s = time.perf_counter()
     program = _load(args)
-    validate(program)
+    from caramel.cache import validate_once
+
+    validate_once(program, validate)  # a program that passed once is not validated again
     load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
     if args.distributed and args.keys:
@@ -151,13 +157,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
     keys_s = time.perf_counter()
-    keys, ctx = _stored_keys(args, program)
+    keys, ctx = _stored_keys(args, program, background=True)  # key files read on while the inputs are encrypted
     keys_s = time.perf_counter() - keys_s
     outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
                           gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs,
                           ctx=ctx, keys=keys)
     if keys is not None:
         outcome.timings["keys"] += keys_s  # loading the key store (--keys DIR) is the keys phase
+        getattr(keys.keys, "wait", lambda: None)()  # a damaged file of a key the program did not read still fails
     devices = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")
@@ -236,14 +243,23 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     return EXIT_OK if result.passed else EXIT_INVALID
 
 
-def _stored_keys(args: argparse.Namespace, program):
-    """(KeySet, Context) from ``--keys DIR``, or (None, None) without it."""
+def _stored_keys(args: argparse.Namespace, program, background: bool = False):
+    """(KeySet, Context) from ``--keys DIR``, or (None, None) without it. ``background``: the
+    evaluation keys' files are read by threads while the caller goes on
+    (:func:`caramel.ckks.keystore.load_keys`); the secrets, the manifest and the key ids are checked here."""
     if getattr(args, "keys", None) is None:
         return None, None
     from caramel.api import load_keyset
     from caramel.ring import Context
 
     ctx = Context(n=args.n)
+    if background:
+        from caramel.ckks.bind import requirements
+        from caramel.ckks.keystore import load_keys, require_keys
+
+        keyset = load_keys(args.keys, ctx, background=True)
+        require_keys(keyset, requirements(program).keys, args.keys)
+        return keyset, ctx
     return load_keyset(args.keys, program, ctx), ctx
 
 

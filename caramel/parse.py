@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import io
+import json
 import logging
 import os
 import re
@@ -493,6 +495,7 @@ class _Files:
     files: dict[str, bytes]
     paths: dict[str, str] = field(default_factory=dict)  # display path of a file not at where/filename
     single: bool = False  # one instructions file given alone (no manifests expected)
+    member: str | None = None  # the program's folder inside an archive (None: not from an archive)
 
     def path(self, filename: str) -> str:
         if filename in self.paths:
@@ -555,16 +558,16 @@ def _read_folder(path: Path) -> _Files:
     return _Files(path.name, str(path), files)
 
 
-def _read_archive(path: Path, member: str | None) -> _Files:
+def _read_archive(path: Path, member: str | None, data: bytes | None = None) -> _Files:
     """The program files of an archive; every member's declared size is checked at its header,
     before anything of it is decompressed (a member beyond :data:`MAX_FILE_BYTES`, or more than
     :data:`MAX_ARCHIVE_BYTES` declared in all, is refused), and a program file is read no further
-    than its declared size."""
+    than its declared size. ``data``: the archive's bytes, already read (else the file is opened)."""
     def refuse(reason: str):
         raise ParseError(Location(str(path)), reason)
 
     try:
-        with tarfile.open(path) as tar:
+        with (tarfile.open(path) if data is None else tarfile.open(fileobj=io.BytesIO(data))) as tar:
             groups: dict[str, dict[str, bytes]] = {}
             declared = 0
             while (info := tar.next()) is not None:
@@ -598,16 +601,29 @@ def _read_archive(path: Path, member: str | None) -> _Files:
         if len(matches) != 1:
             raise ParseError(Location(str(path)), f"archive has no program named {member!r}")
         folder = matches[0]
+    return _archive_files(path, folder, groups[folder])
+
+
+def _archive_files(path: Path, folder: str, files: dict[str, bytes]) -> _Files:
+    """The :class:`_Files` of the program in ``folder`` of the archive at ``path``: its name (the
+    folder's last part, or the archive's name before its first dot) and display paths."""
     name = folder.rpartition("/")[2] or path.name.split(".")[0]
-    return _Files(name, f"{path}#{folder}" if folder else str(path), groups[folder])
+    return _Files(name, f"{path}#{folder}" if folder else str(path), files, member=folder)
+
+
+def _split_source(source: str | os.PathLike) -> tuple[str, str | None]:
+    """(path, member) of a program source: ``a.tar.xz#NAME`` names member NAME of the archive
+    ``a.tar.xz`` (when no file is named with the ``#`` itself)."""
+    text = os.fspath(source)
+    if "#" in text and not Path(text).exists():
+        text, member = text.split("#", 1)
+        return text, member
+    return text, None
 
 
 def read_source(source: str | os.PathLike) -> _Files:
     """Read the raw files of a program from a folder, an archive (``a.tar.xz#member``) or one file."""
-    text = os.fspath(source)
-    member = None
-    if "#" in text and not Path(text).exists():
-        text, member = text.split("#", 1)
+    text, member = _split_source(source)
     path = Path(text)
     if not path.exists():
         raise ParseError(Location(text), "no such file or folder")
@@ -637,6 +653,30 @@ def source_digest(files: _Files) -> str:
     for name in sorted(files.files):
         h.update(name.encode() + b"\0" + hashlib.sha256(files.files[name]).digest())
     return h.hexdigest()
+
+
+def archive_digest(data: bytes, member: str | None) -> str:
+    """What a cache entry of the program ``member`` of the archive whose (compressed) bytes are
+    ``data`` is the cache of: SHA-256 of a tag, the archive's SHA-256 and the member as given. The
+    bytes fix everything decompressed from them, so a hit needs no decompression; a tag keeps
+    these apart from :func:`source_digest`'s."""
+    tag = json.dumps(["archive", hashlib.sha256(data).hexdigest(), member])
+    return hashlib.sha256(tag.encode()).hexdigest()
+
+
+def _archive_bytes(source: str | os.PathLike) -> tuple[Path, str | None, bytes] | None:
+    """(path, member, bytes) when ``source`` names a tar archive (a regular file of at most
+    :data:`MAX_ARCHIVE_BYTES`), else None (the caller reads it with :func:`read_source`)."""
+    text, member = _split_source(source)
+    path = Path(text)
+    try:
+        if not path.is_file() or not tarfile.is_tarfile(path):
+            return None
+        if path.stat().st_size > MAX_ARCHIVE_BYTES:
+            return None
+    except OSError:
+        return None
+    return path, member, read_regular(path, MAX_ARCHIVE_BYTES)
 
 
 def _cache_key(source: str) -> str:
@@ -749,30 +789,49 @@ def load_program(
     Raises :class:`~caramel.errors.ParseError` naming the file, line and column of the first
     malformed line. Validation is separate: :func:`caramel.validate.validate`.
     """
-    files = read_source(source)
     if not cache:
+        files = read_source(source)
         with no_gc():
             return build_program(files, fast=fast, progress=progress)
     from caramel import cache as store
 
+    archive = _archive_bytes(source)
+    files = read_source(source) if archive is None else None
     folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
-    source = source_digest(files)
+    # An archive's entry is keyed by its compressed bytes (a hit decompresses nothing) and says which
+    # folder of the archive the program is ("archive_folder"), for its display paths.
+    source = source_digest(files) if archive is None else archive_digest(archive[2], archive[1])
     cache_file = folder / f"{_cache_key(source)}{store.SUFFIX}"
     meta = _cache_meta(source)
     data = store.read_entry(cache_file) if usable else None
     if data is not None:
         try:
             with no_gc():
-                return store.remember(_relocate(store.from_bytes(data, meta), files), cache_file.stem)
+                program, member = store.unseal(data, meta, store.MAGIC, _decode_entry)
+                if archive is not None:
+                    if not isinstance(member, str):
+                        raise store.CacheEntryError("archive entry without its folder")
+                    files = _archive_files(archive[0], member, {})
+                return store.remember(_relocate(program, files), cache_file.stem)
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
+    if archive is not None:
+        files = _read_archive(archive[0], archive[1], archive[2])
+        meta = {**meta, "archive_folder": files.member}
     with no_gc():
         program = build_program(files, fast=fast, progress=progress)
     if usable:
         with no_gc():
             store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
     return store.remember(program, cache_file.stem)  # the plan cache's key (caramel.plan_cache)
+
+
+def _decode_entry(arrays, header: dict):
+    """(program, the entry's ``archive_folder`` or None) of a load-cache entry's tables."""
+    from caramel import cache as store
+
+    return store.decode(arrays, header), header.get("archive_folder")
 
 
 def iter_lines(program: Program) -> Iterable[tuple[Stream, Instruction]]:

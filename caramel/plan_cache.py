@@ -270,5 +270,80 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, ca
     return plan
 
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "SUFFIX", "cached_plan", "decode", "encode", "from_bytes",
-           "planner_fingerprint", "program_key", "remember", "to_bytes"]
+# ---------------------------------------------------------------------------------------------- schedules
+
+#: Magic and suffix of a stream-schedule entry (:func:`cached_schedule`).
+SCHEDULE_MAGIC = b"CARAMEL-SCHED\0"
+SCHEDULE_SUFFIX = ".sched"
+
+
+def tasks_digest(tasks, n_streams: int, reserved: int) -> str:
+    """SHA-256 of what a stream schedule is a function of: every task's sorted ``reads`` and
+    ``writes``, ``deps``, ``cost`` and ``stream`` (not its name), the stream counts, the planner's
+    fingerprint (which covers :mod:`caramel.plan.streams`), the format and caramel's version."""
+    from caramel.version import __version__
+
+    h = hashlib.sha256(json.dumps(["schedule", FORMAT_VERSION, __version__, planner_fingerprint(),
+                                   int(n_streams), int(reserved), len(tasks)]).encode())
+    for t in tasks:
+        h.update(np.array([len(t.reads), len(t.writes), len(t.deps), int(t.cost),
+                           -1 if t.stream is None else int(t.stream)], dtype=np.int64).tobytes())
+        h.update(np.array(sorted(t.reads) + sorted(t.writes) + list(t.deps), dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _schedule_arrays(sch, digest: str) -> dict[str, np.ndarray]:
+    off = np.zeros(len(sch.waits) + 1, dtype=np.int64)
+    off[1:] = np.cumsum([len(w) for w in sch.waits])
+    header = {"tasks": digest, "n_streams": sch.n_streams, "n_events": sch.n_events}
+    return {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+            "stream": np.asarray(sch.stream, dtype=np.int64), "event": np.asarray(sch.event, dtype=np.int64),
+            "joins": np.asarray(sch.joins, dtype=np.int64), "wait_off": off,
+            "wait_val": np.asarray([j for w in sch.waits for j in w], dtype=np.int64)}
+
+
+def _schedule_of(arrays, header: dict, n_tasks: int):
+    """The :class:`~caramel.plan.streams.StreamSchedule` of an entry's tables, every index checked."""
+    from caramel.plan.streams import StreamSchedule
+
+    stream, event, joins = (arrays[k].astype(np.int64).tolist() for k in ("stream", "event", "joins"))
+    off, val = arrays["wait_off"].astype(np.int64), arrays["wait_val"].astype(np.int64).tolist()
+    m, n_events = int(header["n_streams"]), int(header["n_events"])
+    if len(stream) != n_tasks or len(event) != n_tasks or off.shape != (n_tasks + 1,) or int(off[-1]) != len(val):
+        raise PlanEntryError("schedule tables of the wrong length")
+    if n_tasks and (min(stream) < 0 or max(stream) >= m or max(event) >= n_events or min(event) < -1):
+        raise PlanEntryError("stream or event index out of range")
+    if np.any(np.diff(off) < 0) or any(not 0 <= j < n_tasks for j in val + joins):
+        raise PlanEntryError("task index out of range")
+    waits = tuple(tuple(val[a:b]) for a, b in zip(off.tolist(), off[1:].tolist()))
+    return StreamSchedule(m, tuple(stream), waits, tuple(joins), tuple(event), n_events)
+
+
+def cached_schedule(tasks, n_streams: int, reserved: int, build, *, cache: bool = True):
+    """``build()`` (a stream schedule of ``tasks`` that it has checked, :mod:`caramel.plan.streams`),
+    or the schedule that an earlier ``build()`` gave for the same tasks and stream counts, read from
+    the plan cache folder (entry ``<tasks_digest>.sched``, the plan cache's format and trust: a
+    sealed npz of integer tables, the digest in its header; a damaged or inconsistent entry is
+    rebuilt). The schedule is a function of the tasks (:func:`tasks_digest`), so an entry needs no
+    second check."""
+    if not cache:
+        return build()
+    digest = tasks_digest(tasks, n_streams, reserved)
+    folder = store.cache_dir()
+    usable = store.trusted_folder(folder, create=True)
+    path = folder / f"{digest}{SCHEDULE_SUFFIX}"
+    data = store.read_entry(path) if usable else None
+    if data is not None:
+        try:
+            return store.unseal(data, {"tasks": digest, "n_streams": int(n_streams)}, SCHEDULE_MAGIC,
+                                lambda arrays, header: _schedule_of(arrays, header, len(tasks)), PlanEntryError)
+        except PlanEntryError as exc:
+            logger.info("rebuilding schedule cache entry %s: %s", path, exc)
+    sch = build()
+    if usable:
+        store.write_entry(path, store.seal(SCHEDULE_MAGIC, _schedule_arrays(sch, digest)))
+    return sch
+
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "SUFFIX", "cached_plan", "cached_schedule", "decode", "encode", "from_bytes",
+           "planner_fingerprint", "program_key", "remember", "tasks_digest", "to_bytes"]

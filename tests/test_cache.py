@@ -256,3 +256,171 @@ def test_stale_temporary_files_are_removed(tmp_path):
     removed = cache.remove_stale_temps(tmp_path)
     assert sorted(removed) == sorted([old.name, killed.name])
     assert mine.exists() and other.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Archives: keyed by the compressed bytes and the member, no decompression on a hit
+# ----------------------------------------------------------------------------------------------
+
+
+def _two_program_archive(path: Path, first: str = "Add_4L_2c", folder: str = "progs") -> Path:
+    import tarfile
+
+    with tarfile.open(path, "w:xz") as tar:
+        tar.add(SHARED_PROGRAMS / first, arcname=f"{folder}/{first}")
+        tar.add(MUL, arcname=f"{folder}/Mul_4L_2c")
+    return path
+
+
+def _no_decompression(monkeypatch) -> None:
+    """No member of an archive is read from here on (``tarfile.is_tarfile`` reads one header)."""
+    import tarfile
+
+    def refuse(*a, **k):
+        raise AssertionError("the archive was decompressed")
+
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", refuse)
+    monkeypatch.setattr(caramel.parse, "_read_archive", refuse)
+
+
+@needs_corpus
+def test_archive_hit_decompresses_nothing_and_equals_the_parse(tmp_path, monkeypatch):
+    archive = _two_program_archive(tmp_path / "two.tar.xz")
+    source = f"{archive}#Mul_4L_2c"
+    files = read_source(source)
+    first = load_program(source)
+    assert len(list(Path(os.environ["CARAMEL_CACHE"]).glob("*.entry"))) == 1
+    _no_decompression(monkeypatch)
+    again = load_program(source)
+    parsed = caramel.parse.build_program(files)
+    for got in (first, again):
+        assert got.name == "Mul_4L_2c" and got.path == f"{archive}#progs/Mul_4L_2c"
+        assert same_types(got.streams, parsed.streams) and got.manifest == parsed.manifest
+        assert got.chip_manifests == parsed.chip_manifests
+        assert got.streams[0].path == f"{archive}#progs/Mul_4L_2c/instructions0"
+
+
+@needs_corpus
+def test_archive_key_is_its_bytes_and_member(tmp_path, monkeypatch):
+    archive = _two_program_archive(tmp_path / "two.tar.xz")
+    add = load_program(f"{archive}#Add_4L_2c")
+    mul = load_program(f"{archive}#Mul_4L_2c")
+    assert add.name == "Add_4L_2c" and mul.name == "Mul_4L_2c"
+    assert len(list(Path(os.environ["CARAMEL_CACHE"]).glob("*.entry"))) == 2
+    # Other bytes at the same path: another key, so the entry of the old bytes is never used.
+    _two_program_archive(archive, first="Add_4L_1c")
+    assert load_program(f"{archive}#Add_4L_1c").name == "Add_4L_1c"
+    assert load_program(f"{archive}#Mul_4L_2c").chips == 2
+    assert len(list(Path(os.environ["CARAMEL_CACHE"]).glob("*.entry"))) == 4
+
+
+@needs_corpus
+def test_archive_moved_keeps_its_entry_with_the_new_paths(tmp_path, monkeypatch):
+    archive = _two_program_archive(tmp_path / "two.tar.xz")
+    load_program(f"{archive}#Mul_4L_2c")
+    moved = tmp_path / "elsewhere" / "copy.tar.xz"
+    moved.parent.mkdir()
+    shutil.copy(archive, moved)
+    _no_decompression(monkeypatch)
+    got = load_program(f"{moved}#Mul_4L_2c")
+    assert got.path == f"{moved}#progs/Mul_4L_2c"
+    assert all(s.path.startswith(f"{moved}#progs/Mul_4L_2c/") for s in got.streams)
+    assert got.manifest.path == f"{moved}#progs/Mul_4L_2c/program_inputs"
+
+
+@needs_corpus
+def test_archive_entry_without_its_folder_is_rebuilt(tmp_path, caplog):
+    archive = _two_program_archive(tmp_path / "two.tar.xz")
+    source = f"{archive}#Mul_4L_2c"
+    want = load_program(source)
+    (entry,) = Path(os.environ["CARAMEL_CACHE"]).glob("*.entry")
+    digest = caramel.parse.archive_digest(archive.read_bytes(), "Mul_4L_2c")
+    assert entry.stem == caramel.parse._cache_key(digest)
+    entry.write_bytes(cache.to_bytes(want, caramel.parse._cache_meta(digest)))  # no "archive_folder"
+    with caplog.at_level(logging.INFO, logger="caramel.parse"):
+        got = load_program(source)
+    assert "archive entry without its folder" in caplog.text
+    assert got.path == want.path and same_types(got.streams, want.streams)
+    assert cache.unseal(entry.read_bytes(), {}, cache.MAGIC, lambda a, h: h["archive_folder"]) == "progs/Mul_4L_2c"
+
+
+@needs_corpus
+def test_archive_member_errors_are_unchanged(tmp_path):
+    archive = _two_program_archive(tmp_path / "two.tar.xz")
+    with pytest.raises(caramel.errors.ParseError, match="no program named 'Nope'"):
+        load_program(f"{archive}#Nope")
+    with pytest.raises(caramel.errors.ParseError, match="holds several programs"):
+        load_program(str(archive))
+    assert not list(Path(os.environ["CARAMEL_CACHE"]).glob("*.entry"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation markers (validate_once)
+# ----------------------------------------------------------------------------------------------
+
+
+def _counting_validator(fail: bool = False):
+    calls = []
+
+    def check(program):
+        calls.append(program.name)
+        if fail:
+            raise caramel.errors.ValidationError(["bad"], False)
+
+    return check, calls
+
+
+def _markers() -> list[Path]:
+    return list(Path(os.environ["CARAMEL_CACHE"]).glob(f"*{cache.VALID_SUFFIX}"))
+
+
+@needs_corpus
+def test_a_program_that_passed_is_validated_once():
+    check, calls = _counting_validator()
+    cache.validate_once(load_program(MUL), check)
+    cache.validate_once(load_program(MUL), check)
+    assert calls == ["Mul_4L_2c"]
+    (marker,) = _markers()
+    assert stat.S_IMODE(marker.stat().st_mode) == 0o600 and marker.read_bytes().startswith(cache.VALID_MAGIC)
+    cache.validate_once(load_program(ADD), check)  # another program: its own marker
+    assert calls == ["Mul_4L_2c", "Add_4L_2c"] and len(_markers()) == 2
+
+
+@needs_corpus
+def test_a_failure_is_never_recorded():
+    check, calls = _counting_validator(fail=True)
+    for _ in range(2):
+        with pytest.raises(caramel.errors.ValidationError):
+            cache.validate_once(load_program(MUL), check)
+    assert len(calls) == 2 and not _markers()
+
+
+@needs_corpus
+def test_programs_not_from_load_program_are_always_validated():
+    import dataclasses
+
+    check, calls = _counting_validator()
+    changed = dataclasses.replace(load_program(MUL), name="changed")
+    cache.validate_once(changed, check)
+    cache.validate_once(changed, check)
+    assert calls == ["changed", "changed"] and not _markers()
+
+
+@needs_corpus
+@pytest.mark.parametrize("change", ["flip", "other validator", "other program's marker"])
+def test_damaged_or_foreign_markers_are_not_trusted(monkeypatch, change):
+    check, calls = _counting_validator()
+    cache.validate_once(load_program(MUL), check)
+    (marker,) = _markers()
+    if change == "flip":
+        data = bytearray(marker.read_bytes())
+        data[-3] ^= 1
+        marker.write_bytes(bytes(data))
+    elif change == "other validator":
+        monkeypatch.setattr(cache, "validator_fingerprint", lambda: "0" * 64)
+    else:  # a pass of another program, renamed to this program's marker
+        cache.validate_once(load_program(ADD), check)
+        other = next(m for m in _markers() if m != marker)
+        other.replace(marker)
+    cache.validate_once(load_program(MUL), check)
+    assert calls.count("Mul_4L_2c") == 2

@@ -223,3 +223,93 @@ def test_header_is_json_and_names_the_program_key(fresh_cache):
         header = json.loads(bytes(f["header"]).decode())
     assert header["program"] == pc.program_key(program) and header["planner"] == pc.planner_fingerprint()
     assert os.path.basename(entry) == pc.entry_path(fresh_cache, pc._meta(header["program"], True, 16)).name
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+
+
+def _schedule_tasks():
+    """The tasks of a real 1-chip plan on one device (rows of its device program)."""
+    from caramel.execute.placement import gpu_device_programs
+    from caramel.plan.streams import chip_tasks
+    from caramel.ring import Context
+
+    plan = pc.cached_plan(load_program(EXAMPLES / "Mul_4L_1c"))
+    prog = gpu_device_programs(plan, 1, Context(n=4096), 3)[0]
+    return chip_tasks(plan.chips[0], prog.rows_of[0])
+
+
+def _counting_build(tasks, streams=3):
+    from caramel.plan.streams import assign_streams, check_schedule
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        sch = assign_streams(tasks, streams)
+        check_schedule(tasks, sch)
+        return sch
+
+    return build, calls
+
+
+def test_schedule_is_built_once_then_read(fresh_cache):
+    tasks = _schedule_tasks()
+    build, calls = _counting_build(tasks)
+    first = pc.cached_schedule(tasks, 3, 0, build)
+    again = pc.cached_schedule(tasks, 3, 0, build)
+    assert calls == [1] and again == first and same_types(again, first)
+    (entry,) = fresh_cache.glob(f"*{pc.SCHEDULE_SUFFIX}")
+    assert entry.stem == pc.tasks_digest(tasks, 3, 0) and stat.S_IMODE(entry.stat().st_mode) == 0o600
+
+
+def test_other_tasks_or_streams_get_their_own_schedule(fresh_cache):
+    tasks = _schedule_tasks()
+    build, calls = _counting_build(tasks)
+    pc.cached_schedule(tasks, 3, 0, build)
+    moved = [dataclasses.replace(tasks[0], reads=tasks[0].reads | {10_000})] + tasks[1:]
+    assert pc.tasks_digest(moved, 3, 0) != pc.tasks_digest(tasks, 3, 0)
+    assert pc.tasks_digest(tasks, 2, 0) != pc.tasks_digest(tasks, 3, 0)
+    assert pc.tasks_digest(tasks, 3, 1) != pc.tasks_digest(tasks, 3, 0)
+    renamed = [dataclasses.replace(t, name="x") for t in tasks]  # names are not part of a schedule
+    assert pc.tasks_digest(renamed, 3, 0) == pc.tasks_digest(tasks, 3, 0)
+    build2, calls2 = _counting_build(moved)
+    pc.cached_schedule(moved, 3, 0, build2)
+    assert calls2 == [1]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "bad index", "short table", "other header"])
+def test_damaged_schedule_entries_are_rebuilt(fresh_cache, caplog, damage):
+    tasks = _schedule_tasks()
+    build, calls = _counting_build(tasks)
+    want = pc.cached_schedule(tasks, 3, 0, build)
+    (entry,) = fresh_cache.glob(f"*{pc.SCHEDULE_SUFFIX}")
+    data = bytearray(entry.read_bytes())
+    arrays = pc._schedule_arrays(want, entry.stem)
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x10
+    elif damage == "truncate":
+        data = data[: len(data) - 100]
+    elif damage == "bad index":
+        arrays["wait_val"] = arrays["wait_val"] + len(tasks)
+        data = cache.seal(pc.SCHEDULE_MAGIC, arrays)
+    elif damage == "short table":
+        arrays["stream"] = arrays["stream"][:-1]
+        data = cache.seal(pc.SCHEDULE_MAGIC, arrays)
+    else:
+        arrays["header"] = np.frombuffer(json.dumps({"tasks": "0" * 64, "n_streams": 3, "n_events": 0}).encode(),
+                                         dtype=np.uint8)
+        data = cache.seal(pc.SCHEDULE_MAGIC, arrays)
+    entry.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO, logger="caramel.plan_cache"):
+        got = pc.cached_schedule(tasks, 3, 0, build)
+    assert got == want and calls == [1, 1]
+    assert "rebuilding schedule cache entry" in caplog.text
+
+
+def test_schedule_cache_off(fresh_cache):
+    tasks = _schedule_tasks()
+    build, calls = _counting_build(tasks)
+    pc.cached_schedule(tasks, 3, 0, build, cache=False)
+    pc.cached_schedule(tasks, 3, 0, build, cache=False)
+    assert calls == [1, 1] and not list(fresh_cache.glob(f"*{pc.SCHEDULE_SUFFIX}"))

@@ -285,6 +285,8 @@ def input_mems(
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
+    if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
+        return a  # a key row kept on the GPU by the GPU client (no write flag there)
     v = a.view()
     v.setflags(write=False)
     return v

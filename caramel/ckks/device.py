@@ -23,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import logging
+import os
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -34,6 +37,7 @@ from caramel.ring import ntt_jit
 from caramel.ring.ntt import map_chunks, ntt
 
 _U64 = np.uint64
+logger = logging.getLogger(__name__)
 
 
 class ClientDeviceError(CaramelError, ValueError):
@@ -56,6 +60,7 @@ class ClientDevice:
     @cached_property
     def xp(self):
         if self.kind == DeviceKind.GPU:
+            wait_for_warm_up()  # the GPU's first work, when warm_up started it, is done
             import cupy
 
             return cupy
@@ -108,6 +113,69 @@ def resolve(device: ClientDevice | DeviceKind | str | None, backend: str | None 
     return GPU if kind == DeviceKind.GPU else CPU
 
 
+#: Environment variable: "0" turns :func:`warm_up` off.
+WARM_UP_ENV = "CARAMEL_GPU_WARMUP"
+_warm_up: threading.Thread | None = None
+
+
+def warm_up(n: int) -> None:
+    """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
+    loads and plans: import CuPy, create the CUDA context and load the client's kernels (caramel's
+    NTT, :mod:`caramel.ckks.pcg`) while a second thread computes the ring's NTT tables on the host,
+    then build the ring's device tables (:func:`caramel.backends.cuda.backend.cuda_ring`). The GPU
+    client waits for it before its first GPU work (:func:`wait_for_warm_up`); a failure here is only
+    logged (the run then meets it itself). Off when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per
+    process."""
+    global _warm_up
+    if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
+        return
+
+    def tables():  # the ring's host tables (NumPy, much of it without the GIL) beside CuPy's import
+        from caramel.ring import Context
+
+        ctx = Context(n=n)
+        for limb in range(len(ctx.primes)):
+            ctx.ntt_table(limb)
+        return ctx
+
+    def work() -> None:
+        try:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1, thread_name_prefix="caramel-gpu-warm-up") as pool:
+                ctx_future = pool.submit(tables)
+                import cupy as cp
+
+                cp.empty(1)  # the CUDA context
+                from caramel.backends.cuda import ntt as cuda_ntt
+                from caramel.backends.cuda.backend import cuda_ring
+                from caramel.ckks import pcg
+
+                pcg.device_words(1, 1, 1, cp)
+                ctx = ctx_future.result()
+            ring = cuda_ring(ctx)
+            ring.prime_table, ring.twiddles  # noqa: B018 (built on first use)
+            if ctx.n.bit_length() - 1 in CUDA_NTT_SIZES:
+                arena = cp.zeros((2, ctx.n), dtype=np.uint32)
+                slots = cp.arange(2, dtype=np.int32)
+                primes = cp.zeros(1, dtype=np.int32)
+                cuda_ntt.ntt(ring, arena, slots[:1], slots[1:], primes)
+                cuda_ntt.intt(ring, arena, slots[:1], slots[1:], primes)
+            cp.cuda.Device().synchronize()
+        except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
+            logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
+
+    _warm_up = threading.Thread(target=work, name="caramel-gpu-warm-up")
+    _warm_up.start()
+
+
+def wait_for_warm_up() -> None:
+    """Return when the thread of :func:`warm_up` (if one was started) has finished."""
+    t = _warm_up
+    if t is not None and t is not threading.current_thread():
+        t.join()
+
+
 def current() -> ClientDevice:
     """The device that client functions use when none is passed (default: the host)."""
     return _current.get()
@@ -157,7 +225,7 @@ class SecretRows:
         limbs = list(range(len(ctx.primes)))
         qcol = prime_column(ctx, limbs, dev)
         res = small_residues(dev.put(coeffs), qcol, dev.xp)
-        self.rows = ntt(res, ntt_tables(ctx, limbs))
+        self.rows = transform_rows(res, ctx, limbs, dev)
         self.ctx = ctx
         self.dev = dev
 
@@ -182,6 +250,37 @@ def ntt_tables(ctx, limbs):
     return [ctx.ntt_table(int(l)) for l in limbs]
 
 
+#: Ring degrees for which the GPU client runs caramel's own CUDA NTT kernels
+#: (:mod:`caramel.backends.cuda.ntt`); other N use the array NTT of :mod:`caramel.ring.ntt` on CuPy.
+CUDA_NTT_SIZES = range(12, 17)
+
+
+def transform_rows(res, ctx, limbs, dev: ClientDevice, inverse: bool = False):
+    """NTT (or, with ``inverse``, INTT) of canonical residues ``res`` (k, N) uint32 on ``dev``, row r
+    modulo q_{limbs[r]}: the functions of :func:`caramel.ring.ntt.ntt` / ``intt``, bit for bit.
+
+    On the GPU (N = 2^12 .. 2^16) through caramel's CUDA kernels, the executor's own
+    (:func:`caramel.backends.cuda.ntt.ntt`, which compute the reference's transform from the
+    context's tables): one launch pair for all rows, the rows copied into the first half of a
+    (2k, N) arena and transformed into its second half. Elsewhere :mod:`caramel.ring.ntt`."""
+    from caramel.ring.ntt import intt
+
+    limbs = [int(l) for l in limbs]
+    if not (dev.on_gpu and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES and len(limbs)):
+        return (intt if inverse else ntt)(res, ntt_tables(ctx, limbs))
+    from caramel.backends.cuda import ntt as cuda_ntt
+    from caramel.backends.cuda.backend import cuda_ring
+
+    cp = dev.xp
+    k = len(limbs)
+    arena = cp.empty((2 * k, ctx.n), dtype=np.uint32)
+    arena[:k] = res
+    slots = cp.arange(2 * k, dtype=np.int32)
+    primes = cp.asarray(np.asarray(limbs, dtype=np.int32))
+    (cuda_ntt.intt if inverse else cuda_ntt.ntt)(cuda_ring(ctx), arena, slots[:k], slots[k:], primes)
+    return arena[k:]
+
+
 def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
     """NTT-form residues of int64 or Python-int coefficients on ``limbs``, (k, N) uint32 on ``dev``."""
     limbs = [int(l) for l in limbs]
@@ -190,7 +289,15 @@ def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
         res = dev.put(to_residues(c, ctx, limbs))
     else:
         res = int_residues(dev.put(c), prime_column(ctx, limbs, dev), dev.xp)
-    return ntt(res, ntt_tables(ctx, limbs))
+    return transform_rows(res, ctx, limbs, dev)
+
+
+def _e_rows(e, q, ctx, limbs, tabs, r0: int, r1: int, dev: ClientDevice):
+    """NTT-form residues of the small error ``e`` on rows r0..r1-1 (moduli ``q``, limbs[r0:r1])."""
+    res = small_residues(e, q, dev.xp)
+    if dev.on_gpu:
+        return transform_rows(res, ctx, limbs[r0:r1], dev)
+    return ntt(res, tabs[r0:r1])
 
 
 def _host_jit(dev: ClientDevice, e, *rows) -> bool:
@@ -209,7 +316,7 @@ def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=No
     if perm is not None and not host_jit:
         s_new = xp.take(s_new, perm, axis=1)
     qcol = prime_column(ctx, limbs, dev)
-    tabs = ntt_tables(ctx, limbs)
+    tabs = None if dev.on_gpu else ntt_tables(ctx, limbs)  # the GPU transforms with the CUDA ring's tables
     p_dev = dev.put(p_mod)
     out = xp.empty(a.shape, dtype=np.uint32)
     gather = np.empty(0, dtype=np.int64) if perm is None else np.ascontiguousarray(perm, dtype=np.int64)
@@ -220,7 +327,7 @@ def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=No
                 ntt_jit.c0_row(e, a[r], s_old[r], s_new[r], int(p_mod[r, 0]), tabs[r], out[r], gather)
             return
         q = qcol[r0:r1]
-        en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
+        en = xp.add(_e_rows(e, q, ctx, limbs, tabs, r0, r1, dev), q, dtype=_U64)  # e + q
         en -= mulmod(a[r0:r1], s_old[r0:r1], q, xp)  # in (0, 2q)
         if p_mod[r0:r1].any():
             en += mulmod(s_new[r0:r1], p_dev[r0:r1], q, xp)
@@ -234,7 +341,7 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
     """c0 = m + e - a * s (mod q) per row; a, m (NTT form), s (k, N) and e (N,) int64 on ``dev``."""
     xp = dev.xp
     qcol = prime_column(ctx, limbs, dev)
-    tabs = ntt_tables(ctx, limbs)
+    tabs = None if dev.on_gpu else ntt_tables(ctx, limbs)  # the GPU transforms with the CUDA ring's tables
     out = xp.empty(a.shape, dtype=np.uint32)
     host_jit = _host_jit(dev, e, a, s, m)
 
@@ -244,7 +351,7 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
                 ntt_jit.c0_row(e, a[r], s[r], m[r], 1, tabs[r], out[r], None)
             return
         q = qcol[r0:r1]
-        en = xp.add(ntt(small_residues(e, q, xp), tabs[r0:r1]), q, dtype=_U64)  # e + q
+        en = xp.add(_e_rows(e, q, ctx, limbs, tabs, r0, r1, dev), q, dtype=_U64)  # e + q
         en += m[r0:r1]
         en -= mulmod(a[r0:r1], s[r0:r1], q, xp)  # in (0, 3q)
         out[r0:r1] = xp.remainder(en, q, out=en)
@@ -255,13 +362,11 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
 
 def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):
     """Coefficient-form residues INTT(c0 + c1 * s mod q), (k, N) uint32 on ``dev``."""
-    from caramel.ring.ntt import intt
-
     xp = dev.xp
     qcol = prime_column(ctx, limbs, dev)
     m = mulmod(c1, s, qcol, xp)
     m += c0
-    return intt(xp.remainder(m, qcol, out=m).astype(np.uint32), ntt_tables(ctx, limbs))
+    return transform_rows(xp.remainder(m, qcol, out=m).astype(np.uint32), ctx, limbs, dev, inverse=True)
 
 
 def to_ntt(coeffs, ctx, limbs) -> np.ndarray:

@@ -29,6 +29,7 @@ has one row per distinct limb and, on a shared limb l, P mod q_l = 0 removes the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,6 +146,43 @@ class EvalKey:
         return (self.c0, self.c1)[h][r]
 
 
+class PendingKeys(Mapping):
+    """Evaluation keys whose halves arrive in the background: ``futures[2i]``, ``futures[2i+1]`` give
+    c0 and c1 of key ``ids[i]`` (files of a key store read by threads,
+    :func:`caramel.ckks.keystore.load_keys`; keys made on a GPU copied back by a thread,
+    :func:`generate_evalkeys`). The key ids are known at once (``in``, ``len``, iteration do not
+    wait); a key's value waits for its two halves and raises what producing them raised (a damaged
+    file's :class:`~caramel.ckks.keystore.KeyStoreError`). :meth:`wait` waits for every key."""
+
+    def __init__(self, ids: list[tuple[EvalKeyId, tuple[int, ...]]], futures: list):
+        self._ids = {kid: i for i, (kid, _) in enumerate(ids)}
+        self._limbs = [limbs for _, limbs in ids]
+        self._futures = futures
+        self._done: dict[EvalKeyId, EvalKey] = {}
+
+    def __getitem__(self, kid: EvalKeyId) -> EvalKey:
+        got = self._done.get(kid)
+        if got is None:
+            i = self._ids[kid]  # KeyError for a key the store does not hold
+            got = self._done[kid] = EvalKey(kid, self._limbs[i], self._futures[2 * i].result(),
+                                            self._futures[2 * i + 1].result())
+        return got
+
+    def __iter__(self):
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, kid) -> bool:
+        return kid in self._ids
+
+    def wait(self) -> None:
+        """Wait for every key's files; raise the :class:`KeyStoreError` of the first damaged one."""
+        for kid in self._ids:
+            self[kid]
+
+
 def key_limbs(key_id: EvalKeyId) -> tuple[int, ...]:
     """Distinct limbs of a key in ascending order: {0..level-1} U {64-E..63}."""
     return tuple(sorted(set(key_id.limbs())))
@@ -257,12 +295,59 @@ def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=
     return _finish(key_id, limbs, dev.get(c0), dev.get(a))
 
 
-def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None) -> dict[EvalKeyId, EvalKey]:
+def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None, *,
+                      background: bool = False, on_device: bool = False) -> Mapping[EvalKeyId, EvalKey]:
     """Generate ``key_ids`` in order from one generator (the same draws as calling
-    :func:`generate_evalkey` for each); on a GPU every key's products are queued before any copy back."""
+    :func:`generate_evalkey` for each); on a GPU every key's products are queued before any copy back.
+
+    ``background`` (GPU only): return at once a :class:`PendingKeys` whose halves a host thread
+    copies back on a stream of its own (after every key's products), so that the copies overlap
+    what the caller queues next (encrypting the inputs); else a dict of finished keys.
+    ``on_device`` (GPU only): the keys' halves stay on the GPU (CuPy arrays, never copied back), for
+    a GPU executor that copies them into its arena there."""
     from caramel.ckks import device as devmod
 
     rng = rng_of(rng)
     dev = devmod.resolve(device) if device is not None else devmod.current()
     made = [(k, *generate_evalkey_on(ctx, k, secrets, rng, dev)) for k in key_ids]
+    if on_device and dev.on_gpu:
+        return {k: EvalKey(k, limbs, c0, a) for k, limbs, c0, a in made}
+    if background and dev.on_gpu:
+        return _download_in_background(made)
     return {k: _finish(k, limbs, dev.get(c0), dev.get(a)) for k, limbs, c0, a in made}
+
+
+#: Host threads that copy a GPU client's keys back in the background (each its own stream and
+#: pinned buffers; the host side of a copy, writing fresh pages, is the slow part).
+DOWNLOAD_THREADS = 3
+
+
+def _download_in_background(made) -> PendingKeys:
+    """:class:`PendingKeys` of ``made`` ((id, limbs, c0, c1) on the GPU), copied to the host by
+    :data:`DOWNLOAD_THREADS` threads, each on a non-blocking stream that first waits for the work
+    queued so far (the keys' products)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy as cp
+
+    from caramel.backends.cuda.transfer import download
+
+    ready = cp.cuda.Event(disable_timing=True)
+    ready.record()
+    local = threading.local()
+
+    def fetch(arr) -> np.ndarray:
+        stream = getattr(local, "stream", None)
+        if stream is None:  # the thread's stream, created in the thread, after the keys' products
+            stream = local.stream = cp.cuda.Stream(non_blocking=True)
+            stream.wait_event(ready)
+        with stream:
+            host = download(arr)
+        host.setflags(write=False)
+        return host
+
+    pool = ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="caramel-key-download")
+    futures = [pool.submit(fetch, arr) for _, _, c0, c1 in made for arr in (c0, c1)]
+    pool.shutdown(wait=False)
+    return PendingKeys([(k, limbs) for k, limbs, _, _ in made], futures)

@@ -57,12 +57,18 @@ def generate_keyset(
     chip_manifests: Sequence[Manifest] | None = None,
     aliases: Mapping[str, str] | None = None,
     device=None,
+    background: bool = False,
+    on_device: bool = False,
 ) -> KeySet:
     """Secrets and every evaluation key ``source`` needs, all drawn from :func:`key_rng`.
 
     ``device`` ("cpu", "gpu" or a :class:`caramel.ckks.device.ClientDevice`; default the current
-    client device) is where the products and transforms run; the keys are the same bit for bit."""
+    client device) is where the products and transforms run; the keys are the same bit for bit.
+    ``background``: on a GPU, the keys are copied back by a host thread while the caller goes on
+    (``keys`` is then a :class:`~caramel.ckks.keys.PendingKeys`); ``on_device``: on a GPU, the keys stay
+    there (CuPy arrays) for a GPU executor (:func:`caramel.ckks.keys.generate_evalkeys`)."""
     rng = key_rng(key_seed)
     secrets = Secrets.generate(ctx.n, rng)
     req = requirements(source, chip_manifests, aliases)
-    return KeySet(secrets, generate_evalkeys(ctx, req.keys, secrets, rng, device))
+    return KeySet(secrets, generate_evalkeys(ctx, req.keys, secrets, rng, device, background=background,
+                                             on_device=on_device))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from caramel.ckks.keys import EvalKey, SecretDist, SecretKey, Secrets, key_limbs
+from caramel.ckks.keys import EvalKey, PendingKeys, SecretDist, SecretKey, Secrets, key_limbs
 from caramel.ckks.keyset import KeySet
 from caramel.errors import CaramelError
 from caramel.outfiles import replace_atomically
@@ -209,8 +209,12 @@ def read_manifest(directory: str | Path) -> dict:
     return manifest
 
 
-def load_keys(directory: str | Path, ctx, *, threads: int | None = None) -> KeySet:
-    """Load the key store ``directory`` for context ``ctx`` (N and primes must match); see module docstring."""
+def load_keys(directory: str | Path, ctx, *, threads: int | None = None, background: bool = False) -> KeySet:
+    """Load the key store ``directory`` for context ``ctx`` (N and primes must match); see module docstring.
+
+    ``background``: return once the manifest and the secrets are read and checked; the evaluation
+    keys' files are read on by a thread pool (the key set's ``keys`` is a :class:`PendingKeys`), so
+    that they load while the caller encrypts its inputs."""
     root = Path(directory)
     manifest = read_manifest(root)
     where = root / MANIFEST
@@ -245,6 +249,12 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None) -> KeyS
             raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
         return arr
 
+    if background:
+        secrets = _secrets(load(jobs[0]), root / SECRETS, n, secrets_meta, where)
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
+        futures = [pool.submit(load, job) for job in jobs[1:]]
+        pool.shutdown(wait=False)  # the threads end when the files are read
+        return KeySet(secrets, PendingKeys(ids, futures))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         arrays = list(pool.map(load, jobs))
     secrets = _secrets(arrays[0], root / SECRETS, n, secrets_meta, where)

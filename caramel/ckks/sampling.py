@@ -74,10 +74,10 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
     h0 = int(state["has_uint32"])
     raw_count = (int(lo[-1]) + width - h0 + 1) // 2
-    words = bg.random_raw(raw_count).view(np.uint32)  # low half, then high half of each output
+    words = raw_words(bg, raw_count, xp, np.uint32)  # low half, then high half of each output
     if h0:
-        words = np.concatenate([np.array([state["uinteger"]], dtype=np.uint32), words])
-    stream = xp.asarray(words)
+        words = xp.concatenate([xp.asarray(np.array([state["uinteger"]], dtype=np.uint32)), words])
+    stream = words
     q_all = np.array(qs, dtype=np.uint64)[:, None]
     thr_all = np.array([2**32 % q for q in qs], dtype=np.uint64)[:, None]
     out = xp.empty((k, n), dtype=np.uint32)
@@ -113,6 +113,32 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
     _leave_generator(bg, state, words, h0, pos)
     return out
+
+
+def raw_words(bg, count: int, xp=np, dtype=np.uint64):
+    """``bg.random_raw(count)`` (viewed as ``dtype``: uint64, or uint32 halves) as an array of module
+    ``xp``, leaving ``bg`` where ``random_raw`` leaves it. For CuPy and a PCG64 generator the words are
+    computed on the GPU (:mod:`caramel.ckks.pcg`, the same words) and the generator is advanced past
+    them: nothing is drawn on the host or copied."""
+    if xp is not np:
+        from caramel.ckks import pcg
+
+        got = pcg.pcg64_state(bg)
+        if got is not None:
+            words = pcg.device_words(got[0], got[1], int(count), xp, dtype)
+            _advance_raw(bg, int(count))
+            return words
+    return xp.asarray(bg.random_raw(count).view(dtype))
+
+
+def _advance_raw(bg, count: int) -> None:
+    """Put ``bg`` where ``bg.random_raw(count)`` leaves it: ``advance`` steps the state the same way but
+    also drops the buffered 32-bit half (``has_uint32``, ``uinteger``), which ``random_raw`` keeps."""
+    before = bg.state
+    bg.advance(count)
+    after = bg.state
+    after["has_uint32"], after["uinteger"] = before["has_uint32"], before["uinteger"]
+    bg.state = after
 
 
 def lemire_host(qs, n: int, rng: np.random.Generator):
@@ -205,7 +231,7 @@ def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
     q = 1.0 - p
     if state.get("bit_generator") != "PCG64" or p * k > 30.0:
         return None
-    words = xp.asarray(rng.bit_generator.random_raw(2 * n))
+    words = raw_words(rng.bit_generator, 2 * n, xp)
     u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
     qn = math.exp(k * math.log(q))
     bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))

@@ -44,7 +44,9 @@ def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[
         if not 0 <= mem.limb < len(ctx.primes):
             problems.append(f"{mem}: limb index outside the {len(ctx.primes)} primes")
             continue
-        a = np.asarray(memory[mem])
+        a = memory[mem]
+        if not hasattr(a, "__cuda_array_interface__"):  # a row on the GPU (the GPU client's keys) stays there
+            a = np.asarray(a)
         if a.dtype.kind not in "ui":
             problems.append(f"{mem}: dtype {a.dtype} is not an integer type")
             continue

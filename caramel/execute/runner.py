@@ -231,9 +231,14 @@ class DeviceRun:
         reserved = 1 if streams > 1 and comm_stream else 0
         if reserved:
             tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
-        sch = assign_streams(tasks, streams, reserved=reserved)
-        check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
-        return sch
+        from caramel.plan_cache import cached_schedule  # checked once, then read from the plan cache folder
+
+        def build():
+            sch = assign_streams(tasks, streams, reserved=reserved)
+            check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
+            return sch
+
+        return cached_schedule(tasks, streams, reserved, build)
 
     def run_task(self, t: int, *, collectives: bool = True) -> None:
         """The calls of task ``t``, in order (on the backend's current stream); ``collectives``

@@ -16,6 +16,8 @@ def small_stage(monkeypatch):
     from caramel.backends.cuda import transfer
 
     monkeypatch.setattr(transfer, "STAGE_BYTES", 4096)  # many chunks, odd tails
+    monkeypatch.setattr(transfer, "SMALL_BYTES", 64)  # through the pinned buffers from 64 bytes on
+    monkeypatch.setattr(transfer, "PARALLEL_COPY_BYTES", 1024)  # host copies split over threads
     monkeypatch.setattr(transfer, "_local", type(transfer._local)())  # fresh buffers of that size
     return transfer
 
@@ -78,3 +80,19 @@ def test_upload_rows_with_several_fill_threads(small_stage, monkeypatch):
     small_stage.upload_rows(arena[:, :], rows[::-1], data[::-1].copy())  # the array path too
     cp.cuda.get_current_stream().synchronize()
     assert np.array_equal(arena.get()[rows], data)
+
+
+def test_upload_rows_takes_rows_already_on_the_device(small_stage, monkeypatch):
+    monkeypatch.setattr(small_stage, "DEVICE_ROWS_PER_COPY", 3)  # several gathers
+    rng = np.random.default_rng(6)
+    arena = cp.zeros((40, 256), dtype=cp.uint32)
+    rows = rng.permutation(40)[:23]
+    host = rng.integers(0, 2**32, (23, 256), dtype=np.uint32)
+    data = [cp.asarray(r) if i % 3 else r for i, r in enumerate(host)]  # mixed device and host rows
+    small_stage.upload_rows(arena, rows, data)
+    cp.cuda.Device().synchronize()
+    want = np.zeros((40, 256), dtype=np.uint32)
+    want[rows] = host
+    assert np.array_equal(arena.get(), want)
+    with pytest.raises(ValueError, match="shape"):
+        small_stage.upload_rows(arena, rows[:1], [cp.zeros(7, dtype=cp.uint32)])

@@ -247,3 +247,42 @@ def test_object_residues_equal_python_ints():
     limbs = [0, 3, 17, 63]
     want = np.stack([[int(v) % ctx.q(l) for v in c] for l in limbs]).astype(np.uint32)
     assert np.array_equal(to_residues(c, ctx, limbs), want)
+
+
+def test_warm_up_runs_once_in_a_thread_and_never_raises(monkeypatch):
+    """Without a GPU the warm-up's failure is only logged; the client waits for the thread once."""
+    monkeypatch.setattr(devmod, "_warm_up", None)
+    monkeypatch.setenv(devmod.WARM_UP_ENV, "0")
+    devmod.warm_up(4096)
+    assert devmod._warm_up is None
+    monkeypatch.setenv(devmod.WARM_UP_ENV, "1")
+    devmod.warm_up(4096)
+    first = devmod._warm_up
+    assert first is not None
+    devmod.warm_up(4096)
+    assert devmod._warm_up is first  # started once per process
+    devmod.wait_for_warm_up()
+    assert not first.is_alive()
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("n", [4096, 65536])  # caramel's CUDA NTT kernels: one kernel, then two passes
+def test_gpu_client_on_cuda_kernels_equals_cpu_client(n):
+    """Keys (copied back at once, or in the background), secrets' rows, encryption and decryption."""
+    ctx = context(n)
+    sec = Secrets.generate(n, 5)
+    cpu = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="cpu")
+    gpu = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="gpu")
+    later = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="gpu", background=True)
+    kept = generate_evalkeys(ctx, KEY_IDS, sec, 8, device="gpu", on_device=True)
+    for k in KEY_IDS:
+        for got in (gpu[k], later[k]):
+            assert np.array_equal(cpu[k].c0, got.c0) and np.array_equal(cpu[k].c1, got.c1)
+        assert np.array_equal(cpu[k].c0, kept[k].c0.get()) and np.array_equal(cpu[k].c1, kept[k].c1.get())
+    coeffs = np.random.default_rng(1).integers(-2**20, 2**20, n)
+    limbs = tuple(range(6))
+    a = encrypt(ctx, sec.s, coeffs, limbs, 3, device="cpu")
+    b = encrypt(ctx, sec.s, coeffs, limbs, 3, device="gpu")
+    assert np.array_equal(a.c0, b.c0) and np.array_equal(a.c1, b.c1)
+    assert np.array_equal(decrypt(ctx, sec.s, a, device="cpu"), decrypt(ctx, sec.s, a, device="gpu"))
+    assert np.array_equal(to_ntt(coeffs, ctx, limbs), devmod.GPU.get(devmod.to_ntt_rows(coeffs, ctx, limbs, devmod.GPU)))

@@ -140,3 +140,43 @@ def test_cli_keys_then_run(tmp_path, capsys):
     assert "N = 1024" in capsys.readouterr().err
     assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(tmp_path), "-q"]) == 2
     assert "not a key store" in capsys.readouterr().err
+
+
+def test_background_load_equals_the_load(store, ctx):
+    ks, path = store
+    now = load_keys(path, ctx)
+    later = load_keys(path, ctx, background=True)
+    assert set(later.keys) == set(now.keys) and len(later.keys) == len(now.keys)
+    assert np.array_equal(later.secrets.s.coeffs, now.secrets.s.coeffs)
+    for k in now.keys:
+        assert k in later.keys and later.keys[k].limbs == now.keys[k].limbs
+        assert np.array_equal(later.keys[k].c0, now.keys[k].c0) and np.array_equal(later.keys[k].c1, now.keys[k].c1)
+    later.keys.wait()
+    with pytest.raises(KeyError):
+        later.keys[object()]
+
+
+def test_background_load_of_a_tampered_file_fails_when_read(store, ctx):
+    _, path = store
+    victim = sorted((path / "keys").iterdir())[1]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    keyset = load_keys(path, ctx, background=True)  # the ids and secrets are fine
+    with pytest.raises(KeyStoreError, match="SHA-256"):
+        keyset.keys.wait()
+    with pytest.raises(KeyStoreError, match="SHA-256"):
+        [keyset.keys[k] for k in keyset.keys]
+
+
+def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
+    out = tmp_path / "ks"
+    prog = str(PROGRAMS / "Mul_4L_2c")
+    assert main(["keys", prog, "--n", str(N), "--seed", "3", "--out", str(out), "--device", "cpu", "-q"]) == 0
+    victim = sorted((out / "keys").iterdir())[0]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
+    assert "SHA-256 differs" in capsys.readouterr().err

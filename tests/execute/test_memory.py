@@ -108,3 +108,29 @@ def test_other_problems_are_still_raised_before_any_upload(case):
         check_plan_memory(plan, CTX, {m: v for m, v in image.items() if m != mem}, defer_ranges=True)
     with pytest.raises(ValueError):
         check_ranges(CTX, image, deferred, [0])
+
+
+class _DeviceRow:
+    """Stands for a row on the GPU: dtype, shape and ndim, and no implicit conversion to NumPy."""
+
+    def __init__(self, a):
+        self._a = np.asarray(a)
+        self.dtype, self.shape, self.ndim = self._a.dtype, self._a.shape, self._a.ndim
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "version": 3}
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("implicit conversion of a device array")
+
+
+def test_rows_on_the_device_are_deferred_not_converted(case):
+    """Key rows kept on the GPU by the GPU client: checked for presence, type and shape, their
+    residues left to the device (never converted to host arrays)."""
+    plan, image = case
+    on_device = {m: (_DeviceRow(a) if np.ndim(a) == 1 else a) for m, a in image.items()}
+    deferred = check_plan_memory(plan, CTX, on_device, defer_ranges=True)
+    assert deferred == check_plan_memory(plan, CTX, image, defer_ranges=True)
+    bad = dict(on_device)
+    m = deferred[0]
+    bad[m] = _DeviceRow(np.zeros(7, dtype=np.uint32))
+    with pytest.raises(BindingError, match="shape"):
+        check_plan_memory(plan, CTX, bad, defer_ranges=True)

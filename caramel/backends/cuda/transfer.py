@@ -9,7 +9,7 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
 * :func:`download`: a device array as a new host array (the same bytes as ``a.get()``);
 * :func:`upload_rows`: ``arena[rows] = data`` for a host (k, N) array or a list of k rows (the same
   result as CuPy's fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device
-  staging buffer;
+  staging buffer; rows of the list already on the GPU (the GPU client's keys) are copied there;
 * :func:`row_maxima`: the largest value of each of some arena rows (a device reduction), for the
   range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`).
 
@@ -67,14 +67,19 @@ def _stages():
     return got
 
 
+#: Copies of at most this many bytes go straight through CuPy (``a.get()``); larger ones through the
+#: pinned buffers (a pageable copy of a key's 15 MB ran near 1.7 GB/s).
+SMALL_BYTES = 1 << 20
+
+
 def download(a) -> np.ndarray:
     """The device array ``a`` as a new C-contiguous host ndarray (pinned, chunked copy)."""
     cp = _cp()
     a = cp.ascontiguousarray(a)
-    out = np.empty(a.shape, dtype=a.dtype)
     total = a.nbytes
-    if total <= STAGE_BYTES:
+    if total <= SMALL_BYTES:
         return a.get()
+    out = np.empty(a.shape, dtype=a.dtype)
     _, views, events, _ = _stages()
     stream = cp.cuda.get_current_stream()
     dst = out.reshape(-1).view(np.uint8)
@@ -84,7 +89,7 @@ def download(a) -> np.ndarray:
     def drain() -> None:
         b, c0, c1 = pending.pop(0)
         events[b].synchronize()
-        dst[c0:c1] = views[b][: c1 - c0]
+        _copy(dst[c0:c1], views[b][: c1 - c0])
 
     for i, c0 in enumerate(range(0, total, STAGE_BYTES)):
         c1 = min(total, c0 + STAGE_BYTES)
@@ -99,14 +104,49 @@ def download(a) -> np.ndarray:
     return out
 
 
+def is_device_array(a) -> bool:
+    """Whether ``a`` is a GPU array (CuPy's, or any with ``__cuda_array_interface__``)."""
+    return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
+
+
+#: Device rows are gathered into the arena this many at a time (:func:`upload_rows`).
+DEVICE_ROWS_PER_COPY = 256
+
+
+def _device_rows(arena, rows: np.ndarray, data, idx: list[int]) -> None:
+    """``arena[rows[i]] = data[i]`` for the device rows ``data[i]``, i in ``idx`` (device-to-device
+    copies on the current stream, after everything queued on the device so far: the rows may come
+    from other streams)."""
+    cp = _cp()
+    n = arena.shape[1]
+    bad = next((i for i in idx if tuple(data[i].shape) != (n,)), None)
+    if bad is not None:
+        raise ValueError(f"data row {bad} of shape {tuple(data[bad].shape)}, expected ({n},)")
+    cp.cuda.Device().synchronize()
+    for j in range(0, len(idx), DEVICE_ROWS_PER_COPY):
+        part = idx[j:j + DEVICE_ROWS_PER_COPY]
+        arena[cp.asarray(rows[part])] = cp.stack([data[i] for i in part]).astype(arena.dtype, copy=False)
+
+
 def upload_rows(arena, rows, data) -> None:
     """``arena[rows] = data``: host ``data`` into rows ``rows`` (k,) of the device (S, N) arena, through
     pinned buffers and one device staging buffer per pinned buffer. ``data``: a (k, N) array, or a
     sequence of k arrays of shape (N,) (copied row by row into the pinned buffers: no (k, N) host
-    image is built). Values are converted to the arena's type as ``astype`` does."""
+    image is built; rows already on the device are copied there, :func:`_device_rows`). Values are
+    converted to the arena's type as ``astype`` does."""
     cp = _cp()
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     k = rows.shape[0]
+    if isinstance(data, (list, tuple)):
+        if len(data) != k:
+            raise ValueError(f"{len(data)} rows of data for {k} arena rows")
+        on_device = [i for i, r in enumerate(data) if is_device_array(r)]
+        if on_device:
+            _device_rows(arena, rows, data, on_device)
+            rest = sorted(set(range(k)) - set(on_device))
+            if not rest:
+                return
+            rows, data, k = rows[rest], [data[i] for i in rest], len(rest)
     row_bytes = arena.shape[1] * arena.itemsize
     per = max(1, STAGE_BYTES // row_bytes)
     if k <= per or row_bytes > STAGE_BYTES:  # small: one copy (CuPy's assignment, broadcasting as it does)
@@ -159,12 +199,38 @@ def _fill(host: np.ndarray, data, r0: int) -> None:
     if parts <= 1:
         part(0)
         return
+    list(_fill_pool().map(part, range(parts)))
+
+
+#: A host copy out of a pinned buffer is split over the fill threads from this many bytes on (the
+#: copy writes fresh pages of the new array: page faults, which threads take in parallel).
+PARALLEL_COPY_BYTES = 4 << 20
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for 1-D byte arrays, in :data:`FILL_THREADS` parts from
+    :data:`PARALLEL_COPY_BYTES` on (NumPy's copies release the GIL)."""
+    n = dst.shape[0]
+    parts = FILL_THREADS if n >= PARALLEL_COPY_BYTES else 1
+    if parts <= 1:
+        dst[:] = src
+        return
+
+    def part(p: int) -> None:
+        a, b = n * p // parts, n * (p + 1) // parts
+        dst[a:b] = src[a:b]
+
+    list(_fill_pool().map(part, range(parts)))
+
+
+def _fill_pool():
+    """The host threads of :func:`_fill` and :func:`_copy` (created on first use)."""
     global _pool
     if _pool is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _pool = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="caramel-upload")
-    list(_pool.map(part, range(parts)))
+    return _pool
 
 
 def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
@@ -180,4 +246,4 @@ def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
     return out.get()
 
 
-__all__ = ["STAGE_BYTES", "download", "row_maxima", "upload_rows"]
+__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "row_maxima", "upload_rows"]
