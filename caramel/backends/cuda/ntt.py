@@ -45,7 +45,7 @@ SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul
 #: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
 SPLIT_FROM = (6, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
-TW_BASE = False  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
+TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
