@@ -38,7 +38,11 @@ NTT_VARIANTS = [
     dict(_S5, split_from=(8, 5)), dict(_S5, threads=512), dict(_S5, pipe=4),
     dict(_S5, one_pass=True), dict(_S5, tw_base=True), dict(_S5, one_pass=True, tw_base=True),
     dict(_S5, one_pass=True, tw_base=True, min_blocks=3), dict(_S5, one_pass=True, tw_base=True, split_from=(7, 5)),
+    dict(_S5, tw_base=True, tw_smem=True), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(6, 6)),
 ]
+#: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
+TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True)]
 
 
 def label(kw: dict) -> str:
@@ -158,7 +162,7 @@ def main() -> int:
     outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
-    for kw in variants + [dict(_S5, body=False), dict(_S5, body=False, one_pass=True)][: 2 if variants else 0]:
+    for kw in variants + (TIMING_ONLY if variants else []):
         bound = two_pass * (2 if kw["one_pass"] and dntt.one_pass_fits(ring.logn) else 1)
         for fname, inverse in (("ntt", False), ("intt", True)):
             for r in (rows, 40):  # a large batch, and the typical size of the plan's INTT launches
@@ -172,13 +176,18 @@ def main() -> int:
                           f"{r / t / 1e6:6.2f} M limbs/s {r / t / bound * 100:5.1f}% of its bound")
         if ring.logn > 12 and kw.get("body", True) and not kw["pipe"] and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
-            src_kw = {k: kw[k] for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base")}
+            src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
+                                                    "tw_smem", "tw_fake")}
             key = "ntt-var-" + "-".join(map(str, src_kw.values()))
             rpb = kw["rows_per_block"]
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
-                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)),
-                               sets)
+                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"]) if (
+                    src_kw["tw_smem"] and kname.endswith("_row")) else 0
+                if k.max_dynamic_shared_size_bytes < smem:
+                    k.max_dynamic_shared_size_bytes = smem
+                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw),
+                                           shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
     for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES:

@@ -46,6 +46,7 @@ SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul
 SPLIT_FROM = (6, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
+TW_SMEM = False  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
@@ -63,6 +64,9 @@ _SRC = r"""
 #define SPLIT_FROM_INV {split_inv}
 #define LAZY {lazy}
 #define TW_BASE {tw_base}
+#define TW_FAKE {tw_fake}
+// TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
+#define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
 
 // Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q); t = y * w in [0, 2q).
@@ -92,13 +96,33 @@ __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int b
                                       u32 q) {{
     if (SPLIT) {{
         if (!FIRST) {{
-            const uint2 sw = __ldg(tw + il);
+            const uint2 sw = TWLD(tw + il);
             a = shoup_lazy(a, sw.x, sw.y, q);
         }}
         return shoup_lazy(a, rf.x, rf.y, q);
     }}
-    const uint2 w = __ldg(tw + (bt << s) + il);
+    const uint2 w = TWLD(tw + (bt << s) + il);
     return shoup_lazy(a, w.x, w.y, q);
+}}
+
+// a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
+__device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
+    const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
+    return shoup_lazy(a, w.x, w.y, q);
+}}
+
+// The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
+// stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
+// range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
+template <int SF>
+__device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
+    for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
+        const int s = 31 - __clz((e >> 5) + 1);
+        const int j = e - 32 * ((1 << s) - 1);
+        tws[33 * ((1 << s) - 1) + (j & ((1 << s) - 1)) * 33 + (j >> s)] = __ldg(tw + (bt0 << s) + j);
+    }}
+    for (int e = threadIdx.x; e < 32 * (8 - SF); e += blockDim.x)
+        tws[33 * ((1 << SF) - 1) + e] = __ldg(tw + ((bt0 + (e & 31)) << (SF + (e >> 5))));
 }}
 
 // Shared-memory position of point p of sub-transform `sub`.
@@ -129,9 +153,13 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // the table tw, bt = bt0 + bt_step * sub (read through L1: a warp reads one or a few
 // contiguous twiddles; building the row twiddles in shared memory from two table entries each
 // measured slower, 2026-11-21).
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT>
+// TS (the row kernel with TW_SMEM, SPLIT, bt_step 1): the twiddles of the one-product stages s < SF
+// (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
+// in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
+// (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
-                                         u32 q, u32 two_q) {{
+                                         u32 q, u32 two_q, const uint2* tws = nullptr) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -167,7 +195,11 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             const int half = 1 << (R - 1 - d);
             const int s = S0 + d;
             const bool split_s = SPLIT && s >= (INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD);  // constant once unrolled
-            const uint2 rf = split_s ? __ldg(tw + (bt << s)) : make_uint2(0u, 0u);
+            const int sfs = INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD;
+            const uint2 rf = !split_s ? make_uint2(0u, 0u)
+                             : TS ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
+                                             : tws[33 * ((1 << sfs) - 1) + 32 * (s - sfs) + sub])
+                                  : TWLD(tw + (bt << s));
             // TW_BASE: the twiddles of this stage from one base pointer tw + (g << d) and a constant
             // offset (k >> (R - d)) each, instead of a 64-bit address computed per twiddle.
             const uint2* __restrict__ twg = TW_BASE ? tw + (g << d) : tw;
@@ -175,17 +207,20 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
                 const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
+                const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
                     if (u2 >= two_q) u2 -= two_q;
                     const u32 a = x + two_q - y;
-                    v[k + half] = !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
+                    v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
+                                  : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
                                            : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
                                                     : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
                     v[k] = u2;
                 }} else {{
-                    const u32 t = !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
+                    const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
+                                  : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
                                   : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
                                            : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
@@ -319,6 +354,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
         sm[sidx<ROW_MODE>(sub, p + 2)] = v.z;
         sm[sidx<ROW_MODE>(sub, p + 3)] = v.w;
     }}
+{ts_fill}
     __syncthreads();
 {passes}
     __syncthreads();
@@ -515,7 +551,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
 
 
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
-                split: bool = False, body: bool = True) -> str:
+                split: bool = False, body: bool = True, ts: bool = False) -> str:
     if not body:
         return ""
     plan, s = [], 0
@@ -527,10 +563,8 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
         plan.reverse()
     inv = "true" if inverse else "false"
     spl = "true" if split else "false"
-    calls = [
-        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}>(sm, tw, {bt0}, {bt_step}, q, two_q);"
-        for s0, r in plan
-    ]
+    tail = ", true>(sm, tw, {}, {}, q, two_q, tws);" if ts else ">(sm, tw, {}, {}, q, two_q);"
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}" + tail.format(bt0, bt_step) for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
@@ -542,7 +576,7 @@ def _split_defines(split_from) -> dict:
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
-            tw_base: bool = TW_BASE) -> str:
+            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -556,7 +590,9 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
     row-major layout (MODE 2). row_mode forces one (0: that default). one_pass (N = 65536, rows 32,
     radix 2^4, layout 4, 256 threads, not pipelined): also the one-pass cluster kernels ntt_fwd_one and
-    ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass)."""
+    ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
+    ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
+    shared memory (ts_bytes). tw_fake: constant twiddles, wrong results (timing only)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -572,7 +608,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         ) + _SMALL.format(
             name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log, body=body), store=inv_store)
         return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, tw_base=int(tw_base),
+                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, tw_base=int(tw_base), tw_fake=int(tw_fake),
                            **_split_defines(split_from))
     a = logn - ROW_LOG
     col_store = (
@@ -593,18 +629,24 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     row_fwd = "\n".join(
         f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
     )
+    if tw_smem and not ts_fits(rows, radix_log, row_mode, split, split_from):
+        raise ValueError("the row kernels' twiddle table needs 32 rows, layout 4, radix 2^4 and split twiddles")
+    ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
+               "    ts_fill<SPLIT_FROM_{}>(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
     kernels = (
         _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
                     store=col_lazy)
         + _ROW.format(
             name="ntt_fwd_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body),
-            finish=row_fwd,
+            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
+                               tw_smem),
+            finish=row_fwd, ts_fill=ts_fill.format("FWD"),
         )
         + _ROW.format(
             name="ntt_inv_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body),
-            finish="",
+            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
+                               tw_smem),
+            finish="", ts_fill=ts_fill.format("INV"),
         )
         + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                       store=col_inv)
@@ -645,8 +687,23 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         raise ValueError("the pipelined NTT kernels run 256 threads a block")
     src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log,
                       min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
-                      lazy=int(lazy), threads=threads, tw_base=int(tw_base), **_split_defines(split_from))
+                      lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
+                      **_split_defines(split_from))
     return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
+
+
+def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
+    """Whether the row kernels can take their twiddles from a shared-memory table (tw_smem): the
+    layout 4 (32 rows, radix 2^4) with split twiddles from stage 6 at most (the table of the
+    one-product stages holds 33 (2^split_from - 1) entries)."""
+    fwd, inv = _split_defines(split_from).values()
+    return rows == 32 and radix_log == 4 and row_mode in (0, 4) and split and max(fwd, inv) <= 6
+
+
+def ts_bytes(split_from: int) -> int:
+    """Dynamic shared memory of a row kernel with the twiddle table: 8 bytes an entry, 33 (2^SF - 1)
+    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction)."""
+    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from))
 
 
 def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0, pipe: int = PIPE,
@@ -661,7 +718,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
             min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
-            tw_base: bool | None = None) -> None:
+            tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -677,11 +734,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         one_pass = ONE_PASS  # read at call time, so that scripts can compare both
     if tw_base is None:
         tw_base = TW_BASE
+    if tw_smem is None:
+        tw_smem = TW_SMEM
     one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, pipe, threads)
+    tw_smem = (bool(tw_smem) and not one_pass and pipe < 2 and ring.logn > 12
+               and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
     config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
     default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
+    key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -689,11 +751,17 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def kernel(name):
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
-                                 split_from, lazy, threads, one_pass, tw_base), name
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake), name
         )
 
     def run(name, src, dst, blocks_per_row):
-        kernel(name)((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw))
+        k = kernel(name)
+        smem = 0
+        if tw_smem and name.endswith("_row"):
+            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"])
+            if k.max_dynamic_shared_size_bytes < smem:
+                k.max_dynamic_shared_size_bytes = smem
+        k((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
 
     def run_piped(name, src, dst, tiles_per_row, words):
         k = kernel(name)
