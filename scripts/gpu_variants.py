@@ -29,7 +29,8 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: others at their module defaults). The first is the kernel of commit 10baff7 (row layout 0: the
 #: default for the row count, see caramel.backends.cuda.ntt._source), the second the default of
 #: session 4 (5fcd20c), the fourth the default of session 5; from the ninth on, session 6: the one-pass
-#: cluster kernels (N = 65536 only; other sizes run the two-pass kernels) and twiddle base pointers.
+#: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
+#: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
 _S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, pipe=0, split_from=(6, 5), lazy=True,
            threads=256, one_pass=False, tw_base=False)
 NTT_VARIANTS = [
@@ -39,7 +40,8 @@ NTT_VARIANTS = [
     dict(_S5, one_pass=True), dict(_S5, tw_base=True), dict(_S5, one_pass=True, tw_base=True),
     dict(_S5, one_pass=True, tw_base=True, min_blocks=3), dict(_S5, one_pass=True, tw_base=True, split_from=(7, 5)),
     dict(_S5, tw_base=True, tw_smem=True), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5)),
-    dict(_S5, tw_base=True, tw_smem=True, split_from=(6, 6)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(6, 6)), dict(_S5, tw_base=True, tw_smem=True, split_from=(4, 4)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 4)),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True)]

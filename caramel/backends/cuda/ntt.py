@@ -43,10 +43,10 @@ MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 reg
 PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 #: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
-SPLIT_FROM = (6, 5)
+SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller table, faster forward)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
-TW_SMEM = False  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
+TW_SMEM = True  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
