@@ -32,7 +32,7 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
 #: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
 _S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, pipe=0, split_from=(6, 5), lazy=True,
-           threads=256, one_pass=False, tw_base=False)
+           threads=256, one_pass=False, tw_base=False, tw_smem=False)
 NTT_VARIANTS = [
     dict(_S5, rows_per_block=16, split=False, min_blocks=1, row_mode=2, split_from=0, lazy=False),
     dict(_S5, split_from=0, lazy=False), dict(_S5, split_from=4), _S5, dict(_S5, split_from=(7, 5)),

@@ -22,8 +22,15 @@ __syncthreads between passes.
   of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows, so a warp's
   loads are broadcasts): psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit.
   Stages below SPLIT_FROM read the one table entry instead (one product; those entries are the
-  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime).
+  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime). With TW_SMEM
+  a row block first copies its rows' one-product twiddles (a contiguous range of the table per
+  stage) and row factors into a table in dynamic shared memory, laid out so that lanes that are
+  rows read consecutive entries (see ts_fill); from global memory each such lane reads its own
+  cache line. With TW_BASE a stage's twiddles are addressed from one base pointer.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
+* ONE_PASS (N = 65536, off: measured slower, the butterflies do not overlap the halved traffic):
+  one kernel, a thread-block cluster of 8 blocks a limb that trade the transposed tiles through
+  distributed shared memory (see _ONE_FWD).
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
