@@ -615,7 +615,8 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         ) + _SMALL.format(
             name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log, body=body), store=inv_store)
         return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, tw_base=int(tw_base), tw_fake=int(tw_fake),
+                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, tw_base=int(tw_base),
+                           tw_fake=int(tw_fake),
                            **_split_defines(split_from))
     a = logn - ROW_LOG
     col_store = (
