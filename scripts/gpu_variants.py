@@ -42,6 +42,8 @@ NTT_VARIANTS = [
     dict(_S5, tw_base=True, tw_smem=True), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5)),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(6, 6)), dict(_S5, tw_base=True, tw_smem=True, split_from=(4, 4)),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 4)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True)]
