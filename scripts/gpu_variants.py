@@ -32,7 +32,7 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
 #: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
 _S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, pipe=0, split_from=(6, 5), lazy=True,
-           threads=256, one_pass=False, tw_base=False, tw_smem=False)
+           threads=256, one_pass=False, tw_base=False, tw_smem=False, tw_local=False)
 NTT_VARIANTS = [
     dict(_S5, rows_per_block=16, split=False, min_blocks=1, row_mode=2, split_from=0, lazy=False),
     dict(_S5, split_from=0, lazy=False), dict(_S5, split_from=4), _S5, dict(_S5, split_from=(7, 5)),
@@ -44,6 +44,7 @@ NTT_VARIANTS = [
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 4)),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), tw_local=True),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True)]
@@ -181,12 +182,12 @@ def main() -> int:
         if ring.logn > 12 and kw.get("body", True) and not kw["pipe"] and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
             src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
-                                                    "tw_smem", "tw_fake")}
+                                                    "tw_smem", "tw_fake", "tw_local")}
             key = "ntt-var-" + "-".join(map(str, src_kw.values()))
             rpb = kw["rows_per_block"]
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
-                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"]) if (
+                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"], src_kw["tw_local"]) if (
                     src_kw["tw_smem"] and kname.endswith("_row")) else 0
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem

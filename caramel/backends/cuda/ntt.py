@@ -54,6 +54,7 @@ SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller 
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
 TW_SMEM = True  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
+TW_LOCAL = False  # with TW_SMEM: the split stages' shared factors tw[i], i < 128, in that table too
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
@@ -112,6 +113,16 @@ __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int b
     return shoup_lazy(a, w.x, w.y, q);
 }}
 
+// The split product of tw_mul with the shared factor from the table: tws[idx] = tw[il] (TSL).
+template <bool FIRST>
+__device__ __forceinline__ u32 tw_split_smem(u32 a, const uint2* tws, int idx, uint2 rf, u32 q) {{
+    if (!FIRST) {{
+        const uint2 sw = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
+        a = shoup_lazy(a, sw.x, sw.y, q);
+    }}
+    return shoup_lazy(a, rf.x, rf.y, q);
+}}
+
 // a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
 __device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
     const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
@@ -121,8 +132,11 @@ __device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32
 // The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
 // stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
 // range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
-template <int SF>
+// LOCAL: then the shared factors tw[i], i < 128, of the split stages (see tw_split_smem).
+template <int SF, bool LOCAL>
 __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
+    if (LOCAL)
+        for (int e = threadIdx.x; e < 128; e += blockDim.x) tws[33 * ((1 << SF) - 1) + 32 * (8 - SF) + e] = __ldg(tw + e);
     for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
         const int s = 31 - __clz((e >> 5) + 1);
         const int j = e - 32 * ((1 << s) - 1);
@@ -164,7 +178,8 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
 // in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
 // (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false>
+// TSL: the split stages' shared factors tw[i_local] from the table as well (after the row factors).
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false, bool TSL = false>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
                                          u32 q, u32 two_q, const uint2* tws = nullptr) {{
     constexpr int LOGT = LOGM - S0 - R;
@@ -215,6 +230,7 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 if (k & half) continue;
                 const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
                 const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
+                const int ts_loc = 33 * ((1 << sfs) - 1) + 32 * (8 - sfs) + (g << d) + (k >> (R - d));
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
@@ -222,12 +238,16 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                     const u32 a = x + two_q - y;
                     v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
+                                  : TSL ? (s == 0 ? tw_split_smem<true>(a, tws, ts_loc, rf, q)
+                                                  : tw_split_smem<false>(a, tws, ts_loc, rf, q))
                                            : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
                                                     : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
                     v[k] = u2;
                 }} else {{
                     const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
+                                  : TSL ? (s == 0 ? tw_split_smem<true>(v[k + half], tws, ts_loc, rf, q)
+                                                  : tw_split_smem<false>(v[k + half], tws, ts_loc, rf, q))
                                   : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
                                            : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
@@ -558,7 +578,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
 
 
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
-                split: bool = False, body: bool = True, ts: bool = False) -> str:
+                split: bool = False, body: bool = True, ts: bool = False, tsl: bool = False) -> str:
     if not body:
         return ""
     plan, s = [], 0
@@ -570,7 +590,8 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
         plan.reverse()
     inv = "true" if inverse else "false"
     spl = "true" if split else "false"
-    tail = ", true>(sm, tw, {}, {}, q, two_q, tws);" if ts else ">(sm, tw, {}, {}, q, two_q);"
+    tail = (", true, " + ("true" if tsl else "false") + ">(sm, tw, {}, {}, q, two_q, tws);" if ts
+            else ">(sm, tw, {}, {}, q, two_q);")
     calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}" + tail.format(bt0, bt_step) for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
@@ -583,7 +604,7 @@ def _split_defines(split_from) -> dict:
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
-            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False) -> str:
+            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -599,7 +620,8 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     radix 2^4, layout 4, 256 threads, not pipelined): also the one-pass cluster kernels ntt_fwd_one and
     ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
     ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
-    shared memory (ts_bytes). tw_fake: constant twiddles, wrong results (timing only)."""
+    shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
+    tw_fake: constant twiddles, wrong results (timing only)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -640,20 +662,21 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     if tw_smem and not ts_fits(rows, radix_log, row_mode, split, split_from):
         raise ValueError("the row kernels' twiddle table needs 32 rows, layout 4, radix 2^4 and split twiddles")
     ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
-               "    ts_fill<SPLIT_FROM_{}>(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
+               "    ts_fill<SPLIT_FROM_{}, " + ("true" if tw_local else "false")
+               + ">(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
     kernels = (
         _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
                     store=col_lazy)
         + _ROW.format(
             name="ntt_fwd_row",
             passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
-                               tw_smem),
+                               tw_smem, tw_local),
             finish=row_fwd, ts_fill=ts_fill.format("FWD"),
         )
         + _ROW.format(
             name="ntt_inv_row",
             passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
-                               tw_smem),
+                               tw_smem, tw_local),
             finish="", ts_fill=ts_fill.format("INV"),
         )
         + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
@@ -708,10 +731,11 @@ def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -
     return rows == 32 and radix_log == 4 and row_mode in (0, 4) and split and max(fwd, inv) <= 6
 
 
-def ts_bytes(split_from: int) -> int:
+def ts_bytes(split_from: int, local: bool = False) -> int:
     """Dynamic shared memory of a row kernel with the twiddle table: 8 bytes an entry, 33 (2^SF - 1)
-    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction)."""
-    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from))
+    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction), and with
+    ``local`` the 128 shared factors of the split stages."""
+    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from) + (128 if local else 0))
 
 
 def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0, pipe: int = PIPE,
@@ -726,7 +750,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
             min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
-            tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False) -> None:
+            tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
+            tw_local: bool | None = None) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -744,14 +769,17 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         tw_base = TW_BASE
     if tw_smem is None:
         tw_smem = TW_SMEM
+    if tw_local is None:
+        tw_local = TW_LOCAL
     one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, pipe, threads)
     tw_smem = (bool(tw_smem) and not one_pass and pipe < 2 and ring.logn > 12
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
+    tw_local = bool(tw_local) and tw_smem
     config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
     default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
-    key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
+    key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -759,14 +787,14 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def kernel(name):
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake), name
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local), name
         )
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
         smem = 0
         if tw_smem and name.endswith("_row"):
-            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"])
+            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"], tw_local)
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
         k((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
