@@ -75,6 +75,34 @@ def ntt_throughput(ctx, rows: int, repeats: int) -> float:
     return rows / (t.median_ms / 1e3)
 
 
+def _ntt_settings(text: str) -> dict:
+    """'ONE_PASS=1,TW_BASE=0' -> {'ONE_PASS': True, 'TW_BASE': False} (module constants of the NTT kernels)."""
+    from caramel.backends.cuda import ntt as dntt
+
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in _NTT_KEYS or not hasattr(dntt, key):
+            raise SystemExit(f"--ntt-set: {key!r} is not one of {', '.join(_NTT_KEYS)}")
+        out[key] = value not in ("0", "false", "False", "")
+    return out
+
+
+_NTT_DEFAULTS: dict = {}
+_NTT_KEYS = ("ONE_PASS", "TW_BASE", "TW_SMEM", "TW_LOCAL")  # the settings that caramel.backends.cuda.ntt._launch reads at call time
+
+
+def _apply_ntt_settings(settings: dict) -> None:
+    """The module's own settings, then these (each --ntt-set starts from the defaults)."""
+    from caramel.backends.cuda import ntt as dntt
+
+    if not _NTT_DEFAULTS:
+        _NTT_DEFAULTS.update((k, getattr(dntt, k)) for k in _NTT_KEYS)
+    for key, value in {**_NTT_DEFAULTS, **settings}.items():
+        setattr(dntt, key, value)
+    log("NTT settings:", ", ".join(f"{k}={getattr(dntt, k)}" for k in _NTT_KEYS))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=Path, action="append")
@@ -87,7 +115,12 @@ def main() -> int:
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--ntt-rows", type=int, default=1024)
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
+    ap.add_argument("--ntt-set", action="append", default=[],
+                    help="module settings of caramel.backends.cuda.ntt to time the fused graphs with, e.g. "
+                         "ONE_PASS=1,TW_BASE=1 (repeat to compare several; default: the module's)")
+    ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     args = ap.parse_args()
+    ntt_sets = [_ntt_settings(v) for v in args.ntt_set] or [{}]
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
     if not gpu_available():
         raise SystemExit("no usable GPU (CuPy or CUDA device missing)")
@@ -122,14 +155,18 @@ def main() -> int:
     log(f"plans in {time.perf_counter() - t0:.1f} s")
     digests = {}
     records = []
-    for label, plan, graph, per_row, streams in (("eager per instruction", unfused, False, True, 1),
-                                                 ("eager unfused kernels", unfused, False, False, 1),
-                                                 ("graph unfused", unfused, True, False, 1),
-                                                 ("graph fused", fused, True, False, 1),
-                                                 ("graph fused, 4 streams", fused, True, False, 4),
-                                                 ("graph fused, 8 streams", fused, True, False, 8)):
-        if args.fused_only and not label.startswith("graph fused"):
+    variants = (("eager per instruction", unfused, False, True, 1), ("eager unfused kernels", unfused, False, False, 1),
+                ("graph unfused", unfused, True, False, 1), ("graph fused", fused, True, False, 1),
+                ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
+    for set_no, label, plan, graph, per_row, streams in [(i, *v) for i in range(len(ntt_sets)) for v in variants]:
+        if (args.fused_only or set_no) and not label.startswith("graph fused"):
             continue
+        if label.startswith("graph fused") and str(streams) not in args.streams.split(","):
+            continue
+        if len(ntt_sets) > 1 or ntt_sets[0]:
+            _apply_ntt_settings(ntt_sets[set_no])
+            if set_no:  # the first set keeps the plain labels (roofline, stored digest)
+                label += f" [{','.join(f'{k}={v}' for k, v in ntt_sets[set_no].items())}]"
         t0 = time.perf_counter()
         run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
@@ -156,7 +193,7 @@ def main() -> int:
     if stored is not None:
         # The CPU reference's digest for these inputs, computed once on the dev VM by
         # scripts/reference_digests.py, so that a GPU run is checked without rerunning it.
-        match = digests["graph fused"] == stored
+        match = next(iter(digests.values())) == stored
         rows.append(("stored CPU reference digest matches", str(match)))
         agree = agree and match
     if not args.skip_reference:
@@ -164,10 +201,11 @@ def main() -> int:
         want = run_reference(program, ctx, memory, "exact")
         ref = output_digest(program, want.memory)
         log(f"CPU reference in {time.perf_counter() - t0:.1f} s: digest {ref[:16]}")
-        rows.append(("CPU reference digest matches", str(ref == digests["graph fused"])))
+        rows.append(("CPU reference digest matches", str(ref == next(iter(digests.values())))))
     copy_gbs = copy_bandwidth()
-    print(f"\nroofline of the fused plan, kernel by kernel (plan traffic model; copy {copy_gbs:.0f} GB/s):")
-    print(render_roofline(records, copy_gbs))
+    if records:
+        print(f"\nroofline of the fused plan, kernel by kernel (plan traffic model; copy {copy_gbs:.0f} GB/s):")
+        print(render_roofline(records, copy_gbs))
     rows.append(("device copy bandwidth (256 MiB, read + write)", f"{copy_gbs:.0f} GB/s"))
     print("\n| what | result |\n| --- | --- |")
     for a, b in rows:

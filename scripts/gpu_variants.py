@@ -25,14 +25,36 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from gpu_kernels_check import Bench, sets_for  # noqa: E402
 
-#: (rows, split, min_blocks, row layout, pipe, split_from, lazy, threads) of the NTT kernels; the first
-#: is the kernel of commit 10baff7 (row layout 0: the default for the row count, see
-#: caramel.backends.cuda.ntt._source), the second the default of session 4 (5fcd20c), the fourth the
-#: default of session 5.
-NTT_VARIANTS = [(16, False, 1, 2, 0, 0, False, 256), (32, True, 4, 4, 0, 0, False, 256),
-                (32, True, 4, 4, 0, 4, True, 256), (32, True, 4, 4, 0, (6, 5), True, 256),
-                (32, True, 4, 4, 0, (7, 5), True, 256), (32, True, 4, 4, 0, (8, 5), True, 256),
-                (32, True, 4, 4, 0, (6, 5), True, 512), (32, True, 4, 4, 4, (6, 5), True, 256)]
+#: Keyword arguments of caramel.backends.cuda.ntt._launch, one dict a variant of the NTT kernels (the
+#: others at their module defaults). The first is the kernel of commit 10baff7 (row layout 0: the
+#: default for the row count, see caramel.backends.cuda.ntt._source), the second the default of
+#: session 4 (5fcd20c), the fourth the default of session 5; from the ninth on, session 6: the one-pass
+#: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
+#: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
+_S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, pipe=0, split_from=(6, 5), lazy=True,
+           threads=256, one_pass=False, tw_base=False, tw_smem=False, tw_local=False)
+NTT_VARIANTS = [
+    dict(_S5, rows_per_block=16, split=False, min_blocks=1, row_mode=2, split_from=0, lazy=False),
+    dict(_S5, split_from=0, lazy=False), dict(_S5, split_from=4), _S5, dict(_S5, split_from=(7, 5)),
+    dict(_S5, split_from=(8, 5)), dict(_S5, threads=512), dict(_S5, pipe=4),
+    dict(_S5, one_pass=True), dict(_S5, tw_base=True), dict(_S5, one_pass=True, tw_base=True),
+    dict(_S5, one_pass=True, tw_base=True, min_blocks=3), dict(_S5, one_pass=True, tw_base=True, split_from=(7, 5)),
+    dict(_S5, tw_base=True, tw_smem=True), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(6, 6)), dict(_S5, tw_base=True, tw_smem=True, split_from=(4, 4)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 4)),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
+    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), tw_local=True),
+]
+#: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
+TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True)]
+
+
+def label(kw: dict) -> str:
+    """A variant's settings that differ from session 5's default."""
+    return " ".join(f"{k}={v}" for k, v in kw.items() if _S5.get(k) != v) or "session 5 default"
+
+
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 
@@ -42,7 +64,11 @@ def main() -> int:
     ap.add_argument("--sizes", default="4096,8192,65536")
     ap.add_argument("--n", type=int, default=65536, help="ring degree of the timings")
     ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--ntt-only", action="store_true", help="leave out base conversion")
+    ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
+    variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
+                else list(NTT_VARIANTS))
     import cupy as cp
 
     from caramel.backends.cuda import CudaRing
@@ -80,20 +106,28 @@ def main() -> int:
         want_f = ctx.ntt(x, limbs)
         want_i = ctx.intt(x, limbs)
         rows = len(limbs)
-        for rpb, split, mb, lay, pipe, sfrom, lazy, threads in NTT_VARIANTS:
+        for kw in list(variants):
             for inverse, want in ((False, want_f), (True, want_i)):
-                arena = cp.asarray(np.concatenate([x, np.full_like(x, 0xFFFFFFFF)]))
-                dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
-                             rpb, split=split, min_blocks=mb, row_mode=lay, pipe=pipe, split_from=sfrom, lazy=lazy,
-                             threads=threads)
-                ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
+                try:
+                    arena = cp.asarray(np.concatenate([x, np.full_like(x, 0xFFFFFFFF)]))
+                    dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
+                                 **kw)
+                    ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
+                    if kw["one_pass"]:  # in place as well
+                        arena = cp.asarray(x)
+                        dntt._launch(ring, arena, i32(range(rows)), i32(range(rows)), i32(limbs), inverse, **kw)
+                        ok = ok and np.array_equal(cp.asnumpy(arena), want)
+                except Exception as exc:  # a variant that does not compile or launch: report it, time the rest
+                    print(f"{label(kw)}: {type(exc).__name__}: {exc}", flush=True)
+                    ok = False
                 if not ok:
-                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} rows={rpb} split={split} mb={mb} "
-                                    f"layout={lay} pipe={pipe} from={sfrom} lazy={lazy} threads={threads}")
+                    failures.append(f"{'intt' if inverse else 'ntt'} N={n} {label(kw)}")
+                    if kw in variants:
+                        variants.remove(kw)
         print(f"NTT checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 2. bit-exactness of both base conversion kernels, all modes
-    for n in (4096, args.n):
+    for n in () if args.ntt_only else (4096, args.n):
         ctx, ring = ring_of(n)
         for s, d, _ in BC_SHAPES[:3] + [(1, 3, 1), (40, 24, 1), (20, 40, 1), (55, 9, 1), (5, 8, 1)]:
             perm = [int(v) for v in rng.permutation(64)]
@@ -133,28 +167,35 @@ def main() -> int:
     outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
-    for rpb, split, mb, lay, pipe, sfrom, lazy, threads in NTT_VARIANTS + [(32, "body", 4, 4, 0, (6, 5), True, 256)]:
-        kw = dict(split=split is True, min_blocks=mb, body=split != "body", rows_per_block=rpb, row_mode=lay,
-                  pipe=pipe, split_from=sfrom, lazy=lazy, threads=threads)
+    for kw in variants + (TIMING_ONLY if variants else []):
+        bound = two_pass * (2 if kw["one_pass"] and dntt.one_pass_fits(ring.logn) else 1)
         for fname, inverse in (("ntt", False), ("intt", True)):
             for r in (rows, 40):  # a large batch, and the typical size of the plan's INTT launches
-                t = bench.time(lambda s: dntt._launch(ring, arena, ins[s][:r], outs[s][:r], primes[:r], inverse,
-                                                      **kw), sets)
-                sf = "/".join(map(str, sfrom)) if isinstance(sfrom, tuple) else sfrom
-                bench.add(f"{fname} rows={rpb} split={split} mb={mb} lay={lay} pipe={pipe} from={sf} "
-                          f"lazy={int(lazy)} t={threads}", f"R={r}", t,
-                          f"{r / t / 1e6:6.2f} M limbs/s {4 * r * limb / t / copy * 100:5.1f}% of copy")
-        if ring.logn > 12 and split != "body" and not pipe and threads == 256:
+                try:
+                    t = bench.time(lambda s: dntt._launch(ring, arena, ins[s][:r], outs[s][:r], primes[:r], inverse,
+                                                          **kw), sets)
+                except Exception as exc:
+                    print(f"{fname} {label(kw)} R={r}: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                bench.add(f"{fname} {label(kw)}", f"R={r}", t,
+                          f"{r / t / 1e6:6.2f} M limbs/s {r / t / bound * 100:5.1f}% of its bound")
+        if ring.logn > 12 and kw.get("body", True) and not kw["pipe"] and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
-            key = f"ntt{n}-var-{rpb}-{split}-{mb}-{lay}-{sfrom}-{lazy}"
+            src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
+                                                    "tw_smem", "tw_fake", "tw_local")}
+            key = "ntt-var-" + "-".join(map(str, src_kw.values()))
+            rpb = kw["rows_per_block"]
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
-                k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, split=split, min_blocks=mb,
-                                                          row_mode=lay, split_from=sfrom, lazy=lazy), kname)
-                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)),
-                               sets)
+                k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
+                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"], src_kw["tw_local"]) if (
+                    src_kw["tw_smem"] and kname.endswith("_row")) else 0
+                if k.max_dynamic_shared_size_bytes < smem:
+                    k.max_dynamic_shared_size_bytes = smem
+                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw),
+                                           shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
-    for s_in, d_out, batch in BC_SHAPES:
+    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES:
         perm = list(range(64))
         conv = dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out])
         per = batch * (s_in + d_out)

@@ -198,6 +198,36 @@ def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, threads):
         expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} from={split_from} lazy={lazy}")
 
 
+@pytest.mark.parametrize("one_pass,tw_base,tw_smem,tw_local",
+                         [(False, False, False, False), (True, False, False, False), (False, True, False, False),
+                          (True, True, False, False), (False, True, True, False), (False, False, True, False),
+                          (False, True, True, True)],
+                         ids=lambda v: str(v))
+def test_ntt_one_pass(pair, rng, one_pass, tw_base, tw_smem, tw_local):
+    """The one-pass cluster kernels (N = 65536; other sizes fall back to the two-pass kernels) and the
+    two-pass ones, with twiddle addresses per twiddle or from a base pointer per stage, and the row
+    kernels' twiddles from global memory or a shared-memory table (with or without the split stages'
+    shared factors), compute the reference, forward and inverse, with two rows in place, whatever the
+    module defaults say."""
+    ctx, ring = pair
+    rows = 7
+    limbs = limb_choice(rng, rows)
+    x = residues(ctx, limbs, rng)
+    for inverse in (False, True):
+        arena = Arena(ctx.n, 3 * rows, rng)
+        src = arena.put(x)
+        dst = arena.take(rows)
+        dst[0] = src[0]
+        dst[5] = src[5]
+        dev = arena.upload()
+        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, one_pass=one_pass, tw_base=tw_base,
+                     tw_smem=tw_smem, tw_local=tw_local)
+        have = arena.download()
+        expect_rows(have, dst, (ctx.intt if inverse else ctx.ntt)(x, limbs),
+                    f"{'intt' if inverse else 'ntt'} one_pass={one_pass}")
+        expect_inputs_kept(arena, have, dst)
+
+
 def test_ntt_small_sizes(rng):
     for n in (16, 32, 256, 2048, 8192, 16384, 32768):
         ctx, ring = rings(n)

@@ -22,8 +22,15 @@ __syncthreads between passes.
   of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows, so a warp's
   loads are broadcasts): psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit.
   Stages below SPLIT_FROM read the one table entry instead (one product; those entries are the
-  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime).
+  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime). With TW_SMEM
+  a row block first copies its rows' one-product twiddles (a contiguous range of the table per
+  stage) and row factors into a table in dynamic shared memory, laid out so that lanes that are
+  rows read consecutive entries (see ts_fill); from global memory each such lane reads its own
+  cache line. With TW_BASE a stage's twiddles are addressed from one base pointer.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
+* ONE_PASS (N = 65536, off: measured slower, the butterflies do not overlap the halved traffic):
+  one kernel, a thread-block cluster of 8 blocks a limb that trade the transposed tiles through
+  distributed shared memory (see _ONE_FWD).
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
@@ -43,8 +50,15 @@ MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 reg
 PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 #: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
-SPLIT_FROM = (6, 5)
+SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller table, faster forward)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
+TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
+TW_SMEM = True  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
+TW_LOCAL = False  # with TW_SMEM: the split stages' shared factors tw[i], i < 128, in that table too
+#: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
+#: memory (see _ONE_FWD); False: the column and row kernels.
+ONE_PASS = False
+CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 row tiles of 32 rows
 
 _SRC = r"""
 #define LOGN {logn}
@@ -57,6 +71,10 @@ _SRC = r"""
 #define SPLIT_FROM_FWD {split_fwd}
 #define SPLIT_FROM_INV {split_inv}
 #define LAZY {lazy}
+#define TW_BASE {tw_base}
+#define TW_FAKE {tw_fake}
+// TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
+#define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
 
 // Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q); t = y * w in [0, 2q).
@@ -86,13 +104,46 @@ __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int b
                                       u32 q) {{
     if (SPLIT) {{
         if (!FIRST) {{
-            const uint2 sw = __ldg(tw + il);
+            const uint2 sw = TWLD(tw + il);
             a = shoup_lazy(a, sw.x, sw.y, q);
         }}
         return shoup_lazy(a, rf.x, rf.y, q);
     }}
-    const uint2 w = __ldg(tw + (bt << s) + il);
+    const uint2 w = TWLD(tw + (bt << s) + il);
     return shoup_lazy(a, w.x, w.y, q);
+}}
+
+// The split product of tw_mul with the shared factor from the table: tws[idx] = tw[il] (TSL).
+template <bool FIRST>
+__device__ __forceinline__ u32 tw_split_smem(u32 a, const uint2* tws, int idx, uint2 rf, u32 q) {{
+    if (!FIRST) {{
+        const uint2 sw = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
+        a = shoup_lazy(a, sw.x, sw.y, q);
+    }}
+    return shoup_lazy(a, rf.x, rf.y, q);
+}}
+
+// a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
+__device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
+    const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
+    return shoup_lazy(a, w.x, w.y, q);
+}}
+
+// The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
+// stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
+// range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
+// LOCAL: then the shared factors tw[i], i < 128, of the split stages (see tw_split_smem).
+template <int SF, bool LOCAL>
+__device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
+    if (LOCAL)
+        for (int e = threadIdx.x; e < 128; e += blockDim.x) tws[33 * ((1 << SF) - 1) + 32 * (8 - SF) + e] = __ldg(tw + e);
+    for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
+        const int s = 31 - __clz((e >> 5) + 1);
+        const int j = e - 32 * ((1 << s) - 1);
+        tws[33 * ((1 << s) - 1) + (j & ((1 << s) - 1)) * 33 + (j >> s)] = __ldg(tw + (bt0 << s) + j);
+    }}
+    for (int e = threadIdx.x; e < 32 * (8 - SF); e += blockDim.x)
+        tws[33 * ((1 << SF) - 1) + e] = __ldg(tw + ((bt0 + (e & 31)) << (SF + (e >> 5))));
 }}
 
 // Shared-memory position of point p of sub-transform `sub`.
@@ -123,9 +174,14 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // the table tw, bt = bt0 + bt_step * sub (read through L1: a warp reads one or a few
 // contiguous twiddles; building the row twiddles in shared memory from two table entries each
 // measured slower, 2026-11-21).
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT>
+// TS (the row kernel with TW_SMEM, SPLIT, bt_step 1): the twiddles of the one-product stages s < SF
+// (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
+// in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
+// (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
+// TSL: the split stages' shared factors tw[i_local] from the table as well (after the row factors).
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false, bool TSL = false>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
-                                         u32 q, u32 two_q) {{
+                                         u32 q, u32 two_q, const uint2* tws = nullptr) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -161,24 +217,39 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             const int half = 1 << (R - 1 - d);
             const int s = S0 + d;
             const bool split_s = SPLIT && s >= (INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD);  // constant once unrolled
-            const uint2 rf = split_s ? __ldg(tw + (bt << s)) : make_uint2(0u, 0u);
+            const int sfs = INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD;
+            const uint2 rf = !split_s ? make_uint2(0u, 0u)
+                             : TS ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
+                                             : tws[33 * ((1 << sfs) - 1) + 32 * (s - sfs) + sub])
+                                  : TWLD(tw + (bt << s));
+            // TW_BASE: the twiddles of this stage from one base pointer tw + (g << d) and a constant
+            // offset (k >> (R - d)) each, instead of a 64-bit address computed per twiddle.
+            const uint2* __restrict__ twg = TW_BASE ? tw + (g << d) : tw;
 #pragma unroll
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
-                const int il = (g << d) + (k >> (R - d));
+                const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
+                const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
+                const int ts_loc = 33 * ((1 << sfs) - 1) + 32 * (8 - sfs) + (g << d) + (k >> (R - d));
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
                     if (u2 >= two_q) u2 -= two_q;
                     const u32 a = x + two_q - y;
-                    v[k + half] = !split_s ? tw_mul<false, false>(a, tw, bt, s, il, rf, q)
-                                           : s == 0 ? tw_mul<SPLIT, true>(a, tw, bt, s, il, rf, q)
-                                                    : tw_mul<SPLIT, false>(a, tw, bt, s, il, rf, q);
+                    v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
+                                  : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
+                                  : TSL ? (s == 0 ? tw_split_smem<true>(a, tws, ts_loc, rf, q)
+                                                  : tw_split_smem<false>(a, tws, ts_loc, rf, q))
+                                           : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
+                                                    : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
                     v[k] = u2;
                 }} else {{
-                    const u32 t = !split_s ? tw_mul<false, false>(v[k + half], tw, bt, s, il, rf, q)
-                                  : s == 0 ? tw_mul<SPLIT, true>(v[k + half], tw, bt, s, il, rf, q)
-                                           : tw_mul<SPLIT, false>(v[k + half], tw, bt, s, il, rf, q);
+                    const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
+                                  : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
+                                  : TSL ? (s == 0 ? tw_split_smem<true>(v[k + half], tws, ts_loc, rf, q)
+                                                  : tw_split_smem<false>(v[k + half], tws, ts_loc, rf, q))
+                                  : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
+                                           : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
                     else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
                     else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
@@ -310,6 +381,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
         sm[sidx<ROW_MODE>(sub, p + 2)] = v.z;
         sm[sidx<ROW_MODE>(sub, p + 3)] = v.w;
     }}
+{ts_fill}
     __syncthreads();
 {passes}
     __syncthreads();
@@ -382,8 +454,131 @@ _ROW_STORE = """#pragma unroll
     }}"""
 
 
+# One-pass kernels for N = 65536 (A_BITS = 8; Hopper thread-block clusters). A limb is a cluster of 8
+# blocks; block c (its rank) holds 32 KiB of shared memory: first the columns 32c .. 32c + 31 (all 256
+# points hi, layout of MODE 1, as the column kernel), then the rows hi = 32c .. 32c + 31 (layout of
+# MODE 4, as the row kernel). Between the two halves of the transform the blocks exchange through
+# distributed shared memory: after a cluster barrier, block c reads from every block c' the 32 x 32
+# points (rows 32c + rr, columns 32c' .. 32c' + 31), 4 KiB contiguous in either layout, into
+# registers (8 x 16 bytes a thread); a second cluster barrier (every block has read what it needs
+# from every other) lets it overwrite its own shared memory with them. The limb is read from global
+# memory once and written once; the whole limb is read before any of it is written (the first
+# barrier), so in place works. The thread-to-chunk maps keep every 16-byte shared access of a
+# quarter-warp on 8 distinct bank groups.
+_ONE_HELPERS = f"#define CLUSTER {CLUSTER}\n" + r"""
+__device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The 16 bytes at `local` (a shared address of this block) in the shared memory of block `rank`.
+__device__ __forceinline__ uint4 ld_cluster16(const u32* local, int rank) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(local);
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
+    uint4 v;
+    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(ra) : "memory");
+    return v;
+}
+"""
+
+_ONE_FWD = r"""
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, MIN_BLOCKS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+    __shared__ __align__(16) u32 sm[32 * 256];
+    const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
+    const int hi0 = 32 * c;
+    const int pi = prime_idx[r];
+    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    {{
+        const u32* src = arena + (u64)in_slots[r] * NN + 32 * c;
+#pragma unroll
+        for (int it = 0; it < 8; ++it) {{
+            const int e = it * 256 + threadIdx.x;
+            *(uint4*)(sm + e * 4) = *(const uint4*)(src + ((e >> 3) << 8) + (e & 7) * 4);
+        }}
+    }}
+    __syncthreads();
+{col_passes}
+    __syncthreads();
+    cluster_barrier();
+    {{
+        // chunk m of row 32c + rr in block src: columns 32 src + 4m .. + 3
+        const int m = threadIdx.x & 7, rr = threadIdx.x >> 3;
+        uint4 x[CLUSTER];
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src) x[src] = ld_cluster16(sm + (hi0 + rr) * 32 + 4 * m, src);
+        cluster_barrier();
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src) *(uint4*)(sm + sidx<4>(rr, 32 * src + 4 * m)) = x[src];
+    }}
+    __syncthreads();
+{row_passes}
+    __syncthreads();
+    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        uint4 v = *(const uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4));
+{finish}
+        dst[e] = v;
+    }}
+}}
+"""
+
+_ONE_INV = r"""
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, MIN_BLOCKS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+    __shared__ __align__(16) u32 sm[32 * 256];
+    const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
+    const int hi0 = 32 * c;
+    const int pi = prime_idx[r];
+    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    {{
+        const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+#pragma unroll
+        for (int it = 0; it < 8; ++it) {{
+            const int e = it * 256 + threadIdx.x;
+            *(uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4)) = src[e];
+        }}
+    }}
+    __syncthreads();
+{row_passes}
+    __syncthreads();
+    cluster_barrier();
+    {{
+        // chunk j = 8c + jj (columns 32c + 4jj .. + 3) of row 32 src + (xx ^ jj), at chunk position
+        // 32 j + xx of block src (MODE 4)
+        const int jj = threadIdx.x & 7, xx = ((threadIdx.x >> 3) + jj) & 31;
+        uint4 x[CLUSTER];
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src) x[src] = ld_cluster16(sm + ((8 * c + jj) * 32 + xx) * 4, src);
+        cluster_barrier();
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src) *(uint4*)(sm + (32 * src + (xx ^ jj)) * 32 + 4 * jj) = x[src];
+    }}
+    __syncthreads();
+{col_passes}
+    __syncthreads();
+    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);
+    u32* dst = arena + (u64)out_slots[r] * NN + 32 * c;
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        const int e = it * 256 + threadIdx.x;
+        uint4 v = *(const uint4*)(sm + e * 4);
+{finish}
+        *(uint4*)(dst + ((e >> 3) << 8) + (e & 7) * 4) = v;
+    }}
+}}
+"""
+
+
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
-                split: bool = False, body: bool = True) -> str:
+                split: bool = False, body: bool = True, ts: bool = False, tsl: bool = False) -> str:
     if not body:
         return ""
     plan, s = [], 0
@@ -395,10 +590,9 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
         plan.reverse()
     inv = "true" if inverse else "false"
     spl = "true" if split else "false"
-    calls = [
-        f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}>(sm, tw, {bt0}, {bt_step}, q, two_q);"
-        for s0, r in plan
-    ]
+    tail = (", true, " + ("true" if tsl else "false") + ">(sm, tw, {}, {}, q, two_q, tws);" if ts
+            else ">(sm, tw, {}, {}, q, two_q);")
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}" + tail.format(bt0, bt_step) for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
@@ -409,7 +603,8 @@ def _split_defines(split_from) -> dict:
 
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
-            split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS) -> str:
+            split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
+            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -421,7 +616,12 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     single-kernel N <= 4096 ones always run 256)). rows = 32
     selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
     the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
-    row-major layout (MODE 2). row_mode forces one (0: that default)."""
+    row-major layout (MODE 2). row_mode forces one (0: that default). one_pass (N = 65536, rows 32,
+    radix 2^4, layout 4, 256 threads, not pipelined): also the one-pass cluster kernels ntt_fwd_one and
+    ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
+    ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
+    shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
+    tw_fake: constant twiddles, wrong results (timing only)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -437,7 +637,9 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         ) + _SMALL.format(
             name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log, body=body), store=inv_store)
         return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, **_split_defines(split_from))
+                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, tw_base=int(tw_base),
+                           tw_fake=int(tw_fake),
+                           **_split_defines(split_from))
     a = logn - ROW_LOG
     col_store = (
         "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
@@ -457,18 +659,25 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     row_fwd = "\n".join(
         f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
     )
+    if tw_smem and not ts_fits(rows, radix_log, row_mode, split, split_from):
+        raise ValueError("the row kernels' twiddle table needs 32 rows, layout 4, radix 2^4 and split twiddles")
+    ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
+               "    ts_fill<SPLIT_FROM_{}, " + ("true" if tw_local else "false")
+               + ">(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
     kernels = (
         _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
                     store=col_lazy)
         + _ROW.format(
             name="ntt_fwd_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body),
-            finish=row_fwd,
+            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
+                               tw_smem, tw_local),
+            finish=row_fwd, ts_fill=ts_fill.format("FWD"),
         )
         + _ROW.format(
             name="ntt_inv_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body),
-            finish="",
+            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
+                               tw_smem, tw_local),
+            finish="", ts_fill=ts_fill.format("INV"),
         )
         + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                       store=col_inv)
@@ -490,18 +699,59 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
             + _PIPED.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                             store=col_inv, **col)
         )
+    if one_pass:
+        if not one_pass_fits(logn, rows, radix_log, row_mode, pipe, threads):
+            raise ValueError("the one-pass NTT kernels need N = 65536, 32 rows, radix 2^4, layout 4, 256 threads")
+        row_bt = "(1 << A_BITS) + hi0"
+        kernels += (
+            _ONE_HELPERS
+            + _ONE_FWD.format(name="ntt_fwd_one",
+                              col_passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
+                              row_passes=_pass_calls(ROW_LOG, 32, 4, False, row_bt, "1", radix_log, split, body),
+                              finish=row_fwd)
+            + _ONE_INV.format(name="ntt_inv_one",
+                              row_passes=_pass_calls(ROW_LOG, 32, 4, True, row_bt, "1", radix_log, split, body),
+                              col_passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
+                              finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw"))
+        )
     if threads != 256 and pipe >= 2:
         raise ValueError("the pipelined NTT kernels run 256 threads a block")
     src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log,
                       min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
-                      lazy=int(lazy), threads=threads, **_split_defines(split_from))
+                      lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
+                      **_split_defines(split_from))
     return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
+
+
+def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
+    """Whether the row kernels can take their twiddles from a shared-memory table (tw_smem): the
+    layout 4 (32 rows, radix 2^4) with split twiddles from stage 6 at most (the table of the
+    one-product stages holds 33 (2^split_from - 1) entries)."""
+    fwd, inv = _split_defines(split_from).values()
+    return rows == 32 and radix_log == 4 and row_mode in (0, 4) and split and max(fwd, inv) <= 6
+
+
+def ts_bytes(split_from: int, local: bool = False) -> int:
+    """Dynamic shared memory of a row kernel with the twiddle table: 8 bytes an entry, 33 (2^SF - 1)
+    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction), and with
+    ``local`` the 128 shared factors of the split stages."""
+    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from) + (128 if local else 0))
+
+
+def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0, pipe: int = PIPE,
+                  threads: int = THREADS) -> bool:
+    """Whether the one-pass cluster kernels exist for this configuration (N = 65536: 8 column tiles
+    and 8 row tiles of 32 KiB; the row layout 4 with radix 2^4; 256 threads; not pipelined)."""
+    return (logn == ROW_LOG + 8 and rows == 32 and radix_log == 4 and row_mode in (0, 4) and pipe < 2
+            and threads == 256)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
             min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
-            lazy: bool = LAZY, threads: int = THREADS) -> None:
+            lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
+            tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
+            tw_local: bool | None = None) -> None:
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -513,9 +763,23 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
     if pipe >= 2 or ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
         threads = 256  # 512 threads need 512 16-byte chunks in a column and a row tile
+    if one_pass is None:
+        one_pass = ONE_PASS  # read at call time, so that scripts can compare both
+    if tw_base is None:
+        tw_base = TW_BASE
+    if tw_smem is None:
+        tw_smem = TW_SMEM
+    if tw_local is None:
+        tw_local = TW_LOCAL
+    one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, pipe, threads)
+    tw_smem = (bool(tw_smem) and not one_pass and pipe < 2 and ring.logn > 12
+               and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
+    tw_local = bool(tw_local) and tw_smem
     config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
     default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
+    key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
+    key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -523,11 +787,17 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def kernel(name):
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
-                                 split_from, lazy, threads), name
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local), name
         )
 
     def run(name, src, dst, blocks_per_row):
-        kernel(name)((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw))
+        k = kernel(name)
+        smem = 0
+        if tw_smem and name.endswith("_row"):
+            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"], tw_local)
+            if k.max_dynamic_shared_size_bytes < smem:
+                k.max_dynamic_shared_size_bytes = smem
+        k((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
 
     def run_piped(name, src, dst, tiles_per_row, words):
         k = kernel(name)
@@ -540,6 +810,9 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
+        return
+    if one_pass:
+        run("ntt_inv_one" if inverse else "ntt_fwd_one", in_slots, out_slots, CLUSTER)
         return
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
