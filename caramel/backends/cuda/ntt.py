@@ -482,7 +482,9 @@ __device__ __forceinline__ uint4 ld_cluster16(const u32* local, int rank) {
 }
 """
 
-_ONE_FWD = r"""
+#: The one-pass kernels' signature and prologue: limb r of the batch on a cluster of CLUSTER blocks,
+#: block c holding a 32 x 256 slice of the limb's 256 x 256 matrix in its shared memory.
+_ONE_HEAD = r"""
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, MIN_BLOCKS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
@@ -492,7 +494,9 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = 2 * q;
     const uint2* tw = tw_all + (u64)pi * NN;
-    {{
+"""
+
+_ONE_FWD = _ONE_HEAD + r"""    {{
         const u32* src = arena + (u64)in_slots[r] * NN + 32 * c;
 #pragma unroll
         for (int it = 0; it < 8; ++it) {{
@@ -528,17 +532,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
 }}
 """
 
-_ONE_INV = r"""
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, MIN_BLOCKS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 sm[32 * 256];
-    const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
-    const int hi0 = 32 * c;
-    const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
-    const uint2* tw = tw_all + (u64)pi * NN;
-    {{
+_ONE_INV = _ONE_HEAD + r"""    {{
         const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
 #pragma unroll
         for (int it = 0; it < 8; ++it) {{
