@@ -32,6 +32,7 @@ from functools import cached_property
 import numpy as np
 
 from caramel.ckks.rns import to_ntt as rns_to_ntt, to_residues
+from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.errors import ArgumentError, CaramelError
 from caramel.ring import ntt_jit
 from caramel.ring.ntt import map_chunks, ntt
@@ -175,13 +176,11 @@ def load_client_kernels(ctx, dev: ClientDevice) -> None:
     and generator): the array kernels of :func:`to_ntt_rows` and :func:`caramel.ckks.encrypt.encrypt`
     (residues, products, the download) are compiled, or loaded from CuPy's cache, before a run needs
     them. Nothing of the run's draws or keys is touched."""
-    from caramel.ckks.encrypt import encrypt
-    from caramel.ckks.keys import SecretKey
-
     rng = np.random.default_rng(0)
-    zero = np.zeros(ctx.n, dtype=np.int64)
-    to_ntt_rows(zero, ctx, (0, 1), dev)
-    encrypt(ctx, SecretKey.generate(ctx.n, rng), zero, (0, 1), rng, device=dev)
+    limbs = (0, 1)
+    m = to_ntt_rows(np.zeros(ctx.n, dtype=np.int64), ctx, limbs, dev)
+    s = SecretRows(rng.integers(-1, 2, ctx.n), ctx, dev).take(limbs)
+    dev.get(encrypt_rows(ctx, limbs, m, s, rng, dev)[0])
 
 
 def wait_for_warm_up() -> None:
@@ -373,6 +372,14 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
 
     dev.rows(run, len(limbs), HOST_CHUNK_RESIDUES, ctx.n)
     return out
+
+
+def encrypt_rows(ctx, limbs, m, s, rng, dev: ClientDevice):
+    """(c0, c1 = a) encrypting the NTT-form rows ``m`` under the secret's rows ``s`` (both (k, N) on
+    ``dev``): draws ``a`` (uniform on every limb), then ``e``, from ``rng``; c0 by :func:`encrypt_c0`."""
+    a = uniform_residues(ctx, limbs, rng, dev.xp)
+    e = cbd(ctx.n, rng, xp=dev.xp)
+    return encrypt_c0(ctx, limbs, a, m, dev.put(e), s, dev), a
 
 
 def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):

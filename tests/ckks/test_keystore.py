@@ -206,15 +206,7 @@ def test_keys_copied_to_the_device_by_the_loading_threads(store, ctx, monkeypatc
         load_keys(path, ctx, background=True, on_device=True).keys.wait()
 
 
-def _gpu() -> bool:
-    try:
-        from caramel.api import gpu_available
-    except ImportError:  # pragma: no cover
-        return False
-    return gpu_available()
-
-
-@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.skipif(not caramel.api.gpu_available(), reason="needs CuPy and a CUDA GPU")
 def test_keys_loaded_onto_the_gpu_equal_the_host_keys(store, ctx):
     ks, path = store
     now = load_keys(path, ctx)
