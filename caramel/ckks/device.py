@@ -62,8 +62,11 @@ class ClientDevice:
     def xp(self):
         if self.kind == DeviceKind.GPU:
             wait_for_warm_up()  # the GPU's first work, when warm_up started it, is done
-            import cupy
-
+            try:
+                import cupy
+            except ImportError:
+                raise ClientDeviceError("the GPU client needs CuPy and a CUDA GPU (pip install "
+                                        "'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')") from None
             return cupy
         return np
 

@@ -382,3 +382,15 @@ def test_inputs_kept_on_the_gpu_equal_the_host_client():
     host = caramel.run_program(program, n=4096, backend="cpu", seed=2, device="cpu")
     gpu = caramel.run_program(program, n=4096, backend="gpu", seed=2)
     assert gpu.digest == host.digest and gpu.report.summary() == host.report.summary()
+
+
+def test_gpu_client_without_cupy_is_a_caramel_error(monkeypatch):
+    """No CuPy: the GPU client's first use says so (a CaramelError, no traceback in the CLI)."""
+    import sys
+
+    from caramel.errors import CaramelError
+
+    monkeypatch.setattr(devmod, "_warm_up", None)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(CaramelError, match="needs CuPy"):
+        devmod.ClientDevice(devmod.DeviceKind.GPU).xp
