@@ -33,7 +33,7 @@ from caramel.ckks.check import (
     load_check,
     prepare_check,
 )
-from caramel.ckks.device import resolve as client_device, using as using_client
+from caramel.ckks.device import host_array, keeping_inputs, resolve as client_device, using as using_client
 from caramel.ckks.keyset import KeySet, generate_keyset, input_rng
 from caramel.errors import ArgumentError, BindingError, CaramelError
 from caramel.execute.reference import run_reference
@@ -88,7 +88,7 @@ def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
             key = Mem(entry.term, limb)
             h.update(f"output {position} limb {limb}\0".encode())
             if key in memory:
-                h.update(np.ascontiguousarray(memory[key], dtype=np.uint32).tobytes())
+                h.update(np.ascontiguousarray(host_array(memory[key]), dtype=np.uint32).tobytes())
     return h.hexdigest()
 
 
@@ -288,15 +288,16 @@ def run_program(
     client = client_device(device, resolve_backend(backend))
     bar = progress(total=4, desc=f"{program.name}: keys", unit="step")
     marks = [time.perf_counter()]
+    on_device = client.on_gpu and resolve_backend(backend) == "gpu" and program.chips == 1 and gpus is None
     with using_client(client):
         if keys is None:
-            on_device = client.on_gpu and resolve_backend(backend) == "gpu" and program.chips == 1 and gpus is None
             keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed), background=True,  # GPU: copied back
                                    on_device=on_device)  # while encrypting, or kept there for a 1-GPU executor
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()
-        prepared = prepare_inputs(program, ctx, keys, seed, spec, supplied)
+        with keeping_inputs(on_device):  # the 1-GPU executor copies the inputs' rows into its arena there
+            prepared = prepare_inputs(program, ctx, keys, seed, spec, supplied)
     marks.append(time.perf_counter())
     backend = resolve_backend(backend)
     bar.set_description(f"{program.name}: plan and run ({backend})")

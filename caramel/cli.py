@@ -257,7 +257,8 @@ def _stored_keys(args: argparse.Namespace, program, background: bool = False):
         from caramel.ckks.bind import requirements
         from caramel.ckks.keystore import load_keys, require_keys
 
-        keyset = load_keys(args.keys, ctx, background=True)
+        one_gpu = args.backend == "gpu" and program.chips == 1 and args.gpus is None  # keys copied up while read
+        keyset = load_keys(args.keys, ctx, background=True, on_device=one_gpu)
         require_keys(keyset, requirements(program).keys, args.keys)
         return keyset, ctx
     return load_keyset(args.keys, program, ctx), ctx

@@ -41,6 +41,7 @@ from typing import Mapping, MutableMapping, Sequence
 
 import numpy as np
 
+from caramel.ckks.device import host_array
 from caramel.ckks.encrypt import Ciphertext
 from caramel.ckks.keys import EvalKey, Secrets, generate_evalkey
 from caramel.ckks.plaintext import Plaintext, Scalar
@@ -284,10 +285,12 @@ def input_mems(
     return mems
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
+def _readonly(a) -> np.ndarray:
+    """A read-only uint32 view of the row ``a``; a row kept on the GPU by the GPU client (a key or
+    an input, no write flag there) as it is."""
     if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
-        return a  # a key row kept on the GPU by the GPU client (no write flag there)
-    v = a.view()
+        return a
+    v = np.asarray(a, dtype=np.uint32).view()
     v.setflags(write=False)
     return v
 
@@ -362,7 +365,7 @@ def bind_inputs(
             else:
                 v = values[src.name]
                 arr = v.limb(l) if isinstance(v, (Plaintext, Scalar)) else v.limb(src.part, l)
-                memory[Mem(term, l)] = _readonly(np.asarray(arr, dtype=np.uint32))
+                memory[Mem(term, l)] = _readonly(arr)
     problems += key_problems
     if problems:
         err = BindingError("cannot bind program inputs:\n  " + "\n  ".join(problems))
@@ -416,7 +419,7 @@ def read_outputs(
                 if arr is None:
                     problems.append(f"output {name}:{part} limb {l} missing (terms {', '.join(terms)})")
                 else:
-                    got.append(np.asarray(arr, dtype=np.uint32))
+                    got.append(np.asarray(host_array(arr), dtype=np.uint32))  # an aliased input: maybe on the GPU
             rows[part] = got
         if len(rows.get("c0", ())) == len(rows.get("c1", ())) == len(need.limbs) and need.limbs:
             out[name] = Ciphertext(np.stack(rows["c0"]), np.stack(rows["c1"]), need.limbs)

@@ -75,7 +75,8 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+from collections import ChainMap
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
@@ -376,6 +377,36 @@ def check_path(program_name: str, checks_dir: str | Path | None = None) -> Path:
 # Running a check
 
 
+class DecodedInputs(Mapping[str, Any]):
+    """The inputs' exact messages by name (:class:`PreparedCheck`'s ``values``): a vector input's
+    decode(encode(v)) is computed on first use (an FFT each; a run whose formulas never read an input,
+    e.g. unjudged outputs, computes none), a scalar's value is given."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Any] = {}
+        self._pending: dict[str, tuple[np.ndarray, float, int]] = {}
+
+    def put(self, name: str, value: Any) -> None:
+        self._items[name] = value
+
+    def put_decoded(self, name: str, coeffs: np.ndarray, scale: float, n: int) -> None:
+        """``name`` is decode(coeffs, scale, n), computed when first read."""
+        self._items[name] = None
+        self._pending[name] = (coeffs, scale, n)
+
+    def __getitem__(self, name: str) -> Any:
+        pending = self._pending.pop(name, None)
+        if pending is not None:
+            self._items[name] = decode(*pending)
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 @dataclass(eq=False)
 class PreparedCheck:
     """Everything needed to judge a run: the spec, the encrypted inputs and the input memory image."""
@@ -385,7 +416,7 @@ class PreparedCheck:
     ctx: Any
     secrets: Secrets
     env: dict[str, Any]
-    values: dict[str, Any]
+    values: Mapping[str, Any]
     objects: dict[str, Any]
     memory: dict[Mem, np.ndarray]
     keys: MutableMapping[EvalKeyId, EvalKey]
@@ -565,7 +596,7 @@ def prepare_check(
     except ExprError as exc:
         raise CheckError(f"{spec.path}: params: {exc}") from None
     slots = ctx.n // 2
-    values: dict[str, Any] = {}
+    values = DecodedInputs()
     objects: dict[str, Any] = {}
     for name, ins in spec.inputs.items():
         need = req.inputs[name]
@@ -584,7 +615,7 @@ def prepare_check(
         if ins.kind == InputKind.SCALAR:
             c = float(rng.uniform(-m, m)) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
             obj = encode_scalar(ctx, c, scale, limbs)
-            values[name] = obj.value / scale
+            values.put(name, obj.value / scale)
         else:
             if given is None:
                 v = rng.uniform(-m, m, slots)
@@ -593,7 +624,7 @@ def prepare_check(
             else:
                 v = _supplied_fits(where, given, scale, ctx, limbs)
             coeffs = encode(v, scale, ctx.n)
-            values[name] = decode(coeffs, scale, ctx.n)
+            values.put_decoded(name, coeffs, scale, ctx.n)
             if ins.kind == InputKind.CIPHERTEXT:
                 obj = encrypt(ctx, secrets.s, coeffs, limbs, rng, scale)
             else:
@@ -642,7 +673,7 @@ def expected_output(prepared: PreparedCheck, name: str) -> tuple[np.ndarray, flo
     scale, modulus = output_scales(prepared.spec, prepared.ctx, prepared.env["L"])[name]
     slots = prepared.ctx.n // 2
     functions = _functions(slots, scale)
-    env = {**prepared.env, **prepared.values}
+    env = ChainMap({}, prepared.values, prepared.env)  # lets go to the first map; inputs decoded when read
     for let, text in prepared.spec.lets.items():
         try:
             env[let] = evaluate(text, env, functions)

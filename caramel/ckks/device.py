@@ -32,6 +32,7 @@ from functools import cached_property
 import numpy as np
 
 from caramel.ckks.rns import to_ntt as rns_to_ntt, to_residues
+from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.errors import ArgumentError, CaramelError
 from caramel.ring import ntt_jit
 from caramel.ring.ntt import map_chunks, ntt
@@ -61,8 +62,11 @@ class ClientDevice:
     def xp(self):
         if self.kind == DeviceKind.GPU:
             wait_for_warm_up()  # the GPU's first work, when warm_up started it, is done
-            import cupy
-
+            try:
+                import cupy
+            except ImportError:
+                raise ClientDeviceError("the GPU client needs CuPy and a CUDA GPU (pip install "
+                                        "'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')") from None
             return cupy
         return np
 
@@ -122,10 +126,10 @@ def warm_up(n: int) -> None:
     """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
     loads and plans: import CuPy, create the CUDA context and load the client's kernels (caramel's
     NTT, :mod:`caramel.ckks.pcg`) while a second thread computes the ring's NTT tables on the host,
-    then build the ring's device tables (:func:`caramel.backends.cuda.backend.cuda_ring`). The GPU
-    client waits for it before its first GPU work (:func:`wait_for_warm_up`); a failure here is only
-    logged (the run then meets it itself). Off when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per
-    process."""
+    then build the ring's device tables (:func:`caramel.backends.cuda.backend.cuda_ring`) and load the
+    client's array kernels (:func:`load_client_kernels`). The GPU client waits for it before its first
+    GPU work (:func:`wait_for_warm_up`); a failure here is only logged (the run then meets it itself).
+    Off when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per process."""
     global _warm_up
     if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
         return
@@ -161,12 +165,25 @@ def warm_up(n: int) -> None:
                 primes = cp.zeros(1, dtype=np.int32)
                 cuda_ntt.ntt(ring, arena, slots[:1], slots[1:], primes)
                 cuda_ntt.intt(ring, arena, slots[:1], slots[1:], primes)
+            load_client_kernels(ctx, ClientDevice(DeviceKind.GPU))  # not GPU: its xp must still wait for us
             cp.cuda.Device().synchronize()
         except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
             logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
 
     _warm_up = threading.Thread(target=work, name="caramel-gpu-warm-up")
     _warm_up.start()
+
+
+def load_client_kernels(ctx, dev: ClientDevice) -> None:
+    """Encode and encrypt a zero message once on two limbs of ``ctx`` on ``dev`` (a throw-away secret
+    and generator): the array kernels of :func:`to_ntt_rows` and :func:`caramel.ckks.encrypt.encrypt`
+    (residues, products, the download) are compiled, or loaded from CuPy's cache, before a run needs
+    them. Nothing of the run's draws or keys is touched."""
+    rng = np.random.default_rng(0)
+    limbs = (0, 1)
+    m = to_ntt_rows(np.zeros(ctx.n, dtype=np.int64), ctx, limbs, dev)
+    s = SecretRows(rng.integers(-1, 2, ctx.n), ctx, dev).take(limbs)
+    dev.get(encrypt_rows(ctx, limbs, m, s, rng, dev)[0])
 
 
 def wait_for_warm_up() -> None:
@@ -360,6 +377,14 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
     return out
 
 
+def encrypt_rows(ctx, limbs, m, s, rng, dev: ClientDevice):
+    """(c0, c1 = a) encrypting the NTT-form rows ``m`` under the secret's rows ``s`` (both (k, N) on
+    ``dev``): draws ``a`` (uniform on every limb), then ``e``, from ``rng``; c0 by :func:`encrypt_c0`."""
+    a = uniform_residues(ctx, limbs, rng, dev.xp)
+    e = cbd(ctx.n, rng, xp=dev.xp)
+    return encrypt_c0(ctx, limbs, a, m, dev.put(e), s, dev), a
+
+
 def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):
     """Coefficient-form residues INTT(c0 + c1 * s mod q), (k, N) uint32 on ``dev``."""
     xp = dev.xp
@@ -369,12 +394,39 @@ def decrypt_rows(ctx, limbs, c0, c1, s, dev: ClientDevice):
     return transform_rows(xp.remainder(m, qcol, out=m).astype(np.uint32), ctx, limbs, dev, inverse=True)
 
 
-def to_ntt(coeffs, ctx, limbs) -> np.ndarray:
+def to_ntt(coeffs, ctx, limbs, keep: bool = False) -> np.ndarray:
     """NTT-form residues of integer coefficients, shape (len(limbs), N) uint32, computed on the
-    current client device (:func:`current`) and returned on the host; the same bits as
-    :func:`caramel.ckks.rns.to_ntt`."""
+    current client device (:func:`current`) and returned on the host (with ``keep``, inside
+    :func:`keeping_inputs`, left on the GPU); the same bits as :func:`caramel.ckks.rns.to_ntt`."""
     limbs = list(limbs)
     dev = current()
     if dev.on_gpu and np.asarray(coeffs).shape == (ctx.n,):
-        return dev.get(to_ntt_rows(coeffs, ctx, limbs, dev))
+        rows = to_ntt_rows(coeffs, ctx, limbs, dev)
+        return client_array(rows, dev) if keep else dev.get(rows)
     return rns_to_ntt(coeffs, ctx, limbs)
+
+
+_keep_inputs: contextvars.ContextVar[bool] = contextvars.ContextVar("caramel_keep_inputs", default=False)
+
+
+@contextlib.contextmanager
+def keeping_inputs(keep: bool = True):
+    """Inside (with ``keep``), the GPU client's encrypted inputs (plaintexts, ciphertexts) stay on the
+    GPU as CuPy arrays instead of being copied to the host: for a 1-GPU executor, which copies device
+    rows into its arena there (:func:`caramel.backends.cuda.transfer.upload_rows`)."""
+    token = _keep_inputs.set(bool(keep))
+    try:
+        yield
+    finally:
+        _keep_inputs.reset(token)
+
+
+def client_array(a, dev: ClientDevice):
+    """``a`` (an array of ``dev``) as the client hands it out: left on the GPU inside
+    :func:`keeping_inputs`, else a host array."""
+    return a if dev.on_gpu and _keep_inputs.get() else dev.get(a)
+
+
+def host_array(a) -> np.ndarray:
+    """``a`` as a host NumPy array (a GPU array, e.g. an input row kept there, is copied down)."""
+    return CPU.get(a)

@@ -20,7 +20,7 @@ from caramel.ckks import device as devmod
 from caramel.ckks.encoding import decode, encode
 from caramel.ckks.keys import SecretKey
 from caramel.ckks.rns import from_residues
-from caramel.ckks.sampling import cbd, rng_of, uniform_residues
+from caramel.ckks.sampling import rng_of
 from caramel.errors import ArgumentError, MissingLimbError
 
 
@@ -74,16 +74,15 @@ def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = N
     """Encrypt integer plaintext coefficients (int64 or object) on ``limbs`` under ``sk``.
 
     Draws ``a`` (uniform on every limb) then ``e`` on the host; the products run on ``device``
-    (:mod:`caramel.ckks.device`, default the current client device). Returns host arrays."""
+    (:mod:`caramel.ckks.device`, default the current client device). Returns host arrays (GPU
+    arrays inside :func:`caramel.ckks.device.keeping_inputs`)."""
     dev = devmod.resolve(device) if device is not None else devmod.current()
     rng = rng_of(rng)
     limbs = tuple(int(l) for l in limbs)
-    a = uniform_residues(ctx, limbs, rng, dev.xp)
     m = devmod.to_ntt_rows(coeffs, ctx, limbs, dev)
-    e = cbd(ctx.n, rng, xp=dev.xp)
     s = devmod.secret_rows(sk, ctx, dev).take(limbs)
-    c0 = devmod.encrypt_c0(ctx, limbs, a, m, dev.put(e), s, dev)
-    return Ciphertext(dev.get(c0), dev.get(a), limbs, scale)
+    c0, a = devmod.encrypt_rows(ctx, limbs, m, s, rng, dev)  # draws a, then e
+    return Ciphertext(devmod.client_array(c0, dev), devmod.client_array(a, dev), limbs, scale)
 
 
 def encrypt_values(ctx, sk: SecretKey, values, scale: float, limbs, rng=None) -> Ciphertext:

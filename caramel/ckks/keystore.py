@@ -209,12 +209,15 @@ def read_manifest(directory: str | Path) -> dict:
     return manifest
 
 
-def load_keys(directory: str | Path, ctx, *, threads: int | None = None, background: bool = False) -> KeySet:
+def load_keys(directory: str | Path, ctx, *, threads: int | None = None, background: bool = False,
+              on_device: bool = False) -> KeySet:
     """Load the key store ``directory`` for context ``ctx`` (N and primes must match); see module docstring.
 
     ``background``: return once the manifest and the secrets are read and checked; the evaluation
     keys' files are read on by a thread pool (the key set's ``keys`` is a :class:`PendingKeys`), so
-    that they load while the caller encrypts its inputs."""
+    that they load while the caller encrypts its inputs. ``on_device``: each key half, once read and
+    checked, is copied to the current GPU by its loading thread (:func:`_device_copy`; for a 1-GPU
+    run, whose executor copies device rows into its arena there)."""
     root = Path(directory)
     manifest = read_manifest(root)
     where = root / MANIFEST
@@ -247,7 +250,7 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         arr = _npy_array(data, root / rel, np.uint32, (moduli.shape[0], n))
         if np.any(arr >= moduli):
             raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
-        return arr
+        return _device_copy(arr) if on_device else arr
 
     if background:
         secrets = _secrets(load(jobs[0]), root / SECRETS, n, secrets_meta, where)
@@ -260,6 +263,14 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
     secrets = _secrets(arrays[0], root / SECRETS, n, secrets_meta, where)
     keys = {kid: EvalKey(kid, limbs, arrays[1 + 2 * i], arrays[2 + 2 * i]) for i, (kid, limbs) in enumerate(ids)}
     return KeySet(secrets, keys)
+
+
+def _device_copy(arr: np.ndarray):
+    """``arr`` copied to the current GPU (CuPy; a loading thread waits for CuPy's import and the CUDA
+    context only, not for the rest of :func:`caramel.ckks.device.warm_up`)."""
+    import cupy
+
+    return cupy.asarray(arr)
 
 
 def _secrets(data: bytes, path: Path, n: int, meta: dict, where: Path) -> Secrets:

@@ -55,10 +55,12 @@ def _row(limbs: tuple[int, ...], limb: int, what: str) -> int:
 
 
 def plaintext_from_coeffs(ctx, coeffs, limbs, scale: float | None = None) -> Plaintext:
-    """NTT-form plaintext of integer coefficients (int64 or Python-int object array) on ``limbs``."""
+    """NTT-form plaintext of integer coefficients (int64 or Python-int object array) on ``limbs`` (its
+    data stays on the GPU inside :func:`caramel.ckks.device.keeping_inputs`)."""
     limbs = tuple(int(l) for l in limbs)
-    data = to_ntt(coeffs, ctx, limbs)
-    data.setflags(write=False)
+    data = to_ntt(coeffs, ctx, limbs, keep=True)
+    if isinstance(data, np.ndarray):
+        data.setflags(write=False)
     return Plaintext(data, limbs, scale)
 
 

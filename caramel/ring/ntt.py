@@ -22,6 +22,7 @@ tables copied to the device once). Results are bit-identical: every step is exac
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -94,13 +95,16 @@ def array_module(a):
     return np
 
 
+@functools.lru_cache(maxsize=8)
 def bit_reverse(n: int) -> np.ndarray:
-    """bit_reverse returns br as an index array: br[i] = i with its log2(n) bits reversed (n a power of 2)."""
+    """bit_reverse returns br as an index array: br[i] = i with its log2(n) bits reversed (n a power of 2).
+    Cached per n (every prime's table of a ring uses it) and read-only."""
     log_n = n.bit_length() - 1
     idx = np.arange(n, dtype=np.int64)
     rev = np.zeros(n, dtype=np.int64)
     for b in range(log_n):
         rev |= ((idx >> b) & 1) << (log_n - 1 - b)
+    rev.flags.writeable = False
     return rev
 
 

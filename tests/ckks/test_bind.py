@@ -177,3 +177,42 @@ def test_shared_key_cache_across_programs(rng):
         req = requirements(prog)
         bind_inputs(prog, ctx, sec, _inputs(ctx, req, sec, rng), rng=rng, keys=keys)
     assert len(keys) == 1  # both name K:0:4:4:0:[0,1,2,3]
+
+
+class _DeviceRows:
+    """Stands for GPU rows kept by the GPU client: ``__cuda_array_interface__``, ``get()``, row
+    indexing, no implicit conversion to NumPy."""
+
+    def __init__(self, a):
+        self._a = np.asarray(a)
+        self.dtype, self.shape, self.ndim = self._a.dtype, self._a.shape, self._a.ndim
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "version": 3}
+
+    def __getitem__(self, i):
+        return _DeviceRows(self._a[i])
+
+    def get(self):
+        return self._a.copy()
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("implicit conversion of a device array")
+
+
+def test_inputs_kept_on_the_device_are_bound_as_they_are_and_read_back(rng, monkeypatch):
+    """A ciphertext whose rows stay on the GPU (caramel.ckks.device.keeping_inputs) is bound without a
+    copy; an output aliasing it is read back to host arrays (transfer.download faked)."""
+    from caramel.backends.cuda import transfer
+    from caramel.ckks import Ciphertext
+
+    monkeypatch.setattr(transfer, "download", lambda a: a.get())
+    man = _aliased_manifest()
+    ctx = context(N)
+    sec = Secrets.generate(N, rng)
+    cx = encrypt_values(ctx, sec.s, rng.uniform(-1, 1, N // 2), 2.0**28, range(3), rng)
+    kept = Ciphertext(_DeviceRows(cx.c0), _DeviceRows(cx.c1), cx.limbs, cx.scale)
+    sc = encode_scalar(ctx, 0.5, 2.0**28, range(3))
+    image = bind_inputs(man, ctx, sec, {"x": kept, "s": sc})
+    assert isinstance(image[Mem("i2", 1)], _DeviceRows) and isinstance(image[Mem("s3", 1)], np.ndarray)
+    stores = {Mem("v4", l): cx.c0[l] for l in range(3)}
+    w = read_outputs(man, {**image, **stores})["w"]
+    assert isinstance(w.c1, np.ndarray) and np.array_equal(w.c1, cx.c1)

@@ -244,6 +244,27 @@ def test_prepared_values_are_the_decoded_messages(rng):
     assert ct.limbs == (0, 1, 2, 3)
 
 
+def test_decoded_inputs_are_decoded_when_first_read(rng, monkeypatch):
+    """A vector input's message is decoded on first use, once, with the bits of decode(encode(v));
+    an unjudged output's formula ("0") decodes none."""
+    from caramel.ckks import check as checkmod
+    from caramel.ckks.encoding import decode
+
+    calls = []
+    monkeypatch.setattr(checkmod, "decode", lambda *a: calls.append(a) or decode(*a))
+    prog, prep = _prepared("AddScalar_4L_2c", rng)
+    assert set(prep.values) == {"x", "s"} and len(prep.values) == 2 and not calls
+    x = prep.values["x"]
+    assert len(calls) == 1 and prep.values["x"] is x
+    assert np.array_equal(x, decode(*calls[0]))
+    unjudged = CheckSpec("<0>", "", {}, prep.spec.inputs, {"z": OutputSpec("z", "0", "S")})
+    calls.clear()
+    _, prep = _prepared("AddScalar_4L_2c", rng)
+    prep.spec = unjudged
+    value, _, _ = expected_output(prep, "z")
+    assert not calls and not np.any(value)
+
+
 # --- issue 12 / 17: bounded check files, readable errors, expressiveness -------------------------
 
 MUL_1C = Path(__file__).resolve().parents[2] / "programs" / "Mul_4L_1c"

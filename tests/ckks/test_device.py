@@ -286,3 +286,111 @@ def test_gpu_client_on_cuda_kernels_equals_cpu_client(n):
     assert np.array_equal(a.c0, b.c0) and np.array_equal(a.c1, b.c1)
     assert np.array_equal(decrypt(ctx, sec.s, a, device="cpu"), decrypt(ctx, sec.s, a, device="gpu"))
     assert np.array_equal(to_ntt(coeffs, ctx, limbs), devmod.GPU.get(devmod.to_ntt_rows(coeffs, ctx, limbs, devmod.GPU)))
+
+
+class _Row:
+    """Stands for a GPU array: ``__cuda_array_interface__``, ``get()``, no implicit conversion."""
+
+    def __init__(self, a):
+        self._a = np.asarray(a)
+        self.dtype, self.shape, self.ndim = self._a.dtype, self._a.shape, self._a.ndim
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "version": 3}
+
+    def get(self):
+        return self._a.copy()
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("implicit conversion of a device array")
+
+
+class _FakeGpu:
+    on_gpu = True
+
+    def get(self, a):
+        return a.get()
+
+
+@pytest.fixture
+def fake_download(monkeypatch):
+    """``transfer.download`` without CuPy: the fake row's ``get()``."""
+    from caramel.backends.cuda import transfer
+
+    monkeypatch.setattr(transfer, "download", lambda a: a.get())
+
+
+def test_keeping_inputs_leaves_the_gpu_client_arrays_there(fake_download):
+    """Inside keeping_inputs(True) a GPU array is handed out as it is, else copied to the host;
+    the host client always hands out host arrays; host_array copies any of them down."""
+    row = _Row(np.arange(6, dtype=np.uint32))
+    gpu = _FakeGpu()
+    assert isinstance(devmod.client_array(row, gpu), np.ndarray)
+    with devmod.keeping_inputs():
+        assert devmod.client_array(row, gpu) is row
+        host = np.arange(3)
+        assert devmod.client_array(host, devmod.CPU) is host
+        with devmod.keeping_inputs(False):
+            assert isinstance(devmod.client_array(row, gpu), np.ndarray)
+        assert devmod.client_array(row, gpu) is row
+    assert isinstance(devmod.client_array(row, gpu), np.ndarray)
+    assert np.array_equal(devmod.host_array(row), np.arange(6)) and isinstance(devmod.host_array(row), np.ndarray)
+    assert devmod.host_array(np.arange(2)).tolist() == [0, 1]
+
+
+def test_host_client_ignores_keeping_inputs(rng):
+    """On the host nothing changes inside keeping_inputs: host arrays, the same bits."""
+    ctx = context(N)
+    sec = Secrets.generate(N, rng)
+    coeffs = np.arange(N) - N // 2
+    a = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3, device="cpu")
+    with devmod.keeping_inputs():
+        b = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3, device="cpu")
+        p = devmod.to_ntt(coeffs, ctx, (0, 1), keep=True)
+    assert isinstance(b.c0, np.ndarray) and np.array_equal(a.c0, b.c0) and np.array_equal(a.c1, b.c1)
+    assert isinstance(p, np.ndarray) and np.array_equal(p, to_ntt(coeffs, ctx, (0, 1)))
+
+
+def test_load_client_kernels_draws_nothing_of_the_run(rng):
+    """The warm-up's throw-away encryption uses its own generator and secret: the client's later
+    results are the same with and without it."""
+    ctx = context(N)
+    sec = Secrets.generate(N, 5)
+    before = encrypt(ctx, sec.s, np.arange(N), (0, 1), 3, device="cpu")
+    devmod.load_client_kernels(ctx, devmod.CPU)
+    after = encrypt(ctx, sec.s, np.arange(N), (0, 1), 3, device="cpu")
+    assert np.array_equal(before.c0, after.c0) and np.array_equal(before.c1, after.c1)
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a CUDA GPU")
+def test_inputs_kept_on_the_gpu_equal_the_host_client():
+    """keeping_inputs: the GPU client's ciphertexts and plaintexts stay CuPy arrays with the host
+    client's bits; run_program on one GPU (inputs kept there) gives the host client's digest and check."""
+    from pathlib import Path
+
+    from caramel.ckks.plaintext import plaintext_from_coeffs
+
+    ctx = context(4096)
+    sec = Secrets.generate(4096, 5)
+    coeffs = np.random.default_rng(1).integers(-2**20, 2**20, 4096)
+    a = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3, device="cpu")
+    with devmod.using("gpu"), devmod.keeping_inputs():
+        b = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3)
+        p = plaintext_from_coeffs(ctx, coeffs, (0, 1))
+    assert not isinstance(b.c0, np.ndarray) and not isinstance(p.data, np.ndarray)
+    assert np.array_equal(a.c0, b.c0.get()) and np.array_equal(a.c1, b.c1.get())
+    assert np.array_equal(to_ntt(coeffs, ctx, (0, 1)), p.data.get())
+    program = caramel.load_program(Path(__file__).resolve().parents[2] / "programs" / "Mul_4L_1c")
+    host = caramel.run_program(program, n=4096, backend="cpu", seed=2, device="cpu")
+    gpu = caramel.run_program(program, n=4096, backend="gpu", seed=2)
+    assert gpu.digest == host.digest and gpu.report.summary() == host.report.summary()
+
+
+def test_gpu_client_without_cupy_is_a_caramel_error(monkeypatch):
+    """No CuPy: the GPU client's first use says so (a CaramelError, no traceback in the CLI)."""
+    import sys
+
+    from caramel.errors import CaramelError
+
+    monkeypatch.setattr(devmod, "_warm_up", None)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(CaramelError, match="needs CuPy"):
+        devmod.ClientDevice(devmod.DeviceKind.GPU).xp

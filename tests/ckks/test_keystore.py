@@ -180,3 +180,37 @@ def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
     assert "SHA-256 differs" in capsys.readouterr().err
+
+
+def test_keys_copied_to_the_device_by_the_loading_threads(store, ctx, monkeypatch):
+    """``on_device``: every key half is handed to ``_device_copy`` after its digest and range checks
+    (faked here: a tagged copy); a tampered file still fails, and is never copied."""
+    from caramel.ckks import keystore
+
+    class Copied(np.ndarray):
+        pass
+
+    monkeypatch.setattr(keystore, "_device_copy", lambda a: np.array(a).view(Copied))
+    ks, path = store
+    now = load_keys(path, ctx)
+    for background in (False, True):
+        got = load_keys(path, ctx, background=background, on_device=True)
+        for k in now.keys:
+            assert isinstance(got.keys[k].c0, Copied) and isinstance(got.keys[k].c1, Copied)
+            assert np.array_equal(got.keys[k].c0, now.keys[k].c0) and np.array_equal(got.keys[k].c1, now.keys[k].c1)
+    victim = sorted((path / "keys").iterdir())[1]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(KeyStoreError, match="SHA-256"):
+        load_keys(path, ctx, background=True, on_device=True).keys.wait()
+
+
+@pytest.mark.skipif(not caramel.api.gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_keys_loaded_onto_the_gpu_equal_the_host_keys(store, ctx):
+    ks, path = store
+    now = load_keys(path, ctx)
+    got = load_keys(path, ctx, background=True, on_device=True)
+    for k in now.keys:
+        assert not isinstance(got.keys[k].c0, np.ndarray)
+        assert np.array_equal(got.keys[k].c0.get(), now.keys[k].c0) and np.array_equal(got.keys[k].c1.get(), now.keys[k].c1)

@@ -82,6 +82,7 @@ def test_primitive_root_requires_q_1_mod_2n():
 def test_bit_reverse():
     assert bit_reverse(8).tolist() == [0, 4, 2, 6, 1, 5, 3, 7]
     assert bit_reverse(1).tolist() == [0]
+    assert bit_reverse(8) is bit_reverse(8) and not bit_reverse(8).flags.writeable  # cached, shared read-only
 
 
 def test_table_powers():
