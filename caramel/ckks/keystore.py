@@ -23,7 +23,6 @@ import io
 import json
 import os
 import stat
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -131,13 +130,8 @@ def save_keys(keyset: KeySet, ctx, directory: str | Path, *, key_seed: int | Non
 # Reading.
 
 
-def _read_file(root: Path, rel: str, digests: dict[str, str], into: list[bytearray] | None = None):
-    """The bytes of ``root/rel`` (no symlinks, inside root), checked against the manifest's SHA-256.
-
-    ``into``: a one-element list holding a buffer that the file is read into (replaced by a larger
-    one when too small); the result is then a view of that buffer, valid until its next use. A
-    buffer reused from file to file spares the page faults of fresh memory, which threads reading
-    gigabytes contend on."""
+def _read_file(root: Path, rel: str, digests: dict[str, str]) -> bytes:
+    """The bytes of ``root/rel`` (no symlinks, inside root), checked against the manifest's SHA-256."""
     if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel not in digests:
         raise KeyStoreError(f"{root / MANIFEST}: bad or undigested file name {rel!r}")
     path = root / rel
@@ -146,30 +140,17 @@ def _read_file(root: Path, rel: str, digests: dict[str, str], into: list[bytearr
     except OSError as exc:
         raise KeyStoreError(f"{path}: cannot open ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise KeyStoreError(f"{path}: not a regular file")
-        if into is None:
-            data = f.read()
-        else:
-            if len(into[0]) < info.st_size:
-                into[0] = bytearray(info.st_size)
-            view = memoryview(into[0])
-            data = view[:f.readinto(view[:info.st_size])]
+        data = f.read()
     if hashlib.sha256(data).hexdigest() != digests[rel]:
         raise KeyStoreError(f"{path}: SHA-256 differs from the manifest (file damaged or altered)")
     return data
 
 
-#: The most bytes of a .npy file that its header may take (format 1.0: a 10-byte preamble and a
-#: header of at most 65535 bytes); caramel writes headers of about 128 bytes.
-_NPY_HEADER_MAX = 10 + 65535
-
-
-def _npy_array(data, where: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """The array of the .npy bytes ``data`` (a read-only view of them), of exactly ``dtype`` and ``shape``."""
+def _npy_array(data: bytes, where: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     try:
-        buf = io.BytesIO(bytes(data[:_NPY_HEADER_MAX]))
+        buf = io.BytesIO(data)
         major, _ = np.lib.format.read_magic(buf)
         if major == 1:
             hdr = np.lib.format.read_array_header_1_0(buf)
@@ -180,11 +161,8 @@ def _npy_array(data, where: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     got_shape, fortran, got_dtype = hdr
     if got_dtype != np.dtype(dtype) or tuple(got_shape) != shape or fortran:
         raise KeyStoreError(f"{where}: array is {got_dtype} {tuple(got_shape)}, expected {np.dtype(dtype)} {shape}")
-    try:
-        arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=buf.tell()).reshape(shape)
-    except ValueError as exc:
-        raise KeyStoreError(f"{where}: truncated .npy array ({exc})") from None
-    return arr
+    arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=buf.tell()).reshape(shape)
+    return arr  # read-only (a view of bytes)
 
 
 def _field(obj: dict, name: str, kind, where: Path):
@@ -264,18 +242,13 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         jobs += [(entry.get("c0"), moduli), (entry.get("c1"), moduli)]
     workers = threads or min(16, os.cpu_count() or 1)
 
-    buffers = threading.local()  # with on_device: one read buffer per loading thread, reused
-
     def load(job):
         rel, moduli = job
-        into = None
-        if on_device and moduli is not None:
-            into = buffers.__dict__.setdefault("into", [bytearray()])
-        data = _read_file(root, rel, digests, into)
+        data = _read_file(root, rel, digests)
         if moduli is None:
             return data
         arr = _npy_array(data, root / rel, np.uint32, (moduli.shape[0], n))
-        if np.any(arr.max(axis=1, keepdims=True) >= moduli):
+        if np.any(arr >= moduli):
             raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
         return _device_copy(arr) if on_device else arr
 
@@ -294,8 +267,7 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
 
 def _device_copy(arr: np.ndarray):
     """``arr`` copied to the current GPU (CuPy; a loading thread waits for CuPy's import and the CUDA
-    context only, not for the rest of :func:`caramel.ckks.device.warm_up`). A copy from pageable
-    memory returns once the source is staged, so the caller may reuse ``arr``'s buffer at once."""
+    context only, not for the rest of :func:`caramel.ckks.device.warm_up`)."""
     import cupy
 
     return cupy.asarray(arr)

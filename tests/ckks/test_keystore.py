@@ -206,26 +206,6 @@ def test_keys_copied_to_the_device_by_the_loading_threads(store, ctx, monkeypatc
         load_keys(path, ctx, background=True, on_device=True).keys.wait()
 
 
-def test_read_file_into_a_reused_buffer(tmp_path):
-    """``_read_file(into=)``: a larger file grows the buffer, a smaller one after it is read exactly
-    (no bytes of the one before), and a damaged file fails its digest as without a buffer."""
-    import hashlib
-
-    from caramel.ckks.keystore import _read_file
-
-    blobs = {"big": bytes(range(256)) * 40, "small": b"caramel", "big2": bytes(255 - i % 256 for i in range(10240))}
-    for name, blob in blobs.items():
-        (tmp_path / name).write_bytes(blob)
-    digests = {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()}
-    into = [bytearray(16)]
-    for name in ("big", "small", "big2", "small"):
-        assert bytes(_read_file(tmp_path, name, digests, into)) == blobs[name]
-    assert len(into[0]) == 10240
-    (tmp_path / "small").write_bytes(b"caramE1")
-    with pytest.raises(KeyStoreError, match="SHA-256"):
-        _read_file(tmp_path, "small", digests, into)
-
-
 @pytest.mark.skipif(not caramel.api.gpu_available(), reason="needs CuPy and a CUDA GPU")
 def test_keys_loaded_onto_the_gpu_equal_the_host_keys(store, ctx):
     ks, path = store
