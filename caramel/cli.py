@@ -209,7 +209,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     kwargs = dict(n=args.n, mode=args.mode, seed=args.seed, key_seed=args.key_seed, check=check,
                   streams=args.streams, inputs=args.inputs, outputs=keep, limbs=args.save_limbs)
     if args.distributed:
-        from caramel.execute.distributed import launch_env
+        from caramel.execute.distributed import clean_up, launch_env
 
         place = launch_env()
         if place is None:
@@ -218,6 +218,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         if result is None:
             return EXIT_OK
         arrays = gathered_outputs(place, args.batch) if keep else None
+        clean_up(place)  # rank 0 has read every rank's records and outputs
     else:
         keys, _ = _stored_keys(args, program)
         result = run_batch(program, batch=args.batch, backend=args.backend, gpus=args.gpus, keys=keys, **kwargs)

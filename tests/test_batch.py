@@ -206,6 +206,29 @@ def test_batch_in_two_processes(program, tmp_path):
     assert doc["summary"]["processes"] == 2 and doc["summary"]["passed"] is True
 
 
+def test_batch_in_process_mode_removes_its_files(tmp_path):
+    """Ranks started as torchrun would start them (RANK, WORLD_SIZE, a rendezvous path that no
+    launcher removes): once rank 0 has gathered the records and outputs, none of the run's files is
+    left beside the rendezvous path."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WORLD_SIZE": "2", "CARAMEL_PROGRESS": "0",
+           "CARAMEL_RENDEZVOUS": str(tmp_path / "rdv.json"), "CARAMEL_RUN_ID": "batch-files"}
+    out = tmp_path / "saved" / "o.npz"
+    out.parent.mkdir()
+    ranks = [subprocess.Popen([sys.executable, "-m", "caramel.cli", "run", str(MUL2), "--n", str(N), "--backend",
+                               "cpu-plan", "--batch", "2", "--distributed", "-q", "--save-outputs", str(out)],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    done = [rank.communicate(timeout=300) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], done
+    assert out.exists() and [p.name for p in tmp_path.iterdir()] == ["saved"]
+
+
 def test_batch_of_one_process_mode_without_launcher_is_refused(capsys):
     code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--batch", "2", "--distributed", "-q"])
     assert code == 2 and "--distributed needs" in capsys.readouterr().err
