@@ -102,47 +102,48 @@ def _compile():
     rows32 = numba.uint32[:, ::1]
     opts = dict(nogil=True, cache=False)
 
+    @njit(inline="always", **opts)
+    def shoup(y, w, wp, q):  # pragma: no cover - compiled; y w mod q in [0, 2q): y w - floor(y wp / 2^32) q
+        return u32(u32(y * w) - u32(u32((u64(y) * wp) >> s32) * q))
+
     # Butterflies on two disjoint runs lo, hi (slices: no aliasing, no negative indices, so LLVM
     # vectorises); 32-bit arithmetic wraps modulo 2^32, which is exact since every result < 2^32.
+    # Cooley-Tukey: (u, y) -> (u + y w, u - y w); Gentleman-Sande: (u, v) -> (u + v, (u - v) w).
+    @njit(inline="always", **opts)
+    def ct(lo, hi, k, w, wp, q, tq):  # pragma: no cover - compiled
+        u = lo[k]
+        u = u32(min(u, u32(u - tq)))
+        v = shoup(hi[k], w, wp, q)
+        lo[k] = u32(u + v)
+        hi[k] = u32(u32(u + tq) - v)
+
+    @njit(inline="always", **opts)
+    def gs(lo, hi, k, w, wp, q, tq):  # pragma: no cover - compiled
+        u = lo[k]
+        v = hi[k]
+        s = u32(u + v)
+        lo[k] = u32(min(s, u32(s - tq)))
+        hi[k] = shoup(u32(u32(u + tq) - v), w, wp, q)
+
     @njit(**opts)
     def ct_one(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled; one twiddle for the run
         for k in range(lo.shape[0]):
-            u = lo[k]
-            u = u32(min(u, u32(u - tq)))
-            y = hi[k]
-            v = u32(u32(y * w) - u32(u32((u64(y) * wp) >> s32) * q))
-            lo[k] = u32(u + v)
-            hi[k] = u32(u32(u + tq) - v)
+            ct(lo, hi, k, w, wp, q, tq)
 
     @njit(**opts)
     def ct_many(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled; twiddle k for element k
         for k in range(lo.shape[0]):
-            u = lo[k]
-            u = u32(min(u, u32(u - tq)))
-            y = hi[k]
-            v = u32(u32(y * w[k]) - u32(u32((u64(y) * u64(wp[k])) >> s32) * q))
-            lo[k] = u32(u + v)
-            hi[k] = u32(u32(u + tq) - v)
+            ct(lo, hi, k, w[k], u64(wp[k]), q, tq)
 
     @njit(**opts)
     def gs_one(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled
         for k in range(lo.shape[0]):
-            u = lo[k]
-            v = hi[k]
-            s = u32(u + v)
-            lo[k] = u32(min(s, u32(s - tq)))
-            d = u32(u32(u + tq) - v)
-            hi[k] = u32(u32(d * w) - u32(u32((u64(d) * wp) >> s32) * q))
+            gs(lo, hi, k, w, wp, q, tq)
 
     @njit(**opts)
     def gs_many(lo, hi, w, wp, q, tq):  # pragma: no cover - compiled
         for k in range(lo.shape[0]):
-            u = lo[k]
-            v = hi[k]
-            s = u32(u + v)
-            lo[k] = u32(min(s, u32(s - tq)))
-            d = u32(u32(u + tq) - v)
-            hi[k] = u32(u32(d * w[k]) - u32(u32((u64(d) * u64(wp[k])) >> s32) * q))
+            gs(lo, hi, k, w[k], u64(wp[k]), q, tq)
 
     @njit(**opts)
     def forward_row(x, w, wp, q, tq):  # pragma: no cover - compiled; x (N,) in place
