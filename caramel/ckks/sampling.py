@@ -45,6 +45,23 @@ def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
     return out
 
 
+def _replayable(state: dict, qs) -> bool:
+    """True when NumPy's bounded draws modulo ``qs`` from a generator in ``state`` can be replayed
+    word by word: PCG64, a little-endian host, every q < 2^32."""
+    return state.get("bit_generator") == "PCG64" and sys.byteorder == "little" and all(q < 2**32 for q in qs)
+
+
+def _next_words(bg, state: dict, need: int, xp=np):
+    """At least ``need`` 32-bit words in the order NumPy's bounded draws take them from ``bg`` (in
+    ``state``): the kept half ``state["uinteger"]`` first when ``state["has_uint32"]``, then the low
+    and the high half of each next raw output (:func:`raw_words`)."""
+    h0 = int(state["has_uint32"])
+    words = raw_words(bg, (need - h0 + 1) // 2, xp, np.uint32)
+    if h0:
+        words = xp.concatenate([xp.asarray(np.array([state["uinteger"]], dtype=np.uint32)), words])
+    return words
+
+
 def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     """Replay of NumPy's bounded integers for rows of moduli ``qs`` from a PCG64 ``rng``, or None.
 
@@ -59,7 +76,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     """
     bg = rng.bit_generator
     state = bg.state
-    if state.get("bit_generator") != "PCG64" or sys.byteorder != "little" or any(q >= 2**32 for q in qs):
+    if not _replayable(state, qs):
         return None
     k = len(qs)
     if k == 0:
@@ -72,21 +89,16 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
     width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
     width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
-    h0 = int(state["has_uint32"])
-    raw_count = (int(lo[-1]) + width - h0 + 1) // 2
-    words = raw_words(bg, raw_count, xp, np.uint32)  # low half, then high half of each output
-    if h0:
-        words = xp.concatenate([xp.asarray(np.array([state["uinteger"]], dtype=np.uint32)), words])
-    stream = words
+    words = _next_words(bg, state, int(lo[-1]) + width, xp)
     q_all = np.array(qs, dtype=np.uint64)[:, None]
     thr_all = np.array([2**32 % q for q in qs], dtype=np.uint64)[:, None]
     out = xp.empty((k, n), dtype=np.uint32)
     span = xp.arange(width, dtype=np.int64)[None, :]
-    pos = 0  # stream position of the next word
+    pos = 0  # position in words of the next word
     step = k if xp is not np else max(1, (1 << 18) // width)
     for r0 in range(0, k, step):
         r1 = min(k, r0 + step)
-        m = stream[xp.asarray(lo[r0:r1])[:, None] + span].astype(np.uint64)
+        m = words[xp.asarray(lo[r0:r1])[:, None] + span].astype(np.uint64)
         m *= xp.asarray(q_all[r0:r1])
         accept = (m & np.uint64(0xFFFFFFFF)) >= xp.asarray(thr_all[r0:r1])
         counts = xp.cumsum(accept, axis=1, dtype=np.int32)
@@ -111,7 +123,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         keep = accept & (span >= xp.asarray(starts)) & (counts <= xp.asarray(limits))
         m >>= np.uint64(32)
         out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
-    _leave_generator(bg, state, words, h0, pos)
+    _leave_generator(bg, state, words, pos)
     return out
 
 
@@ -151,7 +163,7 @@ def lemire_host(qs, n: int, rng: np.random.Generator):
 
     bg = rng.bit_generator
     state = bg.state
-    if state.get("bit_generator") != "PCG64" or sys.byteorder != "little" or any(q >= 2**32 for q in qs):
+    if not _replayable(state, qs):
         return None
     if not ntt_jit.ready(n):
         return None
@@ -160,24 +172,23 @@ def lemire_host(qs, n: int, rng: np.random.Generator):
         return np.empty((0, n), dtype=np.uint32)
     reject = np.array([(2**32 % q) / 2**32 for q in qs])
     expected = float((n * reject / (1 - reject)).sum())  # rejected words among all rows
-    h0 = int(state["has_uint32"])
     need = k * n + int(math.ceil(expected + 10 * math.sqrt(expected + 1))) + 256
-    words = bg.random_raw((need - h0 + 1) // 2).view(np.uint32)  # low half, then high half of each output
-    if h0:
-        words = np.concatenate([np.array([state["uinteger"]], dtype=np.uint32), words])
+    words = _next_words(bg, state, need)
     out = np.empty((k, n), dtype=np.uint32)
     pos = ntt_jit.lemire_fill(words, np.array(qs, dtype=np.uint64), np.array([2**32 % q for q in qs], dtype=np.uint64),
                               out)
     if pos < 0:
         bg.state = state
         return None
-    _leave_generator(bg, state, words, h0, pos)
+    _leave_generator(bg, state, words, pos)
     return out
 
 
-def _leave_generator(bg, state: dict, words: np.ndarray, h0: int, pos: int) -> None:
+def _leave_generator(bg, state: dict, words, pos: int) -> None:
     """Leave PCG64 ``bg`` (whose state before the draw was ``state``) as NumPy would after handing
-    out ``pos`` words of ``words`` (the first being the kept half ``state["uinteger"]`` when ``h0``)."""
+    out ``pos`` words of ``words`` (:func:`_next_words`: the kept half ``state["uinteger"]`` first
+    when ``state["has_uint32"]``)."""
+    h0 = int(state["has_uint32"])
     used = pos - h0
     bg.state = state
     bg.advance((used + 1) // 2)  # as many outputs as the words used need (PCG64: one step per output)
