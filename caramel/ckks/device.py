@@ -124,12 +124,12 @@ _warm_up: threading.Thread | None = None
 
 def warm_up(n: int) -> None:
     """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
-    loads and plans: import CuPy, create the CUDA context and load the client's kernels (caramel's
-    NTT, :mod:`caramel.ckks.pcg`) while a second thread computes the ring's NTT tables on the host,
-    then build the ring's device tables (:func:`caramel.backends.cuda.backend.cuda_ring`) and load the
-    client's array kernels (:func:`load_client_kernels`). The GPU client waits for it before its first
-    GPU work (:func:`wait_for_warm_up`); a failure here is only logged (the run then meets it itself).
-    Off when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per process."""
+    loads and plans: import CuPy, create the CUDA context and load :mod:`caramel.ckks.pcg` while a
+    second thread computes the ring's NTT tables on the host; then load the client's kernels
+    (:func:`load_client_kernels`: the CUDA ring's device tables and NTT among them) and the CUDA
+    INTT. The GPU client waits for it before its first GPU work (:func:`wait_for_warm_up`); a
+    failure here is only logged (the run then meets it itself). Off when ``$CARAMEL_GPU_WARMUP`` is
+    "0"; started once per process."""
     global _warm_up
     if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
         return
@@ -151,21 +151,13 @@ def warm_up(n: int) -> None:
                 import cupy as cp
 
                 cp.empty(1)  # the CUDA context
-                from caramel.backends.cuda import ntt as cuda_ntt
-                from caramel.backends.cuda.backend import cuda_ring
                 from caramel.ckks import pcg
 
                 pcg.device_words(1, 1, 1, cp)
                 ctx = ctx_future.result()
-            ring = cuda_ring(ctx)
-            ring.prime_table, ring.twiddles  # noqa: B018 (built on first use)
-            if ctx.n.bit_length() - 1 in CUDA_NTT_SIZES:
-                arena = cp.zeros((2, ctx.n), dtype=np.uint32)
-                slots = cp.arange(2, dtype=np.int32)
-                primes = cp.zeros(1, dtype=np.int32)
-                cuda_ntt.ntt(ring, arena, slots[:1], slots[1:], primes)
-                cuda_ntt.intt(ring, arena, slots[:1], slots[1:], primes)
-            load_client_kernels(ctx, ClientDevice(DeviceKind.GPU))  # not GPU: its xp must still wait for us
+            dev = ClientDevice(DeviceKind.GPU)  # a fresh one: the shared GPU's xp must wait for this thread
+            load_client_kernels(ctx, dev)  # the CUDA ring's tables and NTT kernels among them
+            transform_rows(cp.zeros((1, ctx.n), dtype=np.uint32), ctx, [0], dev, inverse=True)  # and its INTT
             cp.cuda.Device().synchronize()
         except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
             logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
