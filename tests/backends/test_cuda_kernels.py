@@ -156,25 +156,35 @@ def test_ntt_roundtrip_all_primes(pair, rng):
     expect_rows(arena.download(), slots, x, "intt(ntt(x))")
 
 
+def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, ...] = (), **options) -> None:
+    """``rows`` random limbs through ``dntt._launch(..., **options)``, forward and inverse, against the
+    reference; the rows of ``in_place`` written over their inputs, the other inputs checked kept."""
+    ctx, ring = pair
+    limbs = limb_choice(rng, rows)
+    x = residues(ctx, limbs, rng)
+    for inverse in (False, True):
+        arena = Arena(ctx.n, 3 * rows, rng)
+        src = arena.put(x)
+        dst = arena.take(rows)
+        for i in in_place:
+            dst[i] = src[i]
+        dev = arena.upload()
+        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, **options)
+        have = arena.download()
+        expect_rows(have, dst, (ctx.intt if inverse else ctx.ntt)(x, limbs), f"{'intt' if inverse else 'ntt'} {label}")
+        if in_place:
+            expect_inputs_kept(arena, have, dst)
+
+
 @pytest.mark.parametrize("config", [(16, False, 1, 0), (16, True, 4, 0), (32, True, 4, 0), (32, False, 4, 0),
                                     (8, True, 4, 0), (32, True, 3, 0), (32, True, 4, 2), (32, True, 4, 4)],
                          ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]},pipe={c[3]}")
 def test_ntt_configurations(pair, rng, config):
     """Every kernel configuration (row layout, split twiddles, register cap, pipelining) computes the
     reference (5 rows: with pipe 2 or 4 the last block has fewer tiles than pipe)."""
-    ctx, ring = pair
     rows_per_block, split, min_blocks, pipe = config
-    limbs = limb_choice(rng, 5)
-    x = residues(ctx, limbs, rng)
-    for inverse in (False, True):
-        arena = Arena(ctx.n, 10, rng)
-        src = arena.put(x)
-        dst = arena.take(5)
-        dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, rows_per_block, split=split,
-                     min_blocks=min_blocks, pipe=pipe)
-        want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
-        expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} {config}")
+    check_ntt_launch(pair, rng, str(config), rows_per_block=rows_per_block, split=split, min_blocks=min_blocks,
+                     pipe=pipe)
 
 
 @pytest.mark.parametrize("split_from,lazy,threads", [(0, False, 256), (4, False, 256), (0, True, 256), (5, True, 256),
@@ -184,18 +194,7 @@ def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, threads):
     """The forward butterflies' lazy reduction (once per pass), the row kernel's whole-table
     twiddles for stages below split_from and blocks of 512 threads compute the reference, forward
     and inverse."""
-    ctx, ring = pair
-    limbs = limb_choice(rng, 5)
-    x = residues(ctx, limbs, rng)
-    for inverse in (False, True):
-        arena = Arena(ctx.n, 10, rng)
-        src = arena.put(x)
-        dst = arena.take(5)
-        dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, split_from=split_from, lazy=lazy,
-                     threads=threads)
-        want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
-        expect_rows(arena.download(), dst, want, f"{'intt' if inverse else 'ntt'} from={split_from} lazy={lazy}")
+    check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy}", split_from=split_from, lazy=lazy, threads=threads)
 
 
 @pytest.mark.parametrize("one_pass,tw_base,tw_smem,tw_local",
@@ -209,23 +208,8 @@ def test_ntt_one_pass(pair, rng, one_pass, tw_base, tw_smem, tw_local):
     kernels' twiddles from global memory or a shared-memory table (with or without the split stages'
     shared factors), compute the reference, forward and inverse, with two rows in place, whatever the
     module defaults say."""
-    ctx, ring = pair
-    rows = 7
-    limbs = limb_choice(rng, rows)
-    x = residues(ctx, limbs, rng)
-    for inverse in (False, True):
-        arena = Arena(ctx.n, 3 * rows, rng)
-        src = arena.put(x)
-        dst = arena.take(rows)
-        dst[0] = src[0]
-        dst[5] = src[5]
-        dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, one_pass=one_pass, tw_base=tw_base,
+    check_ntt_launch(pair, rng, f"one_pass={one_pass}", rows=7, in_place=(0, 5), one_pass=one_pass, tw_base=tw_base,
                      tw_smem=tw_smem, tw_local=tw_local)
-        have = arena.download()
-        expect_rows(have, dst, (ctx.intt if inverse else ctx.ntt)(x, limbs),
-                    f"{'intt' if inverse else 'ntt'} one_pass={one_pass}")
-        expect_inputs_kept(arena, have, dst)
 
 
 def test_ntt_small_sizes(rng):
