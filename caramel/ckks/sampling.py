@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 from caramel.errors import ArgumentError
@@ -43,6 +44,57 @@ def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
         out = rng.integers(0, q_arr[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
         out = xp.asarray(out)
     return out
+
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PcgState:
+    """Where a NumPy PCG64 generator stands: its 128-bit ``state`` and odd increment ``inc``, and the
+    32-bit half it keeps between bounded draws (``has_uint32``, ``uinteger``). A generator made from
+    it (:meth:`generator`) draws exactly what the captured one drew next (a key store keeps the
+    state before each evaluation key's uniform ``a`` instead of ``a``'s limbs)."""
+
+    state: int
+    inc: int
+    has_uint32: int = 0
+    uinteger: int = 0
+
+    #: Words of :meth:`words`: state (high, low), inc (high, low), has_uint32, uinteger.
+    WORDS = 6
+
+    @classmethod
+    def of(cls, rng: np.random.Generator) -> "PcgState | None":
+        """The state of ``rng``, or None when its bit generator is not PCG64."""
+        st = rng.bit_generator.state
+        if st.get("bit_generator") != "PCG64":
+            return None
+        return cls(int(st["state"]["state"]), int(st["state"]["inc"]), int(st["has_uint32"]), int(st["uinteger"]))
+
+    def generator(self) -> np.random.Generator:
+        """A fresh Generator on a PCG64 in this state."""
+        bg = np.random.PCG64()
+        bg.state = {"bit_generator": "PCG64", "state": {"state": self.state, "inc": self.inc},
+                    "has_uint32": self.has_uint32, "uinteger": self.uinteger}
+        return np.random.Generator(bg)
+
+    def words(self) -> np.ndarray:
+        """The state as :data:`WORDS` uint64 words (:meth:`from_words` reads them back)."""
+        return np.array([self.state >> 64, self.state & _MASK64, self.inc >> 64, self.inc & _MASK64,
+                         self.has_uint32, self.uinteger], dtype=np.uint64)
+
+    @classmethod
+    def from_words(cls, w) -> "PcgState":
+        """The state of :meth:`words`; ValueError unless ``inc`` is odd, ``has_uint32`` is 0 or 1 and
+        ``uinteger`` below 2^32 (what NumPy's PCG64 can hold)."""
+        w = [int(x) for x in w]
+        if len(w) != cls.WORDS:
+            raise ValueError(f"a PCG64 state is {cls.WORDS} words, got {len(w)}")
+        got = cls((w[0] << 64) | w[1], (w[2] << 64) | w[3], w[4], w[5])
+        if got.inc % 2 == 0 or got.has_uint32 not in (0, 1) or not 0 <= got.uinteger < 2**32:
+            raise ValueError("not a PCG64 state (even increment, or a bad kept half)")
+        return got
 
 
 def _replayable(state: dict, qs) -> bool:
