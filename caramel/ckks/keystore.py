@@ -156,8 +156,11 @@ def save_keys(keyset: KeySet, ctx, directory: str | Path, *, key_seed: int | Non
 # Reading.
 
 
-def _read_file(root: Path, rel: str, digests: dict[str, str]) -> bytes:
-    """The bytes of ``root/rel`` (no symlinks, inside root), checked against the manifest's SHA-256."""
+def _read_file(root: Path, rel: str, digests: dict[str, str], into=None):
+    """The bytes of ``root/rel`` (no symlinks, inside root), checked against the manifest's SHA-256.
+
+    ``into``: a function giving a writable uint8 buffer of a given size (:func:`caramel.backends.cuda.
+    transfer.pinned_scratch`); the file is read into it and a memoryview of it returned."""
     if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel not in digests:
         raise KeyStoreError(f"{root / MANIFEST}: bad or undigested file name {rel!r}")
     path = root / rel
@@ -166,17 +169,37 @@ def _read_file(root: Path, rel: str, digests: dict[str, str]) -> bytes:
     except OSError as exc:
         raise KeyStoreError(f"{path}: cannot open ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise KeyStoreError(f"{path}: not a regular file")
-        data = f.read()
+        data = f.read() if into is None else _read_into(f, into(info.st_size), path)
     if hashlib.sha256(data).hexdigest() != digests[rel]:
         raise KeyStoreError(f"{path}: SHA-256 differs from the manifest (file damaged or altered)")
     return data
 
 
-def _npy_array(data: bytes, where: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _read_into(f, buf: np.ndarray, path: Path) -> memoryview:
+    """The whole of file ``f`` read into ``buf`` (its size at open); a file that changed size while
+    read is an error."""
+    view = memoryview(buf)
+    got = 0
+    while got < len(view):
+        step = f.readinto(view[got:])
+        if not step:
+            break
+        got += step
+    if got != len(view) or f.read(1):
+        raise KeyStoreError(f"{path}: changed size while read")
+    return view
+
+
+#: Bytes of a .npy header that :func:`_npy_array` reads at most (caramel writes 128).
+_NPY_HEADER_MAX = 4096
+
+
+def _npy_array(data, where: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
     try:
-        buf = io.BytesIO(data)
+        buf = io.BytesIO(bytes(data[:_NPY_HEADER_MAX]))
         major, _ = np.lib.format.read_magic(buf)
         if major == 1:
             hdr = np.lib.format.read_array_header_1_0(buf)
@@ -187,8 +210,11 @@ def _npy_array(data: bytes, where: Path, dtype, shape: tuple[int, ...]) -> np.nd
     got_shape, fortran, got_dtype = hdr
     if got_dtype != np.dtype(dtype) or tuple(got_shape) != shape or fortran:
         raise KeyStoreError(f"{where}: array is {got_dtype} {tuple(got_shape)}, expected {np.dtype(dtype)} {shape}")
-    arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=buf.tell()).reshape(shape)
-    return arr  # read-only (a view of bytes)
+    try:
+        arr = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=buf.tell()).reshape(shape)
+    except ValueError as exc:
+        raise KeyStoreError(f"{where}: array data too short ({exc})") from None
+    return arr  # a view of the bytes read
 
 
 def _field(obj: dict, name: str, kind, where: Path):
@@ -278,8 +304,8 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
     ``background``: return once the manifest, the secrets and the states of the keys' ``a`` are read
     and checked; the evaluation keys' files are read on by a thread pool (the key set's ``keys`` is
     a :class:`PendingKeys`), so that they load while the caller encrypts its inputs. ``on_device``:
-    each key half, once read and checked, is copied to the current GPU by its loading thread
-    (:func:`_device_copy`; for a 1-GPU run, whose executor copies device rows into its arena there),
+    each key file is read, checked and copied to the current GPU by its loading thread
+    (:func:`_device_load`; for a 1-GPU run, whose executor copies device rows into its arena there),
     and a seeded key's c1 is drawn again on the GPU (:func:`_device_redraw`); else on the host
     (:func:`_host_redraw`)."""
     root = Path(directory)
@@ -313,11 +339,12 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         if isinstance(job.source, PcgState):
             return (_device_redraw if on_device else _host_redraw)(ctx, job.limbs, job.source)
         rel, moduli = job.source, job.moduli
-        data = _read_file(root, rel, digests)
-        arr = _npy_array(data, root / rel, np.uint32, (moduli.shape[0], n))
+        if on_device:
+            return _device_load(root, rel, digests, moduli, n)
+        arr = _npy_array(_read_file(root, rel, digests), root / rel, np.uint32, (moduli.shape[0], n))
         if np.any(arr >= moduli):
             raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
-        return _device_copy(arr) if on_device else arr
+        return arr
 
     secrets = _secrets(_read_file(root, SECRETS, digests), root / SECRETS, n, secrets_meta, where)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
@@ -351,7 +378,7 @@ class _Job:
 
 #: Threads that draw seeded keys' c1 again on the GPU (:func:`_device_redraw`).
 REDRAW_THREADS = 2
-_redraw_local = threading.local()
+_thread_local = threading.local()
 
 
 def _host_redraw(ctx, limbs, state: PcgState) -> np.ndarray:
@@ -367,21 +394,40 @@ def _device_redraw(ctx, limbs, state: PcgState):
     the calling thread, synchronised before it is returned (nothing else waits on that stream)."""
     import cupy
 
-    stream = getattr(_redraw_local, "stream", None)
-    if stream is None:
-        stream = _redraw_local.stream = cupy.cuda.Stream(non_blocking=True)
+    stream = _thread_stream()
     with stream:
         arr = redraw_a(ctx, limbs, state, cupy)
-    stream.synchronize()
+        stream.synchronize()
     return arr
 
 
-def _device_copy(arr: np.ndarray):
-    """``arr`` copied to the current GPU (CuPy; a loading thread waits for CuPy's import and the CUDA
-    context only, not for the rest of :func:`caramel.ckks.device.warm_up`)."""
+def _device_load(root: Path, rel: str, digests: dict[str, str], moduli: np.ndarray, n: int):
+    """Key file ``rel`` as a (k, N) uint32 array on the current GPU: read into the thread's pinned
+    buffer (:func:`caramel.backends.cuda.transfer.pinned_scratch`), its SHA-256 checked there, copied
+    up (:func:`~caramel.backends.cuda.transfer.upload_pinned`), then its residues checked on the
+    device (:func:`~caramel.backends.cuda.transfer.row_maxima` against ``moduli``). A damaged file
+    raises :class:`KeyStoreError` and is never handed out. (A loading thread waits for CuPy's import
+    and the CUDA context only, not for the rest of :func:`caramel.ckks.device.warm_up`.)"""
+    from caramel.backends.cuda import transfer
+
+    k = moduli.shape[0]
+    with _thread_stream():
+        arr = _npy_array(_read_file(root, rel, digests, into=transfer.pinned_scratch), root / rel, np.uint32, (k, n))
+        dev = transfer.upload_pinned(arr)
+        maxima = np.asarray(transfer.row_maxima(dev, np.arange(k)))
+    if np.any(maxima >= moduli[:, 0]):
+        raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
+    return dev
+
+
+def _thread_stream():
+    """The calling loader thread's non-blocking CUDA stream, as a context (made on first use)."""
     import cupy
 
-    return cupy.asarray(arr)
+    stream = getattr(_thread_local, "stream", None)
+    if stream is None:
+        stream = _thread_local.stream = cupy.cuda.Stream(non_blocking=True)
+    return stream
 
 
 def _secrets(data: bytes, path: Path, n: int, meta: dict, where: Path) -> Secrets:

@@ -187,31 +187,91 @@ def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
     assert "SHA-256 differs" in capsys.readouterr().err
 
 
-def test_keys_copied_to_the_device_by_the_loading_threads(store, ctx, monkeypatch):
-    """``on_device``: every c0 is handed to ``_device_copy`` after its digest and range checks, every
-    seeded c1 drawn by ``_device_redraw`` (both faked here: a tagged copy); a tampered file still
-    fails, and is never copied."""
+class _Copied(np.ndarray):
+    """A host array standing for a device copy (CPU tests of the ``on_device`` path)."""
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """``on_device`` loading on the host: pinned buffers are NumPy buffers, the upload a tagged copy,
+    the device's row maxima NumPy's, the redraw a tagged host redraw. Returns the list of files read
+    into a buffer."""
+    import contextlib
+
+    from caramel.backends.cuda import transfer
     from caramel.ckks import keystore
 
-    class Copied(np.ndarray):
-        pass
+    read = []
 
-    monkeypatch.setattr(keystore, "_device_copy", lambda a: np.array(a).view(Copied))
+    def scratch(nbytes):
+        read.append(nbytes)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    monkeypatch.setattr(transfer, "pinned_scratch", scratch)
+    monkeypatch.setattr(transfer, "upload_pinned", lambda a: np.array(a).view(_Copied))
+    monkeypatch.setattr(transfer, "row_maxima", lambda arena, rows: np.asarray(arena)[rows].max(axis=1))
+    monkeypatch.setattr(keystore, "_thread_stream", contextlib.nullcontext)
     monkeypatch.setattr(keystore, "_device_redraw",
-                        lambda ctx, limbs, st: np.array(keystore._host_redraw(ctx, limbs, st)).view(Copied))
-    ks, path = store
-    now = load_keys(path, ctx)
-    for background in (False, True):
-        got = load_keys(path, ctx, background=background, on_device=True)
-        for k in now.keys:
-            assert isinstance(got.keys[k].c0, Copied) and isinstance(got.keys[k].c1, Copied)
-            assert np.array_equal(got.keys[k].c0, now.keys[k].c0) and np.array_equal(got.keys[k].c1, now.keys[k].c1)
-    victim = _key_files(path)[-1]
+                        lambda ctx, limbs, st: np.array(keystore._host_redraw(ctx, limbs, st)).view(_Copied))
+    return read
+
+
+def test_keys_copied_to_the_device_by_the_loading_threads(many, fake_device, tmp_path):
+    """``on_device``: every key file is read into a (pinned) buffer, its digest checked, copied up and
+    its residues checked there; every seeded c1 drawn by ``_device_redraw``; unseeded c1 files go
+    the same way as c0. A tampered file still fails."""
+    import shutil
+
+    ks, path, c = many
+    full = save_keys(ks, c, tmp_path / "full", seeded=False)
+    for store in (path, full):
+        for background in (False, True):
+            fake_device.clear()
+            got = load_keys(store, c, background=background, on_device=True)
+            for k, key in ks.keys.items():
+                assert isinstance(got.keys[k].c0, _Copied) and isinstance(got.keys[k].c1, _Copied)
+                assert np.array_equal(got.keys[k].c0, key.c0) and np.array_equal(got.keys[k].c1, key.c1)
+            assert len(fake_device) == len(ks.keys) * (1 if store == path else 2)
+    copy = shutil.copytree(path, tmp_path / "bad")
+    victim = _key_files(copy)[-1]
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
     with pytest.raises(KeyStoreError, match="SHA-256"):
-        load_keys(path, ctx, background=True, on_device=True).keys.wait()
+        load_keys(copy, c, background=True, on_device=True).keys.wait()
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_residue_out_of_range_is_refused(many, fake_device, tmp_path, on_device):
+    """A key file whose digest matches (rewritten with its digest) but holds a residue >= q is
+    refused, on the host and (after the copy) on the device."""
+    import hashlib
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    victim = _key_files(copy)[0]
+    arr = np.load(victim)
+    arr[1, 7] = 2**31 + 5
+    np.save(victim, arr, allow_pickle=False)
+    rel = f"keys/{victim.name}"
+    _rewrite_manifest(copy, lambda m: m["sha256"].__setitem__(rel, hashlib.sha256(victim.read_bytes()).hexdigest()))
+    with pytest.raises(KeyStoreError, match="outside"):
+        load_keys(copy, c, on_device=on_device)
+
+
+def test_a_file_shorter_than_its_header_says_is_refused(many, tmp_path):
+    import hashlib
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    victim = _key_files(copy)[0]
+    victim.write_bytes(victim.read_bytes()[:-8])
+    rel = f"keys/{victim.name}"
+    _rewrite_manifest(copy, lambda m: m["sha256"].__setitem__(rel, hashlib.sha256(victim.read_bytes()).hexdigest()))
+    with pytest.raises(KeyStoreError, match="too short"):
+        load_keys(copy, c)
 
 
 @pytest.mark.skipif(not caramel.api.gpu_available(), reason="needs CuPy and a CUDA GPU")
