@@ -32,7 +32,7 @@ import json
 import os
 import stat
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from caramel.ckks.keys import PendingKeys, SecretDist, SecretKey, Secrets, key_limbs, redraw_a
 from caramel.ckks.keyset import KeySet
-from caramel.ckks.sampling import PcgState
+from caramel.ckks.sampling import PcgState, lemire_state_rows
 from caramel.errors import CaramelError
 from caramel.outfiles import replace_atomically
 from caramel.program import EvalKeyId, KeyType
@@ -306,8 +306,8 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
     a :class:`PendingKeys`), so that they load while the caller encrypts its inputs. ``on_device``:
     each key file is read, checked and copied to the current GPU by its loading thread
     (:func:`_device_load`; for a 1-GPU run, whose executor copies device rows into its arena there),
-    and a seeded key's c1 is drawn again on the GPU (:func:`_device_redraw`); else on the host
-    (:func:`_host_redraw`)."""
+    and the seeded keys' c1 are drawn again on the GPU by one thread (:func:`_device_redraws`); else
+    on the host by the loading threads (:func:`_host_redraw`)."""
     root = Path(directory)
     manifest = read_manifest(root)
     where = root / MANIFEST
@@ -337,7 +337,7 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
 
     def load(job: _Job):
         if isinstance(job.source, PcgState):
-            return (_device_redraw if on_device else _host_redraw)(ctx, job.limbs, job.source)
+            return _host_redraw(ctx, job.limbs, job.source)
         rel, moduli = job.source, job.moduli
         if on_device:
             return _device_load(root, rel, digests, moduli, n)
@@ -348,12 +348,12 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
 
     secrets = _secrets(_read_file(root, SECRETS, digests), root / SECRETS, n, secrets_meta, where)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
-    # On the GPU the redraws go to threads of their own (a few: each waits on its own stream).
-    redraw = ThreadPoolExecutor(max_workers=REDRAW_THREADS, thread_name_prefix="caramel-keys-redraw") \
-        if on_device and any(a_states) else pool
-    futures = [(redraw if isinstance(job.source, PcgState) else pool).submit(load, job) for job in jobs]
-    for p in {pool, redraw}:
-        p.shutdown(wait=False)  # the threads end when the keys are read
+    seeded = [i for i, job in enumerate(jobs) if on_device and isinstance(job.source, PcgState)]
+    futures = [None if i in set(seeded) else pool.submit(load, job) for i, job in enumerate(jobs)]
+    pool.shutdown(wait=False)  # the threads end when the keys are read
+    if seeded:  # on the GPU: every seeded c1 queued at once by one thread of its own
+        for i, fut in zip(seeded, _device_redraws(ctx, [(jobs[i].limbs, jobs[i].source) for i in seeded])):
+            futures[i] = fut
     pending = PendingKeys(ids, futures, a_states)
     if background:
         return KeySet(secrets, pending)
@@ -376,8 +376,6 @@ class _Job:
     moduli: np.ndarray
 
 
-#: Threads that draw seeded keys' c1 again on the GPU (:func:`_device_redraw`).
-REDRAW_THREADS = 2
 _thread_local = threading.local()
 
 
@@ -388,17 +386,37 @@ def _host_redraw(ctx, limbs, state: PcgState) -> np.ndarray:
     return arr
 
 
-def _device_redraw(ctx, limbs, state: PcgState):
-    """A seeded key's c1 drawn again on the current GPU (:func:`caramel.ckks.keys.redraw_a` with
-    CuPy: PCG64 words and the bounded-integer replay on the device), on a non-blocking stream of
-    the calling thread, synchronised before it is returned (nothing else waits on that stream)."""
+def _device_xp():
     import cupy
 
-    stream = _thread_stream()
-    with stream:
-        arr = redraw_a(ctx, limbs, state, cupy)
-        stream.synchronize()
-    return arr
+    return cupy
+
+
+def _device_redraws(ctx, items) -> list[Future]:
+    """Futures of the c1 of seeded keys ``items`` ((limbs, :class:`PcgState`) each) drawn again on the
+    current GPU, by one thread on a non-blocking stream of its own: every draw is queued without
+    waiting (:func:`caramel.ckks.sampling.lemire_state_rows`: PCG64 words and Lemire's test on the
+    device), then the thread waits once and reads every draw's failure flag; a draw whose rows left
+    their windows (never seen; the flag) is drawn again on the host (:func:`_host_redraw`) and copied
+    up. The futures complete together, when every array is ready."""
+    futures = [Future() for _ in items]
+
+    def work() -> None:
+        try:
+            xp = _device_xp()
+            with _thread_stream():
+                drawn = [lemire_state_rows(tuple(ctx.q(l) for l in limbs), ctx.n, st, xp) for limbs, st in items]
+                flags = xp.concatenate([failed for _, failed in drawn]) if drawn else xp.zeros(0, dtype=np.int32)
+                flags = flags.get() if hasattr(flags, "get") else np.asarray(flags)  # waits for every draw
+                for fut, (out, _), flag, (limbs, st) in zip(futures, drawn, flags, items):
+                    fut.set_result(xp.asarray(_host_redraw(ctx, limbs, st)) if flag else out)
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting caller)
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    threading.Thread(target=work, name="caramel-keys-redraw", daemon=True).start()
+    return futures
 
 
 def _device_load(root: Path, rel: str, digests: dict[str, str], moduli: np.ndarray, n: int):

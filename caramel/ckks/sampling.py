@@ -133,14 +133,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     k = len(qs)
     if k == 0:
         return xp.empty((0, n), dtype=np.uint32)
-    # Row r starts after r*N accepted words and the rejections before it: a window around the expected start.
-    reject = np.array([(2**32 % q) / 2**32 for q in qs])  # probability that one word is rejected
-    expected = n * reject / (1 - reject)  # rejections before the N-th acceptance
-    before = np.concatenate([[0.0], np.cumsum(expected)[:-1]])
-    margin = int(10 * math.sqrt(float(expected.sum()) + 1) + 256)
-    lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
-    width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
-    width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
+    lo, width = _lemire_windows(qs, n)
     words = _next_words(bg, state, int(lo[-1]) + width, xp)
     q_all = np.array(qs, dtype=np.uint64)[:, None]
     thr_all = np.array([2**32 % q for q in qs], dtype=np.uint64)[:, None]
@@ -177,6 +170,165 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
     _leave_generator(bg, state, words, pos)
     return out
+
+
+def _lemire_windows(qs, n: int) -> tuple[np.ndarray, int]:
+    """(lo, width): row r of a bounded draw (:func:`lemire_rows`) is looked for in words
+    lo[r] .. lo[r] + width - 1. Row r starts after r N accepted words and the rejections before
+    it: the window covers the expected start and end with a margin of 10 standard deviations."""
+    k = len(qs)
+    reject = np.array([(2**32 % q) / 2**32 for q in qs])  # probability that one word is rejected
+    expected = n * reject / (1 - reject)  # rejections before the N-th acceptance
+    before = np.concatenate([[0.0], np.cumsum(expected)[:-1]])
+    margin = int(10 * math.sqrt(float(expected.sum()) + 1) + 256)
+    lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
+    width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
+    width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
+    return lo, width
+
+
+_LEMIRE_SOURCE = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ unsigned word_at(const unsigned* raw, unsigned first, int has_first, long long i) {
+    return has_first ? (i == 0 ? first : raw[i - 1]) : raw[i];
+}
+// p: lo[0..k), q[0..k), thr[0..k) as int64. Block r: inclusive counts of accepted words over row r's window.
+extern "C" __global__ void lemire_counts(const unsigned* __restrict__ raw, unsigned first, int has_first,
+                                         const long long* __restrict__ p, int k, long long width,
+                                         int* __restrict__ counts) {
+    __shared__ int sums[1024];
+    const int r = blockIdx.x, t = threadIdx.x;
+    const long long lo = p[r];
+    const u64 q = (u64)p[k + r], thr = (u64)p[2 * k + r];
+    const long long chunk = (width + blockDim.x - 1) / blockDim.x;
+    const long long j0 = (long long)t * chunk;
+    const long long j1 = j0 + chunk < width ? j0 + chunk : width;
+    int c = 0;
+    for (long long j = j0; j < j1; ++j)
+        c += ((u64)word_at(raw, first, has_first, lo + j) * q & 0xFFFFFFFFull) >= thr;
+    sums[t] = c;
+    __syncthreads();
+    for (int off = 1; off < blockDim.x; off <<= 1) {
+        const int v = t >= off ? sums[t - off] : 0;
+        __syncthreads();
+        sums[t] += v;
+        __syncthreads();
+    }
+    int run = sums[t] - c;
+    int* out = counts + (long long)r * width;
+    for (long long j = j0; j < j1; ++j) {
+        run += ((u64)word_at(raw, first, has_first, lo + j) * q & 0xFFFFFFFFull) >= thr;
+        out[j] = run;
+    }
+}
+// One thread: each row starts at the word after the previous row's N-th acceptance.
+extern "C" __global__ void lemire_chain(const int* __restrict__ counts, const long long* __restrict__ p, int k,
+                                        long long width, int n, long long* __restrict__ starts,
+                                        long long* __restrict__ limits, int* __restrict__ failed) {
+    long long pos = 0;
+    for (int r = 0; r < k; ++r) {
+        const long long off = pos - p[r];
+        const int* c = counts + (long long)r * width;
+        if (off < 0 || off > width - n) { *failed = 1; return; }
+        const long long need = (off ? c[off - 1] : 0) + (long long)n;
+        if (c[width - 1] < need) { *failed = 1; return; }
+        long long a = off, b = width - 1;  // the first index whose count reaches need
+        while (a < b) {
+            const long long m = (a + b) >> 1;
+            if (c[m] >= need) b = m; else a = m + 1;
+        }
+        starts[r] = off;
+        limits[r] = need;
+        pos = p[r] + a + 1;
+    }
+    *failed = 0;
+}
+// Thread (j, r): the accepted word j of row r's window, if it is one of the row's N, to its place.
+extern "C" __global__ void lemire_scatter(const unsigned* __restrict__ raw, unsigned first, int has_first,
+                                          const long long* __restrict__ p, int k, long long width, int n,
+                                          const int* __restrict__ counts, const long long* __restrict__ starts,
+                                          const long long* __restrict__ limits, const int* __restrict__ failed,
+                                          unsigned* __restrict__ out) {
+    const int r = blockIdx.y;
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (*failed || j >= width || j < starts[r]) return;
+    const long long c = counts[(long long)r * width + j], base = limits[r] - n;
+    if (c > limits[r] || c <= base) return;
+    const u64 m = (u64)word_at(raw, first, has_first, p[r] + j) * (u64)p[k + r];
+    if ((m & 0xFFFFFFFFull) < (u64)p[2 * k + r]) return;
+    out[(long long)r * n + (c - base - 1)] = (unsigned)(m >> 32);
+}
+"""
+_lemire_modules: dict[int, object] = {}
+
+
+def _lemire_kernels(cp):
+    dev = int(cp.cuda.Device().id)
+    mod = _lemire_modules.get(dev)
+    if mod is None:
+        mod = _lemire_modules[dev] = cp.RawModule(code=_LEMIRE_SOURCE, options=("--std=c++17",))
+    return mod
+
+
+def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
+    """(out, failed): the draw of :func:`uniform_residues` (rows of moduli ``qs``, N each) from a
+    generator in state ``st``, computed without the generator and, on the GPU (``xp`` CuPy), without
+    waiting for the device: ``failed`` is a (1,) int32 array of ``xp``, 1 when a row did not fall in
+    its window (:func:`_lemire_windows`; then ``out`` is garbage and the caller draws again with
+    :func:`uniform_residues`). Three steps, the same on both devices: per row, the counts of accepted
+    words over its window (Lemire's test as in :func:`lemire_rows`); one pass over the rows chaining
+    each row's start to the previous row's N-th acceptance; the kept words scattered to their places.
+    On the host (NumPy) it is the reference of the CUDA kernels. ``st`` must be a PCG64 state."""
+    k = len(qs)
+    if k == 0:
+        return xp.empty((0, n), dtype=np.uint32), xp.zeros(1, dtype=np.int32)
+    lo, width = _lemire_windows(qs, n)
+    h0 = int(st.has_uint32)
+    need = int(lo[-1]) + width
+    count = (need - h0 + 1) // 2  # raw 64-bit outputs
+    q = np.array(qs, dtype=np.int64)
+    thr = np.array([2**32 % int(x) for x in qs], dtype=np.int64)
+    if xp is np:
+        bg = st.generator().bit_generator
+        raw = bg.random_raw(count).view(np.uint32)
+        words = np.concatenate([np.array([st.uinteger], dtype=np.uint32), raw]) if h0 else raw
+        idx = lo[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        m = words[idx].astype(np.uint64) * q.astype(np.uint64)[:, None]
+        accept = (m & np.uint64(0xFFFFFFFF)) >= thr.astype(np.uint64)[:, None]
+        counts = np.cumsum(accept, axis=1, dtype=np.int64)
+        out = np.zeros((k, n), dtype=np.uint32)
+        pos = 0
+        for r in range(k):
+            off = pos - int(lo[r])
+            if not 0 <= off <= width - n:
+                return out, np.ones(1, dtype=np.int32)
+            need_r = (int(counts[r, off - 1]) if off else 0) + n
+            if counts[r, -1] < need_r:
+                return out, np.ones(1, dtype=np.int32)
+            a = int(np.searchsorted(counts[r], need_r, side="left"))
+            keep = accept[r] & (np.arange(width) >= off) & (counts[r] <= need_r)
+            out[r] = (m[r][keep] >> np.uint64(32)).astype(np.uint32)
+            pos = int(lo[r]) + a + 1
+        return out, np.zeros(1, dtype=np.int32)
+    from caramel.ckks import pcg
+
+    cp = xp
+    mod = _lemire_kernels(cp)
+    raw = pcg.device_words(st.state, st.inc, count, cp, np.uint32)
+    p = cp.asarray(np.concatenate([lo, q, thr]))
+    counts = cp.empty((k, width), dtype=np.int32)
+    starts = cp.empty(k, dtype=np.int64)
+    limits = cp.empty(k, dtype=np.int64)
+    failed = cp.ones(1, dtype=np.int32)
+    out = cp.empty((k, n), dtype=np.uint32)
+    first, hf = np.uint32(st.uinteger if h0 else 0), np.int32(h0)
+    mod.get_function("lemire_counts")((k,), (1024,), (raw, first, hf, p, np.int32(k), np.int64(width), counts))
+    mod.get_function("lemire_chain")((1,), (1,), (counts, p, np.int32(k), np.int64(width), np.int32(n), starts,
+                                                  limits, failed))
+    mod.get_function("lemire_scatter")((-(-width // 256), k), (256,),
+                                       (raw, first, hf, p, np.int32(k), np.int64(width), np.int32(n), counts, starts,
+                                        limits, failed, out))
+    return out, failed
 
 
 def raw_words(bg, count: int, xp=np, dtype=np.uint64):

@@ -194,8 +194,8 @@ class _Copied(np.ndarray):
 @pytest.fixture
 def fake_device(monkeypatch):
     """``on_device`` loading on the host: pinned buffers are NumPy buffers, the upload a tagged copy,
-    the device's row maxima NumPy's, the redraw a tagged host redraw. Returns the list of files read
-    into a buffer."""
+    the device's row maxima NumPy's, the device redraws those of NumPy (the reference of the kernels),
+    tagged. Returns the list of files read into a buffer."""
     import contextlib
 
     from caramel.backends.cuda import transfer
@@ -211,8 +211,14 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(transfer, "upload_pinned", lambda a: np.array(a).view(_Copied))
     monkeypatch.setattr(transfer, "row_maxima", lambda arena, rows: np.asarray(arena)[rows].max(axis=1))
     monkeypatch.setattr(keystore, "_thread_stream", contextlib.nullcontext)
-    monkeypatch.setattr(keystore, "_device_redraw",
-                        lambda ctx, limbs, st: np.array(keystore._host_redraw(ctx, limbs, st)).view(_Copied))
+    monkeypatch.setattr(keystore, "_device_xp", lambda: np)
+    draw = keystore.lemire_state_rows
+
+    def tagged(qs, n, st, xp):
+        out, failed = draw(qs, n, st, xp)
+        return out.view(_Copied), failed
+
+    monkeypatch.setattr(keystore, "lemire_state_rows", tagged)
     return read
 
 
@@ -445,3 +451,33 @@ def test_seeded_keys_drawn_again_on_the_gpu_equal_the_generated_keys(many):
         for k, key in ks.keys.items():
             assert not isinstance(got.keys[k].c1, np.ndarray)
             assert np.array_equal(got.keys[k].c1.get(), key.c1) and np.array_equal(got.keys[k].c0.get(), key.c0), k
+
+
+def test_a_device_redraw_that_left_its_window_is_drawn_on_the_host(many, fake_device, monkeypatch):
+    from caramel.ckks import keystore
+
+    ks, path, c = many
+    calls = []
+
+    def failing(qs, n, st, xp):
+        calls.append(len(qs))
+        return np.zeros((len(qs), n), dtype=np.uint32), np.ones(1, dtype=np.int32)
+
+    monkeypatch.setattr(keystore, "lemire_state_rows", failing)
+    got = load_keys(path, c, background=True, on_device=True)
+    _keys_equal(got, ks)
+    assert len(calls) == len(ks.keys)
+
+
+def test_a_device_redraw_error_reaches_the_caller(many, fake_device, monkeypatch):
+    from caramel.ckks import keystore
+
+    _, path, c = many
+
+    def broken(qs, n, st, xp):
+        raise RuntimeError("device gone")
+
+    monkeypatch.setattr(keystore, "lemire_state_rows", broken)
+    got = load_keys(path, c, background=True, on_device=True)
+    with pytest.raises(RuntimeError, match="device gone"):
+        got.keys.wait()
