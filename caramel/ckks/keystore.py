@@ -406,7 +406,7 @@ def _device_redraws(ctx, items) -> list[Future]:
             xp = _device_xp()
             with _thread_stream():
                 drawn = [lemire_state_rows(tuple(ctx.q(l) for l in limbs), ctx.n, st, xp) for limbs, st in items]
-                flags = xp.concatenate([failed for _, failed in drawn]) if drawn else xp.zeros(0, dtype=np.int32)
+                flags = xp.stack([status[0] for _, status in drawn]) if drawn else xp.zeros(0, dtype=np.int64)
                 flags = flags.get() if hasattr(flags, "get") else np.asarray(flags)  # waits for every draw
                 for fut, (out, _), flag, (limbs, st) in zip(futures, drawn, flags, items):
                     fut.set_result(xp.asarray(_host_redraw(ctx, limbs, st)) if flag else out)

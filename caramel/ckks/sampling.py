@@ -38,7 +38,7 @@ def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
     xp = np if xp is None else xp
     # On the host: the compiled replay when Numba is there (NumPy's own loop is faster than the
     # array replay); the array replay serves the GPU client.
-    out = lemire_host(qs, ctx.n, rng) if xp is np else lemire_rows(qs, ctx.n, rng, xp)
+    out = lemire_host(qs, ctx.n, rng) if xp is np else lemire_device(qs, ctx.n, rng, xp)
     if out is None:
         q_arr = np.array(qs, dtype=np.int64)
         out = rng.integers(0, q_arr[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
@@ -224,14 +224,14 @@ extern "C" __global__ void lemire_counts(const unsigned* __restrict__ raw, unsig
 // One thread: each row starts at the word after the previous row's N-th acceptance.
 extern "C" __global__ void lemire_chain(const int* __restrict__ counts, const long long* __restrict__ p, int k,
                                         long long width, int n, long long* __restrict__ starts,
-                                        long long* __restrict__ limits, int* __restrict__ failed) {
+                                        long long* __restrict__ limits, long long* __restrict__ status) {
     long long pos = 0;
     for (int r = 0; r < k; ++r) {
         const long long off = pos - p[r];
         const int* c = counts + (long long)r * width;
-        if (off < 0 || off > width - n) { *failed = 1; return; }
+        if (off < 0 || off > width - n) { status[0] = 1; return; }
         const long long need = (off ? c[off - 1] : 0) + (long long)n;
-        if (c[width - 1] < need) { *failed = 1; return; }
+        if (c[width - 1] < need) { status[0] = 1; return; }
         long long a = off, b = width - 1;  // the first index whose count reaches need
         while (a < b) {
             const long long m = (a + b) >> 1;
@@ -241,17 +241,18 @@ extern "C" __global__ void lemire_chain(const int* __restrict__ counts, const lo
         limits[r] = need;
         pos = p[r] + a + 1;
     }
-    *failed = 0;
+    status[0] = 0;
+    status[1] = pos;
 }
 // Thread (j, r): the accepted word j of row r's window, if it is one of the row's N, to its place.
 extern "C" __global__ void lemire_scatter(const unsigned* __restrict__ raw, unsigned first, int has_first,
                                           const long long* __restrict__ p, int k, long long width, int n,
                                           const int* __restrict__ counts, const long long* __restrict__ starts,
-                                          const long long* __restrict__ limits, const int* __restrict__ failed,
+                                          const long long* __restrict__ limits, const long long* __restrict__ status,
                                           unsigned* __restrict__ out) {
     const int r = blockIdx.y;
     const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (*failed || j >= width || j < starts[r]) return;
+    if (status[0] || j >= width || j < starts[r]) return;
     const long long c = counts[(long long)r * width + j], base = limits[r] - n;
     if (c > limits[r] || c <= base) return;
     const u64 m = (u64)word_at(raw, first, has_first, p[r] + j) * (u64)p[k + r];
@@ -271,17 +272,17 @@ def _lemire_kernels(cp):
 
 
 def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
-    """(out, failed): the draw of :func:`uniform_residues` (rows of moduli ``qs``, N each) from a
+    """(out, status): the draw of :func:`uniform_residues` (rows of moduli ``qs``, N each) from a
     generator in state ``st``, computed without the generator and, on the GPU (``xp`` CuPy), without
-    waiting for the device: ``failed`` is a (1,) int32 array of ``xp``, 1 when a row did not fall in
-    its window (:func:`_lemire_windows`; then ``out`` is garbage and the caller draws again with
-    :func:`uniform_residues`). Three steps, the same on both devices: per row, the counts of accepted
+    waiting for the device. ``status`` is a (2,) int64 array of ``xp``: [1, -] when a row did not
+    fall in its window (:func:`_lemire_windows`; then ``out`` is garbage and the caller draws
+    another way), else [0, the 32-bit words used, the kept half counted as in :func:`lemire_rows`]. Three steps, the same on both devices: per row, the counts of accepted
     words over its window (Lemire's test as in :func:`lemire_rows`); one pass over the rows chaining
     each row's start to the previous row's N-th acceptance; the kept words scattered to their places.
     On the host (NumPy) it is the reference of the CUDA kernels. ``st`` must be a PCG64 state."""
     k = len(qs)
     if k == 0:
-        return xp.empty((0, n), dtype=np.uint32), xp.zeros(1, dtype=np.int32)
+        return xp.empty((0, n), dtype=np.uint32), xp.asarray(np.array([0, int(st.has_uint32)], dtype=np.int64))
     lo, width = _lemire_windows(qs, n)
     h0 = int(st.has_uint32)
     need = int(lo[-1]) + width
@@ -301,15 +302,15 @@ def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
         for r in range(k):
             off = pos - int(lo[r])
             if not 0 <= off <= width - n:
-                return out, np.ones(1, dtype=np.int32)
+                return out, np.array([1, 0], dtype=np.int64)
             need_r = (int(counts[r, off - 1]) if off else 0) + n
             if counts[r, -1] < need_r:
-                return out, np.ones(1, dtype=np.int32)
+                return out, np.array([1, 0], dtype=np.int64)
             a = int(np.searchsorted(counts[r], need_r, side="left"))
             keep = accept[r] & (np.arange(width) >= off) & (counts[r] <= need_r)
             out[r] = (m[r][keep] >> np.uint64(32)).astype(np.uint32)
             pos = int(lo[r]) + a + 1
-        return out, np.zeros(1, dtype=np.int32)
+        return out, np.array([0, pos], dtype=np.int64)
     from caramel.ckks import pcg
 
     cp = xp
@@ -319,16 +320,16 @@ def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
     counts = cp.empty((k, width), dtype=np.int32)
     starts = cp.empty(k, dtype=np.int64)
     limits = cp.empty(k, dtype=np.int64)
-    failed = cp.ones(1, dtype=np.int32)
+    status = cp.ones(2, dtype=np.int64)
     out = cp.empty((k, n), dtype=np.uint32)
     first, hf = np.uint32(st.uinteger if h0 else 0), np.int32(h0)
     mod.get_function("lemire_counts")((k,), (1024,), (raw, first, hf, p, np.int32(k), np.int64(width), counts))
     mod.get_function("lemire_chain")((1,), (1,), (counts, p, np.int32(k), np.int64(width), np.int32(n), starts,
-                                                  limits, failed))
+                                                  limits, status))
     mod.get_function("lemire_scatter")((-(-width // 256), k), (256,),
                                        (raw, first, hf, p, np.int32(k), np.int64(width), np.int32(n), counts, starts,
-                                        limits, failed, out))
-    return out, failed
+                                        limits, status, out))
+    return out, status
 
 
 def raw_words(bg, count: int, xp=np, dtype=np.uint64):
@@ -392,16 +393,51 @@ def _leave_generator(bg, state: dict, words, pos: int) -> None:
     """Leave PCG64 ``bg`` (whose state before the draw was ``state``) as NumPy would after handing
     out ``pos`` words of ``words`` (:func:`_next_words`: the kept half ``state["uinteger"]`` first
     when ``state["has_uint32"]``)."""
+    _leave_generator_at(bg, state, pos, lambda i: int(words[i]))
+
+
+def _leave_generator_at(bg, state: dict, pos: int, word) -> None:
+    """:func:`_leave_generator` with ``word(i)`` giving word i of the draw."""
     h0 = int(state["has_uint32"])
     used = pos - h0
     bg.state = state
     bg.advance((used + 1) // 2)  # as many outputs as the words used need (PCG64: one step per output)
     after = bg.state
     if used % 2:
-        after["has_uint32"], after["uinteger"] = 1, int(words[h0 + used])
+        after["has_uint32"], after["uinteger"] = 1, word(h0 + used)
     else:  # NumPy keeps the last half it handed out in the (now unused) buffer
-        after["has_uint32"], after["uinteger"] = 0, int(words[h0 + used - 1]) if used else state["uinteger"]
+        after["has_uint32"], after["uinteger"] = 0, word(h0 + used - 1) if used else state["uinteger"]
     bg.state = after
+
+
+def _word_of(st: "PcgState", i: int) -> int:
+    """Word i of the 32-bit words a generator in state ``st`` hands out (:func:`_next_words`: the kept
+    half first when there is one, then the low and high half of each raw output), from PCG64's
+    jump-ahead on the host (:func:`caramel.ckks.pcg.host_words`)."""
+    from caramel.ckks.pcg import host_words
+
+    if st.has_uint32 and i == 0:
+        return int(st.uinteger)
+    j = i - int(st.has_uint32)
+    return (int(host_words(st.state, st.inc, j // 2, 1)[0]) >> (32 * (j % 2))) & 0xFFFFFFFF
+
+
+def lemire_device(qs, n: int, rng: np.random.Generator, xp):
+    """The draw of :func:`uniform_residues` on the GPU (``xp`` CuPy) by :func:`lemire_state_rows`
+    (one wait, for the number of words used), the generator then left where NumPy leaves it; when
+    the rows leave their windows, :func:`lemire_rows`; None (the generator untouched) where neither
+    applies."""
+    bg = rng.bit_generator
+    state = bg.state
+    if not _replayable(state, qs):
+        return None
+    st = PcgState.of(rng)
+    out, status = lemire_state_rows(qs, n, st, xp)
+    failed, pos = (int(x) for x in (status.get() if hasattr(status, "get") else status))
+    if failed:
+        return lemire_rows(qs, n, rng, xp)
+    _leave_generator_at(bg, state, pos, lambda i: _word_of(st, i))
+    return out
 
 
 def dense_ternary(n: int, rng: np.random.Generator) -> np.ndarray:

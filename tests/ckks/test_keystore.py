@@ -461,7 +461,7 @@ def test_a_device_redraw_that_left_its_window_is_drawn_on_the_host(many, fake_de
 
     def failing(qs, n, st, xp):
         calls.append(len(qs))
-        return np.zeros((len(qs), n), dtype=np.uint32), np.ones(1, dtype=np.int32)
+        return np.zeros((len(qs), n), dtype=np.uint32), np.array([1, 0], dtype=np.int64)
 
     monkeypatch.setattr(keystore, "lemire_state_rows", failing)
     got = load_keys(path, c, background=True, on_device=True)

@@ -62,14 +62,46 @@ def _draw_case(seed: int, kept: bool, step: int, n: int):
                                                  (3, False, 64, 256)])
 def test_state_rows_equal_numpy_integers(seed, kept, step, n):
     qs, st, want = _draw_case(seed, kept, step, n)
-    out, failed = lemire_state_rows(qs, n, st)
-    assert failed.tolist() == [0] and np.array_equal(out, want)
+    out, status = lemire_state_rows(qs, n, st)
+    assert status[0] == 0 and np.array_equal(out, want)
+    rng = st.generator()
+    rng.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
+    again = st.generator()  # the words used leave a generator where NumPy's draw leaves it
+    sampling._leave_generator_at(again.bit_generator, again.bit_generator.state, int(status[1]),
+                                 lambda i: sampling._word_of(st, i))
+    assert again.bit_generator.state == rng.bit_generator.state
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_word_of_equals_the_words_numpy_hands_out(kept):
+    rng = np.random.default_rng(12)
+    if kept:
+        rng.integers(0, 5, dtype=np.uint32)
+    st = PcgState.of(rng)
+    words = sampling._next_words(rng.bit_generator, rng.bit_generator.state, 9)
+    assert [sampling._word_of(st, i) for i in range(9)] == [int(w) for w in words[:9]]
+
+
+def test_lemire_device_leaves_the_generator_as_numpy(monkeypatch):
+    """The GPU path of uniform_residues (lemire_device), run on NumPy arrays: the same values and the
+    generator where ``integers`` leaves it, also through the fallback when a window is missed."""
+    ctx = Context(n=1024)
+    qs = [ctx.q(l) for l in range(0, 64, 3)]
+    for fail in (False, True):
+        if fail:
+            monkeypatch.setattr(sampling, "lemire_state_rows",
+                                lambda qs, n, st, xp: (np.zeros((len(qs), n), np.uint32), np.array([1, 0])))
+        a, b = np.random.default_rng(13), np.random.default_rng(13)
+        a.integers(0, 5, dtype=np.uint32), b.integers(0, 5, dtype=np.uint32)
+        got = sampling.lemire_device(qs, 1024, a, np)
+        want = b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), 1024), dtype=np.int64)
+        assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
 
 
 def test_state_rows_report_a_window_too_short(monkeypatch):
     qs, st, _ = _draw_case(4, False, 1, 1024)
     monkeypatch.setattr(sampling, "_lemire_windows", lambda qs, n: (np.arange(len(qs), dtype=np.int64) * n, n))
-    assert lemire_state_rows(qs, 1024, st)[1].tolist() == [1]
+    assert lemire_state_rows(qs, 1024, st)[1][0] == 1
 
 
 _EMULATION = r"""
@@ -103,7 +135,7 @@ int main(int argc, char** argv) {
     std::vector<int> counts(k * width);
     std::vector<long long> starts(k), limits(k);
     std::vector<unsigned> out(k * n, 0);
-    int failed = 1;
+    long long status[2] = {1, 0};
     const int threads = 8;  // emulated block of 8 threads (the kernel takes any block size up to 1024)
     blockDim.x = threads;
     std::barrier<> b(threads);
@@ -116,16 +148,16 @@ int main(int argc, char** argv) {
         for (auto& t : ts) t.join();
     }
     blockDim.x = 1; threadIdx.x = 0; blockIdx.x = 0;
-    lemire_chain(counts.data(), p.data(), (int)k, width, (int)n, starts.data(), limits.data(), &failed);
+    lemire_chain(counts.data(), p.data(), (int)k, width, (int)n, starts.data(), limits.data(), status);
     blockDim.x = 32;
     for (int r = 0; r < k; ++r)
         for (long long bx = 0; bx * 32 < width; ++bx)
             for (int t = 0; t < 32; ++t) {
                 blockIdx.x = (int)bx; blockIdx.y = r; threadIdx.x = t;
                 lemire_scatter(raw.data(), (unsigned)hdr[1], (int)hdr[2], p.data(), (int)k, width, (int)n, counts.data(),
-                               starts.data(), limits.data(), &failed, out.data());
+                               starts.data(), limits.data(), status, out.data());
             }
-    printf("%d\n", failed);
+    printf("%lld %lld\n", status[0], status[1]);
     fwrite(out.data(), 4, k * n, stdout);
     return 0;
 }
@@ -155,7 +187,7 @@ def test_kernel_source_equals_numpy_integers(tmp_path):
                          + np.concatenate([lo, np.array(qs + thr, dtype=np.int64)]).tobytes())
         res = subprocess.run([str(exe), str(data)], check=True, capture_output=True).stdout
         head, body = res.split(b"\n", 1)
-        assert head == b"0"
+        assert head.split() == [b"0", str(int(lemire_state_rows(qs, n, st)[1][1])).encode()]
         assert np.array_equal(np.frombuffer(body, dtype=np.uint32).reshape(len(qs), n), want)
 
 
@@ -167,5 +199,10 @@ def test_state_rows_on_the_gpu_equal_numpy_integers():
         pytest.skip("needs a CUDA GPU")
     for seed, kept, step, n in ((7, True, 1, 65536), (8, False, 3, 4096), (9, True, 64, 1024)):
         qs, st, want = _draw_case(seed, kept, step, n)
-        out, failed = lemire_state_rows(qs, n, st, cupy)
-        assert failed.get().tolist() == [0] and np.array_equal(out.get(), want)
+        out, status = lemire_state_rows(qs, n, st, cupy)
+        assert status.get().tolist() == lemire_state_rows(qs, n, st)[1].tolist() and np.array_equal(out.get(), want)
+        a = st.generator()
+        got = sampling.lemire_device(qs, n, a, cupy)
+        b = st.generator()
+        b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
+        assert np.array_equal(got.get(), want) and a.bit_generator.state == b.bit_generator.state
