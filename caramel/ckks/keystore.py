@@ -403,7 +403,6 @@ def _device_redraws(ctx, items) -> list[Future]:
 
     def work() -> None:
         try:
-            _after_warm_up()
             xp = _device_xp()
             with _thread_stream():
                 drawn = [lemire_state_rows(tuple(ctx.q(l) for l in limbs), ctx.n, st, xp) for limbs, st in items]
@@ -430,7 +429,6 @@ def _device_load(root: Path, rel: str, digests: dict[str, str], moduli: np.ndarr
     from caramel.backends.cuda import transfer
 
     k = moduli.shape[0]
-    _after_warm_up()
     with _thread_stream():
         arr = _npy_array(_read_file(root, rel, digests, into=transfer.pinned_scratch), root / rel, np.uint32, (k, n))
         dev = transfer.upload_pinned(arr)
@@ -438,16 +436,6 @@ def _device_load(root: Path, rel: str, digests: dict[str, str], moduli: np.ndarr
     if np.any(maxima >= moduli[:, 0]):
         raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
     return dev
-
-
-def _after_warm_up() -> None:
-    """Wait for the GPU warm-up of this process, if one runs (:func:`caramel.ckks.device.warm_up`):
-    the loading threads' pinned buffers, copies and draws would otherwise slow down the CUDA start
-    that the run waits for, while the key files, read after it, still arrive before the inputs are
-    encrypted."""
-    from caramel.ckks.device import wait_for_warm_up
-
-    wait_for_warm_up()
 
 
 def _thread_stream():
