@@ -349,7 +349,9 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
     secrets = _secrets(_read_file(root, SECRETS, digests), root / SECRETS, n, secrets_meta, where)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
     seeded = [i for i, job in enumerate(jobs) if on_device and isinstance(job.source, PcgState)]
-    futures = [None if i in set(seeded) else pool.submit(load, job) for i, job in enumerate(jobs)]
+    futures = [None] * len(jobs)
+    for i in sorted(set(range(len(jobs))) - set(seeded)):
+        futures[i] = pool.submit(load, jobs[i])
     pool.shutdown(wait=False)  # the threads end when the keys are read
     if seeded:  # on the GPU: every seeded c1 queued at once by one thread of its own
         for i, fut in zip(seeded, _device_redraws(ctx, [(jobs[i].limbs, jobs[i].source) for i in seeded])):
