@@ -142,13 +142,30 @@ def bootstrap(args) -> int:
         t = time.perf_counter()
         save_keys(keyset, ctx, store, key_seed=args.seed, program=program.name)
         print(f"key store written in {time.perf_counter() - t:.2f} s", flush=True)
+        stored = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+        print(f"key store: {stored / 2**30:.2f} GiB on disk", flush=True)
         for attempt in (1, 2):
             t = time.perf_counter()
             back = load_keys(store, ctx)
-            print(f"key store loaded in {time.perf_counter() - t:.2f} s (load {attempt}, "
-                  f"{os.cpu_count()} CPUs)", flush=True)
-        same = all(np.array_equal(back.keys[k].c0, v.c0) for k, v in keyset.keys.items())
+            print(f"key store loaded in {time.perf_counter() - t:.2f} s (load {attempt}, on the host, "
+                  f"c1 drawn again there, {os.cpu_count()} CPUs)", flush=True)
+        same = all(np.array_equal(back.keys[k].c0, v.c0) and np.array_equal(back.keys[k].c1, v.c1)
+                   for k, v in keyset.keys.items())
+        print(f"keys loaded on the host = generated keys: {same}", flush=True)
         bad += not same
+        for attempt in (1, 2):
+            import cupy
+
+            cupy.cuda.Device().synchronize()
+            t = time.perf_counter()
+            dev = load_keys(store, ctx, on_device=True)
+            print(f"key store loaded onto the GPU in {time.perf_counter() - t:.2f} s (load {attempt}: c0 read into "
+                  f"pinned buffers and copied up, c1 drawn again on the GPU)", flush=True)
+        on_gpu = all(np.array_equal(dev.keys[k].c0.get(), v.c0) and np.array_equal(dev.keys[k].c1.get(), v.c1)
+                     for k, v in keyset.keys.items())
+        print(f"keys loaded onto the GPU = generated keys: {on_gpu}", flush=True)
+        bad += not on_gpu
+        del dev
         t = time.perf_counter()
         outcome = caramel.run_program(program, ctx=ctx, backend="gpu", seed=args.seed, keys=back)
         print(f"run_program on the GPU with stored keys: {time.perf_counter() - t:.2f} s end to end (run "

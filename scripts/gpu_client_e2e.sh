@@ -10,7 +10,7 @@
 #      against scripts/reference_digests.json);
 #   4. `caramel run` of BootstrapLike_51L_1c end to end with --json (timings_s): cold (empty load, plan
 #      and schedule caches; CuPy's kernel cache filled by the steps before), again (caches filled),
-#      `caramel keys`, then `--keys` three times; the digests
+#      `caramel keys`, then `--keys` three times (KEYS_RUNS=R: R times); the digests
 #      must be equal (the same seed, keys generated or loaded) and equal session 5's;
 #      scripts/gpu_client_startup.py first; NOWARM=1: also --keys with CARAMEL_GPU_WARMUP=0;
 #      BYTECODE=1: also --keys with caramel's sources compiled (the device image writes no bytecode);
@@ -41,8 +41,11 @@ step run-cold "${run[@]}" --json "$out/run-cold.json"
 step run-again "${run[@]}" --json "$out/run-again.json"
 step keys python3 -m caramel keys "$big" --n 65536 --out /tmp/caramel-ks
 step run-keys "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys.json"
-step run-keys2 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys2.json"
-step run-keys3 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys3.json"
+keyruns=(run-keys)
+for i in $(seq 2 "${KEYS_RUNS:-3}"); do  # KEYS_RUNS=R: R runs with --keys (default 3)
+    step "run-keys$i" "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys$i.json"
+    keyruns+=("run-keys$i")
+done
 if [ -n "${NOWARM:-}" ]; then
     step run-keys-nowarm env CARAMEL_GPU_WARMUP=0 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
 fi
@@ -53,16 +56,16 @@ fi
 [ -n "${GPU_TESTS:-}" ] && step gpu-tests python3 -m pytest -q -rs tests/execute/test_gpu.py  # the executor
 # The digest of seed 0 with no check file (scripts/reference_digests.json holds the bench draws' digest).
 want=8440161b3e9ddf468d46ca8bc5ad3d433b129c784d35fd3ce1e51c3c4f17ee6f
-for f in run-cold run-again run-keys run-keys2 run-keys3; do
+for f in run-cold run-again "${keyruns[@]}"; do
     d=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/$f.json" 2>/dev/null)
     if [ "$d" = "$want" ]; then summary+=("$f digest = $want (session 5's)"); else summary+=("$f digest '$d' DIFFERS"); status=1; fi
 done
 d1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-cold.json" 2>/dev/null)
 d2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])" "$out/run-keys.json" 2>/dev/null)
 if [ -n "$d1" ] && [ "$d1" = "$d2" ]; then summary+=("run-cold digest = run-keys digest ($d1)"); else summary+=("digests differ: '$d1' '$d2'"); status=1; fi
-for f in run-cold run-again run-keys run-keys2 run-keys3 run-keys-nowarm run-keys-pyc; do
+for f in run-cold run-again "${keyruns[@]}" run-keys-nowarm run-keys-pyc; do
     [ -f "$out/$f.json" ] || continue
-    summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()))" "$out/$f.json" 2>&1)")
+    summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()), '| keys+encrypt %.2f' % (t['keys'] + t['encrypt']))" "$out/$f.json" 2>&1)")
 done
 for f in imports tests client digest startup run-cold keys run-keys gpu-tests; do
     [ -f "$out/$f.txt" ] || continue

@@ -26,6 +26,7 @@ import enum
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -182,6 +183,10 @@ def wait_for_warm_up() -> None:
     """Return when the thread of :func:`warm_up` (if one was started) has finished."""
     t = _warm_up
     if t is not None and t is not threading.current_thread():
+        if t.is_alive():
+            start = time.perf_counter()
+            t.join()
+            logger.debug("waited %.3f s for the GPU warm-up", time.perf_counter() - start)
         t.join()
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from caramel.ckks.device import to_ntt
 from caramel.ckks.rns import mulmod, prime_column
-from caramel.ckks.sampling import cbd, dense_ternary, rng_of, sparse_ternary, uniform_residues
+from caramel.ckks.sampling import PcgState, cbd, dense_ternary, rng_of, sparse_ternary, uniform_residues
 from caramel.program import EvalKeyId, KeyType
 from caramel.errors import ArgumentError, MissingLimbError
 
@@ -127,12 +127,17 @@ class Secrets:
 
 @dataclass(frozen=True, eq=False)
 class EvalKey:
-    """One logical evaluation key: rows ``c0[r]``, ``c1[r]`` belong to limb ``limbs[r]`` (NTT form)."""
+    """One logical evaluation key: rows ``c0[r]``, ``c1[r]`` belong to limb ``limbs[r]`` (NTT form).
+
+    ``a_state``: the key generator's PCG64 state before it drew ``c1 = a`` (None when unknown or not
+    PCG64), from which :func:`redraw_a` draws ``c1`` again bit for bit (a key store keeps it instead
+    of ``c1``'s limbs)."""
 
     key_id: EvalKeyId
     limbs: tuple[int, ...]
     c0: np.ndarray
     c1: np.ndarray
+    a_state: PcgState | None = None
 
     def limb(self, half: int | str, limb: int) -> np.ndarray:
         """Half ``half`` (0/1 or "c0"/"c1") on limb ``limb``: (N,) uint32."""
@@ -152,12 +157,15 @@ class PendingKeys(Mapping):
     :func:`caramel.ckks.keystore.load_keys`; keys made on a GPU copied back by a thread,
     :func:`generate_evalkeys`). The key ids are known at once (``in``, ``len``, iteration do not
     wait); a key's value waits for its two halves and raises what producing them raised (a damaged
-    file's :class:`~caramel.ckks.keystore.KeyStoreError`). :meth:`wait` waits for every key."""
+    file's :class:`~caramel.ckks.keystore.KeyStoreError`). :meth:`wait` waits for every key.
+    ``states``: each key's ``a_state`` (:class:`EvalKey`), or None."""
 
-    def __init__(self, ids: list[tuple[EvalKeyId, tuple[int, ...]]], futures: list):
+    def __init__(self, ids: list[tuple[EvalKeyId, tuple[int, ...]]], futures: list,
+                 states: list[PcgState | None] | None = None):
         self._ids = {kid: i for i, (kid, _) in enumerate(ids)}
         self._limbs = [limbs for _, limbs in ids]
         self._futures = futures
+        self._states = states if states is not None else [None] * len(ids)
         self._done: dict[EvalKeyId, EvalKey] = {}
 
     def __getitem__(self, kid: EvalKeyId) -> EvalKey:
@@ -165,7 +173,7 @@ class PendingKeys(Mapping):
         if got is None:
             i = self._ids[kid]  # KeyError for a key the store does not hold
             got = self._done[kid] = EvalKey(kid, self._limbs[i], self._futures[2 * i].result(),
-                                            self._futures[2 * i + 1].result())
+                                            self._futures[2 * i + 1].result(), self._states[i])
         return got
 
     def __iter__(self):
@@ -259,28 +267,37 @@ def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev, defer
     return old, new, None
 
 
+def redraw_a(ctx, limbs, a_state: PcgState, xp=None):
+    """A key's ``c1 = a`` on ``limbs`` drawn again from ``a_state`` (:attr:`EvalKey.a_state`): the
+    same draw as :func:`generate_evalkey_on`'s (:func:`~caramel.ckks.sampling.uniform_residues`, on
+    the GPU with CuPy as ``xp``), so the same limbs bit for bit. (k, N) uint32 of module ``xp``."""
+    return uniform_residues(ctx, tuple(int(l) for l in limbs), a_state.generator(), xp)
+
+
 def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=None):
     """Draw key ``key_id``'s randomness on the host (``a`` then ``e``) and compute c0 on ``device``.
 
-    Returns (limbs, c0, c1), both on the device (not yet copied back)."""
+    Returns (limbs, c0, c1, a_state): c0 and c1 on the device (not yet copied back), a_state the
+    generator's state before ``a`` (:class:`~caramel.ckks.sampling.PcgState`, or None)."""
     from caramel.ckks import device as devmod
 
     dev = devmod.resolve(device) if device is not None else devmod.current()
     limbs = key_limbs(key_id)
     _check_key_id(key_id, limbs)
+    a_state = PcgState.of(rng)
     a = uniform_residues(ctx, limbs, rng, dev.xp)
     e = cbd(ctx.n, rng, xp=dev.xp)
     s_old, s_new, perm = _new_secret_rows(ctx, key_id, secrets, limbs, dev, defer_permutation=not dev.on_gpu)
     big_p = extension_modulus(ctx, key_id.ext)
     p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
     c0 = devmod.evalkey_c0(ctx, limbs, a, dev.put(e), s_old, s_new, p_mod, dev, perm)
-    return limbs, c0, a
+    return limbs, c0, a, a_state
 
 
-def _finish(key_id: EvalKeyId, limbs, c0: np.ndarray, c1: np.ndarray) -> EvalKey:
+def _finish(key_id: EvalKeyId, limbs, c0: np.ndarray, c1: np.ndarray, a_state: PcgState | None) -> EvalKey:
     c0.setflags(write=False)
     c1.setflags(write=False)
-    return EvalKey(key_id, limbs, c0, c1)
+    return EvalKey(key_id, limbs, c0, c1, a_state)
 
 
 def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=None) -> EvalKey:
@@ -291,8 +308,8 @@ def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=
     from caramel.ckks import device as devmod
 
     dev = devmod.resolve(device) if device is not None else devmod.current()
-    limbs, c0, a = generate_evalkey_on(ctx, key_id, secrets, rng_of(rng), dev)
-    return _finish(key_id, limbs, dev.get(c0), dev.get(a))
+    limbs, c0, a, a_state = generate_evalkey_on(ctx, key_id, secrets, rng_of(rng), dev)
+    return _finish(key_id, limbs, dev.get(c0), dev.get(a), a_state)
 
 
 def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None, *,
@@ -311,10 +328,10 @@ def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None, *,
     dev = devmod.resolve(device) if device is not None else devmod.current()
     made = [(k, *generate_evalkey_on(ctx, k, secrets, rng, dev)) for k in key_ids]
     if on_device and dev.on_gpu:
-        return {k: EvalKey(k, limbs, c0, a) for k, limbs, c0, a in made}
+        return {k: EvalKey(k, limbs, c0, a, st) for k, limbs, c0, a, st in made}
     if background and dev.on_gpu:
         return _download_in_background(made)
-    return {k: _finish(k, limbs, dev.get(c0), dev.get(a)) for k, limbs, c0, a in made}
+    return {k: _finish(k, limbs, dev.get(c0), dev.get(a), st) for k, limbs, c0, a, st in made}
 
 
 #: Host threads that copy a GPU client's keys back in the background (each its own stream and
@@ -323,7 +340,7 @@ DOWNLOAD_THREADS = 3
 
 
 def _download_in_background(made) -> PendingKeys:
-    """:class:`PendingKeys` of ``made`` ((id, limbs, c0, c1) on the GPU), copied to the host by
+    """:class:`PendingKeys` of ``made`` ((id, limbs, c0, c1, a_state), c0 and c1 on the GPU), copied to the host by
     :data:`DOWNLOAD_THREADS` threads, each on a non-blocking stream that first waits for the work
     queued so far (the keys' products)."""
     import threading
@@ -348,6 +365,6 @@ def _download_in_background(made) -> PendingKeys:
         return host
 
     pool = ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="caramel-key-download")
-    futures = [pool.submit(fetch, arr) for _, _, c0, c1 in made for arr in (c0, c1)]
+    futures = [pool.submit(fetch, arr) for _, _, c0, c1, _ in made for arr in (c0, c1)]
     pool.shutdown(wait=False)
-    return PendingKeys([(k, limbs) for k, limbs, _, _ in made], futures)
+    return PendingKeys([(k, limbs) for k, limbs, *_ in made], futures, [st for *_, st in made])

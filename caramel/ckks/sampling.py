@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 from caramel.errors import ArgumentError
@@ -37,12 +38,63 @@ def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
     xp = np if xp is None else xp
     # On the host: the compiled replay when Numba is there (NumPy's own loop is faster than the
     # array replay); the array replay serves the GPU client.
-    out = lemire_host(qs, ctx.n, rng) if xp is np else lemire_rows(qs, ctx.n, rng, xp)
+    out = lemire_host(qs, ctx.n, rng) if xp is np else lemire_device(qs, ctx.n, rng, xp)
     if out is None:
         q_arr = np.array(qs, dtype=np.int64)
         out = rng.integers(0, q_arr[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
         out = xp.asarray(out)
     return out
+
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PcgState:
+    """Where a NumPy PCG64 generator stands: its 128-bit ``state`` and odd increment ``inc``, and the
+    32-bit half it keeps between bounded draws (``has_uint32``, ``uinteger``). A generator made from
+    it (:meth:`generator`) draws exactly what the captured one drew next (a key store keeps the
+    state before each evaluation key's uniform ``a`` instead of ``a``'s limbs)."""
+
+    state: int
+    inc: int
+    has_uint32: int = 0
+    uinteger: int = 0
+
+    #: Words of :meth:`words`: state (high, low), inc (high, low), has_uint32, uinteger.
+    WORDS = 6
+
+    @classmethod
+    def of(cls, rng: np.random.Generator) -> "PcgState | None":
+        """The state of ``rng``, or None when its bit generator is not PCG64."""
+        st = rng.bit_generator.state
+        if st.get("bit_generator") != "PCG64":
+            return None
+        return cls(int(st["state"]["state"]), int(st["state"]["inc"]), int(st["has_uint32"]), int(st["uinteger"]))
+
+    def generator(self) -> np.random.Generator:
+        """A fresh Generator on a PCG64 in this state."""
+        bg = np.random.PCG64()
+        bg.state = {"bit_generator": "PCG64", "state": {"state": self.state, "inc": self.inc},
+                    "has_uint32": self.has_uint32, "uinteger": self.uinteger}
+        return np.random.Generator(bg)
+
+    def words(self) -> np.ndarray:
+        """The state as :data:`WORDS` uint64 words (:meth:`from_words` reads them back)."""
+        return np.array([self.state >> 64, self.state & _MASK64, self.inc >> 64, self.inc & _MASK64,
+                         self.has_uint32, self.uinteger], dtype=np.uint64)
+
+    @classmethod
+    def from_words(cls, w) -> "PcgState":
+        """The state of :meth:`words`; ValueError unless ``inc`` is odd, ``has_uint32`` is 0 or 1 and
+        ``uinteger`` below 2^32 (what NumPy's PCG64 can hold)."""
+        w = [int(x) for x in w]
+        if len(w) != cls.WORDS:
+            raise ValueError(f"a PCG64 state is {cls.WORDS} words, got {len(w)}")
+        got = cls((w[0] << 64) | w[1], (w[2] << 64) | w[3], w[4], w[5])
+        if got.inc % 2 == 0 or got.has_uint32 not in (0, 1) or not 0 <= got.uinteger < 2**32:
+            raise ValueError("not a PCG64 state (even increment, or a bad kept half)")
+        return got
 
 
 def _replayable(state: dict, qs) -> bool:
@@ -81,14 +133,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
     k = len(qs)
     if k == 0:
         return xp.empty((0, n), dtype=np.uint32)
-    # Row r starts after r*N accepted words and the rejections before it: a window around the expected start.
-    reject = np.array([(2**32 % q) / 2**32 for q in qs])  # probability that one word is rejected
-    expected = n * reject / (1 - reject)  # rejections before the N-th acceptance
-    before = np.concatenate([[0.0], np.cumsum(expected)[:-1]])
-    margin = int(10 * math.sqrt(float(expected.sum()) + 1) + 256)
-    lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
-    width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
-    width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
+    lo, width = _lemire_windows(qs, n)
     words = _next_words(bg, state, int(lo[-1]) + width, xp)
     q_all = np.array(qs, dtype=np.uint64)[:, None]
     thr_all = np.array([2**32 % q for q in qs], dtype=np.uint64)[:, None]
@@ -125,6 +170,166 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
     _leave_generator(bg, state, words, pos)
     return out
+
+
+def _lemire_windows(qs, n: int) -> tuple[np.ndarray, int]:
+    """(lo, width): row r of a bounded draw (:func:`lemire_rows`) is looked for in words
+    lo[r] .. lo[r] + width - 1. Row r starts after r N accepted words and the rejections before
+    it: the window covers the expected start and end with a margin of 10 standard deviations."""
+    k = len(qs)
+    reject = np.array([(2**32 % q) / 2**32 for q in qs])  # probability that one word is rejected
+    expected = n * reject / (1 - reject)  # rejections before the N-th acceptance
+    before = np.concatenate([[0.0], np.cumsum(expected)[:-1]])
+    margin = int(10 * math.sqrt(float(expected.sum()) + 1) + 256)
+    lo = np.arange(k, dtype=np.int64) * n + np.maximum(0, np.floor(before - margin)).astype(np.int64)
+    width = n + int(np.ceil(expected.max())) + 2 * margin + int(np.ceil(before[-1] - np.floor(before[-1])) + 1)
+    width = max(width, n + int(np.ceil(before[-1] + expected[-1])) - int(lo[-1] - (k - 1) * n) + margin)
+    return lo, width
+
+
+_LEMIRE_SOURCE = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ unsigned word_at(const unsigned* raw, unsigned first, int has_first, long long i) {
+    return has_first ? (i == 0 ? first : raw[i - 1]) : raw[i];
+}
+// p: lo[0..k), q[0..k), thr[0..k) as int64. Block r: inclusive counts of accepted words over row r's window.
+extern "C" __global__ void lemire_counts(const unsigned* __restrict__ raw, unsigned first, int has_first,
+                                         const long long* __restrict__ p, int k, long long width,
+                                         int* __restrict__ counts) {
+    __shared__ int sums[1024];
+    const int r = blockIdx.x, t = threadIdx.x;
+    const long long lo = p[r];
+    const u64 q = (u64)p[k + r], thr = (u64)p[2 * k + r];
+    const long long chunk = (width + blockDim.x - 1) / blockDim.x;
+    const long long j0 = (long long)t * chunk;
+    const long long j1 = j0 + chunk < width ? j0 + chunk : width;
+    int c = 0;
+    for (long long j = j0; j < j1; ++j)
+        c += ((u64)word_at(raw, first, has_first, lo + j) * q & 0xFFFFFFFFull) >= thr;
+    sums[t] = c;
+    __syncthreads();
+    for (int off = 1; off < blockDim.x; off <<= 1) {
+        const int v = t >= off ? sums[t - off] : 0;
+        __syncthreads();
+        sums[t] += v;
+        __syncthreads();
+    }
+    int run = sums[t] - c;
+    int* out = counts + (long long)r * width;
+    for (long long j = j0; j < j1; ++j) {
+        run += ((u64)word_at(raw, first, has_first, lo + j) * q & 0xFFFFFFFFull) >= thr;
+        out[j] = run;
+    }
+}
+// One thread: each row starts at the word after the previous row's N-th acceptance.
+extern "C" __global__ void lemire_chain(const int* __restrict__ counts, const long long* __restrict__ p, int k,
+                                        long long width, int n, long long* __restrict__ starts,
+                                        long long* __restrict__ limits, long long* __restrict__ status) {
+    long long pos = 0;
+    for (int r = 0; r < k; ++r) {
+        const long long off = pos - p[r];
+        const int* c = counts + (long long)r * width;
+        if (off < 0 || off > width - n) { status[0] = 1; return; }
+        const long long need = (off ? c[off - 1] : 0) + (long long)n;
+        if (c[width - 1] < need) { status[0] = 1; return; }
+        long long a = off, b = width - 1;  // the first index whose count reaches need
+        while (a < b) {
+            const long long m = (a + b) >> 1;
+            if (c[m] >= need) b = m; else a = m + 1;
+        }
+        starts[r] = off;
+        limits[r] = need;
+        pos = p[r] + a + 1;
+    }
+    status[0] = 0;
+    status[1] = pos;
+}
+// Thread (j, r): the accepted word j of row r's window, if it is one of the row's N, to its place.
+extern "C" __global__ void lemire_scatter(const unsigned* __restrict__ raw, unsigned first, int has_first,
+                                          const long long* __restrict__ p, int k, long long width, int n,
+                                          const int* __restrict__ counts, const long long* __restrict__ starts,
+                                          const long long* __restrict__ limits, const long long* __restrict__ status,
+                                          unsigned* __restrict__ out) {
+    const int r = blockIdx.y;
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (status[0] || j >= width || j < starts[r]) return;
+    const long long c = counts[(long long)r * width + j], base = limits[r] - n;
+    if (c > limits[r] || c <= base) return;
+    const u64 m = (u64)word_at(raw, first, has_first, p[r] + j) * (u64)p[k + r];
+    if ((m & 0xFFFFFFFFull) < (u64)p[2 * k + r]) return;
+    out[(long long)r * n + (c - base - 1)] = (unsigned)(m >> 32);
+}
+"""
+_lemire_modules: dict[int, object] = {}
+
+
+def _lemire_kernels(cp):
+    dev = int(cp.cuda.Device().id)
+    mod = _lemire_modules.get(dev)
+    if mod is None:
+        mod = _lemire_modules[dev] = cp.RawModule(code=_LEMIRE_SOURCE, options=("--std=c++17",))
+    return mod
+
+
+def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
+    """(out, status): the draw of :func:`uniform_residues` (rows of moduli ``qs``, N each) from a
+    generator in state ``st``, computed without the generator and, on the GPU (``xp`` CuPy), without
+    waiting for the device. ``status`` is a (2,) int64 array of ``xp``: [1, -] when a row did not
+    fall in its window (:func:`_lemire_windows`; then ``out`` is garbage and the caller draws
+    another way), else [0, the 32-bit words used, the kept half counted as in :func:`lemire_rows`]. Three steps, the same on both devices: per row, the counts of accepted
+    words over its window (Lemire's test as in :func:`lemire_rows`); one pass over the rows chaining
+    each row's start to the previous row's N-th acceptance; the kept words scattered to their places.
+    On the host (NumPy) it is the reference of the CUDA kernels. ``st`` must be a PCG64 state."""
+    k = len(qs)
+    if k == 0:
+        return xp.empty((0, n), dtype=np.uint32), xp.asarray(np.array([0, int(st.has_uint32)], dtype=np.int64))
+    lo, width = _lemire_windows(qs, n)
+    h0 = int(st.has_uint32)
+    need = int(lo[-1]) + width
+    count = (need - h0 + 1) // 2  # raw 64-bit outputs
+    q = np.array(qs, dtype=np.int64)
+    thr = np.array([2**32 % int(x) for x in qs], dtype=np.int64)
+    if xp is np:
+        bg = st.generator().bit_generator
+        raw = bg.random_raw(count).view(np.uint32)
+        words = np.concatenate([np.array([st.uinteger], dtype=np.uint32), raw]) if h0 else raw
+        idx = lo[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        m = words[idx].astype(np.uint64) * q.astype(np.uint64)[:, None]
+        accept = (m & np.uint64(0xFFFFFFFF)) >= thr.astype(np.uint64)[:, None]
+        counts = np.cumsum(accept, axis=1, dtype=np.int64)
+        out = np.zeros((k, n), dtype=np.uint32)
+        pos = 0
+        for r in range(k):
+            off = pos - int(lo[r])
+            if not 0 <= off <= width - n:
+                return out, np.array([1, 0], dtype=np.int64)
+            need_r = (int(counts[r, off - 1]) if off else 0) + n
+            if counts[r, -1] < need_r:
+                return out, np.array([1, 0], dtype=np.int64)
+            a = int(np.searchsorted(counts[r], need_r, side="left"))
+            keep = accept[r] & (np.arange(width) >= off) & (counts[r] <= need_r)
+            out[r] = (m[r][keep] >> np.uint64(32)).astype(np.uint32)
+            pos = int(lo[r]) + a + 1
+        return out, np.array([0, pos], dtype=np.int64)
+    from caramel.ckks import pcg
+
+    cp = xp
+    mod = _lemire_kernels(cp)
+    raw = pcg.device_words(st.state, st.inc, count, cp, np.uint32)
+    p = cp.asarray(np.concatenate([lo, q, thr]))
+    counts = cp.empty((k, width), dtype=np.int32)
+    starts = cp.empty(k, dtype=np.int64)
+    limits = cp.empty(k, dtype=np.int64)
+    status = cp.ones(2, dtype=np.int64)
+    out = cp.empty((k, n), dtype=np.uint32)
+    first, hf = np.uint32(st.uinteger if h0 else 0), np.int32(h0)
+    mod.get_function("lemire_counts")((k,), (1024,), (raw, first, hf, p, np.int32(k), np.int64(width), counts))
+    mod.get_function("lemire_chain")((1,), (1,), (counts, p, np.int32(k), np.int64(width), np.int32(n), starts,
+                                                  limits, status))
+    mod.get_function("lemire_scatter")((-(-width // 256), k), (256,),
+                                       (raw, first, hf, p, np.int32(k), np.int64(width), np.int32(n), counts, starts,
+                                        limits, status, out))
+    return out, status
 
 
 def raw_words(bg, count: int, xp=np, dtype=np.uint64):
@@ -188,16 +393,51 @@ def _leave_generator(bg, state: dict, words, pos: int) -> None:
     """Leave PCG64 ``bg`` (whose state before the draw was ``state``) as NumPy would after handing
     out ``pos`` words of ``words`` (:func:`_next_words`: the kept half ``state["uinteger"]`` first
     when ``state["has_uint32"]``)."""
+    _leave_generator_at(bg, state, pos, lambda i: int(words[i]))
+
+
+def _leave_generator_at(bg, state: dict, pos: int, word) -> None:
+    """:func:`_leave_generator` with ``word(i)`` giving word i of the draw."""
     h0 = int(state["has_uint32"])
     used = pos - h0
     bg.state = state
     bg.advance((used + 1) // 2)  # as many outputs as the words used need (PCG64: one step per output)
     after = bg.state
     if used % 2:
-        after["has_uint32"], after["uinteger"] = 1, int(words[h0 + used])
+        after["has_uint32"], after["uinteger"] = 1, word(h0 + used)
     else:  # NumPy keeps the last half it handed out in the (now unused) buffer
-        after["has_uint32"], after["uinteger"] = 0, int(words[h0 + used - 1]) if used else state["uinteger"]
+        after["has_uint32"], after["uinteger"] = 0, word(h0 + used - 1) if used else state["uinteger"]
     bg.state = after
+
+
+def _word_of(st: "PcgState", i: int) -> int:
+    """Word i of the 32-bit words a generator in state ``st`` hands out (:func:`_next_words`: the kept
+    half first when there is one, then the low and high half of each raw output), from PCG64's
+    jump-ahead on the host (:func:`caramel.ckks.pcg.host_words`)."""
+    from caramel.ckks.pcg import host_words
+
+    if st.has_uint32 and i == 0:
+        return int(st.uinteger)
+    j = i - int(st.has_uint32)
+    return (int(host_words(st.state, st.inc, j // 2, 1)[0]) >> (32 * (j % 2))) & 0xFFFFFFFF
+
+
+def lemire_device(qs, n: int, rng: np.random.Generator, xp):
+    """The draw of :func:`uniform_residues` on the GPU (``xp`` CuPy) by :func:`lemire_state_rows`
+    (one wait, for the number of words used), the generator then left where NumPy leaves it; when
+    the rows leave their windows, :func:`lemire_rows`; None (the generator untouched) where neither
+    applies."""
+    bg = rng.bit_generator
+    state = bg.state
+    if not _replayable(state, qs):
+        return None
+    st = PcgState.of(rng)
+    out, status = lemire_state_rows(qs, n, st, xp)
+    failed, pos = (int(x) for x in (status.get() if hasattr(status, "get") else status))
+    if failed:
+        return lemire_rows(qs, n, rng, xp)
+    _leave_generator_at(bg, state, pos, lambda i: _word_of(st, i))
+    return out
 
 
 def dense_ternary(n: int, rng: np.random.Generator) -> np.ndarray:

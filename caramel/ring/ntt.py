@@ -115,6 +115,13 @@ def primitive_root_2n(q: int, n: int) -> int:
     primitive 2n-th roots are r^j for odd j, r any one of them (r = x^((q-1)/2n) for a non-residue x);
     psi is the least of these n values. Raises ValueError when q != 1 mod 2n or q is not prime.
     """
+    return _root_and_powers(q, n)[0]
+
+
+def _root_and_powers(q: int, n: int) -> tuple[int, int, np.ndarray]:
+    """(psi, k, r_pow): psi of :func:`primitive_root_2n`, r_pow = [r^0, ..., r^(2n-1)] mod q (uint64)
+    for the primitive 2n-th root r it was found from, and k odd with psi = r^k, so that
+    psi^i = r_pow[k i mod 2n] and psi^-i = r_pow[-k i mod 2n]."""
     if n < 1 or (q - 1) % (2 * n):
         raise ArgumentError(f"{q} is not 1 mod 2N = {2 * n}: no primitive 2N-th root of unity")
     for x in range(2, min(q, 1000)):
@@ -123,10 +130,12 @@ def primitive_root_2n(q: int, n: int) -> int:
             break
     else:
         raise ArgumentError(f"no primitive {2 * n}-th root of unity modulo {q} (is it prime?)")
-    odd_powers = _powers(r, 2 * n, q)[1::2]
+    r_pow = _powers(r, 2 * n, q)
+    odd_powers = r_pow[1::2]
     if np.any(odd_powers == 0):
         raise ArgumentError(f"{q} is not prime")
-    return int(odd_powers.min())
+    j = int(odd_powers.argmin())
+    return int(odd_powers[j]), 2 * j + 1, r_pow
 
 
 def _powers(base: int, n: int, q: int) -> np.ndarray:
@@ -168,7 +177,10 @@ class NttTable:
 
     Attributes: ``q``, ``n``, ``psi`` (see primitive_root_2n), ``psi_inv`` = psi^-1 mod q,
     ``n_inv`` = n^-1 mod q, ``psi_powers[k]`` = psi^br(k) and ``psi_inv_powers[k]`` = psi^-br(k) mod q
-    (bit-reversed powers, the twiddles of stage m, group i being entry m + i).
+    (bit-reversed powers, the twiddles of stage m, group i being entry m + i), both gathered from the
+    powers of the root psi was found from (:func:`_root_and_powers`). The host kernels' tables
+    (kernel layout, Shoup quotients) are built on their first use, so a GPU client, which reads only
+    the powers, never builds them.
     """
 
     def __init__(self, q: int, n: int):
@@ -180,24 +192,34 @@ class NttTable:
         self.q = q
         self.n = n
         self.log_n = n.bit_length() - 1
-        self.psi = primitive_root_2n(q, n)
+        self.psi, k, r_pow = _root_and_powers(q, n)
         self.psi_inv = inv_mod(self.psi, q)
         self.n_inv = inv_mod(n, q)
-        br = bit_reverse(n)
-        fw = _powers(self.psi, n, q)[br]
-        iw = _powers(self.psi_inv, n, q)[br]
-        self.psi_powers = fw.astype(np.uint32)
-        self.psi_inv_powers = iw.astype(np.uint32)
+        kbr = bit_reverse(n) * k  # psi^br(j) = r^(k br(j) mod 2n); psi^-br(j) = r^(-k br(j) mod 2n)
+        self.psi_powers = r_pow[kbr & (2 * n - 1)].astype(np.uint32)
+        self.psi_inv_powers = r_pow[-kbr & (2 * n - 1)].astype(np.uint32)
         self._r = _split(self.log_n)
-        qq = np.uint64(q)
-        # Kernel twiddles and their Shoup quotients floor(w * 2^32 / q), as uint32 in kernel layout.
-        self._fw = _kernel_layout(fw, n, self._r).astype(np.uint32)
-        self._fwp = ((self._fw.astype(_U64) << _SHIFT32) // qq).astype(np.uint32)
-        self._iw = _kernel_layout(iw, n, self._r).astype(np.uint32)
-        self._iwp = ((self._iw.astype(_U64) << _SHIFT32) // qq).astype(np.uint32)
         self._n_inv_shoup = (self.n_inv << 32) // q
-        for arr in (self.psi_powers, self.psi_inv_powers, self._fw, self._fwp, self._iw, self._iwp):
+        for arr in (self.psi_powers, self.psi_inv_powers):
             arr.flags.writeable = False  # tables are shared through the Context cache
+
+    def _kernel_table(self, name: str) -> np.ndarray:
+        """A host kernel table, built once: ``_fw``/``_iw`` the forward/inverse twiddles in kernel
+        layout, ``_fwp``/``_iwp`` their Shoup quotients floor(w * 2^32 / q), all uint32, read-only."""
+        got = self.__dict__.get(name)
+        if got is None:
+            w = _kernel_layout((self.psi_powers if name[1] == "f" else self.psi_inv_powers).astype(_U64), self.n, self._r)
+            if name.endswith("p"):
+                w = (w << _SHIFT32) // np.uint64(self.q)
+            got = w.astype(np.uint32)
+            got.flags.writeable = False  # tables are shared through the Context cache
+            self.__dict__[name] = got
+        return got
+
+    _fw = property(lambda self: self._kernel_table("_fw"))
+    _fwp = property(lambda self: self._kernel_table("_fwp"))
+    _iw = property(lambda self: self._kernel_table("_iw"))
+    _iwp = property(lambda self: self._kernel_table("_iwp"))
 
     def __repr__(self) -> str:
         return f"NttTable(q={self.q}, n={self.n}, psi={self.psi})"

@@ -96,3 +96,22 @@ def test_upload_rows_takes_rows_already_on_the_device(small_stage, monkeypatch):
     assert np.array_equal(arena.get(), want)
     with pytest.raises(ValueError, match="shape"):
         small_stage.upload_rows(arena, rows[:1], [cp.zeros(7, dtype=cp.uint32)])
+
+
+def test_pinned_scratch_is_reused_and_upload_pinned_equals_the_host():
+    import cupy as cp
+
+    from caramel.backends.cuda.transfer import pinned_scratch, upload_pinned
+
+    a = pinned_scratch(1000)
+    assert a.dtype == np.uint8 and a.shape == (1000,)
+    b = pinned_scratch(500)
+    assert b.ctypes.data == a.ctypes.data  # the thread's buffer, kept
+    c = pinned_scratch(1 << 20)
+    assert c.shape == (1 << 20,)
+    rows = c[64:64 + 4 * 3 * 1000].view(np.uint32).reshape(3, 1000)
+    rows[:] = np.random.default_rng(1).integers(0, 2**32, size=(3, 1000), dtype=np.uint32)
+    got = upload_pinned(rows)
+    assert isinstance(got, cp.ndarray) and np.array_equal(got.get(), rows)
+    with pytest.raises(ValueError):
+        upload_pinned(rows[:, ::2])

@@ -114,3 +114,29 @@ def test_secret_ntt_cache(rng):
     a = sec.s.ntt(ctx, 3)
     assert a is sec.s.ntt(ctx, 3) and not a.flags.writeable
     assert np.array_equal(ctx.intt(a, 3).astype(np.int64), np.mod(sec.s.coeffs, ctx.q(3)))
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["fresh", "half-kept"])
+def test_redraw_a_from_the_key_state_equals_c1(rng, buffered):
+    """A key records its generator's state before ``a``; :func:`redraw_a` from it gives c1 bit for bit
+    (also when the generator keeps a 32-bit half between draws), without touching ``rng``."""
+    from caramel.ckks.keys import generate_evalkeys, redraw_a
+
+    ctx = context(N)
+    sec = Secrets.generate(N, rng)
+    if buffered:
+        rng.integers(0, 7, dtype=np.uint32)  # leaves a kept 32-bit half in the generator
+    keys = generate_evalkeys(ctx, KEYS, sec, rng)
+    assert any(k.a_state.has_uint32 for k in keys.values()) or not buffered
+    after = rng.bit_generator.state
+    for kid, key in keys.items():
+        assert key.a_state is not None
+        assert np.array_equal(redraw_a(ctx, key.limbs, key.a_state), key.c1), kid
+    assert rng.bit_generator.state == after
+
+
+def test_a_state_is_none_for_other_generators():
+    ctx = context(N)
+    rng = np.random.Generator(np.random.Philox(5))
+    key = generate_evalkey(ctx, KEYS[0], Secrets.generate(N, rng), rng)
+    assert key.a_state is None

@@ -21,6 +21,11 @@ PROGRAMS = Path(__file__).resolve().parents[2] / "programs"
 N = 1024
 
 
+def _key_files(path: Path) -> list[Path]:
+    """The store's key files (c0, and c1 of unseeded keys), not the states file."""
+    return sorted(p for p in (path / "keys").iterdir() if p.name.endswith((".c0.npy", ".c1.npy")))
+
+
 @pytest.fixture(scope="module")
 def program():
     return caramel.load_program(PROGRAMS / "Mul_4L_2c")
@@ -83,7 +88,7 @@ def test_not_a_store(tmp_path, ctx):
 
 def test_tampered_file(store, ctx):
     _, path = store
-    victim = sorted((path / "keys").iterdir())[1]
+    victim = _key_files(path)[-1]
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
@@ -93,7 +98,7 @@ def test_tampered_file(store, ctx):
 
 def test_symlinked_file_is_refused(store, ctx, tmp_path):
     _, path = store
-    victim = sorted((path / "keys").iterdir())[0]
+    victim = _key_files(path)[0]
     copy = tmp_path / "elsewhere.npy"
     copy.write_bytes(victim.read_bytes())
     victim.unlink()
@@ -158,7 +163,7 @@ def test_background_load_equals_the_load(store, ctx):
 
 def test_background_load_of_a_tampered_file_fails_when_read(store, ctx):
     _, path = store
-    victim = sorted((path / "keys").iterdir())[1]
+    victim = _key_files(path)[-1]
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
@@ -173,7 +178,7 @@ def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
     out = tmp_path / "ks"
     prog = str(PROGRAMS / "Mul_4L_2c")
     assert main(["keys", prog, "--n", str(N), "--seed", "3", "--out", str(out), "--device", "cpu", "-q"]) == 0
-    victim = sorted((out / "keys").iterdir())[0]
+    victim = _key_files(out)[0]
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
@@ -182,28 +187,97 @@ def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
     assert "SHA-256 differs" in capsys.readouterr().err
 
 
-def test_keys_copied_to_the_device_by_the_loading_threads(store, ctx, monkeypatch):
-    """``on_device``: every key half is handed to ``_device_copy`` after its digest and range checks
-    (faked here: a tagged copy); a tampered file still fails, and is never copied."""
+class _Copied(np.ndarray):
+    """A host array standing for a device copy (CPU tests of the ``on_device`` path)."""
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """``on_device`` loading on the host: pinned buffers are NumPy buffers, the upload a tagged copy,
+    the device's row maxima NumPy's, the device redraws those of NumPy (the reference of the kernels),
+    tagged. Returns the list of files read into a buffer."""
+    import contextlib
+
+    from caramel.backends.cuda import transfer
     from caramel.ckks import keystore
 
-    class Copied(np.ndarray):
-        pass
+    read = []
 
-    monkeypatch.setattr(keystore, "_device_copy", lambda a: np.array(a).view(Copied))
-    ks, path = store
-    now = load_keys(path, ctx)
-    for background in (False, True):
-        got = load_keys(path, ctx, background=background, on_device=True)
-        for k in now.keys:
-            assert isinstance(got.keys[k].c0, Copied) and isinstance(got.keys[k].c1, Copied)
-            assert np.array_equal(got.keys[k].c0, now.keys[k].c0) and np.array_equal(got.keys[k].c1, now.keys[k].c1)
-    victim = sorted((path / "keys").iterdir())[1]
+    def scratch(nbytes):
+        read.append(nbytes)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    monkeypatch.setattr(transfer, "pinned_scratch", scratch)
+    monkeypatch.setattr(transfer, "upload_pinned", lambda a: np.array(a).view(_Copied))
+    monkeypatch.setattr(transfer, "row_maxima", lambda arena, rows: np.asarray(arena)[rows].max(axis=1))
+    monkeypatch.setattr(keystore, "_thread_stream", contextlib.nullcontext)
+    monkeypatch.setattr(keystore, "_device_xp", lambda: np)
+    draw = keystore.lemire_state_rows
+
+    def tagged(qs, n, st, xp):
+        out, failed = draw(qs, n, st, xp)
+        return out.view(_Copied), failed
+
+    monkeypatch.setattr(keystore, "lemire_state_rows", tagged)
+    return read
+
+
+def test_keys_copied_to_the_device_by_the_loading_threads(many, fake_device, tmp_path):
+    """``on_device``: every key file is read into a (pinned) buffer, its digest checked, copied up and
+    its residues checked there; every seeded c1 drawn by ``_device_redraw``; unseeded c1 files go
+    the same way as c0. A tampered file still fails."""
+    import shutil
+
+    ks, path, c = many
+    full = save_keys(ks, c, tmp_path / "full", seeded=False)
+    for store in (path, full):
+        for background in (False, True):
+            fake_device.clear()
+            got = load_keys(store, c, background=background, on_device=True)
+            for k, key in ks.keys.items():
+                assert isinstance(got.keys[k].c0, _Copied) and isinstance(got.keys[k].c1, _Copied)
+                assert np.array_equal(got.keys[k].c0, key.c0) and np.array_equal(got.keys[k].c1, key.c1)
+            assert len(fake_device) == len(ks.keys) * (1 if store == path else 2)
+    copy = shutil.copytree(path, tmp_path / "bad")
+    victim = _key_files(copy)[-1]
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
     with pytest.raises(KeyStoreError, match="SHA-256"):
-        load_keys(path, ctx, background=True, on_device=True).keys.wait()
+        load_keys(copy, c, background=True, on_device=True).keys.wait()
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_residue_out_of_range_is_refused(many, fake_device, tmp_path, on_device):
+    """A key file whose digest matches (rewritten with its digest) but holds a residue >= q is
+    refused, on the host and (after the copy) on the device."""
+    import hashlib
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    victim = _key_files(copy)[0]
+    arr = np.load(victim)
+    arr[1, 7] = 2**31 + 5
+    np.save(victim, arr, allow_pickle=False)
+    rel = f"keys/{victim.name}"
+    _rewrite_manifest(copy, lambda m: m["sha256"].__setitem__(rel, hashlib.sha256(victim.read_bytes()).hexdigest()))
+    with pytest.raises(KeyStoreError, match="outside"):
+        load_keys(copy, c, on_device=on_device)
+
+
+def test_a_file_shorter_than_its_header_says_is_refused(many, tmp_path):
+    import hashlib
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    victim = _key_files(copy)[0]
+    victim.write_bytes(victim.read_bytes()[:-8])
+    rel = f"keys/{victim.name}"
+    _rewrite_manifest(copy, lambda m: m["sha256"].__setitem__(rel, hashlib.sha256(victim.read_bytes()).hexdigest()))
+    with pytest.raises(KeyStoreError, match="too short"):
+        load_keys(copy, c)
 
 
 @pytest.mark.skipif(not caramel.api.gpu_available(), reason="needs CuPy and a CUDA GPU")
@@ -214,3 +288,196 @@ def test_keys_loaded_onto_the_gpu_equal_the_host_keys(store, ctx):
     for k in now.keys:
         assert not isinstance(got.keys[k].c0, np.ndarray)
         assert np.array_equal(got.keys[k].c0.get(), now.keys[k].c0) and np.array_equal(got.keys[k].c1.get(), now.keys[k].c1)
+
+
+# Format 2: seeded keys (c0 and the generator state of c1 = a).
+
+
+def _rewrite_manifest(path: Path, change) -> None:
+    m = json.loads((path / MANIFEST).read_text())
+    change(m)
+    (path / MANIFEST).write_text(json.dumps(m))
+
+
+def _keys_equal(got, want) -> None:
+    assert set(got.keys) == set(want.keys)
+    for k, key in want.keys.items():
+        assert got.keys[k].limbs == key.limbs
+        assert np.array_equal(got.keys[k].c0, key.c0) and np.array_equal(got.keys[k].c1, key.c1), k
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """A key set of several keys (rotations, conjugation, bootstrap) and its seeded store."""
+    prog = caramel.load_program(PROGRAMS / "BootstrapModRaise_4L_2c")
+    c = Context(n=N)
+    ks = generate_keyset(prog, c, 4)
+    return ks, save_keys(ks, c, tmp_path_factory.mktemp("many") / "ks", key_seed=4, program=prog.name), c
+
+
+def test_seeded_store_holds_c0_and_states_only(many):
+    from caramel.ckks.keystore import A_STATES, VERSION
+
+    ks, path, c = many
+    names = sorted(p.name for p in (path / "keys").iterdir())
+    assert len(ks.keys) > 1 and names == sorted([f"{i:04d}.c0.npy" for i in range(len(ks.keys))] + ["a_states.npy"])
+    m = json.loads((path / MANIFEST).read_text())
+    assert m["version"] == VERSION == 2 and m["a_states"] == A_STATES and A_STATES in m["sha256"]
+    assert sorted(e["a_state"] for e in m["keys"]) == list(range(len(ks.keys)))
+    back = load_keys(path, c)
+    _keys_equal(back, ks)  # c1 drawn again equals the generated c1, limb for limb
+    assert all(back.keys[k].a_state == key.a_state for k, key in ks.keys.items())
+    # the same keys generated afresh from the key seed
+    _keys_equal(back, generate_keyset(caramel.load_program(PROGRAMS / "BootstrapModRaise_4L_2c"), c, 4))
+
+
+def test_unseeded_and_format_1_stores_still_load(many, tmp_path):
+    ks, _, c = many
+    path = save_keys(ks, c, tmp_path / "full", seeded=False)
+    assert len(list((path / "keys").glob("*.c1.npy"))) == len(ks.keys)
+    _keys_equal(load_keys(path, c), ks)
+
+    def to_v1(m):
+        m["version"] = 1
+        del m["a_states"]
+
+    _rewrite_manifest(path, to_v1)  # what format 1 wrote
+    _keys_equal(load_keys(path, c), ks)
+    assert all(k.a_state is None for k in load_keys(path, c).keys.values())
+
+
+def test_resaving_a_loaded_store_keeps_it_seeded(many, tmp_path):
+    ks, path, c = many
+    again = save_keys(load_keys(path, c), c, tmp_path / "again")
+    assert not list((again / "keys").glob("*.c1.npy"))
+    _keys_equal(load_keys(again, c), ks)
+
+
+def test_key_without_a_state_keeps_its_c1_file(tmp_path, ctx):
+    """A key from a generator other than PCG64 has no state: its c1 is stored as limbs."""
+    from caramel.ckks.keys import Secrets, generate_evalkey
+    from caramel.ckks.keyset import KeySet
+    from caramel.program import EvalKeyId, KeyType
+
+    rng = np.random.Generator(np.random.Philox(2))
+    sec = Secrets.generate(N, rng)
+    kid = EvalKeyId(KeyType.RELIN, 3, 2, 0, (0, 2))
+    ks = KeySet(sec, {kid: generate_evalkey(ctx, kid, sec, rng)})
+    path = save_keys(ks, ctx, tmp_path / "philox")
+    assert json.loads((path / MANIFEST).read_text())["a_states"] is None
+    _keys_equal(load_keys(path, ctx), ks)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_tampered_states_file_fails_at_once(many, tmp_path, background):
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    victim = copy / "keys" / "a_states.npy"
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(KeyStoreError, match="a_states.npy: SHA-256 differs"):
+        load_keys(copy, c, background=background)
+
+
+def _states_rewritten(path: Path, change) -> None:
+    """Rewrite the states file through ``change`` (and its digest, as a forger would)."""
+    import hashlib
+    import io
+
+    arr = np.load(path / "keys" / "a_states.npy")
+    arr = change(arr)
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    (path / "keys" / "a_states.npy").write_bytes(buf.getvalue())
+    _rewrite_manifest(path, lambda m: m["sha256"].__setitem__("keys/a_states.npy", hashlib.sha256(buf.getvalue()).hexdigest()))
+
+
+@pytest.mark.parametrize("case, change, message", [
+    ("even inc", lambda a: (a.__setitem__((0, 3), a[0, 3] ^ np.uint64(1)), a)[1], "not a PCG64 state"),
+    ("wrong width", lambda a: a[:, :5].copy(), r"expected uint64 \(keys, 6\)"),
+    ("wrong dtype", lambda a: a.astype(np.int64), r"expected uint64"),
+    ("too few rows", lambda a: a[:1].copy(), "not a row of the states file"),
+])
+def test_bad_states_are_clear_errors(many, tmp_path, case, change, message):
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    _states_rewritten(copy, change)
+    with pytest.raises(KeyStoreError, match=message):
+        load_keys(copy, c)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.__setitem__("version", 3), "reads versions 1, 2"),
+    (lambda m: m.__setitem__("version", 1), "format version 1 has no a_states"),
+    (lambda m: m["keys"][0].__setitem__("a_state", None), "neither a c1 file nor an a_state"),
+    (lambda m: m["keys"][0].__setitem__("a_state", "0"), "not a row of the states file"),
+    (lambda m: m.__setitem__("a_states", "keys/../../x.npy"), "bad or undigested file name"),
+])
+def test_bad_format_2_manifests_are_clear_errors(many, tmp_path, change, message):
+    import shutil
+
+    _, path, c = many
+    copy = shutil.copytree(path, tmp_path / "ks")
+    _rewrite_manifest(copy, change)
+    with pytest.raises(KeyStoreError, match=message):
+        load_keys(copy, c)
+
+
+def test_cli_run_with_a_tampered_states_file_exits_2(tmp_path, capsys):
+    out = tmp_path / "ks"
+    prog = str(PROGRAMS / "Mul_4L_2c")
+    assert main(["keys", prog, "--n", str(N), "--seed", "3", "--out", str(out), "--device", "cpu", "-q"]) == 0
+    victim = out / "keys" / "a_states.npy"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
+    assert "SHA-256 differs" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not caramel.api.gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_seeded_keys_drawn_again_on_the_gpu_equal_the_generated_keys(many):
+    """``on_device``: c1 of every seeded key is drawn on the GPU (PCG64 words there), limb for limb
+    the generated c1; c0 copied up unchanged."""
+    ks, path, c = many
+    for background in (True, False):
+        got = load_keys(path, c, background=background, on_device=True)
+        for k, key in ks.keys.items():
+            assert not isinstance(got.keys[k].c1, np.ndarray)
+            assert np.array_equal(got.keys[k].c1.get(), key.c1) and np.array_equal(got.keys[k].c0.get(), key.c0), k
+
+
+def test_a_device_redraw_that_left_its_window_is_drawn_on_the_host(many, fake_device, monkeypatch):
+    from caramel.ckks import keystore
+
+    ks, path, c = many
+    calls = []
+
+    def failing(qs, n, st, xp):
+        calls.append(len(qs))
+        return np.zeros((len(qs), n), dtype=np.uint32), np.array([1, 0], dtype=np.int64)
+
+    monkeypatch.setattr(keystore, "lemire_state_rows", failing)
+    got = load_keys(path, c, background=True, on_device=True)
+    _keys_equal(got, ks)
+    assert len(calls) == len(ks.keys)
+
+
+def test_a_device_redraw_error_reaches_the_caller(many, fake_device, monkeypatch):
+    from caramel.ckks import keystore
+
+    _, path, c = many
+
+    def broken(qs, n, st, xp):
+        raise RuntimeError("device gone")
+
+    monkeypatch.setattr(keystore, "lemire_state_rows", broken)
+    got = load_keys(path, c, background=True, on_device=True)
+    with pytest.raises(RuntimeError, match="device gone"):
+        got.keys.wait()

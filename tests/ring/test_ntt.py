@@ -94,6 +94,28 @@ def test_table_powers():
     assert t.n_inv * 64 % t.q == 1 and t.psi * t.psi_inv % t.q == 1
 
 
+@pytest.mark.parametrize("n, limb", [(64, 5), (1024, 0), (65536, 63)])
+def test_tables_equal_the_formulas(n, limb):
+    """Powers gathered from the root's powers and the host kernel tables (built on first use) equal
+    the powers of psi by Python's pow, the least odd power psi, and the kernel layout and Shoup
+    quotients computed from them directly."""
+    from caramel.ring.ntt import _kernel_layout, _split
+
+    q = PRIMES[limb]
+    t = NttTable(q, n)
+    r = next(pow(x, (q - 1) // (2 * n), q) for x in range(2, 1000) if pow(pow(x, (q - 1) // (2 * n), q), n, q) == q - 1)
+    assert t.psi == min(pow(r, 2 * j + 1, q) for j in range(n)) if n <= 1024 else pow(t.psi, n, q) == q - 1
+    br = bit_reverse(n)
+    pick = np.random.default_rng(n).integers(0, n, size=200)
+    assert [int(t.psi_powers[i]) for i in pick] == [pow(t.psi, int(br[i]), q) for i in pick]
+    assert [int(t.psi_inv_powers[i]) for i in pick] == [pow(t.psi_inv, int(br[i]), q) for i in pick]
+    for name, w in (("_fw", t.psi_powers), ("_iw", t.psi_inv_powers)):
+        lay = _kernel_layout(w.astype(np.uint64), n, _split(n.bit_length() - 1))
+        assert np.array_equal(getattr(t, name), lay) and not getattr(t, name).flags.writeable
+        assert np.array_equal(getattr(t, name + "p"), [(int(x) << 32) // q for x in lay])
+        assert getattr(t, name) is getattr(t, name)  # built once
+
+
 @pytest.mark.parametrize(
     "n,limbs",
     [

@@ -11,7 +11,10 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
   result as CuPy's fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device
   staging buffer; rows of the list already on the GPU (the GPU client's keys) are copied there;
 * :func:`row_maxima`: the largest value of each of some arena rows (a device reduction), for the
-  range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`).
+  range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`);
+* :func:`pinned_scratch` and :func:`upload_pinned`: a thread's reused pinned buffer that a file is
+  read into, and its bytes copied to a new device array at the pinned speed (the key store's
+  files, :func:`caramel.ckks.keystore.load_keys`).
 
 Both run on the current CUDA stream and return when the host side is done (``download``: the data is
 on the host; ``upload_rows``: every chunk is queued and the host buffers may be reused, the last
@@ -246,4 +249,34 @@ def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
     return out.get()
 
 
-__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "row_maxima", "upload_rows"]
+def pinned_scratch(nbytes: int) -> np.ndarray:
+    """The calling thread's pinned host buffer for the current device, as ``nbytes`` uint8 (kept for
+    the thread's next call, grown when a call needs more): files read into it go to the device by
+    :func:`upload_pinned` without the driver's pageable staging."""
+    cp = _cp()
+    per_device = _local.__dict__.setdefault("scratch", {})
+    device = cp.cuda.runtime.getDevice()
+    got = per_device.get(device)
+    if got is None or got[1].shape[0] < nbytes:
+        mem = cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        got = per_device[device] = (mem, np.frombuffer(mem, dtype=np.uint8, count=max(nbytes, 1)))
+    return got[1][:nbytes]
+
+
+def upload_pinned(host: np.ndarray):
+    """A new device array equal to the C-contiguous ``host`` (a view of pinned memory, such as
+    :func:`pinned_scratch`'s), copied on the current stream; returns when the copy is done (the
+    host buffer may then be reused)."""
+    cp = _cp()
+    if not host.flags.c_contiguous:
+        raise ValueError("upload_pinned needs a C-contiguous host array")
+    out = cp.empty(host.shape, dtype=host.dtype)
+    stream = cp.cuda.get_current_stream()
+    if host.nbytes:
+        cp.cuda.runtime.memcpyAsync(out.data.ptr, host.ctypes.data, host.nbytes, _H2D, stream.ptr)
+    stream.synchronize()
+    return out
+
+
+__all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "pinned_scratch", "row_maxima",
+           "upload_pinned", "upload_rows"]

@@ -1,0 +1,208 @@
+"""caramel.ckks.sampling: the PCG64 state a key store keeps (PcgState)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from caramel.ckks.sampling import PcgState
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_state_generator_draws_what_the_captured_one_draws(kept):
+    rng = np.random.default_rng(11)
+    if kept:
+        rng.integers(0, 5, dtype=np.uint32)
+    st = PcgState.of(rng)
+    assert st.has_uint32 == int(kept)
+    again = st.generator()
+    assert again.bit_generator.state == rng.bit_generator.state
+    q = np.array([[268042241], [204865537]], dtype=np.int64)
+    assert np.array_equal(again.integers(0, q, size=(2, 64)), rng.integers(0, q, size=(2, 64)))
+
+
+def test_words_round_trip_and_refusals():
+    st = PcgState.of(np.random.default_rng([3, 4]))
+    w = st.words()
+    assert w.dtype == np.uint64 and w.shape == (PcgState.WORDS,)
+    assert PcgState.from_words(w) == st
+    for bad in ([*w[:3], w[3] ^ np.uint64(1), *w[4:]],  # even increment
+                [*w[:4], 2, w[5]],  # has_uint32 not 0/1
+                list(w[:5])):  # too short
+        with pytest.raises(ValueError):
+            PcgState.from_words(bad)
+
+
+def test_other_generators_have_no_state():
+    assert PcgState.of(np.random.Generator(np.random.Philox(1))) is None
+
+
+# Bounded draws from a stored state (lemire_state_rows): the NumPy reference and the CUDA kernels.
+
+import shutil
+import subprocess
+
+from caramel.ckks import sampling
+from caramel.ckks.sampling import lemire_state_rows
+from caramel.ring import Context
+
+
+def _draw_case(seed: int, kept: bool, step: int, n: int):
+    rng = np.random.default_rng(seed)
+    if kept:
+        rng.integers(0, 5, dtype=np.uint32)
+    ctx = Context(n=n)
+    qs = [ctx.q(l) for l in range(0, 64, step)]
+    st = PcgState.of(rng)
+    want = rng.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
+    return qs, st, want.astype(np.uint32)
+
+
+@pytest.mark.parametrize("seed, kept, step, n", [(0, False, 1, 1024), (1, True, 1, 1024), (2, True, 7, 4096),
+                                                 (3, False, 64, 256)])
+def test_state_rows_equal_numpy_integers(seed, kept, step, n):
+    qs, st, want = _draw_case(seed, kept, step, n)
+    out, status = lemire_state_rows(qs, n, st)
+    assert status[0] == 0 and np.array_equal(out, want)
+    rng = st.generator()
+    rng.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
+    again = st.generator()  # the words used leave a generator where NumPy's draw leaves it
+    sampling._leave_generator_at(again.bit_generator, again.bit_generator.state, int(status[1]),
+                                 lambda i: sampling._word_of(st, i))
+    assert again.bit_generator.state == rng.bit_generator.state
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_word_of_equals_the_words_numpy_hands_out(kept):
+    rng = np.random.default_rng(12)
+    if kept:
+        rng.integers(0, 5, dtype=np.uint32)
+    st = PcgState.of(rng)
+    words = sampling._next_words(rng.bit_generator, rng.bit_generator.state, 9)
+    assert [sampling._word_of(st, i) for i in range(9)] == [int(w) for w in words[:9]]
+
+
+def test_lemire_device_leaves_the_generator_as_numpy(monkeypatch):
+    """The GPU path of uniform_residues (lemire_device), run on NumPy arrays: the same values and the
+    generator where ``integers`` leaves it, also through the fallback when a window is missed."""
+    ctx = Context(n=1024)
+    qs = [ctx.q(l) for l in range(0, 64, 3)]
+    for fail in (False, True):
+        if fail:
+            monkeypatch.setattr(sampling, "lemire_state_rows",
+                                lambda qs, n, st, xp: (np.zeros((len(qs), n), np.uint32), np.array([1, 0])))
+        a, b = np.random.default_rng(13), np.random.default_rng(13)
+        a.integers(0, 5, dtype=np.uint32), b.integers(0, 5, dtype=np.uint32)
+        got = sampling.lemire_device(qs, 1024, a, np)
+        want = b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), 1024), dtype=np.int64)
+        assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
+
+
+def test_state_rows_report_a_window_too_short(monkeypatch):
+    qs, st, _ = _draw_case(4, False, 1, 1024)
+    monkeypatch.setattr(sampling, "_lemire_windows", lambda qs, n: (np.arange(len(qs), dtype=np.int64) * n, n))
+    assert lemire_state_rows(qs, 1024, st)[1][0] == 1
+
+
+_EMULATION = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+#define __restrict__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+struct Dim { int x = 0, y = 0; };
+static Dim blockIdx, blockDim;
+thread_local Dim threadIdx;
+static std::barrier<>* bar;
+#define __syncthreads() bar->arrive_and_wait()
+"""
+_MAIN = r"""
+int main(int argc, char** argv) {
+    FILE* f = fopen(argv[1], "rb");
+    long long hdr[6];  // raw words, first, has_first, k, width, n
+    fread(hdr, 8, 6, f);
+    const long long nraw = hdr[0], k = hdr[3], width = hdr[4], n = hdr[5];
+    std::vector<unsigned> raw(nraw);
+    std::vector<long long> p(3 * k);
+    fread(raw.data(), 4, nraw, f);
+    fread(p.data(), 8, 3 * k, f);
+    fclose(f);
+    std::vector<int> counts(k * width);
+    std::vector<long long> starts(k), limits(k);
+    std::vector<unsigned> out(k * n, 0);
+    long long status[2] = {1, 0};
+    const int threads = 8;  // emulated block of 8 threads (the kernel takes any block size up to 1024)
+    blockDim.x = threads;
+    std::barrier<> b(threads);
+    bar = &b;
+    for (int r = 0; r < k; ++r) {
+        blockIdx.x = r;
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, t] { threadIdx.x = t; lemire_counts(raw.data(), (unsigned)hdr[1], (int)hdr[2], p.data(), (int)k, width, counts.data()); });
+        for (auto& t : ts) t.join();
+    }
+    blockDim.x = 1; threadIdx.x = 0; blockIdx.x = 0;
+    lemire_chain(counts.data(), p.data(), (int)k, width, (int)n, starts.data(), limits.data(), status);
+    blockDim.x = 32;
+    for (int r = 0; r < k; ++r)
+        for (long long bx = 0; bx * 32 < width; ++bx)
+            for (int t = 0; t < 32; ++t) {
+                blockIdx.x = (int)bx; blockIdx.y = r; threadIdx.x = t;
+                lemire_scatter(raw.data(), (unsigned)hdr[1], (int)hdr[2], p.data(), (int)k, width, (int)n, counts.data(),
+                               starts.data(), limits.data(), status, out.data());
+            }
+    printf("%lld %lld\n", status[0], status[1]);
+    fwrite(out.data(), 4, k * n, stdout);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_kernel_source_equals_numpy_integers(tmp_path):
+    """The CUDA kernels of lemire_state_rows compiled for the host (threads of a block as C++ threads
+    with a barrier for __syncthreads), fed the same words, give NumPy's draw."""
+    src = tmp_path / "lemire.cpp"
+    src.write_text(_EMULATION + sampling._LEMIRE_SOURCE.replace('extern "C"', "") + _MAIN)
+    exe = tmp_path / "lemire"
+    got = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-o", str(exe), str(src)], capture_output=True, text=True)
+    if got.returncode and "barrier" in got.stderr:
+        pytest.skip("the host compiler has no std::barrier")
+    assert got.returncode == 0, got.stderr
+    for seed, kept, step, n in ((5, True, 1, 1024), (6, False, 5, 2048)):
+        qs, st, want = _draw_case(seed, kept, step, n)
+        lo, width = sampling._lemire_windows(qs, n)
+        need = int(lo[-1]) + width
+        raw = st.generator().bit_generator.random_raw((need - st.has_uint32 + 1) // 2).view(np.uint32)
+        thr = [2**32 % q for q in qs]
+        data = tmp_path / "in.bin"
+        data.write_bytes(np.array([raw.size, st.uinteger if st.has_uint32 else 0, st.has_uint32, len(qs), width, n],
+                                  dtype=np.int64).tobytes() + raw.tobytes()
+                         + np.concatenate([lo, np.array(qs + thr, dtype=np.int64)]).tobytes())
+        res = subprocess.run([str(exe), str(data)], check=True, capture_output=True).stdout
+        head, body = res.split(b"\n", 1)
+        assert head.split() == [b"0", str(int(lemire_state_rows(qs, n, st)[1][1])).encode()]
+        assert np.array_equal(np.frombuffer(body, dtype=np.uint32).reshape(len(qs), n), want)
+
+
+def test_state_rows_on_the_gpu_equal_numpy_integers():
+    cupy = pytest.importorskip("cupy")
+    from caramel.api import gpu_available
+
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    for seed, kept, step, n in ((7, True, 1, 65536), (8, False, 3, 4096), (9, True, 64, 1024)):
+        qs, st, want = _draw_case(seed, kept, step, n)
+        out, status = lemire_state_rows(qs, n, st, cupy)
+        assert status.get().tolist() == lemire_state_rows(qs, n, st)[1].tolist() and np.array_equal(out.get(), want)
+        a = st.generator()
+        got = sampling.lemire_device(qs, n, a, cupy)
+        b = st.generator()
+        b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
+        assert np.array_equal(got.get(), want) and a.bit_generator.state == b.bit_generator.state
