@@ -379,7 +379,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.dot and program.instruction_count > DOT_MAX_NODES:  # before any work or any file
         raise CaramelError(f"--dot: {program.name} has {program.instruction_count} instructions, too many for "
                            f"Graphviz (limit {DOT_MAX_NODES}); use --dag-json")
-    plan = build_plan(program, fuse=not args.no_fuse)
+    plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=not args.no_ntt_fuse)
     if not _emit_json(args, plan.to_json()):
         print(plan_report(plan, program, n=args.n))
     if args.dag_json or args.dot:
@@ -614,6 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures (default 65536)")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per instruction (the unfused baseline)")
+    p.add_argument("--no-ntt-fuse", action="store_true",
+                   help="no fusion across NTT boundaries (a lift, mod or base conversion computed in the NTT's load)")
     _add_json(p, "the plan (kernels, rows, buffers)")
     p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG to FILE as networkx "
                    "node-link JSON (networkx.node_link_graph(json.load(f), edges='edges') reloads it)")
