@@ -68,11 +68,12 @@ def planner_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt: bool = True) -> dict:
+def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True) -> dict:
+    from caramel.plan.fusion import ntt_load_kinds
     from caramel.version import __version__
 
     return {"format": FORMAT_VERSION, "caramel": __version__, "program": key, "planner": planner_fingerprint(),
-            "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": bool(fuse_ntt)}
+            "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": sorted(k.value for k in ntt_load_kinds(fuse_ntt))}
 
 
 def entry_path(folder: Path, meta: dict) -> Path:
@@ -248,7 +249,7 @@ def from_bytes(data: bytes, meta: dict, name: str):
 
 
 def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, cache: bool = True,
-                fuse_ntt: bool = True):
+                fuse_ntt=True):
     """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's

@@ -10,8 +10,8 @@ Three steps, each linear in the number of operations:
    growing at ``max_inputs`` vector inputs. Every remaining operation (a tree, an NTT, a
    base conversion, a communication...) is a :class:`Unit`, in program order.
    :func:`fuse_ntt_loads` then fuses across NTT boundaries: a forward NTT whose input limb was
-   written by a ``SUD_LIFT``, ``MOD`` or ``BASECONV`` row (on the NTT's prime), is read by nothing
-   else and is not stored computes that row in its load (a :class:`~caramel.plan.kernel.Prologue`);
+   written by a ``SUD_LIFT``, ``MOD`` or ``BASECONV`` row (on the NTT's prime; the kinds chosen, by
+   default :data:`DEFAULT_NTT_LOADS`), is read by nothing else and is not stored computes that row in its load (a :class:`~caramel.plan.kernel.Prologue`);
    the limb disappears (no buffer, no traffic), and so does the producer once none of its outputs
    is left (a conversion keeps the outputs that other rows read).
 2. :func:`levels` gives every unit its level in the whole-program DAG: one more than the highest
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from caramel.errors import DeadlockError
+from caramel.errors import ArgumentError, DeadlockError
 from caramel.program import Opcode, Stream
 from caramel.plan.kernel import Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
 
@@ -151,6 +151,34 @@ def fuse(
 #: The kinds whose row an NTT may compute in its load (:func:`fuse_ntt_loads`).
 PROLOGUE_KINDS = (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
 
+#: The loads a plan fuses by default (``build_plan(fuse_ntt=True)``): the lift and ``mod``. The
+#: converting load (``BASECONV``) is built, bit-exact and tested on every backend, but measured
+#: slower on the GPU, whose NTT is arithmetic-bound (docs/PERFORMANCE.md, session 7): every output
+#: prime repeats the conversion's per-input products. ``fuse_ntt="all"`` adds it.
+DEFAULT_NTT_LOADS = frozenset({Kind.SUD_LIFT, Kind.MOD})
+
+
+def ntt_load_kinds(fuse_ntt) -> frozenset[Kind]:
+    """The producer kinds that NTT loads compute for the build option ``fuse_ntt``: True, the
+    defaults (:data:`DEFAULT_NTT_LOADS`); False or None, none; ``"all"``, every one of
+    :data:`PROLOGUE_KINDS`; ``"none"``; or a collection (or comma-separated string) of those kinds or
+    their names (``"sud_lift,mod,baseconv"``). Anything else raises :class:`ArgumentError`."""
+    if fuse_ntt is True:
+        return DEFAULT_NTT_LOADS
+    if fuse_ntt is False or fuse_ntt is None or fuse_ntt == "none":
+        return frozenset()
+    if fuse_ntt == "all":
+        return frozenset(PROLOGUE_KINDS)
+    items = fuse_ntt.split(",") if isinstance(fuse_ntt, str) else fuse_ntt
+    names = {k.value: k for k in PROLOGUE_KINDS}
+    try:
+        out = frozenset(x if isinstance(x, Kind) else names[str(x).strip()] for x in items if str(x).strip())
+    except (KeyError, TypeError):
+        raise ArgumentError(f"NTT loads must be 'all', 'none' or among {', '.join(names)}, not {fuse_ntt!r}") from None
+    if not out <= frozenset(PROLOGUE_KINDS):
+        raise ArgumentError(f"NTT loads must be among {', '.join(names)}, not {fuse_ntt!r}")
+    return out
+
 
 def _prologue(src: Unit, b: int) -> tuple[Prologue, int, int | None] | None:
     """The prologue that computes buffer ``b`` written by unit ``src``: (prologue, the prime of
@@ -165,9 +193,9 @@ def _prologue(src: Unit, b: int) -> tuple[Prologue, int, int | None] | None:
     return None
 
 
-def fuse_ntt_loads(units: list[Unit], pinned: set[int]) -> list[Unit]:
+def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) -> list[Unit]:
     """Fusion across NTT boundaries (see the module docstring): every NTT unit whose one input is
-    written by a unit of :data:`PROLOGUE_KINDS` on the NTT's prime, read by no other unit (each
+    written by a unit of ``kinds`` (among :data:`PROLOGUE_KINDS`) on the NTT's prime, read by no other unit (each
     reader counted once, communication included) and not in ``pinned`` reads that unit's inputs
     instead, with the :class:`~caramel.plan.kernel.Prologue` as its batching key. The producer
     loses that output (a conversion keeps its other outputs, under the key of the outputs left)
@@ -177,7 +205,7 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int]) -> list[Unit]:
     for j, u in enumerate(units):
         for b in set(u.ins):
             readers[b] = readers.get(b, 0) + 1
-        if u.kind in PROLOGUE_KINDS:
+        if u.kind in kinds and u.kind in PROLOGUE_KINDS:
             for b in u.outs:
                 producer[b] = j
     out: list[Unit | None] = list(units)

@@ -137,17 +137,19 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 # ---------------------------------------------------------------------------------------------- build
 
 
-def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, fuse_ntt: bool = True) -> Plan:
+def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, fuse_ntt=True) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
-    fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`; with ``fuse`` and
-    ``fuse_ntt`` only), levels over the whole program and batching (:mod:`caramel.plan.fusion`).
+    fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
+    ``fuse_ntt`` True for the default loads, False for none, ``"all"`` or the kinds, see
+    :func:`~caramel.plan.fusion.ntt_load_kinds`), levels over the whole program and batching (:mod:`caramel.plan.fusion`).
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
+    loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
     with no_gc():
-        return _build(program, fuse, max_inputs, fuse_ntt)
+        return _build(program, fuse, max_inputs, loads)
 
 
-def _build(program: Program, fuse: bool, max_inputs: int, fuse_ntt: bool = True) -> Plan:
+def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset()) -> Plan:
     marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
@@ -158,7 +160,7 @@ def _build(program: Program, fuse: bool, max_inputs: int, fuse_ntt: bool = True)
     for c, (ops, _, n) in zip(chips, lowered):
         pinned = {c.buf[v] for v in c.stores.values()}
         us = fusion.fuse(ops, pinned, n, enable=fuse, max_inputs=max_inputs)
-        units.append(fusion.fuse_ntt_loads(us, pinned) if fuse and fuse_ntt else us)
+        units.append(fusion.fuse_ntt_loads(us, pinned, loads) if loads else us)
     marks.append(time.perf_counter())
     levels = fusion.levels(units, [c.stream for c in chips])
     kernels = [

@@ -126,3 +126,26 @@ def test_bad_arguments_are_refused(pair):
         dntt.ntt_prologue(ring, dev, "intt", i32([[0]]), i32([1]), i32([0]), i32([0]), Mode.EXACT)
     with pytest.raises(ValueError):  # a conversion without its tables
         dntt.ntt_prologue(ring, dev, "baseconv", i32([[0, 1]]), i32([2]), i32([0]), i32([0]), Mode.EXACT)
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("name", ["Mul_4L_1c", "BootstrapModRaise_4L_2c", "PolyX8_4L_4c"])
+def test_plans_with_every_load_on_the_gpu(pair, mode, name):
+    """Plans whose NTTs compute every kind of load (``fuse_ntt="all"``), run through CupyBackend,
+    bit-identical to the reference interpreter."""
+    from pathlib import Path
+
+    from caramel.backends.cuda.backend import CupyBackend
+    from caramel.execute.drive import run_plan
+    from caramel.execute.reference import run_reference
+    from caramel.parse import load_program
+    from caramel.plan import build_plan
+    from tests.plan.plan_helpers import random_memory, store_mismatches
+
+    ctx, _ = pair
+    program = load_program(Path(__file__).resolve().parents[2] / "programs" / name)
+    plan = build_plan(program, fuse_ntt="all")
+    assert any(k.prologue is not None for c in plan.chips for k in c.kernels)
+    memory = random_memory(program, ctx, seed=11)
+    have = run_plan(plan, ctx, memory, mode, backend=CupyBackend)
+    assert not store_mismatches(run_reference(program, ctx, memory, mode), have)

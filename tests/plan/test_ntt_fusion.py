@@ -15,7 +15,8 @@ from caramel.backends.numpy_backend import NumpyBackend, prologue_limbs
 from caramel.execute.drive import run_plan
 from caramel.execute.reference import run_reference
 from caramel.plan import Kind, Row, build_plan, plan_report, plan_stats
-from caramel.plan.fusion import Unit, fuse_ntt_loads
+from caramel.errors import ArgumentError
+from caramel.plan.fusion import DEFAULT_NTT_LOADS, Unit, fuse_ntt_loads, ntt_load_kinds
 from caramel.plan.kernel import Kernel, Prologue
 from caramel.ring import Context, Mode
 
@@ -103,7 +104,7 @@ def test_converting_load_traffic_counts_each_input_once():
 @pytest.mark.parametrize("name", FUSED_CORPUS)
 def test_removed_limbs_were_written_once_read_once_and_not_stored(name):
     program = load_corpus(name)
-    fused, plain = build_plan(program), build_plan(program, fuse_ntt=False)
+    fused, plain = build_plan(program, fuse_ntt="all"), build_plan(program, fuse_ntt=False)
     assert fused_rows(fused), f"{name}: nothing fused"
     assert not fused_rows(plain)
     for cf, cp in zip(fused.chips, plain.chips):
@@ -126,15 +127,28 @@ def test_removed_limbs_were_written_once_read_once_and_not_stored(name):
 
 
 def test_off_switch_and_unfused_plans_have_no_prologue():
-    program = load_corpus("Relin2_10L_2c")
-    assert fused_rows(build_plan(program))
+    program = load_corpus("Mul_4L_1c")
+    assert set(fused_rows(build_plan(program, fuse_ntt="all"))) == {Kind.BASECONV, Kind.SUD_LIFT}
+    assert set(fused_rows(build_plan(program))) == {Kind.SUD_LIFT}  # the default loads: no conversion
+    assert set(fused_rows(build_plan(program, fuse_ntt="baseconv"))) == {Kind.BASECONV}
     assert not fused_rows(build_plan(program, fuse_ntt=False))
-    assert not fused_rows(build_plan(program, fuse=False))
+    assert not fused_rows(build_plan(program, fuse_ntt="none"))
+    assert not fused_rows(build_plan(program, fuse=False, fuse_ntt="all"))
+
+
+def test_load_kinds_option():
+    assert ntt_load_kinds(True) == DEFAULT_NTT_LOADS == {Kind.SUD_LIFT, Kind.MOD}
+    assert ntt_load_kinds("all") == {Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV}
+    assert ntt_load_kinds(False) == ntt_load_kinds("none") == ntt_load_kinds("") == frozenset()
+    assert ntt_load_kinds("mod, baseconv") == ntt_load_kinds([Kind.MOD, "baseconv"]) == {Kind.MOD, Kind.BASECONV}
+    for bad in ("ntt", ["elementwise"], [Kind.INTT], 3):
+        with pytest.raises(ArgumentError):
+            ntt_load_kinds(bad)
 
 
 def test_report_prints_the_fused_rows_and_lower_traffic():
     program = load_corpus("Relin2_10L_2c")
-    fused, plain = build_plan(program), build_plan(program, fuse_ntt=False)
+    fused, plain = build_plan(program, fuse_ntt="all"), build_plan(program, fuse_ntt=False)
     sf, sp = plan_stats(fused), plan_stats(plain)
     assert sf["plan_bytes"] < sp["plan_bytes"] and sp["ntt_prologue_rows"] == {}
     assert sum(sf["ntt_prologue_rows"].values()) == sum(fused_rows(fused).values())
@@ -149,10 +163,14 @@ def test_bootstraplike_51_traffic_target():
     if not (PROGRAMS / "BootstrapLike_51L.tar.xz").exists():
         pytest.skip("BootstrapLike_51L.tar.xz not found")
     program = load_corpus("BootstrapLike_51L_1c")
-    fused, plain = plan_stats(build_plan(program)), plan_stats(build_plan(program, fuse_ntt=False))
+    plain = plan_stats(build_plan(program, fuse_ntt=False))
+    fused = plan_stats(build_plan(program, fuse_ntt="all"))
+    default = plan_stats(build_plan(program))
     assert round(plain["plan_bytes"] / GIB, 1) == 45.1
     assert fused["plan_bytes"] / GIB <= 40.6
     assert fused["ntt_prologue_rows"] == {"baseconv": 13095, "sud_lift": 3906, "mod": 106}
+    assert default["ntt_prologue_rows"] == {"sud_lift": 3906, "mod": 106}
+    assert round(default["plan_bytes"] / GIB, 1) == 43.2
 
 
 # --------------------------------------------------------------------------- the same bits
@@ -164,7 +182,7 @@ def test_fused_plan_equals_unfused_plan_and_reference(name, mode):
     program = load_corpus(name)
     ctx = context(1024)
     memory = random_memory(program, ctx, seed=3)
-    fused = run_plan(build_plan(program), ctx, memory, mode)
+    fused = run_plan(build_plan(program, fuse_ntt="all"), ctx, memory, mode)
     plain = run_plan(build_plan(program, fuse_ntt=False), ctx, memory, mode)
     assert not store_mismatches(plain, fused)
     assert not store_mismatches(run_reference(program, ctx, memory, mode), fused)
@@ -202,20 +220,23 @@ def test_plan_cache_keys_on_the_switch(fresh_cache):
 
     from tests.test_plan_cache import same_types
 
-    program = load_program(PROGRAMS / "Relin2_10L_2c", progress=False)
-    on, off = pc.cached_plan(program), pc.cached_plan(program, fuse_ntt=False)
-    assert fused_rows(on) and not fused_rows(off)
-    assert len(list(fresh_cache.glob(f"*{pc.SUFFIX}"))) == 2
+    program = load_program(PROGRAMS / "BootstrapModRaise_10L_1c", progress=False)
+    on, off, every = (pc.cached_plan(program), pc.cached_plan(program, fuse_ntt=False),
+                      pc.cached_plan(program, fuse_ntt="all"))
+    assert fused_rows(on) and not fused_rows(off) and fused_rows(every) != fused_rows(on)
+    assert len(list(fresh_cache.glob(f"*{pc.SUFFIX}"))) == 3
     assert same_types(pc.cached_plan(program), build_plan(program))
     assert same_types(pc.cached_plan(program, fuse_ntt=False), build_plan(program, fuse_ntt=False))
+    assert same_types(pc.cached_plan(program, fuse_ntt="all"), build_plan(program, fuse_ntt="all"))
+    assert len(list(fresh_cache.glob(f"*{pc.SUFFIX}"))) == 3  # hits, no new entries
 
 
 def test_cached_entry_with_a_prologue_on_another_kind_is_refused():
     import caramel.plan_cache as pc
 
     program = load_corpus("Mul_4L_1c")
-    plan = build_plan(program)
-    meta = pc._meta("k", True, 16)
+    plan = build_plan(program, fuse_ntt="all")
+    meta = pc._meta("k", True, 16, "all")
     arrays = pc.encode(plan, meta)
     pro = arrays["k_pro_kind"]
     assert (pro >= 0).any()
