@@ -62,6 +62,7 @@ def kernels(ctx: Context, repeats: int) -> list[tuple[str, str]]:
             d_ins, d_mid, d_outa, d_outb = i32(ins), i32(mid), i32(out_a), i32(out_b)
             d_rows = i32(np.repeat(ins, d, axis=0))
             zeros = i32(np.zeros(b * d))
+            cp.cuda.Device().synchronize()  # the uploads (default stream) done before `stream` reads them
 
             def two():
                 conv.convert(arena, d_ins, d_mid, mode)
@@ -83,6 +84,7 @@ def kernels(ctx: Context, repeats: int) -> list[tuple[str, str]]:
         arena = cp.asarray(np.concatenate([host, host, host]))
         src, mid, dst = (i32(np.arange(k * r, (k + 1) * r)) for k in range(3))
         ts, ls = i32([60 + j % 4 for j in range(r)]), i32([j % 60 for j in range(r)])
+        cp.cuda.Device().synchronize()
 
         def two():
             dbasis.sud_lift(ring, arena, src, mid, ts, ls, Mode.EXACT)

@@ -120,6 +120,9 @@ class CupyBackend(Backend):
             tables = self._convs.get(key)
             if tables is None:
                 tables = self._convs[key] = dntt.PrologueTables(self.ring, prologue.in_limbs)
+                stream = _cp().cuda.get_current_stream()
+                if not stream.is_capturing():  # the tables in place before a kernel of another stream reads them
+                    stream.synchronize()
         dntt.ntt_prologue(self.ring, self.arena, prologue.kind.value, self.d(ins), self.d(outs), self.d(primes),
                           self.d(args), mode, tables)
 
