@@ -248,3 +248,18 @@ def test_cached_entry_with_a_prologue_on_another_kind_is_refused():
     with pytest.raises(pc.PlanEntryError):
         pc.decode(bad, header, program.name)
     assert pc.decode(arrays, header, program.name).chips[0].kernels == plan.chips[0].kernels
+
+
+def test_cli_plan_ntt_loads():
+    from tests.conftest import caramel_cli
+
+    every = caramel_cli("plan", "programs/Mul_4L_1c", "--ntt-loads", "all")
+    assert every.returncode == 0 and "baseconv 12, sud_lift 6" in every.stdout
+    assert "with every NTT load" not in every.stdout
+    default = caramel_cli("plan", "programs/Mul_4L_1c")
+    assert default.returncode == 0 and "sud_lift 6" in default.stdout and "baseconv 12" not in default.stdout
+    assert "with every NTT load (--ntt-loads all" in default.stdout
+    off = caramel_cli("plan", "programs/Mul_4L_1c", "--no-ntt-fuse")
+    assert off.returncode == 0 and "NTT rows computing" not in off.stdout
+    bad = caramel_cli("plan", "programs/Mul_4L_1c", "--ntt-loads", "ntt")
+    assert bad.returncode == 2 and "NTT loads must be" in bad.stderr and "Traceback" not in bad.stderr
