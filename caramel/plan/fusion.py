@@ -11,7 +11,8 @@ Three steps, each linear in the number of operations:
    base conversion, a communication...) is a :class:`Unit`, in program order.
    :func:`fuse_ntt_loads` then fuses across NTT boundaries: a forward NTT whose input limb was
    written by a ``SUD_LIFT``, ``MOD`` or ``BASECONV`` row (on the NTT's prime; the kinds chosen, by
-   default :data:`DEFAULT_NTT_LOADS`), is read by nothing else and is not stored computes that row in its load (a :class:`~caramel.plan.kernel.Prologue`);
+   default :data:`DEFAULT_NTT_LOADS`), is read by nothing else and is not stored computes that row
+   in its load (a :class:`~caramel.plan.kernel.Prologue`);
    the limb disappears (no buffer, no traffic), and so does the producer once none of its outputs
    is left (a conversion keeps the outputs that other rows read).
 2. :func:`levels` gives every unit its level in the whole-program DAG: one more than the highest
@@ -180,17 +181,14 @@ def ntt_load_kinds(fuse_ntt) -> frozenset[Kind]:
     return out
 
 
-def _prologue(src: Unit, b: int) -> tuple[Prologue, int, int | None] | None:
-    """The prologue that computes buffer ``b`` written by unit ``src``: (prologue, the prime of
-    ``b``, the row argument), or None when ``src`` cannot be fused."""
-    if src.kind is Kind.BASECONV:
-        in_limbs, out_limbs = src.key
-        return Prologue(Kind.BASECONV, len(src.ins), in_limbs), out_limbs[src.outs.index(b)], None
-    if src.kind is Kind.SUD_LIFT:
-        return Prologue(Kind.SUD_LIFT, 1), src.row.prime, src.row.arg
-    if src.kind is Kind.MOD:
-        return Prologue(Kind.MOD, len(src.ins)), src.row.prime, None
-    return None
+#: The prologue that computes buffer b written by unit src, per producer kind: (src, b) ->
+#: (prologue, the prime of b, the fused row's argument: the lift's source prime).
+_PROLOGUE_OF = {
+    Kind.SUD_LIFT: lambda src, b: (Prologue(Kind.SUD_LIFT, 1), src.row.prime, src.row.arg),
+    Kind.MOD: lambda src, b: (Prologue(Kind.MOD, len(src.ins)), src.row.prime, None),
+    Kind.BASECONV: lambda src, b: (Prologue(Kind.BASECONV, len(src.ins), src.key[0]),
+                                   src.key[1][src.outs.index(b)], None),
+}
 
 
 def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) -> list[Unit]:
@@ -218,10 +216,9 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
         if p is None or b in pinned or readers[b] != 1:
             continue
         src = units[p]
-        got = _prologue(src, b)
-        if got is None or got[1] != u.row.prime:
+        pro, prime, arg = _PROLOGUE_OF[src.kind](src, b)
+        if prime != u.row.prime:
             continue
-        pro, _, arg = got
         row = Row(u.row.prime, src.ins, u.row.outs, (), arg)
         out[j] = Unit(Kind.NTT, pro, row, src.ins, u.outs, tuple(sorted(set(src.index) | set(u.index))))
         taken.setdefault(p, set()).add(b)
