@@ -379,9 +379,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.dot and program.instruction_count > DOT_MAX_NODES:  # before any work or any file
         raise CaramelError(f"--dot: {program.name} has {program.instruction_count} instructions, too many for "
                            f"Graphviz (limit {DOT_MAX_NODES}); use --dag-json")
-    plan = build_plan(program, fuse=not args.no_fuse)
+    loads = False if args.no_ntt_fuse else (args.ntt_loads or True)
+    plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads)
     if not _emit_json(args, plan.to_json()):
         print(plan_report(plan, program, n=args.n))
+        if not args.no_fuse and not args.no_ntt_fuse and args.ntt_loads != "all":  # what every NTT load removes
+            from caramel.plan import plan_stats
+            from caramel.plan.report import _bytes
+
+            every = plan_stats(build_plan(program, fuse_ntt="all"), n=args.n)
+            print(f"with every NTT load (--ntt-loads all, the converting load too): plan traffic "
+                  f"{_bytes(every['plan_bytes'])}")
     if args.dag_json or args.dot:
         graph = dag.program_graph(program)
         if args.dag_json:
@@ -614,6 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures (default 65536)")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per instruction (the unfused baseline)")
+    p.add_argument("--no-ntt-fuse", action="store_true",
+                   help="no fusion across NTT boundaries (a lift, mod or base conversion computed in the NTT's load)")
+    p.add_argument("--ntt-loads", metavar="KINDS", help="what NTT loads compute: 'all', 'none' or some of "
+                   "sud_lift,mod,baseconv (default: sud_lift,mod; the converting load is slower on the GPU)")
     _add_json(p, "the plan (kernels, rows, buffers)")
     p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG to FILE as networkx "
                    "node-link JSON (networkx.node_link_graph(json.load(f), edges='edges') reloads it)")

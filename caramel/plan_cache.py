@@ -10,7 +10,7 @@ the program's files and the parser, with :func:`caramel.cache.remember`); any ot
 or changed with ``dataclasses.replace``) is planned as before. The entry name is the SHA-256 of
 that key, the planner's fingerprint (:func:`planner_fingerprint`: the source of
 ``caramel/plan/*.py``, ``caramel/program.py`` and this module) and the build options (``fuse``,
-``max_inputs``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
+``max_inputs``, ``fuse_ntt``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
 version), and an entry whose header differs is rebuilt, never used.
 
 **Entry format** (one file ``<key>.plan``)::
@@ -49,7 +49,7 @@ from caramel.program import Mem, Program
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: kernels carry an NTT prologue (k_pro_kind, k_pro_width, k_pro_in)
 MAGIC = b"CARAMEL-PLAN\0"
 SUFFIX = ".plan"
 
@@ -68,11 +68,12 @@ def planner_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _meta(key: str, fuse: bool, max_inputs: int) -> dict:
+def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True) -> dict:
+    from caramel.plan.fusion import ntt_load_kinds
     from caramel.version import __version__
 
     return {"format": FORMAT_VERSION, "caramel": __version__, "program": key, "planner": planner_fingerprint(),
-            "fuse": bool(fuse), "max_inputs": int(max_inputs)}
+            "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": sorted(k.value for k in ntt_load_kinds(fuse_ntt))}
 
 
 def entry_path(folder: Path, meta: dict) -> Path:
@@ -112,7 +113,8 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
     tup = _Tuples()
     exprs: dict = {}
     r_cols: dict[str, list] = {c: [] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg")}
-    k_cols: dict[str, list] = {c: [] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps")}
+    k_cols: dict[str, list] = {c: [] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
+                                               "pro_kind", "pro_width", "pro_in")}
     c_cols: dict[str, list] = {c: [] for c in ("op", "sync", "size", "src", "dst", "prime")}
     chips = []
     for chip in plan.chips:
@@ -144,6 +146,10 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             k_cols["level"].append(k.level)
             k_cols["lines"].append(tup(k.lines))
             k_cols["deps"].append(tup(tuple(deps)))
+            pro = k.prologue
+            k_cols["pro_kind"].append(-1 if pro is None else kinds[pro.kind])
+            k_cols["pro_width"].append(0 if pro is None else pro.width)
+            k_cols["pro_in"].append(tup(() if pro is None else tuple(pro.in_limbs)))
         chips.append({
             "chip": chip.chip, "kernels": len(chip.kernels), "n_buffers": chip.n_buffers,
             "zero_buffer": chip.zero_buffer, "instructions": chip.instructions,
@@ -173,7 +179,7 @@ def _ids(a: np.ndarray, n: int, what: str, none: bool = False) -> list[int]:
 
 def decode(arrays, header: dict, name: str):
     """The :class:`~caramel.plan.Plan` of :func:`encode`'s tables, named ``name``."""
-    from caramel.plan.kernel import ChipPlan, Comm, Expr, ExprOp, Kernel, Kind, Plan, Row, ScalarSpec
+    from caramel.plan.kernel import ChipPlan, Comm, Expr, ExprOp, Kernel, Kind, Plan, Prologue, Row, ScalarSpec
 
     off = arrays["tup_off"].tolist()
     val = arrays["tup_val"].tolist()
@@ -184,7 +190,8 @@ def decode(arrays, header: dict, name: str):
     exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
                   tuple(int(x) for x in out)) for n, s, ops, out in header["exprs"]]
     r = {c: arrays[f"r_{c}"] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg")}
-    k = {c: arrays[f"k_{c}"] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps")}
+    k = {c: arrays[f"k_{c}"] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
+                                       "pro_kind", "pro_width", "pro_in")}
     c = {f: arrays[f"c_{f}"] for f in ("op", "sync", "size", "src", "dst", "prime")}
     if len({len(v) for v in r.values()}) > 1 or len({len(v) for v in k.values()}) > 1 or len({len(v) for v in c.values()}) > 1:
         raise PlanEntryError("columns of different lengths")
@@ -201,10 +208,17 @@ def decode(arrays, header: dict, name: str):
     expr = [None if i < 0 else exprs[i] for i in _ids(k["expr"], len(exprs), "expression", none=True)]
     lim_in, lim_out, lines, deps = ([tuples[i] for i in _ids(k[f], nt, "kernel tuple")] for f in ("in", "out", "lines", "deps"))
     n_rows, n_comms, levels = k["rows"].tolist(), k["comms"].tolist(), k["level"].tolist()
+    pro_in = [tuples[i] for i in _ids(k["pro_in"], nt, "kernel tuple")]
+    pros = [None if i < 0 else Prologue(kinds[i], int(w), li) for i, w, li in
+            zip(_ids(k["pro_kind"], len(kinds), "prologue kind", none=True), k["pro_width"].tolist(), pro_in)]
     kernels, at_r, at_c = [], 0, 0
     for i in range(len(kind)):
+        pro = pros[i]
+        if pro is not None and (kind[i] is not Kind.NTT or pro.kind not in (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
+                                or any(len(rw.ins) != pro.width for rw in rows[at_r:at_r + n_rows[i]])):
+            raise PlanEntryError("NTT prologue inconsistent")
         kernels.append(Kernel(kind[i], tuple(rows[at_r:at_r + n_rows[i]]), expr[i], lim_in[i], lim_out[i],
-                              tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i]))
+                              tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i], pros[i]))
         at_r += n_rows[i]
         at_c += n_comms[i]
     chips, at = [], 0
@@ -234,8 +248,9 @@ def from_bytes(data: bytes, meta: dict, name: str):
 # ---------------------------------------------------------------------------------------------- use
 
 
-def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, cache: bool = True):
-    """``build_plan(program, fuse=fuse, max_inputs=max_inputs)``, read from the plan cache when
+def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, cache: bool = True,
+                fuse_ntt=True):
+    """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
     ``timings`` then has one phase, ``cache``."""
@@ -243,10 +258,10 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, ca
 
     key = program_key(program) if cache else None
     if key is None:
-        return build_plan(program, fuse=fuse, max_inputs=max_inputs)
+        return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)
     folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
-    meta = _meta(key, fuse, max_inputs)
+    meta = _meta(key, fuse, max_inputs, fuse_ntt)
     path = entry_path(folder, meta)
     data = store.read_entry(path) if usable else None
     if data is not None:
@@ -258,7 +273,7 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, ca
             return plan
         except PlanEntryError as exc:
             logger.info("rebuilding plan cache entry %s: %s", path, exc)
-    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs)
+    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)
     if usable:
         try:
             with no_gc():

@@ -3,13 +3,16 @@
 
     PYTHONPATH=. python scripts/ntt_fusion_estimate.py PROGRAM [--n 65536]
 
-Walks each chip's fused plan in kernel order and links every read of a buffer to the row that last
+Walks each chip's fused plan built without the NTT loads (``build_plan(program, fuse_ntt=False)``;
+the plan's own fusion across NTT boundaries, :func:`caramel.plan.fusion.fuse_ntt_loads`, does the
+"kind -> NTT" rows below) in kernel order and links every read of a buffer to the row that last
 wrote it. A forward NTT row whose input was written by a row of kind K, read by nothing else and not
 stored, could compute K's row inside its load: that limb is then neither written nor read again,
 2 limbs of traffic saved. An INTT row whose output is read by exactly one row (of kind K) and not
 stored could feed that row from its store, again 2 limbs. Prints, per neighbouring kind, the rows and
 the traffic such fusions would remove from the plan model's traffic (each kernel reads its inputs and
-writes its outputs once), and the total. Neither kind of row is counted twice.
+writes its outputs once), and the total. Neither kind of row is counted twice. Last, the traffic of
+the plan that ``caramel plan`` prints (with the NTT loads) and its fused rows per kind.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import argparse
 from collections import Counter, defaultdict
 
 from caramel.parse import load_program
-from caramel.plan import build_plan
+from caramel.plan import build_plan, plan_stats
 from caramel.plan.kernel import Kind
 
 
@@ -71,7 +74,8 @@ def main() -> int:
     ap.add_argument("program")
     ap.add_argument("--n", type=int, default=65536)
     args = ap.parse_args()
-    total, before, after = estimate(build_plan(load_program(args.program)))
+    program = load_program(args.program)
+    total, before, after = estimate(build_plan(program, fuse_ntt=False))
     gib = 4 * args.n / 2**30
     print(f"plan traffic {total * gib:.1f} GiB")
     print("| fusion | rows | GiB saved |\n| --- | --- | --- |")
@@ -81,6 +85,9 @@ def main() -> int:
             print(f"| {label.format(kind)} | {rows} | {2 * rows * gib:.2f} |")
             saved += 2 * rows
     print(f"all of them: {saved * gib:.1f} GiB saved, {(total - saved) * gib:.1f} GiB left")
+    stats = plan_stats(build_plan(program), n=args.n)
+    rows = ", ".join(f"{k} {v}" for k, v in sorted(stats["ntt_prologue_rows"].items(), key=lambda kv: -kv[1]))
+    print(f"the plan with its NTT loads: {stats['plan_bytes'] / 2**30:.1f} GiB (fused NTT rows: {rows or 'none'})")
     return 0
 
 

@@ -13,7 +13,7 @@ in ``add``/``sub``/``mul``/``neg`` and ``args``) and ``outputs``, numbered like
 :class:`caramel.plan.plan.Expr` and the CUDA ``FusedProgram``.
 
 On CUDA each method is one call of :mod:`caramel.backends.cuda` with the same arrays uploaded
-as int32: ``elementwise`` -> ``elementwise.fused`` (``FusedProgram(n_vec, n_scalar, ops,
+as int32: ``ntt_prologue`` -> ``ntt.ntt_prologue``, ``elementwise`` -> ``elementwise.fused`` (``FusedProgram(n_vec, n_scalar, ops,
 outputs)``), ``ntt``/``intt`` -> ``ntt.ntt``/``ntt.intt``, ``automorphism`` ->
 ``automorphism.automorphism``, ``base_convert`` -> ``BaseConversion(in, out).convert``,
 ``sud_lift`` -> ``basis.sud_lift``, ``rsv`` -> a copy of the words then ``CrtBasis.rsv`` (which
@@ -57,6 +57,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def ntt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:
         """arena[outs[r]] = NTT_{q_primes[r]}(arena[ins[r]]); ins, outs, primes (R,)."""
+
+    @abc.abstractmethod
+    def ntt_prologue(self, prologue, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray, args: np.ndarray,
+                     mode) -> None:
+        """Forward NTT whose load computes its input (fusion across NTT boundaries, a
+        :class:`caramel.plan.kernel.Prologue`): arena[outs[r]] = NTT_{q_primes[r]}(y_r), y_r being
+        ``prologue.kind``'s result from rows ins (R, prologue.width): SUD_LIFT the lift of ins[r, 0]
+        from prime args[r] to primes[r] in ``mode`` (:meth:`sud_lift`); MOD the words ins[r] mod
+        q_primes[r] (:meth:`mod`); BASECONV the conversion of ins[r] (limbs ``prologue.in_limbs``)
+        to limb primes[r] in ``mode`` (:meth:`base_convert`). args is zero for MOD and BASECONV."""
 
     @abc.abstractmethod
     def intt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:

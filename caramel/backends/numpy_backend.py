@@ -53,6 +53,12 @@ class NumpyBackend(Backend):
     def ntt(self, ins, outs, primes) -> None:
         self.arena[outs] = self.ctx.ntt(self.arena[ins], [int(p) for p in primes])
 
+    def ntt_prologue(self, prologue, ins, outs, primes, args, mode) -> None:
+        """The prologue's limbs computed by the kernels below (same functions, same bits), then
+        :meth:`ntt`: no arena row holds them."""
+        self.arena[outs] = self.ctx.ntt(prologue_limbs(self.ctx, self.arena, prologue, ins, primes, args, mode),
+                                        [int(p) for p in primes])
+
     def intt(self, ins, outs, primes) -> None:
         self.arena[outs] = self.ctx.intt(self.arena[ins], [int(p) for p in primes])
 
@@ -82,3 +88,40 @@ class NumpyBackend(Backend):
     def mod(self, ins, outs, primes) -> None:
         for r in range(ins.shape[0]):
             self.arena[outs[r]] = self.ctx.mod_reduce(self.arena[ins[r]], int(primes[r]))
+
+
+def _lift_rows(ctx: Context, arena, prologue, ins, primes, args, mode) -> np.ndarray:
+    y = np.empty((len(primes), ctx.n), dtype=np.uint32)
+    for r in range(len(primes)):
+        y[r] = ctx.sud_lift(arena[ins[r, 0]], int(args[r]), int(primes[r]), mode)
+    return y
+
+
+def _mod_rows(ctx: Context, arena, prologue, ins, primes, args, mode) -> np.ndarray:
+    return np.stack([ctx.mod_reduce(arena[ins[r]], int(primes[r])) for r in range(len(primes))])
+
+
+def _conv_rows(ctx: Context, arena, prologue, ins, primes, args, mode) -> np.ndarray:
+    # Rows with the same inputs are outputs of one conversion: convert once to all their primes.
+    y = np.empty((len(primes), ctx.n), dtype=np.uint32)
+    groups: dict[tuple, list[int]] = {}
+    for r in range(len(primes)):
+        groups.setdefault(tuple(int(b) for b in ins[r]), []).append(r)
+    for rows_in, members in groups.items():
+        out = [int(primes[r]) for r in members]
+        conv = ctx.base_converter(prologue.in_limbs, out)
+        y[members] = conv.convert(arena[list(rows_in)], Mode(mode))
+    return y
+
+
+#: The prologue of a fused NTT by producer kind (its value, ``Kind.value``): (ctx, arena,
+#: prologue, ins, primes, args, mode) -> the (R, N) limbs the NTT transforms.
+PROLOGUES = {"sud_lift": _lift_rows, "mod": _mod_rows, "baseconv": _conv_rows}
+
+
+def prologue_limbs(ctx: Context, arena, prologue, ins, primes, args, mode) -> np.ndarray:
+    """The limbs an NTT's prologue computes (see :meth:`Backend.ntt_prologue`), uint32 (R, N)."""
+    f = PROLOGUES.get(prologue.kind.value)
+    if f is None:
+        raise ValueError(f"no NTT prologue for kind {prologue.kind.value!r}")
+    return f(ctx, arena, prologue, np.asarray(ins).reshape(len(primes), prologue.width), primes, args, mode)

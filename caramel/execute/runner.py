@@ -56,6 +56,12 @@ def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode,
     if kind is Kind.MOD:
         ins, outs = _rows(rows_of, [r.ins for r in rows]), _rows(rows_of, [r.outs[0] for r in rows])
         return lambda b: b.mod(ins, outs, primes)
+    if kernel.prologue is not None:  # an NTT computing its input in its load
+        pro = kernel.prologue
+        ins = _rows(rows_of, [r.ins for r in rows]).reshape(len(rows), pro.width)
+        outs = _rows(rows_of, [r.outs[0] for r in rows])
+        args = np.array([r.arg or 0 for r in rows], dtype=_I32)
+        return lambda b: b.ntt_prologue(pro, ins, outs, primes, args, mode)
     ins, outs = _rows(rows_of, [r.ins[0] for r in rows]), _rows(rows_of, [r.outs[0] for r in rows])
     if kind is Kind.NTT:
         return lambda b: b.ntt(ins, outs, primes)

@@ -9,6 +9,12 @@ Three steps, each linear in the number of operations:
    other values stay in registers. A tree reads each distinct input buffer once; trees stop
    growing at ``max_inputs`` vector inputs. Every remaining operation (a tree, an NTT, a
    base conversion, a communication...) is a :class:`Unit`, in program order.
+   :func:`fuse_ntt_loads` then fuses across NTT boundaries: a forward NTT whose input limb was
+   written by a ``SUD_LIFT``, ``MOD`` or ``BASECONV`` row (on the NTT's prime; the kinds chosen, by
+   default :data:`DEFAULT_NTT_LOADS`), is read by nothing else and is not stored computes that row
+   in its load (a :class:`~caramel.plan.kernel.Prologue`);
+   the limb disappears (no buffer, no traffic), and so does the producer once none of its outputs
+   is left (a conversion keeps the outputs that other rows read).
 2. :func:`levels` gives every unit its level in the whole-program DAG: one more than the highest
    level of the units whose buffers it reads (0 for none); a ``rcv`` takes the level of its
    ``dis`` and every participant of a ``joi`` the highest level of its participants (the
@@ -16,7 +22,7 @@ Three steps, each linear in the number of operations:
    (a collective backend issues it as one call). It walks the chips round-robin like the reference scheduler, so
    it also finds deadlocks. Two units of one level never depend on each other.
 3. :func:`batch` groups the units of one chip with the same level, kind and signature (the
-   expression of a tree, the bases of a conversion) into one kernel: the horizontal batching of
+   expression of a tree, the bases of a conversion, an NTT's prologue) into one kernel: the horizontal batching of
    independent instances (different limbs) into rows. Kernels run in level order, communication
    first within a level; all communications of one (chip, level) form one group. That order has
    no deadlock: a chip blocked at the group of level d waits for a send of level <= d that
@@ -28,9 +34,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from caramel.errors import DeadlockError
+from caramel.errors import ArgumentError, DeadlockError
 from caramel.program import Opcode, Stream
-from caramel.plan.kernel import Comm, Expr, ExprOp, Kernel, Kind, Op, Row
+from caramel.plan.kernel import Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
 
@@ -141,6 +147,91 @@ def fuse(
             arg = o.arg if o.kind in (Kind.AUTOMORPHISM, Kind.SUD_LIFT) else None
             units.append(Unit(o.kind, key, Row(o.prime, o.ins, o.outs, (), arg), o.ins, o.outs, (o.index,)))
     return units
+
+
+#: The kinds whose row an NTT may compute in its load (:func:`fuse_ntt_loads`).
+PROLOGUE_KINDS = (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
+
+#: The loads a plan fuses by default (``build_plan(fuse_ntt=True)``): the lift and ``mod``. The
+#: converting load (``BASECONV``) is built, bit-exact and tested on every backend, but measured
+#: slower on the GPU, whose NTT is arithmetic-bound (docs/PERFORMANCE.md, session 7): every output
+#: prime repeats the conversion's per-input products. ``fuse_ntt="all"`` adds it.
+DEFAULT_NTT_LOADS = frozenset({Kind.SUD_LIFT, Kind.MOD})
+
+
+def ntt_load_kinds(fuse_ntt) -> frozenset[Kind]:
+    """The producer kinds that NTT loads compute for the build option ``fuse_ntt``: True, the
+    defaults (:data:`DEFAULT_NTT_LOADS`); False or None, none; ``"all"``, every one of
+    :data:`PROLOGUE_KINDS`; ``"none"``; or a collection (or comma-separated string) of those kinds or
+    their names (``"sud_lift,mod,baseconv"``). Anything else raises :class:`ArgumentError`."""
+    if fuse_ntt is True:
+        return DEFAULT_NTT_LOADS
+    if fuse_ntt is False or fuse_ntt is None or fuse_ntt == "none":
+        return frozenset()
+    if fuse_ntt == "all":
+        return frozenset(PROLOGUE_KINDS)
+    items = fuse_ntt.split(",") if isinstance(fuse_ntt, str) else fuse_ntt
+    names = {k.value: k for k in PROLOGUE_KINDS}
+    try:
+        out = frozenset(x if isinstance(x, Kind) else names[str(x).strip()] for x in items if str(x).strip())
+    except (KeyError, TypeError):
+        raise ArgumentError(f"NTT loads must be 'all', 'none' or among {', '.join(names)}, not {fuse_ntt!r}") from None
+    if not out <= frozenset(PROLOGUE_KINDS):
+        raise ArgumentError(f"NTT loads must be among {', '.join(names)}, not {fuse_ntt!r}")
+    return out
+
+
+#: The prologue that computes buffer b written by unit src, per producer kind: (src, b) ->
+#: (prologue, the prime of b, the fused row's argument: the lift's source prime).
+_PROLOGUE_OF = {
+    Kind.SUD_LIFT: lambda src, b: (Prologue(Kind.SUD_LIFT, 1), src.row.prime, src.row.arg),
+    Kind.MOD: lambda src, b: (Prologue(Kind.MOD, len(src.ins)), src.row.prime, None),
+    Kind.BASECONV: lambda src, b: (Prologue(Kind.BASECONV, len(src.ins), src.key[0]),
+                                   src.key[1][src.outs.index(b)], None),
+}
+
+
+def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) -> list[Unit]:
+    """Fusion across NTT boundaries (see the module docstring): every NTT unit whose one input is
+    written by a unit of ``kinds`` (among :data:`PROLOGUE_KINDS`) on the NTT's prime, read by no other unit (each
+    reader counted once, communication included) and not in ``pinned`` reads that unit's inputs
+    instead, with the :class:`~caramel.plan.kernel.Prologue` as its batching key. The producer
+    loses that output (a conversion keeps its other outputs, under the key of the outputs left)
+    and is dropped when none is left. Order is kept."""
+    readers: dict[int, int] = {}
+    producer: dict[int, int] = {}
+    for j, u in enumerate(units):
+        for b in set(u.ins):
+            readers[b] = readers.get(b, 0) + 1
+        if u.kind in kinds and u.kind in PROLOGUE_KINDS:
+            for b in u.outs:
+                producer[b] = j
+    out: list[Unit | None] = list(units)
+    taken: dict[int, set[int]] = {}
+    for j, u in enumerate(units):
+        if u.kind is not Kind.NTT:
+            continue
+        b = u.ins[0]
+        p = producer.get(b)
+        if p is None or b in pinned or readers[b] != 1:
+            continue
+        src = units[p]
+        pro, prime, arg = _PROLOGUE_OF[src.kind](src, b)
+        if prime != u.row.prime:
+            continue
+        row = Row(u.row.prime, src.ins, u.row.outs, (), arg)
+        out[j] = Unit(Kind.NTT, pro, row, src.ins, u.outs, tuple(sorted(set(src.index) | set(u.index))))
+        taken.setdefault(p, set()).add(b)
+    for p, bufs in taken.items():
+        src = units[p]
+        keep = [i for i, b in enumerate(src.outs) if b not in bufs]
+        if not keep:
+            out[p] = None
+        else:  # a conversion with outputs left (only conversions have several)
+            outs = tuple(src.outs[i] for i in keep)
+            key = (src.key[0], tuple(src.key[1][i] for i in keep))
+            out[p] = Unit(src.kind, key, Row(-1, src.ins, outs), src.ins, outs, src.index)
+    return [u for u in out if u is not None]
 
 
 def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
@@ -265,6 +356,8 @@ def batch(
                 kernel = Kernel(kind, rows, in_limbs=key[0], out_limbs=key[1], level=lv, lines=tuple(src))
             elif kind is Kind.RSV:
                 kernel = Kernel(kind, rows, in_limbs=key, level=lv, lines=tuple(src))
+            elif kind is Kind.NTT and key is not None:
+                kernel = Kernel(kind, rows, level=lv, lines=tuple(src), prologue=key)
             else:
                 kernel = Kernel(kind, rows, level=lv, lines=tuple(src))
         d = set()

@@ -76,6 +76,25 @@ class Row(NamedTuple):
     arg: int | None = None
 
 
+class Prologue(NamedTuple):
+    """What a fused NTT computes in its load instead of reading its input limb (issue 14, fusion
+    across NTT boundaries): the row that wrote that limb, which nothing else read and nothing
+    stored. ``kind`` is the producer's kind and ``width`` the inputs a row reads:
+
+    * ``SUD_LIFT``: ``Row.ins`` (y,), ``Row.arg`` the source prime t; the load lifts y from q_t to
+      the row's prime (mode-dependent, as the ``SUD_LIFT`` kernel);
+    * ``MOD``: ``Row.ins`` the accumulator's ``width`` words; the load is X mod q (the ``MOD`` kernel);
+    * ``BASECONV``: ``Row.ins`` the conversion's ``width`` inputs in ``in_limbs`` order; the load is
+      the conversion's output in the row's prime (the run's arithmetic mode).
+
+    The NTT then transforms that limb as usual: same bits as the two kernels one after the other.
+    """
+
+    kind: Kind
+    width: int
+    in_limbs: tuple[int, ...] = ()
+
+
 class Comm(NamedTuple):
     """One communication: ``op`` (DIS, RCV, JOI), its sync id and group size, the buffer sent or
     contributed (``src``, -1 if none), the buffer received (``dst``, -1 if none), the prime."""
@@ -114,7 +133,8 @@ class ScalarSpec(NamedTuple):
 class Kernel:
     """One launch: ``kind``, ``rows`` (or ``comms`` for COMM), ``expr`` (ELEMENTWISE),
     ``in_limbs``/``out_limbs`` (BASECONV; ``in_limbs`` is the basis of RSV), its ``level`` in the
-    whole-program DAG and the source ``lines`` of the instructions it executes."""
+    whole-program DAG, the source ``lines`` of the instructions it executes and, for an NTT whose
+    load computes its input, the ``prologue`` (:class:`Prologue`)."""
 
     kind: Kind
     rows: tuple[Row, ...] = ()
@@ -124,6 +144,7 @@ class Kernel:
     comms: tuple[Comm, ...] = ()
     level: int = 0
     lines: tuple[int, ...] = ()
+    prologue: Prologue | None = None
 
     def reads(self) -> list[int]:
         """Every buffer the kernel reads (with repeats across rows)."""
@@ -136,6 +157,15 @@ class Kernel:
         if self.kind is Kind.COMM:
             return [c.dst for c in self.comms if c.dst >= 0]
         return [b for r in self.rows for b in r.outs]
+
+    def traffic(self) -> int:
+        """Limbs the plan's traffic model charges: each input read once, each output written once.
+        An NTT whose load converts (a ``BASECONV`` prologue) reads each distinct input once: its
+        blocks of one column tile run next to each other, so the other output primes re-read the
+        inputs from L2."""
+        if self.prologue is not None and self.prologue.kind is Kind.BASECONV:
+            return len(set(self.reads())) + len(self.writes())
+        return len(self.reads()) + len(self.writes())
 
     def galois(self, ctx) -> list[int]:
         """AUTOMORPHISM: the Galois element of every row for ``ctx`` (rotation or conjugation)."""
@@ -194,6 +224,9 @@ class Plan:
                 out["expr"] = k.expr.text()
             if k.in_limbs or k.out_limbs:
                 out["in_limbs"], out["out_limbs"] = list(k.in_limbs), list(k.out_limbs)
+            if k.prologue is not None:
+                out["prologue"] = {"kind": k.prologue.kind.value, "width": k.prologue.width,
+                                   "in_limbs": list(k.prologue.in_limbs)}
             if k.comms:
                 out["comms"] = [[c.op.value, c.sync, c.size, c.src, c.dst, c.prime] for c in k.comms]
             return out

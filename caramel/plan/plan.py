@@ -29,6 +29,9 @@ Rules:
 * ``sud rD: rA, y | L`` becomes [``SUD_LIFT``] -> ``NTT`` -> the elementwise tail
   (rA - NTT(y)) * f, with f = q_t^-1 or P^-1 mod q_L (an immediate scalar), which fuses with
   the elementwise operations around it.
+* ``NTT`` with a ``prologue`` (:class:`~caramel.plan.kernel.Prologue`, fusion across NTT
+  boundaries): its rows read the producer's inputs (a lift's y, a ``mod``'s words, a conversion's
+  inputs) and its load computes the limb that the producer would have written.
 * ``pl1`` is an ``INTT`` into a new buffer (the unit's input); ``bcw`` aliases its source;
   ``bci`` and ``rsi`` produce no kernel (``rsi`` words alias the chip's zero buffer).
 """
@@ -134,26 +137,30 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 # ---------------------------------------------------------------------------------------------- build
 
 
-def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16) -> Plan:
+def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, fuse_ntt=True) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
-    levels over the whole program and batching (:mod:`caramel.plan.fusion`). The cyclic garbage
-    collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
+    fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
+    ``fuse_ntt`` True for the default loads, False for none, ``"all"`` or the kinds, see
+    :func:`~caramel.plan.fusion.ntt_load_kinds`), levels over the whole program and batching (:mod:`caramel.plan.fusion`).
+    The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
+    loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
     with no_gc():
-        return _build(program, fuse, max_inputs)
+        return _build(program, fuse, max_inputs, loads)
 
 
-def _build(program: Program, fuse: bool, max_inputs: int) -> Plan:
+def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset()) -> Plan:
     marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
     marks.append(time.perf_counter())
     lowered = [lower(c) for c in chips]
     marks.append(time.perf_counter())
-    units = [
-        fusion.fuse(ops, {c.buf[v] for v in c.stores.values()}, n, enable=fuse, max_inputs=max_inputs)
-        for c, (ops, _, n) in zip(chips, lowered)
-    ]
+    units = []
+    for c, (ops, _, n) in zip(chips, lowered):
+        pinned = {c.buf[v] for v in c.stores.values()}
+        us = fusion.fuse(ops, pinned, n, enable=fuse, max_inputs=max_inputs)
+        units.append(fusion.fuse_ntt_loads(us, pinned, loads) if loads else us)
     marks.append(time.perf_counter())
     levels = fusion.levels(units, [c.stream for c in chips])
     kernels = [

@@ -7,7 +7,10 @@ Traffic model (bytes of device memory read and written, 4 bytes per residue, N r
   memory limbs loaded, the BCU input written by ``pl1``/``bcw``, the accumulator words of
   ``rsi``/``rsv``/``mod`` (``loas``, ``bci`` and scalar operands count 0);
 * plan: every kernel reads each of its input buffers once and writes each output buffer once
-  (a ``dis``/``joi`` contribution reads its limb, a receive writes one); aliases cost nothing.
+  (a ``dis``/``joi`` contribution reads its limb, a receive writes one); aliases cost nothing; an
+  NTT whose load computes its input (a prologue, fusion across NTT boundaries) reads the
+  producer's inputs instead, a converting load each distinct input once
+  (:meth:`~caramel.plan.kernel.Kernel.traffic`): the limb between them is never written or read.
 
 The "instructions" of a kind are the source instructions its kernels execute (a ``sud`` counts
 in each kind it lowers to; a ``ntt`` or ``sud`` that first reads a unit also counts as baseconv).
@@ -39,6 +42,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     bytes_by_kind: dict[str, int] = {k.value: 0 for k in Kind}  # the plan model's traffic floor per kind
     chip_traffic, chip_levels, chip_paths, chip_rows, widths = [], [], [], [], []
     exprs = set()
+    fused_rows: Counter = Counter()  # NTT rows whose load computes their input, by producer kind
     for chip in plan.chips:
         traffic = 0
         per_level: Counter = Counter()
@@ -48,7 +52,9 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
             entry[0] += 1
             entry[1] += kernel.size
             entry[2] += len(kernel.lines)
-            moved = len(kernel.reads()) + len(kernel.writes())
+            moved = kernel.traffic()
+            if kernel.prologue is not None:
+                fused_rows[kernel.prologue.kind.value] += kernel.size
             traffic += moved
             bytes_by_kind[kernel.kind.value] += moved * limb
             per_level[kernel.level] += 1
@@ -70,6 +76,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "by_kind": by_kind,
         "bytes_by_kind": bytes_by_kind,
         "expressions": len(exprs),
+        "ntt_prologue_rows": dict(fused_rows),
         "plan_bytes": sum(chip_traffic),
         "plan_bytes_busiest_chip": max(chip_traffic, default=0),
         "critical_path": levels,
@@ -126,7 +133,12 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
             out.append(f"  {kind:<14}{k:>9}{r:>9}{i:>14}")
     if "aliases" in s:
         out.append(f"  {'(aliases)':<14}{0:>9}{'-':>9}{s['aliases']:>14}   load/evg/mov/bcw/store/spill/bci/rsi/loas")
-    out += [f"  distinct elementwise expressions: {s['expressions']}", "",
+    out.append(f"  distinct elementwise expressions: {s['expressions']}")
+    fused = s["ntt_prologue_rows"]
+    if fused:
+        out.append("  NTT rows computing their input in the load (fusion across NTT boundaries): "
+                   + ", ".join(f"{kind} {rows}" for kind, rows in sorted(fused.items(), key=lambda kv: -kv[1])))
+    out += ["",
             f"memory traffic at N = {n} (4 bytes per residue):"]
     if "instruction_bytes" in s:
         ib, pb = s["instruction_bytes"], s["plan_bytes"]

@@ -86,7 +86,8 @@ class CountingBackend(NumpyBackend):
     def __init__(self, ctx, rows):
         super().__init__(ctx, rows)
         self.calls: list[str] = []
-        for name in ("elementwise", "ntt", "intt", "automorphism", "base_convert", "sud_lift", "rsv", "mod"):
+        for name in ("elementwise", "ntt", "ntt_prologue", "intt", "automorphism", "base_convert", "sud_lift", "rsv",
+                     "mod"):
             method = getattr(self, name)
             setattr(self, name, self._wrap(name, method))
 
@@ -113,7 +114,7 @@ def test_custom_backend_gets_one_call_per_kernel():
 
     have = run_plan(plan, context(1024), memory, backend=factory)
     assert len(backends) == 1 and isinstance(backends[0], Backend)  # one device hosts every chip
-    kinds = [{"baseconv": "base_convert"}.get(k.kind.value, k.kind.value)
+    kinds = [{"baseconv": "base_convert"}.get(k.kind.value, k.kind.value) if k.prologue is None else "ntt_prologue"
              for chip in plan.chips for k in chip.kernels if k.kind is not Kind.COMM]
     calls = backends[0].calls
     # one call per kernel; the communication between chips: local copies and sums (elementwise)

@@ -9,6 +9,7 @@ import pytest
 
 from caramel.errors import DeadlockError
 from caramel.plan import Kind, ScalarSpec, assign_rows, build_plan
+from caramel.plan.kernel import Prologue
 from caramel.plan.report import plan_report, plan_stats
 from caramel.program import Mem, Opcode
 
@@ -83,9 +84,7 @@ def test_independent_limbs_batch_into_rows():
     assert [k.level for k in c.kernels] == [0, 1, 2] and c.deps == ((), (0,), (1,))
 
 
-def test_sud_lowers_to_lift_ntt_and_a_fused_tail():
-    plan = build_plan(program_from_text(
-        """
+SUD_TEXT = """
         load r0: i1(3)
         int r1: r0[X] | 3
         load r2: i1(0)
@@ -94,7 +93,10 @@ def test_sud_lowers_to_lift_ntt_and_a_fused_tail():
         add r5: r3[X], r4[X] | 0
         store r5: v1(0)
         """
-    ))
+
+
+def test_sud_lowers_to_lift_ntt_and_a_fused_tail():
+    plan = build_plan(program_from_text(SUD_TEXT), fuse_ntt=False)
     check_plan(plan)
     c = plan.chips[0]
     assert kinds(plan) == [Kind.INTT, Kind.SUD_LIFT, Kind.NTT, Kind.ELEMENTWISE]
@@ -103,6 +105,13 @@ def test_sud_lowers_to_lift_ntt_and_a_fused_tail():
     assert c.kernels[3].expr.text() == "v3s1: t4=sub(v0,v1) t5=mul(t4,s0) t6=add(t5,v2) -> t6"
     assert c.scalars == (ScalarSpec(None, (3,), 0),)
     assert c.kernels[3].rows[0].ins[1] == c.kernels[2].rows[0].outs[0]
+    # By default the NTT lifts in its load (fusion across NTT boundaries): no lift kernel, no lifted limb.
+    fused = build_plan(program_from_text(SUD_TEXT))
+    check_plan(fused)
+    assert kinds(fused) == [Kind.INTT, Kind.NTT, Kind.ELEMENTWISE]
+    ntt = fused.chips[0].kernels[1]
+    assert ntt.prologue == Prologue(Kind.SUD_LIFT, 1)
+    assert (ntt.rows[0].prime, ntt.rows[0].arg, ntt.rows[0].ins) == (0, 3, c.kernels[1].rows[0].ins)
 
 
 def test_base_conversion_is_one_kernel_and_its_reads_batch():

@@ -111,6 +111,21 @@ class CupyBackend(Backend):
 
         dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
 
+    def ntt_prologue(self, prologue, ins, outs, primes, args, mode) -> None:
+        from caramel.backends.cuda import ntt as dntt
+
+        tables = None
+        if prologue.kind.value == "baseconv":
+            key = ("ntt-load", tuple(prologue.in_limbs))
+            tables = self._convs.get(key)
+            if tables is None:
+                tables = self._convs[key] = dntt.PrologueTables(self.ring, prologue.in_limbs)
+                stream = _cp().cuda.get_current_stream()
+                if not stream.is_capturing():  # the tables in place before a kernel of another stream reads them
+                    stream.synchronize()
+        dntt.ntt_prologue(self.ring, self.arena, prologue.kind.value, self.d(ins), self.d(outs), self.d(primes),
+                          self.d(args), mode, tables)
+
     def intt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt
 
