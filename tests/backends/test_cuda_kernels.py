@@ -509,3 +509,54 @@ def test_graph_capture(rng):
     have = cp.asnumpy(dev)
     want = ctx.intt(rmod.add_mod(x, ctx.ntt(x, limbs), ctx.moduli(limbs)), limbs)
     expect_rows(have, out, want, "graph replay")
+
+
+# --------------------------------------------------------------------------- base conversion on the tensor cores
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 2), (7, 8, 1), (8, 11, 3), (13, 50, 3), (16, 47, 2), (21, 42, 1),
+                                   (33, 20, 2), (60, 4, 1), (64, 9, 2)],
+                         ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+def test_base_conversion_tensor(pair, rng, mode, shape):
+    """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues."""
+    ctx, ring = pair
+    s, d, batch = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs = sorted(perm[:s])
+    out_limbs = sorted(perm[s : s + d]) if s + d <= 64 else sorted(perm[-d:])  # S + D > 64: shared primes
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    xs[0][:, :3] = np.array([[ctx.q(l) - 1, 0, ctx.q(l) // 2] for l in in_limbs], dtype=np.uint32)  # extremes
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    outs = np.array([arena.take(d) for _ in range(batch)])
+    dev = arena.upload()
+    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True)
+    have = arena.download()
+    for b in range(batch):
+        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
+    expect_inputs_kept(arena, have, outs.reshape(-1))
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(13, 9, 2), (5, 20, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+def test_base_conversion_tensor_in_place(pair, rng, mode, shape):
+    """Outputs may overwrite the inputs: a warp reads all its inputs before it writes."""
+    ctx, ring = pair
+    s, d, batch = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    shared = min(s, d)
+    outs = np.array([list(ins[b][:shared]) + arena.take(d - shared) for b in range(batch)])
+    dev = arena.upload()
+    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True)
+    have = arena.download()
+    for b in range(batch):
+        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"in-place tensor base conversion {mode.value} batch {b}")

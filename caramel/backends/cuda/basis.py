@@ -31,6 +31,8 @@ TILED_CO = 2  # coefficients per thread of the tiled kernel (1 or 2)
 TAIL8 = True  # the tiled kernel's last chunk of outputs is 8 wide when D mod 16 is 1..8
 BC_MIN_BLOCKS = 0  # resident blocks per multiprocessor asked for the tiled kernels (0: no bound)
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
+TENSOR = False  # the tensor-core kernel (see _TC_SOURCE) is convert's default
+TC_ROWS = 128  # coefficients a block of the tensor-core kernel (32 a warp)
 
 
 def mode_code(mode) -> int:
@@ -255,6 +257,194 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
 """
 
 
+# --------------------------------------------------------------------------- tensor-core kernel
+#
+# out_d = sum_k t_k T[k][d] mod p_d as a product of bytes on the integer tensor cores. With t_k
+# = sum_a t_{k,a} 2^(8a) (bytes, a < 4), out_d = sum_{a,k} t_{k,a} T_a[k][d] mod p_d where T_a[k][d]
+# = [2^(8a) T[k][d]]_{p_d}: a K = 4S product of bytes of t with 32-bit table entries. Splitting those
+# into bytes too, T_a[k][d] = sum_b T_{a,b}[k][d] 2^(8b), gives four byte GEMMs R_b = sum_{a,k}
+# t_{k,a} T_{a,b}[k][d] (int32: (4S + 1) 255^2 < 2^24 for S <= 64) and out_d = sum_b R_b 2^(8b)
+# mod p_d (< 2^49: one 64-bit value and reduce_sum). EXACT's v [-Q_S]_p (v <= S < 2^8) is one more
+# input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
+
+
+def tc_layout(s: int) -> tuple[int, int]:
+    """(SP, KC) of the tensor-core kernel for S inputs: K row kk = a SP + k holds byte a of t_k
+    (t_S = v, EXACT's rounding, else 0; SP = S + 1 rounded up to a multiple of 4, rows k > S zero),
+    and K = 32 KC = 4 SP rounded up to a multiple of 32 (the k of one mma.m16n8k32)."""
+    sp = -(-(s + 1) // 4) * 4
+    return sp, -(-(4 * sp) // 32)
+
+
+def tc_table(table: np.ndarray, neg_q: np.ndarray, out_primes) -> np.ndarray:
+    """The K x (8 DT) table of the tensor-core kernel, uint64 (DT = ceil(D / 8)): row a SP + k,
+    column d = [2^(8a) table[k, d]]_{p_d} (k < S); row S = neg_q = [-Q_S]_{p_d}; zero elsewhere.
+
+    table: (S, D) [Qhat_k]_{p_d} (textbook, exact) or F_{k,d} (emulator)."""
+    s, d = table.shape
+    sp, kc = tc_layout(s)
+    p = np.array(out_primes, dtype=np.uint64)
+    out = np.zeros((32 * kc, 8 * max(1, -(-d // 8))), dtype=np.uint64)
+    for a in range(4):
+        out[a * sp : a * sp + s, :d] = (table.astype(np.uint64) << np.uint64(8 * a)) % p
+    out[s, :d] = neg_q
+    return out
+
+
+def tc_fragments(big: np.ndarray) -> np.ndarray:
+    """The B fragments of mma.m16n8k32 (u8, col) for the byte planes of a :func:`tc_table` ``big``:
+    uint32 (DT, 4, KC, 32, 2), entry [dt, b, kc, lane] = the lane's (b0, b1) of the 32 x 8 block of
+    byte plane b (bytes (big >> 8b) & 255) at rows 32 kc.., columns 8 dt..: lane = 4 g + t holds
+    column g, rows 4t + i (b0) and 16 + 4t + i (b1) in byte i."""
+    kp, cols = big.shape
+    kc, dt = kp // 32, cols // 8
+    planes = np.stack([(big >> np.uint64(8 * b)) & np.uint64(255) for b in range(4)]).astype(np.uint8)
+    # (b, kc, half, t, i, dt, g) -> (dt, b, kc, g, t, half, i)
+    frag = planes.reshape(4, kc, 2, 4, 4, dt, 8).transpose(5, 0, 1, 6, 3, 2, 4)
+    return np.ascontiguousarray(frag).reshape(dt, 4, kc, 32, 8).view("<u4").reshape(dt, 4, kc, 32, 2)
+
+
+def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
+    """The A rows of the tensor-core kernel (what each thread writes to shared memory): uint32
+    (N, 8 KC), word a SP/4 + j = bytes a of t_{4j}, .., t_{4j+3} (low byte first), t_S = v (or 0).
+
+    t: (S, N) uint32; v: (N,) or None."""
+    s, n = t.shape
+    sp, kc = tc_layout(s)
+    tp = np.zeros((sp, n), dtype=np.uint32)
+    tp[:s] = t
+    if v is not None:
+        tp[s] = v
+    words = np.zeros((n, 8 * kc), dtype=np.uint32)
+    for a in range(4):
+        byte = (tp >> np.uint32(8 * a)) & np.uint32(255)  # (SP, N)
+        quads = byte.reshape(sp // 4, 4, n)
+        words[:, a * (sp // 4) : (a + 1) * (sp // 4)] = (
+            quads[:, 0] | quads[:, 1] << np.uint32(8) | quads[:, 2] << np.uint32(16) | quads[:, 3] << np.uint32(24)
+        ).T
+    return words
+
+
+_TC_SOURCE = r"""
+// Base conversion on the tensor cores (see tc_layout, tc_table, tc_fragments, tc_words in basis.py).
+// Block (b, tile): 128 coefficients, a warp 32 of them (two m16 tiles). Thread r of the block computes
+// t_k (and v) of coefficient tile 128 + r and writes its A row (KW = 8 KC words) to shared memory;
+// the warp then holds the A fragments of its 32 rows in registers for all KC k-chunks and, for each
+// 8 outputs, runs 4 (byte planes b) x KC x 2 mma.m16n8k32 (u8 x u8 -> s32) with the B fragments read
+// from the pre-swizzled table (L1-resident), folds R_b 2^(8b) into 64 bits and reduces (reduce_sum).
+// A warp reads and writes only its own 32 coefficients, so outputs may overwrite inputs.
+__device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+__device__ __forceinline__ u32 byte_plane(u32 t0, u32 t1, u32 t2, u32 t3, u32 sel) {
+    return __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
+}
+template <int MODE, int KC>
+__device__ __forceinline__ void base_convert_tc(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag,
+        const double* __restrict__ recip, int n, int tiles) {
+    constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
+    __shared__ u32 rows[128 * STRIDE];
+    const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
+    const int base = tile * 128, i = base + threadIdx.x;
+    const int* __restrict__ ins = in_slots + b * S;
+    const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
+    u32* row = rows + threadIdx.x * STRIDE;
+    double f = 0.0;
+#pragma unroll 2
+    for (int j = 0; j < G; ++j) {
+        u32 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int k = 4 * j + q;
+            x[q] = k < S && i < n ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int k = 4 * j + q;
+            if (MODE != 1 && k < S) {
+                x[q] = shoup(x[q], __ldg(in_consts + 4 * k + 1), __ldg(in_consts + 4 * k + 2), __ldg(in_consts + 4 * k));
+                if (MODE == 2) f = __dadd_rn(f, __dmul_rn((double)x[q], __ldg(recip + k)));
+            }
+            if (MODE == 2 && k == S) x[q] = (u32)floor(__dadd_rn(f, 0.5));  // f is complete: q increases
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) row[a * G + j] = byte_plane(x[0], x[1], x[2], x[3], a | ((a + 4) << 4));
+    }
+    for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
+    __syncwarp();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = (threadIdx.x & ~31) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
+    u32 af[2][KC][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int c = 0; c < KC; ++c) {
+            const u32* p = rows + (r0 + 16 * m) * STRIDE + 8 * c + t;
+            af[m][c][0] = p[0];
+            af[m][c][1] = p[8 * STRIDE];
+            af[m][c][2] = p[4];
+            af[m][c][3] = p[8 * STRIDE + 4];
+        }
+    const int DT = (D + 7) >> 3;
+    for (int dt = 0; dt < DT; ++dt) {
+        int acc[4][2][4];
+#pragma unroll
+        for (int bp = 0; bp < 4; ++bp)
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
+        const uint2* fr = frag + (u64)dt * 4 * KC * 32 + lane;
+#pragma unroll
+        for (int bp = 0; bp < 4; ++bp)
+#pragma unroll
+            for (int c = 0; c < KC; ++c) {
+                const uint2 bf = __ldg(fr + (bp * KC + c) * 32);
+                mma_u8(acc[bp][0], af[0][c], bf);
+                mma_u8(acc[bp][1], af[1][c], bf);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
+            const int d = 8 * dt + 2 * t + h;
+            if (d >= D) continue;
+            const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
+            u32* dst = arena + (u64)__ldg(out_slots + b * D + d) * n + base;
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
+                    const int e = 2 * hi + h, r = r0 + 16 * m + 8 * hi;
+                    const u64 x = (u64)(u32)acc[0][m][e] + ((u64)(u32)acc[1][m][e] << 8)
+                                  + ((u64)(u32)acc[2][m][e] << 16) + ((u64)(u32)acc[3][m][e] << 24);
+                    if (base + r < n) dst[r] = reduce_sum(x, c0, c1);
+                }
+        }
+    }
+}
+#define BC_TC(MODE, NAME) \
+extern "C" __global__ void __launch_bounds__(128) base_convert_tc_##NAME( \
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
+        const double* __restrict__ recip, int n, int tiles) { \
+    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles); \
+}
+BC_TC(0, textbook)
+BC_TC(1, emulator)
+BC_TC(2, exact)
+"""
+
+
+def _tc_source(kc: int) -> str:
+    """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE."""
+    head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
+    head = head[: head.index("template <int MODE, int CO, int W>")]
+    return f"#define TC_KC {kc}\n" + head + _TC_SOURCE
+
+
 class BaseConversion:
     """Device tables of the conversion from limbs ``in_limbs`` to limbs ``out_limbs`` (limb indices).
 
@@ -306,16 +496,23 @@ class BaseConversion:
             out8[j, :6] = [p, negq, shoup_constant(negq, p), c32, shoup_constant(c32, p), (1 << 32) // p]
         self._out8 = cp.asarray(out8)
         self._factors16 = cp.asarray(wide[1])
+        # The tensor-core kernel's B fragments (tc_table, tc_fragments), one table a mode family.
+        neg_q = [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
+        self._tc_kc = tc_layout(s)[1]
+        self._tc_qhat = cp.asarray(tc_fragments(tc_table(conv.qhat_mod_out.T, neg_q, conv.out_primes)))
+        self._tc_factors = cp.asarray(tc_fragments(tc_table(conv.factors.T, neg_q, conv.out_primes)))
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
-                min_blocks: int = BC_MIN_BLOCKS) -> None:
+                min_blocks: int = BC_MIN_BLOCKS, tensor: bool = TENSOR) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
         ``tiled``: the tiled kernel (16 outputs x 128 TILED_CO coefficients a block; 1 or 2 picks
         the coefficients per thread); False: one thread per coefficient, t_k in shared memory (the
-        first kernel, kept for comparison). All compute the same residues.
+        first kernel, kept for comparison). ``tensor``: the tensor-core kernel (byte products on
+        mma.m16n8k32, see tc_table); it ignores ``tiled``, ``tail8`` and ``min_blocks``. All compute
+        the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -326,6 +523,17 @@ class BaseConversion:
             return
         code = mode_code(mode)
         cp = cupy()
+        if tensor:
+            tiles = -(-ring.n // TC_ROWS)
+            name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
+            kc = self._tc_kc
+            ring.kernel(f"basis-tc{kc}", lambda: _tc_source(kc), name)(
+                (batch * tiles,),
+                (TC_ROWS,),
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in_consts, self._out8,
+                 self._tc_factors if code == 1 else self._tc_qhat, self._recip, cp.int32(ring.n), cp.int32(tiles)),
+            )
+            return
         if tiled:
             per_thread = TILED_CO if tiled is True else int(tiled)
             tiles = -(-ring.n // (128 * per_thread))
