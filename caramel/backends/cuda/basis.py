@@ -33,6 +33,8 @@ BC_MIN_BLOCKS = 0  # resident blocks per multiprocessor asked for the tiled kern
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TENSOR = False  # the tensor-core kernel (see _TC_SOURCE) is convert's default
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel (32 a warp)
+TC_STAGE = True  # the tensor-core kernel reads its inputs with 16-byte loads through shared memory
+TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
 
 
 def mode_code(mode) -> int:
@@ -345,15 +347,36 @@ template <int MODE, int KC>
 __device__ __forceinline__ void base_convert_tc(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag,
-        const double* __restrict__ recip, int n, int tiles) {
+        const double* __restrict__ recip, int n, int tiles, int chunks, int per) {
     constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
     __shared__ u32 rows[128 * STRIDE];
-    const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
+#if TC_STAGE
+    __shared__ uint4 stage[16 * 32];  // 16 input rows x 128 coefficients
+#endif
+    const int chunk = blockIdx.x % chunks, rest = blockIdx.x / chunks;
+    const int tile = rest % tiles, b = rest / tiles;
     const int base = tile * 128, i = base + threadIdx.x;
     const int* __restrict__ ins = in_slots + b * S;
     const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
     u32* row = rows + threadIdx.x * STRIDE;
     double f = 0.0;
+#if TC_STAGE
+    // 16 input rows at a time: 4 independent 16-byte loads a thread, then t from shared memory.
+    for (int j0 = 0; j0 < G; j0 += 4) {
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int e = q * 128 + threadIdx.x, k = 4 * j0 + (e >> 5), c = base + 4 * (e & 31);
+            stage[e] = k < S && c < n ? __ldg((const uint4*)(arena + (u64)__ldg(ins + k) * n + c)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        __syncthreads();
+        const u32* xs = (const u32*)stage;
+#pragma unroll 2
+    for (int j = j0; j < min(G, j0 + 4); ++j) {
+        u32 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) x[q] = xs[(4 * (j - j0) + q) * 128 + threadIdx.x];
+#else
 #pragma unroll 2
     for (int j = 0; j < G; ++j) {
         u32 x[4];
@@ -362,6 +385,7 @@ __device__ __forceinline__ void base_convert_tc(
             const int k = 4 * j + q;
             x[q] = k < S && i < n ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
         }
+#endif
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int k = 4 * j + q;
@@ -374,6 +398,9 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int a = 0; a < 4; ++a) row[a * G + j] = byte_plane(x[0], x[1], x[2], x[3], a | ((a + 4) << 4));
     }
+#if TC_STAGE
+    }
+#endif
     for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
     __syncwarp();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -389,8 +416,8 @@ __device__ __forceinline__ void base_convert_tc(
             af[m][c][2] = p[4];
             af[m][c][3] = p[8 * STRIDE + 4];
         }
-    const int DT = (D + 7) >> 3;
-    for (int dt = 0; dt < DT; ++dt) {
+    const int DT = min((D + 7) >> 3, (chunk + 1) * per);  // this block's outputs: 8 per dt
+    for (int dt = chunk * per; dt < DT; ++dt) {
         int acc[4][2][4];
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp)
@@ -429,8 +456,8 @@ __device__ __forceinline__ void base_convert_tc(
 extern "C" __global__ void __launch_bounds__(128) base_convert_tc_##NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
-        const double* __restrict__ recip, int n, int tiles) { \
-    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles); \
+        const double* __restrict__ recip, int n, int tiles, int chunks, int per) { \
+    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles, chunks, per); \
 }
 BC_TC(0, textbook)
 BC_TC(1, emulator)
@@ -438,11 +465,12 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int) -> str:
-    """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE."""
+def _tc_source(kc: int, stage: bool) -> str:
+    """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE;
+    ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread)."""
     head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
     head = head[: head.index("template <int MODE, int CO, int W>")]
-    return f"#define TC_KC {kc}\n" + head + _TC_SOURCE
+    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n" + head + _TC_SOURCE
 
 
 class BaseConversion:
@@ -503,7 +531,8 @@ class BaseConversion:
         self._tc_factors = cp.asarray(tc_fragments(tc_table(conv.factors.T, neg_q, conv.out_primes)))
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
-                min_blocks: int = BC_MIN_BLOCKS, tensor: bool = TENSOR) -> None:
+                min_blocks: int = BC_MIN_BLOCKS, tensor: bool = TENSOR, stage: bool = TC_STAGE,
+                per: int = TC_PER) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -511,8 +540,9 @@ class BaseConversion:
         ``tiled``: the tiled kernel (16 outputs x 128 TILED_CO coefficients a block; 1 or 2 picks
         the coefficients per thread); False: one thread per coefficient, t_k in shared memory (the
         first kernel, kept for comparison). ``tensor``: the tensor-core kernel (byte products on
-        mma.m16n8k32, see tc_table); it ignores ``tiled``, ``tail8`` and ``min_blocks``. All compute
-        the same residues.
+        mma.m16n8k32, see tc_table; 128 coefficients and ``per`` x 8 outputs a block, 0: all); it
+        ignores ``tiled``, ``tail8`` and ``min_blocks``; ``stage``: see _tc_source. All compute the
+        same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -523,15 +553,19 @@ class BaseConversion:
             return
         code = mode_code(mode)
         cp = cupy()
-        if tensor:
+        if tensor and ring.n % 4 == 0:
             tiles = -(-ring.n // TC_ROWS)
+            dts = -(-d // 8)
+            per = min(int(per), dts) if per else dts
+            chunks = -(-dts // per)
             name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
-            kc = self._tc_kc
-            ring.kernel(f"basis-tc{kc}", lambda: _tc_source(kc), name)(
-                (batch * tiles,),
+            kc, staged = self._tc_kc, bool(stage)
+            ring.kernel(f"basis-tc{kc}-{int(staged)}", lambda: _tc_source(kc, staged), name)(
+                (batch * tiles * chunks,),
                 (TC_ROWS,),
                 (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in_consts, self._out8,
-                 self._tc_factors if code == 1 else self._tc_qhat, self._recip, cp.int32(ring.n), cp.int32(tiles)),
+                 self._tc_factors if code == 1 else self._tc_qhat, self._recip, cp.int32(ring.n), cp.int32(tiles),
+                 cp.int32(chunks), cp.int32(per)),
             )
             return
         if tiled:
