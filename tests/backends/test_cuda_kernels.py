@@ -396,7 +396,7 @@ def test_base_conversion_chunks(pair, rng, mode, shape, tail8, min_blocks):
     ins = np.array([arena.put(x)])
     outs = np.array([arena.take(d)])
     dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks)
+    conv.convert(dev, i32(ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks, tensor=False)
     expect_rows(arena.download(), outs[0], ref.convert(x, mode), f"base conversion {mode.value}")
 
 
@@ -564,3 +564,24 @@ def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage):
     have = arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], ref.convert(xs[b], mode), f"in-place tensor base conversion {mode.value} batch {b}")
+
+
+@pytest.mark.parametrize("shape", [(13, 50, 1), (55, 9, 2), (40, 24, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+def test_base_conversion_default(pair, rng, shape):
+    """convert's default (the kernel picked by shape, staged loads for large S) computes the reference."""
+    ctx, ring = pair
+    s, d, batch = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    outs = np.array([arena.take(d) for _ in range(batch)])
+    dev = arena.upload()
+    for mode in Mode:
+        conv.convert(dev, i32(ins), i32(outs), mode)
+        have = arena.download()
+        for b in range(batch):
+            expect_rows(have, outs[b], ref.convert(xs[b], mode), f"default base conversion {mode.value} batch {b}")

@@ -31,10 +31,14 @@ TILED_CO = 2  # coefficients per thread of the tiled kernel (1 or 2)
 TAIL8 = True  # the tiled kernel's last chunk of outputs is 8 wide when D mod 16 is 1..8
 BC_MIN_BLOCKS = 0  # resident blocks per multiprocessor asked for the tiled kernels (0: no bound)
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
-TENSOR = False  # the tensor-core kernel (see _TC_SOURCE) is convert's default
+TENSOR = None  # convert's default kernel: None picks by shape (use_tensor), True the tensor-core one,
+# False the tiled one
+TC_MIN_D = 16  # use_tensor: the tensor-core kernel from this many outputs on (measured, PERFORMANCE.md)
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel (32 a warp)
-TC_STAGE = True  # the tensor-core kernel reads its inputs with 16-byte loads through shared memory
+TC_STAGE = None  # its inputs through shared memory with 16-byte loads: None = when S > TC_STAGE_S
+TC_STAGE_S = 32
 TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
+TC_UNROLL = 1  # output tiles a loop iteration of the tensor-core kernel (1 or 2)
 
 
 def mode_code(mode) -> int:
@@ -270,6 +274,13 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
 # input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
 
 
+def use_tensor(s: int, d: int) -> bool:
+    """Whether convert's default is the tensor-core kernel for S inputs and D outputs: from
+    TC_MIN_D outputs on (with fewer, most of its 8-wide output tiles are padding and the tiled
+    kernel was faster on the H200)."""
+    return d >= TC_MIN_D
+
+
 def tc_layout(s: int) -> tuple[int, int]:
     """(SP, KC) of the tensor-core kernel for S inputs: K row kk = a SP + k holds byte a of t_k
     (t_S = v, EXACT's rounding, else 0; SP = S + 1 rounded up to a multiple of 4, rows k > S zero),
@@ -367,7 +378,7 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int e = q * 128 + threadIdx.x, k = 4 * j0 + (e >> 5), c = base + 4 * (e & 31);
-            stage[e] = k < S && c < n ? __ldg((const uint4*)(arena + (u64)__ldg(ins + k) * n + c)) : make_uint4(0u, 0u, 0u, 0u);
+            stage[e] = k < S ? __ldg((const uint4*)(arena + (u64)__ldg(ins + k) * n + c)) : make_uint4(0u, 0u, 0u, 0u);
         }
         __syncthreads();
         const u32* xs = (const u32*)stage;
@@ -383,14 +394,15 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int k = 4 * j + q;
-            x[q] = k < S && i < n ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
+            x[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
         }
 #endif
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int k = 4 * j + q;
-            if (MODE != 1 && k < S) {
-                x[q] = shoup(x[q], __ldg(in_consts + 4 * k + 1), __ldg(in_consts + 4 * k + 2), __ldg(in_consts + 4 * k));
+            if (MODE != 1) {  // constants zero padded to SP rows: k >= S gives t = 0 and f + 0.0 = f
+                const uint4 cq = __ldg((const uint4*)in_consts + k);
+                x[q] = shoup(x[q], cq.y, cq.z, cq.x);
                 if (MODE == 2) f = __dadd_rn(f, __dmul_rn((double)x[q], __ldg(recip + k)));
             }
             if (MODE == 2 && k == S) x[q] = (u32)floor(__dadd_rn(f, 0.5));  // f is complete: q increases
@@ -416,7 +428,8 @@ __device__ __forceinline__ void base_convert_tc(
             af[m][c][2] = p[4];
             af[m][c][3] = p[8 * STRIDE + 4];
         }
-    const int DT = min((D + 7) >> 3, (chunk + 1) * per);  // this block's outputs: 8 per dt
+    const int DP = (D + 7) & ~7, DT = min(DP >> 3, (chunk + 1) * per);  // this block's outputs: 8 per dt
+#pragma unroll TC_UNROLL
     for (int dt = chunk * per; dt < DT; ++dt) {
         int acc[4][2][4];
 #pragma unroll
@@ -426,6 +439,16 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
         const uint2* fr = frag + (u64)dt * 4 * KC * 32 + lane;
+        // The epilogue's constants first (out8 and out_slots padded to 8 DT outputs), then the products.
+        uint4 c0[2], c1[2];
+        u32* dst[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int d = 8 * dt + 2 * t + h;
+            c0[h] = __ldg((const uint4*)(out8 + 8 * d));
+            c1[h] = __ldg((const uint4*)(out8 + 8 * d + 4));
+            dst[h] = arena + (u64)(d < D ? __ldg(out_slots + b * D + d) : 0) * n + base;
+        }
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp)
 #pragma unroll
@@ -436,10 +459,7 @@ __device__ __forceinline__ void base_convert_tc(
             }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
-            const int d = 8 * dt + 2 * t + h;
-            if (d >= D) continue;
-            const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
-            u32* dst = arena + (u64)__ldg(out_slots + b * D + d) * n + base;
+            if (8 * dt + 2 * t + h >= D) continue;
 #pragma unroll
             for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -447,7 +467,7 @@ __device__ __forceinline__ void base_convert_tc(
                     const int e = 2 * hi + h, r = r0 + 16 * m + 8 * hi;
                     const u64 x = (u64)(u32)acc[0][m][e] + ((u64)(u32)acc[1][m][e] << 8)
                                   + ((u64)(u32)acc[2][m][e] << 16) + ((u64)(u32)acc[3][m][e] << 24);
-                    if (base + r < n) dst[r] = reduce_sum(x, c0, c1);
+                    dst[h][r] = reduce_sum(x, c0[h], c1[h]);
                 }
         }
     }
@@ -465,12 +485,14 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, stage: bool) -> str:
+def _tc_source(kc: int, stage: bool, unroll: int = 1) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE;
-    ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread)."""
+    ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread);
+    ``unroll``: output tiles a loop iteration."""
     head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
     head = head[: head.index("template <int MODE, int CO, int W>")]
-    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n" + head + _TC_SOURCE
+    body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
+    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n" + head + body
 
 
 class BaseConversion:
@@ -526,13 +548,19 @@ class BaseConversion:
         self._factors16 = cp.asarray(wide[1])
         # The tensor-core kernel's B fragments (tc_table, tc_fragments), one table a mode family.
         neg_q = [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
-        self._tc_kc = tc_layout(s)[1]
+        sp, self._tc_kc = tc_layout(s)
+        # Its input constants and reciprocals zero padded to SP rows, output constants to 8 DT.
+        self._tc_in = cp.asarray(np.concatenate([in_consts, np.zeros((sp - s, 4), np.uint32)]))
+        self._tc_recip = cp.asarray(np.concatenate([conv.reciprocals.astype(np.float64), np.zeros(sp - s)]))
+        out8_tc = np.zeros((8 * max(1, -(-d // 8)), 8), dtype=np.uint32)
+        out8_tc[:d] = out8[:d]
+        self._tc_out8 = cp.asarray(out8_tc)
         self._tc_qhat = cp.asarray(tc_fragments(tc_table(conv.qhat_mod_out.T, neg_q, conv.out_primes)))
         self._tc_factors = cp.asarray(tc_fragments(tc_table(conv.factors.T, neg_q, conv.out_primes)))
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
-                min_blocks: int = BC_MIN_BLOCKS, tensor: bool = TENSOR, stage: bool = TC_STAGE,
-                per: int = TC_PER) -> None:
+                min_blocks: int = BC_MIN_BLOCKS, tensor: bool | None = TENSOR, stage: bool | None = TC_STAGE,
+                per: int = TC_PER, unroll: int = TC_UNROLL) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -541,8 +569,9 @@ class BaseConversion:
         the coefficients per thread); False: one thread per coefficient, t_k in shared memory (the
         first kernel, kept for comparison). ``tensor``: the tensor-core kernel (byte products on
         mma.m16n8k32, see tc_table; 128 coefficients and ``per`` x 8 outputs a block, 0: all); it
-        ignores ``tiled``, ``tail8`` and ``min_blocks``; ``stage``: see _tc_source. All compute the
-        same residues.
+        ignores ``tiled``, ``tail8`` and ``min_blocks``; None: :func:`use_tensor` when ``tiled`` is True
+        (the default), else the kernel ``tiled`` names. ``stage`` (None:
+        S > TC_STAGE_S) and ``unroll``: see _tc_source. All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -553,18 +582,20 @@ class BaseConversion:
             return
         code = mode_code(mode)
         cp = cupy()
-        if tensor and ring.n % 4 == 0:
+        if tensor is None:  # the default kernel: by shape unless the caller named a tiled or first kernel
+            tensor = tiled is True and use_tensor(s, d)
+        if tensor and ring.n % TC_ROWS == 0:
             tiles = -(-ring.n // TC_ROWS)
             dts = -(-d // 8)
             per = min(int(per), dts) if per else dts
             chunks = -(-dts // per)
             name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
-            kc, staged = self._tc_kc, bool(stage)
-            ring.kernel(f"basis-tc{kc}-{int(staged)}", lambda: _tc_source(kc, staged), name)(
+            kc, staged, unroll = self._tc_kc, bool(s > TC_STAGE_S if stage is None else stage), int(unroll)
+            ring.kernel(f"basis-tc{kc}-{int(staged)}-{unroll}", lambda: _tc_source(kc, staged, unroll), name)(
                 (batch * tiles * chunks,),
                 (TC_ROWS,),
-                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in_consts, self._out8,
-                 self._tc_factors if code == 1 else self._tc_qhat, self._recip, cp.int32(ring.n), cp.int32(tiles),
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in, self._tc_out8,
+                 self._tc_factors if code == 1 else self._tc_qhat, self._tc_recip, cp.int32(ring.n), cp.int32(tiles),
                  cp.int32(chunks), cp.int32(per)),
             )
             return
