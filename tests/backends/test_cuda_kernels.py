@@ -581,6 +581,7 @@ def test_base_conversion_default(pair, rng, shape):
     outs = np.array([arena.take(d) for _ in range(batch)])
     dev = arena.upload()
     for mode in Mode:
+        dev[cp.asarray(outs.reshape(-1))] = POISON
         conv.convert(dev, i32(ins), i32(outs), mode)
         have = arena.download()
         for b in range(batch):
