@@ -568,7 +568,7 @@ def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage):
 
 @pytest.mark.parametrize("shape", [(13, 50, 1), (55, 9, 2), (40, 24, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
 def test_base_conversion_default(pair, rng, shape):
-    """convert's default (the kernel picked by shape, staged loads for large S) computes the reference."""
+    """convert's default (the kernel picked by shape: the tensor-core one) computes the reference."""
     ctx, ring = pair
     s, d, batch = shape
     perm = [int(v) for v in rng.permutation(64)]

@@ -33,9 +33,9 @@ BC_MIN_BLOCKS = 0  # resident blocks per multiprocessor asked for the tiled kern
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TENSOR = None  # convert's default kernel: None picks by shape (use_tensor), True the tensor-core one,
 # False the tiled one
-TC_MIN_D = 16  # use_tensor: the tensor-core kernel from this many outputs on (measured, PERFORMANCE.md)
+TC_MIN_D = 1  # use_tensor: the tensor-core kernel from this many outputs on (faster at every measured shape)
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel (32 a warp)
-TC_STAGE = None  # its inputs through shared memory with 16-byte loads: None = when S > TC_STAGE_S
+TC_STAGE = False  # its inputs through shared memory with 16-byte loads (None: when S > TC_STAGE_S)
 TC_STAGE_S = 32
 TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
 TC_UNROLL = 1  # output tiles a loop iteration of the tensor-core kernel (1 or 2)
@@ -276,8 +276,7 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
 
 def use_tensor(s: int, d: int) -> bool:
     """Whether convert's default is the tensor-core kernel for S inputs and D outputs: from
-    TC_MIN_D outputs on (with fewer, most of its 8-wide output tiles are padding and the tiled
-    kernel was faster on the H200)."""
+    TC_MIN_D outputs on (docs/PERFORMANCE.md, session 7: it was the faster at every shape timed)."""
     return d >= TC_MIN_D
 
 
