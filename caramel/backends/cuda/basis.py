@@ -39,6 +39,7 @@ TC_STAGE = False  # its inputs through shared memory with 16-byte loads (None: w
 TC_STAGE_S = 32
 TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
 TC_UNROLL = 1  # output tiles a loop iteration of the tensor-core kernel (1 or 2)
+TC_SPLIT = 1  # warps a 32 coefficients of the tensor-core kernel (1 or 2; 2 needs direct loads)
 
 
 def mode_code(mode) -> int:
@@ -368,7 +369,10 @@ __device__ __forceinline__ void base_convert_tc(
     const int base = tile * 128, i = base + threadIdx.x;
     const int* __restrict__ ins = in_slots + b * S;
     const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
-    u32* row = rows + threadIdx.x * STRIDE;
+    // TC_SPLIT warps share each 32 rows: threads 0..127 write the rows, all then split the outputs.
+    static_assert(TC_SPLIT == 1 || !TC_STAGE, "split blocks read their inputs directly");
+    const bool loader = TC_SPLIT == 1 || threadIdx.x < 128;
+    u32* row = rows + (threadIdx.x & 127) * STRIDE;
     double f = 0.0;
 #if TC_STAGE
     // 16 input rows at a time: 4 independent 16-byte loads a thread, then t from shared memory.
@@ -388,7 +392,7 @@ __device__ __forceinline__ void base_convert_tc(
         for (int q = 0; q < 4; ++q) x[q] = xs[(4 * (j - j0) + q) * 128 + threadIdx.x];
 #else
 #pragma unroll 2
-    for (int j = 0; j < G; ++j) {
+    for (int j = 0; j < (loader ? G : 0); ++j) {
         u32 x[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -412,10 +416,11 @@ __device__ __forceinline__ void base_convert_tc(
 #if TC_STAGE
     }
 #endif
-    for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
-    __syncwarp();
+    if (loader)
+        for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
+    if (TC_SPLIT > 1) __syncthreads(); else __syncwarp();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = (threadIdx.x & ~31) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
+    const int r0 = (threadIdx.x & 96) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
     u32 af[2][KC][4];
 #pragma unroll
     for (int m = 0; m < 2; ++m)
@@ -429,7 +434,7 @@ __device__ __forceinline__ void base_convert_tc(
         }
     const int DP = (D + 7) & ~7, DT = min(DP >> 3, (chunk + 1) * per);  // this block's outputs: 8 per dt
 #pragma unroll TC_UNROLL
-    for (int dt = chunk * per; dt < DT; ++dt) {
+    for (int dt = chunk * per + (threadIdx.x >> 7); dt < DT; dt += TC_SPLIT) {
         int acc[4][2][4];
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp)
@@ -472,7 +477,7 @@ __device__ __forceinline__ void base_convert_tc(
     }
 }
 #define BC_TC(MODE, NAME) \
-extern "C" __global__ void __launch_bounds__(128) base_convert_tc_##NAME( \
+extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT) base_convert_tc_##NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
         const double* __restrict__ recip, int n, int tiles, int chunks, int per) { \
@@ -484,14 +489,15 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, stage: bool, unroll: int = 1) -> str:
+def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE;
     ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread);
-    ``unroll``: output tiles a loop iteration."""
+    ``unroll``: output tiles a loop iteration; ``split``: warps a 32 coefficients (128 split threads a
+    block; the warps of a row group take every split-th output tile; direct loads only)."""
     head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
     head = head[: head.index("template <int MODE, int CO, int W>")]
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
-    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n" + head + body
+    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n#define TC_SPLIT {int(split)}\n" + head + body
 
 
 class BaseConversion:
@@ -559,7 +565,7 @@ class BaseConversion:
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
                 min_blocks: int = BC_MIN_BLOCKS, tensor: bool | None = TENSOR, stage: bool | None = TC_STAGE,
-                per: int = TC_PER, unroll: int = TC_UNROLL) -> None:
+                per: int = TC_PER, unroll: int = TC_UNROLL, split: int = TC_SPLIT) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -570,7 +576,7 @@ class BaseConversion:
         mma.m16n8k32, see tc_table; 128 coefficients and ``per`` x 8 outputs a block, 0: all); it
         ignores ``tiled``, ``tail8`` and ``min_blocks``; None: :func:`use_tensor` when ``tiled`` is True
         (the default), else the kernel ``tiled`` names. ``stage`` (None:
-        S > TC_STAGE_S) and ``unroll``: see _tc_source. All compute the same residues.
+        S > TC_STAGE_S), ``unroll`` and ``split``: see _tc_source. All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -590,9 +596,13 @@ class BaseConversion:
             chunks = -(-dts // per)
             name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
             kc, staged, unroll = self._tc_kc, bool(s > TC_STAGE_S if stage is None else stage), int(unroll)
-            ring.kernel(f"basis-tc{kc}-{int(staged)}-{unroll}", lambda: _tc_source(kc, staged, unroll), name)(
+            split = int(split)
+            if split not in (1, 2) or (staged and split > 1):
+                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}")
+            ring.kernel(f"basis-tc{kc}-{int(staged)}-{unroll}-{split}",
+                        lambda: _tc_source(kc, staged, unroll, split), name)(
                 (batch * tiles * chunks,),
-                (TC_ROWS,),
+                (TC_ROWS * split,),
                 (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in, self._tc_out8,
                  self._tc_factors if code == 1 else self._tc_qhat, self._tc_recip, cp.int32(ring.n), cp.int32(tiles),
                  cp.int32(chunks), cp.int32(per)),
