@@ -233,10 +233,10 @@ def main() -> int:
                           t, f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
             for kw in TC_VARIANTS:
                 t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tensor=True, **kw), sets)
+                rate = batch * s_in * d_out * n / t / 1e12
                 bench.add(f"baseconv {mode.value} tensor {'staged' if kw['stage'] else 'direct'} per={kw['per']}"
                           f" unroll={kw['unroll']} split={kw['split']}",
-                          f"S={s_in} D={d_out} B={batch}", t,
-                          f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
+                          f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
     for name, config, seconds, rate in bench.rows:

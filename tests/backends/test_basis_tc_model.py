@@ -75,7 +75,8 @@ def rng():
 
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
-@pytest.mark.parametrize("shape", [(1, 3), (3, 5), (13, 50), (21, 42), (32, 17), (60, 9), (64, 3), (7, 8), (8, 11), (16, 16)],
+@pytest.mark.parametrize("shape", [(1, 3), (3, 5), (13, 50), (21, 42), (32, 17), (60, 9), (64, 3), (7, 8), (8, 11),
+                                   (16, 16)],
                          ids=lambda s: f"S={s[0]},D={s[1]}")
 def test_tc_model_matches_ring(rng, mode, shape):
     ctx = Context(256)

@@ -9,7 +9,9 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
-Two kernels compute the same residues. The tiled one (the default) is a matrix product tiled
+Three kernels compute the same residues. The default is the tensor-core one (``tensor``; see the
+comment above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into 64 bits
+per output and reduced like the tiled kernel. The tiled one (the default before) is a matrix product tiled
 over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in shared memory,
 the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot overflow), each input
 limb read once per block (the blocks of one coefficient tile run together, so the other output
@@ -481,7 +483,8 @@ extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT) base_convert_tc_##N
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
         const double* __restrict__ recip, int n, int tiles, int chunks, int per) { \
-    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles, chunks, per); \
+    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles, chunks, \
+                                 per); \
 }
 BC_TC(0, textbook)
 BC_TC(1, emulator)
