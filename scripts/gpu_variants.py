@@ -57,6 +57,11 @@ def label(kw: dict) -> str:
 
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
+#: Options of the tensor-core base conversion (basis.BaseConversion.convert, tensor=True).
+TC_VARIANTS = [dict(stage=False, per=0, unroll=1, split=1), dict(stage=True, per=0, unroll=1, split=1),
+               dict(stage=False, per=0, unroll=1, split=2), dict(stage=False, per=0, unroll=2, split=2)]
+#: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
+BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
 
 
 def main() -> int:
@@ -65,6 +70,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=65536, help="ring degree of the timings")
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--ntt-only", action="store_true", help="leave out base conversion")
+    ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
+    ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -146,6 +153,18 @@ def main() -> int:
                     for b in range(2):
                         if not np.array_equal(have[b * d : (b + 1) * d], ref.convert(xs[b], mode)):
                             failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tiled={tiled} tail8={tail8} mb={mb}")
+                # the tensor-core kernel; with per=0, batch 1 in place (its first min(S, D) outputs overwrite
+                # its inputs)
+                for kw in TC_VARIANTS:
+                    arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
+                    outs = np.arange(2 * d).reshape(2, d) + 2 * s
+                    if not kw["per"]:
+                        outs[1, : min(s, d)] = np.arange(s, 2 * s)[: min(s, d)]
+                    conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), i32(outs), mode, tensor=True, **kw)
+                    have = cp.asnumpy(arena)
+                    for b in range(2):
+                        if not np.array_equal(have[outs[b]], ref.convert(xs[b], mode)):
+                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tensor {kw} batch {b}")
         print(f"base conversion checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 3. timings at N = args.n
@@ -167,7 +186,7 @@ def main() -> int:
     outs = [i32(np.arange(rows) + 2 * rows * s + rows) for s in range(sets)]
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
-    for kw in variants + (TIMING_ONLY if variants else []):
+    for kw in [] if args.bc_only else variants + (TIMING_ONLY if variants else []):
         bound = two_pass * (2 if kw["one_pass"] and dntt.one_pass_fits(ring.logn) else 1)
         for fname, inverse in (("ntt", False), ("intt", True)):
             for r in (rows, 40):  # a large batch, and the typical size of the plan's INTT launches
@@ -195,7 +214,7 @@ def main() -> int:
                                            shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
-    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES:
+    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []):
         perm = list(range(64))
         conv = dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out])
         per = batch * (s_in + d_out)
@@ -204,14 +223,20 @@ def main() -> int:
         bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
-            for tiled, tail8, mb in ((False, False, 0), (1, True, 0), (1, True, 6), (2, False, 0), (2, True, 0),
-                                     (2, True, 5)):
+            for tiled, tail8, mb in ((False, False, 0), (2, True, 0)) if args.bc_only else (
+                    (False, False, 0), (1, True, 0), (1, True, 6), (2, False, 0), (2, True, 0), (2, True, 5)):
                 t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tiled=tiled, tail8=tail8,
                                                       min_blocks=mb), sets)
                 bench.add(f"baseconv {mode.value} {f'tiled x{tiled}' if tiled else 'first'}{' tail8' if tail8 else ''}"
                           f"{f' mb{mb}' if mb else ''}",
                           f"S={s_in} D={d_out} B={batch}",
                           t, f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
+            for kw in TC_VARIANTS:
+                t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tensor=True, **kw), sets)
+                rate = batch * s_in * d_out * n / t / 1e12
+                bench.add(f"baseconv {mode.value} tensor {'staged' if kw['stage'] else 'direct'} per={kw['per']}"
+                          f" unroll={kw['unroll']} split={kw['split']}",
+                          f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
     for name, config, seconds, rate in bench.rows:

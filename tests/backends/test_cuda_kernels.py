@@ -396,7 +396,7 @@ def test_base_conversion_chunks(pair, rng, mode, shape, tail8, min_blocks):
     ins = np.array([arena.put(x)])
     outs = np.array([arena.take(d)])
     dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks)
+    conv.convert(dev, i32(ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks, tensor=False)
     expect_rows(arena.download(), outs[0], ref.convert(x, mode), f"base conversion {mode.value}")
 
 
@@ -509,3 +509,81 @@ def test_graph_capture(rng):
     have = cp.asnumpy(dev)
     want = ctx.intt(rmod.add_mod(x, ctx.ntt(x, limbs), ctx.moduli(limbs)), limbs)
     expect_rows(have, out, want, "graph replay")
+
+
+# --------------------------------------------------------------------------- base conversion on the tensor cores
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 2), (7, 8, 1), (8, 11, 3), (13, 50, 3), (16, 47, 2), (21, 42, 1),
+                                   (33, 20, 2), (60, 4, 1), (64, 9, 2)],
+                         ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+@pytest.mark.parametrize("stage,per,split", [(True, 0, 1), (False, 0, 1), (True, 2, 1), (False, 1, 1), (False, 0, 2),
+                                             (False, 3, 2)], ids=lambda v: str(v))
+def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split):
+    """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues, with
+    staged or direct input loads, all outputs or ``per`` x 8 of them a block, 1 or 2 warps a row group."""
+    ctx, ring = pair
+    s, d, batch = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs = sorted(perm[:s])
+    out_limbs = sorted(perm[s : s + d]) if s + d <= 64 else sorted(perm[-d:])  # S + D > 64: shared primes
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    xs[0][:, :3] = np.array([[ctx.q(l) - 1, 0, ctx.q(l) // 2] for l in in_limbs], dtype=np.uint32)  # extremes
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    outs = np.array([arena.take(d) for _ in range(batch)])
+    dev = arena.upload()
+    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=per, split=split)
+    have = arena.download()
+    for b in range(batch):
+        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
+    expect_inputs_kept(arena, have, outs.reshape(-1))
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(13, 9, 2), (5, 20, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+@pytest.mark.parametrize("stage,split", [(True, 1), (False, 1), (False, 2)], ids=["staged", "direct", "split2"])
+def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split):
+    """Outputs may overwrite the inputs (with all outputs in one block, per=0): a block reads all its
+    inputs before it writes."""
+    ctx, ring = pair
+    s, d, batch = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    shared = min(s, d)
+    outs = np.array([list(ins[b][:shared]) + arena.take(d - shared) for b in range(batch)])
+    dev = arena.upload()
+    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=0, split=split)
+    have = arena.download()
+    for b in range(batch):
+        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"in-place tensor base conversion {mode.value} batch {b}")
+
+
+@pytest.mark.parametrize("shape", [(13, 50, 1), (55, 9, 2), (40, 24, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+def test_base_conversion_default(pair, rng, shape):
+    """convert's default (the kernel picked by shape: the tensor-core one) computes the reference."""
+    ctx, ring = pair
+    s, d, batch = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
+    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+    ref = ctx.base_converter(in_limbs, out_limbs)
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    arena = Arena(ctx.n, batch * (s + d), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    outs = np.array([arena.take(d) for _ in range(batch)])
+    dev = arena.upload()
+    for mode in Mode:
+        dev[cp.asarray(outs.reshape(-1))] = POISON
+        conv.convert(dev, i32(ins), i32(outs), mode)
+        have = arena.download()
+        for b in range(batch):
+            expect_rows(have, outs[b], ref.convert(xs[b], mode), f"default base conversion {mode.value} batch {b}")

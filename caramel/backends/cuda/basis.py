@@ -9,7 +9,9 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
-Two kernels compute the same residues. The tiled one (the default) is a matrix product tiled
+Three kernels compute the same residues. The default is the tensor-core one (``tensor``; see the
+comment above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into 64 bits
+per output and reduced like the tiled kernel. The tiled one (the default before) is a matrix product tiled
 over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in shared memory,
 the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot overflow), each input
 limb read once per block (the blocks of one coefficient tile run together, so the other output
@@ -31,6 +33,15 @@ TILED_CO = 2  # coefficients per thread of the tiled kernel (1 or 2)
 TAIL8 = True  # the tiled kernel's last chunk of outputs is 8 wide when D mod 16 is 1..8
 BC_MIN_BLOCKS = 0  # resident blocks per multiprocessor asked for the tiled kernels (0: no bound)
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
+TENSOR = None  # convert's default kernel: None picks by shape (use_tensor), True the tensor-core one,
+# False the tiled one
+TC_MIN_D = 1  # use_tensor: the tensor-core kernel from this many outputs on (faster at every measured shape)
+TC_ROWS = 128  # coefficients a block of the tensor-core kernel (32 a warp)
+TC_STAGE = False  # its inputs through shared memory with 16-byte loads (None: when S > TC_STAGE_S)
+TC_STAGE_S = 32
+TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
+TC_UNROLL = 1  # output tiles a loop iteration of the tensor-core kernel (1 or 2)
+TC_SPLIT = 1  # warps a 32 coefficients of the tensor-core kernel (1 or 2; 2 needs direct loads)
 
 
 def mode_code(mode) -> int:
@@ -255,6 +266,243 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
 """
 
 
+# --------------------------------------------------------------------------- tensor-core kernel
+#
+# out_d = sum_k t_k T[k][d] mod p_d as a product of bytes on the integer tensor cores. With t_k
+# = sum_a t_{k,a} 2^(8a) (bytes, a < 4), out_d = sum_{a,k} t_{k,a} T_a[k][d] mod p_d where T_a[k][d]
+# = [2^(8a) T[k][d]]_{p_d}: a K = 4S product of bytes of t with 32-bit table entries. Splitting those
+# into bytes too, T_a[k][d] = sum_b T_{a,b}[k][d] 2^(8b), gives four byte GEMMs R_b = sum_{a,k}
+# t_{k,a} T_{a,b}[k][d] (int32: (4S + 1) 255^2 < 2^24 for S <= 64) and out_d = sum_b R_b 2^(8b)
+# mod p_d (< 2^49: one 64-bit value and reduce_sum). EXACT's v [-Q_S]_p (v <= S < 2^8) is one more
+# input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
+
+
+def use_tensor(s: int, d: int) -> bool:
+    """Whether convert's default is the tensor-core kernel for S inputs and D outputs: from
+    TC_MIN_D outputs on (docs/PERFORMANCE.md, session 7: it was the faster at every shape timed)."""
+    return d >= TC_MIN_D
+
+
+def tc_layout(s: int) -> tuple[int, int]:
+    """(SP, KC) of the tensor-core kernel for S inputs: K row kk = a SP + k holds byte a of t_k
+    (t_S = v, EXACT's rounding, else 0; SP = S + 1 rounded up to a multiple of 4, rows k > S zero),
+    and K = 32 KC = 4 SP rounded up to a multiple of 32 (the k of one mma.m16n8k32)."""
+    sp = -(-(s + 1) // 4) * 4
+    return sp, -(-(4 * sp) // 32)
+
+
+def tc_table(table: np.ndarray, neg_q: np.ndarray, out_primes) -> np.ndarray:
+    """The K x (8 DT) table of the tensor-core kernel, uint64 (DT = ceil(D / 8)): row a SP + k,
+    column d = [2^(8a) table[k, d]]_{p_d} (k < S); row S = neg_q = [-Q_S]_{p_d}; zero elsewhere.
+
+    table: (S, D) [Qhat_k]_{p_d} (textbook, exact) or F_{k,d} (emulator)."""
+    s, d = table.shape
+    sp, kc = tc_layout(s)
+    p = np.array(out_primes, dtype=np.uint64)
+    out = np.zeros((32 * kc, 8 * max(1, -(-d // 8))), dtype=np.uint64)
+    for a in range(4):
+        out[a * sp : a * sp + s, :d] = (table.astype(np.uint64) << np.uint64(8 * a)) % p
+    out[s, :d] = neg_q
+    return out
+
+
+def tc_fragments(big: np.ndarray) -> np.ndarray:
+    """The B fragments of mma.m16n8k32 (u8, col) for the byte planes of a :func:`tc_table` ``big``:
+    uint32 (DT, 4, KC, 32, 2), entry [dt, b, kc, lane] = the lane's (b0, b1) of the 32 x 8 block of
+    byte plane b (bytes (big >> 8b) & 255) at rows 32 kc.., columns 8 dt..: lane = 4 g + t holds
+    column g, rows 4t + i (b0) and 16 + 4t + i (b1) in byte i."""
+    kp, cols = big.shape
+    kc, dt = kp // 32, cols // 8
+    planes = np.stack([(big >> np.uint64(8 * b)) & np.uint64(255) for b in range(4)]).astype(np.uint8)
+    # (b, kc, half, t, i, dt, g) -> (dt, b, kc, g, t, half, i)
+    frag = planes.reshape(4, kc, 2, 4, 4, dt, 8).transpose(5, 0, 1, 6, 3, 2, 4)
+    return np.ascontiguousarray(frag).reshape(dt, 4, kc, 32, 8).view("<u4").reshape(dt, 4, kc, 32, 2)
+
+
+def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
+    """The A rows of the tensor-core kernel (what each thread writes to shared memory): uint32
+    (N, 8 KC), word a SP/4 + j = bytes a of t_{4j}, .., t_{4j+3} (low byte first), t_S = v (or 0).
+
+    t: (S, N) uint32; v: (N,) or None."""
+    s, n = t.shape
+    sp, kc = tc_layout(s)
+    tp = np.zeros((sp, n), dtype=np.uint32)
+    tp[:s] = t
+    if v is not None:
+        tp[s] = v
+    words = np.zeros((n, 8 * kc), dtype=np.uint32)
+    for a in range(4):
+        byte = (tp >> np.uint32(8 * a)) & np.uint32(255)  # (SP, N)
+        quads = byte.reshape(sp // 4, 4, n)
+        words[:, a * (sp // 4) : (a + 1) * (sp // 4)] = (
+            quads[:, 0] | quads[:, 1] << np.uint32(8) | quads[:, 2] << np.uint32(16) | quads[:, 3] << np.uint32(24)
+        ).T
+    return words
+
+
+_TC_SOURCE = r"""
+// Base conversion on the tensor cores (see tc_layout, tc_table, tc_fragments, tc_words in basis.py).
+// Block (b, tile): 128 coefficients, a warp 32 of them (two m16 tiles). Thread r of the block computes
+// t_k (and v) of coefficient tile 128 + r and writes its A row (KW = 8 KC words) to shared memory;
+// the warp then holds the A fragments of its 32 rows in registers for all KC k-chunks and, for each
+// 8 outputs, runs 4 (byte planes b) x KC x 2 mma.m16n8k32 (u8 x u8 -> s32) with the B fragments read
+// from the pre-swizzled table (L1-resident), folds R_b 2^(8b) into 64 bits and reduces (reduce_sum).
+// A warp reads and writes only its own 32 coefficients, so outputs may overwrite inputs.
+__device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+__device__ __forceinline__ u32 byte_plane(u32 t0, u32 t1, u32 t2, u32 t3, u32 sel) {
+    return __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
+}
+template <int MODE, int KC>
+__device__ __forceinline__ void base_convert_tc(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag,
+        const double* __restrict__ recip, int n, int tiles, int chunks, int per) {
+    constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
+    __shared__ u32 rows[128 * STRIDE];
+#if TC_STAGE
+    __shared__ uint4 stage[16 * 32];  // 16 input rows x 128 coefficients
+#endif
+    const int chunk = blockIdx.x % chunks, rest = blockIdx.x / chunks;
+    const int tile = rest % tiles, b = rest / tiles;
+    const int base = tile * 128, i = base + threadIdx.x;
+    const int* __restrict__ ins = in_slots + b * S;
+    const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
+    // TC_SPLIT warps share each 32 rows: threads 0..127 write the rows, all then split the outputs.
+    static_assert(TC_SPLIT == 1 || !TC_STAGE, "split blocks read their inputs directly");
+    const bool loader = TC_SPLIT == 1 || threadIdx.x < 128;
+    u32* row = rows + (threadIdx.x & 127) * STRIDE;
+    double f = 0.0;
+#if TC_STAGE
+    // 16 input rows at a time: 4 independent 16-byte loads a thread, then t from shared memory.
+    for (int j0 = 0; j0 < G; j0 += 4) {
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int e = q * 128 + threadIdx.x, k = 4 * j0 + (e >> 5), c = base + 4 * (e & 31);
+            stage[e] = k < S ? __ldg((const uint4*)(arena + (u64)__ldg(ins + k) * n + c)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        __syncthreads();
+        const u32* xs = (const u32*)stage;
+#pragma unroll 2
+    for (int j = j0; j < min(G, j0 + 4); ++j) {
+        u32 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) x[q] = xs[(4 * (j - j0) + q) * 128 + threadIdx.x];
+#else
+#pragma unroll 2
+    for (int j = 0; j < (loader ? G : 0); ++j) {
+        u32 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int k = 4 * j + q;
+            x[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
+        }
+#endif
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int k = 4 * j + q;
+            if (MODE != 1) {  // constants zero padded to SP rows: k >= S gives t = 0 and f + 0.0 = f
+                const uint4 cq = __ldg((const uint4*)in_consts + k);
+                x[q] = shoup(x[q], cq.y, cq.z, cq.x);
+                if (MODE == 2) f = __dadd_rn(f, __dmul_rn((double)x[q], __ldg(recip + k)));
+            }
+            if (MODE == 2 && k == S) x[q] = (u32)floor(__dadd_rn(f, 0.5));  // f is complete: q increases
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) row[a * G + j] = byte_plane(x[0], x[1], x[2], x[3], a | ((a + 4) << 4));
+    }
+#if TC_STAGE
+    }
+#endif
+    if (loader)
+        for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
+    if (TC_SPLIT > 1) __syncthreads(); else __syncwarp();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = (threadIdx.x & 96) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
+    u32 af[2][KC][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int c = 0; c < KC; ++c) {
+            const u32* p = rows + (r0 + 16 * m) * STRIDE + 8 * c + t;
+            af[m][c][0] = p[0];
+            af[m][c][1] = p[8 * STRIDE];
+            af[m][c][2] = p[4];
+            af[m][c][3] = p[8 * STRIDE + 4];
+        }
+    const int DP = (D + 7) & ~7, DT = min(DP >> 3, (chunk + 1) * per);  // this block's outputs: 8 per dt
+#pragma unroll TC_UNROLL
+    for (int dt = chunk * per + (threadIdx.x >> 7); dt < DT; dt += TC_SPLIT) {
+        int acc[4][2][4];
+#pragma unroll
+        for (int bp = 0; bp < 4; ++bp)
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
+        const uint2* fr = frag + (u64)dt * 4 * KC * 32 + lane;
+        // The epilogue's constants first (out8 and out_slots padded to 8 DT outputs), then the products.
+        uint4 c0[2], c1[2];
+        u32* dst[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int d = 8 * dt + 2 * t + h;
+            c0[h] = __ldg((const uint4*)(out8 + 8 * d));
+            c1[h] = __ldg((const uint4*)(out8 + 8 * d + 4));
+            dst[h] = arena + (u64)(d < D ? __ldg(out_slots + b * D + d) : 0) * n + base;
+        }
+#pragma unroll
+        for (int bp = 0; bp < 4; ++bp)
+#pragma unroll
+            for (int c = 0; c < KC; ++c) {
+                const uint2 bf = __ldg(fr + (bp * KC + c) * 32);
+                mma_u8(acc[bp][0], af[0][c], bf);
+                mma_u8(acc[bp][1], af[1][c], bf);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
+            if (8 * dt + 2 * t + h >= D) continue;
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
+                    const int e = 2 * hi + h, r = r0 + 16 * m + 8 * hi;
+                    const u64 x = (u64)(u32)acc[0][m][e] + ((u64)(u32)acc[1][m][e] << 8)
+                                  + ((u64)(u32)acc[2][m][e] << 16) + ((u64)(u32)acc[3][m][e] << 24);
+                    dst[h][r] = reduce_sum(x, c0[h], c1[h]);
+                }
+        }
+    }
+}
+#define BC_TC(MODE, NAME) \
+extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT) base_convert_tc_##NAME( \
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
+        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
+        const double* __restrict__ recip, int n, int tiles, int chunks, int per) { \
+    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles, chunks, \
+                                 per); \
+}
+BC_TC(0, textbook)
+BC_TC(1, emulator)
+BC_TC(2, exact)
+"""
+
+
+def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1) -> str:
+    """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE;
+    ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread);
+    ``unroll``: output tiles a loop iteration; ``split``: warps a 32 coefficients (128 split threads a
+    block; the warps of a row group take every split-th output tile; direct loads only)."""
+    head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
+    head = head[: head.index("template <int MODE, int CO, int W>")]
+    body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
+    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n#define TC_SPLIT {int(split)}\n" + head + body
+
+
 class BaseConversion:
     """Device tables of the conversion from limbs ``in_limbs`` to limbs ``out_limbs`` (limb indices).
 
@@ -306,16 +554,32 @@ class BaseConversion:
             out8[j, :6] = [p, negq, shoup_constant(negq, p), c32, shoup_constant(c32, p), (1 << 32) // p]
         self._out8 = cp.asarray(out8)
         self._factors16 = cp.asarray(wide[1])
+        # The tensor-core kernel's B fragments (tc_table, tc_fragments), one table a mode family.
+        neg_q = [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
+        sp, self._tc_kc = tc_layout(s)
+        # Its input constants and reciprocals zero padded to SP rows, output constants to 8 DT.
+        self._tc_in = cp.asarray(np.concatenate([in_consts, np.zeros((sp - s, 4), np.uint32)]))
+        self._tc_recip = cp.asarray(np.concatenate([conv.reciprocals.astype(np.float64), np.zeros(sp - s)]))
+        out8_tc = np.zeros((8 * max(1, -(-d // 8)), 8), dtype=np.uint32)
+        out8_tc[:d] = out8[:d]
+        self._tc_out8 = cp.asarray(out8_tc)
+        self._tc_qhat = cp.asarray(tc_fragments(tc_table(conv.qhat_mod_out.T, neg_q, conv.out_primes)))
+        self._tc_factors = cp.asarray(tc_fragments(tc_table(conv.factors.T, neg_q, conv.out_primes)))
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
-                min_blocks: int = BC_MIN_BLOCKS) -> None:
+                min_blocks: int = BC_MIN_BLOCKS, tensor: bool | None = TENSOR, stage: bool | None = TC_STAGE,
+                per: int = TC_PER, unroll: int = TC_UNROLL, split: int = TC_SPLIT) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
         ``tiled``: the tiled kernel (16 outputs x 128 TILED_CO coefficients a block; 1 or 2 picks
         the coefficients per thread); False: one thread per coefficient, t_k in shared memory (the
-        first kernel, kept for comparison). All compute the same residues.
+        first kernel, kept for comparison). ``tensor``: the tensor-core kernel (byte products on
+        mma.m16n8k32, see tc_table; 128 coefficients and ``per`` x 8 outputs a block, 0: all); it
+        ignores ``tiled``, ``tail8`` and ``min_blocks``; None: :func:`use_tensor` when ``tiled`` is True
+        (the default), else the kernel ``tiled`` names. ``stage`` (None:
+        S > TC_STAGE_S), ``unroll`` and ``split``: see _tc_source. All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -326,6 +590,27 @@ class BaseConversion:
             return
         code = mode_code(mode)
         cp = cupy()
+        if tensor is None:  # the default kernel: by shape unless the caller named a tiled or first kernel
+            tensor = tiled is True and use_tensor(s, d)
+        if tensor and ring.n % TC_ROWS == 0:
+            tiles = -(-ring.n // TC_ROWS)
+            dts = -(-d // 8)
+            per = min(int(per), dts) if per else dts
+            chunks = -(-dts // per)
+            name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
+            kc, staged, unroll = self._tc_kc, bool(s > TC_STAGE_S if stage is None else stage), int(unroll)
+            split = int(split)
+            if split not in (1, 2) or (staged and split > 1):
+                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}")
+            ring.kernel(f"basis-tc{kc}-{int(staged)}-{unroll}-{split}",
+                        lambda: _tc_source(kc, staged, unroll, split), name)(
+                (batch * tiles * chunks,),
+                (TC_ROWS * split,),
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in, self._tc_out8,
+                 self._tc_factors if code == 1 else self._tc_qhat, self._tc_recip, cp.int32(ring.n), cp.int32(tiles),
+                 cp.int32(chunks), cp.int32(per)),
+            )
+            return
         if tiled:
             per_thread = TILED_CO if tiled is True else int(tiled)
             tiles = -(-ring.n // (128 * per_thread))

@@ -1,0 +1,98 @@
+"""A NumPy model of the tensor-core base conversion (caramel.backends.cuda.basis, ``tensor=True``)
+against caramel.ring's BaseConverter, without a GPU.
+
+The model decodes the host-built B fragments (``tc_fragments``) and the A rows the kernel writes
+(``tc_words``) with the register layout of PTX ``mma.m16n8k32`` (u8; lane = 4 g + t: A a0/a2 = row g,
+columns 4t + i / 16 + 4t + i, a1/a3 the same at row g + 8; B b0/b1 = column g, rows 4t + i / 16 + 4t + i;
+C c0, c1 = row g, columns 2t, 2t + 1, c2, c3 row g + 8), sums the byte products in int64 with the
+kernel's int32 bound checked, folds R_b 2^(8b) and reduces, as the kernel's epilogue does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from caramel.backends.cuda import basis as dbasis
+from caramel.ring import Context, Mode
+
+
+def decode_b(frag: np.ndarray) -> np.ndarray:
+    """The byte planes (4, 32 KC, 8 DT) that the lanes' (b0, b1) registers hold (PTX layout)."""
+    dt, _, kc, _, _ = frag.shape
+    out = np.zeros((4, 32 * kc, 8 * dt), dtype=np.int64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for half in range(2):
+            word = frag[:, :, :, lane, half].astype(np.int64)  # (DT, 4, KC)
+            for i in range(4):
+                byte = (word >> (8 * i)) & 255
+                for c in range(kc):
+                    out[:, 32 * c + 16 * half + 4 * t + i, g::8][:, :dt] = byte[:, :, c].T
+    return out
+
+
+def decode_a(words: np.ndarray) -> np.ndarray:
+    """The byte matrix (N, 32 KC) that the A fragments read from the rows (a0..a3 of each lane)."""
+    n, kw = words.shape
+    out = np.zeros((n, 4 * kw), dtype=np.int64)
+    for c in range(kw // 8):
+        for t in range(4):
+            for half in range(2):  # a0/a1: word 8c + t -> columns 32c + 4t + i; a2/a3: 8c + 4 + t -> + 16
+                w = words[:, 8 * c + 4 * half + t].astype(np.int64)
+                for i in range(4):
+                    out[:, 32 * c + 16 * half + 4 * t + i] = (w >> (8 * i)) & 255
+    return out
+
+
+def model(conv, x: np.ndarray, mode: Mode) -> np.ndarray:
+    """The kernel's residues (D, N) for input x (S, N) in mode."""
+    q = np.array(conv.in_primes, dtype=np.uint64)[:, None]
+    x = x.astype(np.uint64)
+    t = x if mode is Mode.EMULATOR else x * conv.qhat_inv.astype(np.uint64)[:, None] % q
+    v = conv.rounding(t).astype(np.uint32) if mode is Mode.EXACT else None
+    table = conv.factors if mode is Mode.EMULATOR else conv.qhat_mod_out
+    neg_q = [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
+    frag = dbasis.tc_fragments(dbasis.tc_table(table.T, neg_q, conv.out_primes))
+    a = decode_a(dbasis.tc_words(t.astype(np.uint32), v))
+    b = decode_b(frag)
+    r = np.einsum("nk,bkd->bnd", a, b)  # R_b, (4, N, 8 DT)
+    assert r.max() < 2**31, "an int32 accumulator would overflow"
+    d = len(conv.out_primes)
+    folded = sum(r[j, :, :d].astype(object) << (8 * j) for j in range(4))
+    assert max(int(z) for z in folded.ravel()) < 2**64
+    p = np.array(conv.out_primes, dtype=object)
+    return (folded % p).T.astype(np.uint32)
+
+
+@pytest.fixture
+def rng():
+    seed = int.from_bytes(os.urandom(8), "little")
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
+@pytest.mark.parametrize("shape", [(1, 3), (3, 5), (13, 50), (21, 42), (32, 17), (60, 9), (64, 3), (7, 8), (8, 11),
+                                   (16, 16)],
+                         ids=lambda s: f"S={s[0]},D={s[1]}")
+def test_tc_model_matches_ring(rng, mode, shape):
+    ctx = Context(256)
+    s, d = shape
+    perm = [int(v) for v in rng.permutation(64)]
+    conv = ctx.base_converter(sorted(perm[:s]), sorted(perm[s : s + d]) if s + d <= 64 else perm[-d:])
+    x = np.stack([rng.integers(0, q, ctx.n, dtype=np.uint64) for q in conv.in_primes]).astype(np.uint32)
+    x[:, 0] = [q - 1 for q in conv.in_primes]  # the largest residues
+    np.testing.assert_array_equal(model(conv, x, mode), conv.convert(x, mode))
+
+
+def test_tc_layout():
+    assert dbasis.tc_layout(1) == (4, 1)
+    assert dbasis.tc_layout(7) == (8, 1)  # 7 inputs and v: 32 rows
+    assert dbasis.tc_layout(8) == (12, 2)
+    assert dbasis.tc_layout(13) == (16, 2)
+    assert dbasis.tc_layout(16) == (20, 3)
+    assert dbasis.tc_layout(60) == (64, 8)
+    assert dbasis.tc_layout(64) == (68, 9)
