@@ -4,7 +4,8 @@
 #      scripts/reference_digests.json, NTT throughput, roofline per kernel kind);
 #   2. scripts/gpu_variants.py: NTT/INTT and base conversion kernels checked bit-exact against the
 #      CPU reference on fresh random data (N = 4096, 8192, 65536) and timed, variants side by side;
-#   3. the GPU test modules (tests/backends/test_cuda_kernels.py, tests/execute/test_gpu.py);
+#   3. the GPU test modules (tests/backends/test_cuda_kernels.py, test_cuda_ntt_prologue.py,
+#      tests/plan/test_cuda_plan.py, tests/execute/test_gpu.py);
 #   4. scripts/gpu_corpus_check.py over .data/corpus in the three arithmetic modes, N = 4096 and 65536.
 # Logs go to $OUT (or ./gpu_all_logs); a summary is printed last. Exit status 1 if any step failed.
 set -u
@@ -15,7 +16,8 @@ export CARAMEL_PROGRAMS="${CARAMEL_PROGRAMS:-$PWD/.data/corpus}"  # the 10L prog
 source "$(dirname "$0")/gpu_step.sh"
 step bench python3 scripts/gpu_bench.py --skip-reference --skip-checks --repeats 10
 step variants python3 scripts/gpu_variants.py --sizes 4096,8192,65536
-step tests python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_kernels.py tests/execute/test_gpu.py
+step tests python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_kernels.py \
+    tests/backends/test_cuda_ntt_prologue.py tests/plan/test_cuda_plan.py tests/execute/test_gpu.py
 for mode in exact textbook emulator; do
     step "corpus-$mode" python3 scripts/gpu_corpus_check.py .data/corpus --n 4096,65536 --workers 14 --mode "$mode"
 done
