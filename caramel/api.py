@@ -206,7 +206,9 @@ def check_prime_count(program: Program, ctx: Context) -> None:
 def max_limb(program: Program) -> int:
     """The largest limb index that ``program`` uses (-1 for none): the maximum over every instruction's
     base, sync id limb (low 16 bits, communication), ``bci``/``rsv`` limb lists and memory operands'
-    limbs, the limbs :func:`check_prime_count` checks (``Instruction.limb`` is one of these)."""
+    limbs, in one pass. Never below the largest limb that :func:`check_prime_count` collects
+    (``Instruction.limb`` is one of these; a communication instruction with a base counts both), so
+    ``max_limb(p) < len(ctx.primes)`` proves that check passes."""
     from caramel.program import OPCODES
 
     sync_ops = frozenset(op for op, info in OPCODES.items() if info.limb == "sync")
