@@ -190,6 +190,8 @@ def check_prime_count(program: Program, ctx: Context) -> None:
     """Raise :class:`BindingError` when ``program`` uses a limb index (a base, a sync id's limb, a
     memory limb or a ``bci`` list entry) beyond the context's prime list, naming the first place."""
     count = len(ctx.primes)
+    if max_limb(program) < count:  # the usual case: one cheap pass (it runs before the first GPU work)
+        return
     for stream in program.streams:
         for ins in stream.instructions:
             limbs = [ins.limb] if ins.limb is not None else []
@@ -199,6 +201,36 @@ def check_prime_count(program: Program, ctx: Context) -> None:
             if bad:
                 raise BindingError(f"{stream.path}:{ins.line}: limb {max(bad)} is beyond the context's {count} "
                                    f"primes (the program needs at least {max(bad) + 1}; ISA.md section 7 has 64)")
+
+
+def max_limb(program: Program) -> int:
+    """The largest limb index that ``program`` uses (-1 for none): the maximum over every instruction's
+    base, sync id limb (low 16 bits, communication), ``bci``/``rsv`` limb lists and memory operands'
+    limbs, in one pass. Never below the largest limb that :func:`check_prime_count` collects
+    (``Instruction.limb`` is one of these; a communication instruction with a base counts both), so
+    ``max_limb(p) < len(ctx.primes)`` proves that check passes."""
+    from caramel.program import OPCODES
+
+    sync_ops = frozenset(op for op, info in OPCODES.items() if info.limb == "sync")
+    top = -1
+    for stream in program.streams:
+        for ins in stream.instructions:
+            base, op = ins.base, ins.op
+            if base is not None and base > top:
+                top = base
+            if op in sync_ops and (ins.sync & 0xFFFF) > top:
+                top = ins.sync & 0xFFFF
+            if ins.in_limbs and max(ins.in_limbs) > top:
+                top = max(ins.in_limbs)
+            if ins.out_limbs and max(ins.out_limbs) > top:
+                top = max(ins.out_limbs)
+            dst = ins.dst
+            if isinstance(dst, Mem) and dst.limb > top:
+                top = dst.limb
+            for src in ins.srcs:
+                if isinstance(src, Mem) and src.limb > top:
+                    top = src.limb
+    return top
 
 
 def resolve_check(program: Program, check: str | Path | CheckSpec | None) -> CheckSpec | None:

@@ -14,7 +14,10 @@
 #      must be equal (the same seed, keys generated or loaded) and equal session 5's;
 #      scripts/gpu_client_startup.py first; NOWARM=1: also --keys with CARAMEL_GPU_WARMUP=0;
 #      BYTECODE=1: also --keys with caramel's sources compiled (the device image writes no bytecode);
-#   5. with GPU_TESTS=1: tests/execute/test_gpu.py (the executor).
+#   5. with GPU_TESTS=1: tests/execute/test_gpu.py (the executor);
+#   6. with PROFILE=1: scripts/gpu_client_runprofile.py on a --keys run (cProfile, `-v` lines: the GPU
+#      warm-up's steps) and the same run launched eagerly instead of captured (--eager), each under a
+#      time limit (a hang dumps the stacks and ends the step).
 # Logs go to $OUT (or ./gpu_e2e_logs); a summary is printed last. Exit status 1 if any step failed.
 set -u
 out="${OUT:-gpu_e2e_logs}"
@@ -53,6 +56,11 @@ if [ -n "${BYTECODE:-}" ]; then  # the device image writes no bytecode; an insta
     step compile python3 -m compileall -q caramel
     step run-keys-pyc "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-pyc.json"
 fi
+if [ -n "${PROFILE:-}" ]; then  # where a --keys run's seconds go (cProfile; -v: the warm-up's steps)
+    step profile timeout 200 python3 scripts/gpu_client_runprofile.py "$big" --keys /tmp/caramel-ks --out "$out/profile"
+    step profile-eager timeout 100 python3 scripts/gpu_client_runprofile.py "$big" --keys /tmp/caramel-ks \
+        --out "$out/profile-eager" --eager --no-profile
+fi
 [ -n "${GPU_TESTS:-}" ] && step gpu-tests python3 -m pytest -q -rs tests/execute/test_gpu.py  # the executor
 # The digest of seed 0 with no check file (scripts/reference_digests.json holds the bench draws' digest).
 want=8440161b3e9ddf468d46ca8bc5ad3d433b129c784d35fd3ce1e51c3c4f17ee6f
@@ -67,7 +75,7 @@ for f in run-cold run-again "${keyruns[@]}" run-keys-nowarm run-keys-pyc; do
     [ -f "$out/$f.json" ] || continue
     summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()), '| keys+encrypt %.2f' % (t['keys'] + t['encrypt']))" "$out/$f.json" 2>&1)")
 done
-for f in imports tests client digest startup run-cold keys run-keys gpu-tests; do
+for f in imports tests client digest startup run-cold keys run-keys profile profile-eager gpu-tests; do
     [ -f "$out/$f.txt" ] || continue
     echo "=== $f"; tail -n 16 "$out/$f.txt"
 done

@@ -144,6 +144,7 @@ def warm_up(n: int) -> None:
         return ctx
 
     def work() -> None:
+        stamp = _Stamps()
         try:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -151,20 +152,44 @@ def warm_up(n: int) -> None:
                 ctx_future = pool.submit(tables)
                 import cupy as cp
 
+                stamp("import cupy")
                 cp.empty(1)  # the CUDA context
+                stamp("CUDA context")
                 from caramel.ckks import pcg
 
                 pcg.device_words(1, 1, 1, cp)
+                stamp("pcg")
                 ctx = ctx_future.result()
+                stamp("ring tables (waited)")
             dev = ClientDevice(DeviceKind.GPU)  # a fresh one: the shared GPU's xp must wait for this thread
             load_client_kernels(ctx, dev)  # the CUDA ring's tables and NTT kernels among them
+            stamp("client kernels")
             transform_rows(cp.zeros((1, ctx.n), dtype=np.uint32), ctx, [0], dev, inverse=True)  # and its INTT
             cp.cuda.Device().synchronize()
+            stamp("INTT")
+            logger.debug("GPU warm-up: %s", stamp.line())
         except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
             logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
 
     _warm_up = threading.Thread(target=work, name="caramel-gpu-warm-up")
     _warm_up.start()
+
+
+class _Stamps:
+    """Wall-clock seconds of named steps since creation (for a DEBUG line)."""
+
+    def __init__(self) -> None:
+        self.last = self.start = time.perf_counter()
+        self.steps: list[tuple[str, float]] = []
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.steps.append((name, now - self.last))
+        self.last = now
+
+    def line(self) -> str:
+        parts = ", ".join(f"{name} {s:.3f}" for name, s in self.steps)
+        return f"{parts}; {self.last - self.start:.3f} s in all"
 
 
 def load_client_kernels(ctx, dev: ClientDevice) -> None:

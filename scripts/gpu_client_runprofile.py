@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Where the seconds of one `caramel run --backend gpu --keys DIR` go: the command run in this process
+with a cProfile per thread (the main thread, the GPU warm-up, the key loading threads).
+
+Usage: python3 scripts/gpu_client_runprofile.py PROGRAM --keys DIR [--n 65536] [--out DIR] [--top 45]
+           [--no-profile] [--eager]
+
+Writes to --out (default ./gpu_profile): ``run.json`` (the run's --json), ``prof-<thread>.txt`` (per
+thread group, the top functions by cumulative time) and prints a summary: per thread group the calls
+and seconds of CuPy's compile-cache lookups (each one a module loaded: an ElementwiseKernel or ufunc
+of a new signature, a RawModule) and of caramel's phases. ``--no-profile``: only the timings (and
+``-v``'s DEBUG lines on stderr). ``--eager``: a one-shot run launched eagerly instead of captured
+as a graph and replayed (the same kernels in the same order: the digest must not change).
+cProfile slows the Python parts of every profiled thread; read shares, not absolute seconds.
+Python 3.12 runs cProfile on ``sys.monitoring``, one profiler per process that sees every thread:
+there the whole process is one profile (thread groups are only made before 3.12, where a second
+profiler in another thread was allowed; on 3.12 it raised in the pool's worker threads, which then
+never ran their jobs, and the run hung: session 7). ``--timeout S`` (default 120): after S seconds
+the threads' stacks are printed and the process exits (faulthandler), so a hang costs no more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import faulthandler
+import io
+import json
+import pstats
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+T0 = time.perf_counter()
+PROFILES: dict[str, list[cProfile.Profile]] = defaultdict(list)
+WATCH = ("_compile_module_with_cache", "compile_with_cache", "load_client_kernels", "work", "transform_rows",
+         "prepare_inputs", "encrypt", "plaintext_from_coeffs", "encode", "to_ntt_rows", "cached_plan", "executor",
+         "cuda_graph.py:__init__", "runner.py:__init__", "capture", "eager", "replay", "result", "stores",
+         "wait_for_warm_up", "load_keys", "check_plan_memory", "schedule", "output_digest", "row_maxima",
+         "upload_rows", "run_task", "kernel", "module", "evaluate_check", "_run_results", "_load", "validate_once",
+         "_stored_keys", "bind_inputs", "uniform_residues", "cbd", "encrypt_rows", "get", "download")
+
+
+def _group(name: str) -> str:
+    return name.rstrip("0123456789_").rstrip("-_") or name
+
+
+def _profile_threads() -> None:
+    run = threading.Thread.run
+
+    def profiled(self):
+        prof = cProfile.Profile()
+        PROFILES[_group(self.name)].append(prof)
+        prof.enable()
+        try:
+            run(self)
+        finally:
+            prof.disable()
+    threading.Thread.run = profiled
+
+
+def _eager_one_shot() -> None:
+    """A one-shot run without capture: the fused plan launched once over the streams (bit-identical)."""
+    from dataclasses import replace
+
+    from caramel.execute import cuda_graph
+
+    def once(run, graph, repeats):
+        if repeats:
+            run.run(graph)
+            timing = run.time(repeats, graph=graph)
+        else:
+            run.run(False)
+            timing = None
+        return replace(run.result(), timing=timing)
+    cuda_graph._run_once = once
+
+
+def _report(out: Path, top: int) -> list[str]:
+    lines = []
+    for group, profs in sorted(PROFILES.items()):
+        stats = None
+        for p in profs:
+            try:
+                stats = pstats.Stats(p) if stats is None else stats.add(p)
+            except TypeError:  # a profile with no data
+                continue
+        if stats is None:
+            continue
+        buf = io.StringIO()
+        stats.stream = buf
+        stats.sort_stats("cumulative").print_stats(top)
+        stats.sort_stats("tottime").print_stats(top)
+        (out / f"prof-{group}.txt").write_text(buf.getvalue())
+        found = []
+        for (file, _line, fn), (cc, nc, tt, ct, _callers) in stats.stats.items():
+            if fn in WATCH or f"{Path(file).name}:{fn}" in WATCH:
+                found.append((ct, f"{fn} ({Path(file).name}) calls {nc} cum {ct:.3f} s"))
+        found.sort(reverse=True)
+        lines.append(f"[{group}] threads {len(profs)}: " + "; ".join(x for _, x in found[:30]))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("program")
+    ap.add_argument("--keys", required=True)
+    ap.add_argument("--n", default="65536")
+    ap.add_argument("--out", default="gpu_profile")
+    ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--backend", default="gpu")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    faulthandler.dump_traceback_later(args.timeout, exit=True)
+    if not args.no_profile and sys.version_info < (3, 12):
+        _profile_threads()
+    main_prof = cProfile.Profile()
+    if not args.no_profile:
+        PROFILES["MainThread" if sys.version_info < (3, 12) else "all-threads"].append(main_prof)
+        main_prof.enable()
+    import caramel.cli
+
+    t_import = time.perf_counter()
+    if args.eager:
+        _eager_one_shot()
+    rc = caramel.cli.main(["run", args.program, "--n", args.n, "--backend", args.backend, "--keys", args.keys,
+                           "--json", str(out / "run.json"), "-v"])
+    t_end = time.perf_counter()
+    main_prof.disable()
+    faulthandler.cancel_dump_traceback_later()
+    lines = [f"import caramel.cli {t_import - T0:.3f} s, cli.main {t_end - t_import:.3f} s, rc {rc}"]
+    try:
+        doc = json.loads((out / "run.json").read_text())
+        t = doc["timings_s"]
+        lines.append("timings_s: " + " ".join(f"{k} {v:.3f}" for k, v in t.items())
+                     + f" | sum {sum(t.values()):.3f} | keys+encrypt {t['keys'] + t['encrypt']:.3f}"
+                     + f" | digest {doc.get('digest', '')[:16]}")
+    except (OSError, ValueError, KeyError) as exc:
+        lines.append(f"no timings: {exc}")
+    if not args.no_profile:
+        lines += _report(out, args.top)
+    text = "\n".join(lines)
+    (out / "summary.txt").write_text(text + "\n")
+    print(text)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
