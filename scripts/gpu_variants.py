@@ -58,8 +58,15 @@ def label(kw: dict) -> str:
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Options of the tensor-core base conversion (basis.BaseConversion.convert, tensor=True).
-TC_VARIANTS = [dict(stage=False, per=0, unroll=1, split=1), dict(stage=True, per=0, unroll=1, split=1),
-               dict(stage=False, per=0, unroll=1, split=2), dict(stage=False, per=0, unroll=2, split=2)]
+#: The first is session 7's first default (64-bit fold), the second its 32-bit epilogue (tc_reduce).
+_TC = dict(stage=False, per=0, unroll=1, split=1, epi=True, tstore=False, pf=8, minb=1)
+TC_VARIANTS = [dict(_TC, epi=False), _TC, dict(_TC, tstore=True), dict(_TC, pf=16), dict(_TC, tstore=True, pf=16),
+               dict(_TC, minb=4), dict(_TC, stage=True)]
+
+
+def tc_label(kw: dict) -> str:
+    """A tensor-core variant's settings that differ from _TC."""
+    return " ".join(f"{k}={v}" for k, v in kw.items() if _TC.get(k) != v) or "epi"
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
 
@@ -234,8 +241,7 @@ def main() -> int:
             for kw in TC_VARIANTS:
                 t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tensor=True, **kw), sets)
                 rate = batch * s_in * d_out * n / t / 1e12
-                bench.add(f"baseconv {mode.value} tensor {'staged' if kw['stage'] else 'direct'} per={kw['per']}"
-                          f" unroll={kw['unroll']} split={kw['split']}",
+                bench.add(f"baseconv {mode.value} tensor {tc_label(kw)}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")

@@ -42,6 +42,10 @@ TC_STAGE_S = 32
 TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
 TC_UNROLL = 1  # output tiles a loop iteration of the tensor-core kernel (1 or 2)
 TC_SPLIT = 1  # warps a 32 coefficients of the tensor-core kernel (1 or 2; 2 needs direct loads)
+TC_EPI = True  # the tensor-core kernel's 32-bit epilogue (tc_reduce), else the 64-bit fold and reduce_sum
+TC_TSTORE = False  # its output tiles through shared memory, 16-byte row stores
+TC_PF = 8  # its input loads in flight a thread (direct loads)
+TC_MINB = 1  # __launch_bounds__(128 split, TC_MINB) of the tensor-core kernel
 
 
 def mode_code(mode) -> int:
@@ -319,6 +323,41 @@ def tc_fragments(big: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(frag).reshape(dt, 4, kc, 32, 8).view("<u4").reshape(dt, 4, kc, 32, 2)
 
 
+def tc_out_constants(out_primes) -> np.ndarray:
+    """The epilogue's constants of the tensor-core kernel: uint32 (8 DT, 4), row d = (p_d, [2^16]_p,
+    its Shoup quotient floor([2^16]_p 2^32 / p), floor(2^32 / p)); rows d >= D zero (see tc_reduce)."""
+    d = len(out_primes)
+    out = np.zeros((8 * max(1, -(-d // 8)), 4), dtype=np.uint32)
+    for j, p in enumerate(out_primes):
+        c16 = (1 << 16) % p
+        out[j] = [p, c16, shoup_constant(c16, p), (1 << 32) // p]
+    return out
+
+
+def tc_reduce(r: np.ndarray, consts: np.ndarray) -> np.ndarray:
+    """The epilogue of the tensor-core kernel in the kernel's 32-bit arithmetic: sum_b R_b 2^(8b) mod p.
+
+    r: (4, ..., D) the byte-plane sums R_b (each < 2^24); consts: (D, 4) rows of :func:`tc_out_constants`.
+    z = R_0 + R_1 2^8 (< 2^32: R_b <= (4 S + 1) 255^2 with S <= 64), y = R_2 + R_3 2^8, and the value
+    z + y 2^16 is reduced as z 1 + y [2^16]_p with two Shoup products sharing one multiply by p:
+    r = z + y c16 - (floor(z floor(2^32/p) / 2^32) + floor(y c16' / 2^32)) p mod 2^32, in [0, 4p) (each
+    product in [0, 2p), p < 2^30), then two conditional subtractions (2p, p). Returns uint32 (..., D)."""
+    m32 = np.uint64(0xFFFFFFFF)
+    r = np.asarray(r).astype(np.uint64)
+    z = r[0] + (r[1] << np.uint64(8))
+    y = r[2] + (r[3] << np.uint64(8))
+    if z.max(initial=0) > m32 or y.max(initial=0) > m32:
+        raise OverflowError("tc_reduce: a folded byte-plane sum does not fit 32 bits")
+    c = np.asarray(consts).astype(np.uint64)
+    p, c16, c16q, inv = c[:, 0], c[:, 1], c[:, 2], c[:, 3]
+    quot = ((z * inv) >> np.uint64(32)) + ((y * c16q) >> np.uint64(32))
+    val = (z + ((y * c16) & m32) - ((quot * p) & m32)) & m32
+    if (val >= 4 * p).any():
+        raise OverflowError("tc_reduce: the lazy residue is not below 4p")
+    val = np.where(val >= 2 * p, val - 2 * p, val)
+    return np.where(val >= p, val - p, val).astype(np.uint32)
+
+
 def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
     """The A rows of the tensor-core kernel (what each thread writes to shared memory): uint32
     (N, 8 KC), word a SP/4 + j = bytes a of t_{4j}, .., t_{4j+3} (low byte first), t_S = v (or 0).
@@ -356,6 +395,15 @@ __device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
 __device__ __forceinline__ u32 byte_plane(u32 t0, u32 t1, u32 t2, u32 t3, u32 sel) {
     return __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
 }
+// sum_b R_b 2^(8b) mod p in 32-bit arithmetic (see tc_reduce in basis.py): z = R_0 + R_1 2^8 < 2^32,
+// y = R_2 + R_3 2^8, value z + y 2^16; c = (p, [2^16]_p, its Shoup quotient, floor(2^32 / p)). Two
+// Shoup products (z 1 and y [2^16]_p, each in [0, 2p)) with one subtraction of the quotients: [0, 4p).
+__device__ __forceinline__ u32 tc_reduce(int r0, int r1, int r2, int r3, uint4 c) {
+    const u32 z = (u32)r0 + ((u32)r1 << 8), y = (u32)r2 + ((u32)r3 << 8);
+    const u32 r = z + y * c.y - (__umulhi(z, c.w) + __umulhi(y, c.z)) * c.x;
+    const u32 s = min(r, r - 2u * c.x);
+    return min(s, s - c.x);
+}
 template <int MODE, int KC>
 __device__ __forceinline__ void base_convert_tc(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
@@ -365,6 +413,10 @@ __device__ __forceinline__ void base_convert_tc(
     __shared__ u32 rows[128 * STRIDE];
 #if TC_STAGE
     __shared__ uint4 stage[16 * 32];  // 16 input rows x 128 coefficients
+#endif
+#if TC_TSTORE
+    __shared__ __align__(16) u32 otile[4 * TC_SPLIT * 8 * 36];  // a warp's 8 x 32 outputs (rows of 36 words)
+    u32* ot = otile + (threadIdx.x >> 5) * (8 * 36);
 #endif
     const int chunk = blockIdx.x % chunks, rest = blockIdx.x / chunks;
     const int tile = rest % tiles, b = rest / tiles;
@@ -393,14 +445,21 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int q = 0; q < 4; ++q) x[q] = xs[(4 * (j - j0) + q) * 128 + threadIdx.x];
 #else
-#pragma unroll 2
-    for (int j = 0; j < (loader ? G : 0); ++j) {
+    // TC_PF inputs a chunk: their loads are in flight together, then t of each 4 in turn.
+    for (int j0 = 0; j0 < (loader ? G : 0); j0 += TC_PF / 4) {
+        u32 xs[TC_PF];
+#pragma unroll
+        for (int q = 0; q < TC_PF; ++q) {
+            const int k = 4 * j0 + q;
+            xs[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
+        }
+#pragma unroll
+    for (int jj = 0; jj < TC_PF / 4; ++jj) {
+        const int j = j0 + jj;
+        if (j >= G) break;
         u32 x[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int k = 4 * j + q;
-            x[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
-        }
+        for (int q = 0; q < 4; ++q) x[q] = xs[4 * jj + q];
 #endif
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -415,9 +474,7 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int a = 0; a < 4; ++a) row[a * G + j] = byte_plane(x[0], x[1], x[2], x[3], a | ((a + 4) << 4));
     }
-#if TC_STAGE
     }
-#endif
     if (loader)
         for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
     if (TC_SPLIT > 1) __syncthreads(); else __syncwarp();
@@ -445,15 +502,30 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
         const uint2* fr = frag + (u64)dt * 4 * KC * 32 + lane;
-        // The epilogue's constants first (out8 and out_slots padded to 8 DT outputs), then the products.
+        // The epilogue's constants first (out8/out4 and out_slots padded to 8 DT outputs), then the products.
+#if TC_EPI
+        uint4 c4[2];
+#else
         uint4 c0[2], c1[2];
+#endif
         u32* dst[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int d = 8 * dt + 2 * t + h;
+#if TC_EPI
+            c4[h] = __ldg((const uint4*)out8 + d);
+#else
             c0[h] = __ldg((const uint4*)(out8 + 8 * d));
             c1[h] = __ldg((const uint4*)(out8 + 8 * d + 4));
-            dst[h] = arena + (u64)(d < D ? __ldg(out_slots + b * D + d) : 0) * n + base;
+#endif
+#if TC_TSTORE
+            // lane's output rows o = lane / 8 + 4 h of the tile, coefficients 4 (lane % 8) .. + 3
+            const int o = 8 * dt + (lane >> 3) + 4 * h;
+            dst[h] = arena + (u64)(o < D ? __ldg(out_slots + b * D + o) : 0) * n + base + (threadIdx.x & 96)
+                     + 4 * (lane & 7);
+#else
+            dst[h] = arena + (u64)(d < D ? __ldg(out_slots + b * D + d) : 0) * n + base + r0;
+#endif
         }
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp)
@@ -465,21 +537,38 @@ __device__ __forceinline__ void base_convert_tc(
             }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
-            if (8 * dt + 2 * t + h >= D) continue;
+            if (!TC_TSTORE && 8 * dt + 2 * t + h >= D) continue;
 #pragma unroll
             for (int m = 0; m < 2; ++m)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
-                    const int e = 2 * hi + h, r = r0 + 16 * m + 8 * hi;
+                    const int e = 2 * hi + h;
+#if TC_EPI
+                    const u32 y = tc_reduce(acc[0][m][e], acc[1][m][e], acc[2][m][e], acc[3][m][e], c4[h]);
+#else
                     const u64 x = (u64)(u32)acc[0][m][e] + ((u64)(u32)acc[1][m][e] << 8)
                                   + ((u64)(u32)acc[2][m][e] << 16) + ((u64)(u32)acc[3][m][e] << 24);
-                    dst[h][r] = reduce_sum(x, c0[h], c1[h]);
+                    const u32 y = reduce_sum(x, c0[h], c1[h]);
+#endif
+#if TC_TSTORE
+                    ot[(2 * t + h) * 36 + g + 16 * m + 8 * hi] = y;
+#else
+                    dst[h][16 * m + 8 * hi] = y;
+#endif
                 }
         }
+#if TC_TSTORE
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; ++h)  // output row 8 dt + lane / 8 + 4 h: 16 bytes a lane, 128 a row
+            if (8 * dt + (lane >> 3) + 4 * h < D)
+                *(uint4*)dst[h] = *(const uint4*)(ot + ((lane >> 3) + 4 * h) * 36 + 4 * (lane & 7));
+        __syncwarp();
+#endif
     }
 }
 #define BC_TC(MODE, NAME) \
-extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT) base_convert_tc_##NAME( \
+extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT, TC_MINB) base_convert_tc_##NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
         const double* __restrict__ recip, int n, int tiles, int chunks, int per) { \
@@ -492,15 +581,22 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1) -> str:
+def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1, epi: bool = True, tstore: bool = False,
+               pf: int = 8, minb: int = 1) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE;
-    ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread);
-    ``unroll``: output tiles a loop iteration; ``split``: warps a 32 coefficients (128 split threads a
-    block; the warps of a row group take every split-th output tile; direct loads only)."""
+    ``stage``: inputs through shared memory, 16-byte loads (else ``pf`` 4-byte loads in flight a
+    thread, pf a multiple of 4); ``unroll``: output tiles a loop iteration; ``split``: warps a 32
+    coefficients (128 split threads a block; the warps of a row group take every split-th output tile;
+    direct loads only); ``epi``: the 32-bit epilogue (tc_reduce, constants tc_out_constants), else the
+    64-bit fold and reduce_sum (out8 constants); ``tstore``: each warp's 8 x 32 output tile through
+    shared memory, stored as 16-byte rows (else 4-byte stores from the accumulator layout);
+    ``minb``: __launch_bounds__'s minimum resident blocks."""
     head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
     head = head[: head.index("template <int MODE, int CO, int W>")]
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
-    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n#define TC_SPLIT {int(split)}\n" + head + body
+    defines = dict(TC_KC=kc, TC_STAGE=int(stage), TC_SPLIT=int(split), TC_EPI=int(epi), TC_TSTORE=int(tstore),
+                   TC_PF=int(pf), TC_MINB=int(minb))
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + head + body
 
 
 class BaseConversion:
@@ -563,12 +659,14 @@ class BaseConversion:
         out8_tc = np.zeros((8 * max(1, -(-d // 8)), 8), dtype=np.uint32)
         out8_tc[:d] = out8[:d]
         self._tc_out8 = cp.asarray(out8_tc)
+        self._tc_out4 = cp.asarray(tc_out_constants(conv.out_primes))
         self._tc_qhat = cp.asarray(tc_fragments(tc_table(conv.qhat_mod_out.T, neg_q, conv.out_primes)))
         self._tc_factors = cp.asarray(tc_fragments(tc_table(conv.factors.T, neg_q, conv.out_primes)))
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
                 min_blocks: int = BC_MIN_BLOCKS, tensor: bool | None = TENSOR, stage: bool | None = TC_STAGE,
-                per: int = TC_PER, unroll: int = TC_UNROLL, split: int = TC_SPLIT) -> None:
+                per: int = TC_PER, unroll: int = TC_UNROLL, split: int = TC_SPLIT, epi: bool = TC_EPI,
+                tstore: bool = TC_TSTORE, pf: int = TC_PF, minb: int = TC_MINB) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -579,7 +677,8 @@ class BaseConversion:
         mma.m16n8k32, see tc_table; 128 coefficients and ``per`` x 8 outputs a block, 0: all); it
         ignores ``tiled``, ``tail8`` and ``min_blocks``; None: :func:`use_tensor` when ``tiled`` is True
         (the default), else the kernel ``tiled`` names. ``stage`` (None:
-        S > TC_STAGE_S), ``unroll`` and ``split``: see _tc_source. All compute the same residues.
+        S > TC_STAGE_S), ``unroll``, ``split``, ``epi``, ``tstore``, ``pf`` and ``minb``: see _tc_source.
+        All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -600,13 +699,14 @@ class BaseConversion:
             name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
             kc, staged, unroll = self._tc_kc, bool(s > TC_STAGE_S if stage is None else stage), int(unroll)
             split = int(split)
-            if split not in (1, 2) or (staged and split > 1):
-                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}")
-            ring.kernel(f"basis-tc{kc}-{int(staged)}-{unroll}-{split}",
-                        lambda: _tc_source(kc, staged, unroll, split), name)(
+            if split not in (1, 2) or (staged and split > 1) or int(pf) not in (4, 8, 12, 16, 20, 24):
+                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}, pf {pf}")
+            opts = (kc, staged, unroll, split, bool(epi), bool(tstore), int(pf), int(minb))
+            ring.kernel("basis-tc-" + "-".join(str(int(o)) for o in opts), lambda: _tc_source(*opts), name)(
                 (batch * tiles * chunks,),
                 (TC_ROWS * split,),
-                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in, self._tc_out8,
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in,
+                 self._tc_out4 if epi else self._tc_out8,
                  self._tc_factors if code == 1 else self._tc_qhat, self._tc_recip, cp.int32(ring.n), cp.int32(tiles),
                  cp.int32(chunks), cp.int32(per)),
             )
