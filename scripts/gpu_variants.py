@@ -58,15 +58,15 @@ def label(kw: dict) -> str:
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Options of the tensor-core base conversion (basis.BaseConversion.convert, tensor=True).
-#: The first is session 7's first default (64-bit fold), the second its 32-bit epilogue (tc_reduce).
-_TC = dict(stage=False, per=0, unroll=1, split=1, epi=True, tstore=False, pf=8, minb=1)
-TC_VARIANTS = [dict(_TC, epi=False), _TC, dict(_TC, tstore=True), dict(_TC, pf=16), dict(_TC, tstore=True, pf=16),
-               dict(_TC, minb=4), dict(_TC, stage=True)]
+#: The first is the default (session 7, second round: 32-bit epilogue tc_reduce, at most 128 registers).
+_TC = dict(stage=False, per=0, unroll=1, split=1, tstore=False, pf=8, minb=4, pipe=False)
+TC_VARIANTS = [_TC, dict(_TC, pipe=True), dict(_TC, tstore=True), dict(_TC, tstore=True, pipe=True), dict(_TC, split=2),
+               dict(_TC, split=2, pipe=True), dict(_TC, minb=1)]
 
 
 def tc_label(kw: dict) -> str:
     """A tensor-core variant's settings that differ from _TC."""
-    return " ".join(f"{k}={v}" for k, v in kw.items() if _TC.get(k) != v) or "epi"
+    return " ".join(f"{k}={v}" for k, v in kw.items() if _TC.get(k) != v) or "default"
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
 
