@@ -9,17 +9,17 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
-Three kernels compute the same residues. The default is the tensor-core one (``tensor``; see the
-comment above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into two
-32-bit words per output and reduced with two Shoup products (``tc_reduce``). The tiled one (the default before) is a matrix product tiled
-over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in shared memory,
-the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot overflow), each input
-limb read once per block (the blocks of one coefficient tile run together, so the other output
-chunks' re-reads hit L2), and one 32-bit reduction per output: acc = hi 2^32 + lo, so
-(acc + v [-Q_S]_p) mod p = hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products. The first
-kernel (``tiled=False``) gives one thread per coefficient, keeps t_k in shared memory and
-accumulates 8 outputs at a time, then reduces with Barrett. One launch converts B independent inputs
-that share the primes (e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
+Three kernels compute the same residues. The default is the tensor-core one (``tensor``; see the comment
+above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into two 32-bit words
+per output and reduced with two Shoup products (``tc_reduce``). The tiled one (the default before) is a
+matrix product tiled over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in
+shared memory, the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot
+overflow), each input limb read once per block (the blocks of one coefficient tile run together, so the
+other output chunks' re-reads hit L2), and one 32-bit reduction per output: acc = hi 2^32 + lo, so (acc
++ v [-Q_S]_p) mod p = hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products. The first kernel
+(``tiled=False``) gives one thread per coefficient, keeps t_k in shared memory and accumulates 8 outputs
+at a time, then reduces with Barrett. One launch converts B independent inputs that share the primes
+(e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
 """
 
 from __future__ import annotations
@@ -277,8 +277,8 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
 # = [2^(8a) T[k][d]]_{p_d}: a K = 4S product of bytes of t with 32-bit table entries. Splitting those
 # into bytes too, T_a[k][d] = sum_b T_{a,b}[k][d] 2^(8b), gives four byte GEMMs R_b = sum_{a,k}
 # t_{k,a} T_{a,b}[k][d] (int32: (4S + 1) 255^2 < 2^24 for S <= 64) and out_d = sum_b R_b 2^(8b)
-# mod p_d (< 2^49: two 32-bit words and two Shoup products, see tc_reduce). EXACT's v [-Q_S]_p (v <= S < 2^8) is one more
-# input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
+# mod p_d (< 2^49: two 32-bit words and two Shoup products, see tc_reduce). EXACT's v [-Q_S]_p
+# (v <= S < 2^8) is one more input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
 
 
 def use_tensor(s: int, d: int) -> bool:
@@ -584,8 +584,9 @@ def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1, tstore: bo
     coefficients (128 split threads a block; the warps of a row group take every split-th output tile;
     direct loads only); ``tstore``: each warp's 8 x 32 output tile through shared memory, stored as
     16-byte rows (else 4-byte stores from the accumulator layout); ``minb``: __launch_bounds__'s
-    minimum resident blocks of 128 threads (minb / split blocks of 128 split); ``pipe``: each output tile's B fragments, constants and rows loaded
-    during the previous tile (KC <= 3, else ignored). The epilogue is tc_reduce's."""
+    minimum resident blocks of 128 threads (minb / split blocks of 128 split); ``pipe``: each output
+    tile's B fragments, constants and rows loaded during the previous tile (KC <= 3, else ignored).
+    The epilogue is tc_reduce's."""
     head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
     head = head[: head.index("template <int MODE, int CO, int W>")]
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
@@ -694,7 +695,8 @@ class BaseConversion:
             split = int(split)
             if split not in (1, 2) or (staged and split > 1) or int(pf) not in (4, 8, 12, 16, 20, 24):
                 raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}, pf {pf}")
-            opts = (kc, staged, unroll, split, bool(tstore), int(pf), int(minb), bool(TC_PIPE if pipe is None else pipe))
+            opts = (kc, staged, unroll, split, bool(tstore), int(pf), int(minb),
+                    bool(TC_PIPE if pipe is None else pipe))
             ring.kernel("basis-tc-" + "-".join(str(int(o)) for o in opts), lambda: _tc_source(*opts), name)(
                 (batch * tiles * chunks,),
                 (TC_ROWS * split,),
