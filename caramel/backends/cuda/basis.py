@@ -693,8 +693,10 @@ class BaseConversion:
             name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
             kc, staged, unroll = self._tc_kc, bool(s > TC_STAGE_S if stage is None else stage), int(unroll)
             split = int(split)
-            if split not in (1, 2) or (staged and split > 1) or int(pf) not in (4, 8, 12, 16, 20, 24):
-                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}, pf {pf}")
+            if split not in (1, 2) or (staged and split > 1) or int(pf) not in (4, 8, 12, 16, 20, 24) or not (
+                    1 <= int(minb) <= 16):
+                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}, pf {pf}, "
+                                 f"minb {minb}")
             opts = (kc, staged, unroll, split, bool(tstore), int(pf), int(minb),
                     bool(TC_PIPE if pipe is None else pipe))
             ring.kernel("basis-tc-" + "-".join(str(int(o)) for o in opts), lambda: _tc_source(*opts), name)(
