@@ -58,8 +58,15 @@ def label(kw: dict) -> str:
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Options of the tensor-core base conversion (basis.BaseConversion.convert, tensor=True).
-TC_VARIANTS = [dict(stage=False, per=0, unroll=1, split=1), dict(stage=True, per=0, unroll=1, split=1),
-               dict(stage=False, per=0, unroll=1, split=2), dict(stage=False, per=0, unroll=2, split=2)]
+#: The first is the default (session 7, second round: 32-bit epilogue tc_reduce, at most 128 registers).
+_TC = dict(stage=False, per=0, unroll=1, split=1, tstore=False, pf=8, minb=4, pipe=False)
+TC_VARIANTS = [_TC, dict(_TC, pipe=True), dict(_TC, tstore=True), dict(_TC, tstore=True, pipe=True), dict(_TC, split=2),
+               dict(_TC, split=2, pipe=True), dict(_TC, minb=1)]
+
+
+def tc_label(kw: dict) -> str:
+    """A tensor-core variant's settings that differ from _TC."""
+    return " ".join(f"{k}={v}" for k, v in kw.items() if _TC.get(k) != v) or "default"
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
 
@@ -143,6 +150,7 @@ def main() -> int:
             ref = ctx.base_converter(in_limbs, out_limbs)
             xs = [residues(ctx, in_limbs) for _ in range(2)]
             for mode in Mode:
+                want = [ref.convert(x, mode) for x in xs]
                 for tiled, tail8, mb in ((False, False, 0), (1, False, 0), (1, True, 0), (2, False, 0), (2, True, 0),
                                          (1, True, 6), (2, True, 5)):
                     arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
@@ -151,7 +159,7 @@ def main() -> int:
                                  min_blocks=mb)
                     have = cp.asnumpy(arena[2 * s :])
                     for b in range(2):
-                        if not np.array_equal(have[b * d : (b + 1) * d], ref.convert(xs[b], mode)):
+                        if not np.array_equal(have[b * d : (b + 1) * d], want[b]):
                             failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tiled={tiled} tail8={tail8} mb={mb}")
                 # the tensor-core kernel; with per=0, batch 1 in place (its first min(S, D) outputs overwrite
                 # its inputs)
@@ -163,7 +171,7 @@ def main() -> int:
                     conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), i32(outs), mode, tensor=True, **kw)
                     have = cp.asnumpy(arena)
                     for b in range(2):
-                        if not np.array_equal(have[outs[b]], ref.convert(xs[b], mode)):
+                        if not np.array_equal(have[outs[b]], want[b]):
                             failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tensor {kw} batch {b}")
         print(f"base conversion checks N={n}: {'ok' if not failures else failures}", flush=True)
 
@@ -234,8 +242,7 @@ def main() -> int:
             for kw in TC_VARIANTS:
                 t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tensor=True, **kw), sets)
                 rate = batch * s_in * d_out * n / t / 1e12
-                bench.add(f"baseconv {mode.value} tensor {'staged' if kw['stage'] else 'direct'} per={kw['per']}"
-                          f" unroll={kw['unroll']} split={kw['split']}",
+                bench.add(f"baseconv {mode.value} tensor {tc_label(kw)}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")

@@ -5,7 +5,8 @@ The model decodes the host-built B fragments (``tc_fragments``) and the A rows t
 (``tc_words``) with the register layout of PTX ``mma.m16n8k32`` (u8; lane = 4 g + t: A a0/a2 = row g,
 columns 4t + i / 16 + 4t + i, a1/a3 the same at row g + 8; B b0/b1 = column g, rows 4t + i / 16 + 4t + i;
 C c0, c1 = row g, columns 2t, 2t + 1, c2, c3 row g + 8), sums the byte products in int64 with the
-kernel's int32 bound checked, folds R_b 2^(8b) and reduces, as the kernel's epilogue does.
+kernel's int32 bound checked, folds R_b 2^(8b) and reduces, as the kernel's epilogue does (``tc_reduce``,
+against Python integers).
 """
 
 from __future__ import annotations
@@ -64,7 +65,11 @@ def model(conv, x: np.ndarray, mode: Mode) -> np.ndarray:
     folded = sum(r[j, :, :d].astype(object) << (8 * j) for j in range(4))
     assert max(int(z) for z in folded.ravel()) < 2**64
     p = np.array(conv.out_primes, dtype=object)
-    return (folded % p).T.astype(np.uint32)
+    want = (folded % p).T.astype(np.uint32)
+    # the kernel's epilogue (basis.tc_reduce, 32-bit arithmetic) gives the same residues
+    have = dbasis.tc_reduce(r[:, :, :d], dbasis.tc_out_constants(conv.out_primes)[:d]).T
+    np.testing.assert_array_equal(have, want)
+    return have
 
 
 @pytest.fixture
@@ -96,3 +101,29 @@ def test_tc_layout():
     assert dbasis.tc_layout(16) == (20, 3)
     assert dbasis.tc_layout(60) == (64, 8)
     assert dbasis.tc_layout(64) == (68, 9)
+
+
+@pytest.mark.parametrize("s", [1, 13, 63, 64])
+def test_tc_reduce_extremes(rng, s):
+    """tc_reduce (the kernel's 32-bit epilogue) is exact up to the largest byte-plane sums: R_b up to
+    (4 S + 1) 255^2 (every byte 255), zero, and random, for the largest and smallest primes."""
+    ctx = Context(256)
+    primes = sorted(ctx.primes)
+    out = [primes[0], primes[1], primes[-2], primes[-1]]
+    top = (4 * s + 1) * 255 * 255
+    r = rng.integers(0, top + 1, (4, 1000, len(out)), dtype=np.int64)
+    r[:, 0] = top
+    r[:, 1] = 0
+    r[:, 2, :] = [[top], [0], [top], [0]]
+    r[:, 3, :] = [[0], [top], [0], [top]]
+    have = dbasis.tc_reduce(r, dbasis.tc_out_constants(out)[: len(out)])
+    value = sum(r[b].astype(object) << (8 * b) for b in range(4))
+    np.testing.assert_array_equal(have, (value % np.array(out, dtype=object)).astype(np.uint32))
+
+
+def test_tc_out_constants():
+    p = 268369921
+    row = dbasis.tc_out_constants([p, 65537])
+    assert row.shape == (8, 4) and not row[2:].any()
+    assert list(row[0]) == [p, 65536, (65536 << 32) // p, (1 << 32) // p]
+    assert list(row[1]) == [65537, 65536, (65536 << 32) // 65537, (1 << 32) // 65537]

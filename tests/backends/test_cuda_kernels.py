@@ -518,11 +518,15 @@ def test_graph_capture(rng):
 @pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 2), (7, 8, 1), (8, 11, 3), (13, 50, 3), (16, 47, 2), (21, 42, 1),
                                    (33, 20, 2), (60, 4, 1), (64, 9, 2)],
                          ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("stage,per,split", [(True, 0, 1), (False, 0, 1), (True, 2, 1), (False, 1, 1), (False, 0, 2),
-                                             (False, 3, 2)], ids=lambda v: str(v))
-def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split):
+@pytest.mark.parametrize("stage,per,split,tstore,pf,minb,pipe", [
+    (True, 0, 1, False, 8, 1, False), (False, 0, 1, False, 8, 4, False), (True, 2, 1, False, 8, 4, False),
+    (False, 1, 1, True, 16, 1, True), (False, 0, 2, False, 8, 4, True), (False, 3, 2, True, 12, 1, False),
+    (False, 0, 1, True, 4, 4, True), (False, 0, 1, False, 8, 1, True)], ids=lambda v: str(v))
+def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split, tstore, pf, minb, pipe):
     """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues, with
-    staged or direct input loads, all outputs or ``per`` x 8 of them a block, 1 or 2 warps a row group."""
+    staged or direct input loads (``pf`` in flight), all outputs or ``per`` x 8 of them a block, 1 or 2
+    warps a row group, 4-byte stores or 16-byte rows (``tstore``), a register cap (``minb``) and the
+    next tile's operands loaded ahead (``pipe``)."""
     ctx, ring = pair
     s, d, batch = shape
     perm = [int(v) for v in rng.permutation(64)]
@@ -536,7 +540,8 @@ def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split):
     ins = np.array([arena.put(x) for x in xs])
     outs = np.array([arena.take(d) for _ in range(batch)])
     dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=per, split=split)
+    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=per, split=split, tstore=tstore,
+                 pf=pf, minb=minb, pipe=pipe)
     have = arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], ref.convert(xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
@@ -545,8 +550,10 @@ def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split):
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
 @pytest.mark.parametrize("shape", [(13, 9, 2), (5, 20, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("stage,split", [(True, 1), (False, 1), (False, 2)], ids=["staged", "direct", "split2"])
-def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split):
+@pytest.mark.parametrize("stage,split,tstore,pipe", [(True, 1, False, False), (False, 1, False, False),
+                                                     (False, 2, False, True), (False, 1, True, True)],
+                         ids=["staged", "direct", "split2-pipe", "tstore-pipe"])
+def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split, tstore, pipe):
     """Outputs may overwrite the inputs (with all outputs in one block, per=0): a block reads all its
     inputs before it writes."""
     ctx, ring = pair
@@ -561,7 +568,8 @@ def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split):
     shared = min(s, d)
     outs = np.array([list(ins[b][:shared]) + arena.take(d - shared) for b in range(batch)])
     dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=0, split=split)
+    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=0, split=split, tstore=tstore,
+                 pipe=pipe)
     have = arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], ref.convert(xs[b], mode), f"in-place tensor base conversion {mode.value} batch {b}")

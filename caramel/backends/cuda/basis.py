@@ -9,17 +9,17 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   the host; __dmul_rn and __dadd_rn, so no fused multiply-add), v = floor(f + 0.5);
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
-Three kernels compute the same residues. The default is the tensor-core one (``tensor``; see the
-comment above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into 64 bits
-per output and reduced like the tiled kernel. The tiled one (the default before) is a matrix product tiled
-over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in shared memory,
-the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot overflow), each input
-limb read once per block (the blocks of one coefficient tile run together, so the other output
-chunks' re-reads hit L2), and one 32-bit reduction per output: acc = hi 2^32 + lo, so
-(acc + v [-Q_S]_p) mod p = hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products. The first
-kernel (``tiled=False``) gives one thread per coefficient, keeps t_k in shared memory and
-accumulates 8 outputs at a time, then reduces with Barrett. One launch converts B independent inputs
-that share the primes (e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
+Three kernels compute the same residues. The default is the tensor-core one (``tensor``; see the comment
+above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into two 32-bit words
+per output and reduced with two Shoup products (``tc_reduce``). The tiled one (the default before) is a
+matrix product tiled over (16 outputs) x (128 TILED_CO coefficients) a block: the table's 16 columns in
+shared memory, the 16 TILED_CO sums in 64-bit registers (the constructor checks that they cannot
+overflow), each input limb read once per block (the blocks of one coefficient tile run together, so the
+other output chunks' re-reads hit L2), and one 32-bit reduction per output: acc = hi 2^32 + lo, so (acc
++ v [-Q_S]_p) mod p = hi [2^32]_p + lo + v [-Q_S]_p mod p, three Shoup products. The first kernel
+(``tiled=False``) gives one thread per coefficient, keeps t_k in shared memory and accumulates 8 outputs
+at a time, then reduces with Barrett. One launch converts B independent inputs that share the primes
+(e.g. both halves of a ciphertext): in_slots (B, S), out_slots (B, D).
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ TC_STAGE_S = 32
 TC_PER = 0  # output tiles of 8 a block of the tensor-core kernel (0: all D outputs in one block)
 TC_UNROLL = 1  # output tiles a loop iteration of the tensor-core kernel (1 or 2)
 TC_SPLIT = 1  # warps a 32 coefficients of the tensor-core kernel (1 or 2; 2 needs direct loads)
+TC_TSTORE = False  # its output tiles through shared memory, 16-byte row stores
+TC_PF = 8  # its input loads in flight a thread (direct loads)
+TC_MINB = 4  # blocks of 128 threads resident a multiprocessor asked of the tensor-core kernel (4: <= 128 registers)
+TC_PIPE = False  # its next output tile's operands loaded during the current one (KC <= 3)
 
 
 def mode_code(mode) -> int:
@@ -273,8 +277,8 @@ extern "C" __global__ void __launch_bounds__(256) sud_lift(
 # = [2^(8a) T[k][d]]_{p_d}: a K = 4S product of bytes of t with 32-bit table entries. Splitting those
 # into bytes too, T_a[k][d] = sum_b T_{a,b}[k][d] 2^(8b), gives four byte GEMMs R_b = sum_{a,k}
 # t_{k,a} T_{a,b}[k][d] (int32: (4S + 1) 255^2 < 2^24 for S <= 64) and out_d = sum_b R_b 2^(8b)
-# mod p_d (< 2^49: one 64-bit value and reduce_sum). EXACT's v [-Q_S]_p (v <= S < 2^8) is one more
-# input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
+# mod p_d (< 2^49: two 32-bit words and two Shoup products, see tc_reduce). EXACT's v [-Q_S]_p
+# (v <= S < 2^8) is one more input: t_S = v (bytes 1..3 zero) with table row [-Q_S]_p.
 
 
 def use_tensor(s: int, d: int) -> bool:
@@ -319,6 +323,41 @@ def tc_fragments(big: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(frag).reshape(dt, 4, kc, 32, 8).view("<u4").reshape(dt, 4, kc, 32, 2)
 
 
+def tc_out_constants(out_primes) -> np.ndarray:
+    """The epilogue's constants of the tensor-core kernel: uint32 (8 DT, 4), row d = (p_d, [2^16]_p,
+    its Shoup quotient floor([2^16]_p 2^32 / p), floor(2^32 / p)); rows d >= D zero (see tc_reduce)."""
+    d = len(out_primes)
+    out = np.zeros((8 * max(1, -(-d // 8)), 4), dtype=np.uint32)
+    for j, p in enumerate(out_primes):
+        c16 = (1 << 16) % p
+        out[j] = [p, c16, shoup_constant(c16, p), (1 << 32) // p]
+    return out
+
+
+def tc_reduce(r: np.ndarray, consts: np.ndarray) -> np.ndarray:
+    """The epilogue of the tensor-core kernel in the kernel's 32-bit arithmetic: sum_b R_b 2^(8b) mod p.
+
+    r: (4, ..., D) the byte-plane sums R_b (each < 2^24); consts: (D, 4) rows of :func:`tc_out_constants`.
+    z = R_0 + R_1 2^8 (< 2^32: R_b <= (4 S + 1) 255^2 with S <= 64), y = R_2 + R_3 2^8, and the value
+    z + y 2^16 is reduced as z 1 + y [2^16]_p with two Shoup products sharing one multiply by p:
+    r = z + y c16 - (floor(z floor(2^32/p) / 2^32) + floor(y c16' / 2^32)) p mod 2^32, in [0, 4p) (each
+    product in [0, 2p), p < 2^30), then two conditional subtractions (2p, p). Returns uint32 (..., D)."""
+    m32 = np.uint64(0xFFFFFFFF)
+    r = np.asarray(r).astype(np.uint64)
+    z = r[0] + (r[1] << np.uint64(8))
+    y = r[2] + (r[3] << np.uint64(8))
+    if z.max(initial=0) > m32 or y.max(initial=0) > m32:
+        raise OverflowError("tc_reduce: a folded byte-plane sum does not fit 32 bits")
+    c = np.asarray(consts).astype(np.uint64)
+    p, c16, c16q, inv = c[:, 0], c[:, 1], c[:, 2], c[:, 3]
+    quot = ((z * inv) >> np.uint64(32)) + ((y * c16q) >> np.uint64(32))
+    val = (z + ((y * c16) & m32) - ((quot * p) & m32)) & m32
+    if (val >= 4 * p).any():
+        raise OverflowError("tc_reduce: the lazy residue is not below 4p")
+    val = np.where(val >= 2 * p, val - 2 * p, val)
+    return np.where(val >= p, val - p, val).astype(np.uint32)
+
+
 def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
     """The A rows of the tensor-core kernel (what each thread writes to shared memory): uint32
     (N, 8 KC), word a SP/4 + j = bytes a of t_{4j}, .., t_{4j+3} (low byte first), t_S = v (or 0).
@@ -346,7 +385,7 @@ _TC_SOURCE = r"""
 // t_k (and v) of coefficient tile 128 + r and writes its A row (KW = 8 KC words) to shared memory;
 // the warp then holds the A fragments of its 32 rows in registers for all KC k-chunks and, for each
 // 8 outputs, runs 4 (byte planes b) x KC x 2 mma.m16n8k32 (u8 x u8 -> s32) with the B fragments read
-// from the pre-swizzled table (L1-resident), folds R_b 2^(8b) into 64 bits and reduces (reduce_sum).
+// from the pre-swizzled table (L1-resident), folds R_b 2^(8b) into two words and reduces (tc_reduce).
 // A warp reads and writes only its own 32 coefficients, so outputs may overwrite inputs.
 __device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -356,15 +395,28 @@ __device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
 __device__ __forceinline__ u32 byte_plane(u32 t0, u32 t1, u32 t2, u32 t3, u32 sel) {
     return __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
 }
+// sum_b R_b 2^(8b) mod p in 32-bit arithmetic (see tc_reduce in basis.py): z = R_0 + R_1 2^8 < 2^32,
+// y = R_2 + R_3 2^8, value z + y 2^16; c = (p, [2^16]_p, its Shoup quotient, floor(2^32 / p)). Two
+// Shoup products (z 1 and y [2^16]_p, each in [0, 2p)) with one subtraction of the quotients: [0, 4p).
+__device__ __forceinline__ u32 tc_reduce(int r0, int r1, int r2, int r3, uint4 c) {
+    const u32 z = (u32)r0 + ((u32)r1 << 8), y = (u32)r2 + ((u32)r3 << 8);
+    const u32 r = z + y * c.y - (__umulhi(z, c.w) + __umulhi(y, c.z)) * c.x;
+    const u32 s = min(r, r - 2u * c.x);
+    return min(s, s - c.x);
+}
 template <int MODE, int KC>
 __device__ __forceinline__ void base_convert_tc(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
-        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag,
+        const u32* __restrict__ in_consts, const u32* __restrict__ out4, const uint2* __restrict__ frag,
         const double* __restrict__ recip, int n, int tiles, int chunks, int per) {
     constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
     __shared__ u32 rows[128 * STRIDE];
 #if TC_STAGE
     __shared__ uint4 stage[16 * 32];  // 16 input rows x 128 coefficients
+#endif
+#if TC_TSTORE
+    __shared__ __align__(16) u32 otile[4 * TC_SPLIT * 8 * 36];  // a warp's 8 x 32 outputs (rows of 36 words)
+    u32* ot = otile + (threadIdx.x >> 5) * (8 * 36);
 #endif
     const int chunk = blockIdx.x % chunks, rest = blockIdx.x / chunks;
     const int tile = rest % tiles, b = rest / tiles;
@@ -393,14 +445,21 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int q = 0; q < 4; ++q) x[q] = xs[(4 * (j - j0) + q) * 128 + threadIdx.x];
 #else
-#pragma unroll 2
-    for (int j = 0; j < (loader ? G : 0); ++j) {
+    // TC_PF inputs a chunk: their loads are in flight together, then t of each 4 in turn.
+    for (int j0 = 0; j0 < (loader ? G : 0); j0 += TC_PF / 4) {
+        u32 xs[TC_PF];
+#pragma unroll
+        for (int q = 0; q < TC_PF; ++q) {
+            const int k = 4 * j0 + q;
+            xs[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
+        }
+#pragma unroll
+    for (int jj = 0; jj < TC_PF / 4; ++jj) {
+        const int j = j0 + jj;
+        if (j >= G) break;
         u32 x[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int k = 4 * j + q;
-            x[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
-        }
+        for (int q = 0; q < 4; ++q) x[q] = xs[4 * jj + q];
 #endif
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -415,9 +474,7 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int a = 0; a < 4; ++a) row[a * G + j] = byte_plane(x[0], x[1], x[2], x[3], a | ((a + 4) << 4));
     }
-#if TC_STAGE
     }
-#endif
     if (loader)
         for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
     if (TC_SPLIT > 1) __syncthreads(); else __syncwarp();
@@ -435,55 +492,82 @@ __device__ __forceinline__ void base_convert_tc(
             af[m][c][3] = p[8 * STRIDE + 4];
         }
     const int DP = (D + 7) & ~7, DT = min(DP >> 3, (chunk + 1) * per);  // this block's outputs: 8 per dt
+    // A lane's two output rows of tile dt: d = 8 dt + 2 t + h (its accumulator columns), or with
+    // TC_TSTORE the rows it stores, 8 dt + lane / 8 + 4 h (coefficients 4 (lane % 8) .. + 3).
+    const int dlane = TC_TSTORE ? (lane >> 3) : 2 * t, dstep = TC_TSTORE ? 4 : 1;
+    const int coef = base + (TC_TSTORE ? (threadIdx.x & 96) + 4 * (lane & 7) : r0);
+    const int* __restrict__ outs = out_slots + b * D;
+    // Tile dt's operands: B fragments, epilogue constants (out4: rows padded to 8 DT) and output rows.
+    // TC_PIPE (KC <= 3): loaded one tile ahead, so their latency hides behind the previous tile.
+    constexpr bool PIPE = TC_PIPE && KC <= 3;
+    uint2 bf[4][KC];
+    uint4 c4[2];
+    int slot[2];
+    auto load_tile = [&](int dt) {
+        const uint2* fr = frag + (u64)dt * 4 * KC * 32 + lane;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            c4[h] = __ldg((const uint4*)out4 + 8 * dt + 2 * t + h);
+            const int o = 8 * dt + dlane + dstep * h;
+            slot[h] = o < D ? __ldg(outs + o) : 0;
+        }
+#pragma unroll
+        for (int bp = 0; bp < 4; ++bp)
+#pragma unroll
+            for (int c = 0; c < KC; ++c) bf[bp][c] = __ldg(fr + (bp * KC + c) * 32);
+    };
+    const int dt0 = chunk * per + (threadIdx.x >> 7);
+    if (PIPE && dt0 < DT) load_tile(dt0);
 #pragma unroll TC_UNROLL
-    for (int dt = chunk * per + (threadIdx.x >> 7); dt < DT; dt += TC_SPLIT) {
+    for (int dt = dt0; dt < DT; dt += TC_SPLIT) {
+        if (!PIPE) load_tile(dt);
         int acc[4][2][4];
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp)
 #pragma unroll
-            for (int m = 0; m < 2; ++m)
+            for (int m = 0; m < 2; ++m) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
-        const uint2* fr = frag + (u64)dt * 4 * KC * 32 + lane;
-        // The epilogue's constants first (out8 and out_slots padded to 8 DT outputs), then the products.
-        uint4 c0[2], c1[2];
+#pragma unroll
+                for (int c = 0; c < KC; ++c) mma_u8(acc[bp][m], af[m][c], bf[bp][c]);
+            }
+        const uint4 cc[2] = {c4[0], c4[1]};
         u32* dst[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int d = 8 * dt + 2 * t + h;
-            c0[h] = __ldg((const uint4*)(out8 + 8 * d));
-            c1[h] = __ldg((const uint4*)(out8 + 8 * d + 4));
-            dst[h] = arena + (u64)(d < D ? __ldg(out_slots + b * D + d) : 0) * n + base;
-        }
-#pragma unroll
-        for (int bp = 0; bp < 4; ++bp)
-#pragma unroll
-            for (int c = 0; c < KC; ++c) {
-                const uint2 bf = __ldg(fr + (bp * KC + c) * 32);
-                mma_u8(acc[bp][0], af[0][c], bf);
-                mma_u8(acc[bp][1], af[1][c], bf);
-            }
+        for (int h = 0; h < 2; ++h) dst[h] = arena + (u64)slot[h] * n + coef;
+        if (PIPE && dt + TC_SPLIT < DT) load_tile(dt + TC_SPLIT);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
-            if (8 * dt + 2 * t + h >= D) continue;
+            if (!TC_TSTORE && 8 * dt + 2 * t + h >= D) continue;
 #pragma unroll
             for (int m = 0; m < 2; ++m)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
-                    const int e = 2 * hi + h, r = r0 + 16 * m + 8 * hi;
-                    const u64 x = (u64)(u32)acc[0][m][e] + ((u64)(u32)acc[1][m][e] << 8)
-                                  + ((u64)(u32)acc[2][m][e] << 16) + ((u64)(u32)acc[3][m][e] << 24);
-                    dst[h][r] = reduce_sum(x, c0[h], c1[h]);
+                    const int e = 2 * hi + h;
+                    const u32 y = tc_reduce(acc[0][m][e], acc[1][m][e], acc[2][m][e], acc[3][m][e], cc[h]);
+#if TC_TSTORE
+                    ot[(2 * t + h) * 36 + g + 16 * m + 8 * hi] = y;
+#else
+                    dst[h][16 * m + 8 * hi] = y;
+#endif
                 }
         }
+#if TC_TSTORE
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; ++h)  // output row 8 dt + lane / 8 + 4 h: 16 bytes a lane, 128 a row
+            if (8 * dt + (lane >> 3) + 4 * h < D)
+                *(uint4*)dst[h] = *(const uint4*)(ot + ((lane >> 3) + 4 * h) * 36 + 4 * (lane & 7));
+        __syncwarp();
+#endif
     }
 }
 #define BC_TC(MODE, NAME) \
-extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT) base_convert_tc_##NAME( \
+extern "C" __global__ void __launch_bounds__(128 * TC_SPLIT, (TC_MINB + TC_SPLIT - 1) / TC_SPLIT) base_convert_tc_##NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
-        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const uint2* __restrict__ frag, \
+        const u32* __restrict__ in_consts, const u32* __restrict__ out4, const uint2* __restrict__ frag, \
         const double* __restrict__ recip, int n, int tiles, int chunks, int per) { \
-    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out8, frag, recip, n, tiles, chunks, \
+    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out4, frag, recip, n, tiles, chunks, \
                                  per); \
 }
 BC_TC(0, textbook)
@@ -492,15 +576,23 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1) -> str:
-    """The tensor-core kernels for KC k-chunks (see tc_layout), with reduce_sum from _SOURCE;
-    ``stage``: inputs through shared memory, 16-byte loads (else one 4-byte load per input a thread);
-    ``unroll``: output tiles a loop iteration; ``split``: warps a 32 coefficients (128 split threads a
-    block; the warps of a row group take every split-th output tile; direct loads only)."""
+def _tc_source(kc: int, stage: bool, unroll: int = 1, split: int = 1, tstore: bool = False, pf: int = 8,
+               minb: int = 1, pipe: bool = False) -> str:
+    """The tensor-core kernels for KC k-chunks (see tc_layout);
+    ``stage``: inputs through shared memory, 16-byte loads (else ``pf`` 4-byte loads in flight a
+    thread, pf a multiple of 4); ``unroll``: output tiles a loop iteration; ``split``: warps a 32
+    coefficients (128 split threads a block; the warps of a row group take every split-th output tile;
+    direct loads only); ``tstore``: each warp's 8 x 32 output tile through shared memory, stored as
+    16-byte rows (else 4-byte stores from the accumulator layout); ``minb``: __launch_bounds__'s
+    minimum resident blocks of 128 threads (minb / split blocks of 128 split); ``pipe``: each output
+    tile's B fragments, constants and rows loaded during the previous tile (KC <= 3, else ignored).
+    The epilogue is tc_reduce's."""
     head = _SOURCE[_SOURCE.index("__device__ __forceinline__ u32 reduce_sum") :]
     head = head[: head.index("template <int MODE, int CO, int W>")]
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
-    return f"#define TC_KC {kc}\n#define TC_STAGE {int(stage)}\n#define TC_SPLIT {int(split)}\n" + head + body
+    defines = dict(TC_KC=kc, TC_STAGE=int(stage), TC_SPLIT=int(split), TC_TSTORE=int(tstore), TC_PF=int(pf),
+                   TC_MINB=int(minb), TC_PIPE=int(pipe))
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + head + body
 
 
 class BaseConversion:
@@ -560,15 +652,14 @@ class BaseConversion:
         # Its input constants and reciprocals zero padded to SP rows, output constants to 8 DT.
         self._tc_in = cp.asarray(np.concatenate([in_consts, np.zeros((sp - s, 4), np.uint32)]))
         self._tc_recip = cp.asarray(np.concatenate([conv.reciprocals.astype(np.float64), np.zeros(sp - s)]))
-        out8_tc = np.zeros((8 * max(1, -(-d // 8)), 8), dtype=np.uint32)
-        out8_tc[:d] = out8[:d]
-        self._tc_out8 = cp.asarray(out8_tc)
+        self._tc_out4 = cp.asarray(tc_out_constants(conv.out_primes))
         self._tc_qhat = cp.asarray(tc_fragments(tc_table(conv.qhat_mod_out.T, neg_q, conv.out_primes)))
         self._tc_factors = cp.asarray(tc_fragments(tc_table(conv.factors.T, neg_q, conv.out_primes)))
 
     def convert(self, arena, in_slots, out_slots, mode, tiled: bool = True, tail8: bool = TAIL8,
                 min_blocks: int = BC_MIN_BLOCKS, tensor: bool | None = TENSOR, stage: bool | None = TC_STAGE,
-                per: int = TC_PER, unroll: int = TC_UNROLL, split: int = TC_SPLIT) -> None:
+                per: int = TC_PER, unroll: int = TC_UNROLL, split: int = TC_SPLIT, tstore: bool = TC_TSTORE,
+                pf: int = TC_PF, minb: int = TC_MINB, pipe: bool | None = None) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -579,7 +670,9 @@ class BaseConversion:
         mma.m16n8k32, see tc_table; 128 coefficients and ``per`` x 8 outputs a block, 0: all); it
         ignores ``tiled``, ``tail8`` and ``min_blocks``; None: :func:`use_tensor` when ``tiled`` is True
         (the default), else the kernel ``tiled`` names. ``stage`` (None:
-        S > TC_STAGE_S), ``unroll`` and ``split``: see _tc_source. All compute the same residues.
+        S > TC_STAGE_S), ``unroll``, ``split``, ``tstore``, ``pf``, ``minb`` and ``pipe`` (None:
+        TC_PIPE): see _tc_source.
+        All compute the same residues.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -600,13 +693,17 @@ class BaseConversion:
             name = "base_convert_tc_" + ("textbook", "emulator", "exact")[code]
             kc, staged, unroll = self._tc_kc, bool(s > TC_STAGE_S if stage is None else stage), int(unroll)
             split = int(split)
-            if split not in (1, 2) or (staged and split > 1):
-                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}")
-            ring.kernel(f"basis-tc{kc}-{int(staged)}-{unroll}-{split}",
-                        lambda: _tc_source(kc, staged, unroll, split), name)(
+            if split not in (1, 2) or (staged and split > 1) or int(pf) not in (4, 8, 12, 16, 20, 24) or not (
+                    1 <= int(minb) <= 16):
+                raise ValueError(f"tensor-core base conversion: split {split} with stage {staged}, pf {pf}, "
+                                 f"minb {minb}")
+            opts = (kc, staged, unroll, split, bool(tstore), int(pf), int(minb),
+                    bool(TC_PIPE if pipe is None else pipe))
+            ring.kernel("basis-tc-" + "-".join(str(int(o)) for o in opts), lambda: _tc_source(*opts), name)(
                 (batch * tiles * chunks,),
                 (TC_ROWS * split,),
-                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in, self._tc_out8,
+                (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._tc_in,
+                 self._tc_out4,
                  self._tc_factors if code == 1 else self._tc_qhat, self._tc_recip, cp.int32(ring.n), cp.int32(tiles),
                  cp.int32(chunks), cp.int32(per)),
             )
