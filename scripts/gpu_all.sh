@@ -16,7 +16,8 @@ export CARAMEL_PROGRAMS="${CARAMEL_PROGRAMS:-$PWD/.data/corpus}"  # the 10L prog
 source "$(dirname "$0")/gpu_step.sh"
 step bench python3 scripts/gpu_bench.py --skip-reference --skip-checks --repeats 10
 step variants python3 scripts/gpu_variants.py --sizes 4096,8192,65536
-step tests python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_kernels.py \
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist where the image has it
+step tests python3 -m pytest -q -p no:cacheprovider $xdist tests/backends/test_cuda_kernels.py \
     tests/backends/test_cuda_ntt_prologue.py tests/plan/test_cuda_plan.py tests/execute/test_gpu.py
 for mode in exact textbook emulator; do
     step "corpus-$mode" python3 scripts/gpu_corpus_check.py .data/corpus --n 4096,65536 --workers 14 --mode "$mode"
