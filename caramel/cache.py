@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from caramel.infiles import NotRegularFile, open_regular
 from caramel.outfiles import replace_atomically
 from caramel.program import (
     BcuSlot, EvalKeyId, Instruction, KeyType, Manifest, ManifestEntry, Mem, Opcode, Program, Section, SReg, Stream,
@@ -378,21 +379,17 @@ def read_entry(path: Path) -> bytes | None:
     """The bytes of the entry at ``path``, or None when absent, unreadable, a symlink, not a
     regular file, or not trusted (then with one warning)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with open_regular(path, follow=False) as (f, st):
+            why = _untrusted(st)
+            if not why:
+                return f.read()
+        _warn_once(path, why)
+    except NotRegularFile:
+        _warn_once(path, "not a regular file")
     except OSError as exc:
         if exc.errno not in (errno.ENOENT,):
             _warn_once(path, f"cannot open it ({exc.strerror})")
-        return None
-    try:
-        st = os.fstat(fd)
-        if not _usable(path, st, stat.S_ISREG, "not a regular file"):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import stat
 import tarfile
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -35,6 +34,7 @@ from pathlib import Path, PurePath
 from typing import Callable, Iterable
 
 from caramel.errors import Location, ParseError
+from caramel.infiles import NotRegularFile, open_regular
 from caramel.program import (
     BcuSlot,
     EvalKeyId,
@@ -518,26 +518,15 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
     default :data:`MAX_FILE_BYTES`."""
     limit = MAX_FILE_BYTES if limit is None else limit
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except IsADirectoryError:
-        raise ParseError(Location(str(path)), "is a folder where a file was expected") from None
+        with open_regular(path) as (f, st):
+            if st.st_size > limit:
+                raise ParseError(Location(str(path)), f"file of {_mib(st.st_size)} is far larger than any "
+                                                      f"compiled program file (at most {_mib(limit)})")
+            data = f.read(limit + 1)
+    except NotRegularFile as exc:
+        raise ParseError(Location(str(path)), str(exc).removeprefix(f"{path}: ")) from None
     except OSError as exc:
         raise ParseError(Location(str(path)), f"cannot read: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-        os.close(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ParseError(Location(str(path)), "is a folder where a file was expected")
-        if not stat.S_ISREG(st.st_mode):
-            raise ParseError(Location(str(path)), "not a regular file (a device, FIFO or socket)")
-        raise ParseError(Location(str(path)), f"file of {_mib(st.st_size)} is far larger than any compiled "
-                                              f"program file (at most {_mib(limit)})")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
     if len(data) > limit:
         raise ParseError(Location(str(path)), f"file grew beyond {_mib(limit)} while read")
     return data

@@ -85,6 +85,7 @@ from caramel.ckks.encoding import decode, encode, rotate_slots
 from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
 from caramel.ckks.expr import REDUCTIONS, ExprError, evaluate, parse
 from caramel.ckks.keys import EvalKey, Secrets
+from caramel.infiles import NotRegularFile, open_regular
 from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
 from caramel.ckks.sampling import rng_of
 from caramel.errors import CaramelError
@@ -328,22 +329,14 @@ def _toml_depth(text: str) -> int:
 def load_check(path: str | Path) -> CheckSpec:
     """Read and validate a check file: a regular file of at most ``MAX_CHECK_BYTES`` bytes of UTF-8
     TOML, nested at most ``MAX_TOML_DEPTH`` deep (errors name the file and the reason)."""
-    import os
-    import stat
-
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise CheckError(f"{p}: not a regular file")
+        with open_regular(p) as (f, info):
             if info.st_size > MAX_CHECK_BYTES:
                 raise CheckError(f"{p}: {info.st_size} bytes; a check file has at most {MAX_CHECK_BYTES}")
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                raw = f.read(MAX_CHECK_BYTES + 1)
-        finally:
-            os.close(fd)
+            raw = f.read(MAX_CHECK_BYTES + 1)
+    except NotRegularFile:
+        raise CheckError(f"{p}: not a regular file") from None
     except OSError as exc:
         raise CheckError(f"{p}: cannot read: {exc.strerror or exc}") from None
     try:

@@ -30,7 +30,6 @@ import hashlib
 import io
 import json
 import os
-import stat
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from caramel.ckks.keys import PendingKeys, SecretDist, SecretKey, Secrets, key_l
 from caramel.ckks.keyset import KeySet
 from caramel.ckks.sampling import PcgState, lemire_state_rows
 from caramel.errors import CaramelError
+from caramel.infiles import NotRegularFile, open_regular
 from caramel.outfiles import replace_atomically
 from caramel.program import EvalKeyId, KeyType
 
@@ -165,14 +165,12 @@ def _read_file(root: Path, rel: str, digests: dict[str, str], into=None):
         raise KeyStoreError(f"{root / MANIFEST}: bad or undigested file name {rel!r}")
     path = root / rel
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with open_regular(path, follow=False) as (f, info):
+            data = f.read() if into is None else _read_into(f, into(info.st_size), path)
+    except NotRegularFile as exc:
+        raise KeyStoreError(str(exc)) from None
     except OSError as exc:
         raise KeyStoreError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise KeyStoreError(f"{path}: not a regular file")
-        data = f.read() if into is None else _read_into(f, into(info.st_size), path)
     if hashlib.sha256(data).hexdigest() != digests[rel]:
         raise KeyStoreError(f"{path}: SHA-256 differs from the manifest (file damaged or altered)")
     return data
@@ -248,10 +246,13 @@ def read_manifest(directory: str | Path) -> dict:
     if root.is_symlink() or not root.is_dir():
         raise KeyStoreError(f"{root}: no such folder (a key store is a folder made by `caramel keys`)")
     where = root / MANIFEST
-    if not where.is_file() or where.is_symlink():
-        raise KeyStoreError(f"{root}: not a key store (no {MANIFEST}; make one with `caramel keys`)")
     try:
-        manifest = json.loads(where.read_bytes())
+        with open_regular(where, follow=False) as (f, _):
+            text = f.read()
+    except (NotRegularFile, OSError):
+        raise KeyStoreError(f"{root}: not a key store (no {MANIFEST}; make one with `caramel keys`)") from None
+    try:
+        manifest = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise KeyStoreError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,31 @@ def test_symlinked_file_is_refused(store, ctx, tmp_path):
     victim.symlink_to(copy)
     with pytest.raises(KeyStoreError, match="cannot open"):
         load_keys(path, ctx)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("which", ["key", "secrets", "manifest"])
+def test_fifo_in_place_of_a_file_is_refused_at_once(store, ctx, which):
+    """A FIFO where a store file belongs is a clear error at once, never a hang (before the shared
+    non-blocking open of caramel.infiles, a FIFO key file blocked `caramel run --keys` for ever)."""
+    _, path = store
+    victim = {"key": _key_files(path)[0], "secrets": path / "secrets.npz", "manifest": path / MANIFEST}[which]
+    victim.unlink()
+    os.mkfifo(victim)
+    outcome: list[BaseException] = []
+
+    def load():
+        try:
+            load_keys(path, ctx)
+        except BaseException as exc:  # noqa: BLE001 (handed to the test thread)
+            outcome.append(exc)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), f"load_keys hangs on a FIFO {which} file"
+    assert len(outcome) == 1 and isinstance(outcome[0], KeyStoreError), outcome
+    assert ("not a key store" if which == "manifest" else "not a regular file") in str(outcome[0])
 
 
 def test_store_of_another_program(tmp_path, ctx, program):
