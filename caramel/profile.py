@@ -222,7 +222,7 @@ def write_trace(result: ProfileResult, path) -> None:
 
 
 def _record(kernel, chip: int, index: int, start_ms: float, dur_ms: float, limb_bytes: int = 0) -> KernelRecord:
-    moved = (len(kernel.reads()) + len(kernel.writes())) * limb_bytes
+    moved = kernel.traffic() * limb_bytes  # the plan model (a converting NTT load reads each input once)
     return KernelRecord(chip, index, kernel.kind.value, len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms,
                         moved)
 

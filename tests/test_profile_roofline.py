@@ -51,3 +51,19 @@ def test_profile_records_the_plan_traffic():
     assert sum(by_kind.values()) == stats["plan_bytes"]
     text = render(result)
     assert "roofline per kernel kind" in text and "MiB moved" in text
+
+
+@pytest.mark.skipif(not PROGRAM.is_dir(), reason="programs/MulRotate_4L_1c not found")
+def test_records_charge_each_kernel_the_plan_models_traffic():
+    """A record's bytes are its kernel's traffic in the plan model (Kernel.traffic), also for an NTT
+    whose load converts (each distinct input read once), as `caramel plan` counts them."""
+    from caramel.plan.kernel import Kind
+    from caramel.profile import _record
+
+    plan = build_plan(load_program(PROGRAM, progress=False), fuse_ntt="all")
+    kernels = [k for chip in plan.chips for k in chip.kernels]
+    converting = [k for k in kernels if k.prologue is not None and k.prologue.kind is Kind.BASECONV]
+    assert converting, "expected an NTT with a converting load in the every-load plan"
+    assert any(len(set(k.reads())) < len(k.reads()) for k in converting)  # where the old count differed
+    for k in kernels:
+        assert _record(k, 0, 0, 0.0, 1.0, limb_bytes=1024).bytes == k.traffic() * 1024
