@@ -522,13 +522,7 @@ _ONE_FWD = _ONE_HEAD + r"""    {{
 {row_passes}
     __syncthreads();
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
-#pragma unroll
-    for (int it = 0; it < 8; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        uint4 v = *(const uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4));
-{finish}
-        dst[e] = v;
-    }}
+""" + _ROW_STORE + """
 }}
 """
 
