@@ -9,14 +9,13 @@ Skipped without CuPy or without a CUDA device.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.backends.cuda import CudaRing, FusedOp, FusedProgram, available  # noqa: E402
+from caramel.backends.cuda import FusedOp, FusedProgram, available  # noqa: E402
 
 if not available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -26,44 +25,17 @@ from caramel.backends.cuda import basis as dbasis  # noqa: E402
 from caramel.backends.cuda import crt as dcrt  # noqa: E402
 from caramel.backends.cuda import elementwise as ew  # noqa: E402
 from caramel.backends.cuda import ntt as dntt  # noqa: E402
-from caramel.ring import Context, Mode  # noqa: E402
+from caramel.ring import Mode  # noqa: E402
 from caramel.ring import crt as rcrt  # noqa: E402
 from caramel.ring import modular as rmod  # noqa: E402
+from tests.backends.cuda_support import POISON, i32, pair, rings, rng  # noqa: E402,F401 (pair, rng: fixtures)
 
 pytestmark = pytest.mark.gpu
-
-POISON = np.uint32(0xFFFFFFFF)
-SIZES = [int(s) for s in os.environ.get("CARAMEL_CUDA_TEST_N", "4096,65536").split(",")]
-_RINGS: dict[int, tuple[Context, CudaRing]] = {}
-
-
-def rings(n: int) -> tuple[Context, CudaRing]:
-    """The (CPU context, CUDA ring) pair of degree n, built once per session."""
-    if n not in _RINGS:
-        ctx = Context(n)
-        _RINGS[n] = (ctx, CudaRing(ctx))
-    return _RINGS[n]
-
-
-@pytest.fixture(params=SIZES, ids=lambda n: f"N={n}")
-def pair(request):
-    return rings(request.param)
-
-
-@pytest.fixture
-def rng():
-    seed = int.from_bytes(os.urandom(8), "little")
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
 
 
 def residues(ctx, limbs, rng) -> np.ndarray:
     """Uniform random canonical residues, one row per limb index."""
     return np.stack([rng.integers(0, ctx.q(l), ctx.n, dtype=np.uint64) for l in limbs]).astype(np.uint32)
-
-
-def i32(a) -> object:
-    return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
 
 
 class Arena:

@@ -5,8 +5,6 @@ poisoned before the launch; input rows must come back unchanged. Skipped without
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -17,36 +15,12 @@ from caramel.backends.cuda import available  # noqa: E402
 if not available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from caramel.backends.cuda import CudaRing  # noqa: E402
 from caramel.backends.cuda import ntt as dntt  # noqa: E402
-from caramel.ring import Context, Mode  # noqa: E402
+from caramel.ring import Mode  # noqa: E402
 from caramel.ring import crt as rcrt  # noqa: E402
+from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F401 (pair, rng: fixtures)
 
 pytestmark = pytest.mark.gpu
-
-POISON = np.uint32(0xFFFFFFFF)
-SIZES = [int(s) for s in os.environ.get("CARAMEL_CUDA_TEST_N", "4096,65536").split(",")]
-_RINGS: dict[int, tuple[Context, CudaRing]] = {}
-
-
-@pytest.fixture(params=SIZES, ids=lambda n: f"N={n}")
-def pair(request):
-    n = request.param
-    if n not in _RINGS:
-        ctx = Context(n)
-        _RINGS[n] = (ctx, CudaRing(ctx))
-    return _RINGS[n]
-
-
-@pytest.fixture
-def rng():
-    seed = int.from_bytes(os.urandom(8), "little")
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
-
-
-def i32(a):
-    return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
 
 
 def run(ctx, ring, rng, kind, inputs, prime_idx, ins_of, args, mode, tables=None):
