@@ -9,6 +9,7 @@ Skipped without CuPy or without a CUDA device.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from caramel.backends.cuda import basis as dbasis  # noqa: E402
 from caramel.backends.cuda import crt as dcrt  # noqa: E402
 from caramel.backends.cuda import elementwise as ew  # noqa: E402
 from caramel.backends.cuda import ntt as dntt  # noqa: E402
-from caramel.ring import Mode  # noqa: E402
+from caramel.ring import Context, Mode  # noqa: E402
 from caramel.ring import crt as rcrt  # noqa: E402
 from caramel.ring import modular as rmod  # noqa: E402
 from tests.backends.cuda_support import POISON, i32, pair, rings, rng  # noqa: E402,F401 (pair, rng: fixtures)
@@ -327,29 +328,57 @@ def test_automorphism(pair, rng):
 # --------------------------------------------------------------------------- base conversion and sud
 
 
+class ConversionCase(NamedTuple):
+    """A base conversion under test: the CPU context, the CUDA conversion and its CPU reference, the
+    inputs xs (one (S, N) array a batch entry) and the arena holding them at rows ins (B, S)."""
+
+    ctx: Context
+    conv: dbasis.BaseConversion
+    ref: object
+    xs: list
+    arena: Arena
+    ins: np.ndarray
+
+
+def random_limbs(rng, s: int, d: int) -> tuple[list[int], list[int]]:
+    """S input and D output limbs of a random permutation; with S + D > 64 the outputs are its last
+    D, so some primes are on both sides."""
+    perm = [int(v) for v in rng.permutation(64)]
+    return sorted(perm[:s]), sorted(perm[s : s + d]) if s + d <= 64 else sorted(perm[-d:])
+
+
+def conversion_case(pair, rng, in_limbs, out_limbs, batch: int, extremes: bool = False) -> ConversionCase:
+    """Fresh random inputs of a conversion in_limbs -> out_limbs, ``batch`` of them, put on a poisoned
+    arena with room for their outputs; ``extremes``: the first input's first residues are q - 1, 0
+    and q // 2."""
+    ctx, ring = pair
+    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
+    if extremes:
+        xs[0][:, :3] = np.array([[ctx.q(l) - 1, 0, ctx.q(l) // 2] for l in in_limbs], dtype=np.uint32)
+    arena = Arena(ctx.n, batch * (len(in_limbs) + len(out_limbs)), rng)
+    ins = np.array([arena.put(x) for x in xs])
+    return ConversionCase(ctx, dbasis.BaseConversion(ring, in_limbs, out_limbs),
+                          ctx.base_converter(in_limbs, out_limbs), xs, arena, ins)
+
+
 @pytest.mark.parametrize("tiled", [2, 1, False], ids=["tiled2", "tiled1", "first"])
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
 @pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32), (13, 50), (60, 3)],
                          ids=lambda s: f"S={s[0]},D={s[1]}")
 def test_base_conversion(pair, rng, mode, shape, tiled):
-    ctx, ring = pair
     s, d = shape
     others = [int(l) for l in rng.permutation(np.arange(1, 63))]
     in_limbs = sorted([0] + others[: s - 1])  # limb 0 is an input, limb 63 an output
     out_limbs = sorted(others[s - 1 : s + d - 2] + [63])
-    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
-    ref = ctx.base_converter(in_limbs, out_limbs)
     batch = 2
-    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
-    arena = Arena(ctx.n, batch * (s + d), rng)
-    ins = np.array([arena.put(x) for x in xs])
-    outs = np.array([arena.take(d) for _ in range(batch)])
-    dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tiled=tiled)
-    have = arena.download()
+    c = conversion_case(pair, rng, in_limbs, out_limbs, batch)
+    outs = np.array([c.arena.take(d) for _ in range(batch)])
+    dev = c.arena.upload()
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tiled=tiled)
+    have = c.arena.download()
     for b in range(batch):
-        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"base conversion {mode.value} batch {b}")
-    expect_inputs_kept(arena, have, outs.reshape(-1))
+        expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"base conversion {mode.value} batch {b}")
+    expect_inputs_kept(c.arena, have, outs.reshape(-1))
 
 
 @pytest.mark.parametrize("tail8,min_blocks", [(False, 0), (True, 5)], ids=["tail16", "tail8-mb5"])
@@ -357,19 +386,12 @@ def test_base_conversion(pair, rng, mode, shape, tiled):
 @pytest.mark.parametrize("shape", [(3, 5), (13, 40), (20, 41), (7, 24)], ids=lambda s: f"S={s[0]},D={s[1]}")
 def test_base_conversion_chunks(pair, rng, mode, shape, tail8, min_blocks):
     """The tiled kernel with 16-wide last chunks, and with a register bound, computes the reference."""
-    ctx, ring = pair
     s, d = shape
-    perm = [int(v) for v in rng.permutation(64)]
-    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
-    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
-    ref = ctx.base_converter(in_limbs, out_limbs)
-    x = residues(ctx, in_limbs, rng)
-    arena = Arena(ctx.n, s + d, rng)
-    ins = np.array([arena.put(x)])
-    outs = np.array([arena.take(d)])
-    dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks, tensor=False)
-    expect_rows(arena.download(), outs[0], ref.convert(x, mode), f"base conversion {mode.value}")
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), 1)
+    outs = np.array([c.arena.take(d)])
+    dev = c.arena.upload()
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks, tensor=False)
+    expect_rows(c.arena.download(), outs[0], c.ref.convert(c.xs[0], mode), f"base conversion {mode.value}")
 
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
@@ -499,25 +521,16 @@ def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split, tstor
     staged or direct input loads (``pf`` in flight), all outputs or ``per`` x 8 of them a block, 1 or 2
     warps a row group, 4-byte stores or 16-byte rows (``tstore``), a register cap (``minb``) and the
     next tile's operands loaded ahead (``pipe``)."""
-    ctx, ring = pair
     s, d, batch = shape
-    perm = [int(v) for v in rng.permutation(64)]
-    in_limbs = sorted(perm[:s])
-    out_limbs = sorted(perm[s : s + d]) if s + d <= 64 else sorted(perm[-d:])  # S + D > 64: shared primes
-    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
-    ref = ctx.base_converter(in_limbs, out_limbs)
-    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
-    xs[0][:, :3] = np.array([[ctx.q(l) - 1, 0, ctx.q(l) // 2] for l in in_limbs], dtype=np.uint32)  # extremes
-    arena = Arena(ctx.n, batch * (s + d), rng)
-    ins = np.array([arena.put(x) for x in xs])
-    outs = np.array([arena.take(d) for _ in range(batch)])
-    dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=per, split=split, tstore=tstore,
-                 pf=pf, minb=minb, pipe=pipe)
-    have = arena.download()
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch, extremes=True)
+    outs = np.array([c.arena.take(d) for _ in range(batch)])
+    dev = c.arena.upload()
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tensor=True, stage=stage, per=per, split=split, tstore=tstore,
+                   pf=pf, minb=minb, pipe=pipe)
+    have = c.arena.download()
     for b in range(batch):
-        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
-    expect_inputs_kept(arena, have, outs.reshape(-1))
+        expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
+    expect_inputs_kept(c.arena, have, outs.reshape(-1))
 
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
@@ -528,42 +541,29 @@ def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split, tstor
 def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split, tstore, pipe):
     """Outputs may overwrite the inputs (with all outputs in one block, per=0): a block reads all its
     inputs before it writes."""
-    ctx, ring = pair
     s, d, batch = shape
-    perm = [int(v) for v in rng.permutation(64)]
-    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
-    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
-    ref = ctx.base_converter(in_limbs, out_limbs)
-    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
-    arena = Arena(ctx.n, batch * (s + d), rng)
-    ins = np.array([arena.put(x) for x in xs])
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch)
     shared = min(s, d)
-    outs = np.array([list(ins[b][:shared]) + arena.take(d - shared) for b in range(batch)])
-    dev = arena.upload()
-    conv.convert(dev, i32(ins), i32(outs), mode, tensor=True, stage=stage, per=0, split=split, tstore=tstore,
-                 pipe=pipe)
-    have = arena.download()
+    outs = np.array([list(c.ins[b][:shared]) + c.arena.take(d - shared) for b in range(batch)])
+    dev = c.arena.upload()
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tensor=True, stage=stage, per=0, split=split, tstore=tstore,
+                   pipe=pipe)
+    have = c.arena.download()
     for b in range(batch):
-        expect_rows(have, outs[b], ref.convert(xs[b], mode), f"in-place tensor base conversion {mode.value} batch {b}")
+        expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode),
+                    f"in-place tensor base conversion {mode.value} batch {b}")
 
 
 @pytest.mark.parametrize("shape", [(13, 50, 1), (55, 9, 2), (40, 24, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
 def test_base_conversion_default(pair, rng, shape):
     """convert's default (the kernel picked by shape: the tensor-core one) computes the reference."""
-    ctx, ring = pair
     s, d, batch = shape
-    perm = [int(v) for v in rng.permutation(64)]
-    in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
-    conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
-    ref = ctx.base_converter(in_limbs, out_limbs)
-    xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
-    arena = Arena(ctx.n, batch * (s + d), rng)
-    ins = np.array([arena.put(x) for x in xs])
-    outs = np.array([arena.take(d) for _ in range(batch)])
-    dev = arena.upload()
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch)
+    outs = np.array([c.arena.take(d) for _ in range(batch)])
+    dev = c.arena.upload()
     for mode in Mode:
         dev[cp.asarray(outs.reshape(-1))] = POISON
-        conv.convert(dev, i32(ins), i32(outs), mode)
-        have = arena.download()
+        c.conv.convert(dev, i32(c.ins), i32(outs), mode)
+        have = c.arena.download()
         for b in range(batch):
-            expect_rows(have, outs[b], ref.convert(xs[b], mode), f"default base conversion {mode.value} batch {b}")
+            expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"default base conversion {mode.value} batch {b}")
