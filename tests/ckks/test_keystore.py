@@ -27,6 +27,13 @@ def _key_files(path: Path) -> list[Path]:
     return sorted(p for p in (path / "keys").iterdir() if p.name.endswith((".c0.npy", ".c1.npy")))
 
 
+def _flip_bit(path: Path, at: int = -1) -> None:
+    """Damage ``path``: one bit of its byte ``at`` flipped."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+
+
 @pytest.fixture(scope="module")
 def program():
     return caramel.load_program(PROGRAMS / "Mul_4L_2c")
@@ -90,9 +97,7 @@ def test_not_a_store(tmp_path, ctx):
 def test_tampered_file(store, ctx):
     _, path = store
     victim = _key_files(path)[-1]
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 1
-    victim.write_bytes(bytes(data))
+    _flip_bit(victim)
     with pytest.raises(KeyStoreError, match="SHA-256"):
         load_keys(path, ctx)
 
@@ -190,9 +195,7 @@ def test_background_load_equals_the_load(store, ctx):
 def test_background_load_of_a_tampered_file_fails_when_read(store, ctx):
     _, path = store
     victim = _key_files(path)[-1]
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 1
-    victim.write_bytes(bytes(data))
+    _flip_bit(victim)
     keyset = load_keys(path, ctx, background=True)  # the ids and secrets are fine
     with pytest.raises(KeyStoreError, match="SHA-256"):
         keyset.keys.wait()
@@ -205,9 +208,7 @@ def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
     prog = str(PROGRAMS / "Mul_4L_2c")
     assert main(["keys", prog, "--n", str(N), "--seed", "3", "--out", str(out), "--device", "cpu", "-q"]) == 0
     victim = _key_files(out)[0]
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 1
-    victim.write_bytes(bytes(data))
+    _flip_bit(victim)
     capsys.readouterr()
     assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
     assert "SHA-256 differs" in capsys.readouterr().err
@@ -266,9 +267,7 @@ def test_keys_copied_to_the_device_by_the_loading_threads(many, fake_device, tmp
             assert len(fake_device) == len(ks.keys) * (1 if store == path else 2)
     copy = shutil.copytree(path, tmp_path / "bad")
     victim = _key_files(copy)[-1]
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 1
-    victim.write_bytes(bytes(data))
+    _flip_bit(victim)
     with pytest.raises(KeyStoreError, match="SHA-256"):
         load_keys(copy, c, background=True, on_device=True).keys.wait()
 
@@ -401,9 +400,7 @@ def test_tampered_states_file_fails_at_once(many, tmp_path, background):
     _, path, c = many
     copy = shutil.copytree(path, tmp_path / "ks")
     victim = copy / "keys" / "a_states.npy"
-    data = bytearray(victim.read_bytes())
-    data[-3] ^= 1
-    victim.write_bytes(bytes(data))
+    _flip_bit(victim, -3)
     with pytest.raises(KeyStoreError, match="a_states.npy: SHA-256 differs"):
         load_keys(copy, c, background=background)
 
@@ -459,9 +456,7 @@ def test_cli_run_with_a_tampered_states_file_exits_2(tmp_path, capsys):
     prog = str(PROGRAMS / "Mul_4L_2c")
     assert main(["keys", prog, "--n", str(N), "--seed", "3", "--out", str(out), "--device", "cpu", "-q"]) == 0
     victim = out / "keys" / "a_states.npy"
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 1
-    victim.write_bytes(bytes(data))
+    _flip_bit(victim)
     capsys.readouterr()
     assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
     assert "SHA-256 differs" in capsys.readouterr().err
