@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
-from caramel.ckks.sampling import PcgState
+from caramel.ckks import sampling
+from caramel.ckks.sampling import PcgState, lemire_state_rows
+from caramel.ring import Context
+
+
+def _generator(seed, kept: bool) -> np.random.Generator:
+    """A PCG64 generator; ``kept``: after one bounded 32-bit draw, so that it keeps the other half of
+    its 64-bit word for the next one."""
+    rng = np.random.default_rng(seed)
+    if kept:
+        rng.integers(0, 5, dtype=np.uint32)
+    return rng
 
 
 @pytest.mark.parametrize("kept", [False, True])
 def test_state_generator_draws_what_the_captured_one_draws(kept):
-    rng = np.random.default_rng(11)
-    if kept:
-        rng.integers(0, 5, dtype=np.uint32)
+    rng = _generator(11, kept)
     st = PcgState.of(rng)
     assert st.has_uint32 == int(kept)
     again = st.generator()
@@ -39,18 +51,9 @@ def test_other_generators_have_no_state():
 
 # Bounded draws from a stored state (lemire_state_rows): the NumPy reference and the CUDA kernels.
 
-import shutil
-import subprocess
-
-from caramel.ckks import sampling
-from caramel.ckks.sampling import lemire_state_rows
-from caramel.ring import Context
-
 
 def _draw_case(seed: int, kept: bool, step: int, n: int):
-    rng = np.random.default_rng(seed)
-    if kept:
-        rng.integers(0, 5, dtype=np.uint32)
+    rng = _generator(seed, kept)
     ctx = Context(n=n)
     qs = [ctx.q(l) for l in range(0, 64, step)]
     st = PcgState.of(rng)
@@ -74,9 +77,7 @@ def test_state_rows_equal_numpy_integers(seed, kept, step, n):
 
 @pytest.mark.parametrize("kept", [False, True])
 def test_word_of_equals_the_words_numpy_hands_out(kept):
-    rng = np.random.default_rng(12)
-    if kept:
-        rng.integers(0, 5, dtype=np.uint32)
+    rng = _generator(12, kept)
     st = PcgState.of(rng)
     words = sampling._next_words(rng.bit_generator, rng.bit_generator.state, 9)
     assert [sampling._word_of(st, i) for i in range(9)] == [int(w) for w in words[:9]]
