@@ -16,3 +16,14 @@ def test_split_copy_equals_assignment(monkeypatch, n):
     dst = np.zeros(n, dtype=np.uint8)
     transfer._copy(dst, src)
     assert np.array_equal(dst, src)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7])
+@pytest.mark.parametrize("as_list", [False, True], ids=["array", "rows"])
+def test_fill_copies_every_row_with_the_arena_type(monkeypatch, rows, as_list):
+    """The staging fill: host[j] = data[r0 + j], split over the fill threads, values cast as astype."""
+    monkeypatch.setattr(transfer, "FILL_THREADS", 3)
+    data = np.random.default_rng(rows).integers(0, 1 << 31, (rows + 2, 64), dtype=np.int64)
+    host = np.zeros((rows, 64), dtype=np.uint32)
+    transfer._fill(host, list(data) if as_list else data, 2)
+    assert np.array_equal(host, data[2:].astype(np.uint32))

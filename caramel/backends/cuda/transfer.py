@@ -188,21 +188,15 @@ def _fill(host: np.ndarray, data, r0: int) -> None:
     """``host[j] = data[r0 + j]`` for every row of ``host``, split over :data:`FILL_THREADS` threads
     (NumPy's copies release the GIL; one thread's ``memcpy`` does not reach the memory's bandwidth,
     and rows read from a memory-mapped file are first touched here)."""
-    k = host.shape[0]
-    parts = min(FILL_THREADS, k)
-
-    def part(p: int) -> None:
-        a, b = k * p // parts, k * (p + 1) // parts
+    def part(a: int, b: int) -> None:
         if isinstance(data, np.ndarray):
             np.copyto(host[a:b], data[r0 + a:r0 + b], casting="unsafe")
         else:
             for j in range(a, b):
                 np.copyto(host[j], data[r0 + j], casting="unsafe")
 
-    if parts <= 1:
-        part(0)
-        return
-    list(_fill_pool().map(part, range(parts)))
+    k = host.shape[0]
+    _in_parts(k, min(FILL_THREADS, k), part)
 
 
 #: A host copy out of a pinned buffer is split over the fill threads from this many bytes on (the
@@ -213,17 +207,20 @@ PARALLEL_COPY_BYTES = 4 << 20
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[:] = src`` for 1-D byte arrays, in :data:`FILL_THREADS` parts from
     :data:`PARALLEL_COPY_BYTES` on (NumPy's copies release the GIL)."""
-    n = dst.shape[0]
-    parts = FILL_THREADS if n >= PARALLEL_COPY_BYTES else 1
-    if parts <= 1:
-        dst[:] = src
-        return
-
-    def part(p: int) -> None:
-        a, b = n * p // parts, n * (p + 1) // parts
+    def part(a: int, b: int) -> None:
         dst[a:b] = src[a:b]
 
-    list(_fill_pool().map(part, range(parts)))
+    n = dst.shape[0]
+    _in_parts(n, FILL_THREADS if n >= PARALLEL_COPY_BYTES else 1, part)
+
+
+def _in_parts(count: int, parts: int, part) -> None:
+    """``part(a, b)`` over ``parts`` consecutive ranges [a, b) covering ``range(count)``, on the fill
+    threads (inline for one part or fewer)."""
+    if parts <= 1:
+        part(0, count)
+        return
+    list(_fill_pool().map(lambda p: part(count * p // parts, count * (p + 1) // parts), range(parts)))
 
 
 def _fill_pool():
