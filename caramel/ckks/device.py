@@ -331,14 +331,6 @@ def to_ntt_rows(coeffs, ctx, limbs, dev: ClientDevice):
     return transform_rows(res, ctx, limbs, dev)
 
 
-def _e_rows(e, q, ctx, limbs, tabs, r0: int, r1: int, dev: ClientDevice):
-    """NTT-form residues of the small error ``e`` on rows r0..r1-1 (moduli ``q``, limbs[r0:r1])."""
-    res = small_residues(e, q, dev.xp)
-    if dev.on_gpu:
-        return transform_rows(res, ctx, limbs[r0:r1], dev)
-    return ntt(res, tabs[r0:r1])
-
-
 def _host_jit(dev: ClientDevice, e, *rows) -> bool:
     """True when the c0 rows are computed by the compiled host kernel (:func:`caramel.ring.ntt_jit.c0_row`:
     on the host, compiled kernels ready, int64 errors and uint32 rows), else by the array code."""
@@ -355,7 +347,7 @@ def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=No
     if perm is not None and not host_jit:
         s_new = xp.take(s_new, perm, axis=1)
     qcol = prime_column(ctx, limbs, dev)
-    tabs = None if dev.on_gpu else ntt_tables(ctx, limbs)  # the GPU transforms with the CUDA ring's tables
+    tabs = ntt_tables(ctx, limbs) if host_jit else None  # the compiled host kernel's tables
     p_dev = dev.put(p_mod)
     out = xp.empty(a.shape, dtype=np.uint32)
     gather = np.empty(0, dtype=np.int64) if perm is None else np.ascontiguousarray(perm, dtype=np.int64)
@@ -366,7 +358,7 @@ def evalkey_c0(ctx, limbs, a, e, s_old, s_new, p_mod, dev: ClientDevice, perm=No
                 ntt_jit.c0_row(e, a[r], s_old[r], s_new[r], int(p_mod[r, 0]), tabs[r], out[r], gather)
             return
         q = qcol[r0:r1]
-        en = xp.add(_e_rows(e, q, ctx, limbs, tabs, r0, r1, dev), q, dtype=_U64)  # e + q
+        en = xp.add(transform_rows(small_residues(e, q, xp), ctx, limbs[r0:r1], dev), q, dtype=_U64)  # e + q
         en -= mulmod(a[r0:r1], s_old[r0:r1], q, xp)  # in (0, 2q)
         if p_mod[r0:r1].any():
             en += mulmod(s_new[r0:r1], p_dev[r0:r1], q, xp)
@@ -380,9 +372,9 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
     """c0 = m + e - a * s (mod q) per row; a, m (NTT form), s (k, N) and e (N,) int64 on ``dev``."""
     xp = dev.xp
     qcol = prime_column(ctx, limbs, dev)
-    tabs = None if dev.on_gpu else ntt_tables(ctx, limbs)  # the GPU transforms with the CUDA ring's tables
     out = xp.empty(a.shape, dtype=np.uint32)
     host_jit = _host_jit(dev, e, a, s, m)
+    tabs = ntt_tables(ctx, limbs) if host_jit else None  # the compiled host kernel's tables
 
     def run(r0: int, r1: int) -> None:
         if host_jit:
@@ -390,7 +382,7 @@ def encrypt_c0(ctx, limbs, a, m, e, s, dev: ClientDevice):
                 ntt_jit.c0_row(e, a[r], s[r], m[r], 1, tabs[r], out[r], None)
             return
         q = qcol[r0:r1]
-        en = xp.add(_e_rows(e, q, ctx, limbs, tabs, r0, r1, dev), q, dtype=_U64)  # e + q
+        en = xp.add(transform_rows(small_residues(e, q, xp), ctx, limbs[r0:r1], dev), q, dtype=_U64)  # e + q
         en += m[r0:r1]
         en -= mulmod(a[r0:r1], s[r0:r1], q, xp)  # in (0, 3q)
         out[r0:r1] = xp.remainder(en, q, out=en)
