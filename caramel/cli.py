@@ -380,14 +380,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CaramelError(f"--dot: {program.name} has {program.instruction_count} instructions, too many for "
                            f"Graphviz (limit {DOT_MAX_NODES}); use --dag-json")
     loads = False if args.no_ntt_fuse else (args.ntt_loads or True)
-    plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads)
+    outputs = {} if args.max_outputs is None else {"max_outputs": args.max_outputs}
+    plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **outputs)
     if not _emit_json(args, plan.to_json()):
         print(plan_report(plan, program, n=args.n))
         if not args.no_fuse and not args.no_ntt_fuse and args.ntt_loads != "all":  # what every NTT load removes
             from caramel.plan import plan_stats
             from caramel.plan.report import _bytes
 
-            every = plan_stats(build_plan(program, fuse_ntt="all"), n=args.n)
+            every = plan_stats(build_plan(program, fuse_ntt="all", **outputs), n=args.n)
             print(f"with every NTT load (--ntt-loads all, the converting load too): plan traffic "
                   f"{_bytes(every['plan_bytes'])}")
     if args.dag_json or args.dot:
@@ -626,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no fusion across NTT boundaries (a lift, mod or base conversion computed in the NTT's load)")
     p.add_argument("--ntt-loads", metavar="KINDS", help="what NTT loads compute: 'all', 'none' or some of "
                    "sud_lift,mod,baseconv (default: sud_lift,mod; the converting load is slower on the GPU)")
+    p.add_argument("--max-outputs", metavar="K", type=_positive,
+                   help="elementwise trees of one level and prime that read a common limb share a row of at most K "
+                        "outputs, reading it once (default: the planner's, caramel.plan.fusion.MAX_OUTPUTS; 1: none)")
     _add_json(p, "the plan (kernels, rows, buffers)")
     p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG to FILE as networkx "
                    "node-link JSON (networkx.node_link_graph(json.load(f), edges='edges') reloads it)")

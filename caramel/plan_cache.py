@@ -10,7 +10,7 @@ the program's files and the parser, with :func:`caramel.cache.remember`); any ot
 or changed with ``dataclasses.replace``) is planned as before. The entry name is the SHA-256 of
 that key, the planner's fingerprint (:func:`planner_fingerprint`: the source of
 ``caramel/plan/*.py``, ``caramel/program.py`` and this module) and the build options (``fuse``,
-``max_inputs``, ``fuse_ntt``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
+``max_inputs``, ``fuse_ntt``, ``max_outputs``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
 version), and an entry whose header differs is rebuilt, never used.
 
 **Entry format** (one file ``<key>.plan``)::
@@ -46,6 +46,7 @@ from caramel import cache as store
 from caramel.cache import program_key, remember
 from caramel.parse import no_gc
 from caramel.program import Mem, Program
+from caramel.plan.fusion import MAX_OUTPUTS
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +69,13 @@ def planner_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True) -> dict:
+def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True, max_outputs: int = MAX_OUTPUTS) -> dict:
     from caramel.plan.fusion import ntt_load_kinds
     from caramel.version import __version__
 
     return {"format": FORMAT_VERSION, "caramel": __version__, "program": key, "planner": planner_fingerprint(),
-            "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": sorted(k.value for k in ntt_load_kinds(fuse_ntt))}
+            "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": sorted(k.value for k in ntt_load_kinds(fuse_ntt)),
+            "max_outputs": int(max_outputs)}
 
 
 def entry_path(folder: Path, meta: dict) -> Path:
@@ -249,8 +251,8 @@ def from_bytes(data: bytes, meta: dict, name: str):
 
 
 def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, cache: bool = True,
-                fuse_ntt=True):
-    """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)``, read from the plan cache when
+                fuse_ntt=True, max_outputs: int = MAX_OUTPUTS):
+    """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
     ``timings`` then has one phase, ``cache``."""
@@ -258,10 +260,10 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, ca
 
     key = program_key(program) if cache else None
     if key is None:
-        return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)
+        return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)
     folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
-    meta = _meta(key, fuse, max_inputs, fuse_ntt)
+    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs)
     path = entry_path(folder, meta)
     data = store.read_entry(path) if usable else None
     if data is not None:
@@ -273,7 +275,7 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, ca
             return plan
         except PlanEntryError as exc:
             logger.info("rebuilding plan cache entry %s: %s", path, exc)
-    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt)
+    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)
     if usable:
         try:
             with no_gc():

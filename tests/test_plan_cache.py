@@ -229,12 +229,13 @@ def test_header_is_json_and_names_the_program_key(fresh_cache):
 
 
 def _schedule_tasks():
-    """The tasks of a real 1-chip plan on one device (rows of its device program)."""
+    """The tasks of a real 1-chip plan on one device (rows of its device program). Without sibling
+    rows (``max_outputs=1``) its independent kernels stay apart, so the schedule has waits."""
     from caramel.execute.placement import gpu_device_programs
     from caramel.ring import Context
     from tests.plan.plan_helpers import chip_tasks
 
-    plan = pc.cached_plan(load_program(EXAMPLES / "Mul_4L_1c"))
+    plan = pc.cached_plan(load_program(EXAMPLES / "Mul_4L_1c"), max_outputs=1)
     prog = gpu_device_programs(plan, 1, Context(n=4096), 3)[0]
     return chip_tasks(plan.chips[0], prog.rows_of[0])
 

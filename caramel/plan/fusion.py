@@ -263,6 +263,98 @@ def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
     return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({ops[j].index for j, _, _ in micro})))
 
 
+#: Outputs of a merged row by default (``build_plan(max_outputs=...)``, :func:`merge_siblings`).
+MAX_OUTPUTS = 4
+
+
+def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = 16,
+                   max_outputs: int = MAX_OUTPUTS) -> tuple[list[Unit], list[int]]:
+    """Horizontal fusion of sibling trees: elementwise units of one level and prime that read a
+    common buffer become one unit with several outputs, which reads each distinct buffer once.
+
+    Units of one level never depend on each other (:func:`levels`), so the merged unit, at that
+    level, computes the same values. Greedy in program order: a unit joins the open group of its
+    (level, prime) with which it shares the most input buffers (the first on a tie), if the
+    group's distinct vector inputs stay at most ``max_inputs`` and its outputs at most
+    ``max_outputs``; otherwise it starts a group. The merged :class:`Expr` is the members'
+    expressions one after the other, operands numbered by first use (:func:`_merged_unit`), so
+    equal sharing patterns give equal expressions and still batch into one kernel. Returns the
+    units and their levels, order kept (a group takes the place of its first member)."""
+    E = Kind.ELEMENTWISE
+    groups: list[list[int]] = []  # members (unit indices) of every group
+    group_ins: list[set[int]] = []
+    open_by_key: dict[tuple[int, int], dict[int, list[int]]] = {}  # (level, prime) -> buffer -> groups
+    group_of = [-1] * len(units)
+    for j, u in enumerate(units):
+        if u.kind is not E:
+            continue
+        index = open_by_key.setdefault((unit_levels[j], u.row.prime), {})
+        shared: dict[int, int] = {}
+        for b in set(u.ins):
+            for g in index.get(b, ()):
+                shared[g] = shared.get(g, 0) + 1
+        best = -1
+        for g, n in sorted(shared.items(), key=lambda gn: (-gn[1], gn[0])):
+            if len(groups[g]) < max_outputs and len(group_ins[g] | set(u.ins)) <= max_inputs:
+                best = g
+                break
+        if best < 0:
+            best = len(groups)
+            groups.append([])
+            group_ins.append(set())
+        groups[best].append(j)
+        for b in set(u.ins) - group_ins[best]:
+            index.setdefault(b, []).append(best)
+        group_ins[best] |= set(u.ins)
+        group_of[j] = best
+    out_units: list[Unit] = []
+    out_levels: list[int] = []
+    exprs: dict = {}
+    for j, u in enumerate(units):
+        g = group_of[j]
+        if g >= 0 and groups[g][0] != j:
+            continue
+        if g >= 0 and len(groups[g]) > 1:
+            u = _merged_unit([units[m] for m in groups[g]], exprs)
+        out_units.append(u)
+        out_levels.append(unit_levels[j])
+    return out_units, out_levels
+
+
+def _merged_unit(members: list[Unit], exprs: dict) -> Unit:
+    """One elementwise unit computing every member's outputs: the members' operations in order,
+    vector operands numbered by first use over all members, each member's scalars after all
+    vectors (see :func:`merge_siblings`)."""
+    vec: dict[int, int] = {}
+    for u in members:
+        for b in u.row.ins:
+            vec.setdefault(b, len(vec))
+    nv = len(vec)
+    ns = sum(u.key.n_scalar for u in members)
+    ops: list[ExprOp] = []
+    outputs: list[int] = []
+    s0 = nv
+    for u in members:
+        e: Expr = u.key
+        base = nv + ns + len(ops)
+
+        def value(a: int, u=u, e=e, s0=s0, base=base) -> int:
+            if a < e.n_vec:
+                return vec[u.row.ins[a]]
+            if a < e.n_vec + e.n_scalar:
+                return s0 + a - e.n_vec
+            return base + a - e.n_vec - e.n_scalar
+
+        ops += [ExprOp(o.op, tuple(map(value, o.args))) for o in e.ops]
+        outputs += [value(o) for o in e.outputs]
+        s0 += e.n_scalar
+    expr = Expr(nv, ns, tuple(ops), tuple(outputs))
+    expr = exprs.setdefault(expr, expr)
+    row = Row(members[0].row.prime, tuple(vec), tuple(b for u in members for b in u.row.outs),
+              tuple(s for u in members for s in u.row.scalars))
+    return Unit(Kind.ELEMENTWISE, expr, row, row.ins, row.outs, tuple(sorted({i for u in members for i in u.index})))
+
+
 def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
     """The level of every unit of every chip (see the module docstring); raises
     :class:`DeadlockError` when communication cannot complete in any order."""

@@ -43,6 +43,7 @@ from collections import deque
 
 import numpy as np
 
+from caramel.errors import ArgumentError
 from caramel.plan import dag as _dag
 from caramel.plan import fusion
 from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
@@ -137,19 +138,26 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 # ---------------------------------------------------------------------------------------------- build
 
 
-def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, fuse_ntt=True) -> Plan:
+def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, fuse_ntt=True,
+               max_outputs: int = fusion.MAX_OUTPUTS) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
     ``fuse_ntt`` True for the default loads, False for none, ``"all"`` or the kinds, see
-    :func:`~caramel.plan.fusion.ntt_load_kinds`), levels over the whole program and batching (:mod:`caramel.plan.fusion`).
+    :func:`~caramel.plan.fusion.ntt_load_kinds`), levels over the whole program, sibling trees
+    that share inputs merged into rows of at most ``max_outputs`` outputs and ``max_inputs``
+    inputs (:func:`~caramel.plan.fusion.merge_siblings`, with ``fuse`` only; 1: no merging) and
+    batching (:mod:`caramel.plan.fusion`).
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
     loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
+    if max_inputs < 1 or max_outputs < 1:
+        raise ArgumentError(f"max_inputs and max_outputs must be at least 1, not {max_inputs}, {max_outputs}")
     with no_gc():
-        return _build(program, fuse, max_inputs, loads)
+        return _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1)
 
 
-def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset()) -> Plan:
+def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset(),
+           max_outputs: int = 1) -> Plan:
     marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
@@ -163,6 +171,9 @@ def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = fro
         units.append(fusion.fuse_ntt_loads(us, pinned, loads) if loads else us)
     marks.append(time.perf_counter())
     levels = fusion.levels(units, [c.stream for c in chips])
+    if max_outputs > 1:
+        for c, (us, lv) in enumerate(zip(units, levels)):
+            units[c], levels[c] = fusion.merge_siblings(us, lv, max_inputs, max_outputs)
     kernels = [
         fusion.batch(u, lv, [ins.line for ins in c.stream.instructions]) for u, lv, c in zip(units, levels, chips)
     ]

@@ -43,6 +43,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     chip_traffic, chip_levels, chip_paths, chip_rows, widths = [], [], [], [], []
     exprs = set()
     fused_rows: Counter = Counter()  # NTT rows whose load computes their input, by producer kind
+    sibling_rows: Counter = Counter()  # elementwise rows by number of outputs (merged siblings: > 1)
     for chip in plan.chips:
         traffic = 0
         per_level: Counter = Counter()
@@ -61,6 +62,8 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
             path[k] = 1 + max((path[d] for d in deps), default=0)
             if kernel.expr is not None:
                 exprs.add(kernel.expr)
+                if len(kernel.expr.outputs) > 1:
+                    sibling_rows[len(kernel.expr.outputs)] += kernel.size
         chip_traffic.append(traffic * limb)
         chip_levels.append(per_level)
         chip_paths.append(max(path, default=0))
@@ -77,6 +80,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "bytes_by_kind": bytes_by_kind,
         "expressions": len(exprs),
         "ntt_prologue_rows": dict(fused_rows),
+        "multi_output_rows": dict(sorted(sibling_rows.items())),
         "plan_bytes": sum(chip_traffic),
         "plan_bytes_busiest_chip": max(chip_traffic, default=0),
         "critical_path": levels,
@@ -138,6 +142,9 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
     if fused:
         out.append("  NTT rows computing their input in the load (fusion across NTT boundaries): "
                    + ", ".join(f"{kind} {rows}" for kind, rows in sorted(fused.items(), key=lambda kv: -kv[1])))
+    if s["multi_output_rows"]:
+        out.append("  elementwise rows with several outputs (sibling trees sharing inputs): "
+                   + ", ".join(f"{rows} of {k}" for k, rows in s["multi_output_rows"].items()))
     out += ["",
             f"memory traffic at N = {n} (4 bytes per residue):"]
     if "instruction_bytes" in s:

@@ -45,9 +45,11 @@ def context() -> Context:
 
 @lru_cache(maxsize=None)
 def planned(name: str):
-    """(program, its plan, random input memory, the in-order run's result)."""
+    """(program, its plan, random input memory, the in-order run's result). The plan keeps its
+    independent sibling kernels apart (``max_outputs=1``): the scheduler is tested on levels of
+    several kernels, which merged sibling rows would turn into one kernel in these small programs."""
     program = load_corpus(name)
-    plan = build_plan(program)
+    plan = build_plan(program, max_outputs=1)
     memory = random_memory(program, context(), seed=5)
     return program, plan, memory, run_plan(plan, context(), memory, "exact")
 
