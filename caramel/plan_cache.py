@@ -46,7 +46,7 @@ from caramel import cache as store
 from caramel.cache import program_key, remember
 from caramel.parse import no_gc
 from caramel.program import Mem, Program
-from caramel.plan.fusion import MAX_OUTPUTS
+from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def from_bytes(data: bytes, meta: dict, name: str):
 # ---------------------------------------------------------------------------------------------- use
 
 
-def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, cache: bool = True,
+def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_INPUTS, cache: bool = True,
                 fuse_ntt=True, max_outputs: int = MAX_OUTPUTS):
     """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)

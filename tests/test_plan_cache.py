@@ -127,8 +127,9 @@ def test_another_planner_or_format_is_refused(fresh_cache, monkeypatch):
     (entry,) = entries(fresh_cache)
     data = entry.read_bytes()
     key = pc.program_key(program)
-    for change in ({"planner": "0" * 64}, {"format": pc.FORMAT_VERSION + 1}, {"fuse": False}, {"caramel": "0"}):
-        meta = {**pc._meta(key, True, 16), **change}
+    for change in ({"planner": "0" * 64}, {"format": pc.FORMAT_VERSION + 1}, {"fuse": False}, {"caramel": "0"},
+                   {"max_outputs": 1}):
+        meta = {**pc._meta(key, True, pc.MAX_INPUTS), **change}
         with pytest.raises(pc.PlanEntryError, match="entry is for"):
             pc.from_bytes(data, meta, program.name)
     monkeypatch.setattr(pc, "planner_fingerprint", lambda: "f" * 64)  # a new planner: a new entry name
@@ -160,7 +161,7 @@ def _rewrite(data: bytes, change) -> bytes:
 def test_inconsistent_tables_are_refused(fresh_cache, change):
     program, _, _, _ = plans(MUL)
     (entry,) = entries(fresh_cache)
-    meta = pc._meta(pc.program_key(program), True, 16)
+    meta = pc._meta(pc.program_key(program), True, pc.MAX_INPUTS)
     pc.from_bytes(entry.read_bytes(), meta, program.name)  # the entry as written is fine
     with pytest.raises(pc.PlanEntryError):
         pc.from_bytes(_rewrite(entry.read_bytes(), change), meta, program.name)
@@ -169,7 +170,7 @@ def test_inconsistent_tables_are_refused(fresh_cache, change):
 def test_planted_pickle_is_refused(fresh_cache):
     program, _, _, _ = plans(MUL)
     (entry,) = entries(fresh_cache)
-    meta = pc._meta(pc.program_key(program), True, 16)
+    meta = pc._meta(pc.program_key(program), True, pc.MAX_INPUTS)
     data = _rewrite(entry.read_bytes(), lambda a: a.__setitem__("k_level", np.array([object()], dtype=object)))
     with pytest.raises(pc.PlanEntryError, match="malformed"):
         pc.from_bytes(data, meta, program.name)
@@ -222,7 +223,7 @@ def test_header_is_json_and_names_the_program_key(fresh_cache):
     with np.load(io.BytesIO(entry.read_bytes()[len(pc.MAGIC) + 32:]), allow_pickle=False) as f:
         header = json.loads(bytes(f["header"]).decode())
     assert header["program"] == pc.program_key(program) and header["planner"] == pc.planner_fingerprint()
-    assert os.path.basename(entry) == pc.entry_path(fresh_cache, pc._meta(header["program"], True, 16)).name
+    assert os.path.basename(entry) == pc.entry_path(fresh_cache, pc._meta(header["program"], True, pc.MAX_INPUTS)).name
 
 
 # ---------------------------------------------------------------------------------------------- schedules

@@ -21,6 +21,8 @@ Three steps, each linear in the number of operations:
    cross-chip edges weigh 0), so that all participants of one communication share its level
    (a collective backend issues it as one call). It walks the chips round-robin like the reference scheduler, so
    it also finds deadlocks. Two units of one level never depend on each other.
+   :func:`merge_siblings` then fuses horizontally: trees of one level and prime that read a common
+   buffer become one unit with several outputs (a "sibling row"), which reads it once.
 3. :func:`batch` groups the units of one chip with the same level, kind and signature (the
    expression of a tree, the bases of a conversion, an NTT's prologue) into one kernel: the horizontal batching of
    independent instances (different limbs) into rows. Kernels run in level order, communication
@@ -40,6 +42,12 @@ from caramel.plan.kernel import Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, 
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
 
+#: Defaults of ``build_plan``: vector inputs of a tree or a merged row (``max_inputs``) and outputs of a
+#: merged row (``max_outputs``, :func:`merge_siblings`), chosen by timing BootstrapLike_51L_1c's
+#: graph under several caps on one H200 (``scripts/gpu_plan_bench.py``, docs/PERFORMANCE.md, session 8).
+MAX_INPUTS = 32
+MAX_OUTPUTS = 8
+
 
 class Unit(NamedTuple):
     """One row of a future kernel: ``kind``, batching ``key``, the :class:`Row` (or
@@ -54,7 +62,7 @@ class Unit(NamedTuple):
 
 
 def fuse(
-    ops: list[Op], pinned: set[int], n_buffers: int, *, enable: bool = True, max_inputs: int = 16
+    ops: list[Op], pinned: set[int], n_buffers: int, *, enable: bool = True, max_inputs: int = MAX_INPUTS
 ) -> list[Unit]:
     """Dead-code removal and vertical fusion of one chip's operations (see the module docstring).
     ``pinned``: buffers that must hold their value at the end (the chip's stores); buffer ids
@@ -263,11 +271,7 @@ def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
     return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({ops[j].index for j, _, _ in micro})))
 
 
-#: Outputs of a merged row by default (``build_plan(max_outputs=...)``, :func:`merge_siblings`).
-MAX_OUTPUTS = 4
-
-
-def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = 16,
+def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = MAX_INPUTS,
                    max_outputs: int = MAX_OUTPUTS) -> tuple[list[Unit], list[int]]:
     """Horizontal fusion of sibling trees: elementwise units of one level and prime that read a
     common buffer become one unit with several outputs, which reads each distinct buffer once.

@@ -138,7 +138,7 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 # ---------------------------------------------------------------------------------------------- build
 
 
-def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = 16, fuse_ntt=True,
+def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.MAX_INPUTS, fuse_ntt=True,
                max_outputs: int = fusion.MAX_OUTPUTS) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),

@@ -124,8 +124,8 @@ def test_merged_plans_equal_the_reference(name):
     program = load_corpus(name)
     ctx = context(1024)
     memory = random_memory(program, ctx, seed=4)
-    merged = build_plan(program, max_outputs=8, max_inputs=24)
-    assert plan_stats(merged)["plan_bytes"] <= plan_stats(build_plan(program, max_outputs=1))["plan_bytes"]
+    merged = build_plan(program, max_outputs=3, max_inputs=12)
+    assert plan_stats(merged)["plan_bytes"] <= plan_stats(build_plan(program, max_outputs=1, max_inputs=12))["plan_bytes"]
     assert not store_mismatches(run_reference(program, ctx, memory, "exact"), run_plan(merged, ctx, memory, "exact"))
 
 
