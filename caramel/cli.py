@@ -19,12 +19,11 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Sequence
 
 from caramel.version import __version__
-from caramel.api import BACKENDS
-from caramel.api import key_seed_for
 from caramel.errors import CaramelError, ValidationError
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
@@ -53,6 +52,50 @@ def _emit_json(args: argparse.Namespace, data) -> bool:
 def _add_json(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help=f"write {what} as JSON to FILE (atomically), or print it instead of the text with '-' or no FILE")
+
+
+def key_seed_for(seed: int, key_seed: int | None) -> int:
+    """:func:`caramel.api.key_seed_for` (the API is imported when first needed: see :func:`_start_gpu`)."""
+    from caramel.api import key_seed_for as seed_for
+
+    return seed_for(seed, key_seed)
+
+
+#: The early GPU start of this process (:func:`_start_gpu`), once.
+_gpu_start = None
+
+
+def _start_gpu(argv: Sequence[str]) -> None:
+    """``caramel run ... --backend gpu`` (not ``--distributed``): before the package's heavy imports
+    (NumPy, the client, the planner), start in a thread the CUDA driver and the GPU's primary context
+    (through ctypes, which holds no GIL while the driver works), then CuPy's import;
+    :func:`caramel.ckks.device.warm_up` goes on from there (its ``import cupy`` waits for this one).
+    Off when ``$CARAMEL_GPU_WARMUP`` is "0"; a failure here is left for the run to meet."""
+    global _gpu_start
+    if _gpu_start is not None or not argv or argv[0] != "run" or "--distributed" in argv:
+        return
+    if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0" or os.environ.get("CARAMEL_EARLY", "1") == "0":
+        return
+    backend = [b for a, b in zip(argv, argv[1:]) if a == "--backend"] + [
+        a.split("=", 1)[1] for a in argv if a.startswith("--backend=")]
+    if backend[-1:] != ["gpu"]:
+        return
+
+    def start() -> None:
+        try:
+            import ctypes
+
+            cuda = ctypes.CDLL("libcuda.so.1")
+            device, context = ctypes.c_int(), ctypes.c_void_p()
+            if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0)
+                    or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)):
+                return  # no usable GPU: the run reports it
+            import cupy  # noqa: F401
+        except Exception:  # noqa: BLE001 (the run meets and reports what fails)
+            return
+
+    _gpu_start = threading.Thread(target=start, name="caramel-gpu-start", daemon=True)
+    _gpu_start.start()
 
 
 def _add_keys(p: argparse.ArgumentParser) -> None:
@@ -568,6 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (ISA.md decision 2; default exact)")
+    from caramel.api import BACKENDS  # imported here, after _start_gpu
+
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
                         "on NumPy), gpu (default auto)")
@@ -692,6 +737,9 @@ def _interrupted() -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    if os.environ.get("CARAMEL_SWITCH"):
+        sys.setswitchinterval(float(os.environ["CARAMEL_SWITCH"]))
+    _start_gpu(sys.argv[1:] if argv is None else list(argv))  # before build_parser imports the API
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

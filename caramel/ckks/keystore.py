@@ -406,6 +406,10 @@ def _device_redraws(ctx, items) -> list[Future]:
 
     def work() -> None:
         try:
+            if os.environ.get("CARAMEL_C1_AFTER") == "1":
+                from caramel.ckks.device import wait_for_warm_up
+
+                wait_for_warm_up()
             xp = _device_xp()
             with _thread_stream():
                 drawn = [lemire_state_rows(tuple(ctx.q(l) for l in limbs), ctx.n, st, xp) for limbs, st in items]
