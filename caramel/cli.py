@@ -74,7 +74,7 @@ def _start_gpu(argv: Sequence[str]) -> None:
     global _gpu_start
     if _gpu_start is not None or not argv or argv[0] != "run" or "--distributed" in argv:
         return
-    if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0" or os.environ.get("CARAMEL_EARLY", "1") == "0":
+    if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
         return
     backend = [b for a, b in zip(argv, argv[1:]) if a == "--backend"] + [
         a.split("=", 1)[1] for a in argv if a.startswith("--backend=")]
@@ -737,7 +737,7 @@ def _interrupted() -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    if os.environ.get("CARAMEL_SWITCH"):
+    if os.environ.get("CARAMEL_SWITCH"):  # TEMPORARY A/B
         sys.setswitchinterval(float(os.environ["CARAMEL_SWITCH"]))
     _start_gpu(sys.argv[1:] if argv is None else list(argv))  # before build_parser imports the API
     parser = build_parser()

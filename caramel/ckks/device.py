@@ -204,14 +204,16 @@ def load_client_kernels(ctx, dev: ClientDevice) -> None:
     dev.get(encrypt_rows(ctx, limbs, m, s, rng, dev)[0])
 
 
-def wait_for_warm_up() -> None:
-    """Return when the thread of :func:`warm_up` (if one was started) has finished."""
+def wait_for_warm_up(log: bool = True) -> None:
+    """Return when the thread of :func:`warm_up` (if one was started) has finished (``log``: a DEBUG
+    line with the seconds waited)."""
     t = _warm_up
     if t is not None and t is not threading.current_thread():
         if t.is_alive():
             start = time.perf_counter()
             t.join()
-            logger.debug("waited %.3f s for the GPU warm-up", time.perf_counter() - start)
+            if log:
+                logger.debug("waited %.3f s for the GPU warm-up", time.perf_counter() - start)
         t.join()
 
 
