@@ -61,18 +61,47 @@ def key_seed_for(seed: int, key_seed: int | None) -> int:
     return seed_for(seed, key_seed)
 
 
-#: The early GPU start of this process (:func:`_start_gpu`), once.
-_gpu_start = None
+def _cuda_driver() -> None:
+    """The CUDA driver initialised and device 0's primary context made, through ctypes (no GIL held
+    while the driver works); CuPy's runtime then finds the context made."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if not cuda.cuInit(0) and not cuda.cuDeviceGet(ctypes.byref(device), 0):
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
+def _cupy_compiler() -> None:
+    """CuPy imported, with its run-time compiler module and NVRTC's library (whose version is part of
+    every kernel's cache key)."""
+    import cupy
+    from cupy.cuda import compiler  # noqa: F401
+
+    cupy.cuda.nvrtc.getVersion()
+
+
+#: What :func:`_start_gpu` runs, each in a thread of its own (name, function).
+GPU_START = (("caramel-gpu-driver", _cuda_driver), ("caramel-gpu-import", _cupy_compiler))
+#: The early GPU start's threads of this process (:func:`_start_gpu`), started once.
+_gpu_start: list[threading.Thread] = []
+
+
+def _quietly(fn):
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 (no GPU, no CuPy: the run meets and reports it)
+            pass
+    return run
 
 
 def _start_gpu(argv: Sequence[str]) -> None:
     """``caramel run ... --backend gpu`` (not ``--distributed``): before the package's heavy imports
-    (NumPy, the client, the planner), start in a thread the CUDA driver and the GPU's primary context
-    (through ctypes, which holds no GIL while the driver works), then CuPy's import;
-    :func:`caramel.ckks.device.warm_up` goes on from there (its ``import cupy`` waits for this one).
-    Off when ``$CARAMEL_GPU_WARMUP`` is "0"; a failure here is left for the run to meet."""
-    global _gpu_start
-    if _gpu_start is not None or not argv or argv[0] != "run" or "--distributed" in argv:
+    (NumPy, the client, the planner), start the steps of :data:`GPU_START` in threads: the CUDA
+    driver and the GPU's context, and CuPy's import; :func:`caramel.ckks.device.warm_up` goes on from
+    there (its ``import cupy`` waits for this one). Off when ``$CARAMEL_GPU_WARMUP`` is "0"."""
+    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv:
         return
     if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
         return
@@ -80,22 +109,9 @@ def _start_gpu(argv: Sequence[str]) -> None:
         a.split("=", 1)[1] for a in argv if a.startswith("--backend=")]
     if backend[-1:] != ["gpu"]:
         return
-
-    def start() -> None:
-        try:
-            import ctypes
-
-            cuda = ctypes.CDLL("libcuda.so.1")
-            device, context = ctypes.c_int(), ctypes.c_void_p()
-            if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0)
-                    or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)):
-                return  # no usable GPU: the run reports it
-            import cupy  # noqa: F401
-        except Exception:  # noqa: BLE001 (the run meets and reports what fails)
-            return
-
-    _gpu_start = threading.Thread(target=start, name="caramel-gpu-start", daemon=True)
-    _gpu_start.start()
+    for name, fn in GPU_START:
+        _gpu_start.append(threading.Thread(target=_quietly(fn), name=name, daemon=True))
+        _gpu_start[-1].start()
 
 
 def _add_keys(p: argparse.ArgumentParser) -> None:
@@ -737,8 +753,6 @@ def _interrupted() -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    if os.environ.get("CARAMEL_SWITCH"):  # TEMPORARY A/B
-        sys.setswitchinterval(float(os.environ["CARAMEL_SWITCH"]))
     _start_gpu(sys.argv[1:] if argv is None else list(argv))  # before build_parser imports the API
     parser = build_parser()
     try:
