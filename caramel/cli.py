@@ -88,6 +88,7 @@ _gpu_start: list[threading.Thread] = []
 
 
 def _quietly(fn):
+    """``fn`` for a thread of :func:`_start_gpu`: an exception ends it without a word."""
     def run() -> None:
         try:
             fn()
