@@ -19,12 +19,11 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Sequence
 
 from caramel.version import __version__
-from caramel.api import BACKENDS
-from caramel.api import key_seed_for
 from caramel.errors import CaramelError, ValidationError
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
@@ -53,6 +52,67 @@ def _emit_json(args: argparse.Namespace, data) -> bool:
 def _add_json(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help=f"write {what} as JSON to FILE (atomically), or print it instead of the text with '-' or no FILE")
+
+
+def key_seed_for(seed: int, key_seed: int | None) -> int:
+    """:func:`caramel.api.key_seed_for` (the API is imported when first needed: see :func:`_start_gpu`)."""
+    from caramel.api import key_seed_for as seed_for
+
+    return seed_for(seed, key_seed)
+
+
+def _cuda_driver() -> None:
+    """The CUDA driver initialised and device 0's primary context made, through ctypes (no GIL held
+    while the driver works); CuPy's runtime then finds the context made."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if not cuda.cuInit(0) and not cuda.cuDeviceGet(ctypes.byref(device), 0):
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
+def _cupy_compiler() -> None:
+    """CuPy imported, with its run-time compiler module and NVRTC's library (whose version is part of
+    every kernel's cache key)."""
+    import cupy
+    from cupy.cuda import compiler  # noqa: F401
+
+    cupy.cuda.nvrtc.getVersion()
+
+
+#: What :func:`_start_gpu` runs, each in a thread of its own (name, function).
+GPU_START = (("caramel-gpu-driver", _cuda_driver), ("caramel-gpu-import", _cupy_compiler))
+#: The early GPU start's threads of this process (:func:`_start_gpu`), started once.
+_gpu_start: list[threading.Thread] = []
+
+
+def _quietly(fn):
+    """``fn`` for a thread of :func:`_start_gpu`: an exception ends it without a word."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 (no GPU, no CuPy: the run meets and reports it)
+            pass
+    return run
+
+
+def _start_gpu(argv: Sequence[str]) -> None:
+    """``caramel run ... --backend gpu`` (not ``--distributed``): before the package's heavy imports
+    (NumPy, the client, the planner), start the steps of :data:`GPU_START` in threads: the CUDA
+    driver and the GPU's context, and CuPy's import; :func:`caramel.ckks.device.warm_up` goes on from
+    there (its ``import cupy`` waits for this one). Off when ``$CARAMEL_GPU_WARMUP`` is "0"."""
+    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv:
+        return
+    if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
+        return
+    backend = [b for a, b in zip(argv, argv[1:]) if a == "--backend"] + [
+        a.split("=", 1)[1] for a in argv if a.startswith("--backend=")]
+    if backend[-1:] != ["gpu"]:
+        return
+    for name, fn in GPU_START:
+        _gpu_start.append(threading.Thread(target=_quietly(fn), name=name, daemon=True))
+        _gpu_start[-1].start()
 
 
 def _add_keys(p: argparse.ArgumentParser) -> None:
@@ -569,6 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (ISA.md decision 2; default exact)")
+    from caramel.api import BACKENDS  # imported here, after _start_gpu
+
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
                         "on NumPy), gpu (default auto)")
@@ -696,6 +758,7 @@ def _interrupted() -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    _start_gpu(sys.argv[1:] if argv is None else list(argv))  # before build_parser imports the API
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

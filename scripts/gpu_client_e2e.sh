@@ -14,6 +14,7 @@
 #      must be equal (the same seed, keys generated or loaded) and equal session 5's;
 #      scripts/gpu_client_startup.py first; NOWARM=1: also --keys with CARAMEL_GPU_WARMUP=0;
 #      BYTECODE=1: also --keys with caramel's sources compiled (the device image writes no bytecode);
+#      each run's process wall time (start to exit, with user + system CPU seconds) in $out/NAME.wall;
 #   5. with GPU_TESTS=1: tests/execute/test_gpu.py (the executor);
 #   6. with PROFILE=1: scripts/gpu_client_runprofile.py on a --keys run (cProfile, `-v` lines: the GPU
 #      warm-up's steps) and the same run launched eagerly instead of captured (--eager), each under a
@@ -38,7 +39,13 @@ step tests python3 -m pytest -q -rs tests/ckks/test_pcg.py tests/ckks/test_devic
 step client python3 scripts/gpu_client_check.py .data/corpus --bootstrap "$big"
 step digest python3 scripts/gpu_setup_profile.py "$big" --digest
 export CARAMEL_CACHE="$(mktemp -d)"  # run-cold: empty load, plan and schedule caches; the later runs find them filled
-run=(python3 -m caramel run "$big" --n 65536 --backend gpu)
+walled() {  # walled COMMAND... --json F.json ...: the command's wall, user and system seconds (bash's `time`) into F.wall
+    local f="" prev="" a
+    for a in "$@"; do [ "$prev" = --json ] && f="${a%.json}.wall"; prev=$a; done
+    local TIMEFORMAT='%R %U %S'
+    { time "$@" 2>&3; } 3>&2 2> "${f:-/dev/null}"
+}
+run=(walled python3 -m caramel run "$big" --n 65536 --backend gpu)
 step startup python3 scripts/gpu_client_startup.py
 step run-cold "${run[@]}" --json "$out/run-cold.json"
 step run-again "${run[@]}" --json "$out/run-again.json"
@@ -50,7 +57,7 @@ for i in $(seq 2 "${KEYS_RUNS:-3}"); do  # KEYS_RUNS=R: R runs with --keys (defa
     keyruns+=("run-keys$i")
 done
 if [ -n "${NOWARM:-}" ]; then
-    step run-keys-nowarm env CARAMEL_GPU_WARMUP=0 "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
+    CARAMEL_GPU_WARMUP=0 step run-keys-nowarm "${run[@]}" --keys /tmp/caramel-ks --json "$out/run-keys-nowarm.json"
 fi
 if [ -n "${BYTECODE:-}" ]; then  # the device image writes no bytecode; an installed package has it compiled
     step compile python3 -m compileall -q caramel
@@ -73,7 +80,7 @@ d2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['digest'])"
 if [ -n "$d1" ] && [ "$d1" = "$d2" ]; then summary+=("run-cold digest = run-keys digest ($d1)"); else summary+=("digests differ: '$d1' '$d2'"); status=1; fi
 for f in run-cold run-again "${keyruns[@]}" run-keys-nowarm run-keys-pyc; do
     [ -f "$out/$f.json" ] || continue
-    summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()), '| keys+encrypt %.2f' % (t['keys'] + t['encrypt']))" "$out/$f.json" 2>&1)")
+    summary+=("$f: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timings_s']; w=open(sys.argv[2]).read().split() or ['nan'] * 3; print(' '.join(f'{k} {v:.2f}' for k, v in t.items()), '| sum %.2f' % sum(t.values()), '| keys+encrypt %.2f' % (t['keys'] + t['encrypt']), '| process wall %.2f (user+sys %.2f)' % (float(w[0]), float(w[1]) + float(w[2])))" "$out/$f.json" "$out/$f.wall" 2>&1)")
 done
 for f in imports tests client digest startup run-cold keys run-keys profile profile-eager gpu-tests; do
     [ -f "$out/$f.txt" ] || continue

@@ -3,7 +3,7 @@
 with a cProfile per thread (the main thread, the GPU warm-up, the key loading threads).
 
 Usage: python3 scripts/gpu_client_runprofile.py PROGRAM --keys DIR [--n 65536] [--out DIR] [--top 45]
-           [--no-profile] [--eager]
+           [--no-profile] [--eager] [--timeline]
 
 Writes to --out (default ./gpu_profile): ``run.json`` (the run's --json), ``prof-<thread>.txt`` (per
 thread group, the top functions by cumulative time) and prints a summary: per thread group the calls
@@ -15,7 +15,10 @@ cProfile slows the Python parts of every profiled thread; read shares, not absol
 Python 3.12 runs cProfile on ``sys.monitoring``, one profiler per process that sees every thread:
 there the whole process is one profile (thread groups are only made before 3.12, where a second
 profiler in another thread was allowed; on 3.12 it raised in the pool's worker threads, which then
-never ran their jobs, and the run hung: session 7). ``--timeout S`` (default 120): after S seconds
+never ran their jobs, and the run hung: session 7). ``--timeline`` (with ``--no-profile``): wall-clock spans from the script's start, written to ``timeline.txt``:
+every CuPy module loaded (``_compile_with_cache_cuda``: a kernel cache lookup and a module load, or a
+compilation) with its thread, and the main thread's steps (key store, encryption, plan, executor, eager
+run, capture, replay, read back). ``--timeout S`` (default 120): after S seconds
 the threads' stacks are printed and the process exits (faulthandler), so a hang costs no more.
 """
 
@@ -59,6 +62,57 @@ def _profile_threads() -> None:
         finally:
             prof.disable()
     threading.Thread.run = profiled
+
+
+SPANS: list[tuple[float, float, str, str]] = []  # (start, seconds, thread, what), from T0
+
+
+def _span(what: str, fn):
+    """``fn`` recording its wall-clock span (thread, start, seconds) in SPANS."""
+    def wrapped(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPANS.append((t - T0, time.perf_counter() - t, threading.current_thread().name, what))
+    return wrapped
+
+
+def _timeline() -> None:
+    """Wrap CuPy's module loads and caramel's steps with :func:`_span` (module attributes looked up
+    at call time, so the callers see the wrappers)."""
+    import importlib
+
+    from cupy.cuda import compiler
+
+    inner = compiler._compile_with_cache_cuda
+
+    def load(source, options, arch, cache_dir, *args, **kwargs):
+        return _span(f"module ({len(source)} chars)", inner)(source, options, arch, cache_dir, *args, **kwargs)
+    compiler._compile_with_cache_cuda = load
+    for mod, names in (("caramel.api", ("prepare_inputs", "executor", "output_digest", "evaluate_check")),
+                       ("caramel.ckks.keystore", ("load_keys",)),
+                       ("caramel.ckks.device", ("wait_for_warm_up",)),
+                       ("caramel.execute.cuda_graph", ("run_gpu",)),
+                       ("caramel.ckks.bind", ("bind_inputs",))):
+        m = importlib.import_module(mod)
+        for name in names:
+            setattr(m, name, _span(f"{mod.rsplit('.', 1)[-1]}.{name}", getattr(m, name)))
+    from caramel.execute import cuda_graph
+
+    for name in ("eager", "capture", "replay", "result", "__init__"):
+        setattr(cuda_graph.MultiGpuRun, name, _span(f"MultiGpuRun.{name}", getattr(cuda_graph.MultiGpuRun, name)))
+
+
+def _timeline_text() -> str:
+    lines = [f"{t0:8.3f} {s:7.3f}  {thread:24s} {what}" for t0, s, thread, what in sorted(SPANS)]
+    mods = [(thread, s) for _, s, thread, what in SPANS if what.startswith("module")]
+    per = defaultdict(lambda: [0, 0.0])
+    for thread, s in mods:
+        per[_group(thread)][0] += 1
+        per[_group(thread)][1] += s
+    summary = "; ".join(f"{k}: {n} modules {s:.3f} s" for k, (n, s) in sorted(per.items()))
+    return "start(s) seconds thread                   what\n" + "\n".join(lines) + f"\nmodule loads: {summary}\n"
 
 
 def _eager_one_shot() -> None:
@@ -114,6 +168,7 @@ def main() -> int:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--timeline", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,6 +182,8 @@ def main() -> int:
     import caramel.cli
 
     t_import = time.perf_counter()
+    if args.timeline:
+        _timeline()
     if args.eager:
         _eager_one_shot()
     rc = caramel.cli.main(["run", args.program, "--n", args.n, "--backend", args.backend, "--keys", args.keys,
@@ -145,6 +202,10 @@ def main() -> int:
         lines.append(f"no timings: {exc}")
     if not args.no_profile:
         lines += _report(out, args.top)
+    if args.timeline:
+        text = _timeline_text()
+        (out / "timeline.txt").write_text(text)
+        lines.append(text.splitlines()[-1])
     text = "\n".join(lines)
     (out / "summary.txt").write_text(text + "\n")
     print(text)

@@ -60,7 +60,7 @@ def main() -> None:
     ring.host_twiddles()
     mark("CUDA ring: host twiddle tables")
     ring.prime_table, ring.twiddles  # noqa: B018
-    mark("CUDA ring: device tables (host tables again + upload)", sync)
+    mark("CUDA ring: device tables (computed on the GPU; what a run builds, no host table)", sync)
     arena = cp.zeros((2, ctx.n), dtype=np.uint32)
     slots = cp.arange(2, dtype=np.int32)
     cuda_ntt.ntt(ring, arena, slots[:1], slots[1:], cp.zeros(1, dtype=np.int32))

@@ -125,42 +125,31 @@ _warm_up: threading.Thread | None = None
 
 def warm_up(n: int) -> None:
     """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
-    loads and plans: import CuPy, create the CUDA context and load :mod:`caramel.ckks.pcg` while a
-    second thread computes the ring's NTT tables on the host; then load the client's kernels
-    (:func:`load_client_kernels`: the CUDA ring's device tables and NTT among them) and the CUDA
-    INTT. The GPU client waits for it before its first GPU work (:func:`wait_for_warm_up`); a
+    loads and plans: import CuPy (or wait for ``caramel run``'s early import, :func:`caramel.cli._start_gpu`),
+    create the CUDA context and load :mod:`caramel.ckks.pcg`; then load the client's kernels
+    (:func:`load_client_kernels`: the CUDA ring's device tables, computed on the GPU, and NTT among
+    them) and the CUDA INTT. The GPU client waits for it before its first GPU work (:func:`wait_for_warm_up`); a
     failure here is only logged (the run then meets it itself). Off when ``$CARAMEL_GPU_WARMUP`` is
     "0"; started once per process."""
     global _warm_up
     if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
         return
 
-    def tables():  # the ring's host tables (NumPy, much of it without the GIL) beside CuPy's import
-        from caramel.ring import Context
-
-        ctx = Context(n=n)
-        for limb in range(len(ctx.primes)):
-            ctx.ntt_table(limb)
-        return ctx
-
     def work() -> None:
         stamp = _Stamps()
         try:
-            from concurrent.futures import ThreadPoolExecutor
+            import cupy as cp
 
-            with ThreadPoolExecutor(1, thread_name_prefix="caramel-gpu-warm-up") as pool:
-                ctx_future = pool.submit(tables)
-                import cupy as cp
+            stamp("import cupy")
+            cp.empty(1)  # the CUDA context
+            stamp("CUDA context")
+            from caramel.ckks import pcg
 
-                stamp("import cupy")
-                cp.empty(1)  # the CUDA context
-                stamp("CUDA context")
-                from caramel.ckks import pcg
+            pcg.device_words(1, 1, 1, cp)
+            stamp("pcg")
+            from caramel.ring import Context
 
-                pcg.device_words(1, 1, 1, cp)
-                stamp("pcg")
-                ctx = ctx_future.result()
-                stamp("ring tables (waited)")
+            ctx = Context(n=n)  # no host NTT table: the CUDA ring builds its twiddles on the GPU
             dev = ClientDevice(DeviceKind.GPU)  # a fresh one: the shared GPU's xp must wait for this thread
             load_client_kernels(ctx, dev)  # the CUDA ring's tables and NTT kernels among them
             stamp("client kernels")
@@ -204,14 +193,16 @@ def load_client_kernels(ctx, dev: ClientDevice) -> None:
     dev.get(encrypt_rows(ctx, limbs, m, s, rng, dev)[0])
 
 
-def wait_for_warm_up() -> None:
-    """Return when the thread of :func:`warm_up` (if one was started) has finished."""
+def wait_for_warm_up(log: bool = True) -> None:
+    """Return when the thread of :func:`warm_up` (if one was started) has finished (``log``: a DEBUG
+    line with the seconds waited)."""
     t = _warm_up
     if t is not None and t is not threading.current_thread():
         if t.is_alive():
             start = time.perf_counter()
             t.join()
-            logger.debug("waited %.3f s for the GPU warm-up", time.perf_counter() - start)
+            if log:
+                logger.debug("waited %.3f s for the GPU warm-up", time.perf_counter() - start)
         t.join()
 
 

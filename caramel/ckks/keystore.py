@@ -397,7 +397,8 @@ def _device_xp():
 
 def _device_redraws(ctx, items) -> list[Future]:
     """Futures of the c1 of seeded keys ``items`` ((limbs, :class:`PcgState`) each) drawn again on the
-    current GPU, by one thread on a non-blocking stream of its own: every draw is queued without
+    current GPU, by one thread on a non-blocking stream of its own, once the GPU warm-up
+    (:func:`caramel.ckks.device.warm_up`, if started) has finished: every draw is queued without
     waiting (:func:`caramel.ckks.sampling.lemire_state_rows`: PCG64 words and Lemire's test on the
     device), then the thread waits once and reads every draw's failure flag; a draw whose rows left
     their windows (never seen; the flag) is drawn again on the host (:func:`_host_redraw`) and copied
@@ -406,6 +407,9 @@ def _device_redraws(ctx, items) -> list[Future]:
 
     def work() -> None:
         try:
+            from caramel.ckks.device import wait_for_warm_up
+
+            wait_for_warm_up(log=False)  # its host work (PCG jump-aheads) would slow the warm-up
             xp = _device_xp()
             with _thread_stream():
                 drawn = [lemire_state_rows(tuple(ctx.q(l) for l in limbs), ctx.n, st, xp) for limbs, st in items]

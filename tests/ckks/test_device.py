@@ -394,3 +394,21 @@ def test_gpu_client_without_cupy_is_a_caramel_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     with pytest.raises(CaramelError, match="needs CuPy"):
         devmod.ClientDevice(devmod.DeviceKind.GPU).xp
+
+
+def test_wait_for_warm_up_logs_the_wait_only_when_asked(monkeypatch, caplog):
+    """``log=False`` (the key store's c1 thread): the wait ends with the warm-up's thread, no DEBUG line."""
+    import logging
+    import threading
+
+    for log, lines in ((False, 0), (True, 1)):
+        go = threading.Event()
+        t = threading.Thread(target=go.wait)
+        t.start()
+        monkeypatch.setattr(devmod, "_warm_up", t)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger=devmod.logger.name):
+            threading.Timer(0.05, go.set).start()
+            devmod.wait_for_warm_up(log=log)
+        assert not t.is_alive()
+        assert len([r for r in caplog.records if "waited" in r.getMessage()]) == lines

@@ -502,3 +502,30 @@ def test_a_device_redraw_error_reaches_the_caller(many, fake_device, monkeypatch
     got = load_keys(path, c, background=True, on_device=True)
     with pytest.raises(RuntimeError, match="device gone"):
         got.keys.wait()
+
+
+def test_device_redraws_start_after_the_gpu_warm_up(monkeypatch):
+    """The c1 thread of a GPU load waits for the warm-up's thread before its first GPU work (its host
+    PCG jump-aheads would slow the warm-up down); an error after that reaches every future."""
+    import threading
+
+    from caramel.ckks import device as devmod
+    from caramel.ckks import keystore as ks
+
+    go = threading.Event()
+    warm = threading.Thread(target=go.wait)
+    warm.start()
+    monkeypatch.setattr(devmod, "_warm_up", warm)
+    reached = threading.Event()
+
+    def no_gpu():
+        reached.set()
+        raise RuntimeError("no GPU here")
+    monkeypatch.setattr(ks, "_device_xp", no_gpu)
+    futures = ks._device_redraws(Context(n=1024), [((0,), None), ((1,), None)])
+    assert not reached.wait(0.2) and not any(f.done() for f in futures)  # still waiting for the warm-up
+    go.set()
+    for fut in futures:
+        with pytest.raises(RuntimeError, match="no GPU here"):
+            fut.result(timeout=30)
+    assert reached.is_set()

@@ -84,11 +84,62 @@ def shoup_constant(w: np.ndarray | int, q: int):
     return ((np.asarray(w, dtype=np.uint64) << np.uint64(32)) // np.uint64(q)).astype(np.uint32)
 
 
+def primitive_root(q: int, n: int) -> int | None:
+    """Some primitive 2n-th root of unity modulo q (x^((q-1)/2n) for the first x = 2, 3, ... whose power
+    has r^n = -1), or None when q != 1 mod 2n or no x below 1000 gives one. Which root it is does not
+    matter: its odd powers are all the primitive 2n-th roots, whatever r is."""
+    if q < 3 or (q - 1) % (2 * n):
+        return None
+    for x in range(2, min(q, 1000)):
+        r = pow(x, (q - 1) // (2 * n), q)
+        if pow(r, n, q) == q - 1:
+            return r
+    return None
+
+
+def twiddle_tables(primes, n: int, xp=np):
+    """(forward, inverse): (P, N, 2) uint32 arrays of ``xp`` (NumPy or CuPy), entry k of prime i
+    (psi^br(k), shoup) and (psi^-br(k), shoup), computed where ``xp`` computes, from one primitive 2N-th
+    root r of each prime (:func:`primitive_root`); None where a prime has none (not 1 mod 2N, or not
+    prime). The same tables as :meth:`CudaRing.host_twiddles`, bit for bit:
+
+        r_pow[j] = r^j mod q (j < 2N, by squaring: bit b of j multiplies r^(2^b) in),
+        psi = min over odd j of r_pow[j] = r_pow[k] (the least primitive 2N-th root: ring.ntt's psi),
+        psi^br(m) = r_pow[k br(m) mod 2N],  psi^-br(m) = r_pow[-k br(m) mod 2N],
+        shoup(w) = floor(w 2^32 / q).
+    """
+    from caramel.ring.ntt import bit_reverse
+
+    roots = [primitive_root(int(q), n) for q in primes]
+    if not primes or None in roots or n < 2 or n & (n - 1):
+        return None
+    u64 = np.uint64
+    q = xp.asarray(np.array(primes, dtype=u64))[:, None]
+    base = xp.asarray(np.array(roots, dtype=u64))[:, None]
+    j = xp.arange(2 * n, dtype=u64)[None, :]
+    r_pow = xp.ones((len(primes), 2 * n), dtype=u64)
+    for b in range((2 * n - 1).bit_length()):  # products of residues below 2^30 fit 64 bits
+        r_pow = xp.where((j >> u64(b)) & u64(1) == u64(1), r_pow * base % q, r_pow)
+        base = base * base % q
+    odd = r_pow[:, 1::2]
+    if bool(xp.any(odd == 0)):  # q not prime
+        return None
+    k = 2 * xp.argmin(odd, axis=1).astype(np.int64) + 1
+    kbr = k[:, None] * xp.asarray(bit_reverse(n))[None, :]
+    mask = 2 * n - 1
+    out = []
+    for idx in (kbr & mask, -kbr & mask):
+        w = r_pow[xp.arange(len(primes))[:, None], idx]
+        out.append(xp.stack([w.astype(np.uint32), ((w << u64(32)) // q).astype(np.uint32)], axis=-1))
+    return out[0], out[1]
+
+
 class CudaRing:
     """Device constants and compiled-module cache for the ring of a :class:`caramel.ring.Context`.
 
-    The primes, psi and the twiddles are the context's own (``ctx.ntt_table(l)``), so the kernels
-    compute exactly the reference's functions. The kernels need q < 2^30 (lazy NTT values stay
+    The primes, psi and the twiddles are the context's own (``ctx.ntt_table(l)``; the device twiddles
+    are computed on the device, equal bit for bit, :func:`twiddle_tables`), so the kernels compute
+    exactly the reference's functions. The kernels need q < 2^30 (lazy NTT values stay
     below 4q < 2^32). The twiddle tables take 16 N bytes per prime on the device (64 MiB for the
     64 primes at N = 65536).
     """
@@ -133,11 +184,14 @@ class CudaRing:
 
     @property
     def twiddles(self):
-        """Device (forward, inverse) twiddle tables, each uint32 (P, N, 2), built on first use."""
+        """Device (forward, inverse) twiddle tables, each uint32 (P, N, 2), built on first use on the
+        device (:func:`twiddle_tables`: no host NTT table is built), else from :meth:`host_twiddles`."""
         if self._twiddles is None:
             cp = cupy()
-            fwd, inv = self.host_twiddles()
-            self._twiddles = (cp.asarray(fwd), cp.asarray(inv))
+            tables = twiddle_tables(self.primes, self.n, cp)
+            if tables is None:  # a prime without a root: the host tables raise the reference's error
+                tables = tuple(cp.asarray(t) for t in self.host_twiddles())
+            self._twiddles = tuple(tables)
         return self._twiddles
 
     # ----------------------------------------------------------------- modules
