@@ -59,12 +59,13 @@ def label(kw: dict) -> str:
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Builds of the tensor-core base conversion (basis.BaseConversion.convert's warp_rows, minb); the
 #: first is the module default.
-TC_VARIANTS = [dict(warp_rows=16, minb=4), dict(warp_rows=32, minb=4), dict(warp_rows=16, minb=5)]
+TC_VARIANTS = [dict(warp_rows=16, minb=4, unroll=1), dict(warp_rows=32, minb=4, unroll=1),
+               dict(warp_rows=16, minb=5, unroll=1), dict(warp_rows=16, minb=4, unroll=2)]
 
 
 def tc_label(kw: dict) -> str:
     """A tensor-core build's settings."""
-    return f"{kw['warp_rows']} rows a warp, minb {kw['minb']}"
+    return f"{kw['warp_rows']} rows a warp, minb {kw['minb']}" + (f", unroll {kw['unroll']}" if kw["unroll"] > 1 else "")
 
 
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.

@@ -374,6 +374,7 @@ __device__ __forceinline__ void base_convert_tc(
     const int DT = (D + 7) >> 3;
     const int* __restrict__ outs = out_slots + b * D;
     const uint2* __restrict__ fr = frag + lane;
+#pragma unroll TC_UNROLL
     for (int dt = 0; dt < DT; ++dt) {
         int acc[4][TC_M][4];
 #pragma unroll
@@ -418,12 +419,13 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, warp_rows: int = TC_WARP_ROWS, minb: int = TC_MINB) -> str:
+def _tc_source(kc: int, warp_rows: int = TC_WARP_ROWS, minb: int = TC_MINB, unroll: int = 1) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout) with ``warp_rows`` (16 or 32)
-    coefficients a warp and __launch_bounds__'s ``minb`` resident blocks (of 128 x 32 / warp_rows
-    threads). The epilogue is tc_reduce's."""
+    coefficients a warp, __launch_bounds__'s ``minb`` resident blocks (of 128 x 32 / warp_rows
+    threads) and ``unroll`` output tiles an iteration. The epilogue is tc_reduce's."""
     defines = dict(TC_KC=kc, TC_M=warp_rows // 16, TC_PF=TC_PF, TC_MINB=int(minb))
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _TC_SOURCE
+    body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
 class BaseConversion:
@@ -481,7 +483,8 @@ class BaseConversion:
         self._qhat = cp.asarray(wide[0])
         self._factors = cp.asarray(wide[1])
 
-    def convert(self, arena, in_slots, out_slots, mode, warp_rows: int = TC_WARP_ROWS, minb: int = TC_MINB) -> None:
+    def convert(self, arena, in_slots, out_slots, mode, warp_rows: int = TC_WARP_ROWS, minb: int = TC_MINB,
+                unroll: int = 1) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
@@ -501,10 +504,10 @@ class BaseConversion:
         table = self._factors if code == 1 else self._qhat
         mode_name = ("textbook", "emulator", "exact")[code]
         if self.tensor:
-            if int(warp_rows) not in (16, 32) or not 1 <= int(minb) <= 16:
-                raise ValueError(f"tensor-core base conversion: warp_rows {warp_rows}, minb {minb}")
+            if int(warp_rows) not in (16, 32) or not 1 <= int(minb) <= 16 or int(unroll) not in (1, 2):
+                raise ValueError(f"tensor-core base conversion: warp_rows {warp_rows}, minb {minb}, unroll {unroll}")
             tiles = ring.n // TC_ROWS
-            opts = (self._kc, int(warp_rows), int(minb))
+            opts = (self._kc, int(warp_rows), int(minb), int(unroll))
             kernel = ring.kernel("basis-tc-" + "-".join(map(str, opts)), lambda: _tc_source(*opts),
                                  "base_convert_tc_" + mode_name)
             kernel(
