@@ -59,8 +59,8 @@ def label(kw: dict) -> str:
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Builds of the tensor-core base conversion (basis.BaseConversion.convert's warp_rows, minb); the
 #: first is the module default.
-TC_VARIANTS = [dict(warp_rows=16, minb=4, unroll=1), dict(warp_rows=32, minb=4, unroll=1),
-               dict(warp_rows=16, minb=5, unroll=1), dict(warp_rows=16, minb=4, unroll=2)]
+TC_VARIANTS = [dict(warp_rows=32, minb=4, unroll=1), dict(warp_rows=32, minb=4, unroll=2),
+               dict(warp_rows=16, minb=4, unroll=1)]
 
 
 def tc_label(kw: dict) -> str:
@@ -70,6 +70,8 @@ def tc_label(kw: dict) -> str:
 
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
+#: Shapes timed only with --bc-probe: the input phase alone (D = 1, 8) and the output phase alone (S = 1).
+BC_PROBE = [(13, 1, 1), (13, 8, 1), (1, 50, 1), (1, 8, 1)]
 
 
 def main() -> int:
@@ -80,6 +82,7 @@ def main() -> int:
     ap.add_argument("--ntt-only", action="store_true", help="leave out base conversion")
     ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
+    ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -214,7 +217,8 @@ def main() -> int:
                                            shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
-    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []):
+    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []) + (
+            BC_PROBE if args.bc_probe else []):
         perm = list(range(64))
         convs = {t: dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out], tensor=t)
                  for t in (True, False)}

@@ -31,7 +31,7 @@ MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
 TC_PF = 8  # input loads in flight a thread of the tensor-core kernel
 TC_MINB = 4  # blocks resident a multiprocessor asked of it (__launch_bounds__; 4 x 128 threads: <= 128 registers)
-TC_WARP_ROWS = 16  # coefficients a warp of it: 16 (one m16 tile, 8 warps a block) or 32 (two, 4 warps)
+TC_WARP_ROWS = 32  # coefficients a warp of it: 32 (two m16 tiles, 4 warps a block) or 16 (one, 8 warps)
 
 
 def mode_code(mode) -> int:
@@ -393,15 +393,16 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h (out4 is zero padded to 8 DT rows)
             const int d = 8 * dt + 2 * t + h;
-            if (d >= D) continue;
+            // Loads not behind the d < D test, so that they can issue with the B fragments' loads.
             const uint4 cc = __ldg((const uint4*)out4 + d);
-            u32* dst = arena + (u64)__ldg(outs + d) * n + base + r0;
+            u32* dst = arena + (u64)__ldg(outs + min(d, D - 1)) * n + base + r0;
 #pragma unroll
             for (int m = 0; m < TC_M; ++m)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
                     const int e = 2 * hi + h;
-                    dst[16 * m + 8 * hi] = tc_reduce(acc[0][m][e], acc[1][m][e], acc[2][m][e], acc[3][m][e], cc);
+                    const u32 y = tc_reduce(acc[0][m][e], acc[1][m][e], acc[2][m][e], acc[3][m][e], cc);
+                    if (d < D) dst[16 * m + 8 * hi] = y;
                 }
         }
     }
