@@ -29,10 +29,9 @@ def main() -> None:
     primes = i32(np.arange(rows) % 64)
     dntt.ntt(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), primes)
     dntt.intt(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), primes)
-    for tensor, warp_rows in ((True, 16), (True, 32), (False, 16)):  # tensor-core builds, then the tiled kernel
+    for tensor, build in ((True, None), (True, (1, 4)), (False, None)):  # tensor-core builds, then the tiled kernel
         conv = dbasis.BaseConversion(ring, list(range(13)), list(range(13, 63)), tensor=tensor)
-        conv.convert(arena, i32(np.arange(13)[None]), i32(np.arange(13, 63)[None] + 100), Mode.EXACT,
-                     warp_rows=warp_rows)
+        conv.convert(arena, i32(np.arange(13)[None]), i32(np.arange(13, 63)[None] + 100), Mode.EXACT, build=build)
     cp.cuda.Device().synchronize()
 
 

@@ -57,15 +57,14 @@ def label(kw: dict) -> str:
 
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
-#: Builds of the tensor-core base conversion (basis.BaseConversion.convert's warp_rows, minb); the
-#: first is the module default.
-TC_VARIANTS = [dict(warp_rows=32, minb=4, unroll=1), dict(warp_rows=32, minb=4, unroll=2),
-               dict(warp_rows=16, minb=4, unroll=1)]
+#: Builds of the tensor-core base conversion (basis.BaseConversion.convert's build: unroll, minb);
+#: the first (None) is the default, basis.tc_build's pick.
+TC_VARIANTS = [dict(build=None), dict(build=(1, 4)), dict(build=(1, 6)), dict(build=(2, 4))]
 
 
 def tc_label(kw: dict) -> str:
     """A tensor-core build's settings."""
-    return f"{kw['warp_rows']} rows a warp, minb {kw['minb']}" + (f", unroll {kw['unroll']}" if kw["unroll"] > 1 else "")
+    return "default" if kw["build"] is None else "unroll {}, minb {}".format(*kw["build"])
 
 
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.

@@ -362,24 +362,20 @@ def conversion_case(pair, rng, in_limbs, out_limbs, batch: int, extremes: bool =
                           ctx.base_converter(in_limbs, out_limbs), xs, arena, ins)
 
 
-#: The kernels of BaseConversion: (tensor, warp_rows) (see basis.BaseConversion, _tc_source).
-KERNELS = [(True, 32), (True, 16), (False, 32)]
-
-
-@pytest.mark.parametrize("kernel", KERNELS, ids=["tensor32", "tensor16", "tiled"])
+@pytest.mark.parametrize("tensor", [True, False], ids=["tensor", "tiled"])
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
 @pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32), (13, 50), (60, 3)],
                          ids=lambda s: f"S={s[0]},D={s[1]}")
-def test_base_conversion(pair, rng, mode, shape, kernel):
+def test_base_conversion(pair, rng, mode, shape, tensor):
     s, d = shape
     others = [int(l) for l in rng.permutation(np.arange(1, 63))]
     in_limbs = sorted([0] + others[: s - 1])  # limb 0 is an input, limb 63 an output
     out_limbs = sorted(others[s - 1 : s + d - 2] + [63])
     batch = 2
-    c = conversion_case(pair, rng, in_limbs, out_limbs, batch, tensor=kernel[0])
+    c = conversion_case(pair, rng, in_limbs, out_limbs, batch, tensor=tensor)
     outs = np.array([c.arena.take(d) for _ in range(batch)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, warp_rows=kernel[1])
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode)
     have = c.arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"base conversion {mode.value} batch {b}")
@@ -535,15 +531,15 @@ def test_graph_capture(rng):
 @pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 2), (7, 8, 1), (8, 11, 3), (13, 50, 3), (16, 47, 2), (21, 42, 1),
                                    (33, 20, 2), (60, 4, 1), (64, 9, 2)],
                          ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("warp_rows,minb", [(32, 4), (16, 4), (32, 1), (16, 2)], ids=lambda v: str(v))
-def test_base_conversion_tensor(pair, rng, mode, shape, warp_rows, minb):
-    """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues, with 32
-    or 16 coefficients a warp and a register cap (``minb`` resident blocks)."""
+@pytest.mark.parametrize("build", [None, (1, 4), (1, 6), (2, 4), (2, 1)], ids=str)
+def test_base_conversion_tensor(pair, rng, mode, shape, build):
+    """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues in each
+    build (one or two output tiles a loop iteration, a register cap; None: basis.tc_build's pick)."""
     s, d, batch = shape
     c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch, extremes=True, tensor=True)
     outs = np.array([c.arena.take(d) for _ in range(batch)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, warp_rows=warp_rows, minb=minb)
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, build=build)
     have = c.arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
@@ -552,15 +548,15 @@ def test_base_conversion_tensor(pair, rng, mode, shape, warp_rows, minb):
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
 @pytest.mark.parametrize("shape", [(13, 9, 2), (5, 20, 1), (16, 47, 2)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("warp_rows", [32, 16])
-def test_base_conversion_tensor_in_place(pair, rng, mode, shape, warp_rows):
-    """Outputs may overwrite the inputs: a block reads all its inputs before it writes."""
+@pytest.mark.parametrize("build", [(1, 4), (1, 6), (2, 4)], ids=str)
+def test_base_conversion_tensor_in_place(pair, rng, mode, shape, build):
+    """Outputs may overwrite the inputs: a warp reads all its inputs before it writes."""
     s, d, batch = shape
     c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch, tensor=True)
     shared = min(s, d)
     outs = np.array([list(c.ins[b][:shared]) + c.arena.take(d - shared) for b in range(batch)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, warp_rows=warp_rows)
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, build=build)
     have = c.arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode),

@@ -30,8 +30,19 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_con
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
 TC_PF = 8  # input loads in flight a thread of the tensor-core kernel
-TC_MINB = 4  # blocks resident a multiprocessor asked of it (__launch_bounds__; 4 x 128 threads: <= 128 registers)
-TC_WARP_ROWS = 32  # coefficients a warp of it: 32 (two m16 tiles, 4 warps a block) or 16 (one, 8 warps)
+TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds do not spill (ptxas)
+
+
+def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
+    """(unroll, minb) of the tensor-core kernel for KC k-chunks and a grid of ``blocks``: output tiles
+    a loop iteration and the resident blocks of 128 threads asked of __launch_bounds__.
+
+    KC <= TC_SMALL_KC: (2, 4) where the grid fits in one wave of 4 blocks a multiprocessor (two tiles
+    give each warp independent work, <= 128 registers), else (1, 6) (<= 80 registers: more warps).
+    Larger KC: (1, 4) (<= 128 registers; the other builds spill)."""
+    if kc > TC_SMALL_KC:
+        return 1, 4
+    return (2, 4) if blocks <= 4 * multiprocessors else (1, 6)
 
 
 def mode_code(mode) -> int:
@@ -288,13 +299,13 @@ def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
 
 _TC_SOURCE = r"""
 // Base conversion on the tensor cores (see tc_layout, tc_table, tc_fragments, tc_words in basis.py).
-// Block (b, tile): 128 coefficients; a warp owns 16 TC_M of them (TC_M m16 tiles; 128 / TC_M threads
-// a block). Thread r < 128 computes t_k (and v) of coefficient tile 128 + r and writes its A row
-// (KW = 8 KC words) to shared memory; each warp then holds the A fragments of its rows in registers
-// for all KC k-chunks and, for each 8 outputs, runs 4 (byte planes b) x KC x TC_M mma.m16n8k32
+// Block (b, tile): 128 coefficients, a warp 32 of them (two m16 tiles). Thread r computes t_k (and
+// v) of coefficient tile 128 + r and writes its A row (KW = 8 KC words) to shared memory; the warp
+// then holds the A fragments of its 32 rows in registers for all KC k-chunks and, for each 8
+// outputs (TC_UNROLL tiles of 8 an iteration), runs 4 (byte planes b) x KC x 2 mma.m16n8k32
 // (u8 x u8 -> s32) with the B fragments read from the pre-swizzled table (L1-resident), folds
-// R_b 2^(8b) into two words and reduces (tc_reduce). A block reads all its inputs before it writes
-// and only its own 128 coefficients, so outputs may overwrite inputs.
+// R_b 2^(8b) into two words and reduces (tc_reduce). A warp reads all its inputs before it writes
+// and only its own 32 coefficients, so outputs may overwrite inputs.
 __device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -322,7 +333,7 @@ __device__ __forceinline__ void base_convert_tc(
     const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
     const int base = tile * 128;
     const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
-    if (TC_M == 2 || threadIdx.x < 128) {
+    {
         const int i = base + threadIdx.x;
         const int* __restrict__ ins = in_slots + b * S;
         u32* row = rows + threadIdx.x * STRIDE;
@@ -357,12 +368,12 @@ __device__ __forceinline__ void base_convert_tc(
         }
         for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
     }
-    if (TC_M == 2) __syncwarp(); else __syncthreads();  // TC_M 1: warp w reads the rows of warp w / 2
+    __syncwarp();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = (threadIdx.x >> 5) * (16 * TC_M) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
-    u32 af[TC_M][KC][4];
+    const int r0 = (threadIdx.x & 96) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
+    u32 af[2][KC][4];
 #pragma unroll
-    for (int m = 0; m < TC_M; ++m)
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int c = 0; c < KC; ++c) {
             const u32* p = rows + (r0 + 16 * m) * STRIDE + 8 * c + t;
@@ -376,14 +387,14 @@ __device__ __forceinline__ void base_convert_tc(
     const uint2* __restrict__ fr = frag + lane;
 #pragma unroll TC_UNROLL
     for (int dt = 0; dt < DT; ++dt) {
-        int acc[4][TC_M][4];
+        int acc[4][2][4];
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp) {
             uint2 bf[KC];
 #pragma unroll
             for (int c = 0; c < KC; ++c) bf[c] = __ldg(fr + ((dt * 4 + bp) * KC + c) * 32);
 #pragma unroll
-            for (int m = 0; m < TC_M; ++m) {
+            for (int m = 0; m < 2; ++m) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
 #pragma unroll
@@ -397,7 +408,7 @@ __device__ __forceinline__ void base_convert_tc(
             const uint4 cc = __ldg((const uint4*)out4 + d);
             u32* dst = arena + (u64)__ldg(outs + min(d, D - 1)) * n + base + r0;
 #pragma unroll
-            for (int m = 0; m < TC_M; ++m)
+            for (int m = 0; m < 2; ++m)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
                     const int e = 2 * hi + h;
@@ -408,7 +419,7 @@ __device__ __forceinline__ void base_convert_tc(
     }
 }
 #define BC_TC(MODE, NAME) \
-extern "C" __global__ void __launch_bounds__(256 / TC_M, TC_MINB) base_convert_tc_##NAME( \
+extern "C" __global__ void __launch_bounds__(128, TC_MINB) base_convert_tc_##NAME( \
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
         const u32* __restrict__ in_consts, const u32* __restrict__ out4, const uint2* __restrict__ frag, \
         const double* __restrict__ recip, int n, int tiles) { \
@@ -420,11 +431,10 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, warp_rows: int = TC_WARP_ROWS, minb: int = TC_MINB, unroll: int = 1) -> str:
-    """The tensor-core kernels for KC k-chunks (see tc_layout) with ``warp_rows`` (16 or 32)
-    coefficients a warp, __launch_bounds__'s ``minb`` resident blocks (of 128 x 32 / warp_rows
-    threads) and ``unroll`` output tiles an iteration. The epilogue is tc_reduce's."""
-    defines = dict(TC_KC=kc, TC_M=warp_rows // 16, TC_PF=TC_PF, TC_MINB=int(minb))
+def _tc_source(kc: int, unroll: int, minb: int) -> str:
+    """The tensor-core kernels for KC k-chunks (see tc_layout) with ``unroll`` output tiles a loop
+    iteration and __launch_bounds__'s ``minb`` resident blocks. The epilogue is tc_reduce's."""
+    defines = dict(TC_KC=kc, TC_PF=TC_PF, TC_MINB=int(minb))
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
@@ -462,6 +472,7 @@ class BaseConversion:
             # B fragments (tc_table, tc_fragments), one table a mode family; input constants and
             # reciprocals zero padded to SP rows, output constants to 8 DT (tc_out_constants).
             sp, self._kc = tc_layout(s)
+            self._sms = cp.cuda.Device().attributes["MultiProcessorCount"]
             self._in = cp.asarray(np.concatenate([in_consts, np.zeros((sp - s, 4), np.uint32)]))
             self._recip = cp.asarray(np.concatenate([recip, np.zeros(sp - s)]))
             self._out = cp.asarray(tc_out_constants(conv.out_primes))
@@ -484,14 +495,13 @@ class BaseConversion:
         self._qhat = cp.asarray(wide[0])
         self._factors = cp.asarray(wide[1])
 
-    def convert(self, arena, in_slots, out_slots, mode, warp_rows: int = TC_WARP_ROWS, minb: int = TC_MINB,
-                unroll: int = 1) -> None:
+    def convert(self, arena, in_slots, out_slots, mode, build: tuple[int, int] | None = None) -> None:
         """Convert B inputs: arena[out_slots[b, d]] = conversion of rows arena[in_slots[b, :]].
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
-        ``warp_rows`` and ``minb``: the tensor-core kernel's build (see _tc_source). Outputs may
-        overwrite inputs with the tensor-core kernel.
+        ``build``: the tensor-core kernel's (unroll, minb) (see _tc_source; None: :func:`tc_build`'s).
+        Outputs may overwrite inputs with the tensor-core kernel.
         """
         ring = self.ring
         ring.check_arena(arena)
@@ -505,15 +515,18 @@ class BaseConversion:
         table = self._factors if code == 1 else self._qhat
         mode_name = ("textbook", "emulator", "exact")[code]
         if self.tensor:
-            if int(warp_rows) not in (16, 32) or not 1 <= int(minb) <= 16 or int(unroll) not in (1, 2):
-                raise ValueError(f"tensor-core base conversion: warp_rows {warp_rows}, minb {minb}, unroll {unroll}")
             tiles = ring.n // TC_ROWS
-            opts = (self._kc, int(warp_rows), int(minb), int(unroll))
+            if build is None:
+                build = tc_build(self._kc, batch * tiles, self._sms)
+            unroll, minb = (int(v) for v in build)
+            if unroll not in (1, 2) or not 1 <= minb <= 16:
+                raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
+            opts = (self._kc, unroll, minb)
             kernel = ring.kernel("basis-tc-" + "-".join(map(str, opts)), lambda: _tc_source(*opts),
                                  "base_convert_tc_" + mode_name)
             kernel(
                 (batch * tiles,),
-                (TC_ROWS * 32 // int(warp_rows),),
+                (TC_ROWS,),
                 (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in, self._out, table, self._recip,
                  cp.int32(ring.n), cp.int32(tiles)),
             )
