@@ -37,12 +37,12 @@ def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
     """(unroll, minb) of the tensor-core kernel for KC k-chunks and a grid of ``blocks``: output tiles
     a loop iteration and the resident blocks of 128 threads asked of __launch_bounds__.
 
-    KC <= TC_SMALL_KC: (2, 4) where the grid fits in one wave of 4 blocks a multiprocessor (two tiles
-    give each warp independent work, <= 128 registers), else (1, 6) (<= 80 registers: more warps).
-    Larger KC: (1, 4) (<= 128 registers; the other builds spill)."""
+    KC <= TC_SMALL_KC: (2, 4) where the grid fits in two waves of 4 blocks a multiprocessor (two
+    tiles give each warp independent work; <= 128 registers), else (1, 6) (<= 80 registers: more
+    warps resident). Larger KC: (1, 4) (<= 128 registers; the other builds spill)."""
     if kc > TC_SMALL_KC:
         return 1, 4
-    return (2, 4) if blocks <= 4 * multiprocessors else (1, 6)
+    return (2, 4) if blocks <= 8 * multiprocessors else (1, 6)
 
 
 def mode_code(mode) -> int:
@@ -330,12 +330,29 @@ __device__ __forceinline__ void base_convert_tc(
         const double* __restrict__ recip, int n, int tiles) {
     constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
     __shared__ u32 rows[128 * STRIDE];
+    // The block's constants, read by every thread: (q_k, w_k, w'_k, input slot) and 1/q_k for k < SP,
+    // (p_d, ..) of out4 and the output slot for d < 8 DT (slots past D repeat the last one).
+    __shared__ uint4 cin[68];
+    __shared__ double rin[68];
+    __shared__ uint4 cout[64];
+    __shared__ u32 sout[64];
     const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
-    const int base = tile * 128;
+    const u32 base = tile * 128, row_bytes = 4u * n;  // a limb's bytes: addresses are one IMAD.WIDE.U32
     const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
+    const int DT = (D + 7) >> 3;
+    for (int k = threadIdx.x; k < 4 * G; k += 128) {
+        uint4 c = __ldg((const uint4*)in_consts + k);
+        c.w = k < S ? __ldg(in_slots + b * S + k) : 0;
+        cin[k] = c;
+        if (MODE == 2) rin[k] = __ldg(recip + k);
+    }
+    for (int d = threadIdx.x; d < 8 * DT; d += 128) {
+        cout[d] = __ldg((const uint4*)out4 + d);
+        sout[d] = __ldg(out_slots + b * D + min(d, D - 1));
+    }
+    __syncthreads();
     {
-        const int i = base + threadIdx.x;
-        const int* __restrict__ ins = in_slots + b * S;
+        const char* src = (const char*)(arena + base + threadIdx.x);
         u32* row = rows + threadIdx.x * STRIDE;
         double f = 0.0;
         // TC_PF inputs a chunk: their loads are in flight together, then t of each 4 in turn.
@@ -344,7 +361,8 @@ __device__ __forceinline__ void base_convert_tc(
 #pragma unroll
             for (int q = 0; q < TC_PF; ++q) {
                 const int k = 4 * j0 + q;
-                xs[q] = k < S ? arena[(u64)__ldg(ins + k) * n + i] : 0u;
+                const u32 x = *(const u32*)(src + (u64)cin[min(k, S - 1)].w * row_bytes);  // no predicate
+                xs[q] = k < S ? x : 0u;
             }
 #pragma unroll
             for (int jj = 0; jj < TC_PF / 4; ++jj) {
@@ -356,9 +374,9 @@ __device__ __forceinline__ void base_convert_tc(
                     const int k = 4 * j + q;
                     x[q] = xs[4 * jj + q];
                     if (MODE != 1) {  // constants zero padded to SP rows: k >= S gives t = 0 and f + 0.0 = f
-                        const uint4 cq = __ldg((const uint4*)in_consts + k);
+                        const uint4 cq = cin[k];
                         x[q] = shoup(x[q], cq.y, cq.z, cq.x);
-                        if (MODE == 2) f = __dadd_rn(f, __dmul_rn((double)x[q], __ldg(recip + k)));
+                        if (MODE == 2) f = __dadd_rn(f, __dmul_rn((double)x[q], rin[k]));
                     }
                     if (MODE == 2 && k == S) x[q] = (u32)floor(__dadd_rn(f, 0.5));  // f is complete: q increases
                 }
@@ -382,8 +400,6 @@ __device__ __forceinline__ void base_convert_tc(
             af[m][c][2] = p[4];
             af[m][c][3] = p[8 * STRIDE + 4];
         }
-    const int DT = (D + 7) >> 3;
-    const int* __restrict__ outs = out_slots + b * D;
     const uint2* __restrict__ fr = frag + lane;
 #pragma unroll TC_UNROLL
     for (int dt = 0; dt < DT; ++dt) {
@@ -402,11 +418,10 @@ __device__ __forceinline__ void base_convert_tc(
             }
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h (out4 is zero padded to 8 DT rows)
+        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
             const int d = 8 * dt + 2 * t + h;
-            // Loads not behind the d < D test, so that they can issue with the B fragments' loads.
-            const uint4 cc = __ldg((const uint4*)out4 + d);
-            u32* dst = arena + (u64)__ldg(outs + min(d, D - 1)) * n + base + r0;
+            const uint4 cc = cout[d];
+            u32* dst = (u32*)((char*)(arena + base + r0) + (u64)sout[d] * row_bytes);
 #pragma unroll
             for (int m = 0; m < 2; ++m)
 #pragma unroll
