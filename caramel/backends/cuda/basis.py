@@ -458,8 +458,8 @@ class BaseConversion:
     """Device tables of the conversion from limbs ``in_limbs`` to limbs ``out_limbs`` (limb indices).
 
     The constants come from ``ring.ctx.base_converter(in_limbs, out_limbs)`` (the CPU reference).
-    ``tensor``: the kernel, picked once (None: the tensor-core one when N is a multiple of TC_ROWS,
-    else the tiled one; True needs such an N). Only that kernel's tables are uploaded, here, so that
+    ``tensor``: the kernel, picked once (None: the tensor-core one when N is a multiple of TC_ROWS
+    and D <= 64, else the tiled one; True needs both). Only that kernel's tables are uploaded, here, so that
     :meth:`convert` copies nothing and can be captured in a CUDA graph.
     """
 
@@ -469,9 +469,11 @@ class BaseConversion:
         self.ring = ring
         self.in_limbs = tuple(int(l) for l in in_limbs)
         self.out_limbs = tuple(int(l) for l in out_limbs)
-        self.tensor = ring.n % TC_ROWS == 0 if tensor is None else bool(tensor)
-        if self.tensor and ring.n % TC_ROWS:
-            raise ValueError(f"the tensor-core base conversion needs N a multiple of {TC_ROWS}, got {ring.n}")
+        fits = ring.n % TC_ROWS == 0 and len(self.out_limbs) <= 64  # its shared tables hold 64 outputs
+        self.tensor = fits if tensor is None else bool(tensor)
+        if self.tensor and not fits:
+            raise ValueError(f"the tensor-core base conversion needs N a multiple of {TC_ROWS} and at most 64 "
+                             f"outputs, got N = {ring.n}, {len(self.out_limbs)} outputs")
         conv = ring.ctx.base_converter(self.in_limbs, self.out_limbs)
         s, d = len(self.in_limbs), len(self.out_limbs)
         if s * max(conv.in_primes) * max(conv.out_primes, default=1) + (1 << 40) >= 1 << 64:
