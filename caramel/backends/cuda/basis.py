@@ -459,8 +459,8 @@ class BaseConversion:
 
     The constants come from ``ring.ctx.base_converter(in_limbs, out_limbs)`` (the CPU reference).
     ``tensor``: the kernel, picked once (None: the tensor-core one when N is a multiple of TC_ROWS
-    and D <= 64, else the tiled one; True needs both). Only that kernel's tables are uploaded, here, so that
-    :meth:`convert` copies nothing and can be captured in a CUDA graph.
+    and D <= 64, else the tiled one; True needs both). Only that kernel's tables are uploaded, here,
+    so that :meth:`convert` copies nothing and can be captured in a CUDA graph.
     """
 
     def __init__(self, ring: CudaRing, in_limbs, out_limbs, tensor: bool | None = None):
