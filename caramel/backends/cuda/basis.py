@@ -446,10 +446,11 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, unroll: int, minb: int) -> str:
+def _tc_source(kc: int, unroll: int, minb: int, pf: int = TC_PF) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout) with ``unroll`` output tiles a loop
-    iteration and __launch_bounds__'s ``minb`` resident blocks. The epilogue is tc_reduce's."""
-    defines = dict(TC_KC=kc, TC_PF=TC_PF, TC_MINB=int(minb))
+    iteration, __launch_bounds__'s ``minb`` resident blocks and ``pf`` input loads in flight a thread
+    (a multiple of 4). The epilogue is tc_reduce's."""
+    defines = dict(TC_KC=kc, TC_PF=int(pf), TC_MINB=int(minb))
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
@@ -538,7 +539,7 @@ class BaseConversion:
             unroll, minb = (int(v) for v in build)
             if unroll not in (1, 2) or not 1 <= minb <= 16:
                 raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
-            opts = (self._kc, unroll, minb)
+            opts = (self._kc, unroll, minb, TC_PF)
             kernel = ring.kernel("basis-tc-" + "-".join(map(str, opts)), lambda: _tc_source(*opts),
                                  "base_convert_tc_" + mode_name)
             kernel(
