@@ -57,27 +57,14 @@ def label(kw: dict) -> str:
 
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
-#: Builds of the tensor-core base conversion: BaseConversion.convert's build (unroll, minb; None:
-#: basis.tc_build's pick) and basis.TC_PF (input loads in flight a thread); the first is the default.
-TC_VARIANTS = [dict(build=None, pf=8), dict(build=None, pf=16), dict(build=None, pf=24), dict(build=(1, 6), pf=8),
-               dict(build=(2, 4), pf=8)]
+#: Builds of the tensor-core base conversion (BaseConversion.convert's build: unroll, minb); the
+#: first (None) is the default, basis.tc_build's pick.
+TC_VARIANTS = [dict(build=None), dict(build=(1, 6)), dict(build=(2, 4))]
 
 
 def tc_label(kw: dict) -> str:
     """A tensor-core build's settings."""
-    build = "default" if kw["build"] is None else "unroll {}, minb {}".format(*kw["build"])
-    return f"{build}, pf {kw['pf']}"
-
-
-def tc_convert(conv, arena, ins, outs, mode, kw: dict) -> None:
-    """conv.convert with the tensor-core build kw (see TC_VARIANTS); basis.TC_PF is set for the call."""
-    from caramel.backends.cuda import basis as dbasis
-
-    pf, dbasis.TC_PF = dbasis.TC_PF, kw["pf"]
-    try:
-        conv.convert(arena, ins, outs, mode, build=kw["build"])
-    finally:
-        dbasis.TC_PF = pf
+    return "default" if kw["build"] is None else "unroll {}, minb {}".format(*kw["build"])
 
 
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
@@ -174,11 +161,7 @@ def main() -> int:
                     outs = np.arange(2 * d).reshape(2, d) + 2 * s
                     if tensor:
                         outs[1, : min(s, d)] = np.arange(s, 2 * s)[: min(s, d)]
-                    ins = i32(np.arange(2 * s).reshape(2, s))
-                    if tensor:
-                        tc_convert(convs[True], arena, ins, i32(outs), mode, kw)
-                    else:
-                        convs[False].convert(arena, ins, i32(outs), mode)
+                    convs[tensor].convert(arena, i32(np.arange(2 * s).reshape(2, s)), i32(outs), mode, **kw)
                     have = cp.asnumpy(arena)
                     for b in range(2):
                         if not np.array_equal(have[outs[b]], want[b]):
@@ -245,8 +228,7 @@ def main() -> int:
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
             for tensor, kw in [(False, {})] + [(True, kw) for kw in TC_VARIANTS]:
-                t = bench.time(lambda s: tc_convert(convs[True], arena, bins[s], bouts[s], mode, kw) if tensor
-                               else convs[False].convert(arena, bins[s], bouts[s], mode), sets)
+                t = bench.time(lambda s: convs[tensor].convert(arena, bins[s], bouts[s], mode, **kw), sets)
                 rate = batch * s_in * d_out * n / t / 1e12
                 bench.add(f"baseconv {mode.value} {'tensor ' + tc_label(kw) if tensor else 'tiled'}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")

@@ -29,7 +29,7 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_con
 
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
-TC_PF = 8  # input loads in flight a thread of the tensor-core kernel
+TC_PF_MAX = 24  # input loads in flight a thread of the tensor-core kernel: min(8 KC, TC_PF_MAX)
 TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds do not spill (ptxas)
 
 
@@ -38,8 +38,9 @@ def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
     a loop iteration and the resident blocks of 128 threads asked of __launch_bounds__.
 
     KC <= TC_SMALL_KC: (2, 4) where the grid fits in two waves of 4 blocks a multiprocessor (two
-    tiles give each warp independent work; <= 128 registers), else (1, 6) (<= 80 registers: more
-    warps resident). Larger KC: (1, 4) (<= 128 registers; the other builds spill)."""
+    tiles give each warp independent work; <= 128 registers, 8 bytes of spills at KC = 3), else
+    (1, 6) (<= 80 registers: more warps resident). Larger KC: (1, 4) (<= 128 registers; the other
+    builds spill hundreds of bytes)."""
     if kc > TC_SMALL_KC:
         return 1, 4
     return (2, 4) if blocks <= 8 * multiprocessors else (1, 6)
@@ -446,11 +447,12 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, unroll: int, minb: int, pf: int = TC_PF) -> str:
+def _tc_source(kc: int, unroll: int, minb: int) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout) with ``unroll`` output tiles a loop
-    iteration, __launch_bounds__'s ``minb`` resident blocks and ``pf`` input loads in flight a thread
-    (a multiple of 4). The epilogue is tc_reduce's."""
-    defines = dict(TC_KC=kc, TC_PF=int(pf), TC_MINB=int(minb))
+    iteration and __launch_bounds__'s ``minb`` resident blocks. Input loads in flight a thread:
+    min(8 KC, TC_PF_MAX), a multiple of 4 that covers SP <= 8 KC, so that up to 23 inputs load in one
+    round. The epilogue is tc_reduce's."""
+    defines = dict(TC_KC=kc, TC_PF=min(8 * kc, TC_PF_MAX), TC_MINB=int(minb))
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
@@ -539,7 +541,7 @@ class BaseConversion:
             unroll, minb = (int(v) for v in build)
             if unroll not in (1, 2) or not 1 <= minb <= 16:
                 raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
-            opts = (self._kc, unroll, minb, TC_PF)
+            opts = (self._kc, unroll, minb)
             kernel = ring.kernel("basis-tc-" + "-".join(map(str, opts)), lambda: _tc_source(*opts),
                                  "base_convert_tc_" + mode_name)
             kernel(
