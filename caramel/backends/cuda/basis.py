@@ -10,9 +10,9 @@ modes of ISA decision 2. Base conversion, from input primes q_k (k < S) to outpu
   out_d = (sum_k t_k [Qhat_k]_{p_d} - v [Q_S]_{p_d}) mod p_d.
 
 Two kernels compute the same residues; a :class:`BaseConversion` picks one at construction and uploads
-only its tables. The tensor-core one (the default wherever N is a multiple of TC_ROWS; see the comment
-above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into two 32-bit words
-per output and reduced with two Shoup products (``tc_reduce``). The tiled one (N < TC_ROWS): a matrix
+only its tables. The tensor-core one (the default wherever N is a multiple of TC_ROWS and D <= 64; see
+the comment above :func:`tc_layout`): byte products on mma.m16n8k32 with int32 sums, folded into two
+32-bit words per output and reduced with two Shoup products (``tc_reduce``). The tiled one (else): a matrix
 product tiled over (16 outputs) x (256 coefficients, 2 a thread) a block, the last chunk 8 outputs wide
 when D mod 16 is 1..8: the table's columns in shared memory, the sums in 64-bit registers (the
 constructor checks that they cannot overflow), each input limb read once per block, and one 32-bit
@@ -30,7 +30,7 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_con
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
 TC_PF_MAX = 24  # input loads in flight a thread of the tensor-core kernel: min(8 KC, TC_PF_MAX)
-TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds do not spill (ptxas)
+TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds (nearly) fit (ptxas)
 
 
 def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
