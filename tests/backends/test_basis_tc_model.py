@@ -143,5 +143,5 @@ def test_tc_source_defines(kc, pf):
     covers SP) and the launch bound; the unroll pragma replaced."""
     src = dbasis._tc_source(kc, 2, 6)
     assert f"#define TC_KC {kc}\n" in src and f"#define TC_PF {pf}\n" in src and "#define TC_MINB 6\n" in src
-    assert "#pragma unroll 2\n" in src and "TC_UNROLL" not in src
+    assert "#pragma unroll 2\n" in src and "#pragma unroll TC_UNROLL" not in src
     assert pf % 4 == 0 and pf >= min(8 * kc, dbasis.TC_PF_MAX)
