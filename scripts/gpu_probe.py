@@ -1,4 +1,4 @@
-"""Launch one NTT, one INTT and one tiled base conversion at N = 65536 (for ncu: which limit binds).
+"""Launch one NTT, one INTT and base conversions (13 -> 50) at N = 65536 (for ncu: which limit binds).
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats python3 scripts/gpu_probe.py
 """
@@ -29,9 +29,9 @@ def main() -> None:
     primes = i32(np.arange(rows) % 64)
     dntt.ntt(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), primes)
     dntt.intt(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), primes)
-    conv = dbasis.BaseConversion(ring, list(range(13)), list(range(13, 63)))
-    for tiled in (True, False):
-        conv.convert(arena, i32(np.arange(13)[None]), i32(np.arange(13, 63)[None] + 100), Mode.EXACT, tiled=tiled)
+    for tensor, build in ((True, None), (True, (1, 4)), (False, None)):  # tensor-core builds, then the tiled kernel
+        conv = dbasis.BaseConversion(ring, list(range(13)), list(range(13, 63)), tensor=tensor)
+        conv.convert(arena, i32(np.arange(13)[None]), i32(np.arange(13, 63)[None] + 100), Mode.EXACT, build=build)
     cp.cuda.Device().synchronize()
 
 

@@ -5,8 +5,8 @@ rotating input sets, median of replays; see scripts/gpu_kernels_check.py's Bench
     PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_variants.py [--sizes 4096,8192,65536] [--quick]
 
 NTT/INTT variants: (split row twiddles, row-kernel blocks per multiprocessor); a loads-and-stores
-only variant gives the floor of the access pattern. Base conversion: the first kernel (one thread
-per coefficient) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c.
+only variant gives the floor of the access pattern. Base conversion: the tensor-core kernel's builds
+(TC_VARIANTS) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c.
 Prints a table last.
 """
 
@@ -57,18 +57,20 @@ def label(kw: dict) -> str:
 
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
-#: Options of the tensor-core base conversion (basis.BaseConversion.convert, tensor=True).
-#: The first is the default (session 7, second round: 32-bit epilogue tc_reduce, at most 128 registers).
-_TC = dict(stage=False, per=0, unroll=1, split=1, tstore=False, pf=8, minb=4, pipe=False)
-TC_VARIANTS = [_TC, dict(_TC, pipe=True), dict(_TC, tstore=True), dict(_TC, tstore=True, pipe=True), dict(_TC, split=2),
-               dict(_TC, split=2, pipe=True), dict(_TC, minb=1)]
+#: Builds of the tensor-core base conversion (BaseConversion.convert's build: unroll, minb); the
+#: first (None) is the default, basis.tc_build's pick.
+TC_VARIANTS = [dict(build=None), dict(build=(1, 6)), dict(build=(2, 4))]
 
 
 def tc_label(kw: dict) -> str:
-    """A tensor-core variant's settings that differ from _TC."""
-    return " ".join(f"{k}={v}" for k, v in kw.items() if _TC.get(k) != v) or "default"
+    """A tensor-core build's settings."""
+    return "default" if kw["build"] is None else "unroll {}, minb {}".format(*kw["build"])
+
+
 #: Shapes timed only with --bc-extra (not in BootstrapLike_51L_1c): large S, small D.
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
+#: Shapes timed only with --bc-probe: the input phase alone (D = 1, 8) and the output phase alone (S = 1).
+BC_PROBE = [(13, 1, 1), (13, 8, 1), (1, 50, 1), (1, 8, 1)]
 
 
 def main() -> int:
@@ -79,6 +81,7 @@ def main() -> int:
     ap.add_argument("--ntt-only", action="store_true", help="leave out base conversion")
     ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
+    ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -146,33 +149,24 @@ def main() -> int:
         for s, d, _ in BC_SHAPES[:3] + [(1, 3, 1), (40, 24, 1), (20, 40, 1), (55, 9, 1), (5, 8, 1)]:
             perm = [int(v) for v in rng.permutation(64)]
             in_limbs, out_limbs = sorted(perm[:s]), sorted(perm[s : s + d])
-            conv = dbasis.BaseConversion(ring, in_limbs, out_limbs)
+            convs = {t: dbasis.BaseConversion(ring, in_limbs, out_limbs, tensor=t) for t in (True, False)}
             ref = ctx.base_converter(in_limbs, out_limbs)
             xs = [residues(ctx, in_limbs) for _ in range(2)]
             for mode in Mode:
                 want = [ref.convert(x, mode) for x in xs]
-                for tiled, tail8, mb in ((False, False, 0), (1, False, 0), (1, True, 0), (2, False, 0), (2, True, 0),
-                                         (1, True, 6), (2, True, 5)):
-                    arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
-                    outs = i32(np.arange(2 * d).reshape(2, d) + 2 * s)
-                    conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), outs, mode, tiled=tiled, tail8=tail8,
-                                 min_blocks=mb)
-                    have = cp.asnumpy(arena[2 * s :])
-                    for b in range(2):
-                        if not np.array_equal(have[b * d : (b + 1) * d], want[b]):
-                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tiled={tiled} tail8={tail8} mb={mb}")
-                # the tensor-core kernel; with per=0, batch 1 in place (its first min(S, D) outputs overwrite
-                # its inputs)
-                for kw in TC_VARIANTS:
+                # batch 2, the second in place (its first min(S, D) outputs overwrite its inputs; the
+                # tensor-core kernel only)
+                for tensor, kw in [(False, {})] + [(True, kw) for kw in TC_VARIANTS]:
                     arena = cp.asarray(np.concatenate(xs + [np.full((2 * d, n), 0xFFFFFFFF, np.uint32)]))
                     outs = np.arange(2 * d).reshape(2, d) + 2 * s
-                    if not kw["per"]:
+                    if tensor:
                         outs[1, : min(s, d)] = np.arange(s, 2 * s)[: min(s, d)]
-                    conv.convert(arena, i32(np.arange(2 * s).reshape(2, s)), i32(outs), mode, tensor=True, **kw)
+                    convs[tensor].convert(arena, i32(np.arange(2 * s).reshape(2, s)), i32(outs), mode, **kw)
                     have = cp.asnumpy(arena)
                     for b in range(2):
                         if not np.array_equal(have[outs[b]], want[b]):
-                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} tensor {kw} batch {b}")
+                            failures.append(f"baseconv N={n} S={s} D={d} {mode.value} "
+                                            f"{tc_label(kw) if tensor else 'tiled'} batch {b}")
         print(f"base conversion checks N={n}: {'ok' if not failures else failures}", flush=True)
 
     # 3. timings at N = args.n
@@ -222,27 +216,21 @@ def main() -> int:
                                            shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
-    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []):
+    for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []) + (
+            BC_PROBE if args.bc_probe else []):
         perm = list(range(64))
-        conv = dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out])
+        convs = {t: dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out], tensor=t)
+                 for t in (True, False)}
         per = batch * (s_in + d_out)
         sets = sets_for(per * limb)
         arena = cp.asarray(rng.integers(0, 2**20, (per * sets, n), dtype=np.uint32))
         bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
-            for tiled, tail8, mb in ((False, False, 0), (2, True, 0)) if args.bc_only else (
-                    (False, False, 0), (1, True, 0), (1, True, 6), (2, False, 0), (2, True, 0), (2, True, 5)):
-                t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tiled=tiled, tail8=tail8,
-                                                      min_blocks=mb), sets)
-                bench.add(f"baseconv {mode.value} {f'tiled x{tiled}' if tiled else 'first'}{' tail8' if tail8 else ''}"
-                          f"{f' mb{mb}' if mb else ''}",
-                          f"S={s_in} D={d_out} B={batch}",
-                          t, f"{per * limb / t / copy * 100:5.1f}% of copy  {batch * s_in * d_out * n / t / 1e12:5.2f} TMAC/s")
-            for kw in TC_VARIANTS:
-                t = bench.time(lambda s: conv.convert(arena, bins[s], bouts[s], mode, tensor=True, **kw), sets)
+            for tensor, kw in [(False, {})] + [(True, kw) for kw in TC_VARIANTS]:
+                t = bench.time(lambda s: convs[tensor].convert(arena, bins[s], bouts[s], mode, **kw), sets)
                 rate = batch * s_in * d_out * n / t / 1e12
-                bench.add(f"baseconv {mode.value} tensor {tc_label(kw)}",
+                bench.add(f"baseconv {mode.value} {'tensor ' + tc_label(kw) if tensor else 'tiled'}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")

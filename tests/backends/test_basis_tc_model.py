@@ -127,3 +127,21 @@ def test_tc_out_constants():
     assert row.shape == (8, 4) and not row[2:].any()
     assert list(row[0]) == [p, 65536, (65536 << 32) // p, (1 << 32) // p]
     assert list(row[1]) == [65537, 65536, (65536 << 32) // 65537, (1 << 32) // 65537]
+
+
+@pytest.mark.parametrize("kc,blocks,want", [(1, 512, (2, 4)), (3, 1056, (2, 4)), (2, 1057, (1, 6)), (3, 2048, (1, 6)),
+                                            (4, 512, (1, 4)), (9, 4096, (1, 4))])
+def test_tc_build(kc, blocks, want):
+    """Two output tiles an iteration up to two waves of 4 blocks (132 multiprocessors), 6 blocks
+    of <= 80 registers beyond, and (1, 4) for KC > TC_SMALL_KC."""
+    assert dbasis.tc_build(kc, blocks, 132) == want
+
+
+@pytest.mark.parametrize("kc,pf", [(1, 8), (2, 16), (3, 24), (9, 24)])
+def test_tc_source_defines(kc, pf):
+    """The build's defines: KC, the input loads in flight min(8 KC, TC_PF_MAX) (a multiple of 4 that
+    covers SP) and the launch bound; the unroll pragma replaced."""
+    src = dbasis._tc_source(kc, 2, 6)
+    assert f"#define TC_KC {kc}\n" in src and f"#define TC_PF {pf}\n" in src and "#define TC_MINB 6\n" in src
+    assert "#pragma unroll 2\n" in src and "#pragma unroll TC_UNROLL" not in src
+    assert pf % 4 == 0 and pf >= min(8 * kc, dbasis.TC_PF_MAX)

@@ -347,51 +347,70 @@ def random_limbs(rng, s: int, d: int) -> tuple[list[int], list[int]]:
     return sorted(perm[:s]), sorted(perm[s : s + d]) if s + d <= 64 else sorted(perm[-d:])
 
 
-def conversion_case(pair, rng, in_limbs, out_limbs, batch: int, extremes: bool = False) -> ConversionCase:
+def conversion_case(pair, rng, in_limbs, out_limbs, batch: int, extremes: bool = False,
+                    tensor: bool | None = None) -> ConversionCase:
     """Fresh random inputs of a conversion in_limbs -> out_limbs, ``batch`` of them, put on a poisoned
     arena with room for their outputs; ``extremes``: the first input's first residues are q - 1, 0
-    and q // 2."""
+    and q // 2; ``tensor``: the kernel (BaseConversion's argument)."""
     ctx, ring = pair
     xs = [residues(ctx, in_limbs, rng) for _ in range(batch)]
     if extremes:
         xs[0][:, :3] = np.array([[ctx.q(l) - 1, 0, ctx.q(l) // 2] for l in in_limbs], dtype=np.uint32)
     arena = Arena(ctx.n, batch * (len(in_limbs) + len(out_limbs)), rng)
     ins = np.array([arena.put(x) for x in xs])
-    return ConversionCase(ctx, dbasis.BaseConversion(ring, in_limbs, out_limbs),
+    return ConversionCase(ctx, dbasis.BaseConversion(ring, in_limbs, out_limbs, tensor),
                           ctx.base_converter(in_limbs, out_limbs), xs, arena, ins)
 
 
-@pytest.mark.parametrize("tiled", [2, 1, False], ids=["tiled2", "tiled1", "first"])
+@pytest.mark.parametrize("tensor", [True, False], ids=["tensor", "tiled"])
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
 @pytest.mark.parametrize("shape", [(1, 3), (3, 5), (12, 20), (32, 32), (13, 50), (60, 3)],
                          ids=lambda s: f"S={s[0]},D={s[1]}")
-def test_base_conversion(pair, rng, mode, shape, tiled):
+def test_base_conversion(pair, rng, mode, shape, tensor):
     s, d = shape
     others = [int(l) for l in rng.permutation(np.arange(1, 63))]
     in_limbs = sorted([0] + others[: s - 1])  # limb 0 is an input, limb 63 an output
     out_limbs = sorted(others[s - 1 : s + d - 2] + [63])
     batch = 2
-    c = conversion_case(pair, rng, in_limbs, out_limbs, batch)
+    c = conversion_case(pair, rng, in_limbs, out_limbs, batch, tensor=tensor)
     outs = np.array([c.arena.take(d) for _ in range(batch)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tiled=tiled)
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode)
     have = c.arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"base conversion {mode.value} batch {b}")
     expect_inputs_kept(c.arena, have, outs.reshape(-1))
 
 
-@pytest.mark.parametrize("tail8,min_blocks", [(False, 0), (True, 5)], ids=["tail16", "tail8-mb5"])
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
-@pytest.mark.parametrize("shape", [(3, 5), (13, 40), (20, 41), (7, 24)], ids=lambda s: f"S={s[0]},D={s[1]}")
-def test_base_conversion_chunks(pair, rng, mode, shape, tail8, min_blocks):
-    """The tiled kernel with 16-wide last chunks, and with a register bound, computes the reference."""
+@pytest.mark.parametrize("shape", [(3, 5), (13, 40), (20, 41), (7, 24), (4, 17)], ids=lambda s: f"S={s[0]},D={s[1]}")
+def test_base_conversion_chunks(pair, rng, mode, shape):
+    """The tiled kernel with 8-wide (D mod 16 = 1..8) and 16-wide last chunks computes the reference."""
     s, d = shape
-    c = conversion_case(pair, rng, *random_limbs(rng, s, d), 1)
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), 1, tensor=False)
     outs = np.array([c.arena.take(d)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tail8=tail8, min_blocks=min_blocks, tensor=False)
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode)
     expect_rows(c.arena.download(), outs[0], c.ref.convert(c.xs[0], mode), f"base conversion {mode.value}")
+
+
+def test_base_conversion_small_sizes(rng):
+    """Below N = TC_ROWS the default is the tiled kernel; from it on, the tensor-core one; both compute
+    the reference in every mode. The tensor-core kernel refuses an N that is not a multiple of TC_ROWS."""
+    for n in (16, 64, 128, 256):
+        ctx, ring = rings(n)
+        c = conversion_case((ctx, ring), rng, *random_limbs(rng, 13, 20), 2)
+        assert c.conv.tensor is (n % dbasis.TC_ROWS == 0)
+        outs = np.array([c.arena.take(20) for _ in range(2)])
+        dev = c.arena.upload()
+        for mode in Mode:
+            dev[cp.asarray(outs.reshape(-1))] = POISON
+            c.conv.convert(dev, i32(c.ins), i32(outs), mode)
+            have = c.arena.download()
+            for b in range(2):
+                expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"base conversion N={n} {mode.value}")
+    with pytest.raises(ValueError, match="multiple of"):
+        dbasis.BaseConversion(rings(64)[1], [0, 1], [2], tensor=True)
 
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
@@ -512,21 +531,15 @@ def test_graph_capture(rng):
 @pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 2), (7, 8, 1), (8, 11, 3), (13, 50, 3), (16, 47, 2), (21, 42, 1),
                                    (33, 20, 2), (60, 4, 1), (64, 9, 2)],
                          ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("stage,per,split,tstore,pf,minb,pipe", [
-    (True, 0, 1, False, 8, 1, False), (False, 0, 1, False, 8, 4, False), (True, 2, 1, False, 8, 4, False),
-    (False, 1, 1, True, 16, 1, True), (False, 0, 2, False, 8, 4, True), (False, 3, 2, True, 12, 1, False),
-    (False, 0, 1, True, 4, 4, True), (False, 0, 1, False, 8, 1, True)], ids=lambda v: str(v))
-def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split, tstore, pf, minb, pipe):
-    """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues, with
-    staged or direct input loads (``pf`` in flight), all outputs or ``per`` x 8 of them a block, 1 or 2
-    warps a row group, 4-byte stores or 16-byte rows (``tstore``), a register cap (``minb``) and the
-    next tile's operands loaded ahead (``pipe``)."""
+@pytest.mark.parametrize("build", [None, (1, 4), (1, 6), (2, 4), (2, 1)], ids=str)
+def test_base_conversion_tensor(pair, rng, mode, shape, build):
+    """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues in each
+    build (one or two output tiles a loop iteration, a register cap; None: basis.tc_build's pick)."""
     s, d, batch = shape
-    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch, extremes=True)
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch, extremes=True, tensor=True)
     outs = np.array([c.arena.take(d) for _ in range(batch)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tensor=True, stage=stage, per=per, split=split, tstore=tstore,
-                   pf=pf, minb=minb, pipe=pipe)
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, build=build)
     have = c.arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode), f"tensor base conversion {mode.value} batch {b}")
@@ -534,20 +547,16 @@ def test_base_conversion_tensor(pair, rng, mode, shape, stage, per, split, tstor
 
 
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
-@pytest.mark.parametrize("shape", [(13, 9, 2), (5, 20, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("stage,split,tstore,pipe", [(True, 1, False, False), (False, 1, False, False),
-                                                     (False, 2, False, True), (False, 1, True, True)],
-                         ids=["staged", "direct", "split2-pipe", "tstore-pipe"])
-def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split, tstore, pipe):
-    """Outputs may overwrite the inputs (with all outputs in one block, per=0): a block reads all its
-    inputs before it writes."""
+@pytest.mark.parametrize("shape", [(13, 9, 2), (5, 20, 1), (16, 47, 2)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
+@pytest.mark.parametrize("build", [(1, 4), (1, 6), (2, 4)], ids=str)
+def test_base_conversion_tensor_in_place(pair, rng, mode, shape, build):
+    """Outputs may overwrite the inputs: a warp reads all its inputs before it writes."""
     s, d, batch = shape
-    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch)
+    c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch, tensor=True)
     shared = min(s, d)
     outs = np.array([list(c.ins[b][:shared]) + c.arena.take(d - shared) for b in range(batch)])
     dev = c.arena.upload()
-    c.conv.convert(dev, i32(c.ins), i32(outs), mode, tensor=True, stage=stage, per=0, split=split, tstore=tstore,
-                   pipe=pipe)
+    c.conv.convert(dev, i32(c.ins), i32(outs), mode, build=build)
     have = c.arena.download()
     for b in range(batch):
         expect_rows(have, outs[b], c.ref.convert(c.xs[b], mode),
@@ -556,9 +565,10 @@ def test_base_conversion_tensor_in_place(pair, rng, mode, shape, stage, split, t
 
 @pytest.mark.parametrize("shape", [(13, 50, 1), (55, 9, 2), (40, 24, 1)], ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
 def test_base_conversion_default(pair, rng, shape):
-    """convert's default (the kernel picked by shape: the tensor-core one) computes the reference."""
+    """convert's default (the tensor-core kernel at these N) computes the reference."""
     s, d, batch = shape
     c = conversion_case(pair, rng, *random_limbs(rng, s, d), batch)
+    assert c.conv.tensor
     outs = np.array([c.arena.take(d) for _ in range(batch)])
     dev = c.arena.upload()
     for mode in Mode:
