@@ -59,6 +59,9 @@ TW_LOCAL = False  # with TW_SMEM: the split stages' shared factors tw[i], i < 12
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
 CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 row tiles of 32 rows
+#: N >= 8192: the row kernels with warp tiles (see _ROWW): a warp owns 4 rows and synchronizes with no other warp.
+ROW_WARP = True
+WARPS = 1  # warps a block of the warp-tile row kernels (a divisor of 8)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -309,6 +312,92 @@ __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
     return x >= q ? x - q : x;
 }}
 
+// Row kernels with warp tiles (ROW_WARP): warp w of the block owns 4 rows of 256 points in 4 KiB of
+// shared memory. Point p of row x (x < 4) sits at word wsidx(x, p): its 16-byte chunk c = p / 4 at chunk
+// c ^ (c / 4 mod 8) ^ 4 (x mod 2). Pass A (stages 0-3): item (x, u), u < 16, owns points u + 16 k; a
+// half-warp is one row and the two rows of a warp land on the two halves of the banks: conflict free.
+// Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15, read as four 16-byte chunks; the 8
+// lanes of a quarter-warp hit 8 distinct 16-byte bank groups.
+__device__ __forceinline__ int wsidx(int x, int p) {{
+    const int c = p >> 2;
+    return (x << 8) + ((c ^ ((c >> 2) & 7) ^ ((x & 1) << 2)) << 2) + (p & 3);
+}}
+
+// The split stages' shared factors, laid out for pass B: stage 4 + d (d < 4) reads tw[(g << d) + j]
+// (j < 2^d) at tl[16 (2^d - 1) + 16 j + g], so that the 16 lanes g of a row read 16 consecutive entries.
+__device__ __forceinline__ void tl_fill(uint2* tl, const uint2* __restrict__ tw) {{
+    for (int e = threadIdx.x; e < 240; e += blockDim.x) {{
+        const int d = e < 16 ? 0 : e < 48 ? 1 : e < 112 ? 2 : 3;
+        const int i = e - 16 * ((1 << d) - 1);
+        tl[e] = TWLD(tw + (((i & 15) << d) + (i >> 4)));
+    }}
+}}
+
+// Pass A (S0 = 0) or B (S0 = 4) of the warp's 4 rows, bt0 = 2^A_BITS + first row (see ntt_pass for
+// the twiddle indices: stage s = S0 + d of row bt uses tw[(bt << s) + (g << d) + j], j = k >> (4 - d),
+// g = 0 in pass A). Stages s >= SF (SF >= 4) take it as tw[bt << s] x tw[(g << d) + j] (two Shoup
+// products, the second factor from tl), earlier stages read the table entry (one product).
+template <int S0, bool INV, int SF>
+__device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, int bt0, int lane,
+                                      u32 q, u32 two_q) {{
+#pragma unroll
+    for (int it = 0; it < 2; ++it) {{
+        const int x = (lane >> 4) + 2 * it, u = lane & 15;
+        const int bt = bt0 + x;
+        u32 v[16];
+        if (S0 == 4) {{
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {{
+                const uint4 y = *(const uint4*)(sm + wsidx(x, 16 * u + 4 * c));
+                v[4 * c] = y.x; v[4 * c + 1] = y.y; v[4 * c + 2] = y.z; v[4 * c + 3] = y.w;
+            }}
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < 16; ++k) v[k] = sm[wsidx(x, u + 16 * k)];
+        }}
+#pragma unroll
+        for (int dd = 0; dd < 4; ++dd) {{
+            const int d = INV ? 3 - dd : dd;
+            const int half = 8 >> d;
+            const int s = S0 + d;
+            const bool split_s = s >= SF;  // constant once unrolled
+            const int g = S0 == 4 ? u : 0;
+            const uint2* __restrict__ tws = tw + ((bt << s) + (g << d));
+            const uint2 rf = split_s ? TWLD(tw + (bt << s)) : make_uint2(0u, 0u);
+            const uint2* tls = tl + 16 * ((1 << d) - 1) + u;
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {{
+                if (k & half) continue;
+                const int j = k >> (4 - d);
+                uint2 w1 = split_s ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tls[16 * j]) : TWLD(tws + j);
+                if (INV) {{
+                    const u32 a = v[k], b = v[k + half];
+                    u32 u2 = a + b;
+                    if (u2 >= two_q) u2 -= two_q;
+                    u32 t = shoup_lazy(a + two_q - b, w1.x, w1.y, q);
+                    if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
+                    v[k] = u2;
+                    v[k + half] = t;
+                }} else {{
+                    u32 t = shoup_lazy(v[k + half], w1.x, w1.y, q);
+                    if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
+                    if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
+                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
+                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
+                }}
+            }}
+        }}
+        if (S0 == 4) {{
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                *(uint4*)(sm + wsidx(x, 16 * u + 4 * c)) = make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < 16; ++k) sm[wsidx(x, u + 16 * k)] = v[k];
+        }}
+    }}
+}}
+
 {kernels}
 """
 
@@ -404,6 +493,64 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
 }}
 """
 
+
+# Row kernel with warp tiles (ROW_WARP): warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
+# + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). A warp loads its 4 KiB
+# (16-byte loads, all issued before the first use), runs pass A and B with __syncwarp between them and
+# stores; no barrier ties it to the other warps, so that on a multiprocessor some warps load while others
+# compute. The block's only barrier follows tl_fill, before any load.
+_ROWW = r"""
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+    __shared__ __align__(16) u32 smw[WARPS * 1024];
+    __shared__ uint2 tl[240];
+    constexpr int TILES = (1 << A_BITS) / 4;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int r = t / TILES, hi0 = (t % TILES) * 4;
+    const int pi = prime_idx[r];
+    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    u32* sm = smw + (threadIdx.x >> 5) * 1024;
+    if ({sf} < 8) {{
+        tl_fill(tl, tw);
+        __syncthreads();
+    }}
+    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
+    {{
+        uint4 y[8];
+#pragma unroll
+        for (int it = 0; it < 8; ++it) y[it] = src[it * 32 + lane];
+#pragma unroll
+        for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+    }}
+    __syncwarp();
+{passes}
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        uint4 v = *(const uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4));
+{finish}
+        dst[it * 32 + lane] = v;
+    }}
+}}
+"""
+
+
+def _warp_passes(inverse: bool, sf: int) -> str:
+    """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
+    inv = "true" if inverse else "false"
+    calls = [f"    wpass<{s0}, {inv}, {sf}>(sm, tw, tl, (1 << A_BITS) + hi0, lane, q, two_q);" for s0 in (0, 4)]
+    return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
+
+
+def warp_split_from(split: bool, split_from, inverse: bool) -> int:
+    """The first split stage of the warp-tile row kernels: split_from (of its direction) clamped to
+    4 .. 8 (they split in pass B only), 8 (none) without split twiddles."""
+    sf = _split_defines(split_from)["split_inv" if inverse else "split_fwd"]
+    return min(max(sf, 4), 8) if split else 8
 
 # Pipelined kernels: a block transforms PIPE consecutive tiles (of rows * TILES), loading tile t + 1
 # with cp.async into the second of two shared buffers while it transforms tile t, so that its
@@ -592,7 +739,8 @@ def _split_defines(split_from) -> dict:
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
-            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False) -> str:
+            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False,
+            row_warp: bool = False, warps: int = WARPS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -609,7 +757,9 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
     ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
     shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
-    tw_fake: constant twiddles, wrong results (timing only)."""
+    tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
+    (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
+    min_blocks, tw_smem and tw_local do not apply to them)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -670,6 +820,16 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                       store=col_inv)
     )
+    if row_warp:
+        if (1 << a) // 4 % warps:
+            raise ValueError(f"{warps} warps a block do not divide the {(1 << a) // 4} warp tiles of a limb")
+        kernels = "".join(
+            _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, d == "inv", "1", "0", radix_log, body=body),
+                        store=col_inv if d == "inv" else col_lazy)
+            + _ROWW.format(name=f"ntt_{d}_row", sf=warp_split_from(split, split_from, d == "inv"),
+                           passes=_warp_passes(d == "inv", warp_split_from(split, split_from, d == "inv")) if body else "",
+                           finish=row_fwd if d == "fwd" else "")
+            for d in ("fwd", "inv"))
     if pipe >= 2:
         if row_mode != 4:
             raise ValueError("the pipelined NTT kernels need the row layout 4 (32 rows, radix 2^4)")
@@ -708,7 +868,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
                       min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
                       lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
                       **_split_defines(split_from))
-    return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
+    return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define WARPS {warps}\n#define MIN_BLOCKS", 1)
 
 
 def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
@@ -739,7 +899,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
-            tw_local: bool | None = None, only_row: bool = False) -> None:
+            tw_local: bool | None = None, only_row: bool = False, row_warp: bool | None = None,
+            warps: int | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
     on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -770,11 +931,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     tw_smem = (bool(tw_smem) and not one_pass and pipe < 2 and ring.logn > 12
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
     tw_local = bool(tw_local) and tw_smem
+    row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and pipe < 2 and ring.logn > 12
+    warps = WARPS if warps is None else int(warps)
+    if row_warp:
+        tw_smem = tw_local = False
     config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
     default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
     key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
+    key += f"-w{warps}" if row_warp else ""
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -782,11 +948,15 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def kernel(name):
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local), name
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local,
+                                 row_warp, warps), name
         )
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
+        if row_warp and name.endswith("_row"):
+            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw))
+            return
         smem = 0
         if tw_smem and name.endswith("_row"):
             smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"], tw_local)
@@ -811,7 +981,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
-    row_blocks = (1 << a) // rows_per_block
+    row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
     if pipe >= 2:
         col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
         row = ("ntt_inv_row" if inverse else "ntt_fwd_row", row_blocks, 32 << ROW_LOG)
