@@ -61,7 +61,9 @@ ONE_PASS = False
 CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 row tiles of 32 rows
 #: N >= 8192: the row kernels with warp tiles (see _ROWW): a warp owns 4 rows and synchronizes with no other warp.
 ROW_WARP = True
-WARPS = 1  # warps a block of the warp-tile row kernels (a divisor of 8)
+WARPS = 1  # warps a block of the warp-tile kernels (a divisor of 8)
+#: N >= 8192: the column kernels with warp tiles (see _COLW): a warp owns 8 columns.
+COL_WARP = True
 
 _SRC = r"""
 #define LOGN {logn}
@@ -157,6 +159,9 @@ __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw
 // j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
 // reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
 // warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
+// MODE 5: a warp's 8 columns (see _COLW), point-major: p at 8 (p ^ (p >> (A_BITS - 4) mod 4)) + sub; the
+// 16-byte loads (two a point) and, with radix 2^4, every pass are bank-conflict free (the lanes of a
+// pass are 8 columns x 4 virtual threads: the XOR spreads those 4 over the 4 bank octets).
 // MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
 // pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
 // warp spans two rows, hence the row parity in the swizzle).
@@ -166,6 +171,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 1) return p * 32 + sub;
     if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
     if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
+    if (MODE == 5) return ((p ^ ((p >> (A_BITS - 4)) & 3)) << 3) + sub;
     const int x = p >> 5;
     if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
@@ -188,9 +194,10 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
-    for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
+    // MODE 5: the warp's own tile, its lanes only
+    for (int item = MODE == 5 ? threadIdx.x & 31 : threadIdx.x; item < NV * G; item += MODE == 5 ? 32 : blockDim.x) {{
         int sub, u;
-        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
+        if (MODE == 1 || MODE == 3 || MODE == 5 || (MODE == 4 && LOGT == 0)) {{
             sub = item % G; u = item / G;
         }} else if (MODE == 4) {{  // NV == 16, G == 32
             const int lane = item & 31, w = item >> 5;
@@ -539,6 +546,47 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
 """
 
 
+# Column kernel with warp tiles (COL_WARP, N >= 8192): warp tile t = blockIdx.x * WARPS + warp is the 8
+# columns 8 (t mod 32) .. + 7 of limb t / 32, 2^A_BITS points each (8 KiB at N = 65536) in layout 5. Its
+# 16-byte loads go straight to shared memory (cp.async, all in flight at once, no registers), then the
+# passes of _COL with only __syncwarp, then the stores: like _ROWW, no barrier ties the warps together.
+_COLW = r"""
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+    __shared__ __align__(16) u32 smw[WARPS << (A_BITS + 3)];
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int r = t / 32, c0 = (t % 32) * 8;
+    const int pi = prime_idx[r];
+    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    u32* sm = smw + ((threadIdx.x >> 5) << (A_BITS + 3));
+    const u32* src = arena + (u64)in_slots[r] * NN + c0;
+    u32* dst = arena + (u64)out_slots[r] * NN + c0;
+#pragma unroll
+    for (int it = 0; it < (2 << A_BITS) / 32; ++it) {{
+        const int e = it * 32 + lane;  // point e / 2, columns 4 (e mod 2) .. + 3
+        cp_async16(sm + sidx<5>(4 * (e & 1), e >> 1), src + (e >> 1) * 256 + 4 * (e & 1));
+    }}
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+{passes}
+    __syncwarp();
+    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);
+    (void)ni; (void)nip;
+#pragma unroll
+    for (int it = 0; it < (2 << A_BITS) / 32; ++it) {{
+        const int e = it * 32 + lane;
+        uint4 v = *(const uint4*)(sm + sidx<5>(4 * (e & 1), e >> 1));
+{finish}
+        *(uint4*)(dst + (e >> 1) * 256 + 4 * (e & 1)) = v;
+    }}
+}}
+"""
+
+
 def _warp_passes(inverse: bool, sf: int) -> str:
     """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
     inv = "true" if inverse else "false"
@@ -740,7 +788,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
             tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False,
-            row_warp: bool = False, warps: int = WARPS) -> str:
+            row_warp: bool = False, warps: int = WARPS, col_warp: bool = False) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -759,7 +807,8 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
     tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
     (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
-    min_blocks, tw_smem and tw_local do not apply to them)."""
+    min_blocks, tw_smem and tw_local do not apply to them). col_warp: the column kernels with warp
+    tiles (_COLW, ``warps`` warps a block) instead of _COL."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -790,10 +839,8 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         "        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = v;\n"
         "    }}"
     )
-    col_lazy = col_store.format(finish="")
-    col_inv = col_store.format(
-        finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
-    )
+    col_inv_finish = "".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
+    col_lazy, col_inv = col_store.format(finish=""), col_store.format(finish=col_inv_finish)
     row_fwd = "\n".join(
         f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
     )
@@ -802,34 +849,24 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
                "    ts_fill<SPLIT_FROM_{}, " + ("true" if tw_local else "false")
                + ">(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
-    kernels = (
-        _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
-                    store=col_lazy)
-        + _ROW.format(
-            name="ntt_fwd_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
-                               tw_smem, tw_local),
-            finish=row_fwd, ts_fill=ts_fill.format("FWD"),
-        )
-        + _ROW.format(
-            name="ntt_inv_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
-                               tw_smem, tw_local),
-            finish="", ts_fill=ts_fill.format("INV"),
-        )
-        + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
-                      store=col_inv)
-    )
-    if row_warp:
-        if (1 << a) // 4 % warps:
-            raise ValueError(f"{warps} warps a block do not divide the {(1 << a) // 4} warp tiles of a limb")
-        kernels = "".join(
-            _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, d == "inv", "1", "0", radix_log, body=body),
-                        store=col_inv if d == "inv" else col_lazy)
-            + _ROWW.format(name=f"ntt_{d}_row", sf=warp_split_from(split, split_from, d == "inv"),
-                           passes=_warp_passes(d == "inv", warp_split_from(split, split_from, d == "inv")) if body else "",
-                           finish=row_fwd if d == "fwd" else "")
-            for d in ("fwd", "inv"))
+    if (row_warp and (1 << a) // 4 % warps) or (col_warp and 32 % warps):
+        raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
+    parts = []
+    for d, inverse in (("fwd", False), ("inv", True)):
+        col_passes = _pass_calls(a, 8 if col_warp else COLS, 5 if col_warp else 1, inverse, "1", "0", radix_log,
+                                 body=body)
+        col_finish = col_inv_finish if inverse else ""
+        col = (_COLW.format(name=f"ntt_{d}_col", passes=col_passes, finish=col_finish) if col_warp
+               else _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish)))
+        sf = warp_split_from(split, split_from, inverse)
+        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, passes=_warp_passes(inverse, sf) if body else "",
+                            finish="" if inverse else row_fwd) if row_warp
+               else _ROW.format(name=f"ntt_{d}_row", finish="" if inverse else row_fwd,
+                                passes=_pass_calls(ROW_LOG, rows, row_mode, inverse, "(1 << A_BITS) + hi0", "1",
+                                                   radix_log, split, body, tw_smem, tw_local),
+                                ts_fill=ts_fill.format(d.upper())))
+        parts += [col, row] if not inverse else [row, col]
+    kernels = "".join(parts)
     if pipe >= 2:
         if row_mode != 4:
             raise ValueError("the pipelined NTT kernels need the row layout 4 (32 rows, radix 2^4)")
@@ -900,7 +937,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
             tw_local: bool | None = None, only_row: bool = False, row_warp: bool | None = None,
-            warps: int | None = None) -> None:
+            warps: int | None = None, col_warp: bool | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
     on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -932,6 +969,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
     tw_local = bool(tw_local) and tw_smem
     row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and pipe < 2 and ring.logn > 12
+    col_warp = bool(COL_WARP if col_warp is None else col_warp) and not one_pass and pipe < 2 and ring.logn > 12
     warps = WARPS if warps is None else int(warps)
     if row_warp:
         tw_smem = tw_local = False
@@ -940,7 +978,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
     key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
-    key += f"-w{warps}" if row_warp else ""
+    key += (f"-w{warps}" if row_warp or col_warp else "") + ("-rw" if row_warp else "") + ("-cw" if col_warp else "")
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -949,12 +987,12 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
                                  split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local,
-                                 row_warp, warps), name
+                                 row_warp, warps, col_warp), name
         )
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
-        if row_warp and name.endswith("_row"):
+        if row_warp and name.endswith("_row") or col_warp and name.endswith("_col"):  # blocks_per_row: warp tiles
             k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw))
             return
         smem = 0
@@ -980,7 +1018,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_inv_one" if inverse else "ntt_fwd_one", in_slots, out_slots, CLUSTER)
         return
     a = ring.logn - ROW_LOG
-    col_blocks = (1 << ROW_LOG) // COLS
+    col_blocks = (1 << ROW_LOG) // (8 if col_warp else COLS)  # warp tiles (times warps) with col_warp
     row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
     if pipe >= 2:
         col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
