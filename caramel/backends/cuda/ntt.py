@@ -82,9 +82,13 @@ _SRC = r"""
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
 
+// x - c if x >= c, else x (0 < c < 2^32): min(x, x - c) as unsigned (x - c wraps above x when x < c);
+// two instructions (add, min) where the compare-and-select form takes three.
+__device__ __forceinline__ u32 csub(u32 x, u32 c) {{ return min(x, x - c); }}
+
 // Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q); t = y * w in [0, 2q).
 __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
-    if (x >= two_q) x -= two_q;
+    x = csub(x, two_q);
     y = x + two_q - t;
     x = x + t;
 }}
@@ -94,7 +98,7 @@ __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
 // after the 4 stages of a pass, x, y < 8q + 4 * 2q = 16q. Inputs < 16q, outputs < 16q.
 template <bool RED>
 __device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q) {{
-    if (RED && x >= 4 * two_q) x -= 4 * two_q;
+    if (RED) x = csub(x, 4 * two_q);
     y = x + two_q - t;
     x = x + t;
 }}
@@ -159,9 +163,10 @@ __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw
 // j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
 // reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
 // warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
-// MODE 5: a warp's 8 columns (see _COLW), point-major: p at 8 (p ^ (p >> (A_BITS - 4) mod 4)) + sub; the
-// 16-byte loads (two a point) and, with radix 2^4, every pass are bank-conflict free (the lanes of a
-// pass are 8 columns x 4 virtual threads: the XOR spreads those 4 over the 4 bank octets).
+// MODE 5: a warp's 8 columns (see _COLW), point-major with 8 words of padding after every 2^(A_BITS - 4)
+// points: p at 8 (p + p / 2^(A_BITS - 4)) + sub. With radix 2^4 the lanes of a pass are 8 columns x 4
+// virtual threads whose points differ in the bits above A_BITS - 4 (the padding spreads them over the 4
+// bank octets: conflict free) or below (consecutive), and every address is a base plus a constant.
 // MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
 // pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
 // warp spans two rows, hence the row parity in the swizzle).
@@ -171,7 +176,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 1) return p * 32 + sub;
     if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
     if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
-    if (MODE == 5) return ((p ^ ((p >> (A_BITS - 4)) & 3)) << 3) + sub;
+    if (MODE == 5) return 8 * (p + (p >> (A_BITS - 4))) + sub;
     const int x = p >> 5;
     if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
@@ -244,7 +249,7 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
-                    if (u2 >= two_q) u2 -= two_q;
+                    u2 = csub(u2, two_q);
                     const u32 a = x + two_q - y;
                     v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
@@ -313,21 +318,20 @@ __device__ __forceinline__ void row_prefetch(u32* buf, const u32* arena, const i
 
 // Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
-    if (LAZY && x >= 4 * two_q) x -= 4 * two_q;
-    if (LAZY && x >= two_q + two_q) x -= two_q + two_q;
-    if (x >= two_q) x -= two_q;
-    return x >= q ? x - q : x;
+    if (LAZY) x = csub(csub(x, 4 * two_q), two_q + two_q);
+    return csub(csub(x, two_q), q);
 }}
 
-// Row kernels with warp tiles (ROW_WARP): warp w of the block owns 4 rows of 256 points in 4 KiB of
-// shared memory. Point p of row x (x < 4) sits at word wsidx(x, p): its 16-byte chunk c = p / 4 at chunk
-// c ^ (c / 4 mod 8) ^ 4 (x mod 2). Pass A (stages 0-3): item (x, u), u < 16, owns points u + 16 k; a
-// half-warp is one row and the two rows of a warp land on the two halves of the banks: conflict free.
-// Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15, read as four 16-byte chunks; the 8
-// lanes of a quarter-warp hit 8 distinct 16-byte bank groups.
+// Row kernels with warp tiles (ROW_WARP): warp w of the block owns 4 rows of 256 points in shared
+// memory, point p of row x (x < 4) at word wsidx(x, p) = WPITCH x + p + 4 (p / 16): 4 words of padding
+// after every 16 points, rows WPITCH = 336 words apart (16 mod 32). Pass A (stages 0-3): item (x, u),
+// u < 16, owns points u + 16 k (words base(x, u) + 20 k); a half-warp is one row, the two rows of a warp
+// land on the two halves of the banks. Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15,
+// four 16-byte chunks at base(x) + 20 g + 4 c: the 8 lanes of a quarter-warp hit 8 distinct 16-byte
+// bank groups (5 g mod 8). Every address is a base plus a constant: no swizzle instruction per access.
+#define WPITCH 336
 __device__ __forceinline__ int wsidx(int x, int p) {{
-    const int c = p >> 2;
-    return (x << 8) + ((c ^ ((c >> 2) & 7) ^ ((x & 1) << 2)) << 2) + (p & 3);
+    return x * WPITCH + p + ((p >> 4) << 2);
 }}
 
 // The split stages' shared factors, laid out for pass B: stage 4 + d (d < 4) reads tw[(g << d) + j]
@@ -380,7 +384,7 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
                 if (INV) {{
                     const u32 a = v[k], b = v[k + half];
                     u32 u2 = a + b;
-                    if (u2 >= two_q) u2 -= two_q;
+                    u2 = csub(u2, two_q);
                     u32 t = shoup_lazy(a + two_q - b, w1.x, w1.y, q);
                     if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
                     v[k] = u2;
@@ -415,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     __shared__ u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
@@ -436,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
     const int r = blockIdx.x / TILES;
     const int c0 = (blockIdx.x % TILES) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
@@ -462,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
     const int r = blockIdx.x / TILES;
     const int hi0 = (blockIdx.x % TILES) * ROWS;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
@@ -510,16 +514,16 @@ _ROWW = r"""
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 smw[WARPS * 1024];
+    __shared__ __align__(16) u32 smw[WARPS * 4 * WPITCH];
     __shared__ uint2 tl[240];
     constexpr int TILES = (1 << A_BITS) / 4;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int r = t / TILES, hi0 = (t % TILES) * 4;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
-    u32* sm = smw + (threadIdx.x >> 5) * 1024;
+    u32* sm = smw + (threadIdx.x >> 5) * 4 * WPITCH;
     if ({sf} < 8) {{
         tl_fill(tl, tw);
         __syncthreads();
@@ -554,14 +558,14 @@ _COLW = r"""
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 smw[WARPS << (A_BITS + 3)];
+    __shared__ __align__(16) u32 smw[WARPS * 8 * ((1 << A_BITS) + 16)];
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int r = t / 32, c0 = (t % 32) * 8;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
-    u32* sm = smw + ((threadIdx.x >> 5) << (A_BITS + 3));
+    u32* sm = smw + (threadIdx.x >> 5) * 8 * ((1 << A_BITS) + 16);
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
 #pragma unroll
@@ -625,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
         __syncthreads();
         const int r = tile / TILES;
         const int pi = prime_idx[r];
-        const u32 q = prime_q(pt, pi), two_q = 2 * q;
+        const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
         const uint2* tw = tw_all + (u64)pi * NN;
 {setup}
 {passes}
@@ -687,7 +691,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
     const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
     const int hi0 = 32 * c;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
 """
 
@@ -1137,7 +1141,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
     const int r = blockIdx.x % R;
     const int c0 = (blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (8 << A_BITS); e += 256)
@@ -1165,7 +1169,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __shared__ __align__(16) u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
     for (int i = threadIdx.x; i < NN / 4; i += blockDim.x)
