@@ -18,8 +18,10 @@ python3 -m pytest -q -p no:cacheprovider $xdist tests/backends/test_cuda_kernels
     tests/backends/test_cuda_ntt_prologue.py > "$out/tests.txt" 2>&1
 echo "tests rc $?"; tail -n 3 "$out/tests.txt"
 for set in ${NTT_SETS:-default}; do
-    python3 - "$set" > "$out/bench-$set.txt" 2>&1 <<'PY'
+    log="$out/bench-$(echo "$set" | tr -c 'A-Za-z0-9_\n' '_').txt"
+    python3 - "$set" > "$log" 2>&1 <<'PY'
 import runpy, sys
+sys.path.insert(0, "scripts")
 from caramel.backends.cuda import ntt
 for item in filter(None, sys.argv[1].split(",")):
     if item != "default":
@@ -28,7 +30,7 @@ for item in filter(None, sys.argv[1].split(",")):
 sys.argv = ["scripts/gpu_bench.py", "--skip-reference", "--skip-checks", "--fused-only", "--repeats", "10", "--streams", "4"]
 runpy.run_path("scripts/gpu_bench.py", run_name="__main__")
 PY
-    echo "bench $set rc $?"; grep -E "4 streams|digest|NTT throughput|batched NTT" "$out/bench-$set.txt" | tail -6
+    echo "bench $set rc $?"; grep -E "4 streams|digest|NTT throughput|batched NTT" "$log" | tail -6
 done
 if [ -n "${CORPUS:-}" ]; then
     python3 scripts/gpu_corpus_check.py .data/corpus --n 4096,65536 --workers 14 --mode exact > "$out/corpus.txt" 2>&1

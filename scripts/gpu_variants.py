@@ -32,11 +32,10 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
 #: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
 _S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, pipe=0, split_from=(6, 5), lazy=True,
-           threads=256, one_pass=False, tw_base=False, tw_smem=False, tw_local=False, row_warp=False, warps=1,
-           col_warp=False)
-#: Session 6's default (NTT_VARIANTS[14]) with the row kernels of warp tiles (session 8, ``warps`` a block);
-#: from the 28th on, the column kernels of warp tiles as well.
-_S8 = dict(_S5, tw_base=True, split_from=(5, 5), row_warp=True)
+           threads=256, one_pass=False, tw_base=False, tw_smem=False, tw_local=False, row_warp=False, warps=1)
+#: Session 6's default (NTT_VARIANTS[14]) with the row kernels of warp tiles (session 8, ``warps`` a block;
+#: the 22nd, 4 warps, is session 8's default).
+_S8 = dict(_S5, tw_base=True, split_from=(5, 5), row_warp=True, warps=4)
 NTT_VARIANTS = [
     dict(_S5, rows_per_block=16, split=False, min_blocks=1, row_mode=2, split_from=0, lazy=False),
     dict(_S5, split_from=0, lazy=False), dict(_S5, split_from=4), _S5, dict(_S5, split_from=(7, 5)),
@@ -49,14 +48,12 @@ NTT_VARIANTS = [
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), tw_local=True),
-    _S8, dict(_S8, warps=2), dict(_S8, warps=4), dict(_S8, warps=8), dict(_S8, split_from=(6, 6)),
-    dict(_S8, split_from=(4, 4)), dict(_S8, col_warp=True), dict(_S8, col_warp=True, warps=2),
-    dict(_S8, col_warp=True, warps=4), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), col_warp=True),
+    dict(_S8, warps=1), _S8, dict(_S8, warps=2), dict(_S8, warps=8), dict(_S8, split_from=(6, 6)),
+    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True),
-               dict(_S8, body=False), dict(_S8, tw_fake=True), dict(_S8, col_warp=True, body=False),
-               dict(_S8, col_warp=True, tw_fake=True)]
+               dict(_S8, body=False), dict(_S8, tw_fake=True)]
 
 
 def label(kw: dict) -> str:
@@ -136,7 +133,7 @@ def main() -> int:
                     dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
                                  **kw)
                     ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
-                    if kw["one_pass"] or kw.get("row_warp") or kw.get("col_warp"):  # in place as well
+                    if kw["one_pass"] or kw.get("row_warp"):  # in place as well
                         arena = cp.asarray(x)
                         dntt._launch(ring, arena, i32(range(rows)), i32(range(rows)), i32(limbs), inverse, **kw)
                         ok = ok and np.array_equal(cp.asnumpy(arena), want)
@@ -218,18 +215,18 @@ def main() -> int:
         if ring.logn > 12 and kw.get("body", True) and not kw["pipe"] and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
             src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
-                                                    "tw_smem", "tw_fake", "tw_local", "row_warp", "warps",
-                                                    "col_warp")}
+                                                    "tw_smem", "tw_fake", "tw_local", "row_warp", "warps")}
             key = "ntt-var-" + "-".join(map(str, src_kw.values()))
             rpb = kw["rows_per_block"]
             warp = kw.get("row_warp", False)
-            cwarp = kw.get("col_warp", False)
-            for kname, blocks in (("ntt_fwd_col", 32 // kw["warps"] if cwarp else 256 // dntt.COLS),
+            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS),
                                   ("ntt_fwd_row", (n >> 8) // (4 * kw["warps"] if warp else rpb))):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
-                threads = 32 * kw["warps"] if (warp if kname.endswith("_row") else cwarp) else dntt.THREADS
+                threads = 32 * kw["warps"] if warp and kname.endswith("_row") else dntt.THREADS
                 smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"], src_kw["tw_local"]) if (
                     src_kw["tw_smem"] and kname.endswith("_row")) else 0
+                if warp and kname.endswith("_row"):
+                    smem = dntt.warp_smem(kw["warps"], dntt.warp_split_from(kw["split"], kw["split_from"], False))
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem
                 t = bench.time(lambda s: k((rows * blocks,), (threads,), (arena, ins[s], outs[s], primes, pt, tw),

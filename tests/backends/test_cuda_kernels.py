@@ -157,7 +157,7 @@ def test_ntt_configurations(pair, rng, config):
     reference (5 rows: with pipe 2 or 4 the last block has fewer tiles than pipe)."""
     rows_per_block, split, min_blocks, pipe = config
     check_ntt_launch(pair, rng, str(config), rows_per_block=rows_per_block, split=split, min_blocks=min_blocks,
-                     pipe=pipe, row_warp=False, col_warp=False)
+                     pipe=pipe, row_warp=False)
 
 
 @pytest.mark.parametrize("split_from,lazy,threads", [(0, False, 256), (4, False, 256), (0, True, 256), (5, True, 256),
@@ -169,7 +169,7 @@ def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, threads):
     and inverse."""
     for warp in (False, True):
         check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy} warp={warp}", split_from=split_from,
-                         lazy=lazy, threads=threads, row_warp=warp, col_warp=warp)
+                         lazy=lazy, threads=threads, row_warp=warp)
 
 
 @pytest.mark.parametrize("one_pass,tw_base,tw_smem,tw_local",
@@ -184,22 +184,19 @@ def test_ntt_one_pass(pair, rng, one_pass, tw_base, tw_smem, tw_local):
     shared factors), compute the reference, forward and inverse, with two rows in place, whatever the
     module defaults say."""
     check_ntt_launch(pair, rng, f"one_pass={one_pass}", rows=7, in_place=(0, 5), one_pass=one_pass, tw_base=tw_base,
-                     tw_smem=tw_smem, tw_local=tw_local, row_warp=False, col_warp=False)
+                     tw_smem=tw_smem, tw_local=tw_local, row_warp=False)
 
 
-@pytest.mark.parametrize("warps,split,split_from,lazy,row_warp,col_warp",
-                         [(1, True, (5, 5), True, True, False), (2, True, (6, 4), True, True, True),
-                          (8, True, (8, 7), False, True, True), (4, False, 5, True, True, True),
-                          (1, True, (0, 3), False, True, True), (1, True, (5, 5), True, False, True),
-                          (2, True, (5, 5), False, False, True)],
+@pytest.mark.parametrize("warps,split,split_from,lazy", [(1, True, (5, 5), True), (2, True, (6, 4), True),
+                                                         (8, True, (8, 7), False), (4, False, 5, True),
+                                                         (4, True, (0, 3), False), (4, True, (7, 6), True)],
                          ids=lambda v: str(v))
-def test_ntt_warp_tiles(pair, rng, warps, split, split_from, lazy, row_warp, col_warp):
-    """The row kernels with warp tiles (4 rows a warp; split twiddles from stage split_from clamped
-    to 4 .. 8) and the column kernels with warp tiles (8 columns a warp), ``warps`` warps a block,
-    each with the other's block kernels or both, forward and inverse, with two rows in place (N = 4096
-    runs the one-block kernels)."""
+def test_ntt_row_warp(pair, rng, warps, split, split_from, lazy):
+    """The row kernels with warp tiles (4 rows a warp, ``warps`` warps a block; split twiddles from
+    stage split_from clamped to 4 .. 8, the one-product stages below 6 from the warp's table),
+    forward and inverse, with two rows in place (N = 4096 runs the one-block kernels)."""
     check_ntt_launch(pair, rng, f"warps={warps} split={split} from={split_from}", rows=7, in_place=(0, 5),
-                     row_warp=row_warp, col_warp=col_warp, warps=warps, split=split, split_from=split_from, lazy=lazy)
+                     row_warp=True, warps=warps, split=split, split_from=split_from, lazy=lazy)
 
 
 @pytest.mark.parametrize("warp", [False, True], ids=lambda v: f"warp={v}")
@@ -212,9 +209,9 @@ def test_ntt_small_sizes(rng, warp):
         src = arena.put(x)
         dst = arena.take(3)
         dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), False, row_warp=warp, col_warp=warp)
+        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), False, row_warp=warp)
         expect_rows(arena.download(), dst, ctx.ntt(x, limbs), f"ntt N={n}")
-        dntt._launch(ring, dev, i32(dst), i32(src), i32(limbs), True, row_warp=warp, col_warp=warp)
+        dntt._launch(ring, dev, i32(dst), i32(src), i32(limbs), True, row_warp=warp)
         expect_rows(arena.download(), src, x, f"intt N={n}")
 
 

@@ -61,9 +61,8 @@ ONE_PASS = False
 CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 row tiles of 32 rows
 #: N >= 8192: the row kernels with warp tiles (see _ROWW): a warp owns 4 rows and synchronizes with no other warp.
 ROW_WARP = True
-WARPS = 1  # warps a block of the warp-tile kernels (a divisor of 8)
-#: N >= 8192: the column kernels with warp tiles (see _COLW): a warp owns 8 columns.
-COL_WARP = True
+WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
+WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -163,10 +162,6 @@ __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw
 // j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
 // reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
 // warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
-// MODE 5: a warp's 8 columns (see _COLW), point-major with 8 words of padding after every 2^(A_BITS - 4)
-// points: p at 8 (p + p / 2^(A_BITS - 4)) + sub. With radix 2^4 the lanes of a pass are 8 columns x 4
-// virtual threads whose points differ in the bits above A_BITS - 4 (the padding spreads them over the 4
-// bank octets: conflict free) or below (consecutive), and every address is a base plus a constant.
 // MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
 // pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
 // warp spans two rows, hence the row parity in the swizzle).
@@ -176,7 +171,6 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 1) return p * 32 + sub;
     if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
     if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
-    if (MODE == 5) return 8 * (p + (p >> (A_BITS - 4))) + sub;
     const int x = p >> 5;
     if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
@@ -199,10 +193,9 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
-    // MODE 5: the warp's own tile, its lanes only
-    for (int item = MODE == 5 ? threadIdx.x & 31 : threadIdx.x; item < NV * G; item += MODE == 5 ? 32 : blockDim.x) {{
+    for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
         int sub, u;
-        if (MODE == 1 || MODE == 3 || MODE == 5 || (MODE == 4 && LOGT == 0)) {{
+        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
             sub = item % G; u = item / G;
         }} else if (MODE == 4) {{  // NV == 16, G == 32
             const int lane = item & 31, w = item >> 5;
@@ -282,10 +275,15 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     }}
 }}
 
-// 16-byte asynchronous copies global -> shared (cp.async, sm_80+), for the pipelined kernels.
+// 16- and 8-byte asynchronous copies global -> shared (cp.async, sm_80+), for the pipelined kernels
+// and the twiddle tables of the warp-tile row kernels.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory");
+}}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(s), "l"(gmem) : "memory");
 }}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
@@ -329,32 +327,30 @@ __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
 // land on the two halves of the banks. Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15,
 // four 16-byte chunks at base(x) + 20 g + 4 c: the 8 lanes of a quarter-warp hit 8 distinct 16-byte
 // bank groups (5 g mod 8). Every address is a base plus a constant: no swizzle instruction per access.
-#define WPITCH 336
+#define WPITCH {wpitch}
 __device__ __forceinline__ int wsidx(int x, int p) {{
     return x * WPITCH + p + ((p >> 4) << 2);
 }}
 
 // The split stages' shared factors, laid out for pass B: stage 4 + d (d < 4) reads tw[(g << d) + j]
 // (j < 2^d) at tl[16 (2^d - 1) + 16 j + g], so that the 16 lanes g of a row read 16 consecutive entries.
-__device__ __forceinline__ void tl_fill(uint2* tl, const uint2* __restrict__ tw) {{
-    for (int e = threadIdx.x; e < 240; e += blockDim.x) {{
-        const int d = e < 16 ? 0 : e < 48 ? 1 : e < 112 ? 2 : 3;
-        const int i = e - 16 * ((1 << d) - 1);
-        tl[e] = TWLD(tw + (((i & 15) << d) + (i >> 4)));
-    }}
+__device__ __forceinline__ int tl_src(int e) {{
+    const int d = e < 16 ? 0 : e < 48 ? 1 : e < 112 ? 2 : 3;
+    const int i = e - 16 * ((1 << d) - 1);
+    return ((i & 15) << d) + (i >> 4);
 }}
 
-// Pass A (S0 = 0) or B (S0 = 4) of the warp's 4 rows, bt0 = 2^A_BITS + first row (see ntt_pass for
-// the twiddle indices: stage s = S0 + d of row bt uses tw[(bt << s) + (g << d) + j], j = k >> (4 - d),
-// g = 0 in pass A). Stages s >= SF (SF >= 4) take it as tw[bt << s] x tw[(g << d) + j] (two Shoup
-// products, the second factor from tl), earlier stages read the table entry (one product).
-template <int S0, bool INV, int SF>
-__device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, int bt0, int lane,
-                                      u32 q, u32 two_q) {{
+// Pass A (S0 = 0) or B (S0 = 4) of the warp's 4 rows x = 0..3 (rows bt0 + x of the table's numbering,
+// bt0 = 2^A_BITS + first row; see ntt_pass for the twiddle indices: stage s = S0 + d of row bt uses
+// tw[(bt << s) + (g << d) + j], j = k >> (4 - d), g = 0 in pass A). Stages s >= SF (SF >= 4) take it as
+// tw[bt << s] x tw[(g << d) + j] (two Shoup products; the row factor from wt, the second from tl); the
+// earlier ones one table entry, from the warp's table wt for s < SFT (see _ROWW), else from tw.
+template <int S0, bool INV, int SF, int SFT>
+__device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, const uint2* wt,
+                                      int bt0, int lane, u32 q, u32 two_q) {{
 #pragma unroll
     for (int it = 0; it < 2; ++it) {{
         const int x = (lane >> 4) + 2 * it, u = lane & 15;
-        const int bt = bt0 + x;
         u32 v[16];
         if (S0 == 4) {{
 #pragma unroll
@@ -373,21 +369,22 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
             const int s = S0 + d;
             const bool split_s = s >= SF;  // constant once unrolled
             const int g = S0 == 4 ? u : 0;
-            const uint2* __restrict__ tws = tw + ((bt << s) + (g << d));
-            const uint2 rf = split_s ? TWLD(tw + (bt << s)) : make_uint2(0u, 0u);
+            const uint2* __restrict__ tws = tw + (((bt0 + x) << s) + (g << d));  // stages SFT <= s < SF
+            const uint2* wts = wt + 4 * ((1 << s) - 1) + (x << s) + (g << d);    // stages s < SFT
+            const uint2 rf = split_s ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
+                                                : wt[4 * ((1 << SFT) - 1) + 4 * (s - SF) + x]) : make_uint2(0u, 0u);
             const uint2* tls = tl + 16 * ((1 << d) - 1) + u;
 #pragma unroll
             for (int k = 0; k < 16; ++k) {{
                 if (k & half) continue;
                 const int j = k >> (4 - d);
-                uint2 w1 = split_s ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tls[16 * j]) : TWLD(tws + j);
+                const uint2 w1 = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
+                                 : split_s ? tls[16 * j] : s < SFT ? wts[j] : __ldg(tws + j);
                 if (INV) {{
                     const u32 a = v[k], b = v[k + half];
-                    u32 u2 = a + b;
-                    u2 = csub(u2, two_q);
                     u32 t = shoup_lazy(a + two_q - b, w1.x, w1.y, q);
                     if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
-                    v[k] = u2;
+                    v[k] = csub(a + b, two_q);
                     v[k + half] = t;
                 }} else {{
                     u32 t = shoup_lazy(v[k + half], w1.x, w1.y, q);
@@ -410,7 +407,7 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
 }}
 
 {kernels}
-"""
+""".replace("{wpitch}", str(WPITCH))
 
 _SMALL = r"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
@@ -506,38 +503,49 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
 
 
 # Row kernel with warp tiles (ROW_WARP): warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
-# + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). A warp loads its 4 KiB
-# (16-byte loads, all issued before the first use), runs pass A and B with __syncwarp between them and
-# stores; no barrier ties it to the other warps, so that on a multiprocessor some warps load while others
-# compute. The block's only barrier follows tl_fill, before any load.
+# + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). Dynamic shared memory:
+# the block's table tl (240 entries, see tl_src), then per warp its 4 rows (4 WPITCH words) and its table
+# wt of WT entries: the one-product twiddles of stages s < SFT of its rows (tw[(bt0 << s) .. + 4 2^s), a
+# contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s] of the split stages s >= SF
+# (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
+# tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
+# all global reads are in flight at once; one block barrier, then the two passes and the stores with
+# only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
 _ROWW = r"""
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 smw[WARPS * 4 * WPITCH];
-    __shared__ uint2 tl[240];
+    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF);
+    extern __shared__ __align__(16) u32 dyn[];
+    uint2* tl = (uint2*)dyn;
     constexpr int TILES = (1 << A_BITS) / 4;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int r = t / TILES, hi0 = (t % TILES) * 4;
+    const int bt0 = (1 << A_BITS) + hi0;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const uint2* tw = tw_all + (u64)pi * NN;
-    u32* sm = smw + (threadIdx.x >> 5) * 4 * WPITCH;
-    if ({sf} < 8) {{
-        tl_fill(tl, tw);
-        __syncthreads();
-    }}
+    u32* sm = dyn + 480 + (threadIdx.x >> 5) * (4 * WPITCH + 2 * WT);
+    uint2* wt = (uint2*)(sm + 4 * WPITCH);
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
-    {{
-        uint4 y[8];
+    uint4 y[8];
 #pragma unroll
-        for (int it = 0; it < 8; ++it) y[it] = src[it * 32 + lane];
-#pragma unroll
-        for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+    for (int it = 0; it < 8; ++it) y[it] = src[it * 32 + lane];
+    if (SF < 8)
+        for (int e = threadIdx.x; e < 240; e += blockDim.x) cp_async8(tl + e, tw + tl_src(e));
+    for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
+        const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
+        cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
     }}
-    __syncwarp();
+    for (int e = lane; e < 4 * (8 - SF); e += 32)
+        cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+    cp_async_commit();
+#pragma unroll
+    for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+    cp_async_wait<0>();
+    __syncthreads();
 {passes}
     __syncwarp();
 #pragma unroll
@@ -550,59 +558,27 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
 """
 
 
-# Column kernel with warp tiles (COL_WARP, N >= 8192): warp tile t = blockIdx.x * WARPS + warp is the 8
-# columns 8 (t mod 32) .. + 7 of limb t / 32, 2^A_BITS points each (8 KiB at N = 65536) in layout 5. Its
-# 16-byte loads go straight to shared memory (cp.async, all in flight at once, no registers), then the
-# passes of _COL with only __syncwarp, then the stores: like _ROWW, no barrier ties the warps together.
-_COLW = r"""
-extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 smw[WARPS * 8 * ((1 << A_BITS) + 16)];
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int r = t / 32, c0 = (t % 32) * 8;
-    const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
-    const uint2* tw = tw_all + (u64)pi * NN;
-    u32* sm = smw + (threadIdx.x >> 5) * 8 * ((1 << A_BITS) + 16);
-    const u32* src = arena + (u64)in_slots[r] * NN + c0;
-    u32* dst = arena + (u64)out_slots[r] * NN + c0;
-#pragma unroll
-    for (int it = 0; it < (2 << A_BITS) / 32; ++it) {{
-        const int e = it * 32 + lane;  // point e / 2, columns 4 (e mod 2) .. + 3
-        cp_async16(sm + sidx<5>(4 * (e & 1), e >> 1), src + (e >> 1) * 256 + 4 * (e & 1));
-    }}
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncwarp();
-{passes}
-    __syncwarp();
-    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);
-    (void)ni; (void)nip;
-#pragma unroll
-    for (int it = 0; it < (2 << A_BITS) / 32; ++it) {{
-        const int e = it * 32 + lane;
-        uint4 v = *(const uint4*)(sm + sidx<5>(4 * (e & 1), e >> 1));
-{finish}
-        *(uint4*)(dst + (e >> 1) * 256 + 4 * (e & 1)) = v;
-    }}
-}}
-"""
-
-
 def _warp_passes(inverse: bool, sf: int) -> str:
     """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
     inv = "true" if inverse else "false"
-    calls = [f"    wpass<{s0}, {inv}, {sf}>(sm, tw, tl, (1 << A_BITS) + hi0, lane, q, two_q);" for s0 in (0, 4)]
+    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q);" for s0 in (0, 4)]
     return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
 
 
 def warp_split_from(split: bool, split_from, inverse: bool) -> int:
-    """The first split stage of the warp-tile row kernels: split_from (of its direction) clamped to
-    4 .. 8 (they split in pass B only), 8 (none) without split twiddles."""
+    """The first split stage SF of the warp-tile row kernels: split_from (of its direction) clamped to
+    4 .. 8 (they split in pass B only), 8 (none) without split twiddles. Their warp tables hold the
+    stages below SFT = min(SF, 6)."""
     sf = _split_defines(split_from)["split_inv" if inverse else "split_fwd"]
     return min(max(sf, 4), 8) if split else 8
+
+
+def warp_smem(warps: int, sf: int) -> int:
+    """Dynamic shared memory of a warp-tile row kernel: the table tl (240 entries of 8 bytes), then per
+    warp its 4 rows (4 WPITCH words) and its table wt (WT entries, see _ROWW)."""
+    sft = min(sf, 6)
+    return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * (4 * ((1 << sft) - 1) + 4 * (8 - sf)))
+
 
 # Pipelined kernels: a block transforms PIPE consecutive tiles (of rows * TILES), loading tile t + 1
 # with cp.async into the second of two shared buffers while it transforms tile t, so that its
@@ -792,7 +768,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
             tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False,
-            row_warp: bool = False, warps: int = WARPS, col_warp: bool = False) -> str:
+            row_warp: bool = False, warps: int = WARPS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -811,8 +787,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
     tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
     (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
-    min_blocks, tw_smem and tw_local do not apply to them). col_warp: the column kernels with warp
-    tiles (_COLW, ``warps`` warps a block) instead of _COL."""
+    min_blocks, tw_smem and tw_local do not apply to them)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -853,17 +828,15 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
                "    ts_fill<SPLIT_FROM_{}, " + ("true" if tw_local else "false")
                + ">(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
-    if (row_warp and (1 << a) // 4 % warps) or (col_warp and 32 % warps):
+    if row_warp and (1 << a) // 4 % warps:
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
-        col_passes = _pass_calls(a, 8 if col_warp else COLS, 5 if col_warp else 1, inverse, "1", "0", radix_log,
-                                 body=body)
+        col_passes = _pass_calls(a, COLS, 1, inverse, "1", "0", radix_log, body=body)
         col_finish = col_inv_finish if inverse else ""
-        col = (_COLW.format(name=f"ntt_{d}_col", passes=col_passes, finish=col_finish) if col_warp
-               else _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish)))
+        col = _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish))
         sf = warp_split_from(split, split_from, inverse)
-        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, passes=_warp_passes(inverse, sf) if body else "",
+        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
                             finish="" if inverse else row_fwd) if row_warp
                else _ROW.format(name=f"ntt_{d}_row", finish="" if inverse else row_fwd,
                                 passes=_pass_calls(ROW_LOG, rows, row_mode, inverse, "(1 << A_BITS) + hi0", "1",
@@ -941,7 +914,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
             tw_local: bool | None = None, only_row: bool = False, row_warp: bool | None = None,
-            warps: int | None = None, col_warp: bool | None = None) -> None:
+            warps: int | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
     on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -973,7 +946,6 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
     tw_local = bool(tw_local) and tw_smem
     row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and pipe < 2 and ring.logn > 12
-    col_warp = bool(COL_WARP if col_warp is None else col_warp) and not one_pass and pipe < 2 and ring.logn > 12
     warps = WARPS if warps is None else int(warps)
     if row_warp:
         tw_smem = tw_local = False
@@ -982,7 +954,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
     key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
-    key += (f"-w{warps}" if row_warp or col_warp else "") + ("-rw" if row_warp else "") + ("-cw" if col_warp else "")
+    key += f"-w{warps}" if row_warp else ""
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -991,13 +963,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
                                  split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local,
-                                 row_warp, warps, col_warp), name
+                                 row_warp, warps), name
         )
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
-        if row_warp and name.endswith("_row") or col_warp and name.endswith("_col"):  # blocks_per_row: warp tiles
-            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw))
+        if row_warp and name.endswith("_row"):  # blocks_per_row: warp tiles
+            smem = warp_smem(warps, warp_split_from(split, split_from, inverse))
+            if k.max_dynamic_shared_size_bytes < smem:
+                k.max_dynamic_shared_size_bytes = smem
+            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
             return
         smem = 0
         if tw_smem and name.endswith("_row"):
@@ -1022,7 +997,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_inv_one" if inverse else "ntt_fwd_one", in_slots, out_slots, CLUSTER)
         return
     a = ring.logn - ROW_LOG
-    col_blocks = (1 << ROW_LOG) // (8 if col_warp else COLS)  # warp tiles (times warps) with col_warp
+    col_blocks = (1 << ROW_LOG) // COLS
     row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
     if pipe >= 2:
         col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
