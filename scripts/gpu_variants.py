@@ -229,7 +229,8 @@ def main() -> int:
                     smem = dntt.warp_smem(kw["warps"], dntt.warp_split_from(kw["split"], kw["split_from"], False))
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem
-                t = bench.time(lambda s: k((rows * blocks,), (threads,), (arena, ins[s], outs[s], primes, pt, tw),
+                extra = (dntt.warp_tables(ring, False),) if warp and kname.endswith("_row") else ()
+                t = bench.time(lambda s: k((rows * blocks,), (threads,), (arena, ins[s], outs[s], primes, pt, tw) + extra,
                                            shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena

@@ -38,6 +38,8 @@ Rows are independent; each block reads its whole tile before writing it, so ``in
 
 from __future__ import annotations
 
+import weakref
+
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256  # threads a block of the column and row kernels (256 or 512)
@@ -332,14 +334,6 @@ __device__ __forceinline__ int wsidx(int x, int p) {{
     return x * WPITCH + p + ((p >> 4) << 2);
 }}
 
-// The split stages' shared factors, laid out for pass B: stage 4 + d (d < 4) reads tw[(g << d) + j]
-// (j < 2^d) at tl[16 (2^d - 1) + 16 j + g], so that the 16 lanes g of a row read 16 consecutive entries.
-__device__ __forceinline__ int tl_src(int e) {{
-    const int d = e < 16 ? 0 : e < 48 ? 1 : e < 112 ? 2 : 3;
-    const int i = e - 16 * ((1 << d) - 1);
-    return ((i & 15) << d) + (i >> 4);
-}}
-
 // Pass A (S0 = 0) or B (S0 = 4) of the warp's 4 rows x = 0..3 (rows bt0 + x of the table's numbering,
 // bt0 = 2^A_BITS + first row; see ntt_pass for the twiddle indices: stage s = S0 + d of row bt uses
 // tw[(bt << s) + (g << d) + j], j = k >> (4 - d), g = 0 in pass A). Stages s >= SF (SF >= 4) take it as
@@ -504,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
 
 # Row kernel with warp tiles (ROW_WARP): warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
 # + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). Dynamic shared memory:
-# the block's table tl (240 entries, see tl_src), then per warp its 4 rows (4 WPITCH words) and its table
+# the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows (4 WPITCH words) and its table
 # wt of WT entries: the one-product twiddles of stages s < SFT of its rows (tw[(bt0 << s) .. + 4 2^s), a
 # contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s] of the split stages s >= SF
 # (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
@@ -514,7 +508,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
 _ROWW = r"""
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
+        const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF);
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
@@ -534,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
 #pragma unroll
     for (int it = 0; it < 8; ++it) y[it] = src[it * 32 + lane];
     if (SF < 8)
-        for (int e = threadIdx.x; e < 240; e += blockDim.x) cp_async8(tl + e, tw + tl_src(e));
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
         const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
         cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
@@ -571,6 +566,25 @@ def warp_split_from(split: bool, split_from, inverse: bool) -> int:
     stages below SFT = min(SF, 6)."""
     sf = _split_defines(split_from)["split_inv" if inverse else "split_fwd"]
     return min(max(sf, 4), 8) if split else 8
+
+
+#: Entry e of a prime's split-factor table for the warp-tile row kernels is tw[TL_INDEX[e]]: stage 4 + d
+#: (d < 4) of pass B reads tw[(g << d) + j] (j < 2^d) at entry 16 (2^d - 1) + 16 j + g, so that the 16
+#: lanes g of a row read 16 consecutive entries.
+TL_INDEX = tuple(((e - 16 * ((1 << d) - 1)) & 15) << d | (e - 16 * ((1 << d) - 1)) >> 4
+                 for d in range(4) for e in range(16 * ((1 << d) - 1), 16 * ((1 << (d + 1)) - 1)))
+_TL_TABLES: "weakref.WeakKeyDictionary[CudaRing, dict]" = weakref.WeakKeyDictionary()
+
+
+def warp_tables(ring: CudaRing, inverse: bool):
+    """The device split-factor tables (P, 240, 2) of the warp-tile row kernels (forward or inverse
+    twiddles gathered at TL_INDEX), built on first use (like ``ring.twiddles``: before any graph capture)."""
+    tables = _TL_TABLES.setdefault(ring, {})
+    if inverse not in tables:
+        cp = cupy()
+        tw = ring.twiddles[1 if inverse else 0]
+        tables[inverse] = cp.ascontiguousarray(tw[:, cp.asarray(TL_INDEX, dtype=cp.int64)])
+    return tables[inverse]
 
 
 def warp_smem(warps: int, sf: int) -> int:
@@ -972,7 +986,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             smem = warp_smem(warps, warp_split_from(split, split_from, inverse))
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
-            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
+            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
+                                                                 warp_tables(ring, inverse)), shared_mem=smem)
             return
         smem = 0
         if tw_smem and name.endswith("_row"):
