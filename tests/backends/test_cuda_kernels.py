@@ -149,15 +149,15 @@ def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, 
             expect_inputs_kept(arena, have, dst)
 
 
-@pytest.mark.parametrize("config", [(16, False, 1, 0), (16, True, 4, 0), (32, True, 4, 0), (32, False, 4, 0),
-                                    (8, True, 4, 0), (32, True, 3, 0), (32, True, 4, 2), (32, True, 4, 4)],
-                         ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]},pipe={c[3]}")
+@pytest.mark.parametrize("config", [(16, False, 1), (16, True, 4), (32, True, 4), (32, False, 4), (8, True, 4),
+                                    (32, True, 3)],
+                         ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]}")
 def test_ntt_configurations(pair, rng, config):
-    """Every kernel configuration (row layout, split twiddles, register cap, pipelining) computes the
-    reference (5 rows: with pipe 2 or 4 the last block has fewer tiles than pipe)."""
-    rows_per_block, split, min_blocks, pipe = config
+    """Every configuration of the block row kernels (row layout, split twiddles, register cap)
+    computes the reference."""
+    rows_per_block, split, min_blocks = config
     check_ntt_launch(pair, rng, str(config), rows_per_block=rows_per_block, split=split, min_blocks=min_blocks,
-                     pipe=pipe, row_warp=False)
+                     row_warp=False)
 
 
 @pytest.mark.parametrize("split_from,lazy,threads", [(0, False, 256), (4, False, 256), (0, True, 256), (5, True, 256),
@@ -172,19 +172,17 @@ def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, threads):
                          lazy=lazy, threads=threads, row_warp=warp)
 
 
-@pytest.mark.parametrize("one_pass,tw_base,tw_smem,tw_local",
-                         [(False, False, False, False), (True, False, False, False), (False, True, False, False),
-                          (True, True, False, False), (False, True, True, False), (False, False, True, False),
-                          (False, True, True, True)],
+@pytest.mark.parametrize("one_pass,tw_base,tw_smem",
+                         [(False, False, False), (True, False, False), (False, True, False), (True, True, False),
+                          (False, True, True), (False, False, True)],
                          ids=lambda v: str(v))
-def test_ntt_one_pass(pair, rng, one_pass, tw_base, tw_smem, tw_local):
+def test_ntt_one_pass(pair, rng, one_pass, tw_base, tw_smem):
     """The one-pass cluster kernels (N = 65536; other sizes fall back to the two-pass kernels) and the
     two-pass ones, with twiddle addresses per twiddle or from a base pointer per stage, and the row
-    kernels' twiddles from global memory or a shared-memory table (with or without the split stages'
-    shared factors), compute the reference, forward and inverse, with two rows in place, whatever the
+    kernels' twiddles from global memory or a shared-memory table, compute the reference, forward and inverse, with two rows in place, whatever the
     module defaults say."""
     check_ntt_launch(pair, rng, f"one_pass={one_pass}", rows=7, in_place=(0, 5), one_pass=one_pass, tw_base=tw_base,
-                     tw_smem=tw_smem, tw_local=tw_local, row_warp=False)
+                     tw_smem=tw_smem, row_warp=False)
 
 
 @pytest.mark.parametrize("warps,split,split_from,lazy", [(1, True, (5, 5), True), (2, True, (6, 4), True),

@@ -49,14 +49,12 @@ ROWS = 32  # 256-point rows per row-kernel block: 32 = point-major layout (MODE 
 RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
 MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
-PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 #: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
 SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller table, faster forward)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
 TW_SMEM = True  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
-TW_LOCAL = False  # with TW_SMEM: the split stages' shared factors tw[i], i < 128, in that table too
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
@@ -123,16 +121,6 @@ __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int b
     return shoup_lazy(a, w.x, w.y, q);
 }}
 
-// The split product of tw_mul with the shared factor from the table: tws[idx] = tw[il] (TSL).
-template <bool FIRST>
-__device__ __forceinline__ u32 tw_split_smem(u32 a, const uint2* tws, int idx, uint2 rf, u32 q) {{
-    if (!FIRST) {{
-        const uint2 sw = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
-        a = shoup_lazy(a, sw.x, sw.y, q);
-    }}
-    return shoup_lazy(a, rf.x, rf.y, q);
-}}
-
 // a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
 __device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
     const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
@@ -142,11 +130,8 @@ __device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32
 // The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
 // stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
 // range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
-// LOCAL: then the shared factors tw[i], i < 128, of the split stages (see tw_split_smem).
-template <int SF, bool LOCAL>
+template <int SF>
 __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
-    if (LOCAL)
-        for (int e = threadIdx.x; e < 128; e += blockDim.x) tws[33 * ((1 << SF) - 1) + 32 * (8 - SF) + e] = __ldg(tw + e);
     for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
         const int s = 31 - __clz((e >> 5) + 1);
         const int j = e - 32 * ((1 << s) - 1);
@@ -188,8 +173,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
 // in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
 // (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
-// TSL: the split stages' shared factors tw[i_local] from the table as well (after the row factors).
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false, bool TSL = false>
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
                                          u32 q, u32 two_q, const uint2* tws = nullptr) {{
     constexpr int LOGT = LOGM - S0 - R;
@@ -240,7 +224,6 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 if (k & half) continue;
                 const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
                 const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
-                const int ts_loc = 33 * ((1 << sfs) - 1) + 32 * (8 - sfs) + (g << d) + (k >> (R - d));
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
@@ -248,16 +231,12 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                     const u32 a = x + two_q - y;
                     v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
-                                  : TSL ? (s == 0 ? tw_split_smem<true>(a, tws, ts_loc, rf, q)
-                                                  : tw_split_smem<false>(a, tws, ts_loc, rf, q))
-                                           : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
+                                  : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
                                                     : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
                     v[k] = u2;
                 }} else {{
                     const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
-                                  : TSL ? (s == 0 ? tw_split_smem<true>(v[k + half], tws, ts_loc, rf, q)
-                                                  : tw_split_smem<false>(v[k + half], tws, ts_loc, rf, q))
                                   : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
                                            : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
@@ -277,8 +256,8 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     }}
 }}
 
-// 16- and 8-byte asynchronous copies global -> shared (cp.async, sm_80+), for the pipelined kernels
-// and the twiddle tables of the warp-tile row kernels.
+// 16- and 8-byte asynchronous copies global -> shared (cp.async, sm_80+), for the twiddle tables of the
+// warp-tile row kernels.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory");
@@ -290,31 +269,6 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
-
-// Start loading tile `tile` (of rows * TILES) into buf: the column kernel's 32 columns of a limb
-// (layout of MODE 1), or the row kernel's 32 rows (layout of MODE 4).
-__device__ __forceinline__ void col_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
-    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
-    const int r = tile / TILES, c0 = (tile % TILES) * 32;
-    const u32* src = arena + (u64)in_slots[r] * NN + c0;
-#pragma unroll
-    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        cp_async16(buf + e * 4, src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4);
-    }}
-    cp_async_commit();
-}}
-__device__ __forceinline__ void row_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
-    constexpr int TILES = (1 << A_BITS) / 32;
-    const int r = tile / TILES, hi0 = (tile % TILES) * 32;
-    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
-#pragma unroll
-    for (int it = 0; it < 8; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        cp_async16(buf + sidx<4>(e >> 6, (e & 63) * 4), src + e);
-    }}
-    cp_async_commit();
-}}
 
 // Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
@@ -594,46 +548,6 @@ def warp_smem(warps: int, sf: int) -> int:
     return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * (4 * ((1 << sft) - 1) + 4 * (8 - sf)))
 
 
-# Pipelined kernels: a block transforms PIPE consecutive tiles (of rows * TILES), loading tile t + 1
-# with cp.async into the second of two shared buffers while it transforms tile t, so that its
-# loads overlap its butterflies. Dynamic shared memory: two tiles.
-_PIPED = r"""
-extern "C" __global__ void __launch_bounds__(256) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all, int total) {{
-    extern __shared__ __align__(16) u32 smbuf[];
-    constexpr int TILES = {tiles};
-    constexpr int WORDS = {words};
-    const int first = blockIdx.x * PIPE;
-    {prefetch}(smbuf, arena, in_slots, first);
-    for (int t = 0; t < PIPE; ++t) {{
-        const int tile = first + t;
-        if (tile >= total) break;
-        u32* sm = smbuf + (t & 1) * WORDS;
-        if (t + 1 < PIPE && tile + 1 < total) {{
-            {prefetch}(smbuf + ((t + 1) & 1) * WORDS, arena, in_slots, tile + 1);
-            cp_async_wait<1>();
-        }} else {{
-            cp_async_wait<0>();
-        }}
-        __syncthreads();
-        const int r = tile / TILES;
-        const int pi = prime_idx[r];
-        const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
-        const uint2* tw = tw_all + (u64)pi * NN;
-{setup}
-{passes}
-        __syncthreads();
-{store}
-        __syncthreads();
-    }}
-}}
-"""
-
-_COL_SETUP = """        const int c0 = (tile % TILES) * 32;
-        u32* dst = arena + (u64)out_slots[r] * NN + c0;"""
-_ROW_SETUP = """        const int hi0 = (tile % TILES) * 32;
-        uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);"""
 _ROW_STORE = """#pragma unroll
     for (int it = 0; it < 8; ++it) {{
         const int e = it * 256 + threadIdx.x;
@@ -755,7 +669,7 @@ _ONE_INV = _ONE_HEAD + r"""    {{
 
 
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
-                split: bool = False, body: bool = True, ts: bool = False, tsl: bool = False) -> str:
+                split: bool = False, body: bool = True, ts: bool = False) -> str:
     if not body:
         return ""
     plan, s = [], 0
@@ -767,8 +681,7 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
         plan.reverse()
     inv = "true" if inverse else "false"
     spl = "true" if split else "false"
-    tail = (", true, " + ("true" if tsl else "false") + ">(sm, tw, {}, {}, q, two_q, tws);" if ts
-            else ">(sm, tw, {}, {}, q, two_q);")
+    tail = ", true>(sm, tw, {}, {}, q, two_q, tws);" if ts else ">(sm, tw, {}, {}, q, two_q);"
     calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}" + tail.format(bt0, bt_step) for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
@@ -779,10 +692,10 @@ def _split_defines(split_from) -> dict:
 
 
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
-            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
+            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
-            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False,
-            row_warp: bool = False, warps: int = WARPS) -> str:
+            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, row_warp: bool = False,
+            warps: int = WARPS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -790,18 +703,18 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     one product); body=False leaves the butterflies out: loads
     and stores only, for timing; min_blocks: the row kernel's resident blocks per multiprocessor asked
     of the register allocator; lazy: forward butterflies reduce once per pass, see ct_bfly_lazy;
-    threads: a block's threads in the column and row kernels, 256 or 512 (the pipelined and the
-    single-kernel N <= 4096 ones always run 256)). rows = 32
+    threads: a block's threads in the column and row kernels, 256 or 512 (the single-kernel N <= 4096
+    ones always run 256)). rows = 32
     selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
     the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
     row-major layout (MODE 2). row_mode forces one (0: that default). one_pass (N = 65536, rows 32,
-    radix 2^4, layout 4, 256 threads, not pipelined): also the one-pass cluster kernels ntt_fwd_one and
+    radix 2^4, layout 4, 256 threads): also the one-pass cluster kernels ntt_fwd_one and
     ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
     ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
-    shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
+    shared memory (ts_bytes).
     tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
     (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
-    min_blocks, tw_smem and tw_local do not apply to them)."""
+    min_blocks and tw_smem do not apply to them)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -840,8 +753,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     if tw_smem and not ts_fits(rows, radix_log, row_mode, split, split_from):
         raise ValueError("the row kernels' twiddle table needs 32 rows, layout 4, radix 2^4 and split twiddles")
     ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
-               "    ts_fill<SPLIT_FROM_{}, " + ("true" if tw_local else "false")
-               + ">(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
+               "    ts_fill<SPLIT_FROM_{}>(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
     if row_warp and (1 << a) // 4 % warps:
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
     parts = []
@@ -854,29 +766,12 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
                             finish="" if inverse else row_fwd) if row_warp
                else _ROW.format(name=f"ntt_{d}_row", finish="" if inverse else row_fwd,
                                 passes=_pass_calls(ROW_LOG, rows, row_mode, inverse, "(1 << A_BITS) + hi0", "1",
-                                                   radix_log, split, body, tw_smem, tw_local),
+                                                   radix_log, split, body, tw_smem),
                                 ts_fill=ts_fill.format(d.upper())))
         parts += [col, row] if not inverse else [row, col]
     kernels = "".join(parts)
-    if pipe >= 2:
-        if row_mode != 4:
-            raise ValueError("the pipelined NTT kernels need the row layout 4 (32 rows, radix 2^4)")
-        col = dict(tiles="(1 << (LOGN - A_BITS)) / 32", words="32 << A_BITS", prefetch="col_prefetch",
-                   setup=_COL_SETUP)
-        row = dict(tiles="(1 << A_BITS) / 32", words="32 * 256", prefetch="row_prefetch", setup=_ROW_SETUP)
-        bt = "(1 << A_BITS) + hi0"
-        kernels = (
-            _PIPED.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
-                          store=col_lazy, **col)
-            + _PIPED.format(name="ntt_fwd_row", store=_ROW_STORE.format(finish=row_fwd),
-                            passes=_pass_calls(ROW_LOG, 32, 4, False, bt, "1", radix_log, split, body), **row)
-            + _PIPED.format(name="ntt_inv_row", store=_ROW_STORE.format(finish=""),
-                            passes=_pass_calls(ROW_LOG, 32, 4, True, bt, "1", radix_log, split, body), **row)
-            + _PIPED.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
-                            store=col_inv, **col)
-        )
     if one_pass:
-        if not one_pass_fits(logn, rows, radix_log, row_mode, pipe, threads):
+        if not one_pass_fits(logn, rows, radix_log, row_mode, threads):
             raise ValueError("the one-pass NTT kernels need N = 65536, 32 rows, radix 2^4, layout 4, 256 threads")
         row_bt = "(1 << A_BITS) + hi0"
         kernels += (
@@ -890,13 +785,11 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
                               col_passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                               finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw"))
         )
-    if threads != 256 and pipe >= 2:
-        raise ValueError("the pipelined NTT kernels run 256 threads a block")
     src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log,
                       min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
                       lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
                       **_split_defines(split_from))
-    return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define WARPS {warps}\n#define MIN_BLOCKS", 1)
+    return src.replace("#define MIN_BLOCKS", f"#define WARPS {warps}\n#define MIN_BLOCKS", 1)
 
 
 def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
@@ -907,27 +800,25 @@ def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -
     return rows == 32 and radix_log == 4 and row_mode in (0, 4) and split and max(fwd, inv) <= 6
 
 
-def ts_bytes(split_from: int, local: bool = False) -> int:
+def ts_bytes(split_from: int) -> int:
     """Dynamic shared memory of a row kernel with the twiddle table: 8 bytes an entry, 33 (2^SF - 1)
-    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction), and with
-    ``local`` the 128 shared factors of the split stages."""
-    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from) + (128 if local else 0))
+    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction)."""
+    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from))
 
 
-def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0, pipe: int = PIPE,
+def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0,
                   threads: int = THREADS) -> bool:
     """Whether the one-pass cluster kernels exist for this configuration (N = 65536: 8 column tiles
-    and 8 row tiles of 32 KiB; the row layout 4 with radix 2^4; 256 threads; not pipelined)."""
-    return (logn == ROW_LOG + 8 and rows == 32 and radix_log == 4 and row_mode in (0, 4) and pipe < 2
-            and threads == 256)
+    and 8 row tiles of 32 KiB; the row layout 4 with radix 2^4; 256 threads)."""
+    return logn == ROW_LOG + 8 and rows == 32 and radix_log == 4 and row_mode in (0, 4) and threads == 256
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
-            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
+            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, split_from=SPLIT_FROM,
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
-            tw_local: bool | None = None, only_row: bool = False, row_warp: bool | None = None,
+            only_row: bool = False, row_warp: bool | None = None,
             warps: int | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
@@ -938,10 +829,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
-    if pipe >= 2 and (rows_per_block, radix_log, row_mode) not in ((32, 4, 0), (32, 4, 4)):
-        pipe = 0  # the pipelined kernels exist for the row layout 4 only
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
-    if pipe >= 2 or ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
+    if ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
         threads = 256  # 512 threads need 512 16-byte chunks in a column and a row tile
     if one_pass is None:
         one_pass = ONE_PASS  # read at call time, so that scripts can compare both
@@ -949,25 +838,22 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         tw_base = TW_BASE
     if tw_smem is None:
         tw_smem = TW_SMEM
-    if tw_local is None:
-        tw_local = TW_LOCAL
     if only_row:
         if inverse or ring.logn <= 12:
             raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
-        one_pass, pipe = False, 0
-    one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, pipe, threads)
-    tw_smem = (bool(tw_smem) and not one_pass and pipe < 2 and ring.logn > 12
+        one_pass = False
+    one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, threads)
+    tw_smem = (bool(tw_smem) and not one_pass and ring.logn > 12
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
-    tw_local = bool(tw_local) and tw_smem
-    row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and pipe < 2 and ring.logn > 12
+    row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and ring.logn > 12
     warps = WARPS if warps is None else int(warps)
     if row_warp:
-        tw_smem = tw_local = False
-    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
-    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
+        tw_smem = False
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, split_from, lazy, threads)
+    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
-    key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
+    key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
     key += f"-w{warps}" if row_warp else ""
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
@@ -975,9 +861,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
 
     def kernel(name):
         return ring.kernel(
-            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local,
-                                 row_warp, warps), name
+            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode,
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps), name
         )
 
     def run(name, src, dst, blocks_per_row):
@@ -991,19 +876,10 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             return
         smem = 0
         if tw_smem and name.endswith("_row"):
-            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"], tw_local)
+            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"])
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
         k((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
-
-    def run_piped(name, src, dst, tiles_per_row, words):
-        k = kernel(name)
-        smem = 2 * 4 * words
-        if k.max_dynamic_shared_size_bytes < smem:
-            k.max_dynamic_shared_size_bytes = smem
-        total = rows * tiles_per_row
-        k((-(-total // pipe),), (THREADS,), (arena, src, dst, prime_idx, pt, tw, cupy().int32(total)),
-          shared_mem=smem)
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
@@ -1014,13 +890,6 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
     row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
-    if pipe >= 2:
-        col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
-        row = ("ntt_inv_row" if inverse else "ntt_fwd_row", row_blocks, 32 << ROW_LOG)
-        first, second = (row, col) if inverse else (col, row)
-        run_piped(first[0], in_slots, out_slots, first[1], first[2])
-        run_piped(second[0], out_slots, out_slots, second[1], second[2])
-        return
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_blocks)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)
