@@ -11,22 +11,25 @@ LAZY and primes below 2^28 the forward butterflies reduce only at the first stag
 (values below 16q <= 2^32; see ct_bfly_lazy).
 Data is staged in shared memory; stages run in passes of up to RADIX_LOG (4) stages held in
 registers (16 points per virtual thread; the thesis' scheme is 3 stages, 8 points), with a
-__syncthreads between passes.
+__syncthreads between passes (a __syncwarp in the warp-tile row kernels). Conditional subtractions
+are an add and an unsigned min (csub); 2q is read from the prime table, so that x + 2q - t is one add.
 
 * N <= 4096: one kernel, one block per row, the whole transform in shared memory.
 * N >= 8192: two kernels. Write the index j = hi * 256 + lo. The "column" kernel does the first
   log2(N) - 8 stages (butterflies along hi, 32 columns per block, 256 threads); the "row" kernel
-  does the last 8 stages (butterflies along lo, ROWS = 32 rows of 256 points per block, a warp's
-  lanes being 32 rows at the same point). Stage s of a 256-point row transform uses twiddle index
+  does the last 8 stages (butterflies along lo). Stage s of a 256-point row transform uses twiddle index
   2^s (2^a + hi) + i_local, a = log2(N) - 8, i_local < 2^s; the row kernel takes it as the product
-  of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows, so a warp's
-  loads are broadcasts): psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit.
-  Stages below SPLIT_FROM read the one table entry instead (one product; those entries are the
-  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime). With TW_SMEM
-  a row block first copies its rows' one-product twiddles (a contiguous range of the table per
-  stage) and row factors into a table in dynamic shared memory, laid out so that lanes that are
-  rows read consecutive entries (see ts_fill); from global memory each such lane reads its own
-  cache line. With TW_BASE a stage's twiddles are addressed from one base pointer.
+  of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows):
+  psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit. Stages below SPLIT_FROM
+  read the one table entry instead (one product; a contiguous range of the table per row block).
+  With ROW_WARP (the default) the row kernel is _ROWW: each warp owns 4 rows and, after one block
+  barrier, synchronizes with no other warp, so that the warps of a multiprocessor drift apart and
+  overlap their loads with others' butterflies; its one-product twiddles and row factors come from
+  a per-warp table and the split factors from a per-block table in shared memory (laid out so that
+  lanes read consecutive entries or broadcasts), copied with cp.async beside the data loads. Without
+  it, the block row kernel _ROW: ROWS = 32 rows a block, a warp's lanes being 32 rows at the same
+  point; with TW_SMEM its twiddles come from a block table in shared memory (see ts_fill). With
+  TW_BASE a stage's twiddles are addressed from one base pointer.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 * ONE_PASS (N = 65536, off: measured slower, the butterflies do not overlap the halved traffic):
   one kernel, a thread-block cluster of 8 blocks a limb that trade the transposed tiles through
@@ -45,16 +48,16 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array
 THREADS = 256  # threads a block of the column and row kernels (256 or 512)
 COLS = 32  # columns per block in the column kernel
 # Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
-ROWS = 32  # 256-point rows per row-kernel block: 32 = point-major layout (MODE 3), else a multiple of 4
+ROWS = 32  # block row kernel (ROW_WARP off): 256-point rows per block: 32 = point-major layout (MODE 3), else a multiple of 4
 RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
-MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
+MIN_BLOCKS = 4  # block row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 #: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
 SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller table, faster forward)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
-TW_SMEM = True  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
+TW_SMEM = True  # block row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
