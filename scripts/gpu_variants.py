@@ -48,7 +48,7 @@ NTT_VARIANTS = [
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
     dict(_S8, warps=1), _S8, dict(_S8, warps=2), dict(_S8, warps=8), dict(_S8, split_from=(6, 6)),
-    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)), dict(_S8, col_min_blocks=6),
+    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True),
@@ -214,7 +214,7 @@ def main() -> int:
         if ring.logn > 12 and kw.get("body", True) and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
             src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
-                                                    "tw_smem", "tw_fake", "row_warp", "warps", "col_min_blocks")}
+                                                    "tw_smem", "tw_fake", "row_warp", "warps")}
             key = "ntt-var-" + "-".join(map(str, src_kw.values()))
             rpb = kw["rows_per_block"]
             warp = kw.get("row_warp", False)

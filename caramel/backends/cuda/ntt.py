@@ -66,7 +66,6 @@ CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 ro
 ROW_WARP = True
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
-COL_BLOCKS = 0  # column kernel: __launch_bounds__(256, COL_BLOCKS) (0: __launch_bounds__(256) alone)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -381,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 _COL = r"""
-extern "C" __global__ void __launch_bounds__(COL_BOUNDS) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[32 << A_BITS];
@@ -699,7 +698,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
             tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, row_warp: bool = False,
-            warps: int = WARPS, col_min_blocks: int = COL_BLOCKS) -> str:
+            warps: int = WARPS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -718,8 +717,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     shared memory (ts_bytes).
     tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
     (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
-    min_blocks and tw_smem do not apply to them). col_min_blocks: the column kernels' resident blocks per
-    multiprocessor asked of the register allocator (0: none asked)."""
+    min_blocks and tw_smem do not apply to them)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -794,8 +792,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
                       min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
                       lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
                       **_split_defines(split_from))
-    col_bounds = f"NTHREADS, {max(1, col_min_blocks * 256 // threads)}" if col_min_blocks else "NTHREADS"
-    return src.replace("#define MIN_BLOCKS", f"#define WARPS {warps}\n#define COL_BOUNDS {col_bounds}\n#define MIN_BLOCKS", 1)
+    return src.replace("#define MIN_BLOCKS", f"#define WARPS {warps}\n#define MIN_BLOCKS", 1)
 
 
 def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
@@ -825,7 +822,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
             only_row: bool = False, row_warp: bool | None = None,
-            warps: int | None = None, col_min_blocks: int = COL_BLOCKS) -> None:
+            warps: int | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
     on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -855,8 +852,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     warps = WARPS if warps is None else int(warps)
     if row_warp:
         tw_smem = False
-    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, split_from, lazy, threads, col_min_blocks)
-    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, SPLIT_FROM, LAZY, THREADS, COL_BLOCKS)
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, split_from, lazy, threads)
+    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
     key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
@@ -868,8 +865,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def kernel(name):
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps,
-                                 col_min_blocks), name
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps), name
         )
 
     def run(name, src, dst, blocks_per_row):
