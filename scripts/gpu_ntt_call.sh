@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call of the NTT work (session 8): variants (bit-exact, then timed), the NTT GPU tests, the
 # BootstrapLike_51L_1c replay on 4 streams with its digest and the batched NTT, optionally with the NTT module
-# settings of NTT_SETS (each "NAME=V,NAME=V"; a replay per set), and the exact corpus check.
-# Usage (repository root, .data present): OUT=dir VARIANTS=14,21 bash scripts/gpu_ntt_call.sh
+# settings of NTT_SETS (each "NAME=V,NAME=V"; a replay per set), the test modules of EXTRA_TESTS and, with
+# CORPUS=1, the exact corpus check.
+# Usage (repository root, .data present): OUT=dir VARIANTS=13,20 NTT_SETS="default ROW_WARP=0" CORPUS=1 bash scripts/gpu_ntt_call.sh
 set -u
 out="${OUT:-gpu_ntt_logs}"
 mkdir -p "$out"
@@ -17,6 +18,11 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 python3 -m pytest -q -p no:cacheprovider $xdist tests/backends/test_cuda_kernels.py -k ntt \
     tests/backends/test_cuda_ntt_prologue.py > "$out/tests.txt" 2>&1
 echo "tests rc $?"; tail -n 3 "$out/tests.txt"
+if [ -n "${EXTRA_TESTS:-}" ]; then  # e.g. "tests/execute/test_gpu.py tests/plan/test_cuda_plan.py"
+    CARAMEL_PROGRAMS="${CARAMEL_PROGRAMS:-$PWD/.data/corpus}" python3 -m pytest -q -p no:cacheprovider $xdist \
+        $EXTRA_TESTS > "$out/tests-extra.txt" 2>&1
+    echo "extra tests rc $?"; tail -n 3 "$out/tests-extra.txt"
+fi
 for set in ${NTT_SETS:-default}; do
     log="$out/bench-$(echo "$set" | tr -c 'A-Za-z0-9_\n' '_').txt"
     python3 - "$set" > "$log" 2>&1 <<'PY'
