@@ -48,7 +48,8 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array
 THREADS = 256  # threads a block of the column and row kernels (256 or 512)
 COLS = 32  # columns per block in the column kernel
 # Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
-ROWS = 32  # block row kernel (ROW_WARP off): 256-point rows per block: 32 = point-major layout (MODE 3), else a multiple of 4
+#: Block row kernel (ROW_WARP off): 256-point rows per block: 32 = point-major layout (MODE 3), else a multiple of 4.
+ROWS = 32
 RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
 MIN_BLOCKS = 4  # block row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
@@ -349,7 +350,8 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
         if (S0 == 4) {{
 #pragma unroll
             for (int c = 0; c < 4; ++c)
-                *(uint4*)(sm + wsidx(x, 16 * u + 4 * c)) = make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+                *(uint4*)(sm + wsidx(x, 16 * u + 4 * c)) =
+                    make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
         }} else {{
 #pragma unroll
             for (int k = 0; k < 16; ++k) sm[wsidx(x, u + 16 * k)] = v[k];
@@ -367,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     __shared__ u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
@@ -388,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
     const int r = blockIdx.x / TILES;
     const int c0 = (blockIdx.x % TILES) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
@@ -414,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
     const int r = blockIdx.x / TILES;
     const int hi0 = (blockIdx.x % TILES) * ROWS;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
@@ -455,10 +457,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
 
 # Row kernel with warp tiles (ROW_WARP): warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
 # + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). Dynamic shared memory:
-# the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows (4 WPITCH words) and its table
-# wt of WT entries: the one-product twiddles of stages s < SFT of its rows (tw[(bt0 << s) .. + 4 2^s), a
-# contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s] of the split stages s >= SF
-# (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
+# the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows
+# (4 WPITCH words) and its table wt of WT entries: the one-product twiddles of stages s < SFT of its rows
+# (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s]
+# of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
 # tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
 # all global reads are in flight at once; one block barrier, then the two passes and the stores with
 # only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
@@ -598,7 +600,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
     const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
     const int hi0 = 32 * c;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
 """
 
@@ -765,7 +767,8 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         col_finish = col_inv_finish if inverse else ""
         col = _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish))
         sf = warp_split_from(split, split_from, inverse)
-        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
+        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6),
+                            passes=_warp_passes(inverse, sf) if body else "",
                             finish="" if inverse else row_fwd) if row_warp
                else _ROW.format(name=f"ntt_{d}_row", finish="" if inverse else row_fwd,
                                 passes=_pass_calls(ROW_LOG, rows, row_mode, inverse, "(1 << A_BITS) + hi0", "1",
@@ -1003,7 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
     const int r = blockIdx.x % R;
     const int c0 = (blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (8 << A_BITS); e += 256)
@@ -1031,7 +1034,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __shared__ __align__(16) u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q from the table: opaque, so x + 2q - t is one add
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
     for (int i = threadIdx.x; i < NN / 4; i += blockDim.x)
