@@ -67,7 +67,7 @@ CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 ro
 ROW_WARP = True
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
-COL_TILE = 16  # columns a block of the column kernels: 32 (_COL, 256 threads) or 16 (_COL16, 128 threads)
+COL_TILE = 32  # columns a block of the column kernels: 32 (_COL, 256 threads) or 16 (_COL16, 128 threads)
 
 _SRC = r"""
 #define LOGN {logn}
