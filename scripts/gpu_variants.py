@@ -32,7 +32,7 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
 #: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
 _S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, split_from=(6, 5), lazy=True,
-           threads=256, one_pass=False, tw_base=False, tw_smem=False, row_warp=False, warps=1, col_tile=32)
+           threads=256, one_pass=False, tw_base=False, tw_smem=False, row_warp=False, warps=1)
 #: Session 6's default (NTT_VARIANTS[14]) with the row kernels of warp tiles (session 8, ``warps`` a block;
 #: the 22nd, 4 warps, is session 8's default).
 _S8 = dict(_S5, tw_base=True, split_from=(5, 5), row_warp=True, warps=4)
@@ -48,7 +48,7 @@ NTT_VARIANTS = [
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
     dict(_S8, warps=1), _S8, dict(_S8, warps=2), dict(_S8, warps=8), dict(_S8, split_from=(6, 6)),
-    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)), dict(_S8, col_tile=16),
+    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True),
@@ -214,15 +214,14 @@ def main() -> int:
         if ring.logn > 12 and kw.get("body", True) and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
             src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
-                                                    "tw_smem", "tw_fake", "row_warp", "warps", "col_tile")}
+                                                    "tw_smem", "tw_fake", "row_warp", "warps")}
             key = "ntt-var-" + "-".join(map(str, src_kw.values()))
             rpb = kw["rows_per_block"]
             warp = kw.get("row_warp", False)
-            for kname, blocks in (("ntt_fwd_col", 256 // kw["col_tile"]),
+            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS),
                                   ("ntt_fwd_row", (n >> 8) // (4 * kw["warps"] if warp else rpb))):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
-                threads = (32 * kw["warps"] if warp and kname.endswith("_row")
-                           else 128 if kw["col_tile"] == 16 and kname.endswith("_col") else dntt.THREADS)
+                threads = 32 * kw["warps"] if warp and kname.endswith("_row") else dntt.THREADS
                 smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"]) if (
                     src_kw["tw_smem"] and kname.endswith("_row")) else 0
                 if warp and kname.endswith("_row"):

@@ -197,16 +197,6 @@ def test_ntt_row_warp(pair, rng, warps, split, split_from, lazy):
                      row_warp=True, warps=warps, split=split, split_from=split_from, lazy=lazy)
 
 
-@pytest.mark.parametrize("col_tile,radix_log,lazy,row_warp", [(16, 4, True, True), (16, 3, False, False),
-                                                              (32, 4, True, True)],
-                         ids=lambda v: str(v))
-def test_ntt_col_tile(pair, rng, col_tile, radix_log, lazy, row_warp):
-    """The column kernels of 16 or 32 columns a block, with either row kernel, forward and inverse,
-    two rows in place."""
-    check_ntt_launch(pair, rng, f"col_tile={col_tile}", rows=7, in_place=(0, 5), col_tile=col_tile,
-                     radix_log=radix_log, lazy=lazy, row_warp=row_warp)
-
-
 @pytest.mark.parametrize("warp", [False, True], ids=lambda v: f"warp={v}")
 def test_ntt_small_sizes(rng, warp):
     for n in (16, 32, 256, 2048, 8192, 16384, 32768):
@@ -217,9 +207,9 @@ def test_ntt_small_sizes(rng, warp):
         src = arena.put(x)
         dst = arena.take(3)
         dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), False, row_warp=warp, col_tile=16 if warp else 32)
+        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), False, row_warp=warp)
         expect_rows(arena.download(), dst, ctx.ntt(x, limbs), f"ntt N={n}")
-        dntt._launch(ring, dev, i32(dst), i32(src), i32(limbs), True, row_warp=warp, col_tile=16 if warp else 32)
+        dntt._launch(ring, dev, i32(dst), i32(src), i32(limbs), True, row_warp=warp)
         expect_rows(arena.download(), src, x, f"intt N={n}")
 
 

@@ -67,7 +67,6 @@ CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 ro
 ROW_WARP = True
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
-COL_TILE = 32  # columns a block of the column kernels: 32 (_COL, 256 threads) or 16 (_COL16, 128 threads)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -154,10 +153,6 @@ __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw
 // j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
 // reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
 // warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
-// MODE 6: 16 columns (_COL16), point-major with 16 words of padding after every 2^(A_BITS - 4) points: with
-// radix 2^4 the two virtual threads of a warp instruction are consecutive points (pass A) or points
-// 2^(A_BITS - 4) apart (pass B, spread to the other half of the banks by the padding): conflict free, and
-// every address a base plus a constant.
 // MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
 // pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
 // warp spans two rows, hence the row parity in the swizzle).
@@ -167,7 +162,6 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
     if (MODE == 1) return p * 32 + sub;
     if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
     if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
-    if (MODE == 6) return 16 * (p + (p >> (A_BITS - 4))) + sub;
     const int x = p >> 5;
     if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
     return sub * 256 + (p ^ (x << 2) ^ (x & 3));
@@ -191,7 +185,7 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     constexpr int NV = 1 << (LOGM - R);
     for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
         int sub, u;
-        if (MODE == 1 || MODE == 3 || MODE == 6 || (MODE == 4 && LOGT == 0)) {{
+        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
             sub = item % G; u = item / G;
         }} else if (MODE == 4) {{  // NV == 16, G == 32
             const int lane = item & 31, w = item >> 5;
@@ -410,41 +404,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
 {passes}
     __syncthreads();
 {store}
-}}
-"""
-
-# Column kernel of 16 columns (COL_TILE = 16): as _COL with half the tile and half the threads, so that
-# twice as many blocks share a multiprocessor, in layout 6.
-_COL16 = r"""
-extern "C" __global__ void __launch_bounds__(128) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 sm[16 * ((1 << A_BITS) + 16)];
-    const int r = blockIdx.x / 16;
-    const int c0 = (blockIdx.x % 16) * 16;
-    const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
-    const uint2* tw = tw_all + (u64)pi * NN;
-    const u32* src = arena + (u64)in_slots[r] * NN + c0;
-    u32* dst = arena + (u64)out_slots[r] * NN + c0;
-    // 16-byte accesses (4 a point), all issued before the first use.
-#pragma unroll
-    for (int it = 0; it < (4 << A_BITS) / 128; ++it) {{
-        const int e = it * 128 + threadIdx.x;
-        *(uint4*)(sm + sidx<6>(4 * (e & 3), e >> 2)) = *(const uint4*)(src + ((e >> 2) << 8) + 4 * (e & 3));
-    }}
-    __syncthreads();
-{passes}
-    __syncthreads();
-    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);
-    (void)ni; (void)nip;
-#pragma unroll
-    for (int it = 0; it < (4 << A_BITS) / 128; ++it) {{
-        const int e = it * 128 + threadIdx.x;
-        uint4 v = *(const uint4*)(sm + sidx<6>(4 * (e & 3), e >> 2));
-{finish}
-        *(uint4*)(dst + ((e >> 2) << 8) + 4 * (e & 3)) = v;
-    }}
 }}
 """
 
@@ -741,7 +700,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
             body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
             tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, row_warp: bool = False,
-            warps: int = WARPS, col_tile: int = COL_TILE) -> str:
+            warps: int = WARPS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -760,7 +719,7 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     shared memory (ts_bytes).
     tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
     (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
-    min_blocks and tw_smem do not apply to them). col_tile: 32 or 16 columns a column-kernel block."""
+    min_blocks and tw_smem do not apply to them)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -804,10 +763,9 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
-        col_passes = _pass_calls(a, col_tile, 1 if col_tile == 32 else 6, inverse, "1", "0", radix_log, body=body)
+        col_passes = _pass_calls(a, COLS, 1, inverse, "1", "0", radix_log, body=body)
         col_finish = col_inv_finish if inverse else ""
-        col = (_COL16.format(name=f"ntt_{d}_col", passes=col_passes, finish=col_finish) if col_tile == 16
-               else _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish)))
+        col = _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish))
         sf = warp_split_from(split, split_from, inverse)
         row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6),
                             passes=_warp_passes(inverse, sf) if body else "",
@@ -867,7 +825,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
             only_row: bool = False, row_warp: bool | None = None,
-            warps: int | None = None, col_tile: int | None = None) -> None:
+            warps: int | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
     on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -895,11 +853,6 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
     row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and ring.logn > 12
     warps = WARPS if warps is None else int(warps)
-    col_tile = COL_TILE if col_tile is None else int(col_tile)
-    if col_tile not in (16, 32):
-        raise ValueError(f"a column-kernel block has 16 or 32 columns, not {col_tile}")
-    if one_pass or threads != 256:
-        col_tile = 32  # the one-pass kernels and blocks of 512 threads have 32 columns
     if row_warp:
         tw_smem = False
     config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, split_from, lazy, threads)
@@ -907,7 +860,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
     key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
-    key += (f"-w{warps}" if row_warp else "") + ("-c16" if col_tile == 16 else "")
+    key += f"-w{warps}" if row_warp else ""
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
@@ -915,15 +868,11 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def kernel(name):
         return ring.kernel(
             key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps,
-                                 col_tile), name
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps), name
         )
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
-        if col_tile == 16 and name.endswith("_col"):
-            k((rows * blocks_per_row,), (128,), (arena, src, dst, prime_idx, pt, tw))
-            return
         if row_warp and name.endswith("_row"):  # blocks_per_row: warp tiles
             smem = warp_smem(warps, warp_split_from(split, split_from, inverse))
             if k.max_dynamic_shared_size_bytes < smem:
@@ -945,7 +894,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_inv_one" if inverse else "ntt_fwd_one", in_slots, out_slots, CLUSTER)
         return
     a = ring.logn - ROW_LOG
-    col_blocks = (1 << ROW_LOG) // col_tile
+    col_blocks = (1 << ROW_LOG) // COLS
     row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_blocks)
