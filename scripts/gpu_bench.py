@@ -89,7 +89,7 @@ def _ntt_settings(text: str) -> dict:
 
 
 _NTT_DEFAULTS: dict = {}
-_NTT_KEYS = ("ONE_PASS", "TW_BASE", "TW_SMEM", "TW_LOCAL")  # the settings that caramel.backends.cuda.ntt._launch reads at call time
+_NTT_KEYS = ("ONE_PASS", "TW_BASE", "TW_SMEM", "ROW_WARP")  # the settings that caramel.backends.cuda.ntt._launch reads at call time
 
 
 def _apply_ntt_settings(settings: dict) -> None:

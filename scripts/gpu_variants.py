@@ -31,12 +31,15 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: session 4 (5fcd20c), the fourth the default of session 5; from the ninth on, session 6: the one-pass
 #: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
 #: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
-_S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, pipe=0, split_from=(6, 5), lazy=True,
-           threads=256, one_pass=False, tw_base=False, tw_smem=False, tw_local=False)
+_S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, split_from=(6, 5), lazy=True,
+           threads=256, one_pass=False, tw_base=False, tw_smem=False, row_warp=False, warps=1)
+#: Session 6's default (NTT_VARIANTS[14]) with the row kernels of warp tiles (session 8, ``warps`` a block;
+#: the 22nd, 4 warps, is session 8's default).
+_S8 = dict(_S5, tw_base=True, split_from=(5, 5), row_warp=True, warps=4)
 NTT_VARIANTS = [
     dict(_S5, rows_per_block=16, split=False, min_blocks=1, row_mode=2, split_from=0, lazy=False),
     dict(_S5, split_from=0, lazy=False), dict(_S5, split_from=4), _S5, dict(_S5, split_from=(7, 5)),
-    dict(_S5, split_from=(8, 5)), dict(_S5, threads=512), dict(_S5, pipe=4),
+    dict(_S5, split_from=(8, 5)), dict(_S5, threads=512),
     dict(_S5, one_pass=True), dict(_S5, tw_base=True), dict(_S5, one_pass=True, tw_base=True),
     dict(_S5, one_pass=True, tw_base=True, min_blocks=3), dict(_S5, one_pass=True, tw_base=True, split_from=(7, 5)),
     dict(_S5, tw_base=True, tw_smem=True), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5)),
@@ -44,10 +47,12 @@ NTT_VARIANTS = [
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 4)),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
     dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
-    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), tw_local=True),
+    dict(_S8, warps=1), _S8, dict(_S8, warps=2), dict(_S8, warps=8), dict(_S8, split_from=(6, 6)),
+    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
-TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True)]
+TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True),
+               dict(_S8, body=False), dict(_S8, tw_fake=True)]
 
 
 def label(kw: dict) -> str:
@@ -130,7 +135,7 @@ def main() -> int:
                     dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
                                  **kw)
                     ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
-                    if kw["one_pass"]:  # in place as well
+                    if kw["one_pass"] or kw.get("row_warp"):  # in place as well
                         arena = cp.asarray(x)
                         dntt._launch(ring, arena, i32(range(rows)), i32(range(rows)), i32(limbs), inverse, **kw)
                         ok = ok and np.array_equal(cp.asnumpy(arena), want)
@@ -200,19 +205,25 @@ def main() -> int:
                     continue
                 bench.add(f"{fname} {label(kw)}", f"R={r}", t,
                           f"{r / t / 1e6:6.2f} M limbs/s {r / t / bound * 100:5.1f}% of its bound")
-        if ring.logn > 12 and kw.get("body", True) and not kw["pipe"] and kw["threads"] == 256 and not kw["one_pass"]:
+        if ring.logn > 12 and kw.get("body", True) and kw["threads"] == 256 and not kw["one_pass"]:
             tw, pt = ring.twiddles[0], ring.prime_table
             src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
-                                                    "tw_smem", "tw_fake", "tw_local")}
+                                                    "tw_smem", "tw_fake", "row_warp", "warps")}
             key = "ntt-var-" + "-".join(map(str, src_kw.values()))
             rpb = kw["rows_per_block"]
-            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // rpb)):
+            warp = kw.get("row_warp", False)
+            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS),
+                                  ("ntt_fwd_row", (n >> 8) // (4 * kw["warps"] if warp else rpb))):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
-                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"], src_kw["tw_local"]) if (
+                threads = 32 * kw["warps"] if warp and kname.endswith("_row") else dntt.THREADS
+                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"]) if (
                     src_kw["tw_smem"] and kname.endswith("_row")) else 0
+                if warp and kname.endswith("_row"):
+                    smem = dntt.warp_smem(kw["warps"], dntt.warp_split_from(kw["split"], kw["split_from"], False))
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem
-                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw),
+                extra = (dntt.warp_tables(ring, False),) if warp and kname.endswith("_row") else ()
+                t = bench.time(lambda s: k((rows * blocks,), (threads,), (arena, ins[s], outs[s], primes, pt, tw) + extra,
                                            shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena

@@ -11,22 +11,25 @@ LAZY and primes below 2^28 the forward butterflies reduce only at the first stag
 (values below 16q <= 2^32; see ct_bfly_lazy).
 Data is staged in shared memory; stages run in passes of up to RADIX_LOG (4) stages held in
 registers (16 points per virtual thread; the thesis' scheme is 3 stages, 8 points), with a
-__syncthreads between passes.
+__syncthreads between passes (a __syncwarp in the warp-tile row kernels). Conditional subtractions
+are an add and an unsigned min (csub); 2q is read from the prime table, so that x + 2q - t is one add.
 
 * N <= 4096: one kernel, one block per row, the whole transform in shared memory.
 * N >= 8192: two kernels. Write the index j = hi * 256 + lo. The "column" kernel does the first
   log2(N) - 8 stages (butterflies along hi, 32 columns per block, 256 threads); the "row" kernel
-  does the last 8 stages (butterflies along lo, ROWS = 32 rows of 256 points per block, a warp's
-  lanes being 32 rows at the same point). Stage s of a 256-point row transform uses twiddle index
+  does the last 8 stages (butterflies along lo). Stage s of a 256-point row transform uses twiddle index
   2^s (2^a + hi) + i_local, a = log2(N) - 8, i_local < 2^s; the row kernel takes it as the product
-  of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows, so a warp's
-  loads are broadcasts): psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit.
-  Stages below SPLIT_FROM read the one table entry instead (one product; those entries are the
-  first 2^(a + SPLIT_FROM) of the table, few enough to stay in L2 for every prime). With TW_SMEM
-  a row block first copies its rows' one-product twiddles (a contiguous range of the table per
-  stage) and row factors into a table in dynamic shared memory, laid out so that lanes that are
-  rows read consecutive entries (see ts_fill); from global memory each such lane reads its own
-  cache line. With TW_BASE a stage's twiddles are addressed from one base pointer.
+  of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows):
+  psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit. Stages below SPLIT_FROM
+  read the one table entry instead (one product; a contiguous range of the table per row block).
+  With ROW_WARP (the default) the row kernel is _ROWW: each warp owns 4 rows and, after one block
+  barrier, synchronizes with no other warp, so that the warps of a multiprocessor drift apart and
+  overlap their loads with others' butterflies; its one-product twiddles and row factors come from
+  a per-warp table and the split factors from a per-block table in shared memory (laid out so that
+  lanes read consecutive entries or broadcasts), copied with cp.async beside the data loads. Without
+  it, the block row kernel _ROW: ROWS = 32 rows a block, a warp's lanes being 32 rows at the same
+  point; with TW_SMEM its twiddles come from a block table in shared memory (see ts_fill). With
+  TW_BASE a stage's twiddles are addressed from one base pointer.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 * ONE_PASS (N = 65536, off: measured slower, the butterflies do not overlap the halved traffic):
   one kernel, a thread-block cluster of 8 blocks a limb that trade the transposed tiles through
@@ -38,27 +41,32 @@ Rows are independent; each block reads its whole tile before writing it, so ``in
 
 from __future__ import annotations
 
+import weakref
+
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256  # threads a block of the column and row kernels (256 or 512)
 COLS = 32  # columns per block in the column kernel
 # Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
-ROWS = 32  # 256-point rows per row-kernel block: 32 = point-major layout (MODE 3), else a multiple of 4
+#: Block row kernel (ROW_WARP off): 256-point rows per block: 32 = point-major layout (MODE 3), else a multiple of 4.
+ROWS = 32
 RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
 ROW_LOG = 8  # log2 of the row length
-MIN_BLOCKS = 4  # row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
-PIPE = 0  # tiles a block of the pipelined kernels (0: the one-tile kernels; see _PIPED)
+MIN_BLOCKS = 4  # block row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
 SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
 #: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
 SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller table, faster forward)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
-TW_SMEM = True  # row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
-TW_LOCAL = False  # with TW_SMEM: the split stages' shared factors tw[i], i < 128, in that table too
+TW_SMEM = True  # block row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
 #: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
 #: memory (see _ONE_FWD); False: the column and row kernels.
 ONE_PASS = False
 CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 row tiles of 32 rows
+#: N >= 8192: the row kernels with warp tiles (see _ROWW): a warp owns 4 rows and synchronizes with no other warp.
+ROW_WARP = True
+WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
+WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -77,9 +85,13 @@ _SRC = r"""
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
 
+// x - c if x >= c, else x (0 < c < 2^32): min(x, x - c) as unsigned (x - c wraps above x when x < c);
+// two instructions (add, min) where the compare-and-select form takes three.
+__device__ __forceinline__ u32 csub(u32 x, u32 c) {{ return min(x, x - c); }}
+
 // Forward Cooley-Tukey butterfly, Harvey lazy: x, y in [0, 4q) -> [0, 4q); t = y * w in [0, 2q).
 __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
-    if (x >= two_q) x -= two_q;
+    x = csub(x, two_q);
     y = x + two_q - t;
     x = x + t;
 }}
@@ -89,7 +101,7 @@ __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
 // after the 4 stages of a pass, x, y < 8q + 4 * 2q = 16q. Inputs < 16q, outputs < 16q.
 template <bool RED>
 __device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q) {{
-    if (RED && x >= 4 * two_q) x -= 4 * two_q;
+    if (RED) x = csub(x, 4 * two_q);
     y = x + two_q - t;
     x = x + t;
 }}
@@ -113,16 +125,6 @@ __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int b
     return shoup_lazy(a, w.x, w.y, q);
 }}
 
-// The split product of tw_mul with the shared factor from the table: tws[idx] = tw[il] (TSL).
-template <bool FIRST>
-__device__ __forceinline__ u32 tw_split_smem(u32 a, const uint2* tws, int idx, uint2 rf, u32 q) {{
-    if (!FIRST) {{
-        const uint2 sw = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
-        a = shoup_lazy(a, sw.x, sw.y, q);
-    }}
-    return shoup_lazy(a, rf.x, rf.y, q);
-}}
-
 // a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
 __device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
     const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
@@ -132,11 +134,8 @@ __device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32
 // The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
 // stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
 // range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
-// LOCAL: then the shared factors tw[i], i < 128, of the split stages (see tw_split_smem).
-template <int SF, bool LOCAL>
+template <int SF>
 __device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
-    if (LOCAL)
-        for (int e = threadIdx.x; e < 128; e += blockDim.x) tws[33 * ((1 << SF) - 1) + 32 * (8 - SF) + e] = __ldg(tw + e);
     for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
         const int s = 31 - __clz((e >> 5) + 1);
         const int j = e - 32 * ((1 << s) - 1);
@@ -178,8 +177,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
 // in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
 // (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
-// TSL: the split stages' shared factors tw[i_local] from the table as well (after the row factors).
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false, bool TSL = false>
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
                                          u32 q, u32 two_q, const uint2* tws = nullptr) {{
     constexpr int LOGT = LOGM - S0 - R;
@@ -230,24 +228,19 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 if (k & half) continue;
                 const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
                 const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
-                const int ts_loc = 33 * ((1 << sfs) - 1) + 32 * (8 - sfs) + (g << d) + (k >> (R - d));
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
-                    if (u2 >= two_q) u2 -= two_q;
+                    u2 = csub(u2, two_q);
                     const u32 a = x + two_q - y;
                     v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
-                                  : TSL ? (s == 0 ? tw_split_smem<true>(a, tws, ts_loc, rf, q)
-                                                  : tw_split_smem<false>(a, tws, ts_loc, rf, q))
-                                           : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
+                                  : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
                                                     : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
                     v[k] = u2;
                 }} else {{
                     const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
                                   : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
-                                  : TSL ? (s == 0 ? tw_split_smem<true>(v[k + half], tws, ts_loc, rf, q)
-                                                  : tw_split_smem<false>(v[k + half], tws, ts_loc, rf, q))
                                   : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
                                            : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
@@ -267,50 +260,107 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     }}
 }}
 
-// 16-byte asynchronous copies global -> shared (cp.async, sm_80+), for the pipelined kernels.
+// 16- and 8-byte asynchronous copies global -> shared (cp.async, sm_80+), for the twiddle tables of the
+// warp-tile row kernels.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory");
+}}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(s), "l"(gmem) : "memory");
 }}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
 
-// Start loading tile `tile` (of rows * TILES) into buf: the column kernel's 32 columns of a limb
-// (layout of MODE 1), or the row kernel's 32 rows (layout of MODE 4).
-__device__ __forceinline__ void col_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
-    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
-    const int r = tile / TILES, c0 = (tile % TILES) * 32;
-    const u32* src = arena + (u64)in_slots[r] * NN + c0;
-#pragma unroll
-    for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        cp_async16(buf + e * 4, src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4);
-    }}
-    cp_async_commit();
-}}
-__device__ __forceinline__ void row_prefetch(u32* buf, const u32* arena, const int* __restrict__ in_slots, int tile) {{
-    constexpr int TILES = (1 << A_BITS) / 32;
-    const int r = tile / TILES, hi0 = (tile % TILES) * 32;
-    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
-#pragma unroll
-    for (int it = 0; it < 8; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        cp_async16(buf + sidx<4>(e >> 6, (e & 63) * 4), src + e);
-    }}
-    cp_async_commit();
-}}
-
 // Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
-    if (LAZY && x >= 4 * two_q) x -= 4 * two_q;
-    if (LAZY && x >= two_q + two_q) x -= two_q + two_q;
-    if (x >= two_q) x -= two_q;
-    return x >= q ? x - q : x;
+    if (LAZY) x = csub(csub(x, 4 * two_q), two_q + two_q);
+    return csub(csub(x, two_q), q);
+}}
+
+// Row kernels with warp tiles (ROW_WARP): warp w of the block owns 4 rows of 256 points in shared
+// memory, point p of row x (x < 4) at word wsidx(x, p) = WPITCH x + p + 4 (p / 16): 4 words of padding
+// after every 16 points, rows WPITCH = 336 words apart (16 mod 32). Pass A (stages 0-3): item (x, u),
+// u < 16, owns points u + 16 k (words base(x, u) + 20 k); a half-warp is one row, the two rows of a warp
+// land on the two halves of the banks. Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15,
+// four 16-byte chunks at base(x) + 20 g + 4 c: the 8 lanes of a quarter-warp hit 8 distinct 16-byte
+// bank groups (5 g mod 8). Every address is a base plus a constant: no swizzle instruction per access.
+#define WPITCH {wpitch}
+__device__ __forceinline__ int wsidx(int x, int p) {{
+    return x * WPITCH + p + ((p >> 4) << 2);
+}}
+
+// Pass A (S0 = 0) or B (S0 = 4) of the warp's 4 rows x = 0..3 (rows bt0 + x of the table's numbering,
+// bt0 = 2^A_BITS + first row; see ntt_pass for the twiddle indices: stage s = S0 + d of row bt uses
+// tw[(bt << s) + (g << d) + j], j = k >> (4 - d), g = 0 in pass A). Stages s >= SF (SF >= 4) take it as
+// tw[bt << s] x tw[(g << d) + j] (two Shoup products; the row factor from wt, the second from tl); the
+// earlier ones one table entry, from the warp's table wt for s < SFT (see _ROWW), else from tw.
+template <int S0, bool INV, int SF, int SFT>
+__device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, const uint2* wt,
+                                      int bt0, int lane, u32 q, u32 two_q) {{
+#pragma unroll
+    for (int it = 0; it < 2; ++it) {{
+        const int x = (lane >> 4) + 2 * it, u = lane & 15;
+        u32 v[16];
+        if (S0 == 4) {{
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {{
+                const uint4 y = *(const uint4*)(sm + wsidx(x, 16 * u + 4 * c));
+                v[4 * c] = y.x; v[4 * c + 1] = y.y; v[4 * c + 2] = y.z; v[4 * c + 3] = y.w;
+            }}
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < 16; ++k) v[k] = sm[wsidx(x, u + 16 * k)];
+        }}
+#pragma unroll
+        for (int dd = 0; dd < 4; ++dd) {{
+            const int d = INV ? 3 - dd : dd;
+            const int half = 8 >> d;
+            const int s = S0 + d;
+            const bool split_s = s >= SF;  // constant once unrolled
+            const int g = S0 == 4 ? u : 0;
+            const uint2* __restrict__ tws = tw + (((bt0 + x) << s) + (g << d));  // stages SFT <= s < SF
+            const uint2* wts = wt + 4 * ((1 << s) - 1) + (x << s) + (g << d);    // stages s < SFT
+            const uint2 rf = split_s ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
+                                                : wt[4 * ((1 << SFT) - 1) + 4 * (s - SF) + x]) : make_uint2(0u, 0u);
+            const uint2* tls = tl + 16 * ((1 << d) - 1) + u;
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {{
+                if (k & half) continue;
+                const int j = k >> (4 - d);
+                const uint2 w1 = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
+                                 : split_s ? tls[16 * j] : s < SFT ? wts[j] : __ldg(tws + j);
+                if (INV) {{
+                    const u32 a = v[k], b = v[k + half];
+                    u32 t = shoup_lazy(a + two_q - b, w1.x, w1.y, q);
+                    if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
+                    v[k] = csub(a + b, two_q);
+                    v[k + half] = t;
+                }} else {{
+                    u32 t = shoup_lazy(v[k + half], w1.x, w1.y, q);
+                    if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
+                    if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
+                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
+                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
+                }}
+            }}
+        }}
+        if (S0 == 4) {{
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                *(uint4*)(sm + wsidx(x, 16 * u + 4 * c)) =
+                    make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+        }} else {{
+#pragma unroll
+            for (int k = 0; k < 16; ++k) sm[wsidx(x, u + 16 * k)] = v[k];
+        }}
+    }}
 }}
 
 {kernels}
-"""
+""".replace("{wpitch}", str(WPITCH))
 
 _SMALL = r"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
@@ -319,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     __shared__ u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
@@ -340,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
     const int r = blockIdx.x / TILES;
     const int c0 = (blockIdx.x % TILES) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
@@ -366,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
     const int r = blockIdx.x / TILES;
     const int hi0 = (blockIdx.x % TILES) * ROWS;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
@@ -405,46 +455,104 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
 """
 
 
-# Pipelined kernels: a block transforms PIPE consecutive tiles (of rows * TILES), loading tile t + 1
-# with cp.async into the second of two shared buffers while it transforms tile t, so that its
-# loads overlap its butterflies. Dynamic shared memory: two tiles.
-_PIPED = r"""
-extern "C" __global__ void __launch_bounds__(256) {name}(
+# Row kernel with warp tiles (ROW_WARP): warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
+# + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). Dynamic shared memory:
+# the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows
+# (4 WPITCH words) and its table wt of WT entries: the one-product twiddles of stages s < SFT of its rows
+# (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s]
+# of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
+# tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
+# all global reads are in flight at once; one block barrier, then the two passes and the stores with
+# only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
+_ROWW = r"""
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all, int total) {{
-    extern __shared__ __align__(16) u32 smbuf[];
-    constexpr int TILES = {tiles};
-    constexpr int WORDS = {words};
-    const int first = blockIdx.x * PIPE;
-    {prefetch}(smbuf, arena, in_slots, first);
-    for (int t = 0; t < PIPE; ++t) {{
-        const int tile = first + t;
-        if (tile >= total) break;
-        u32* sm = smbuf + (t & 1) * WORDS;
-        if (t + 1 < PIPE && tile + 1 < total) {{
-            {prefetch}(smbuf + ((t + 1) & 1) * WORDS, arena, in_slots, tile + 1);
-            cp_async_wait<1>();
-        }} else {{
-            cp_async_wait<0>();
-        }}
-        __syncthreads();
-        const int r = tile / TILES;
-        const int pi = prime_idx[r];
-        const u32 q = prime_q(pt, pi), two_q = 2 * q;
-        const uint2* tw = tw_all + (u64)pi * NN;
-{setup}
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
+        const uint2* __restrict__ tl_all) {{
+    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF);
+    extern __shared__ __align__(16) u32 dyn[];
+    uint2* tl = (uint2*)dyn;
+    constexpr int TILES = (1 << A_BITS) / 4;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int r = t / TILES, hi0 = (t % TILES) * 4;
+    const int bt0 = (1 << A_BITS) + hi0;
+    const int pi = prime_idx[r];
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
+    const uint2* tw = tw_all + (u64)pi * NN;
+    u32* sm = dyn + 480 + (threadIdx.x >> 5) * (4 * WPITCH + 2 * WT);
+    uint2* wt = (uint2*)(sm + 4 * WPITCH);
+    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
+    uint4 y[8];
+#pragma unroll
+    for (int it = 0; it < 8; ++it) y[it] = src[it * 32 + lane];
+    if (SF < 8)
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
+    for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
+        const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
+        cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
+    }}
+    for (int e = lane; e < 4 * (8 - SF); e += 32)
+        cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+    cp_async_commit();
+#pragma unroll
+    for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+    cp_async_wait<0>();
+    __syncthreads();
 {passes}
-        __syncthreads();
-{store}
-        __syncthreads();
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {{
+        uint4 v = *(const uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4));
+{finish}
+        dst[it * 32 + lane] = v;
     }}
 }}
 """
 
-_COL_SETUP = """        const int c0 = (tile % TILES) * 32;
-        u32* dst = arena + (u64)out_slots[r] * NN + c0;"""
-_ROW_SETUP = """        const int hi0 = (tile % TILES) * 32;
-        uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);"""
+
+def _warp_passes(inverse: bool, sf: int) -> str:
+    """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
+    inv = "true" if inverse else "false"
+    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q);" for s0 in (0, 4)]
+    return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
+
+
+def warp_split_from(split: bool, split_from, inverse: bool) -> int:
+    """The first split stage SF of the warp-tile row kernels: split_from (of its direction) clamped to
+    4 .. 8 (they split in pass B only), 8 (none) without split twiddles. Their warp tables hold the
+    stages below SFT = min(SF, 6)."""
+    sf = _split_defines(split_from)["split_inv" if inverse else "split_fwd"]
+    return min(max(sf, 4), 8) if split else 8
+
+
+#: Entry e of a prime's split-factor table for the warp-tile row kernels is tw[TL_INDEX[e]]: stage 4 + d
+#: (d < 4) of pass B reads tw[(g << d) + j] (j < 2^d) at entry 16 (2^d - 1) + 16 j + g, so that the 16
+#: lanes g of a row read 16 consecutive entries.
+TL_INDEX = tuple(((e - 16 * ((1 << d) - 1)) & 15) << d | (e - 16 * ((1 << d) - 1)) >> 4
+                 for d in range(4) for e in range(16 * ((1 << d) - 1), 16 * ((1 << (d + 1)) - 1)))
+_TL_TABLES: "weakref.WeakKeyDictionary[CudaRing, dict]" = weakref.WeakKeyDictionary()
+
+
+def warp_tables(ring: CudaRing, inverse: bool):
+    """The device split-factor tables (P, 240, 2) of the warp-tile row kernels (forward or inverse
+    twiddles gathered at TL_INDEX), built on first use (like ``ring.twiddles``: before any graph capture)."""
+    tables = _TL_TABLES.setdefault(ring, {})
+    if inverse not in tables:
+        cp = cupy()
+        tw = ring.twiddles[1 if inverse else 0]
+        tables[inverse] = cp.ascontiguousarray(tw[:, cp.asarray(TL_INDEX, dtype=cp.int64)])
+    return tables[inverse]
+
+
+def warp_smem(warps: int, sf: int) -> int:
+    """Dynamic shared memory of a warp-tile row kernel: the table tl (240 entries of 8 bytes), then per
+    warp its 4 rows (4 WPITCH words) and its table wt (WT entries, see _ROWW)."""
+    sft = min(sf, 6)
+    return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * (4 * ((1 << sft) - 1) + 4 * (8 - sf)))
+
+
 _ROW_STORE = """#pragma unroll
     for (int it = 0; it < 8; ++it) {{
         const int e = it * 256 + threadIdx.x;
@@ -492,7 +600,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256
     const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
     const int hi0 = 32 * c;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
 """
 
@@ -566,7 +674,7 @@ _ONE_INV = _ONE_HEAD + r"""    {{
 
 
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
-                split: bool = False, body: bool = True, ts: bool = False, tsl: bool = False) -> str:
+                split: bool = False, body: bool = True, ts: bool = False) -> str:
     if not body:
         return ""
     plan, s = [], 0
@@ -578,8 +686,7 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: 
         plan.reverse()
     inv = "true" if inverse else "false"
     spl = "true" if split else "false"
-    tail = (", true, " + ("true" if tsl else "false") + ">(sm, tw, {}, {}, q, two_q, tws);" if ts
-            else ">(sm, tw, {}, {}, q, two_q);")
+    tail = ", true>(sm, tw, {}, {}, q, two_q, tws);" if ts else ">(sm, tw, {}, {}, q, two_q);"
     calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}" + tail.format(bt0, bt_step) for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
@@ -590,9 +697,10 @@ def _split_defines(split_from) -> dict:
 
 
 def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
-            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = 0,
+            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0,
             split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
-            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, tw_local: bool = False) -> str:
+            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, row_warp: bool = False,
+            warps: int = WARPS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
     radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
     tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
@@ -600,16 +708,18 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
     one product); body=False leaves the butterflies out: loads
     and stores only, for timing; min_blocks: the row kernel's resident blocks per multiprocessor asked
     of the register allocator; lazy: forward butterflies reduce once per pass, see ct_bfly_lazy;
-    threads: a block's threads in the column and row kernels, 256 or 512 (the pipelined and the
-    single-kernel N <= 4096 ones always run 256)). rows = 32
+    threads: a block's threads in the column and row kernels, 256 or 512 (the single-kernel N <= 4096
+    ones always run 256)). rows = 32
     selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
     the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
     row-major layout (MODE 2). row_mode forces one (0: that default). one_pass (N = 65536, rows 32,
-    radix 2^4, layout 4, 256 threads, not pipelined): also the one-pass cluster kernels ntt_fwd_one and
+    radix 2^4, layout 4, 256 threads): also the one-pass cluster kernels ntt_fwd_one and
     ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
     ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
-    shared memory (ts_bytes); tw_local: with tw_smem, the split stages' shared factors in that table too.
-    tw_fake: constant twiddles, wrong results (timing only)."""
+    shared memory (ts_bytes).
+    tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
+    (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
+    min_blocks and tw_smem do not apply to them)."""
     if not row_mode:
         row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
     if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
@@ -640,55 +750,34 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
         "        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = v;\n"
         "    }}"
     )
-    col_lazy = col_store.format(finish="")
-    col_inv = col_store.format(
-        finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
-    )
+    col_inv_finish = "".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
+    col_lazy, col_inv = col_store.format(finish=""), col_store.format(finish=col_inv_finish)
     row_fwd = "\n".join(
         f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
     )
     if tw_smem and not ts_fits(rows, radix_log, row_mode, split, split_from):
         raise ValueError("the row kernels' twiddle table needs 32 rows, layout 4, radix 2^4 and split twiddles")
     ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
-               "    ts_fill<SPLIT_FROM_{}, " + ("true" if tw_local else "false")
-               + ">(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
-    kernels = (
-        _COL.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
-                    store=col_lazy)
-        + _ROW.format(
-            name="ntt_fwd_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, False, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
-                               tw_smem, tw_local),
-            finish=row_fwd, ts_fill=ts_fill.format("FWD"),
-        )
-        + _ROW.format(
-            name="ntt_inv_row",
-            passes=_pass_calls(ROW_LOG, rows, row_mode, True, "(1 << A_BITS) + hi0", "1", radix_log, split, body,
-                               tw_smem, tw_local),
-            finish="", ts_fill=ts_fill.format("INV"),
-        )
-        + _COL.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
-                      store=col_inv)
-    )
-    if pipe >= 2:
-        if row_mode != 4:
-            raise ValueError("the pipelined NTT kernels need the row layout 4 (32 rows, radix 2^4)")
-        col = dict(tiles="(1 << (LOGN - A_BITS)) / 32", words="32 << A_BITS", prefetch="col_prefetch",
-                   setup=_COL_SETUP)
-        row = dict(tiles="(1 << A_BITS) / 32", words="32 * 256", prefetch="row_prefetch", setup=_ROW_SETUP)
-        bt = "(1 << A_BITS) + hi0"
-        kernels = (
-            _PIPED.format(name="ntt_fwd_col", passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
-                          store=col_lazy, **col)
-            + _PIPED.format(name="ntt_fwd_row", store=_ROW_STORE.format(finish=row_fwd),
-                            passes=_pass_calls(ROW_LOG, 32, 4, False, bt, "1", radix_log, split, body), **row)
-            + _PIPED.format(name="ntt_inv_row", store=_ROW_STORE.format(finish=""),
-                            passes=_pass_calls(ROW_LOG, 32, 4, True, bt, "1", radix_log, split, body), **row)
-            + _PIPED.format(name="ntt_inv_col", passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
-                            store=col_inv, **col)
-        )
+               "    ts_fill<SPLIT_FROM_{}>(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
+    if row_warp and (1 << a) // 4 % warps:
+        raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
+    parts = []
+    for d, inverse in (("fwd", False), ("inv", True)):
+        col_passes = _pass_calls(a, COLS, 1, inverse, "1", "0", radix_log, body=body)
+        col_finish = col_inv_finish if inverse else ""
+        col = _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish))
+        sf = warp_split_from(split, split_from, inverse)
+        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6),
+                            passes=_warp_passes(inverse, sf) if body else "",
+                            finish="" if inverse else row_fwd) if row_warp
+               else _ROW.format(name=f"ntt_{d}_row", finish="" if inverse else row_fwd,
+                                passes=_pass_calls(ROW_LOG, rows, row_mode, inverse, "(1 << A_BITS) + hi0", "1",
+                                                   radix_log, split, body, tw_smem),
+                                ts_fill=ts_fill.format(d.upper())))
+        parts += [col, row] if not inverse else [row, col]
+    kernels = "".join(parts)
     if one_pass:
-        if not one_pass_fits(logn, rows, radix_log, row_mode, pipe, threads):
+        if not one_pass_fits(logn, rows, radix_log, row_mode, threads):
             raise ValueError("the one-pass NTT kernels need N = 65536, 32 rows, radix 2^4, layout 4, 256 threads")
         row_bt = "(1 << A_BITS) + hi0"
         kernels += (
@@ -702,13 +791,11 @@ def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool
                               col_passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
                               finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw"))
         )
-    if threads != 256 and pipe >= 2:
-        raise ValueError("the pipelined NTT kernels run 256 threads a block")
     src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log,
                       min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
                       lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
                       **_split_defines(split_from))
-    return src.replace("#define MIN_BLOCKS", f"#define PIPE {max(pipe, 1)}\n#define MIN_BLOCKS", 1)
+    return src.replace("#define MIN_BLOCKS", f"#define WARPS {warps}\n#define MIN_BLOCKS", 1)
 
 
 def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
@@ -719,27 +806,26 @@ def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -
     return rows == 32 and radix_log == 4 and row_mode in (0, 4) and split and max(fwd, inv) <= 6
 
 
-def ts_bytes(split_from: int, local: bool = False) -> int:
+def ts_bytes(split_from: int) -> int:
     """Dynamic shared memory of a row kernel with the twiddle table: 8 bytes an entry, 33 (2^SF - 1)
-    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction), and with
-    ``local`` the 128 shared factors of the split stages."""
-    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from) + (128 if local else 0))
+    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction)."""
+    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from))
 
 
-def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0, pipe: int = PIPE,
+def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0,
                   threads: int = THREADS) -> bool:
     """Whether the one-pass cluster kernels exist for this configuration (N = 65536: 8 column tiles
-    and 8 row tiles of 32 KiB; the row layout 4 with radix 2^4; 256 threads; not pipelined)."""
-    return (logn == ROW_LOG + 8 and rows == 32 and radix_log == 4 and row_mode in (0, 4) and pipe < 2
-            and threads == 256)
+    and 8 row tiles of 32 KiB; the row layout 4 with radix 2^4; 256 threads)."""
+    return logn == ROW_LOG + 8 and rows == 32 and radix_log == 4 and row_mode in (0, 4) and threads == 256
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
             rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
-            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, pipe: int = PIPE, split_from=SPLIT_FROM,
+            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, split_from=SPLIT_FROM,
             lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
             tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
-            tw_local: bool | None = None, only_row: bool = False) -> None:
+            only_row: bool = False, row_warp: bool | None = None,
+            warps: int | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
     on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -749,10 +835,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
-    if pipe >= 2 and (rows_per_block, radix_log, row_mode) not in ((32, 4, 0), (32, 4, 4)):
-        pipe = 0  # the pipelined kernels exist for the row layout 4 only
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
-    if pipe >= 2 or ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
+    if ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
         threads = 256  # 512 threads need 512 16-byte chunks in a column and a row tile
     if one_pass is None:
         one_pass = ONE_PASS  # read at call time, so that scripts can compare both
@@ -760,48 +844,48 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         tw_base = TW_BASE
     if tw_smem is None:
         tw_smem = TW_SMEM
-    if tw_local is None:
-        tw_local = TW_LOCAL
     if only_row:
         if inverse or ring.logn <= 12:
             raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
-        one_pass, pipe = False, 0
-    one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, pipe, threads)
-    tw_smem = (bool(tw_smem) and not one_pass and pipe < 2 and ring.logn > 12
+        one_pass = False
+    one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, threads)
+    tw_smem = (bool(tw_smem) and not one_pass and ring.logn > 12
                and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
-    tw_local = bool(tw_local) and tw_smem
-    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe, split_from, lazy, threads)
-    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, PIPE, SPLIT_FROM, LAZY, THREADS)
+    row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and ring.logn > 12
+    warps = WARPS if warps is None else int(warps)
+    if row_warp:
+        tw_smem = False
+    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, split_from, lazy, threads)
+    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, SPLIT_FROM, LAZY, THREADS)
     key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
     key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
-    key += ("-tws" if tw_smem else "") + ("-twl" if tw_local else "") + ("-fake" if tw_fake else "")
+    key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
+    key += f"-w{warps}" if row_warp else ""
     fwd_tw, inv_tw = ring.twiddles
     tw = inv_tw if inverse else fwd_tw
     pt = ring.prime_table
 
     def kernel(name):
         return ring.kernel(
-            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode, pipe,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, tw_local), name
+            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode,
+                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps), name
         )
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
+        if row_warp and name.endswith("_row"):  # blocks_per_row: warp tiles
+            smem = warp_smem(warps, warp_split_from(split, split_from, inverse))
+            if k.max_dynamic_shared_size_bytes < smem:
+                k.max_dynamic_shared_size_bytes = smem
+            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
+                                                                 warp_tables(ring, inverse)), shared_mem=smem)
+            return
         smem = 0
         if tw_smem and name.endswith("_row"):
-            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"], tw_local)
+            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"])
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
         k((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
-
-    def run_piped(name, src, dst, tiles_per_row, words):
-        k = kernel(name)
-        smem = 2 * 4 * words
-        if k.max_dynamic_shared_size_bytes < smem:
-            k.max_dynamic_shared_size_bytes = smem
-        total = rows * tiles_per_row
-        k((-(-total // pipe),), (THREADS,), (arena, src, dst, prime_idx, pt, tw, cupy().int32(total)),
-          shared_mem=smem)
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
@@ -811,14 +895,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return
     a = ring.logn - ROW_LOG
     col_blocks = (1 << ROW_LOG) // COLS
-    row_blocks = (1 << a) // rows_per_block
-    if pipe >= 2:
-        col = ("ntt_inv_col" if inverse else "ntt_fwd_col", col_blocks, COLS << a)
-        row = ("ntt_inv_row" if inverse else "ntt_fwd_row", row_blocks, 32 << ROW_LOG)
-        first, second = (row, col) if inverse else (col, row)
-        run_piped(first[0], in_slots, out_slots, first[1], first[2])
-        run_piped(second[0], out_slots, out_slots, second[1], second[2])
-        return
+    row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_blocks)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)
@@ -929,7 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
     const int r = blockIdx.x % R;
     const int c0 = (blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (8 << A_BITS); e += 256)
@@ -957,7 +1034,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __shared__ __align__(16) u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = 2 * q;
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
     for (int i = threadIdx.x; i < NN / 4; i += blockDim.x)
