@@ -51,6 +51,10 @@ LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values s
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 
+# The generated text is kept byte for byte as measured in session 8 (docs/PERFORMANCE.md): it still holds
+# device code that no kernel of this module instantiates any more (sidx layouts 2-4, ts_fill, tw_smem_mul,
+# ntt_pass's TS and SPLIT branches, the ROWS, MIN_BLOCKS, ROW_MODE and TW_BASE defines) from the removed block
+# row kernel and one-pass kernels. Removing it would change every source hash: do it with a PTX comparison.
 _SRC = r"""
 #define LOGN {logn}
 #define NN (1 << LOGN)
