@@ -582,7 +582,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
     warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
     config = (split_from, lazy, warps, body, tw_fake)
-    key = f"ntt{ring.n}" + ("" if config == (SPLIT_FROM, LAZY, WARPS, True, False) else "-" + "-".join(map(str, config)))
+    default = config == (SPLIT_FROM, LAZY, WARPS, True, False)
+    key = f"ntt{ring.n}" + ("" if default else "-" + "-".join(map(str, config)))
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
