@@ -51,22 +51,12 @@ LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values s
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 
-# The generated text is kept byte for byte as measured in session 8 (docs/PERFORMANCE.md): it still holds
-# device code that no kernel of this module instantiates any more (sidx layouts 2-4, ts_fill, tw_smem_mul,
-# ntt_pass's TS and SPLIT branches, the ROWS, MIN_BLOCKS, ROW_MODE and TW_BASE defines) from the removed block
-# row kernel and one-pass kernels. Removing it would change every source hash: do it with a PTX comparison.
 _SRC = r"""
 #define LOGN {logn}
 #define NN (1 << LOGN)
 #define A_BITS {a_bits}
-#define ROWS {rows}
-#define RADIX_LOG {radix_log}
-#define MIN_BLOCKS {min_blocks}
-#define ROW_MODE {row_mode}
-#define SPLIT_FROM_FWD {split_fwd}
-#define SPLIT_FROM_INV {split_inv}
+#define WARPS {warps}
 #define LAZY {lazy}
-#define TW_BASE {tw_base}
 #define TW_FAKE {tw_fake}
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
@@ -93,157 +83,70 @@ __device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q) {
     x = x + t;
 }}
 
-// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il], il < 2^s. SPLIT: W = tw[bt << s] *
-// tw[il] mod q, as two Shoup products (the bit fields of bt << s and il do not overlap, so the
-// exponents br((bt << s) + il) = br(bt << s) + br(il) add up); the row factor rf = tw[bt << s] is
-// loaded once per stage and virtual thread, tw[il] comes from the first 2^s entries (L1-resident).
-// FIRST (stage 0, il = 0): W = rf.
-template <bool SPLIT, bool FIRST>
-__device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int bt, int s, int il, uint2 rf,
-                                      u32 q) {{
-    if (SPLIT) {{
-        if (!FIRST) {{
-            const uint2 sw = TWLD(tw + il);
-            a = shoup_lazy(a, sw.x, sw.y, q);
-        }}
-        return shoup_lazy(a, rf.x, rf.y, q);
-    }}
+// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il] (a Shoup product).
+__device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int bt, int s, int il, u32 q) {{
     const uint2 w = TWLD(tw + (bt << s) + il);
     return shoup_lazy(a, w.x, w.y, q);
 }}
 
-// a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
-__device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
-    const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
-    return shoup_lazy(a, w.x, w.y, q);
-}}
-
-// The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
-// stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
-// range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
-template <int SF>
-__device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
-    for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
-        const int s = 31 - __clz((e >> 5) + 1);
-        const int j = e - 32 * ((1 << s) - 1);
-        tws[33 * ((1 << s) - 1) + (j & ((1 << s) - 1)) * 33 + (j >> s)] = __ldg(tw + (bt0 << s) + j);
-    }}
-    for (int e = threadIdx.x; e < 32 * (8 - SF); e += blockDim.x)
-        tws[33 * ((1 << SF) - 1) + e] = __ldg(tw + ((bt0 + (e & 31)) << (SF + (e >> 5))));
-}}
-
 // Shared-memory position of point p of sub-transform `sub`.
 // MODE 0: one transform (p). MODE 1: 32 columns, column-minor (bank = column).
-// MODE 3: 32 rows of 256 points, point-major like MODE 1 (a warp's lanes are 32 rows at the same
-// point; bank = row ^ (p / 4 mod 32), which also keeps the 16-byte row loads conflict free).
-// MODE 4: 32 rows of 256 points in 16-byte chunks, chunk j = p / 4 of row `sub` at chunk
-// j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
-// reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
-// warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
-// MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
-// pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
-// warp spans two rows, hence the row parity in the swizzle).
 template <int MODE>
 __device__ __forceinline__ int sidx(int sub, int p) {{
-    if (MODE == 0) return p;
-    if (MODE == 1) return p * 32 + sub;
-    if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
-    if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
-    const int x = p >> 5;
-    if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
-    return sub * 256 + (p ^ (x << 2) ^ (x & 3));
+    return MODE == 0 ? p : p * 32 + sub;
 }}
 
-// Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory.
+// Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory (the
+// one-kernel transform: G = 1, MODE 0; the column kernel: G = 32 columns, MODE 1).
 // Virtual thread u of a sub-transform owns points base + k*T (k < 2^R); stage S0+d pairs k and
-// k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle (bt << s) + i_local of
-// the table tw, bt = bt0 + bt_step * sub (read through L1: a warp reads one or a few
-// contiguous twiddles; building the row twiddles in shared memory from two table entries each
-// measured slower, 2026-11-21).
-// TS (the row kernel with TW_SMEM, SPLIT, bt_step 1): the twiddles of the one-product stages s < SF
-// (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
-// in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
-// (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
-                                         u32 q, u32 two_q, const uint2* tws = nullptr) {{
+// k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle 2^s + i_local of the
+// table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
+// tw + (g << d) a stage and a constant offset each.
+template <int LOGM, int G, int MODE, int S0, int R, bool INV>
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
     for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
         int sub, u;
-        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
+        if (MODE == 1) {{
             sub = item % G; u = item / G;
-        }} else if (MODE == 4) {{  // NV == 16, G == 32
-            const int lane = item & 31, w = item >> 5;
-            u = (lane & 3) | ((w & 3) << 2);
-            sub = ((lane >> 2) & 7) | ((w >> 2) << 3);
         }} else {{
             u = item % NV; sub = item / NV;
         }}
         const int off = u & (T - 1);
         const int g = u >> LOGT;
         const int base = (g << (LOGT + R)) + off;
-        const int bt = bt0 + bt_step * sub;
         u32 v[1 << R];
-        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-            for (int c = 0; c < (1 << R) / 4; ++c) {{
-                const uint4 x = *(const uint4*)(sm + sidx<MODE>(sub, base + 4 * c));
-                v[4 * c] = x.x; v[4 * c + 1] = x.y; v[4 * c + 2] = x.z; v[4 * c + 3] = x.w;
-            }}
-        }} else {{
-#pragma unroll
-            for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
-        }}
+        for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
 #pragma unroll
         for (int dd = 0; dd < R; ++dd) {{
             const int d = INV ? R - 1 - dd : dd;
             const int half = 1 << (R - 1 - d);
             const int s = S0 + d;
-            const bool split_s = SPLIT && s >= (INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD);  // constant once unrolled
-            const int sfs = INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD;
-            const uint2 rf = !split_s ? make_uint2(0u, 0u)
-                             : TS ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
-                                             : tws[33 * ((1 << sfs) - 1) + 32 * (s - sfs) + sub])
-                                  : TWLD(tw + (bt << s));
-            // TW_BASE: the twiddles of this stage from one base pointer tw + (g << d) and a constant
-            // offset (k >> (R - d)) each, instead of a 64-bit address computed per twiddle.
-            const uint2* __restrict__ twg = TW_BASE ? tw + (g << d) : tw;
+            const uint2* __restrict__ twg = tw + (g << d);
 #pragma unroll
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
-                const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
-                const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
+                const int il = k >> (R - d);
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
                     u2 = csub(u2, two_q);
                     const u32 a = x + two_q - y;
-                    v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
-                                  : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
-                                  : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
-                                                    : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
+                    v[k + half] = tw_mul(a, twg, 1, s, il, q);
                     v[k] = u2;
                 }} else {{
-                    const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
-                                  : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
-                                  : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
-                                           : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
+                    const u32 t = tw_mul(v[k + half], twg, 1, s, il, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
                     else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
                     else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
                 }}
             }}
         }}
-        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-            for (int c = 0; c < (1 << R) / 4; ++c)
-                *(uint4*)(sm + sidx<MODE>(sub, base + 4 * c)) = make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-        }} else {{
-#pragma unroll
-            for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
-        }}
+        for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
     }}
 }}
 
@@ -267,7 +170,7 @@ __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
     return csub(csub(x, two_q), q);
 }}
 
-// Row kernels with warp tiles (ROW_WARP): warp w of the block owns 4 rows of 256 points in shared
+// Row kernels with warp tiles: warp w of the block owns 4 rows of 256 points in shared
 // memory, point p of row x (x < 4) at word wsidx(x, p) = WPITCH x + p + 4 (p / 16): 4 words of padding
 // after every 16 points, rows WPITCH = 336 words apart (16 mod 32). Pass A (stages 0-3): item (x, u),
 // u < 16, owns points u + 16 k (words base(x, u) + 20 k); a half-warp is one row, the two rows of a warp
@@ -462,7 +365,8 @@ def warp_split_from(split_from, inverse: bool) -> int:
     """The first split stage SF of the warp-tile row kernels: split_from (an int, or a pair for forward
     and inverse) clamped to 4 .. 8 (they split in pass B only; 8: none). Their warp tables hold the
     stages below SFT = min(SF, 6)."""
-    return min(max(_split_defines(split_from)["split_inv" if inverse else "split_fwd"], 4), 8)
+    sf = split_from if isinstance(split_from, int) else split_from[1 if inverse else 0]
+    return min(max(int(sf), 4), 8)
 
 
 #: Entry e of a prime's split-factor table for the warp-tile row kernels is tw[TL_INDEX[e]]: stage 4 + d
@@ -491,7 +395,6 @@ def warp_smem(warps: int, sf: int) -> int:
     return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * (4 * ((1 << sft) - 1) + 4 * (8 - sf)))
 
 
-
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) -> str:
     """The ntt_pass calls of a 2^logm-point transform of g sub-transforms in layout ``mode`` (passes of
     RADIX_LOG stages, the last one shorter; reversed for the inverse); none with body=False."""
@@ -505,20 +408,14 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, false>(sm, tw, 1, 0, q, two_q);" for s0, r in plan]
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q);" for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
-def _split_defines(split_from) -> dict:
-    fwd, inv = (split_from, split_from) if isinstance(split_from, int) else split_from
-    return {"split_fwd": int(fwd), "split_inv": int(inv)}
-
-
-def _header(logn: int, a_bits: int, row_mode: int, kernels: str, lazy: bool, tw_fake: bool, split_from) -> str:
-    """_SRC around ``kernels`` (the values of its fixed defines are those every NTT module was built with)."""
-    return _SRC.format(logn=logn, a_bits=a_bits, rows=32, radix_log=RADIX_LOG, min_blocks=4, row_mode=row_mode,
-                       kernels=kernels, lazy=int(lazy), threads=THREADS, tw_base=1, tw_fake=int(tw_fake),
-                       **_split_defines(split_from))
+def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS) -> str:
+    """_SRC around ``kernels``."""
+    return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
+                       tw_fake=int(tw_fake))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
@@ -536,7 +433,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         )
         kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
             _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
-        return _header(logn, logn, 2, kernels, lazy, tw_fake, split_from)
+        return _header(logn, logn, kernels, lazy, tw_fake)
     a = logn - ROW_LOG
     if (1 << a) // 4 % warps:
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
@@ -561,8 +458,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
                            finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
-    src = _header(logn, a, 4, "".join(parts), lazy, tw_fake, split_from)
-    return src.replace("#define MIN_BLOCKS", f"#define WARPS {warps}\n#define MIN_BLOCKS", 1)
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
@@ -760,9 +656,9 @@ def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool) -> str:
     the default kernels (:func:`_source`)."""
     if logn <= 12:
         kernel = _SMALL_PRO.format(passes=_pass_calls(logn, 1, 0, False))
-        return _header(logn, logn, 2, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False, SPLIT_FROM)
+        return _header(logn, logn, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
     kernel = _COL_PRO.format(passes=_pass_calls(logn - ROW_LOG, COLS, 1, False))
-    return _header(logn, logn - ROW_LOG, 4, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False, SPLIT_FROM)
+    return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
 
 
 class PrologueTables:
