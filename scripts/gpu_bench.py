@@ -75,34 +75,6 @@ def ntt_throughput(ctx, rows: int, repeats: int) -> float:
     return rows / (t.median_ms / 1e3)
 
 
-def _ntt_settings(text: str) -> dict:
-    """'ONE_PASS=1,TW_BASE=0' -> {'ONE_PASS': True, 'TW_BASE': False} (module constants of the NTT kernels)."""
-    from caramel.backends.cuda import ntt as dntt
-
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        if key not in _NTT_KEYS or not hasattr(dntt, key):
-            raise SystemExit(f"--ntt-set: {key!r} is not one of {', '.join(_NTT_KEYS)}")
-        out[key] = value not in ("0", "false", "False", "")
-    return out
-
-
-_NTT_DEFAULTS: dict = {}
-_NTT_KEYS = ("ONE_PASS", "TW_BASE", "TW_SMEM", "ROW_WARP")  # the settings that caramel.backends.cuda.ntt._launch reads at call time
-
-
-def _apply_ntt_settings(settings: dict) -> None:
-    """The module's own settings, then these (each --ntt-set starts from the defaults)."""
-    from caramel.backends.cuda import ntt as dntt
-
-    if not _NTT_DEFAULTS:
-        _NTT_DEFAULTS.update((k, getattr(dntt, k)) for k in _NTT_KEYS)
-    for key, value in {**_NTT_DEFAULTS, **settings}.items():
-        setattr(dntt, key, value)
-    log("NTT settings:", ", ".join(f"{k}={getattr(dntt, k)}" for k in _NTT_KEYS))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=Path, action="append")
@@ -115,12 +87,8 @@ def main() -> int:
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--ntt-rows", type=int, default=1024)
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
-    ap.add_argument("--ntt-set", action="append", default=[],
-                    help="module settings of caramel.backends.cuda.ntt to time the fused graphs with, e.g. "
-                         "ONE_PASS=1,TW_BASE=1 (repeat to compare several; default: the module's)")
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     args = ap.parse_args()
-    ntt_sets = [_ntt_settings(v) for v in args.ntt_set] or [{}]
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
     if not gpu_available():
         raise SystemExit("no usable GPU (CuPy or CUDA device missing)")
@@ -158,15 +126,11 @@ def main() -> int:
     variants = (("eager per instruction", unfused, False, True, 1), ("eager unfused kernels", unfused, False, False, 1),
                 ("graph unfused", unfused, True, False, 1), ("graph fused", fused, True, False, 1),
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
-    for set_no, label, plan, graph, per_row, streams in [(i, *v) for i in range(len(ntt_sets)) for v in variants]:
-        if (args.fused_only or set_no) and not label.startswith("graph fused"):
+    for label, plan, graph, per_row, streams in variants:
+        if args.fused_only and not label.startswith("graph fused"):
             continue
         if label.startswith("graph fused") and str(streams) not in args.streams.split(","):
             continue
-        if len(ntt_sets) > 1 or ntt_sets[0]:
-            _apply_ntt_settings(ntt_sets[set_no])
-            if set_no:  # the first set keeps the plain labels (roofline, stored digest)
-                label += f" [{','.join(f'{k}={v}' for k, v in ntt_sets[set_no].items())}]"
         t0 = time.perf_counter()
         run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays

@@ -120,28 +120,6 @@ def benchmark(n: int) -> list:
                       f"{rows / t / 1e6:8.2f} M limbs/s  {4 * rows * limb_bytes / t / 1e9:6.0f} GB/s")
         t = bench.time(lambda s: dntt.ntt(ring, arena, ins[s], ins[s], primes), sets)
         bench.add("ntt in place", f"N={n} R={rows}", t, f"{rows / t / 1e6:8.2f} M limbs/s")
-        if ring.logn > 12:  # the two kernels of the forward transform, one at a time
-            tw, pt = ring.twiddles[0], ring.prime_table
-            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // dntt.ROWS)):
-                k = ring.kernel(f"ntt{n}", lambda: dntt._source(ring.logn), kname)
-                t = bench.time(lambda s: k((rows * blocks,), (dntt.THREADS,), (arena, ins[s], outs[s], primes, pt, tw)), sets)
-                bench.add(f"  {kname} alone", f"N={n} R={rows}", t, f"{2 * rows * limb_bytes / t / 1e9:8.0f} GB/s")
-        if ring.logn > 12 and rows == 512:  # other configurations, checked bit-exact against the default
-            dntt.ntt(ring, arena, ins[0], outs[0], primes)
-            want_f = cp.asnumpy(arena[rows : 2 * rows])
-            dntt.intt(ring, arena, ins[0], outs[0], primes)
-            want_i = cp.asnumpy(arena[rows : 2 * rows])
-            for per_block, radix in ((8, 3), (16, 3), (8, 4)):
-                cfg = f"rows={per_block} radix=2^{radix}"
-                for fname, inverse, want in (("ntt", False, want_f), ("intt", True, want_i)):
-                    arena[rows : 2 * rows] = 0xFFFFFFFF
-                    dntt._launch(ring, arena, ins[0], outs[0], primes, inverse, per_block, radix)
-                    same = bool((cp.asnumpy(arena[rows : 2 * rows]) == want).all())
-                    t = bench.time(
-                        lambda s: dntt._launch(ring, arena, ins[s], outs[s], primes, inverse, per_block, radix), sets
-                    )
-                    bench.add(f"  {fname} {cfg}", f"N={n} R={rows}", t,
-                              f"{rows / t / 1e6:8.2f} M limbs/s  {'bit-exact' if same else 'MISMATCH'}")
         del arena
 
     # Elementwise.

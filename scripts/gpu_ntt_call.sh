@@ -3,7 +3,7 @@
 # BootstrapLike_51L_1c replay on 4 streams with its digest and the batched NTT, optionally with the NTT module
 # settings of NTT_SETS (each "NAME=V,NAME=V"; a replay per set), the test modules of EXTRA_TESTS and, with
 # CORPUS=1, the exact corpus check.
-# Usage (repository root, .data present): OUT=dir VARIANTS=13,20 NTT_SETS="default ROW_WARP=0" CORPUS=1 bash scripts/gpu_ntt_call.sh
+# Usage (repository root, .data present): OUT=dir VARIANTS=1,7 NTT_SETS="default WARPS=2" CORPUS=1 bash scripts/gpu_ntt_call.sh
 set -u
 out="${OUT:-gpu_ntt_logs}"
 mkdir -p "$out"

@@ -4,8 +4,9 @@ rotating input sets, median of replays; see scripts/gpu_kernels_check.py's Bench
 
     PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_variants.py [--sizes 4096,8192,65536] [--quick]
 
-NTT/INTT variants: (split row twiddles, row-kernel blocks per multiprocessor); a loads-and-stores
-only variant gives the floor of the access pattern. Base conversion: the tensor-core kernel's builds
+NTT/INTT variants: the warp-tile row kernel's warps a block and split stages, lazy or not; a
+loads-and-stores only variant gives the floor of the access pattern, constant twiddles the price of
+the twiddle loads. Base conversion: the tensor-core kernel's builds
 (TC_VARIANTS) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c.
 Prints a table last.
 """
@@ -26,38 +27,20 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gpu_kernels_check import Bench, sets_for  # noqa: E402
 
 #: Keyword arguments of caramel.backends.cuda.ntt._launch, one dict a variant of the NTT kernels (the
-#: others at their module defaults). The first is the kernel of commit 10baff7 (row layout 0: the
-#: default for the row count, see caramel.backends.cuda.ntt._source), the second the default of
-#: session 4 (5fcd20c), the fourth the default of session 5; from the ninth on, session 6: the one-pass
-#: cluster kernels (N = 65536 only; other sizes run the two-pass kernels), twiddle base pointers and
-#: the row kernels' twiddle table in shared memory (the 15th, split from (5, 5), is session 6's default).
-_S5 = dict(rows_per_block=32, split=True, min_blocks=4, row_mode=4, split_from=(6, 5), lazy=True,
-           threads=256, one_pass=False, tw_base=False, tw_smem=False, row_warp=False, warps=1)
-#: Session 6's default (NTT_VARIANTS[14]) with the row kernels of warp tiles (session 8, ``warps`` a block;
-#: the 22nd, 4 warps, is session 8's default).
-_S8 = dict(_S5, tw_base=True, split_from=(5, 5), row_warp=True, warps=4)
+#: others at their module defaults). The second is the default of session 8 (4 warps a block); the
+#: block row kernel and the one-pass kernels of the variants of sessions 4-8 were removed after session 8.
+DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4)
 NTT_VARIANTS = [
-    dict(_S5, rows_per_block=16, split=False, min_blocks=1, row_mode=2, split_from=0, lazy=False),
-    dict(_S5, split_from=0, lazy=False), dict(_S5, split_from=4), _S5, dict(_S5, split_from=(7, 5)),
-    dict(_S5, split_from=(8, 5)), dict(_S5, threads=512),
-    dict(_S5, one_pass=True), dict(_S5, tw_base=True), dict(_S5, one_pass=True, tw_base=True),
-    dict(_S5, one_pass=True, tw_base=True, min_blocks=3), dict(_S5, one_pass=True, tw_base=True, split_from=(7, 5)),
-    dict(_S5, tw_base=True, tw_smem=True), dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5)),
-    dict(_S5, tw_base=True, tw_smem=True, split_from=(6, 6)), dict(_S5, tw_base=True, tw_smem=True, split_from=(4, 4)),
-    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 4)),
-    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=5),
-    dict(_S5, tw_base=True, tw_smem=True, split_from=(5, 5), min_blocks=3),
-    dict(_S8, warps=1), _S8, dict(_S8, warps=2), dict(_S8, warps=8), dict(_S8, split_from=(6, 6)),
-    dict(_S8, split_from=(4, 4)), dict(_S8, split_from=(7, 7)),
+    dict(DEFAULT, warps=1), DEFAULT, dict(DEFAULT, warps=2), dict(DEFAULT, warps=8), dict(DEFAULT, split_from=(6, 6)),
+    dict(DEFAULT, split_from=(4, 4)), dict(DEFAULT, split_from=(7, 7)), dict(DEFAULT, lazy=False),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
-TIMING_ONLY = [dict(_S5, body=False), dict(_S5, body=False, one_pass=True), dict(_S5, tw_base=True, tw_fake=True),
-               dict(_S8, body=False), dict(_S8, tw_fake=True)]
+TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True)]
 
 
 def label(kw: dict) -> str:
-    """A variant's settings that differ from session 5's default."""
-    return " ".join(f"{k}={v}" for k, v in kw.items() if _S5.get(k) != v) or "session 5 default"
+    """A variant's settings that differ from the default."""
+    return " ".join(f"{k}={v}" for k, v in kw.items() if DEFAULT.get(k) != v) or "default"
 
 
 #: (S, D, B) of base conversions that BootstrapLike_51L_1c runs (with their counts there).
@@ -135,10 +118,9 @@ def main() -> int:
                     dntt._launch(ring, arena, i32(range(rows)), i32(range(rows, 2 * rows)), i32(limbs), inverse,
                                  **kw)
                     ok = np.array_equal(cp.asnumpy(arena[rows:]), want)
-                    if kw["one_pass"] or kw.get("row_warp"):  # in place as well
-                        arena = cp.asarray(x)
-                        dntt._launch(ring, arena, i32(range(rows)), i32(range(rows)), i32(limbs), inverse, **kw)
-                        ok = ok and np.array_equal(cp.asnumpy(arena), want)
+                    arena = cp.asarray(x)  # in place as well
+                    dntt._launch(ring, arena, i32(range(rows)), i32(range(rows)), i32(limbs), inverse, **kw)
+                    ok = ok and np.array_equal(cp.asnumpy(arena), want)
                 except Exception as exc:  # a variant that does not compile or launch: report it, time the rest
                     print(f"{label(kw)}: {type(exc).__name__}: {exc}", flush=True)
                     ok = False
@@ -194,7 +176,6 @@ def main() -> int:
     two_pass = copy / (4 * limb)  # two passes: each reads and writes the limb once
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
     for kw in [] if args.bc_only else variants + (TIMING_ONLY if variants else []):
-        bound = two_pass * (2 if kw["one_pass"] and dntt.one_pass_fits(ring.logn) else 1)
         for fname, inverse in (("ntt", False), ("intt", True)):
             for r in (rows, 40):  # a large batch, and the typical size of the plan's INTT launches
                 try:
@@ -204,27 +185,21 @@ def main() -> int:
                     print(f"{fname} {label(kw)} R={r}: {type(exc).__name__}: {exc}", flush=True)
                     continue
                 bench.add(f"{fname} {label(kw)}", f"R={r}", t,
-                          f"{r / t / 1e6:6.2f} M limbs/s {r / t / bound * 100:5.1f}% of its bound")
-        if ring.logn > 12 and kw.get("body", True) and kw["threads"] == 256 and not kw["one_pass"]:
+                          f"{r / t / 1e6:6.2f} M limbs/s {r / t / two_pass * 100:5.1f}% of its bound")
+        if ring.logn > 12 and kw.get("body", True):  # the forward kernels one by one
             tw, pt = ring.twiddles[0], ring.prime_table
-            src_kw = {k: kw.get(k, False) for k in ("split", "min_blocks", "row_mode", "split_from", "lazy", "tw_base",
-                                                    "tw_smem", "tw_fake", "row_warp", "warps")}
-            key = "ntt-var-" + "-".join(map(str, src_kw.values()))
-            rpb = kw["rows_per_block"]
-            warp = kw.get("row_warp", False)
-            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS),
-                                  ("ntt_fwd_row", (n >> 8) // (4 * kw["warps"] if warp else rpb))):
-                k = ring.kernel(key, lambda: dntt._source(ring.logn, rpb, **src_kw), kname)
-                threads = 32 * kw["warps"] if warp and kname.endswith("_row") else dntt.THREADS
-                smem = dntt.ts_bytes(dntt._split_defines(kw["split_from"])["split_fwd"]) if (
-                    src_kw["tw_smem"] and kname.endswith("_row")) else 0
-                if warp and kname.endswith("_row"):
-                    smem = dntt.warp_smem(kw["warps"], dntt.warp_split_from(kw["split"], kw["split_from"], False))
+            key = "ntt-var-" + "-".join(map(str, kw.values()))
+            src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps") if k in kw}
+            warps = kw["warps"]
+            for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // (4 * warps))):
+                k = ring.kernel(key, lambda: dntt._source(ring.logn, **src_kw), kname)
+                row = kname.endswith("_row")
+                smem = dntt.warp_smem(warps, dntt.warp_split_from(kw["split_from"], False)) if row else 0
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem
-                extra = (dntt.warp_tables(ring, False),) if warp and kname.endswith("_row") else ()
-                t = bench.time(lambda s: k((rows * blocks,), (threads,), (arena, ins[s], outs[s], primes, pt, tw) + extra,
-                                           shared_mem=smem), sets)
+                extra = (dntt.warp_tables(ring, False),) if row else ()
+                t = bench.time(lambda s: k((rows * blocks,), (32 * warps if row else dntt.THREADS,),
+                                           (arena, ins[s], outs[s], primes, pt, tw) + extra, shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
     for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []) + (

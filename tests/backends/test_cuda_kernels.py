@@ -149,56 +149,26 @@ def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, 
             expect_inputs_kept(arena, have, dst)
 
 
-@pytest.mark.parametrize("config", [(16, False, 1), (16, True, 4), (32, True, 4), (32, False, 4), (8, True, 4),
-                                    (32, True, 3)],
-                         ids=lambda c: f"rows={c[0]},split={c[1]},mb={c[2]}")
-def test_ntt_configurations(pair, rng, config):
-    """Every configuration of the block row kernels (row layout, split twiddles, register cap)
-    computes the reference."""
-    rows_per_block, split, min_blocks = config
-    check_ntt_launch(pair, rng, str(config), rows_per_block=rows_per_block, split=split, min_blocks=min_blocks,
-                     row_warp=False)
+@pytest.mark.parametrize("split_from,lazy", [(0, False), (4, False), (0, True), (5, True), (8, True), ((6, 5), True),
+                                             ((7, 3), False)], ids=lambda v: str(v))
+def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy):
+    """The forward butterflies' lazy reduction (once per pass) and the row kernel's whole-table
+    twiddles for stages below split_from (clamped to 4 .. 8) compute the reference, forward and inverse."""
+    check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy}", split_from=split_from, lazy=lazy)
 
 
-@pytest.mark.parametrize("split_from,lazy,threads", [(0, False, 256), (4, False, 256), (0, True, 256), (5, True, 256),
-                                                    (8, True, 256), ((6, 5), True, 512), ((7, 3), False, 512)],
+@pytest.mark.parametrize("warps,split_from,lazy", [(1, (5, 5), True), (2, (6, 4), True), (8, (8, 7), False),
+                                                   (4, 8, True), (4, (0, 3), False), (4, (7, 6), True)],
                          ids=lambda v: str(v))
-def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, threads):
-    """The forward butterflies' lazy reduction (once per pass), the row kernel's whole-table
-    twiddles for stages below split_from and blocks of 512 threads compute the reference, forward
-    and inverse."""
-    for warp in (False, True):
-        check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy} warp={warp}", split_from=split_from,
-                         lazy=lazy, threads=threads, row_warp=warp)
-
-
-@pytest.mark.parametrize("one_pass,tw_base,tw_smem",
-                         [(False, False, False), (True, False, False), (False, True, False), (True, True, False),
-                          (False, True, True), (False, False, True)],
-                         ids=lambda v: str(v))
-def test_ntt_one_pass(pair, rng, one_pass, tw_base, tw_smem):
-    """The one-pass cluster kernels (N = 65536; other sizes fall back to the two-pass kernels) and the
-    two-pass ones, with twiddle addresses per twiddle or from a base pointer per stage, and the row
-    kernels' twiddles from global memory or a shared-memory table, compute the reference, forward and inverse, with two rows in place, whatever the
-    module defaults say."""
-    check_ntt_launch(pair, rng, f"one_pass={one_pass}", rows=7, in_place=(0, 5), one_pass=one_pass, tw_base=tw_base,
-                     tw_smem=tw_smem, row_warp=False)
-
-
-@pytest.mark.parametrize("warps,split,split_from,lazy", [(1, True, (5, 5), True), (2, True, (6, 4), True),
-                                                         (8, True, (8, 7), False), (4, False, 5, True),
-                                                         (4, True, (0, 3), False), (4, True, (7, 6), True)],
-                         ids=lambda v: str(v))
-def test_ntt_row_warp(pair, rng, warps, split, split_from, lazy):
+def test_ntt_row_warp(pair, rng, warps, split_from, lazy):
     """The row kernels with warp tiles (4 rows a warp, ``warps`` warps a block; split twiddles from
     stage split_from clamped to 4 .. 8, the one-product stages below 6 from the warp's table),
     forward and inverse, with two rows in place (N = 4096 runs the one-block kernels)."""
-    check_ntt_launch(pair, rng, f"warps={warps} split={split} from={split_from}", rows=7, in_place=(0, 5),
-                     row_warp=True, warps=warps, split=split, split_from=split_from, lazy=lazy)
+    check_ntt_launch(pair, rng, f"warps={warps} from={split_from}", rows=7, in_place=(0, 5), warps=warps,
+                     split_from=split_from, lazy=lazy)
 
 
-@pytest.mark.parametrize("warp", [False, True], ids=lambda v: f"warp={v}")
-def test_ntt_small_sizes(rng, warp):
+def test_ntt_small_sizes(rng):
     for n in (16, 32, 256, 2048, 8192, 16384, 32768):
         ctx, ring = rings(n)
         limbs = [0, 63, 31]
@@ -207,9 +177,9 @@ def test_ntt_small_sizes(rng, warp):
         src = arena.put(x)
         dst = arena.take(3)
         dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), False, row_warp=warp)
+        dntt.ntt(ring, dev, i32(src), i32(dst), i32(limbs))
         expect_rows(arena.download(), dst, ctx.ntt(x, limbs), f"ntt N={n}")
-        dntt._launch(ring, dev, i32(dst), i32(src), i32(limbs), True, row_warp=warp)
+        dntt.intt(ring, dev, i32(dst), i32(src), i32(limbs))
         expect_rows(arena.download(), src, x, f"intt N={n}")
 
 

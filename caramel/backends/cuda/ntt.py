@@ -21,19 +21,13 @@ are an add and an unsigned min (csub); 2q is read from the prime table, so that 
   2^s (2^a + hi) + i_local, a = log2(N) - 8, i_local < 2^s; the row kernel takes it as the product
   of tw[2^s (2^a + hi)] (one per row and stage) and tw[i_local] (shared by all rows):
   psi^br(x + y) = psi^br(x) psi^br(y) when x and y have no common bit. Stages below SPLIT_FROM
-  read the one table entry instead (one product; a contiguous range of the table per row block).
-  With ROW_WARP (the default) the row kernel is _ROWW: each warp owns 4 rows and, after one block
-  barrier, synchronizes with no other warp, so that the warps of a multiprocessor drift apart and
-  overlap their loads with others' butterflies; its one-product twiddles and row factors come from
-  a per-warp table and the split factors from a per-block table in shared memory (laid out so that
-  lanes read consecutive entries or broadcasts), copied with cp.async beside the data loads. Without
-  it, the block row kernel _ROW: ROWS = 32 rows a block, a warp's lanes being 32 rows at the same
-  point; with TW_SMEM its twiddles come from a block table in shared memory (see ts_fill). With
-  TW_BASE a stage's twiddles are addressed from one base pointer.
+  read the one table entry instead (one product). The row kernel is _ROWW: each warp owns 4 rows and,
+  after one block barrier, synchronizes with no other warp, so that the warps of a multiprocessor
+  drift apart and overlap their loads with others' butterflies; its one-product twiddles and row
+  factors come from a per-warp table and the split factors from a per-block table in shared memory
+  (laid out so that lanes read consecutive entries or broadcasts), copied with cp.async beside the
+  data loads. A stage's twiddles in the other kernels are addressed from one base pointer.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
-* ONE_PASS (N = 65536, off: measured slower, the butterflies do not overlap the halved traffic):
-  one kernel, a thread-block cluster of 8 blocks a limb that trade the transposed tiles through
-  distributed shared memory (see _ONE_FWD).
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
@@ -45,26 +39,15 @@ import weakref
 
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
-THREADS = 256  # threads a block of the column and row kernels (256 or 512)
+THREADS = 256  # threads a block of the column kernels and the one-kernel transforms
 COLS = 32  # columns per block in the column kernel
-# Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
-#: Block row kernel (ROW_WARP off): 256-point rows per block: 32 = point-major layout (MODE 3), else a multiple of 4.
-ROWS = 32
-RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread): 3 or 4
+RADIX_LOG = 4  # stages per pass held in registers (2^RADIX_LOG points per virtual thread)
 ROW_LOG = 8  # log2 of the row length
-MIN_BLOCKS = 4  # block row kernel: __launch_bounds__(256, MIN_BLOCKS), at most 64 registers a thread
-SPLIT = True  # row-kernel twiddles as two factors from small tables (see tw_mul in the source)
-#: With SPLIT: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product).
-SPLIT_FROM = (5, 5)  # (6, 5) up to session 5; (5, 5) with TW_SMEM (the smaller table, faster forward)
+# Configurations compared in docs/PERFORMANCE.md (scripts/gpu_variants.py).
+#: Row kernels: stages s < SPLIT_FROM (forward, inverse) read the whole twiddle from the table (one product),
+#: later ones a row factor times a factor shared by all rows (see warp_split_from).
+SPLIT_FROM = (5, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
-TW_BASE = True  # twiddle addresses as a base pointer per stage plus constant offsets (see ntt_pass)
-TW_SMEM = True  # block row kernels: one-product twiddles and row factors from a table in shared memory (ts_fits)
-#: N = 65536: one kernel a transform, a cluster of 8 blocks a limb exchanging through distributed shared
-#: memory (see _ONE_FWD); False: the column and row kernels.
-ONE_PASS = False
-CLUSTER = 8  # blocks of a one-pass cluster: 8 column tiles of 32 columns = 8 row tiles of 32 rows
-#: N >= 8192: the row kernels with warp tiles (see _ROWW): a warp owns 4 rows and synchronizes with no other warp.
-ROW_WARP = True
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 
@@ -72,14 +55,8 @@ _SRC = r"""
 #define LOGN {logn}
 #define NN (1 << LOGN)
 #define A_BITS {a_bits}
-#define ROWS {rows}
-#define RADIX_LOG {radix_log}
-#define MIN_BLOCKS {min_blocks}
-#define ROW_MODE {row_mode}
-#define SPLIT_FROM_FWD {split_fwd}
-#define SPLIT_FROM_INV {split_inv}
+#define WARPS {warps}
 #define LAZY {lazy}
-#define TW_BASE {tw_base}
 #define TW_FAKE {tw_fake}
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
@@ -106,157 +83,70 @@ __device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q) {
     x = x + t;
 }}
 
-// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il], il < 2^s. SPLIT: W = tw[bt << s] *
-// tw[il] mod q, as two Shoup products (the bit fields of bt << s and il do not overlap, so the
-// exponents br((bt << s) + il) = br(bt << s) + br(il) add up); the row factor rf = tw[bt << s] is
-// loaded once per stage and virtual thread, tw[il] comes from the first 2^s entries (L1-resident).
-// FIRST (stage 0, il = 0): W = rf.
-template <bool SPLIT, bool FIRST>
-__device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int bt, int s, int il, uint2 rf,
-                                      u32 q) {{
-    if (SPLIT) {{
-        if (!FIRST) {{
-            const uint2 sw = TWLD(tw + il);
-            a = shoup_lazy(a, sw.x, sw.y, q);
-        }}
-        return shoup_lazy(a, rf.x, rf.y, q);
-    }}
+// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il] (a Shoup product).
+__device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int bt, int s, int il, u32 q) {{
     const uint2 w = TWLD(tw + (bt << s) + il);
     return shoup_lazy(a, w.x, w.y, q);
 }}
 
-// a * W mod q in [0, 2q) with W = tws[idx], a twiddle of the row kernel's shared-memory table (TS).
-__device__ __forceinline__ u32 tw_smem_mul(u32 a, const uint2* tws, int idx, u32 q) {{
-    const uint2 w = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : tws[idx];
-    return shoup_lazy(a, w.x, w.y, q);
-}}
-
-// The row kernel's twiddle table (see ntt_pass, TS) for rows bt0 - 2^A_BITS .. + 31 and SF = split-from:
-// stage s < SF's entries tw[(bt0 << s) + j], j < 32 * 2^s (row j >> s, i_local = j mod 2^s, a contiguous
-// range of the table), then the row factors tw[(bt0 + row) << s] of the stages s >= SF.
-template <int SF>
-__device__ __forceinline__ void ts_fill(uint2* tws, const uint2* __restrict__ tw, int bt0) {{
-    for (int e = threadIdx.x; e < 32 * ((1 << SF) - 1); e += blockDim.x) {{
-        const int s = 31 - __clz((e >> 5) + 1);
-        const int j = e - 32 * ((1 << s) - 1);
-        tws[33 * ((1 << s) - 1) + (j & ((1 << s) - 1)) * 33 + (j >> s)] = __ldg(tw + (bt0 << s) + j);
-    }}
-    for (int e = threadIdx.x; e < 32 * (8 - SF); e += blockDim.x)
-        tws[33 * ((1 << SF) - 1) + e] = __ldg(tw + ((bt0 + (e & 31)) << (SF + (e >> 5))));
-}}
-
 // Shared-memory position of point p of sub-transform `sub`.
 // MODE 0: one transform (p). MODE 1: 32 columns, column-minor (bank = column).
-// MODE 3: 32 rows of 256 points, point-major like MODE 1 (a warp's lanes are 32 rows at the same
-// point; bank = row ^ (p / 4 mod 32), which also keeps the 16-byte row loads conflict free).
-// MODE 4: 32 rows of 256 points in 16-byte chunks, chunk j = p / 4 of row `sub` at chunk
-// j * 32 + (sub ^ (j mod 8)): row loads and stores are 16-byte and conflict free, a pass with T = 1
-// reads a thread's 16 points as four 16-byte chunks (lanes = rows), and a pass with T = 16 maps a
-// warp's lanes to 4 points x 8 rows (bank = 4 (row ^ j mod 8) + p mod 4: conflict free).
-// MODE 2: 256-point rows with an XOR swizzle of the low 5 bits that makes every pass of the
-// pass plan bank-conflict free ([3, 3, 2] stages for RADIX_LOG 3; [4, 4] for RADIX_LOG 4, where a
-// warp spans two rows, hence the row parity in the swizzle).
 template <int MODE>
 __device__ __forceinline__ int sidx(int sub, int p) {{
-    if (MODE == 0) return p;
-    if (MODE == 1) return p * 32 + sub;
-    if (MODE == 3) return p * 32 + (sub ^ ((p >> 2) & 31));
-    if (MODE == 4) return (((p >> 2) * 32 + (sub ^ ((p >> 2) & 7))) << 2) + (p & 3);
-    const int x = p >> 5;
-    if (RADIX_LOG == 4) return sub * 256 + (p ^ x ^ ((sub & 1) * 24));
-    return sub * 256 + (p ^ (x << 2) ^ (x & 3));
+    return MODE == 0 ? p : p * 32 + sub;
 }}
 
-// Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory.
+// Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory (the
+// one-kernel transform: G = 1, MODE 0; the column kernel: G = 32 columns, MODE 1).
 // Virtual thread u of a sub-transform owns points base + k*T (k < 2^R); stage S0+d pairs k and
-// k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle (bt << s) + i_local of
-// the table tw, bt = bt0 + bt_step * sub (read through L1: a warp reads one or a few
-// contiguous twiddles; building the row twiddles in shared memory from two table entries each
-// measured slower, 2026-11-21).
-// TS (the row kernel with TW_SMEM, SPLIT, bt_step 1): the twiddles of the one-product stages s < SF
-// (SF = SPLIT_FROM_FWD or _INV) and the row factors of the later stages come from the block's table
-// in shared memory, tws[33 (2^s - 1) + i_local * 33 + sub] and tws[33 (2^SF - 1) + 32 (s - SF) + sub]
-// (filled by ts_fill): lanes that are rows read consecutive entries instead of one cache line each.
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool SPLIT, bool TS = false>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, int bt0, int bt_step,
-                                         u32 q, u32 two_q, const uint2* tws = nullptr) {{
+// k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle 2^s + i_local of the
+// table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
+// tw + (g << d) a stage and a constant offset each.
+template <int LOGM, int G, int MODE, int S0, int R, bool INV>
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
     for (int item = threadIdx.x; item < NV * G; item += blockDim.x) {{
         int sub, u;
-        if (MODE == 1 || MODE == 3 || (MODE == 4 && LOGT == 0)) {{
+        if (MODE == 1) {{
             sub = item % G; u = item / G;
-        }} else if (MODE == 4) {{  // NV == 16, G == 32
-            const int lane = item & 31, w = item >> 5;
-            u = (lane & 3) | ((w & 3) << 2);
-            sub = ((lane >> 2) & 7) | ((w >> 2) << 3);
         }} else {{
             u = item % NV; sub = item / NV;
         }}
         const int off = u & (T - 1);
         const int g = u >> LOGT;
         const int base = (g << (LOGT + R)) + off;
-        const int bt = bt0 + bt_step * sub;
         u32 v[1 << R];
-        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-            for (int c = 0; c < (1 << R) / 4; ++c) {{
-                const uint4 x = *(const uint4*)(sm + sidx<MODE>(sub, base + 4 * c));
-                v[4 * c] = x.x; v[4 * c + 1] = x.y; v[4 * c + 2] = x.z; v[4 * c + 3] = x.w;
-            }}
-        }} else {{
-#pragma unroll
-            for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
-        }}
+        for (int k = 0; k < (1 << R); ++k) v[k] = sm[sidx<MODE>(sub, base + k * T)];
 #pragma unroll
         for (int dd = 0; dd < R; ++dd) {{
             const int d = INV ? R - 1 - dd : dd;
             const int half = 1 << (R - 1 - d);
             const int s = S0 + d;
-            const bool split_s = SPLIT && s >= (INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD);  // constant once unrolled
-            const int sfs = INV ? SPLIT_FROM_INV : SPLIT_FROM_FWD;
-            const uint2 rf = !split_s ? make_uint2(0u, 0u)
-                             : TS ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
-                                             : tws[33 * ((1 << sfs) - 1) + 32 * (s - sfs) + sub])
-                                  : TWLD(tw + (bt << s));
-            // TW_BASE: the twiddles of this stage from one base pointer tw + (g << d) and a constant
-            // offset (k >> (R - d)) each, instead of a 64-bit address computed per twiddle.
-            const uint2* __restrict__ twg = TW_BASE ? tw + (g << d) : tw;
+            const uint2* __restrict__ twg = tw + (g << d);
 #pragma unroll
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
-                const int il = TW_BASE ? k >> (R - d) : (g << d) + (k >> (R - d));
-                const int ts_idx = 33 * ((1 << s) - 1) + ((g << d) + (k >> (R - d))) * 33 + sub;
+                const int il = k >> (R - d);
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
                     u2 = csub(u2, two_q);
                     const u32 a = x + two_q - y;
-                    v[k + half] = TS && !split_s ? tw_smem_mul(a, tws, ts_idx, q)
-                                  : !split_s ? tw_mul<false, false>(a, twg, bt, s, il, rf, q)
-                                  : s == 0 ? tw_mul<SPLIT, true>(a, twg, bt, s, il, rf, q)
-                                                    : tw_mul<SPLIT, false>(a, twg, bt, s, il, rf, q);
+                    v[k + half] = tw_mul(a, twg, 1, s, il, q);
                     v[k] = u2;
                 }} else {{
-                    const u32 t = TS && !split_s ? tw_smem_mul(v[k + half], tws, ts_idx, q)
-                                  : !split_s ? tw_mul<false, false>(v[k + half], twg, bt, s, il, rf, q)
-                                  : s == 0 ? tw_mul<SPLIT, true>(v[k + half], twg, bt, s, il, rf, q)
-                                           : tw_mul<SPLIT, false>(v[k + half], twg, bt, s, il, rf, q);
+                    const u32 t = tw_mul(v[k + half], twg, 1, s, il, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
                     else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
                     else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
                 }}
             }}
         }}
-        if (MODE == 4 && LOGT == 0) {{
 #pragma unroll
-            for (int c = 0; c < (1 << R) / 4; ++c)
-                *(uint4*)(sm + sidx<MODE>(sub, base + 4 * c)) = make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-        }} else {{
-#pragma unroll
-            for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
-        }}
+        for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
     }}
 }}
 
@@ -280,7 +170,7 @@ __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
     return csub(csub(x, two_q), q);
 }}
 
-// Row kernels with warp tiles (ROW_WARP): warp w of the block owns 4 rows of 256 points in shared
+// Row kernels with warp tiles: warp w of the block owns 4 rows of 256 points in shared
 // memory, point p of row x (x < 4) at word wsidx(x, p) = WPITCH x + p + 4 (p / 16): 4 words of padding
 // after every 16 points, rows WPITCH = 336 words apart (16 mod 32). Pass A (stages 0-3): item (x, u),
 // u < 16, owns points u + 16 k (words base(x, u) + 20 k); a half-warp is one row, the two rows of a warp
@@ -407,55 +297,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
 }}
 """
 
-_ROW = r"""
-extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 sm[ROWS * 256];
-    constexpr int TILES = (1 << A_BITS) / ROWS;
-    const int r = blockIdx.x / TILES;
-    const int hi0 = (blockIdx.x % TILES) * ROWS;
-    const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
-    const uint2* tw = tw_all + (u64)pi * NN;
-    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
-    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
-#pragma unroll
-    for (int it = 0; it < ROWS * 64 / NTHREADS; ++it) {{
-        const int e = it * NTHREADS + threadIdx.x;
-        const uint4 v = src[e];
-        const int sub = e >> 6, p = (e & 63) * 4;
-        if (ROW_MODE == 4) {{ *(uint4*)(sm + sidx<4>(sub, p)) = v; continue; }}
-        sm[sidx<ROW_MODE>(sub, p)] = v.x;
-        sm[sidx<ROW_MODE>(sub, p + 1)] = v.y;
-        sm[sidx<ROW_MODE>(sub, p + 2)] = v.z;
-        sm[sidx<ROW_MODE>(sub, p + 3)] = v.w;
-    }}
-{ts_fill}
-    __syncthreads();
-{passes}
-    __syncthreads();
-#pragma unroll
-    for (int it = 0; it < ROWS * 64 / NTHREADS; ++it) {{
-        const int e = it * NTHREADS + threadIdx.x;
-        const int sub = e >> 6, p = (e & 63) * 4;
-        uint4 v;
-        if (ROW_MODE == 4) {{
-            v = *(const uint4*)(sm + sidx<4>(sub, p));
-        }} else {{
-            v.x = sm[sidx<ROW_MODE>(sub, p)];
-            v.y = sm[sidx<ROW_MODE>(sub, p + 1)];
-            v.z = sm[sidx<ROW_MODE>(sub, p + 2)];
-            v.w = sm[sidx<ROW_MODE>(sub, p + 3)];
-        }}
-{finish}
-        dst[e] = v;
-    }}
-}}
-"""
-
-
-# Row kernel with warp tiles (ROW_WARP): warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
+# Row kernel with warp tiles: warp tile t = blockIdx.x * WARPS + warp is rows 4 (t mod TILES) ..
 # + 3 of limb t / TILES (WARPS divides TILES, so a block is one limb and one prime). Dynamic shared memory:
 # the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows
 # (4 WPITCH words) and its table wt of WT entries: the one-product twiddles of stages s < SFT of its rows
@@ -519,12 +361,12 @@ def _warp_passes(inverse: bool, sf: int) -> str:
     return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
 
 
-def warp_split_from(split: bool, split_from, inverse: bool) -> int:
-    """The first split stage SF of the warp-tile row kernels: split_from (of its direction) clamped to
-    4 .. 8 (they split in pass B only), 8 (none) without split twiddles. Their warp tables hold the
+def warp_split_from(split_from, inverse: bool) -> int:
+    """The first split stage SF of the warp-tile row kernels: split_from (an int, or a pair for forward
+    and inverse) clamped to 4 .. 8 (they split in pass B only; 8: none). Their warp tables hold the
     stages below SFT = min(SF, 6)."""
-    sf = _split_defines(split_from)["split_inv" if inverse else "split_fwd"]
-    return min(max(sf, 4), 8) if split else 8
+    sf = split_from if isinstance(split_from, int) else split_from[1 if inverse else 0]
+    return min(max(int(sf), 4), 8)
 
 
 #: Entry e of a prime's split-factor table for the warp-tile row kernels is tw[TL_INDEX[e]]: stage 4 + d
@@ -553,356 +395,116 @@ def warp_smem(warps: int, sf: int) -> int:
     return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * (4 * ((1 << sft) - 1) + 4 * (8 - sf)))
 
 
-_ROW_STORE = """#pragma unroll
-    for (int it = 0; it < 8; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        uint4 v = *(const uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4));
-{finish}
-        dst[e] = v;
-    }}"""
-
-
-# One-pass kernels for N = 65536 (A_BITS = 8; Hopper thread-block clusters). A limb is a cluster of 8
-# blocks; block c (its rank) holds 32 KiB of shared memory: first the columns 32c .. 32c + 31 (all 256
-# points hi, layout of MODE 1, as the column kernel), then the rows hi = 32c .. 32c + 31 (layout of
-# MODE 4, as the row kernel). Between the two halves of the transform the blocks exchange through
-# distributed shared memory: after a cluster barrier, block c reads from every block c' the 32 x 32
-# points (rows 32c + rr, columns 32c' .. 32c' + 31), 4 KiB contiguous in either layout, into
-# registers (8 x 16 bytes a thread); a second cluster barrier (every block has read what it needs
-# from every other) lets it overwrite its own shared memory with them. The limb is read from global
-# memory once and written once; the whole limb is read before any of it is written (the first
-# barrier), so in place works. The thread-to-chunk maps keep every 16-byte shared access of a
-# quarter-warp on 8 distinct bank groups.
-_ONE_HELPERS = f"#define CLUSTER {CLUSTER}\n" + r"""
-__device__ __forceinline__ void cluster_barrier() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The 16 bytes at `local` (a shared address of this block) in the shared memory of block `rank`.
-__device__ __forceinline__ uint4 ld_cluster16(const u32* local, int rank) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(local);
-    unsigned ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
-    uint4 v;
-    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(ra) : "memory");
-    return v;
-}
-"""
-
-#: The one-pass kernels' signature and prologue: limb r of the batch on a cluster of CLUSTER blocks,
-#: block c holding a 32 x 256 slice of the limb's 256 x 256 matrix in its shared memory.
-_ONE_HEAD = r"""
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, MIN_BLOCKS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 sm[32 * 256];
-    const int r = blockIdx.x / CLUSTER, c = blockIdx.x % CLUSTER;
-    const int hi0 = 32 * c;
-    const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
-    const uint2* tw = tw_all + (u64)pi * NN;
-"""
-
-_ONE_FWD = _ONE_HEAD + r"""    {{
-        const u32* src = arena + (u64)in_slots[r] * NN + 32 * c;
-#pragma unroll
-        for (int it = 0; it < 8; ++it) {{
-            const int e = it * 256 + threadIdx.x;
-            *(uint4*)(sm + e * 4) = *(const uint4*)(src + ((e >> 3) << 8) + (e & 7) * 4);
-        }}
-    }}
-    __syncthreads();
-{col_passes}
-    __syncthreads();
-    cluster_barrier();
-    {{
-        // chunk m of row 32c + rr in block src: columns 32 src + 4m .. + 3
-        const int m = threadIdx.x & 7, rr = threadIdx.x >> 3;
-        uint4 x[CLUSTER];
-#pragma unroll
-        for (int src = 0; src < CLUSTER; ++src) x[src] = ld_cluster16(sm + (hi0 + rr) * 32 + 4 * m, src);
-        cluster_barrier();
-#pragma unroll
-        for (int src = 0; src < CLUSTER; ++src) *(uint4*)(sm + sidx<4>(rr, 32 * src + 4 * m)) = x[src];
-    }}
-    __syncthreads();
-{row_passes}
-    __syncthreads();
-    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
-""" + _ROW_STORE + """
-}}
-"""
-
-_ONE_INV = _ONE_HEAD + r"""    {{
-        const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
-#pragma unroll
-        for (int it = 0; it < 8; ++it) {{
-            const int e = it * 256 + threadIdx.x;
-            *(uint4*)(sm + sidx<4>(e >> 6, (e & 63) * 4)) = src[e];
-        }}
-    }}
-    __syncthreads();
-{row_passes}
-    __syncthreads();
-    cluster_barrier();
-    {{
-        // chunk j = 8c + jj (columns 32c + 4jj .. + 3) of row 32 src + (xx ^ jj), at chunk position
-        // 32 j + xx of block src (MODE 4)
-        const int jj = threadIdx.x & 7, xx = ((threadIdx.x >> 3) + jj) & 31;
-        uint4 x[CLUSTER];
-#pragma unroll
-        for (int src = 0; src < CLUSTER; ++src) x[src] = ld_cluster16(sm + ((8 * c + jj) * 32 + xx) * 4, src);
-        cluster_barrier();
-#pragma unroll
-        for (int src = 0; src < CLUSTER; ++src) *(uint4*)(sm + (32 * src + (xx ^ jj)) * 32 + 4 * jj) = x[src];
-    }}
-    __syncthreads();
-{col_passes}
-    __syncthreads();
-    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);
-    u32* dst = arena + (u64)out_slots[r] * NN + 32 * c;
-#pragma unroll
-    for (int it = 0; it < 8; ++it) {{
-        const int e = it * 256 + threadIdx.x;
-        uint4 v = *(const uint4*)(sm + e * 4);
-{finish}
-        *(uint4*)(dst + ((e >> 3) << 8) + (e & 7) * 4) = v;
-    }}
-}}
-"""
-
-
-def _pass_calls(logm: int, g: int, mode: int, inverse: bool, bt0: str, bt_step: str, radix_log: int,
-                split: bool = False, body: bool = True, ts: bool = False) -> str:
+def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) -> str:
+    """The ntt_pass calls of a 2^logm-point transform of g sub-transforms in layout ``mode`` (passes of
+    RADIX_LOG stages, the last one shorter; reversed for the inverse); none with body=False."""
     if not body:
         return ""
     plan, s = [], 0
     while s < logm:
-        r = min(radix_log, logm - s)
+        r = min(RADIX_LOG, logm - s)
         plan.append((s, r))
         s += r
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    spl = "true" if split else "false"
-    tail = ", true>(sm, tw, {}, {}, q, two_q, tws);" if ts else ">(sm, tw, {}, {}, q, two_q);"
-    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, {spl}" + tail.format(bt0, bt_step) for s0, r in plan]
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q);" for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
-def _split_defines(split_from) -> dict:
-    fwd, inv = (split_from, split_from) if isinstance(split_from, int) else split_from
-    return {"split_fwd": int(fwd), "split_inv": int(inv)}
+def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS) -> str:
+    """_SRC around ``kernels``."""
+    return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
+                       tw_fake=int(tw_fake))
 
 
-def _source(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT,
-            body: bool = True, min_blocks: int = MIN_BLOCKS, row_mode: int = 0,
-            split_from=SPLIT_FROM, lazy: bool = LAZY, threads: int = THREADS, one_pass: bool = False,
-            tw_base: bool = TW_BASE, tw_smem: bool = False, tw_fake: bool = False, row_warp: bool = False,
+def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS) -> str:
-    """CUDA source of the NTT kernels for N = 2^logn (rows: 256-point rows per row-kernel block;
-    radix_log: stages per register pass; split: the row kernel's twiddles as two factors (see
-    tw_mul) from stage split_from on (an int, or a pair for forward and inverse; earlier stages,
-    whose twiddles are the first 2^(log2(N) - 8 + split_from) entries of the table, read one entry:
-    one product); body=False leaves the butterflies out: loads
-    and stores only, for timing; min_blocks: the row kernel's resident blocks per multiprocessor asked
-    of the register allocator; lazy: forward butterflies reduce once per pass, see ct_bfly_lazy;
-    threads: a block's threads in the column and row kernels, 256 or 512 (the single-kernel N <= 4096
-    ones always run 256)). rows = 32
-    selects a layout where a warp's lanes are rows (split twiddles are then broadcast loads):
-    the 16-byte chunk layout (MODE 4, radix 2^4) or point-major (MODE 3); other row counts use the
-    row-major layout (MODE 2). row_mode forces one (0: that default). one_pass (N = 65536, rows 32,
-    radix 2^4, layout 4, 256 threads): also the one-pass cluster kernels ntt_fwd_one and
-    ntt_inv_one. tw_base: twiddle addresses from one base pointer a stage (see ntt_pass). tw_smem (see
-    ts_fits): the row kernels read their one-product twiddles and row factors from a table in dynamic
-    shared memory (ts_bytes).
-    tw_fake: constant twiddles, wrong results (timing only). row_warp: the row kernels with warp tiles
-    (_ROWW, ``warps`` warps a block; split from warp_split_from) instead of _ROW (then rows, row_mode,
-    min_blocks and tw_smem do not apply to them)."""
-    if not row_mode:
-        row_mode = (4 if radix_log == 4 else 3) if rows == 32 else 2
-    if row_mode in (3, 4) and rows != 32 or row_mode == 4 and radix_log != 4:
-        raise ValueError(f"row layout {row_mode} needs 32 rows per block (and radix 2^4 for layout 4)")
+    """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
+    column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
+    warps a block; split twiddles from warp_split_from(split_from)). lazy: forward butterflies reduce
+    once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
+    out (loads and stores alone), tw_fake makes every twiddle a constant."""
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
             "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
             "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = shoup(sm[i], ni, nip, q);"
         )
-        kernels = _SMALL.format(
-            name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, "1", "0", radix_log, body=body), store=fwd_store
-        ) + _SMALL.format(
-            name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, "1", "0", radix_log, body=body), store=inv_store)
-        return _SRC.format(logn=logn, a_bits=logn, rows=rows, radix_log=radix_log, min_blocks=min_blocks,
-                           row_mode=2, kernels=kernels, lazy=int(lazy), threads=256, tw_base=int(tw_base),
-                           tw_fake=int(tw_fake),
-                           **_split_defines(split_from))
+        kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
+            _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
+        return _header(logn, logn, kernels, lazy, tw_fake)
     a = logn - ROW_LOG
+    if (1 << a) // 4 % warps:
+        raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
     col_store = (
         "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
         "    (void)ni; (void)nip;\n"
         "#pragma unroll\n"
-        "    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{\n"
+        "    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {\n"
         "        const int e = it * NTHREADS + threadIdx.x;\n"
         "        uint4 v = *(const uint4*)(sm + e * 4);\n"
         "{finish}"
         "        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = v;\n"
-        "    }}"
+        "    }"
     )
     col_inv_finish = "".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
-    col_lazy, col_inv = col_store.format(finish=""), col_store.format(finish=col_inv_finish)
-    row_fwd = "\n".join(
-        f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw"
-    )
-    if tw_smem and not ts_fits(rows, radix_log, row_mode, split, split_from):
-        raise ValueError("the row kernels' twiddle table needs 32 rows, layout 4, radix 2^4 and split twiddles")
-    ts_fill = ("    extern __shared__ __align__(16) uint2 tws[];\n"
-               "    ts_fill<SPLIT_FROM_{}>(tws, tw, (1 << A_BITS) + hi0);") if tw_smem else ""
-    if row_warp and (1 << a) // 4 % warps:
-        raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
+    row_fwd = "\n".join(f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw")
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
-        col_passes = _pass_calls(a, COLS, 1, inverse, "1", "0", radix_log, body=body)
-        col_finish = col_inv_finish if inverse else ""
-        col = _COL.format(name=f"ntt_{d}_col", passes=col_passes, store=col_store.format(finish=col_finish))
-        sf = warp_split_from(split, split_from, inverse)
-        row = (_ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6),
-                            passes=_warp_passes(inverse, sf) if body else "",
-                            finish="" if inverse else row_fwd) if row_warp
-               else _ROW.format(name=f"ntt_{d}_row", finish="" if inverse else row_fwd,
-                                passes=_pass_calls(ROW_LOG, rows, row_mode, inverse, "(1 << A_BITS) + hi0", "1",
-                                                   radix_log, split, body, tw_smem),
-                                ts_fill=ts_fill.format(d.upper())))
+        col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
+                          store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
+        sf = warp_split_from(split_from, inverse)
+        row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
+                           finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
-    kernels = "".join(parts)
-    if one_pass:
-        if not one_pass_fits(logn, rows, radix_log, row_mode, threads):
-            raise ValueError("the one-pass NTT kernels need N = 65536, 32 rows, radix 2^4, layout 4, 256 threads")
-        row_bt = "(1 << A_BITS) + hi0"
-        kernels += (
-            _ONE_HELPERS
-            + _ONE_FWD.format(name="ntt_fwd_one",
-                              col_passes=_pass_calls(a, COLS, 1, False, "1", "0", radix_log, body=body),
-                              row_passes=_pass_calls(ROW_LOG, 32, 4, False, row_bt, "1", radix_log, split, body),
-                              finish=row_fwd)
-            + _ONE_INV.format(name="ntt_inv_one",
-                              row_passes=_pass_calls(ROW_LOG, 32, 4, True, row_bt, "1", radix_log, split, body),
-                              col_passes=_pass_calls(a, COLS, 1, True, "1", "0", radix_log, body=body),
-                              finish="".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw"))
-        )
-    src = _SRC.format(logn=logn, a_bits=a, rows=rows, radix_log=radix_log,
-                      min_blocks=max(1, min_blocks * 256 // threads), row_mode=row_mode, kernels=kernels,
-                      lazy=int(lazy), threads=threads, tw_base=int(tw_base), tw_fake=int(tw_fake),
-                      **_split_defines(split_from))
-    return src.replace("#define MIN_BLOCKS", f"#define WARPS {warps}\n#define MIN_BLOCKS", 1)
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps)
 
 
-def ts_fits(rows: int, radix_log: int, row_mode: int, split: bool, split_from) -> bool:
-    """Whether the row kernels can take their twiddles from a shared-memory table (tw_smem): the
-    layout 4 (32 rows, radix 2^4) with split twiddles from stage 6 at most (the table of the
-    one-product stages holds 33 (2^split_from - 1) entries)."""
-    fwd, inv = _split_defines(split_from).values()
-    return rows == 32 and radix_log == 4 and row_mode in (0, 4) and split and max(fwd, inv) <= 6
-
-
-def ts_bytes(split_from: int) -> int:
-    """Dynamic shared memory of a row kernel with the twiddle table: 8 bytes an entry, 33 (2^SF - 1)
-    one-product twiddles and 32 (8 - SF) row factors (SF = split_from of its direction)."""
-    return 8 * (33 * ((1 << split_from) - 1) + 32 * (ROW_LOG - split_from))
-
-
-def one_pass_fits(logn: int, rows: int = ROWS, radix_log: int = RADIX_LOG, row_mode: int = 0,
-                  threads: int = THREADS) -> bool:
-    """Whether the one-pass cluster kernels exist for this configuration (N = 65536: 8 column tiles
-    and 8 row tiles of 32 KiB; the row layout 4 with radix 2^4; 256 threads)."""
-    return logn == ROW_LOG + 8 and rows == 32 and radix_log == 4 and row_mode in (0, 4) and threads == 256
-
-
-def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool,
-            rows_per_block: int = ROWS, radix_log: int = RADIX_LOG, split: bool = SPLIT, body: bool = True,
-            min_blocks: int = MIN_BLOCKS, row_mode: int = 0, split_from=SPLIT_FROM,
-            lazy: bool = LAZY, threads: int = THREADS, one_pass: bool | None = None,
-            tw_base: bool | None = None, tw_smem: bool | None = None, tw_fake: bool = False,
-            only_row: bool = False, row_warp: bool | None = None,
-            warps: int | None = None) -> None:
+def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
+            lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
+            only_row: bool = False) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
-    module defaults unless told). ``only_row`` (forward, N >= 8192): the row kernel alone, in place
-    on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
+    module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
+    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
     index_array(out_slots, rows, name="out_slots")
     if rows == 0:
         return
+    if only_row and (inverse or ring.logn <= 12):
+        raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
-    if ring.logn <= 12 or (8 << (ring.logn - ROW_LOG)) < threads or 64 * rows_per_block < threads:
-        threads = 256  # 512 threads need 512 16-byte chunks in a column and a row tile
-    if one_pass is None:
-        one_pass = ONE_PASS  # read at call time, so that scripts can compare both
-    if tw_base is None:
-        tw_base = TW_BASE
-    if tw_smem is None:
-        tw_smem = TW_SMEM
-    if only_row:
-        if inverse or ring.logn <= 12:
-            raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
-        one_pass = False
-    one_pass = bool(one_pass) and one_pass_fits(ring.logn, rows_per_block, radix_log, row_mode, threads)
-    tw_smem = (bool(tw_smem) and not one_pass and ring.logn > 12
-               and ts_fits(rows_per_block, radix_log, row_mode, split, split_from))
-    row_warp = bool(ROW_WARP if row_warp is None else row_warp) and not one_pass and ring.logn > 12
-    warps = WARPS if warps is None else int(warps)
-    if row_warp:
-        tw_smem = False
-    config = (rows_per_block, radix_log, split, body, min_blocks, row_mode, split_from, lazy, threads)
-    default = (ROWS, RADIX_LOG, SPLIT, True, MIN_BLOCKS, 0, SPLIT_FROM, LAZY, THREADS)
-    key = f"ntt{ring.n}" if config == default else f"ntt{ring.n}-" + "-".join(map(str, config))
-    key += ("-one" if one_pass else "") + ("-twb" if tw_base else "")  # settings read at call time
-    key += ("-tws" if tw_smem else "") + ("-fake" if tw_fake else "")
-    key += f"-w{warps}" if row_warp else ""
-    fwd_tw, inv_tw = ring.twiddles
-    tw = inv_tw if inverse else fwd_tw
+    warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
+    config = (split_from, lazy, warps, body, tw_fake)
+    default = config == (SPLIT_FROM, LAZY, WARPS, True, False)
+    key = f"ntt{ring.n}" + ("" if default else "-" + "-".join(map(str, config)))
+    tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
-    def kernel(name):
-        return ring.kernel(
-            key, lambda: _source(ring.logn, rows_per_block, radix_log, split, body, min_blocks, row_mode,
-                                 split_from, lazy, threads, one_pass, tw_base, tw_smem, tw_fake, row_warp, warps), name
-        )
-
     def run(name, src, dst, blocks_per_row):
-        k = kernel(name)
-        if row_warp and name.endswith("_row"):  # blocks_per_row: warp tiles
-            smem = warp_smem(warps, warp_split_from(split, split_from, inverse))
+        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps), name)
+        if name.endswith("_row"):  # blocks_per_row: warp tiles
+            smem = warp_smem(warps, warp_split_from(split_from, inverse))
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
             k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
                                                                  warp_tables(ring, inverse)), shared_mem=smem)
-            return
-        smem = 0
-        if tw_smem and name.endswith("_row"):
-            smem = ts_bytes(_split_defines(split_from)["split_inv" if inverse else "split_fwd"])
-            if k.max_dynamic_shared_size_bytes < smem:
-                k.max_dynamic_shared_size_bytes = smem
-        k((rows * blocks_per_row,), (threads,), (arena, src, dst, prime_idx, pt, tw), shared_mem=smem)
+        else:
+            k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
         return
-    if one_pass:
-        run("ntt_inv_one" if inverse else "ntt_fwd_one", in_slots, out_slots, CLUSTER)
-        return
-    a = ring.logn - ROW_LOG
-    col_blocks = (1 << ROW_LOG) // COLS
-    row_blocks = (1 << a) // (4 if row_warp else rows_per_block)  # warp tiles (times warps) with row_warp
+    col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
     if inverse:
-        run("ntt_inv_row", in_slots, out_slots, row_blocks)
+        run("ntt_inv_row", in_slots, out_slots, row_tiles)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)
     else:
         if not only_row:
             run("ntt_fwd_col", in_slots, out_slots, col_blocks)
-        run("ntt_fwd_row", out_slots, out_slots, row_blocks)
+        run("ntt_fwd_row", out_slots, out_slots, row_tiles)
 
 
 def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
@@ -1053,14 +655,10 @@ def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool) -> str:
     column pass; the default module's ``ntt_fwd_row`` does the rest). Same stages and twiddles as
     the default kernels (:func:`_source`)."""
     if logn <= 12:
-        kernel = _SMALL_PRO.format(passes=_pass_calls(logn, 1, 0, False, "1", "0", RADIX_LOG))
-        a_bits, row_mode = logn, 2
-    else:
-        a_bits, row_mode = logn - ROW_LOG, 0
-        kernel = _COL_PRO.format(passes=_pass_calls(a_bits, COLS, 1, False, "1", "0", RADIX_LOG))
-    return _SRC.format(logn=logn, a_bits=a_bits, rows=ROWS, radix_log=RADIX_LOG, min_blocks=MIN_BLOCKS,
-                       row_mode=row_mode or 4, kernels=_PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel,
-                       lazy=int(lazy), threads=256, tw_base=int(TW_BASE), tw_fake=0, **_split_defines(SPLIT_FROM))
+        kernel = _SMALL_PRO.format(passes=_pass_calls(logn, 1, 0, False))
+        return _header(logn, logn, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
+    kernel = _COL_PRO.format(passes=_pass_calls(logn - ROW_LOG, COLS, 1, False))
+    return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
 
 
 class PrologueTables:
@@ -1125,7 +723,7 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     code = mode_code(mode)
     pmode = code if pk != 1 else 0
     lazy = LAZY and max(ring.primes) < 1 << 28
-    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-twb' if TW_BASE else ''}"
+    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}"
     small = ring.logn <= 12
     fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy),
                      "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
