@@ -142,3 +142,18 @@ def test_pinned_scratch_is_reused_and_upload_pinned_equals_the_host():
     assert isinstance(got, cp.ndarray) and np.array_equal(got.get(), rows)
     with pytest.raises(ValueError):
         upload_pinned(rows[:, ::2])
+
+
+def test_backend_read_equals_the_arena_rows(small_stage):
+    """CupyBackend.read (gathered, then copied down through the pinned buffers) = the arena's rows."""
+    from caramel.backends.cuda.backend import CupyBackend
+    from caramel.ring import Context
+
+    backend = CupyBackend(Context(n=1024), 30)
+    rng = np.random.default_rng(8)
+    host = rng.integers(0, 2**32, (30, 1024), dtype=np.uint32)
+    backend.arena[:] = cp.asarray(host)
+    rows = rng.permutation(30)[:17]
+    got = backend.read(rows)
+    assert got.dtype == np.uint32 and np.array_equal(got, host[rows])
+    assert backend.read(rows[:1]).shape == (1, 1024) and backend.read([]).shape == (0, 1024)
