@@ -148,7 +148,7 @@ def _row_pointers(arena, data, idx: list[int]) -> np.ndarray | None:
     ptrs = np.empty(len(idx), dtype=np.uint64)
     for j, i in enumerate(idx):
         a = data[i]
-        if type(a) is not cp.ndarray or a.dtype != dtype or a.strides != step:
+        if not isinstance(a, cp.ndarray) or a.dtype != dtype or a.strides != step:
             return None
         m = a.data
         if m.device_id != device:
