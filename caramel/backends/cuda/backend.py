@@ -82,8 +82,8 @@ class CupyBackend(Backend):
 
     def read(self, rows) -> np.ndarray:
         """Arena rows ``rows`` as a host (k, N) array: gathered on the device, then copied down through
-        the pinned staging buffers (:func:`~caramel.backends.cuda.transfer.download`; a run's stores
-        are hundreds of MB, which a pageable copy moved at about 2 GB/s)."""
+        the pinned staging buffers (:func:`~caramel.backends.cuda.transfer.download`: a run's stores
+        can be hundreds of MB, which a pageable copy moves slowly)."""
         from caramel.backends.cuda.transfer import download
 
         cp = _cp()
