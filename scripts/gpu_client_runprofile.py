@@ -18,7 +18,8 @@ profiler in another thread was allowed; on 3.12 it raised in the pool's worker t
 never ran their jobs, and the run hung: session 7). ``--timeline`` (with ``--no-profile``): wall-clock spans from the script's start, written to ``timeline.txt``:
 every CuPy module loaded (``_compile_with_cache_cuda``: a kernel cache lookup and a module load, or a
 compilation) with its thread, and the main thread's steps (key store, encryption, plan, executor, eager
-run, capture, replay, read back). ``--timeout S`` (default 120): after S seconds
+run, capture, replay, read back; the executor's setup: image check, device programs, arena, input rows,
+range check, lowering, schedule). ``--timeout S`` (default 120): after S seconds
 the threads' stacks are printed and the process exits (faulthandler), so a hang costs no more.
 """
 
@@ -93,15 +94,22 @@ def _timeline() -> None:
     for mod, names in (("caramel.api", ("prepare_inputs", "executor", "output_digest", "evaluate_check")),
                        ("caramel.ckks.keystore", ("load_keys",)),
                        ("caramel.ckks.device", ("wait_for_warm_up",)),
-                       ("caramel.execute.cuda_graph", ("run_gpu",)),
+                       ("caramel.execute.cuda_graph", ("run_gpu", "check_plan_memory", "gpu_device_programs")),
+                       ("caramel.backends.cuda.transfer", ("upload_rows", "row_maxima")),
                        ("caramel.ckks.bind", ("bind_inputs",))):
         m = importlib.import_module(mod)
         for name in names:
             setattr(m, name, _span(f"{mod.rsplit('.', 1)[-1]}.{name}", getattr(m, name)))
     from caramel.execute import cuda_graph
 
+    from caramel.backends.cuda.backend import CupyBackend
+    from caramel.execute.runner import DeviceRun
+
     for name in ("eager", "capture", "replay", "result", "__init__"):
         setattr(cuda_graph.MultiGpuRun, name, _span(f"MultiGpuRun.{name}", getattr(cuda_graph.MultiGpuRun, name)))
+    for cls, names in ((DeviceRun, ("__init__", "schedule")), (CupyBackend, ("__init__", "read"))):
+        for name in names:  # the parts of MultiGpuRun.__init__ and .result
+            setattr(cls, name, _span(f"{cls.__name__}.{name}", getattr(cls, name)))
 
 
 def _timeline_text() -> str:

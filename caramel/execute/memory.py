@@ -10,6 +10,7 @@ nothing from the plan: the oracle stays independent of it.
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -22,6 +23,15 @@ _LIMIT = 20
 #: Types whose values an upload to a ``uint32`` arena keeps exactly (no wrap-around), so that the
 #: range of the uploaded row is the range of the input (:func:`check_ranges`).
 _DEVICE_EXACT = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))
+
+
+def _on_device(a) -> bool:
+    """Whether ``a`` is a GPU array: a CuPy array, known by its type (its ``__cuda_array_interface__``
+    builds a dict on every look: thousands of key rows), or anything else exporting that interface."""
+    if isinstance(a, np.ndarray):
+        return False
+    cp = sys.modules.get("cupy")
+    return (cp is not None and isinstance(a, cp.ndarray)) or hasattr(a, "__cuda_array_interface__")
 
 
 def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[Mem, str], scalars: set[Mem],
@@ -45,7 +55,7 @@ def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[
             problems.append(f"{mem}: limb index outside the {len(ctx.primes)} primes")
             continue
         a = memory[mem]
-        if not hasattr(a, "__cuda_array_interface__"):  # a row on the GPU (the GPU client's keys) stays there
+        if not _on_device(a):  # a row on the GPU (the GPU client's keys) stays there
             a = np.asarray(a)
         if a.dtype.kind not in "ui":
             problems.append(f"{mem}: dtype {a.dtype} is not an integer type")

@@ -98,6 +98,33 @@ def test_upload_rows_takes_rows_already_on_the_device(small_stage, monkeypatch):
         small_stage.upload_rows(arena, rows[:1], [cp.zeros(7, dtype=cp.uint32)])
 
 
+@pytest.mark.parametrize("kind", ["views", "strided", "int64"])
+def test_device_rows_gathered_or_stacked_equal_the_host(small_stage, monkeypatch, kind):
+    """Rows of two device arrays in any order: views (contiguous uint32: one gather kernel reading each
+    row at its address), strided views or another dtype (CuPy's stack and cast, several gathers)."""
+    monkeypatch.setattr(small_stage, "DEVICE_ROWS_PER_COPY", 4)
+    rng = np.random.default_rng(7)
+    n = 300
+    host = [rng.integers(0, 2**31, (k, n), dtype=np.uint32) for k in (9, 14)]
+    if kind == "views":
+        dev = [cp.asarray(h) for h in host]
+    elif kind == "strided":
+        dev = [cp.asarray(np.stack([h, h + 1], axis=-1))[..., 0] for h in host]
+    else:
+        dev = [cp.asarray(h.astype(np.int64)) for h in host]
+    pairs = [(a, r) for a in range(2) for r in range(len(host[a]))]
+    order = rng.permutation(len(pairs))
+    rows = rng.permutation(40)[: len(pairs)]
+    arena = cp.zeros((40, n), dtype=cp.uint32)
+    small_stage.upload_rows(arena, rows, [dev[pairs[i][0]][pairs[i][1]] for i in order])
+    cp.cuda.Device().synchronize()
+    want = np.zeros((40, n), dtype=np.uint32)
+    want[rows] = np.stack([host[pairs[i][0]][pairs[i][1]] for i in order])
+    assert np.array_equal(arena.get(), want)
+    got = small_stage._row_pointers(arena, [dev[0][0], dev[1][3]], [0, 1])
+    assert (got is not None) == (kind == "views")
+
+
 def test_pinned_scratch_is_reused_and_upload_pinned_equals_the_host():
     import cupy as cp
 
@@ -115,3 +142,18 @@ def test_pinned_scratch_is_reused_and_upload_pinned_equals_the_host():
     assert isinstance(got, cp.ndarray) and np.array_equal(got.get(), rows)
     with pytest.raises(ValueError):
         upload_pinned(rows[:, ::2])
+
+
+def test_backend_read_equals_the_arena_rows(small_stage):
+    """CupyBackend.read (gathered, then copied down through the pinned buffers) = the arena's rows."""
+    from caramel.backends.cuda.backend import CupyBackend
+    from caramel.ring import Context
+
+    backend = CupyBackend(Context(n=1024), 30)
+    rng = np.random.default_rng(8)
+    host = rng.integers(0, 2**32, (30, 1024), dtype=np.uint32)
+    backend.arena[:] = cp.asarray(host)
+    rows = rng.permutation(30)[:17]
+    got = backend.read(rows)
+    assert got.dtype == np.uint32 and np.array_equal(got, host[rows])
+    assert backend.read(rows[:1]).shape == (1, 1024) and backend.read([]).shape == (0, 1024)

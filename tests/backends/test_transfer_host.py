@@ -27,3 +27,14 @@ def test_fill_copies_every_row_with_the_arena_type(monkeypatch, rows, as_list):
     host = np.zeros((rows, 64), dtype=np.uint32)
     transfer._fill(host, list(data) if as_list else data, 2)
     assert np.array_equal(host, data[2:].astype(np.uint32))
+
+
+def test_is_device_array_by_type_or_interface():
+    """NumPy arrays and plain objects are host data; anything exporting ``__cuda_array_interface__``
+    (CuPy's arrays are known by their type first) is a device array."""
+    class Exported:
+        __cuda_array_interface__ = {"shape": (1,), "typestr": "<u4", "data": (0, False), "version": 3}
+
+    assert transfer.is_device_array(Exported())
+    assert not transfer.is_device_array(np.zeros(3, dtype=np.uint32))
+    assert not transfer.is_device_array([1, 2]) and not transfer.is_device_array(np.uint32(1))

@@ -81,8 +81,13 @@ class CupyBackend(Backend):
         upload_rows(self.arena, rows, data if isinstance(data, (list, tuple)) else np.asarray(data, dtype=np.uint32))
 
     def read(self, rows) -> np.ndarray:
+        """Arena rows ``rows`` as a host (k, N) array: gathered on the device, then copied down through
+        the pinned staging buffers (:func:`~caramel.backends.cuda.transfer.download`: a run's stores
+        can be hundreds of MB, which a pageable copy moves slowly)."""
+        from caramel.backends.cuda.transfer import download
+
         cp = _cp()
-        return cp.asnumpy(self.arena[cp.asarray(np.asarray(rows, dtype=np.int64))])
+        return download(self.arena[cp.asarray(np.asarray(rows, dtype=np.int64))])
 
     def set_scalars(self, values) -> None:
         """The scalar table; rewritten in place when its size is unchanged, so that a captured

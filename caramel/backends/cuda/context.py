@@ -97,41 +97,121 @@ def primitive_root(q: int, n: int) -> int | None:
     return None
 
 
+#: Odd exponents whose powers one thread of ``twiddle_psi`` (and :func:`twiddle_tables`'s twin) takes.
+TWIDDLE_CHUNK = 64
+
+#: The CUDA ring's twiddle tables in two kernels (one module, after :data:`COMMON_SRC`'s typedefs).
+#: ``p`` holds q[0..P), then r[0..P) (a primitive 2N-th root of each prime), then psi[0..P), all ones
+#: on entry. Products of residues below 2^30 fit 64 bits; ``%`` reduces them exactly.
+TWIDDLE_SRC = r"""
+__device__ __forceinline__ u64 pow_mod(u64 b, u32 e, u64 q) {
+    u64 r = 1;
+    for (; e; e >>= 1) {
+        if (e & 1u) r = r * b % q;
+        b = b * b % q;
+    }
+    return r;
+}
+// Thread t of prime blockIdx.y: the least of r^j over its odd j = 2 (t chunk + c) + 1, c < chunk, into psi.
+extern "C" __global__ void twiddle_psi(u64* __restrict__ p, int primes, int n, int chunk) {
+    const int i = blockIdx.y;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n / chunk) return;
+    const u64 q = p[i], r = p[primes + i];
+    const u64 r2 = r * r % q;
+    u64 x = pow_mod(r, (u32)(2 * t * chunk + 1), q);
+    u64 least = x;
+    for (int c = 1; c < chunk; ++c) {
+        x = x * r2 % q;
+        least = x < least ? x : least;
+    }
+    atomicMin(p + 2 * primes + i, least);
+}
+// Entry m of prime blockIdx.y: (psi^br(m), shoup) and (psi^(2N - br(m)) = psi^-br(m), shoup).
+extern "C" __global__ void twiddle_fill(const u64* __restrict__ p, int primes, int n, int logn,
+                                        u32* __restrict__ fwd, u32* __restrict__ inv) {
+    const int i = blockIdx.y;
+    const int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= n) return;
+    const u64 q = p[i], psi = p[2 * primes + i];
+    const u32 br = __brev((u32)m) >> (32 - logn);
+    const u64 w = pow_mod(psi, br, q), wi = pow_mod(psi, 2u * (u32)n - br, q);
+    const long long at = 2 * ((long long)i * n + m);
+    fwd[at] = (u32)w;
+    fwd[at + 1] = (u32)((w << 32) / q);
+    inv[at] = (u32)wi;
+    inv[at + 1] = (u32)((wi << 32) / q);
+}
+"""
+_twiddle_modules: dict[int, object] = {}
+
+
+def _pow_rows(base, exps, q):
+    """base^exps mod q elementwise (uint64 arrays broadcasting, residues below 2^30), by squaring:
+    the loop of ``pow_mod`` in :data:`TWIDDLE_SRC`."""
+    u64 = np.uint64
+    e = np.asarray(exps, dtype=u64)
+    out = np.ones(np.broadcast_shapes(np.shape(base), e.shape), dtype=u64)
+    b = np.broadcast_to(base, out.shape).astype(u64)
+    for bit in range(int(e.max()).bit_length() if e.size else 0):
+        out = np.where((e >> u64(bit)) & u64(1) == u64(1), out * b % q, out)
+        b = b * b % q
+    return out
+
+
 def twiddle_tables(primes, n: int, xp=np):
-    """(forward, inverse): (P, N, 2) uint32 arrays of ``xp`` (NumPy or CuPy), entry k of prime i
-    (psi^br(k), shoup) and (psi^-br(k), shoup), computed where ``xp`` computes, from one primitive 2N-th
-    root r of each prime (:func:`primitive_root`); None where a prime has none (not 1 mod 2N, or not
-    prime). The same tables as :meth:`CudaRing.host_twiddles`, bit for bit:
+    """(forward, inverse): (P, N, 2) uint32 arrays of ``xp`` (NumPy or CuPy), entry m of prime i
+    (psi^br(m), shoup) and (psi^-br(m), shoup), from one primitive 2N-th root r of each prime
+    (:func:`primitive_root`); None where a prime has none (not 1 mod 2N, or not prime). The same
+    tables as :meth:`CudaRing.host_twiddles`, bit for bit. Two steps, the same on both devices (on
+    the GPU the two kernels of :data:`TWIDDLE_SRC`, one module; on the host their NumPy twin):
 
-        r_pow[j] = r^j mod q (j < 2N, by squaring: bit b of j multiplies r^(2^b) in),
-        psi = min over odd j of r_pow[j] = r_pow[k] (the least primitive 2N-th root: ring.ntt's psi),
-        psi^br(m) = r_pow[k br(m) mod 2N],  psi^-br(m) = r_pow[-k br(m) mod 2N],
-        shoup(w) = floor(w 2^32 / q).
-    """
-    from caramel.ring.ntt import bit_reverse
+        psi = min over odd j < 2N of r^j mod q (the least primitive 2N-th root: ring.ntt's psi;
+              thread t takes j = 2 (t C + c) + 1, c < C = min(TWIDDLE_CHUNK, N); 0: q is not prime),
+        psi^br(m) mod q,  psi^-br(m) = psi^(2N - br(m)) mod q   (psi^2N = 1),
+        shoup(w) = floor(w 2^32 / q),
 
+    powers by squaring, br the bit reversal on log2 N bits. On the GPU the caller's stream waits
+    once, for the psi check."""
     roots = [primitive_root(int(q), n) for q in primes]
     if not primes or None in roots or n < 2 or n & (n - 1):
         return None
     u64 = np.uint64
-    q = xp.asarray(np.array(primes, dtype=u64))[:, None]
-    base = xp.asarray(np.array(roots, dtype=u64))[:, None]
-    j = xp.arange(2 * n, dtype=u64)[None, :]
-    r_pow = xp.ones((len(primes), 2 * n), dtype=u64)
-    for b in range((2 * n - 1).bit_length()):  # products of residues below 2^30 fit 64 bits
-        r_pow = xp.where((j >> u64(b)) & u64(1) == u64(1), r_pow * base % q, r_pow)
-        base = base * base % q
-    odd = r_pow[:, 1::2]
-    if bool(xp.any(odd == 0)):  # q not prime
+    k, chunk, logn = len(primes), min(TWIDDLE_CHUNK, n), n.bit_length() - 1
+    if xp is np:
+        from caramel.ring.ntt import bit_reverse
+
+        q = np.array(primes, dtype=u64)[:, None]
+        r = np.array(roots, dtype=u64)[:, None]
+        x = _pow_rows(r, 2 * np.arange(n // chunk, dtype=u64)[None, :] * u64(chunk) + u64(1), q)
+        least, r2 = x.copy(), r * r % q
+        for _ in range(1, chunk):
+            x = x * r2 % q
+            least = np.minimum(least, x)
+        psi = least.min(axis=1, keepdims=True)
+        if bool((psi == 0).any()):
+            return None
+        br = bit_reverse(n).astype(u64)[None, :]
+        out = []
+        for w in (_pow_rows(psi, br, q), _pow_rows(psi, u64(2 * n) - br, q)):
+            out.append(np.stack([w.astype(np.uint32), ((w << u64(32)) // q).astype(np.uint32)], axis=-1))
+        return out[0], out[1]
+    cp = xp
+    dev = int(cp.cuda.Device().id)
+    mod = _twiddle_modules.get(dev)
+    if mod is None:
+        mod = _twiddle_modules[dev] = cp.RawModule(code=COMMON_SRC + TWIDDLE_SRC, options=NVRTC_OPTIONS)
+    p = cp.asarray(np.concatenate([np.array(primes, dtype=u64), np.array(roots, dtype=u64),
+                                   np.full(k, np.iinfo(u64).max, dtype=u64)]))
+    fwd, inv = cp.empty((k, n, 2), dtype=np.uint32), cp.empty((k, n, 2), dtype=np.uint32)
+    threads = n // chunk
+    mod.get_function("twiddle_psi")(((threads + 255) // 256, k), (256,),
+                                    (p, np.int32(k), np.int32(n), np.int32(chunk)))
+    mod.get_function("twiddle_fill")(((n + 255) // 256, k), (256,), (p, np.int32(k), np.int32(n), np.int32(logn),
+                                                                      fwd, inv))
+    if bool((p[2 * k:].get() == 0).any()):  # q not prime
         return None
-    k = 2 * xp.argmin(odd, axis=1).astype(np.int64) + 1
-    kbr = k[:, None] * xp.asarray(bit_reverse(n))[None, :]
-    mask = 2 * n - 1
-    out = []
-    for idx in (kbr & mask, -kbr & mask):
-        w = r_pow[xp.arange(len(primes))[:, None], idx]
-        out.append(xp.stack([w.astype(np.uint32), ((w << u64(32)) // q).astype(np.uint32)], axis=-1))
-    return out[0], out[1]
+    return fwd, inv
 
 
 class CudaRing:
@@ -185,7 +265,8 @@ class CudaRing:
     @property
     def twiddles(self):
         """Device (forward, inverse) twiddle tables, each uint32 (P, N, 2), built on first use on the
-        device (:func:`twiddle_tables`: no host NTT table is built), else from :meth:`host_twiddles`."""
+        device (:func:`twiddle_tables`: two kernels of one module, no host NTT table), else from
+        :meth:`host_twiddles`."""
         if self._twiddles is None:
             cp = cupy()
             tables = twiddle_tables(self.primes, self.n, cp)

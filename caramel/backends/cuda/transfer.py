@@ -9,7 +9,8 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
 * :func:`download`: a device array as a new host array (the same bytes as ``a.get()``);
 * :func:`upload_rows`: ``arena[rows] = data`` for a host (k, N) array or a list of k rows (the same
   result as CuPy's fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device
-  staging buffer; rows of the list already on the GPU (the GPU client's keys) are copied there;
+  staging buffer; rows of the list already on the GPU (the GPU client's keys) are copied there (one
+  gather kernel reading each row at its address, when all are contiguous rows of the arena's type);
 * :func:`row_maxima`: the largest value of each of some arena rows (a device reduction), for the
   range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`);
 * :func:`pinned_scratch` and :func:`upload_pinned`: a thread's reused pinned buffer that a file is
@@ -26,6 +27,7 @@ CuPy is imported lazily.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import numpy as np
@@ -108,12 +110,67 @@ def download(a) -> np.ndarray:
 
 
 def is_device_array(a) -> bool:
-    """Whether ``a`` is a GPU array (CuPy's, or any with ``__cuda_array_interface__``)."""
-    return hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray)
+    """Whether ``a`` is a GPU array (CuPy's, or any with ``__cuda_array_interface__``). A CuPy array
+    is known by its type (its ``__cuda_array_interface__`` builds a dict on every look)."""
+    if isinstance(a, np.ndarray):
+        return False
+    cp = sys.modules.get("cupy")
+    if cp is not None and isinstance(a, cp.ndarray):
+        return True
+    return hasattr(a, "__cuda_array_interface__")
 
 
 #: Device rows are gathered into the arena this many at a time (:func:`upload_rows`).
 DEVICE_ROWS_PER_COPY = 256
+
+
+#: ``gather_rows``: row ``dst[r]`` of the (S, n) arena = the n words at device address ``src[r]``
+#: (block (x, r): a stretch of columns of row r).
+_GATHER_SRC = r"""
+extern "C" __global__ void gather_rows(const unsigned long long* __restrict__ src, const long long* __restrict__ dst,
+                                       long long n, unsigned* __restrict__ arena) {
+    const unsigned* s = (const unsigned*)src[blockIdx.y];
+    unsigned* d = arena + dst[blockIdx.y] * n;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (long long)gridDim.x * blockDim.x)
+        d[j] = s[j];
+}
+"""
+_gather_modules: dict[int, object] = {}
+
+
+def _row_pointers(arena, data, idx: list[int]) -> np.ndarray | None:
+    """The device addresses (uint64) of rows ``data[i]``, i in ``idx``, when each is a CuPy array of
+    the arena's dtype, contiguous (stride one element) and on the arena's device; else None."""
+    cp = _cp()
+    if arena.dtype != np.uint32 or not arena.flags.c_contiguous:
+        return None
+    dtype, step, device = arena.dtype, (arena.itemsize,), arena.data.device_id
+    ptrs = np.empty(len(idx), dtype=np.uint64)
+    for j, i in enumerate(idx):
+        a = data[i]
+        if not isinstance(a, cp.ndarray) or a.dtype != dtype or a.strides != step:
+            return None
+        m = a.data
+        if m.device_id != device:
+            return None
+        ptrs[j] = m.ptr
+    return ptrs
+
+
+def _gather_rows(arena, src: np.ndarray, dst: np.ndarray) -> None:
+    """``arena[dst[r]] = the row at device address src[r]`` for every r, on the current stream (rows
+    of :func:`_row_pointers`: uint32, contiguous, on the arena's device): one launch per 65535 rows."""
+    cp = _cp()
+    dev = arena.data.device_id
+    mod = _gather_modules.get(dev)
+    if mod is None:
+        mod = _gather_modules[dev] = cp.RawModule(code=_GATHER_SRC)
+    fn = mod.get_function("gather_rows")
+    n = arena.shape[1]
+    for r0 in range(0, len(src), 65535):
+        s = cp.asarray(src[r0:r0 + 65535])
+        d = cp.asarray(np.ascontiguousarray(dst[r0:r0 + 65535], dtype=np.int64))
+        fn((min(-(-n // 256), 1024), len(s)), (256,), (s, d, np.int64(n), arena))
 
 
 def _device_rows(arena, rows: np.ndarray, data, idx: list[int]) -> None:
@@ -126,6 +183,10 @@ def _device_rows(arena, rows: np.ndarray, data, idx: list[int]) -> None:
     if bad is not None:
         raise ValueError(f"data row {bad} of shape {tuple(data[bad].shape)}, expected ({n},)")
     cp.cuda.Device().synchronize()
+    src = _row_pointers(arena, data, idx)
+    if src is not None:  # every row a contiguous row of the arena's type on its device: one gather
+        _gather_rows(arena, src, rows[idx])
+        return
     for j in range(0, len(idx), DEVICE_ROWS_PER_COPY):
         part = idx[j:j + DEVICE_ROWS_PER_COPY]
         arena[cp.asarray(rows[part])] = cp.stack([data[i] for i in part]).astype(arena.dtype, copy=False)
