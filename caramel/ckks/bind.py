@@ -47,6 +47,7 @@ from caramel.ckks.keys import EvalKey, Secrets, generate_evalkey
 from caramel.ckks.plaintext import Plaintext, Scalar
 from caramel.ckks.sampling import rng_of
 from caramel.errors import BindingError
+from caramel.execute.memory import is_device_array
 from caramel.program import EvalKeyId, Manifest, Mem, Program, Section
 
 
@@ -288,7 +289,7 @@ def input_mems(
 def _readonly(a) -> np.ndarray:
     """A read-only uint32 view of the row ``a``; a row kept on the GPU by the GPU client (a key or
     an input, no write flag there) as it is."""
-    if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
+    if is_device_array(a):
         return a
     v = np.asarray(a, dtype=np.uint32).view()
     v.setflags(write=False)

@@ -25,9 +25,10 @@ _LIMIT = 20
 _DEVICE_EXACT = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))
 
 
-def _on_device(a) -> bool:
+def is_device_array(a) -> bool:
     """Whether ``a`` is a GPU array: a CuPy array, known by its type (its ``__cuda_array_interface__``
-    builds a dict on every look: thousands of key rows), or anything else exporting that interface."""
+    builds a dict on every look: thousands of key rows), or anything else exporting that interface.
+    CuPy is not imported here: an array of it exists only once something imported it."""
     if isinstance(a, np.ndarray):
         return False
     cp = sys.modules.get("cupy")
@@ -55,7 +56,7 @@ def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[
             problems.append(f"{mem}: limb index outside the {len(ctx.primes)} primes")
             continue
         a = memory[mem]
-        if not _on_device(a):  # a row on the GPU (the GPU client's keys) stays there
+        if not is_device_array(a):  # a row on the GPU (the GPU client's keys) stays there
             a = np.asarray(a)
         if a.dtype.kind not in "ui":
             problems.append(f"{mem}: dtype {a.dtype} is not an integer type")

@@ -27,10 +27,11 @@ CuPy is imported lazily.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 import numpy as np
+
+from caramel.execute.memory import is_device_array
 
 #: Bytes of one pinned staging buffer (two per thread).
 STAGE_BYTES = 32 << 20
@@ -107,17 +108,6 @@ def download(a) -> np.ndarray:
     while pending:
         drain()
     return out
-
-
-def is_device_array(a) -> bool:
-    """Whether ``a`` is a GPU array (CuPy's, or any with ``__cuda_array_interface__``). A CuPy array
-    is known by its type (its ``__cuda_array_interface__`` builds a dict on every look)."""
-    if isinstance(a, np.ndarray):
-        return False
-    cp = sys.modules.get("cupy")
-    if cp is not None and isinstance(a, cp.ndarray):
-        return True
-    return hasattr(a, "__cuda_array_interface__")
 
 
 #: Device rows are gathered into the arena this many at a time (:func:`upload_rows`).
