@@ -145,3 +145,27 @@ def test_tc_source_defines(kc, pf):
     assert f"#define TC_KC {kc}\n" in src and f"#define TC_PF {pf}\n" in src and "#define TC_MINB 6\n" in src
     assert "#pragma unroll 2\n" in src and "#pragma unroll TC_UNROLL" not in src
     assert pf % 4 == 0 and pf >= min(8 * kc, dbasis.TC_PF_MAX)
+
+
+def test_conversion_constants():
+    """The constants both GPU conversions read (basis.BaseConversion, the NTT's converting load):
+    (q_k, [Qhat_k^-1]_{q_k}, its Shoup constant, 0) per input, [-Q]_p per output."""
+    ctx = Context(n=256)
+    ins, outs = (0, 3, 5), (1, 2, 7)
+    conv = ctx.base_converter(ins, outs)
+    rows, neg_q = dbasis.conversion_constants(conv, "sum")
+    big_q = ctx.q(0) * ctx.q(3) * ctx.q(5)
+    for k, l in enumerate(ins):
+        q = ctx.q(l)
+        w = pow(big_q // q, -1, q)
+        assert rows[k].tolist() == [q, w, (w << 32) // q, 0]
+    assert neg_q == [(-big_q) % ctx.q(l) for l in outs]
+
+
+def test_conversion_constants_refuse_an_overflowing_sum():
+    class Huge:
+        in_primes = [1 << 40] * 8
+        out_primes = [1 << 30]
+
+    with pytest.raises(ValueError, match="64-bit sum of a test would overflow"):
+        dbasis.conversion_constants(Huge, "sum of a test")

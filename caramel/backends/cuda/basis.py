@@ -457,6 +457,22 @@ def _tc_source(kc: int, unroll: int, minb: int) -> str:
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
+def conversion_constants(conv, what: str) -> tuple[np.ndarray, list[int]]:
+    """The host constants of every GPU conversion kernel (this module's and the NTT's converting
+    load) for the host converter ``conv``, after checking that their 64-bit sums cannot overflow
+    (``what`` names the sum in the error): per input prime q_k the row (q_k, w_k, shoup(w_k), 0),
+    w_k = [Qhat_k^-1]_{q_k} (t_k = x_k w_k mod q_k), uint32 (S, 4); per output prime p, [-Q]_p (the
+    term of EXACT's v)."""
+    s = len(conv.in_primes)
+    if s * max(conv.in_primes) * max(conv.out_primes, default=1) + (1 << 40) >= 1 << 64:
+        raise ValueError(f"the 64-bit {what} would overflow with these primes")
+    in_consts = np.zeros((s, 4), dtype=np.uint32)
+    for k, q in enumerate(conv.in_primes):
+        w = int(conv.qhat_inv[k])
+        in_consts[k, :3] = [q, w, shoup_constant(w, q)]
+    return in_consts, [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
+
+
 class BaseConversion:
     """Device tables of the conversion from limbs ``in_limbs`` to limbs ``out_limbs`` (limb indices).
 
@@ -479,13 +495,7 @@ class BaseConversion:
                              f"outputs, got N = {ring.n}, {len(self.out_limbs)} outputs")
         conv = ring.ctx.base_converter(self.in_limbs, self.out_limbs)
         s, d = len(self.in_limbs), len(self.out_limbs)
-        if s * max(conv.in_primes) * max(conv.out_primes, default=1) + (1 << 40) >= 1 << 64:
-            raise ValueError("the 64-bit accumulator of base conversion would overflow with these primes")
-        in_consts = np.zeros((s, 4), dtype=np.uint32)
-        for k, q in enumerate(conv.in_primes):
-            w = int(conv.qhat_inv[k])
-            in_consts[k, :3] = [q, w, shoup_constant(w, q)]
-        neg_q = [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
+        in_consts, neg_q = conversion_constants(conv, "accumulator of base conversion")
         recip = conv.reciprocals.astype(np.float64)
         cp = cupy()
         if self.tensor:

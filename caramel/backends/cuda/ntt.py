@@ -670,19 +670,13 @@ class PrologueTables:
     def __init__(self, ring: CudaRing, in_limbs):
         import numpy as np
 
-        from caramel.backends.cuda.context import shoup_constant
+        from caramel.backends.cuda.basis import conversion_constants
 
         self.in_limbs = tuple(int(l) for l in in_limbs)
         primes = len(ring.primes)
         conv = ring.ctx.base_converter(self.in_limbs, tuple(range(primes)))
         s = len(self.in_limbs)
-        if s * max(conv.in_primes) * max(conv.out_primes) + (1 << 40) >= 1 << 64:
-            raise ValueError("the 64-bit sum of a converting NTT load would overflow with these primes")
-        cin = np.zeros((s, 4), dtype=np.uint32)
-        for k, q in enumerate(conv.in_primes):
-            w = int(conv.qhat_inv[k])
-            cin[k, :3] = [q, w, shoup_constant(w, q)]
-        negq = [(p - int(m)) % p for p, m in zip(conv.out_primes, conv.product_mod_out)]
+        cin, negq = conversion_constants(conv, "sum of a converting NTT load")
         tables = np.zeros((2, primes, s + 1), dtype=np.uint32)
         tables[0, :, :s], tables[1, :, :s] = conv.qhat_mod_out, conv.factors
         tables[:, :, s] = negq
