@@ -12,8 +12,8 @@ On the GPU (1-chip programs) runs are timed with CUDA events on the run's stream
 (there is no graph on the CPU: ``graph`` is then simply the unfused plan kernel by kernel, so the
 command works everywhere, e.g. in CI).
 
-Then one *instrumented* run of the fused plan records every kernel (CUDA event pair or wall clock
-around each kernel): :func:`kind_table` aggregates it by :class:`~caramel.plan.plan.Kind` and
+Then one *instrumented* run of the fused plan records every kernel (on the GPU, CUDA events
+between the kernels of a one-stream graph; on the CPU, the wall clock around each kernel): :func:`kind_table` aggregates it by :class:`~caramel.plan.plan.Kind` and
 :func:`chrome_trace` turns it into a Perfetto-loadable Chrome trace (``{"traceEvents": [...]}``,
 "X" complete events, microseconds). Communication kernels of multi-chip programs (``cpu-plan``
 only) go through the in-process transport and are not timed.
@@ -288,32 +288,33 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
 
 
 def _instrument_gpu(run) -> list[KernelRecord]:
-    """Run ``run``'s (fused) plan kernel by kernel with a CUDA event pair around each kernel."""
+    """Time ``run``'s (fused) plan kernel by kernel on the GPU alone: the plan is captured on one
+    stream into one CUDA graph with an event after every kernel, and kernel i's time is
+    t(event i+1) - t(event i) of one replay (launch gaps included, no host time: issuing the kernels
+    one by one from Python would be slower than the GPU runs them)."""
     import cupy as cp
 
     from caramel.logs import nvtx_range
 
-    chip = run.plan.chips[0]
-    b = run.backend
-    with run.stream:  # one untimed pass: nothing left to load or compile in the timed one
-        for call in run.device.calls:
-            call(b)
-    run.stream.synchronize()
-    origin = cp.cuda.Event()
-    marks = []
-    with run.stream:
-        origin.record(run.stream)
-        for call, (_, i, kernel) in zip(run.device.calls, run.device.kernel_of):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(run.stream)
-            with nvtx_range(f"caramel {kernel.kind.value} x{len(kernel.rows)} (kernel {i})"):
-                call(b)
-            stop.record(run.stream)
-            marks.append((i, kernel, start, stop))
-    run.stream.synchronize()
+    chip, s = run.plan.chips[0], run.stream
+    with s:  # one untimed pass: nothing left to load or compile during the capture
+        run.device.run()
+    s.synchronize()
+    marks = [cp.cuda.Event() for _ in range(len(run.device.calls) + 1)]
+    s.begin_capture()
+    try:
+        with s, nvtx_range(f"caramel instrumented graph ({len(run.device.calls)} kernels)"):
+            marks[0].record(s)
+            run.device.run(mark=lambda i: marks[i + 1].record(s))
+    finally:
+        graph = s.end_capture()
+    for _ in range(2):  # the first replay uploads the graph
+        graph.launch(s)
+        s.synchronize()
+    at = [cp.cuda.get_elapsed_time(marks[0], m) for m in marks]
     limb = 4 * run.ctx.n
-    return [_record(k, chip.chip, i, cp.cuda.get_elapsed_time(origin, s), cp.cuda.get_elapsed_time(s, e), limb)
-            for i, k, s, e in marks]
+    return [_record(k, chip.chip, i, at[j], at[j + 1] - at[j], limb)
+            for j, (_, i, k) in enumerate(run.device.kernel_of)]
 
 
 def _cpu_run(plan, ctx, memory, mode, per_row: bool):

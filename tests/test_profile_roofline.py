@@ -67,3 +67,39 @@ def test_records_charge_each_kernel_the_plan_models_traffic():
     assert any(len(set(k.reads())) < len(k.reads()) for k in converting)  # where the old count differed
     for k in kernels:
         assert _record(k, 0, 0, 0.0, 1.0, limb_bytes=1024).bytes == k.traffic() * 1024
+
+
+def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
+    """On a GPU: one record per kernel of the fused plan, in plan order, back to back (each starts
+    where the one before ended: the events sit between the kernels of one graph), each with a
+    positive time, their sum the whole graph's time; the run's results are those of the replay."""
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no GPU")
+    from caramel.api import default_spec
+    from caramel.ckks.check import prepare_check
+    from caramel.execute.cuda_graph import GpuRun
+    from caramel.profile import _instrument_gpu
+    from caramel.ring import Context
+
+    import numpy as np
+
+    program = load_program(PROGRAM, progress=False)
+    ctx = Context(n=4096)
+    memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(5)).memory
+    plan = build_plan(program)
+    run = GpuRun(plan, ctx, memory, "exact")
+    run.run(graph=True)
+    expect = run.result().memory
+    records = _instrument_gpu(run)
+    kernels = plan.chips[0].kernels
+    assert [r.index for r in records] == list(range(len(kernels)))
+    assert [r.kind for r in records] == [k.kind.value for k in kernels]
+    assert all(r.dur_ms > 0 for r in records)
+    for a, b in zip(records, records[1:]):
+        assert b.start_ms == pytest.approx(a.start_ms + a.dur_ms, abs=1e-6)
+    got = run.result().memory
+    assert got.keys() == expect.keys() and all(np.array_equal(got[m], expect[m]) for m in expect)
