@@ -287,33 +287,61 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
     return variants, kernels, setup
 
 
-def _instrument_gpu(run) -> list[KernelRecord]:
-    """Time ``run``'s (fused) plan kernel by kernel on the GPU alone: the plan is captured on one
-    stream into one CUDA graph with an event after every kernel, and kernel i's time is
-    t(event i+1) - t(event i) of one replay (launch gaps included, no host time: issuing the kernels
-    one by one from Python would be slower than the GPU runs them)."""
+#: A one-thread kernel that writes the GPU's global nanosecond clock to t[i]: the instrumented run's
+#: marks (CUDA events recorded inside a graph cannot be timed).
+_STAMP_SRC = r"""
+extern "C" __global__ void stamp(unsigned long long* t, int i) {
+    unsigned long long g;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+    t[i] = g;
+}
+"""
+
+
+def _graph_stamps(s, body, marks: int) -> list[float]:
+    """Capture ``body(mark)`` on stream ``s`` into one CUDA graph, where ``mark()`` adds a clock
+    stamp; replay it twice (the first uploads it) and return the stamps of the second in ms."""
     import cupy as cp
 
-    from caramel.logs import nvtx_range
+    stamp = cp.RawKernel(_STAMP_SRC, "stamp")
+    t = cp.zeros(marks, dtype=cp.uint64)
+    count = iter(range(marks))
+    s.begin_capture()
+    try:
+        with s:
+            body(lambda: stamp((1,), (1,), (t, np.int32(next(count)))))
+    finally:
+        graph = s.end_capture()
+    for _ in range(2):
+        graph.launch(s)
+        s.synchronize()
+    return [x / 1e6 for x in (t - t[0]).get().tolist()]
 
-    chip, s = run.plan.chips[0], run.stream
+
+def _instrument_gpu(run) -> list[KernelRecord]:
+    """Time ``run``'s (fused) plan kernel by kernel on the GPU alone: the plan is captured on one
+    stream into one CUDA graph with a one-thread kernel between every two kernels that stamps the
+    GPU's clock (``%globaltimer``), and kernel i's time is stamp(i+1) - stamp(i) less one stamp's own
+    time (the median gap of a graph of stamps alone). No host time: issuing the kernels one by one
+    from Python, with events around each, would be slower than the GPU runs them."""
+    chip, s, calls = run.plan.chips[0], run.stream, len(run.device.calls)
     with s:  # one untimed pass: nothing left to load or compile during the capture
         run.device.run()
     s.synchronize()
-    marks = [cp.cuda.Event() for _ in range(len(run.device.calls) + 1)]
-    s.begin_capture()
-    try:
-        with s, nvtx_range(f"caramel instrumented graph ({len(run.device.calls)} kernels)"):
-            marks[0].record(s)
-            run.device.run(mark=lambda i: marks[i + 1].record(s))
-    finally:
-        graph = s.end_capture()
-    for _ in range(2):  # the first replay uploads the graph
-        graph.launch(s)
-        s.synchronize()
-    at = [cp.cuda.get_elapsed_time(marks[0], m) for m in marks]
+
+    def alone(mark):
+        for _ in range(65):
+            mark()
+
+    gap = float(np.median(np.diff(_graph_stamps(s, alone, 65))))
+
+    def plan(mark):
+        mark()
+        run.device.run(mark=lambda i: mark())
+
+    at = _graph_stamps(s, plan, calls + 1)
     limb = 4 * run.ctx.n
-    return [_record(k, chip.chip, i, at[j], at[j + 1] - at[j], limb)
+    return [_record(k, chip.chip, i, at[j], max(at[j + 1] - at[j] - gap, 0.0), limb)
             for j, (_, i, k) in enumerate(run.device.kernel_of)]
 
 

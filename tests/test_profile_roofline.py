@@ -70,9 +70,9 @@ def test_records_charge_each_kernel_the_plan_models_traffic():
 
 
 def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
-    """On a GPU: one record per kernel of the fused plan, in plan order, back to back (each starts
-    where the one before ended: the events sit between the kernels of one graph), each with a
-    positive time, their sum the whole graph's time; the run's results are those of the replay."""
+    """On a GPU: one record per kernel of the fused plan, in plan order, one after the other (the
+    clock stamps sit between the kernels of one one-stream graph), each with a time of at least 0 (a stamp's own time subtracted); the
+    run's results are those of the replay."""
     cp = pytest.importorskip("cupy")
     try:
         if cp.cuda.runtime.getDeviceCount() < 1:
@@ -98,8 +98,8 @@ def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
     kernels = plan.chips[0].kernels
     assert [r.index for r in records] == list(range(len(kernels)))
     assert [r.kind for r in records] == [k.kind.value for k in kernels]
-    assert all(r.dur_ms > 0 for r in records)
-    for a, b in zip(records, records[1:]):
-        assert b.start_ms == pytest.approx(a.start_ms + a.dur_ms, abs=1e-6)
+    assert all(r.dur_ms >= 0 for r in records) and sum(r.dur_ms for r in records) > 0
+    for a, b in zip(records, records[1:]):  # in order, without overlap (one stream)
+        assert b.start_ms >= a.start_ms + a.dur_ms
     got = run.result().memory
     assert got.keys() == expect.keys() and all(np.array_equal(got[m], expect[m]) for m in expect)
