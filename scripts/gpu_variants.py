@@ -33,8 +33,6 @@ DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4)
 NTT_VARIANTS = [
     dict(DEFAULT, warps=1), DEFAULT, dict(DEFAULT, warps=2), dict(DEFAULT, warps=8), dict(DEFAULT, split_from=(6, 6)),
     dict(DEFAULT, split_from=(4, 4)), dict(DEFAULT, split_from=(7, 7)), dict(DEFAULT, lazy=False),
-    # 8-11: the two passes range by range (ntt.row_chunks), so that a range's intermediate may stay in L2
-    dict(DEFAULT, chunk=32), dict(DEFAULT, chunk=64), dict(DEFAULT, chunk=96), dict(DEFAULT, chunk=128),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True)]

@@ -168,13 +168,6 @@ def test_ntt_row_warp(pair, rng, warps, split_from, lazy):
                      split_from=split_from, lazy=lazy)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 3, 7], ids=lambda c: f"chunk={c}")
-def test_ntt_in_row_chunks(pair, rng, chunk):
-    """The two passes run range by range (``chunk`` rows each: 7 rows in ranges of 1, 2, 3 and one
-    range of 7), forward and inverse, two rows in place, every result the reference's."""
-    check_ntt_launch(pair, rng, f"chunk={chunk}", rows=7, in_place=(0, 5), chunk=chunk)
-
-
 def test_ntt_small_sizes(rng):
     for n in (16, 32, 256, 2048, 8192, 16384, 32768):
         ctx, ring = rings(n)

@@ -93,15 +93,6 @@ def test_conversion_in_the_load(pair, rng, mode, s, d):
     assert kept
 
 
-@pytest.mark.parametrize("chunk", [1, 4], ids=lambda c: f"chunk={c}")
-def test_loads_in_row_chunks(pair, rng, monkeypatch, chunk):
-    """With ``ntt.CHUNK`` set, a fused load's two passes run range by range (6 lifted rows, and two
-    conversions of 5 outputs: 10 rows, in ranges of ``chunk`` rows or fewer): still the reference."""
-    monkeypatch.setattr(dntt, "CHUNK", chunk)
-    test_lift_in_the_load(pair, rng, Mode.EXACT)
-    test_conversion_in_the_load(pair, rng, Mode.EXACT, 13, 5)
-
-
 def test_bad_arguments_are_refused(pair):
     ctx, ring = pair
     dev = cp.zeros((4, ctx.n), dtype=cp.uint32)

@@ -50,8 +50,6 @@ SPLIT_FROM = (5, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
-#: Rows a column + row kernel pair transforms (0: all rows of the launch at once); see row_chunks.
-CHUNK = 0
 
 _SRC = r"""
 #define LOGN {logn}
@@ -463,25 +461,12 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     return _header(logn, a, "".join(parts), lazy, tw_fake, warps)
 
 
-def row_chunks(rows: int, chunk: int) -> list[slice]:
-    """The rows of a launch in ceil(rows / chunk) ranges of equal size (the last one shorter), or
-    one range when ``chunk`` is 0 or at least ``rows``. The two passes of an N >= 8192 transform run
-    range by range (first pass, second pass, next range), so that a range's intermediate limbs
-    (chunk x 4N bytes) may still be in L2 when its second pass reads them."""
-    if chunk <= 0 or rows <= chunk:
-        return [slice(0, rows)]
-    parts = -(-rows // chunk)
-    size = -(-rows // parts)
-    return [slice(a, min(a + size, rows)) for a in range(0, rows, size)]
-
-
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
-            only_row: bool = False, chunk: int | None = None) -> None:
+            only_row: bool = False) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
-    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`).
-    ``chunk``: the rows of a pair of kernels (:func:`row_chunks`; default :data:`CHUNK`)."""
+    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -498,31 +483,28 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
-    def run(name, src, dst, pidx, blocks_per_row):
+    def run(name, src, dst, blocks_per_row):
         k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps), name)
-        r = pidx.shape[0]
         if name.endswith("_row"):  # blocks_per_row: warp tiles
             smem = warp_smem(warps, warp_split_from(split_from, inverse))
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
-            k((r * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, pidx, pt, tw,
-                                                              warp_tables(ring, inverse)), shared_mem=smem)
+            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
+                                                                 warp_tables(ring, inverse)), shared_mem=smem)
         else:
-            k((r * blocks_per_row,), (THREADS,), (arena, src, dst, pidx, pt, tw))
+            k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
     if ring.logn <= 12:
-        run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, prime_idx, 1)
+        run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
         return
     col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
-    for part in row_chunks(rows, CHUNK if chunk is None else int(chunk)):
-        src, dst, pidx = in_slots[part], out_slots[part], prime_idx[part]
-        if inverse:
-            run("ntt_inv_row", src, dst, pidx, row_tiles)
-            run("ntt_inv_col", dst, dst, pidx, col_blocks)
-        else:
-            if not only_row:
-                run("ntt_fwd_col", src, dst, pidx, col_blocks)
-            run("ntt_fwd_row", dst, dst, pidx, row_tiles)
+    if inverse:
+        run("ntt_inv_row", in_slots, out_slots, row_tiles)
+        run("ntt_inv_col", out_slots, out_slots, col_blocks)
+    else:
+        if not only_row:
+            run("ntt_fwd_col", in_slots, out_slots, col_blocks)
+        run("ntt_fwd_row", out_slots, out_slots, row_tiles)
 
 
 def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
@@ -744,10 +726,8 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
         cin, ctab, recip = tables.cin, tables.factors if code == 1 else tables.qhat, tables.recip
     else:
         cin, ctab, recip = pt, pt, ring.twiddles[0]  # unused
-    for part in row_chunks(rows, 0 if small else CHUNK):
-        r, out, pidx = part.stop - part.start, out_slots[part], prime_idx[part]
-        blocks = r if small else r * ((1 << ROW_LOG) // COLS)
-        fn((blocks,), (256,), (arena, ins[part], cp.int32(w), out, pidx, pt, ring.twiddles[0], args[part], cin, ctab,
-                               recip, cp.int32(r)))
-        if not small:
-            _launch(ring, arena, out, out, pidx, inverse=False, only_row=True, chunk=0)
+    blocks = rows if small else rows * ((1 << ROW_LOG) // COLS)
+    fn((blocks,), (256,), (arena, ins, cp.int32(w), out_slots, prime_idx, pt, ring.twiddles[0], args, cin, ctab,
+                           recip, cp.int32(rows)))
+    if not small:
+        _launch(ring, arena, out_slots, out_slots, prime_idx, inverse=False, only_row=True)
