@@ -47,7 +47,7 @@ def label(kw: dict) -> str:
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Builds of the tensor-core base conversion (BaseConversion.convert's build: unroll, minb); the
 #: first (None) is the default, basis.tc_build's pick.
-TC_VARIANTS = [dict(build=None), dict(build=(1, 6)), dict(build=(2, 4))]
+TC_VARIANTS = [dict(build=None), dict(build=(1, 6)), dict(build=(2, 4)), dict(build=(2, 5))]
 
 
 def tc_label(kw: dict) -> str:
@@ -70,6 +70,7 @@ def main() -> int:
     ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
     ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
+    ap.add_argument("--bc-before", help="also time the default kernel of this other basis.py (e.g. a commit's)")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -202,21 +203,32 @@ def main() -> int:
                                            (arena, ins[s], outs[s], primes, pt, tw) + extra, shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
+    before = None
+    if args.bc_before:  # its own ring: the module cache is keyed by names that both files use
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("basis_before", args.bc_before)
+        before = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(before)
+        ring_before = CudaRing(ctx)
     for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []) + (
             BC_PROBE if args.bc_probe else []):
         perm = list(range(64))
         convs = {t: dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out], tensor=t)
                  for t in (True, False)}
+        kinds = [("tiled", False, {})] + [("tensor " + tc_label(kw), True, kw) for kw in TC_VARIANTS]
+        if before is not None:
+            convs["before"] = before.BaseConversion(ring_before, perm[:s_in], perm[s_in : s_in + d_out])
+            kinds.insert(1, ("before (default)", "before", {}))
         per = batch * (s_in + d_out)
         sets = sets_for(per * limb)
         arena = cp.asarray(rng.integers(0, 2**20, (per * sets, n), dtype=np.uint32))
         bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
-            for tensor, kw in [(False, {})] + [(True, kw) for kw in TC_VARIANTS]:
-                t = bench.time(lambda s: convs[tensor].convert(arena, bins[s], bouts[s], mode, **kw), sets)
+            for name, key, kw in kinds:
+                t = bench.time(lambda s: convs[key].convert(arena, bins[s], bouts[s], mode, **kw), sets)
                 rate = batch * s_in * d_out * n / t / 1e12
-                bench.add(f"baseconv {mode.value} {'tensor ' + tc_label(kw) if tensor else 'tiled'}",
+                bench.add(f"baseconv {mode.value} {name}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
