@@ -59,6 +59,40 @@ def tc_label(kw: dict) -> str:
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
 #: Shapes timed only with --bc-probe: the input phase alone (D = 1, 8) and the output phase alone (S = 1).
 BC_PROBE = [(13, 1, 1), (13, 8, 1), (1, 50, 1), (1, 8, 1)]
+#: --bc-floor (timing only, wrong results): bc_floor has the tensor-core conversion's grid and accesses (a
+#: thread's S 4-byte loads, a lane's 16-byte stores of two outputs of every 8) and no arithmetic;
+#: write_only / read_only stream 16-byte words over 256 MiB (the two directions' ceilings).
+FLOOR_SRC = r"""
+extern "C" __global__ void __launch_bounds__(128) bc_floor(unsigned* arena, const int* ins, const int* outs, int S,
+                                                          int D, int n, int tiles) {
+    const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
+    const unsigned* src = arena + tile * 128 + threadIdx.x;
+    unsigned x = 0;
+#pragma unroll 8
+    for (int k = 0; k < S; ++k) x ^= src[(size_t)ins[b * S + k] * n];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned y = __shfl_xor_sync(~0u, x, 1);
+    unsigned* dst = arena + tile * 128 + (threadIdx.x & 96) + 4 * g;
+    for (int d0 = 0; d0 < D; d0 += 8)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int d = d0 + 2 * t + h;
+            if (d < D) *(uint4*)(dst + (size_t)outs[b * D + d] * n) = make_uint4(x, y, x + d, y ^ d);
+        }
+}
+extern "C" __global__ void write_only(uint4* a, size_t words) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+        a[i] = make_uint4(i, 1, 2, 3);
+}
+extern "C" __global__ void read_only(const uint4* a, size_t words, unsigned* sink) {
+    unsigned x = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = a[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u) sink[0] = x;
+}
+"""
 
 
 def main() -> int:
@@ -71,6 +105,7 @@ def main() -> int:
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
     ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
     ap.add_argument("--bc-before", help="also time the default kernel of this other basis.py (e.g. a commit's)")
+    ap.add_argument("--bc-floor", action="store_true", help="also time bc_floor and the one-way ceilings (FLOOR_SRC)")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -210,6 +245,16 @@ def main() -> int:
         before = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(before)
         ring_before = CudaRing(ctx)
+    floor = cp.RawModule(code=FLOOR_SRC) if args.bc_floor and not args.ntt_only else None
+    if floor is not None:
+        big = cp.empty((1 << 28) // 4, dtype=np.uint32)
+        sink = cp.zeros(1, dtype=np.uint32)
+        words, grid = np.uint64(big.size // 4), (4 * 132 * 8,)
+        for kname, extra in (("write_only", ()), ("read_only", (sink,))):
+            k = floor.get_function(kname)
+            t = bench.time(lambda s: k(grid, (256,), (big, words) + extra), 1, per_replay=8)
+            bench.add(f"{kname} (ceiling)", "256 MiB", t, f"{big.nbytes / t / 1e9:8.0f} GB/s")
+        del big
     for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []) + (
             BC_PROBE if args.bc_probe else []):
         perm = list(range(64))
@@ -230,6 +275,12 @@ def main() -> int:
                 rate = batch * s_in * d_out * n / t / 1e12
                 bench.add(f"baseconv {mode.value} {name}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
+        if floor is not None:
+            k, tiles = floor.get_function("bc_floor"), n // 128
+            t = bench.time(lambda s: k((batch * tiles,), (128,), (arena, bins[s], bouts[s], np.int32(s_in),
+                                                                 np.int32(d_out), np.int32(n), np.int32(tiles))), sets)
+            bench.add("baseconv floor (loads + stores only)", f"S={s_in} D={d_out} B={batch}", t,
+                      f"{per * limb / t / copy * 100:5.1f}% of copy")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
     for name, config, seconds, rate in bench.rows:
