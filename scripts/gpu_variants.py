@@ -63,23 +63,42 @@ BC_PROBE = [(13, 1, 1), (13, 8, 1), (1, 50, 1), (1, 8, 1)]
 #: thread's S 4-byte loads, a lane's 16-byte stores of two outputs of every 8) and no arithmetic;
 #: write_only / read_only stream 16-byte words over 256 MiB (the two directions' ceilings).
 FLOOR_SRC = r"""
-extern "C" __global__ void __launch_bounds__(128) bc_floor(unsigned* arena, const int* ins, const int* outs, int S,
-                                                          int D, int n, int tiles) {
+template <int C> __device__ __forceinline__ unsigned load_c(const unsigned* p) {
+    if (C == 4) { const uint4 v = *(const uint4*)p; return v.x ^ v.y ^ v.z ^ v.w; }
+    return *p;
+}
+// Block (b, tile): blockDim.x * C coefficients, C a thread. MMA = 1: the tensor-core kernel's stores (C = 1, a
+// lane's 16-byte store at coefficient 4 g of its warp for outputs 2 t + h of every 8); MMA = 0: row by row,
+// a thread's C words of each output.
+template <int C, int MMA> __device__ void floor_body(unsigned* arena, const int* ins, const int* outs, int S, int D,
+                                                    int n, int tiles) {
     const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
-    const unsigned* src = arena + tile * 128 + threadIdx.x;
+    const size_t base = (size_t)tile * blockDim.x * C;
     unsigned x = 0;
 #pragma unroll 8
-    for (int k = 0; k < S; ++k) x ^= src[(size_t)ins[b * S + k] * n];
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k = 0; k < S; ++k) x ^= load_c<C>(arena + (size_t)ins[b * S + k] * n + base + C * threadIdx.x);
     const unsigned y = __shfl_xor_sync(~0u, x, 1);
-    unsigned* dst = arena + tile * 128 + (threadIdx.x & 96) + 4 * g;
-    for (int d0 = 0; d0 < D; d0 += 8)
+    if (MMA) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        unsigned* dst = arena + base + (threadIdx.x & ~31) + 4 * g;
+        for (int d0 = 0; d0 < D; d0 += 8)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int d = d0 + 2 * t + h;
-            if (d < D) *(uint4*)(dst + (size_t)outs[b * D + d] * n) = make_uint4(x, y, x + d, y ^ d);
+            for (int h = 0; h < 2; ++h) {
+                const int d = d0 + 2 * t + h;
+                if (d < D) *(uint4*)(dst + (size_t)outs[b * D + d] * n) = make_uint4(x, y, x + d, y ^ d);
+            }
+    } else {
+        for (int d = 0; d < D; ++d) {
+            unsigned* dst = arena + (size_t)outs[b * D + d] * n + base + C * threadIdx.x;
+            if (C == 4) *(uint4*)dst = make_uint4(x, y, x + d, y ^ d); else *dst = x + d;
         }
+    }
 }
+#define FLOOR(NAME, C, MMA) extern "C" __global__ void NAME(unsigned* a, const int* i, const int* o, int S, int D, \
+    int n, int tiles) { floor_body<C, MMA>(a, i, o, S, D, n, tiles); }
+FLOOR(bc_floor, 1, 1)
+FLOOR(floor_rows1, 1, 0)
+FLOOR(floor_rows4, 4, 0)
 extern "C" __global__ void write_only(uint4* a, size_t words) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
         a[i] = make_uint4(i, 1, 2, 3);
@@ -93,6 +112,10 @@ extern "C" __global__ void read_only(const uint4* a, size_t words, unsigned* sin
     if (x == 0x9e3779b9u) sink[0] = x;
 }
 """
+#: (kernel, threads a block, coefficients a thread) of --bc-floor: the conversion's pattern, then rows of 4-byte
+#: and 16-byte words with 128 to 2048 coefficients a block.
+FLOOR_VARIANTS = [("bc_floor", 128, 1), ("floor_rows1", 128, 1), ("floor_rows1", 512, 1), ("floor_rows4", 32, 4),
+                  ("floor_rows4", 128, 4), ("floor_rows4", 256, 4), ("floor_rows4", 512, 4)]
 
 
 def main() -> int:
@@ -275,11 +298,11 @@ def main() -> int:
                 rate = batch * s_in * d_out * n / t / 1e12
                 bench.add(f"baseconv {mode.value} {name}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
-        if floor is not None:
-            k, tiles = floor.get_function("bc_floor"), n // 128
-            t = bench.time(lambda s: k((batch * tiles,), (128,), (arena, bins[s], bouts[s], np.int32(s_in),
-                                                                 np.int32(d_out), np.int32(n), np.int32(tiles))), sets)
-            bench.add("baseconv floor (loads + stores only)", f"S={s_in} D={d_out} B={batch}", t,
+        for kname, threads, c in FLOOR_VARIANTS if floor is not None else ():
+            k, tiles = floor.get_function(kname), n // (threads * c)
+            t = bench.time(lambda s: k((batch * tiles,), (threads,), (arena, bins[s], bouts[s], np.int32(s_in),
+                                                                     np.int32(d_out), np.int32(n), np.int32(tiles))), sets)
+            bench.add(f"baseconv floor {kname} {threads}x{c}", f"S={s_in} D={d_out} B={batch}", t,
                       f"{per * limb / t / copy * 100:5.1f}% of copy")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
