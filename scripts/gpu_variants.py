@@ -127,7 +127,8 @@ def main() -> int:
     ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
     ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
-    ap.add_argument("--bc-before", help="also time the default kernel of this other basis.py (e.g. a commit's)")
+    ap.add_argument("--bc-before", action="append", default=[],
+                    help="also time the default kernel of this other basis.py (e.g. a commit's; repeatable)")
     ap.add_argument("--bc-floor", action="store_true", help="also time bc_floor and the one-way ceilings (FLOOR_SRC)")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
@@ -261,13 +262,13 @@ def main() -> int:
                                            (arena, ins[s], outs[s], primes, pt, tw) + extra, shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
-    before = None
-    if args.bc_before:  # its own ring: the module cache is keyed by names that both files use
+    before = {}
+    for path in args.bc_before:  # each on its own ring: the module cache is keyed by names that the files share
         import importlib.util
-        spec = importlib.util.spec_from_file_location("basis_before", args.bc_before)
-        before = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(before)
-        ring_before = CudaRing(ctx)
+        spec = importlib.util.spec_from_file_location(f"basis_before_{len(before)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        before[os.path.basename(path)] = (module, CudaRing(ctx))
     floor = cp.RawModule(code=FLOOR_SRC) if args.bc_floor and not args.ntt_only else None
     if floor is not None:
         big = cp.empty((1 << 28) // 4, dtype=np.uint32)
@@ -284,9 +285,9 @@ def main() -> int:
         convs = {t: dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out], tensor=t)
                  for t in (True, False)}
         kinds = [("tiled", False, {})] + [("tensor " + tc_label(kw), True, kw) for kw in TC_VARIANTS]
-        if before is not None:
-            convs["before"] = before.BaseConversion(ring_before, perm[:s_in], perm[s_in : s_in + d_out])
-            kinds.insert(1, ("before (default)", "before", {}))
+        for name, (module, ring_before) in before.items():
+            convs[name] = module.BaseConversion(ring_before, perm[:s_in], perm[s_in : s_in + d_out])
+            kinds.insert(1, (f"{name} (default)", name, {}))
         per = batch * (s_in + d_out)
         sets = sets_for(per * limb)
         arena = cp.asarray(rng.integers(0, 2**20, (per * sets, n), dtype=np.uint32))
