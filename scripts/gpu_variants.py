@@ -47,7 +47,7 @@ def label(kw: dict) -> str:
 BC_SHAPES = [(13, 50, 1), (13, 50, 3), (16, 47, 2), (21, 42, 1), (15, 45, 4), (3, 52, 2), (20, 40, 2), (19, 38, 3)]
 #: Builds of the tensor-core base conversion (BaseConversion.convert's build: unroll, minb); the
 #: first (None) is the default, basis.tc_build's pick.
-TC_VARIANTS = [dict(build=None), dict(build=(1, 6)), dict(build=(2, 4)), dict(build=(2, 5))]
+TC_VARIANTS = [dict(build=None), dict(build=(1, 6)), dict(build=(2, 4))]
 
 
 def tc_label(kw: dict) -> str:
@@ -129,7 +129,7 @@ def main() -> int:
     ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
     ap.add_argument("--bc-before", action="append", default=[],
                     help="also time the default kernel of this other basis.py (e.g. a commit's; repeatable)")
-    ap.add_argument("--bc-floor", action="store_true", help="also time bc_floor and the one-way ceilings (FLOOR_SRC)")
+    ap.add_argument("--bc-floor", action="store_true", help="also time FLOOR_VARIANTS and the one-way ceilings (timing only)")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants

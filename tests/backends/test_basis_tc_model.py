@@ -123,18 +123,6 @@ def test_tc_row_gives_16_byte_stores(rng):
     np.testing.assert_array_equal(stored, results)
 
 
-def test_tc_transpose_fits_and_has_no_bank_conflicts():
-    """The epilogue's transpose buffer (8 outputs x TC_TW words) fits in a warp's 32 A rows at KC = 1, and
-    its 16-byte writes (8 lanes a quarter warp, 4 banks each) and row reads touch distinct banks."""
-    assert 8 * dbasis.TC_TW <= 32 * (8 * 1 + 4) and dbasis.TC_TW >= 32
-    writes, reads = dbasis.tc_transpose_banks()
-    for banks in writes:
-        assert len({b + i for b in banks for i in range(4)}) == 32
-    for banks in reads:
-        assert len(set(banks)) == 32
-    assert len(set(dbasis.tc_transpose_banks(32)[0][0])) < 8  # unpadded rows would conflict
-
-
 @pytest.mark.parametrize("s", [1, 13, 63, 64])
 def test_tc_reduce_extremes(rng, s):
     """tc_reduce (the kernel's 32-bit epilogue) is exact up to the largest byte-plane sums: R_b up to

@@ -514,7 +514,7 @@ def test_graph_capture(rng):
 @pytest.mark.parametrize("shape", [(1, 3, 1), (3, 5, 2), (7, 8, 1), (8, 11, 3), (13, 50, 3), (16, 47, 2), (21, 42, 1),
                                    (33, 20, 2), (60, 4, 1), (64, 9, 2)],
                          ids=lambda s: f"S={s[0]},D={s[1]},B={s[2]}")
-@pytest.mark.parametrize("build", [None, (1, 4), (1, 6), (2, 4), (2, 5), (2, 1)], ids=str)
+@pytest.mark.parametrize("build", [None, (1, 4), (1, 6), (2, 4), (2, 1)], ids=str)
 def test_base_conversion_tensor(pair, rng, mode, shape, build):
     """The tensor-core kernel (byte products on mma.m16n8k32) computes the reference residues in each
     build (one or two output tiles a loop iteration, a register cap; None: basis.tc_build's pick)."""

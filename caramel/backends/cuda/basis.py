@@ -31,7 +31,6 @@ MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
 TC_PF_MAX = 24  # input loads in flight a thread of the tensor-core kernel: min(8 KC, TC_PF_MAX)
 TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds (nearly) fit (ptxas)
-TC_TW = 36  # words a row of a warp's transpose buffer (8 outputs x 32 coefficients; see tc_transpose_banks)
 
 
 def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
@@ -285,16 +284,6 @@ def tc_row(lane: int) -> int:
     return 16 * ((lane >> 1) & 1) + 8 * (lane & 1) + (lane >> 2)
 
 
-def tc_transpose_banks(tw: int = TC_TW) -> tuple[list[list[int]], list[list[int]]]:
-    """The shared-memory banks of the epilogue's transpose (8 outputs x 32 coefficients a warp, rows of
-    ``tw`` words): per 16-byte write (output o = 2 t + h, lane (g, t) at word o tw + 4 g), the first banks of
-    the 8 lanes of each quarter warp; per row read (lane l at word o tw + l), the 32 lanes' banks."""
-    writes = [[((2 * t + h) * tw + 4 * g) % 32 for g, t in (divmod(lane, 4) for lane in range(q, q + 8))]
-              for h in (0, 1) for q in range(0, 32, 8)]
-    reads = [[(o * tw + lane) % 32 for lane in range(32)] for o in range(8)]
-    return writes, reads
-
-
 def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
     """The A rows of the tensor-core kernel (what each thread writes to shared memory): uint32
     (N, 8 KC), word a SP/4 + j = bytes a of t_{4j}, .., t_{4j+3} (low byte first), t_S = v (or 0).
@@ -325,11 +314,8 @@ _TC_SOURCE = r"""
 // (u8 x u8 -> s32) with the B fragments read from the pre-swizzled table (L1-resident), folds
 // R_b 2^(8b) into two words and reduces (tc_reduce). The A rows are permuted within the warp
 // (tc_row): MMA row 16 m + 8 hi + g holds coefficient 4 g + 2 m + hi, so that a lane's four results
-// of one output are 4 consecutive coefficients, one 16-byte write to the warp's transpose buffer (its
-// A rows, free once the fragments are in registers; tc_transpose_banks). Lane l then stores coefficient
-// l of the 8 outputs: each store instruction writes one whole 128-byte line of one output row (the
-// fastest pattern of gpu_variants --bc-floor). A warp reads all its inputs before it writes and only
-// its own 32 coefficients, so outputs may overwrite inputs.
+// of one output are 4 consecutive coefficients, one 16-byte store. A warp reads all its inputs before
+// it writes and only its own 32 coefficients, so outputs may overwrite inputs.
 __device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -354,13 +340,13 @@ __device__ __forceinline__ void base_convert_tc(
         const u32* __restrict__ in_consts, const u32* __restrict__ out4, const uint2* __restrict__ frag,
         const double* __restrict__ recip, int n, int tiles) {
     constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
-    __shared__ __align__(16) u32 rows[128 * STRIDE];
+    __shared__ u32 rows[128 * STRIDE];
     // The block's constants, read by every thread: (q_k, w_k, w'_k, input slot) and 1/q_k for k < SP,
     // (p_d, ..) of out4 and the output slot for d < 8 DT (slots past D repeat the last one).
     __shared__ uint4 cin[68];
     __shared__ double rin[68];
     __shared__ uint4 cout[64];
-    __shared__ __align__(16) u32 sout[64];
+    __shared__ u32 sout[64];
     const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
     const u32 base = tile * 128, row_bytes = 4u * n;  // a limb's bytes: addresses are one IMAD.WIDE.U32
     const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
@@ -427,11 +413,6 @@ __device__ __forceinline__ void base_convert_tc(
             af[m][c][3] = p[8 * STRIDE + 4];
         }
     const uint2* __restrict__ fr = frag + lane;
-    // Every lane holds its A fragments: the warp's 32 rows become its transpose buffer, 8 outputs x TC_TW
-    // words (8 x 36 <= 32 STRIDE; the padding makes both the 16-byte writes and the row reads conflict free).
-    __syncwarp();
-    u32* tbuf = rows + (threadIdx.x & 96) * STRIDE;
-    u32* out = (u32*)(arena + base + (threadIdx.x & 96) + lane);
 #pragma unroll TC_UNROLL
     for (int dt = 0; dt < DT; ++dt) {
         int acc[4][2][4];
@@ -450,24 +431,16 @@ __device__ __forceinline__ void base_convert_tc(
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h; element 2 hi + h of m-tile m is
-            const int o = 2 * t + h;  // coefficient 4 g + 2 m + hi of the warp
-            const uint4 cc = cout[8 * dt + o];
+            const int d = 8 * dt + 2 * t + h;  // coefficient 4 g + 2 m + hi of the warp
+            const uint4 cc = cout[d];
             const u32 np = 0u - cc.x;
             uint4 y;
             y.x = tc_reduce(acc[0][0][h], acc[1][0][h], acc[2][0][h], acc[3][0][h], cc, np);
             y.y = tc_reduce(acc[0][0][2 + h], acc[1][0][2 + h], acc[2][0][2 + h], acc[3][0][2 + h], cc, np);
             y.z = tc_reduce(acc[0][1][h], acc[1][1][h], acc[2][1][h], acc[3][1][h], cc, np);
             y.w = tc_reduce(acc[0][1][2 + h], acc[1][1][2 + h], acc[2][1][2 + h], acc[3][1][2 + h], cc, np);
-            *(uint4*)(tbuf + o * TC_TW + 4 * g) = y;
+            if (d < D) *(uint4*)((char*)(arena + base + (threadIdx.x & 96) + 4 * g) + (u64)sout[d] * row_bytes) = y;
         }
-        __syncwarp();
-        // Lane l stores coefficient l of the 8 outputs: each store instruction writes one 128-byte line.
-        const uint4 s0 = *(const uint4*)(sout + 8 * dt), s1 = *(const uint4*)(sout + 8 * dt + 4);
-        const u32 slot[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-        for (int o = 0; o < 8; ++o)
-            if (8 * dt + o < D) *(u32*)((char*)out + (u64)slot[o] * row_bytes) = tbuf[o * TC_TW + lane];
-        __syncwarp();
     }
 }
 #define BC_TC(MODE, NAME) \
@@ -488,7 +461,7 @@ def _tc_source(kc: int, unroll: int, minb: int) -> str:
     iteration and __launch_bounds__'s ``minb`` resident blocks. Input loads in flight a thread:
     min(8 KC, TC_PF_MAX), a multiple of 4 that covers SP <= 8 KC, so that up to 23 inputs load in one
     round. The epilogue is tc_reduce's."""
-    defines = dict(TC_KC=kc, TC_PF=min(8 * kc, TC_PF_MAX), TC_MINB=int(minb), TC_TW=TC_TW)
+    defines = dict(TC_KC=kc, TC_PF=min(8 * kc, TC_PF_MAX), TC_MINB=int(minb))
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
