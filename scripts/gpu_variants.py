@@ -7,7 +7,8 @@ rotating input sets, median of replays; see scripts/gpu_kernels_check.py's Bench
 NTT/INTT variants: the warp-tile row kernel's warps a block and split stages, lazy or not; a
 loads-and-stores only variant gives the floor of the access pattern, constant twiddles the price of
 the twiddle loads. Base conversion: the tensor-core kernel's builds
-(TC_VARIANTS) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c.
+(TC_VARIANTS) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c;
+--bc-before FILE beside them another basis.py's default kernel, --bc-floor the access patterns alone.
 Prints a table last.
 """
 
@@ -129,7 +130,8 @@ def main() -> int:
     ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
     ap.add_argument("--bc-before", action="append", default=[],
                     help="also time the default kernel of this other basis.py (e.g. a commit's; repeatable)")
-    ap.add_argument("--bc-floor", action="store_true", help="also time FLOOR_VARIANTS and the one-way ceilings (timing only)")
+    ap.add_argument("--bc-floor", action="store_true",
+                    help="also time FLOOR_VARIANTS and the one-way ceilings (timing only)")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -301,8 +303,9 @@ def main() -> int:
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
         for kname, threads, c in FLOOR_VARIANTS if floor is not None else ():
             k, tiles = floor.get_function(kname), n // (threads * c)
-            t = bench.time(lambda s: k((batch * tiles,), (threads,), (arena, bins[s], bouts[s], np.int32(s_in),
-                                                                     np.int32(d_out), np.int32(n), np.int32(tiles))), sets)
+            args_of = (lambda s: (arena, bins[s], bouts[s], np.int32(s_in), np.int32(d_out), np.int32(n),
+                                  np.int32(tiles)))
+            t = bench.time(lambda s: k((batch * tiles,), (threads,), args_of(s)), sets)
             bench.add(f"baseconv floor {kname} {threads}x{c}", f"S={s_in} D={d_out} B={batch}", t,
                       f"{per * limb / t / copy * 100:5.1f}% of copy")
         del arena
