@@ -7,7 +7,8 @@ rotating input sets, median of replays; see scripts/gpu_kernels_check.py's Bench
 NTT/INTT variants: the warp-tile row kernel's warps a block and split stages, lazy or not; a
 loads-and-stores only variant gives the floor of the access pattern, constant twiddles the price of
 the twiddle loads. Base conversion: the tensor-core kernel's builds
-(TC_VARIANTS) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c.
+(TC_VARIANTS) against the tiled one, in the three modes, at the shapes of BootstrapLike_51L_1c;
+--bc-before FILE beside them another basis.py's default kernel, --bc-floor the access patterns alone.
 Prints a table last.
 """
 
@@ -59,6 +60,63 @@ def tc_label(kw: dict) -> str:
 BC_EXTRA = [(60, 4, 1), (40, 24, 1), (55, 9, 2)]
 #: Shapes timed only with --bc-probe: the input phase alone (D = 1, 8) and the output phase alone (S = 1).
 BC_PROBE = [(13, 1, 1), (13, 8, 1), (1, 50, 1), (1, 8, 1)]
+#: --bc-floor (timing only, wrong results): bc_floor has the tensor-core conversion's grid and accesses (a
+#: thread's S 4-byte loads, a lane's 16-byte stores of two outputs of every 8) and no arithmetic;
+#: write_only / read_only stream 16-byte words over 256 MiB (the two directions' ceilings).
+FLOOR_SRC = r"""
+template <int C> __device__ __forceinline__ unsigned load_c(const unsigned* p) {
+    if (C == 4) { const uint4 v = *(const uint4*)p; return v.x ^ v.y ^ v.z ^ v.w; }
+    return *p;
+}
+// Block (b, tile): blockDim.x * C coefficients, C a thread. MMA = 1: the tensor-core kernel's stores (C = 1, a
+// lane's 16-byte store at coefficient 4 g of its warp for outputs 2 t + h of every 8); MMA = 0: row by row,
+// a thread's C words of each output.
+template <int C, int MMA> __device__ void floor_body(unsigned* arena, const int* ins, const int* outs, int S, int D,
+                                                    int n, int tiles) {
+    const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
+    const size_t base = (size_t)tile * blockDim.x * C;
+    unsigned x = 0;
+#pragma unroll 8
+    for (int k = 0; k < S; ++k) x ^= load_c<C>(arena + (size_t)ins[b * S + k] * n + base + C * threadIdx.x);
+    const unsigned y = __shfl_xor_sync(~0u, x, 1);
+    if (MMA) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        unsigned* dst = arena + base + (threadIdx.x & ~31) + 4 * g;
+        for (int d0 = 0; d0 < D; d0 += 8)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int d = d0 + 2 * t + h;
+                if (d < D) *(uint4*)(dst + (size_t)outs[b * D + d] * n) = make_uint4(x, y, x + d, y ^ d);
+            }
+    } else {
+        for (int d = 0; d < D; ++d) {
+            unsigned* dst = arena + (size_t)outs[b * D + d] * n + base + C * threadIdx.x;
+            if (C == 4) *(uint4*)dst = make_uint4(x, y, x + d, y ^ d); else *dst = x + d;
+        }
+    }
+}
+#define FLOOR(NAME, C, MMA) extern "C" __global__ void NAME(unsigned* a, const int* i, const int* o, int S, int D, \
+    int n, int tiles) { floor_body<C, MMA>(a, i, o, S, D, n, tiles); }
+FLOOR(bc_floor, 1, 1)
+FLOOR(floor_rows1, 1, 0)
+FLOOR(floor_rows4, 4, 0)
+extern "C" __global__ void write_only(uint4* a, size_t words) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+        a[i] = make_uint4(i, 1, 2, 3);
+}
+extern "C" __global__ void read_only(const uint4* a, size_t words, unsigned* sink) {
+    unsigned x = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = a[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u) sink[0] = x;
+}
+"""
+#: (kernel, threads a block, coefficients a thread) of --bc-floor: the conversion's pattern, then rows of 4-byte
+#: and 16-byte words with 128 to 2048 coefficients a block.
+FLOOR_VARIANTS = [("bc_floor", 128, 1), ("floor_rows1", 128, 1), ("floor_rows1", 512, 1), ("floor_rows4", 32, 4),
+                  ("floor_rows4", 128, 4), ("floor_rows4", 256, 4), ("floor_rows4", 512, 4)]
 
 
 def main() -> int:
@@ -70,6 +128,10 @@ def main() -> int:
     ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
     ap.add_argument("--bc-probe", action="store_true", help="also time BC_PROBE")
+    ap.add_argument("--bc-before", action="append", default=[],
+                    help="also time the default kernel of this other basis.py (e.g. a commit's; repeatable)")
+    ap.add_argument("--bc-floor", action="store_true",
+                    help="also time FLOOR_VARIANTS and the one-way ceilings (timing only)")
     ap.add_argument("--ntt-variants", default="", help="indices into NTT_VARIANTS (comma separated; default all)")
     args = ap.parse_args()
     variants = ([NTT_VARIANTS[int(i)] for i in args.ntt_variants.split(",")] if args.ntt_variants
@@ -202,22 +264,50 @@ def main() -> int:
                                            (arena, ins[s], outs[s], primes, pt, tw) + extra, shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")
     del arena
+    before = {}
+    for path in args.bc_before:  # each on its own ring: the module cache is keyed by names that the files share
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(f"basis_before_{len(before)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        before[os.path.basename(path)] = (module, CudaRing(ctx))
+    floor = cp.RawModule(code=FLOOR_SRC) if args.bc_floor and not args.ntt_only else None
+    if floor is not None:
+        big = cp.empty((1 << 28) // 4, dtype=np.uint32)
+        sink = cp.zeros(1, dtype=np.uint32)
+        words, grid = np.uint64(big.size // 4), (4 * 132 * 8,)
+        for kname, extra in (("write_only", ()), ("read_only", (sink,))):
+            k = floor.get_function(kname)
+            t = bench.time(lambda s: k(grid, (256,), (big, words) + extra), 1, per_replay=8)
+            bench.add(f"{kname} (ceiling)", "256 MiB", t, f"{big.nbytes / t / 1e9:8.0f} GB/s")
+        del big
     for s_in, d_out, batch in [] if args.ntt_only else BC_SHAPES + (BC_EXTRA if args.bc_extra else []) + (
             BC_PROBE if args.bc_probe else []):
         perm = list(range(64))
         convs = {t: dbasis.BaseConversion(ring, perm[:s_in], perm[s_in : s_in + d_out], tensor=t)
                  for t in (True, False)}
+        kinds = [("tiled", False, {})] + [("tensor " + tc_label(kw), True, kw) for kw in TC_VARIANTS]
+        for name, (module, ring_before) in before.items():
+            convs[name] = module.BaseConversion(ring_before, perm[:s_in], perm[s_in : s_in + d_out])
+            kinds.insert(1, (f"{name} (default)", name, {}))
         per = batch * (s_in + d_out)
         sets = sets_for(per * limb)
         arena = cp.asarray(rng.integers(0, 2**20, (per * sets, n), dtype=np.uint32))
         bins = [i32(np.arange(batch * s_in).reshape(batch, s_in) + per * s) for s in range(sets)]
         bouts = [i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in) for s in range(sets)]
         for mode in ((Mode.EXACT,) if (s_in, d_out, batch) != BC_SHAPES[0] else tuple(Mode)):
-            for tensor, kw in [(False, {})] + [(True, kw) for kw in TC_VARIANTS]:
-                t = bench.time(lambda s: convs[tensor].convert(arena, bins[s], bouts[s], mode, **kw), sets)
+            for name, key, kw in kinds:
+                t = bench.time(lambda s: convs[key].convert(arena, bins[s], bouts[s], mode, **kw), sets)
                 rate = batch * s_in * d_out * n / t / 1e12
-                bench.add(f"baseconv {mode.value} {'tensor ' + tc_label(kw) if tensor else 'tiled'}",
+                bench.add(f"baseconv {mode.value} {name}",
                           f"S={s_in} D={d_out} B={batch}", t, f"{per * limb / t / copy * 100:5.1f}% of copy  {rate:5.2f} TMAC/s")
+        for kname, threads, c in FLOOR_VARIANTS if floor is not None else ():
+            k, tiles = floor.get_function(kname), n // (threads * c)
+            args_of = (lambda s: (arena, bins[s], bouts[s], np.int32(s_in), np.int32(d_out), np.int32(n),
+                                  np.int32(tiles)))
+            t = bench.time(lambda s: k((batch * tiles,), (threads,), args_of(s)), sets)
+            bench.add(f"baseconv floor {kname} {threads}x{c}", f"S={s_in} D={d_out} B={batch}", t,
+                      f"{per * limb / t / copy * 100:5.1f}% of copy")
         del arena
     print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
     for name, config, seconds, rate in bench.rows:

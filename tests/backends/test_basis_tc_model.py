@@ -103,6 +103,26 @@ def test_tc_layout():
     assert dbasis.tc_layout(64) == (68, 9)
 
 
+def test_tc_row_gives_16_byte_stores(rng):
+    """tc_row is a permutation of a warp's 32 rows; with coefficient l in MMA row tc_row(l), the C
+    elements of one output that lane (g, t) holds (row g, g + 8 of m-tile 0, then of m-tile 1, the
+    kernel's y.x .. y.w) are coefficients 4 g .. 4 g + 3 in order, so the kernel's one uint4 store at
+    coefficient 4 g puts every result of the warp in its place."""
+    rows = [dbasis.tc_row(l) for l in range(32)]
+    assert sorted(rows) == list(range(32))
+    results = rng.integers(0, 2**30, (5, 128), dtype=np.int64)  # (D, coefficients of a block)
+    c = np.empty_like(results)  # C by MMA row: coefficient l of warp w sits in row 32 w + tc_row(l)
+    for w in range(4):
+        for l in range(32):
+            c[:, 32 * w + rows[l]] = results[:, 32 * w + l]
+    stored = np.full_like(results, -1)
+    for w in range(4):
+        for g in range(8):  # lanes 4 g + t (t: the output) store the same four rows of their outputs
+            stored[:, 32 * w + 4 * g : 32 * w + 4 * g + 4] = c[:, [32 * w + 16 * m + 8 * hi + g
+                                                                  for m in (0, 1) for hi in (0, 1)]]
+    np.testing.assert_array_equal(stored, results)
+
+
 @pytest.mark.parametrize("s", [1, 13, 63, 64])
 def test_tc_reduce_extremes(rng, s):
     """tc_reduce (the kernel's 32-bit epilogue) is exact up to the largest byte-plane sums: R_b up to

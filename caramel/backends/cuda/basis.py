@@ -277,6 +277,13 @@ def tc_reduce(r: np.ndarray, consts: np.ndarray) -> np.ndarray:
     return np.where(val >= p, val - p, val).astype(np.uint32)
 
 
+def tc_row(lane: int) -> int:
+    """The MMA row (of its warp's 32) that holds coefficient ``lane`` of the warp: lane = 4 g + 2 m + hi
+    -> row 16 m + 8 hi + g. The C elements of one output that lane (g, t) holds, rows g, g + 8 of
+    m-tiles 0 and 1, are then coefficients 4 g .. 4 g + 3: one 16-byte store."""
+    return 16 * ((lane >> 1) & 1) + 8 * (lane & 1) + (lane >> 2)
+
+
 def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
     """The A rows of the tensor-core kernel (what each thread writes to shared memory): uint32
     (N, 8 KC), word a SP/4 + j = bytes a of t_{4j}, .., t_{4j+3} (low byte first), t_S = v (or 0).
@@ -305,8 +312,10 @@ _TC_SOURCE = r"""
 // then holds the A fragments of its 32 rows in registers for all KC k-chunks and, for each 8
 // outputs (TC_UNROLL tiles of 8 an iteration), runs 4 (byte planes b) x KC x 2 mma.m16n8k32
 // (u8 x u8 -> s32) with the B fragments read from the pre-swizzled table (L1-resident), folds
-// R_b 2^(8b) into two words and reduces (tc_reduce). A warp reads all its inputs before it writes
-// and only its own 32 coefficients, so outputs may overwrite inputs.
+// R_b 2^(8b) into two words and reduces (tc_reduce). The A rows are permuted within the warp
+// (tc_row): MMA row 16 m + 8 hi + g holds coefficient 4 g + 2 m + hi, so that a lane's four results
+// of one output are 4 consecutive coefficients, one 16-byte store. A warp reads all its inputs before
+// it writes and only its own 32 coefficients, so outputs may overwrite inputs.
 __device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -316,11 +325,12 @@ __device__ __forceinline__ u32 byte_plane(u32 t0, u32 t1, u32 t2, u32 t3, u32 se
     return __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
 }
 // sum_b R_b 2^(8b) mod p in 32-bit arithmetic (see tc_reduce in basis.py): z = R_0 + R_1 2^8 < 2^32,
-// y = R_2 + R_3 2^8, value z + y 2^16; c = (p, [2^16]_p, its Shoup quotient, floor(2^32 / p)). Two
-// Shoup products (z 1 and y [2^16]_p, each in [0, 2p)) with one subtraction of the quotients: [0, 4p).
-__device__ __forceinline__ u32 tc_reduce(int r0, int r1, int r2, int r3, uint4 c) {
+// y = R_2 + R_3 2^8, value z + y 2^16; c = (p, [2^16]_p, its Shoup quotient, floor(2^32 / p)), np =
+// -p mod 2^32. Two Shoup products (z 1 and y [2^16]_p, each in [0, 2p)) with one multiply-add of the
+// summed quotients by -p: [0, 4p).
+__device__ __forceinline__ u32 tc_reduce(int r0, int r1, int r2, int r3, uint4 c, u32 np) {
     const u32 z = (u32)r0 + ((u32)r1 << 8), y = (u32)r2 + ((u32)r3 << 8);
-    const u32 r = z + y * c.y - (__umulhi(z, c.w) + __umulhi(y, c.z)) * c.x;
+    const u32 r = z + y * c.y + (__umulhi(z, c.w) + __umulhi(y, c.z)) * np;
     const u32 s = min(r, r - 2u * c.x);
     return min(s, s - c.x);
 }
@@ -354,7 +364,8 @@ __device__ __forceinline__ void base_convert_tc(
     __syncthreads();
     {
         const char* src = (const char*)(arena + base + threadIdx.x);
-        u32* row = rows + threadIdx.x * STRIDE;
+        const int l = threadIdx.x & 31;  // coefficient l of the warp -> its MMA row (tc_row)
+        u32* row = rows + ((threadIdx.x & 96) + 16 * ((l >> 1) & 1) + 8 * (l & 1) + (l >> 2)) * STRIDE;
         double f = 0.0;
         // TC_PF inputs a chunk: their loads are in flight together, then t of each 4 in turn.
         for (int j0 = 0; j0 < G; j0 += TC_PF / 4) {
@@ -419,18 +430,16 @@ __device__ __forceinline__ void base_convert_tc(
             }
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h
-            const int d = 8 * dt + 2 * t + h;
+        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h; element 2 hi + h of m-tile m is
+            const int d = 8 * dt + 2 * t + h;  // coefficient 4 g + 2 m + hi of the warp
             const uint4 cc = cout[d];
-            u32* dst = (u32*)((char*)(arena + base + r0) + (u64)sout[d] * row_bytes);
-#pragma unroll
-            for (int m = 0; m < 2; ++m)
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {  // element 2 hi + h: row r0 + 16 m + 8 hi
-                    const int e = 2 * hi + h;
-                    const u32 y = tc_reduce(acc[0][m][e], acc[1][m][e], acc[2][m][e], acc[3][m][e], cc);
-                    if (d < D) dst[16 * m + 8 * hi] = y;
-                }
+            const u32 np = 0u - cc.x;
+            uint4 y;
+            y.x = tc_reduce(acc[0][0][h], acc[1][0][h], acc[2][0][h], acc[3][0][h], cc, np);
+            y.y = tc_reduce(acc[0][0][2 + h], acc[1][0][2 + h], acc[2][0][2 + h], acc[3][0][2 + h], cc, np);
+            y.z = tc_reduce(acc[0][1][h], acc[1][1][h], acc[2][1][h], acc[3][1][h], cc, np);
+            y.w = tc_reduce(acc[0][1][2 + h], acc[1][1][2 + h], acc[2][1][2 + h], acc[3][1][2 + h], cc, np);
+            if (d < D) *(uint4*)((char*)(arena + base + (threadIdx.x & 96) + 4 * g) + (u64)sout[d] * row_bytes) = y;
         }
     }
 }
