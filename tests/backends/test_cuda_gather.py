@@ -72,15 +72,18 @@ def test_gathered_programs_are_other_kernels():
         FusedProgram(2, 0, ew.ADD.ops, (2,), (2,))
 
 
-@pytest.mark.parametrize("mode", ["exact", "textbook", "emulator"])
-@pytest.mark.parametrize("name,n", [("MulRotate_4L_1c", 4096), ("MulRotate_4L_1c", 65536)])
+@pytest.mark.parametrize("name,n,mode", [("MulRotate_4L_1c", 4096, "exact"), ("MulRotate_4L_1c", 4096, "textbook"),
+                                         ("RotMulAdd_4L_1c", 4096, "emulator"), ("MulRotate_4L_1c", 65536, "exact")])
 def test_folded_plan_on_the_gpu(request, name, n, mode):
     from caramel.parse import load_program
     from caramel.ring import Context
 
     from tests.plan.plan_helpers import random_memory, store_mismatches
 
-    program = load_program(request.config.rootpath / "programs" / name)
+    from tests.plan.plan_helpers import load_corpus
+
+    path = request.config.rootpath / "programs" / name
+    program = load_program(path) if path.exists() else load_corpus(name)
     plan = build_plan(program)
     assert plan_stats(plan)["gathered_reads"] > 0
     ctx = Context(n=n)
