@@ -27,8 +27,10 @@ from tests.backends.test_cuda_kernels import Arena, _ref_op, expect_inputs_kept,
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "scalar-loads"])
 @pytest.mark.parametrize("trial", range(3))
-def test_fused_program_with_gathered_operands(pair, rng, trial):
+def test_fused_program_with_gathered_operands(pair, rng, trial, staged, monkeypatch):
+    monkeypatch.setattr(ew, "STAGE_GATHERS", staged)
     ctx, ring = pair
     base = random_program(rng)
     k = int(rng.integers(1, base.n_vec + 1))
@@ -66,7 +68,8 @@ def test_gathered_programs_are_other_kernels():
     plain = FusedProgram(2, 0, ew.ADD.ops, (2,))
     gathered = FusedProgram(2, 0, ew.ADD.ops, (2,), (1,))
     assert plain.source() == ew.ADD.source() and plain.kernel_name() == ew.ADD.kernel_name()
-    assert gathered.signature() == "v2s0|add(0,1)|2|g1" and gathered.kernel_name() != plain.kernel_name()
+    assert gathered.signature() == "v2s0|add(0,1)|2|g1" + ("|staged" if ew.STAGE_GATHERS else "")
+    assert gathered.kernel_name() != plain.kernel_name()
     assert "__brev" in gathered.source() and "__brev" not in plain.source()
     with pytest.raises(ValueError):
         FusedProgram(2, 0, ew.ADD.ops, (2,), (2,))
@@ -80,10 +83,10 @@ def test_folded_plan_on_the_gpu(request, name, n, mode):
 
     from tests.plan.plan_helpers import random_memory, store_mismatches
 
-    from tests.plan.plan_helpers import load_corpus
+    from tests.conftest import SHARED_PROGRAMS
 
     path = request.config.rootpath / "programs" / name
-    program = load_program(path) if path.exists() else load_corpus(name)
+    program = load_program(path if path.exists() else SHARED_PROGRAMS / name)
     plan = build_plan(program)
     assert plan_stats(plan)["gathered_reads"] > 0
     ctx = Context(n=n)

@@ -12,9 +12,11 @@ thread reads all its operands before it writes), but not a slot that another row
 Each thread handles 4 consecutive residues (16-byte loads and stores). A *gathered* operand
 (``FusedProgram.gathered``: an automorphism computed in the load) is read at the permuted index
 instead: x[j] = row[br(((g (2 br(j) + 1)) mod 2N - 1) / 2)], g = ``galois[r, m]`` (the formula of
-:mod:`caramel.backends.cuda.automorphism`), as 4 scalar loads. An aligned block of 2^t outputs
-reads exactly one aligned block of 2^t inputs, so a warp's loads stay within the same 128-byte
-lines (lanes permuted). A gathered operand's slot must not be an output slot of the launch.
+:mod:`caramel.backends.cuda.automorphism`). An aligned block of 2^t outputs reads exactly one
+aligned block of 2^t inputs, so a thread block (B = 4 x threads consecutive outputs) stages that
+input block in shared memory with 16-byte loads and each thread picks its 4 values there
+(:data:`STAGE_GATHERS`; otherwise 4 scalar loads, whose lines a warp shares). A gathered
+operand's slot must not be an output slot of the launch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from dataclasses import dataclass
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256
+
+#: Gathered operands go through shared memory (one coalesced 16-byte load per thread, then 4 reads
+#: of the staged block) rather than 4 scalar global loads per thread. Part of a gathering program's
+#: signature, so both variants can be compiled and compared.
+STAGE_GATHERS = True
 
 #: Operation name -> (arity, C expression template over a, b, q, mu).
 OPS = {
@@ -86,7 +93,9 @@ class FusedProgram:
         gathered operands; a program without any has the text, name and code it always had)."""
         body = ";".join(f"{op.op}({','.join(map(str, op.args))})" for op in self.ops)
         text = f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
-        return text + (f"|g{','.join(map(str, self.gathered))}" if self.gathered else "")
+        if not self.gathered:
+            return text
+        return text + f"|g{','.join(map(str, self.gathered))}" + ("|staged" if STAGE_GATHERS else "")
 
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
@@ -102,6 +111,7 @@ class FusedProgram:
             "    return __brev((e - 1u) >> 1) >> (32 - logn);",
             "}",
         ]
+        staged = bool(ng) and STAGE_GATHERS
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
             "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
@@ -110,12 +120,17 @@ class FusedProgram:
             + (", const int* __restrict__ galois, int logn) {" if ng else ") {"),
             "    const int r = blockIdx.x / tiles;",
             "    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;",
-            "    if (i >= n4) return;",
+            # A staging block synchronises: the launch covers n4 exactly (n4 < THREADS: one tile of n4).
+            "    if (i >= n4) return;" if not staged else "    __shared__ uint4 stage4[" + str(THREADS) + "];",
             "    const int pi = prime_idx[r];",
             "    const u32 q = prime_q(pt, pi);",
             "    const u64 mu = prime_mu(pt, pi);",
             "    (void)mu;",
         ]
+        if staged:  # the block's outputs [j0, j0 + B) read the aligned input block [base, base + B)
+            lines += ["    const u32* stage = (const u32*)stage4;",
+                      "    const u32 block = 4u * blockDim.x;",
+                      "    const u32 j0 = (blockIdx.x % tiles) * block;"]
         for k in range(nv):
             if k in self.gathered:
                 m = self.gathered.index(k)
@@ -124,7 +139,18 @@ class FusedProgram:
                     f"    const u32 g{k} = (u32)galois[r * {ng} + {m}];",
                     f"    uint4 x{k};",
                 ]
-                lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];" for d, c in enumerate("xyzw")]
+                if staged:
+                    lines += [
+                        f"    const u32 base{k} = gather_index(j0, g{k}, logn) & ~(block - 1u);",
+                    ] + (["    __syncthreads();"] if m else []) + [
+                        f"    stage4[threadIdx.x] = ((const uint4*)(a{k} + base{k}))[threadIdx.x];",
+                        "    __syncthreads();",
+                    ]
+                    lines += [f"    x{k}.{c} = stage[gather_index(4u * i + {d}u, g{k}, logn) - base{k}];"
+                              for d, c in enumerate("xyzw")]
+                else:
+                    lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];"
+                              for d, c in enumerate("xyzw")]
                 continue
             lines.append(
                 f"    const uint4 x{k} = ((const uint4*)arena)[(u64)vec_slots[r * {nv} + {k}] * n4 + i];"
