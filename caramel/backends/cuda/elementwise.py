@@ -15,8 +15,8 @@ instead: x[j] = row[br(((g (2 br(j) + 1)) mod 2N - 1) / 2)], g = ``galois[r, m]`
 :mod:`caramel.backends.cuda.automorphism`). An aligned block of 2^t outputs reads exactly one
 aligned block of 2^t inputs, so a thread block (B = 4 x threads consecutive outputs) stages that
 input block in shared memory with 16-byte loads and each thread picks its 4 values there
-(:data:`STAGE_GATHERS`; otherwise 4 scalar loads, whose lines a warp shares). A gathered
-operand's slot must not be an output slot of the launch.
+(:data:`STAGE_GATHERS`), or (the default) each thread makes 4 scalar loads, whose lines its warp
+shares, so they hit L1. A gathered operand's slot must not be an output slot of the launch.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256
 
-#: Gathered operands go through shared memory (one coalesced 16-byte load per thread, then 4 reads
-#: of the staged block) rather than 4 scalar global loads per thread. Part of a gathering program's
-#: signature, so both variants can be compiled and compared.
-STAGE_GATHERS = True
+#: Gathered operands through shared memory (one coalesced 16-byte load per thread, a barrier, then 4
+#: reads of the staged block) instead of 4 scalar global loads per thread. Part of a gathering
+#: program's signature, so both variants compile side by side; off: the staged kernels were slower on
+#: one H200 (docs/PERFORMANCE.md, session 9).
+STAGE_GATHERS = False
 
 #: Operation name -> (arity, C expression template over a, b, q, mu).
 OPS = {
