@@ -27,10 +27,10 @@ from tests.backends.test_cuda_kernels import Arena, _ref_op, expect_inputs_kept,
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("staged", [True, False], ids=["staged", "scalar-loads"])
+@pytest.mark.parametrize("vector", [True, False], ids=["vector-load", "scalar-loads"])
 @pytest.mark.parametrize("trial", range(3))
-def test_fused_program_with_gathered_operands(pair, rng, trial, staged, monkeypatch):
-    monkeypatch.setattr(ew, "STAGE_GATHERS", staged)
+def test_fused_program_with_gathered_operands(pair, rng, trial, vector, monkeypatch):
+    monkeypatch.setattr(ew, "GATHER_VECTOR", vector)
     ctx, ring = pair
     base = random_program(rng)
     k = int(rng.integers(1, base.n_vec + 1))
@@ -68,7 +68,7 @@ def test_gathered_programs_are_other_kernels():
     plain = FusedProgram(2, 0, ew.ADD.ops, (2,))
     gathered = FusedProgram(2, 0, ew.ADD.ops, (2,), (1,))
     assert plain.source() == ew.ADD.source() and plain.kernel_name() == ew.ADD.kernel_name()
-    assert gathered.signature() == "v2s0|add(0,1)|2|g1" + ("|staged" if ew.STAGE_GATHERS else "")
+    assert gathered.signature() == "v2s0|add(0,1)|2|g1" + ("|v4" if ew.GATHER_VECTOR else "")
     assert gathered.kernel_name() != plain.kernel_name()
     assert "__brev" in gathered.source() and "__brev" not in plain.source()
     with pytest.raises(ValueError):

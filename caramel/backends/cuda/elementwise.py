@@ -13,10 +13,12 @@ Each thread handles 4 consecutive residues (16-byte loads and stores). A *gather
 (``FusedProgram.gathered``: an automorphism computed in the load) is read at the permuted index
 instead: x[j] = row[br(((g (2 br(j) + 1)) mod 2N - 1) / 2)], g = ``galois[r, m]`` (the formula of
 :mod:`caramel.backends.cuda.automorphism`). An aligned block of 2^t outputs reads exactly one
-aligned block of 2^t inputs, so a thread block (B = 4 x threads consecutive outputs) stages that
-input block in shared memory with 16-byte loads and each thread picks its 4 values there
-(:data:`STAGE_GATHERS`), or (the default) each thread makes 4 scalar loads, whose lines its warp
-shares, so they hit L1. A gathered operand's slot must not be an output slot of the launch.
+aligned block of 2^t inputs; for t = 2 that is a thread's own 4 outputs: j = 4i + d moves only the
+top two bits of g (2 br(j) + 1) mod 2N (by d' g mod 4, d' = br_2(d), a bijection for g odd), hence
+only the low two bits of the source. So each thread loads the one aligned 16-byte word holding its
+4 sources and permutes its components (:data:`GATHER_VECTOR`), and a warp's loads cover 512
+contiguous bytes as a plain operand's do; otherwise 4 scalar loads per thread. A gathered
+operand's slot must not be an output slot of the launch.
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256
 
-#: Gathered operands through shared memory (one coalesced 16-byte load per thread, a barrier, then 4
-#: reads of the staged block) instead of 4 scalar global loads per thread. Part of a gathering
-#: program's signature, so both variants compile side by side; off: the staged kernels were slower on
-#: one H200 (docs/PERFORMANCE.md, session 9).
-STAGE_GATHERS = False
+#: A gathered operand is one 16-byte load per thread, its components permuted (see the module
+#: docstring), instead of 4 scalar loads. Part of a gathering program's signature, so both variants
+#: compile side by side (the GPU tests check both).
+GATHER_VECTOR = True
 
 #: Operation name -> (arity, C expression template over a, b, q, mu).
 OPS = {
@@ -96,7 +97,7 @@ class FusedProgram:
         text = f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
         if not self.gathered:
             return text
-        return text + f"|g{','.join(map(str, self.gathered))}" + ("|staged" if STAGE_GATHERS else "")
+        return text + f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
 
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
@@ -111,8 +112,12 @@ class FusedProgram:
             "    const u32 e = (g * (2u * bj + 1u)) & ((2u << logn) - 1u);  // 2N divides 2^32: exact mod 2N",
             "    return __brev((e - 1u) >> 1) >> (32 - logn);",
             "}",
-        ]
-        staged = bool(ng) and STAGE_GATHERS
+        ] + ([] if not GATHER_VECTOR else [
+            "__device__ __forceinline__ u32 pick4(uint4 v, u32 k) {",
+            "    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;",
+            "}",
+        ])
+        vector = GATHER_VECTOR
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
             "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
@@ -121,17 +126,12 @@ class FusedProgram:
             + (", const int* __restrict__ galois, int logn) {" if ng else ") {"),
             "    const int r = blockIdx.x / tiles;",
             "    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;",
-            # A staging block synchronises: the launch covers n4 exactly (n4 < THREADS: one tile of n4).
-            "    if (i >= n4) return;" if not staged else "    __shared__ uint4 stage4[" + str(THREADS) + "];",
+            "    if (i >= n4) return;",
             "    const int pi = prime_idx[r];",
             "    const u32 q = prime_q(pt, pi);",
             "    const u64 mu = prime_mu(pt, pi);",
             "    (void)mu;",
         ]
-        if staged:  # the block's outputs [j0, j0 + B) read the aligned input block [base, base + B)
-            lines += ["    const u32* stage = (const u32*)stage4;",
-                      "    const u32 block = 4u * blockDim.x;",
-                      "    const u32 j0 = (blockIdx.x % tiles) * block;"]
         for k in range(nv):
             if k in self.gathered:
                 m = self.gathered.index(k)
@@ -140,15 +140,14 @@ class FusedProgram:
                     f"    const u32 g{k} = (u32)galois[r * {ng} + {m}];",
                     f"    uint4 x{k};",
                 ]
-                if staged:
+                if vector:  # the 4 sources share one aligned 16-byte word
                     lines += [
-                        f"    const u32 base{k} = gather_index(j0, g{k}, logn) & ~(block - 1u);",
-                    ] + (["    __syncthreads();"] if m else []) + [
-                        f"    stage4[threadIdx.x] = ((const uint4*)(a{k} + base{k}))[threadIdx.x];",
-                        "    __syncthreads();",
+                        f"    const u32 s{k} = gather_index(4u * i, g{k}, logn);",
+                        f"    const uint4 w{k} = ((const uint4*)a{k})[s{k} >> 2];",
+                        f"    x{k}.x = pick4(w{k}, s{k} & 3u);",
                     ]
-                    lines += [f"    x{k}.{c} = stage[gather_index(4u * i + {d}u, g{k}, logn) - base{k}];"
-                              for d, c in enumerate("xyzw")]
+                    lines += [f"    x{k}.{c} = pick4(w{k}, gather_index(4u * i + {d}u, g{k}, logn) & 3u);"
+                              for d, c in enumerate("xyzw") if d]
                 else:
                     lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];"
                               for d, c in enumerate("xyzw")]
