@@ -441,9 +441,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
                            f"Graphviz (limit {DOT_MAX_NODES}); use --dag-json")
     loads = False if args.no_ntt_fuse else (args.ntt_loads or True)
     outputs = {} if args.max_outputs is None else {"max_outputs": args.max_outputs}
+    if args.no_aut_fuse:
+        outputs["fuse_automorphism"] = False
     plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **outputs)
     if not _emit_json(args, plan.to_json()):
         print(plan_report(plan, program, n=args.n))
+        if not args.no_fuse and not args.no_aut_fuse:  # what the automorphisms in the loads remove
+            from caramel.plan import plan_stats as _stats
+            from caramel.plan.report import _bytes as _b
+
+            plain = _stats(build_plan(program, fuse_ntt=loads, **outputs, fuse_automorphism=False), n=args.n)
+            print(f"without automorphisms in their consumers' loads (--no-aut-fuse): plan traffic "
+                  f"{_b(plain['plan_bytes'])}, {plain['by_kind']['automorphism'][1]} automorphism rows")
         if not args.no_fuse and not args.no_ntt_fuse and args.ntt_loads != "all":  # what every NTT load removes
             from caramel.plan import plan_stats
             from caramel.plan.report import _bytes
@@ -687,6 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true", help="one kernel per instruction (the unfused baseline)")
     p.add_argument("--no-ntt-fuse", action="store_true",
                    help="no fusion across NTT boundaries (a lift, mod or base conversion computed in the NTT's load)")
+    p.add_argument("--no-aut-fuse", action="store_true",
+                   help="no automorphisms computed in the loads of the elementwise kernels that read them")
     p.add_argument("--ntt-loads", metavar="KINDS", help="what NTT loads compute: 'all', 'none' or some of "
                    "sud_lift,mod,baseconv (default: sud_lift,mod; the converting load is slower on the GPU)")
     p.add_argument("--max-outputs", metavar="K", type=_positive,

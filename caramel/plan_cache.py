@@ -10,7 +10,7 @@ the program's files and the parser, with :func:`caramel.cache.remember`); any ot
 or changed with ``dataclasses.replace``) is planned as before. The entry name is the SHA-256 of
 that key, the planner's fingerprint (:func:`planner_fingerprint`: the source of
 ``caramel/plan/*.py``, ``caramel/program.py`` and this module) and the build options (``fuse``,
-``max_inputs``, ``fuse_ntt``, ``max_outputs``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
+``max_inputs``, ``fuse_ntt``, ``max_outputs``, ``fuse_automorphism``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
 version), and an entry whose header differs is rebuilt, never used.
 
 **Entry format** (one file ``<key>.plan``)::
@@ -50,7 +50,8 @@ from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: kernels carry an NTT prologue (k_pro_kind, k_pro_width, k_pro_in)
+FORMAT_VERSION = 3  # 2: kernels carry an NTT prologue (k_pro_kind, k_pro_width, k_pro_in); 3: gathered operands
+# (an expression's ``gathered``, a row's ``gather`` as r_gather: (has step, step) pairs)
 MAGIC = b"CARAMEL-PLAN\0"
 SUFFIX = ".plan"
 
@@ -69,13 +70,14 @@ def planner_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True, max_outputs: int = MAX_OUTPUTS) -> dict:
+def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True, max_outputs: int = MAX_OUTPUTS,
+          fuse_automorphism: bool = True) -> dict:
     from caramel.plan.fusion import ntt_load_kinds
     from caramel.version import __version__
 
     return {"format": FORMAT_VERSION, "caramel": __version__, "program": key, "planner": planner_fingerprint(),
             "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": sorted(k.value for k in ntt_load_kinds(fuse_ntt)),
-            "max_outputs": int(max_outputs)}
+            "max_outputs": int(max_outputs), "fuse_automorphism": bool(fuse_automorphism)}
 
 
 def entry_path(folder: Path, meta: dict) -> Path:
@@ -114,7 +116,7 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
     kinds = {k: i for i, k in enumerate(Kind)}
     tup = _Tuples()
     exprs: dict = {}
-    r_cols: dict[str, list] = {c: [] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg")}
+    r_cols: dict[str, list] = {c: [] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg", "gather")}
     k_cols: dict[str, list] = {c: [] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
                                                "pro_kind", "pro_width", "pro_in")}
     c_cols: dict[str, list] = {c: [] for c in ("op", "sync", "size", "src", "dst", "prime")}
@@ -132,11 +134,15 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
                 r_cols["scalars"].append(tup(r.scalars))
                 r_cols["arg"].append(0 if r.arg is None else r.arg)
                 r_cols["has_arg"].append(r.arg is not None)
+                if any(a is not None and type(a) is not int for a in r.gather):
+                    raise TypeError(f"gathered operand argument {r.gather!r}")
+                r_cols["gather"].append(tup(tuple(x for a in r.gather for x in ((0, 0) if a is None else (1, a)))))
             if k.expr is None:
                 k_cols["expr"].append(-1)
             else:
                 e = k.expr
-                text = (e.n_vec, e.n_scalar, tuple((o.op, tuple(o.args)) for o in e.ops), tuple(e.outputs))
+                text = (e.n_vec, e.n_scalar, tuple((o.op, tuple(o.args)) for o in e.ops), tuple(e.outputs),
+                        tuple(e.gathered))
                 k_cols["expr"].append(exprs.setdefault(text, len(exprs)))
             k_cols["in"].append(tup(k.in_limbs))
             k_cols["out"].append(tup(k.out_limbs))
@@ -159,8 +165,8 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             "stores": [[m.term, m.limb, b] for m, b in chip.stores.items()],
             "scalars": [[_mem(s.mem), list(s.limbs), s.prime] for s in chip.scalars],
         })
-    header = {**meta, "chips": chips, "exprs": [[n, s, [[o, list(a)] for o, a in ops], list(out)]
-                                                 for n, s, ops, out in exprs]}
+    header = {**meta, "chips": chips, "exprs": [[n, s, [[o, list(a)] for o, a in ops], list(out), list(g)]
+                                                 for n, s, ops, out, g in exprs]}
     arrays = {f"r_{c}": np.asarray(v, dtype=np.int64) for c, v in r_cols.items()}
     arrays.update({f"k_{c}": np.asarray(v, dtype=np.int64) for c, v in k_cols.items()})
     arrays.update({f"c_{c}": np.asarray(v, dtype=np.int64) for c, v in c_cols.items()})
@@ -190,8 +196,10 @@ def decode(arrays, header: dict, name: str):
     tuples = [tuple(val[a:b]) for a, b in zip(off, off[1:])]
     nt = len(tuples)
     exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
-                  tuple(int(x) for x in out)) for n, s, ops, out in header["exprs"]]
-    r = {c: arrays[f"r_{c}"] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg")}
+                  tuple(int(x) for x in out), tuple(int(x) for x in g)) for n, s, ops, out, g in header["exprs"]]
+    if any(list(e.gathered) != sorted(set(e.gathered)) or any(not 0 <= x < e.n_vec for x in e.gathered) for e in exprs):
+        raise PlanEntryError("gathered operands inconsistent")
+    r = {c: arrays[f"r_{c}"] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg", "gather")}
     k = {c: arrays[f"k_{c}"] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
                                        "pro_kind", "pro_width", "pro_in")}
     c = {f: arrays[f"c_{f}"] for f in ("op", "sync", "size", "src", "dst", "prime")}
@@ -202,7 +210,9 @@ def decode(arrays, header: dict, name: str):
         raise PlanEntryError("row, collective or kernel counts do not add up")
     ins, outs, sca = (map(tuples.__getitem__, _ids(r[f], nt, "row tuple")) for f in ("ins", "outs", "scalars"))
     args = [a if h else None for a, h in zip(r["arg"].tolist(), r["has_arg"].tolist())]
-    rows = list(map(tuple.__new__, [Row] * len(args), zip(r["prime"].tolist(), ins, outs, sca, args)))
+    gathers = [tuple(a if h else None for h, a in zip(t[::2], t[1::2]))
+               for t in map(tuples.__getitem__, _ids(r["gather"], nt, "row tuple"))]
+    rows = list(map(tuple.__new__, [Row] * len(args), zip(r["prime"].tolist(), ins, outs, sca, args, gathers)))
     ops = [store._OPCODES[i] for i in _ids(c["op"], len(store._OPCODES), "opcode")]
     comms = [Comm(op, *f) for op, *f in zip(ops, *(c[x].tolist() for x in ("sync", "size", "src", "dst", "prime")))]
     kinds = list(Kind)
@@ -219,6 +229,9 @@ def decode(arrays, header: dict, name: str):
         if pro is not None and (kind[i] is not Kind.NTT or pro.kind not in (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
                                 or any(len(rw.ins) != pro.width for rw in rows[at_r:at_r + n_rows[i]])):
             raise PlanEntryError("NTT prologue inconsistent")
+        width = len(expr[i].gathered) if expr[i] is not None else 0
+        if any(len(rw.gather) != width for rw in rows[at_r:at_r + n_rows[i]]):
+            raise PlanEntryError("gathered operands inconsistent")
         kernels.append(Kernel(kind[i], tuple(rows[at_r:at_r + n_rows[i]]), expr[i], lim_in[i], lim_out[i],
                               tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i], pros[i]))
         at_r += n_rows[i]
@@ -251,8 +264,9 @@ def from_bytes(data: bytes, meta: dict, name: str):
 
 
 def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_INPUTS, cache: bool = True,
-                fuse_ntt=True, max_outputs: int = MAX_OUTPUTS):
-    """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)``, read from the plan cache when
+                fuse_ntt=True, max_outputs: int = MAX_OUTPUTS, fuse_automorphism: bool = True):
+    """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
+    fuse_automorphism=fuse_automorphism)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
     ``timings`` then has one phase, ``cache``."""
@@ -260,10 +274,11 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_IN
 
     key = program_key(program) if cache else None
     if key is None:
-        return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)
+        return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
+                          fuse_automorphism=fuse_automorphism)
     folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
-    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs)
+    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs, fuse_automorphism)
     path = entry_path(folder, meta)
     data = store.read_entry(path) if usable else None
     if data is not None:
@@ -275,7 +290,8 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_IN
             return plan
         except PlanEntryError as exc:
             logger.info("rebuilding plan cache entry %s: %s", path, exc)
-    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs)
+    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
+                      fuse_automorphism=fuse_automorphism)
     if usable:
         try:
             with no_gc():

@@ -50,9 +50,13 @@ class Backend(abc.ABC):
         the rows that use it)."""
 
     @abc.abstractmethod
-    def elementwise(self, expr, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray, scalars: np.ndarray) -> None:
+    def elementwise(self, expr, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray, scalars: np.ndarray,
+                    galois: np.ndarray | None = None) -> None:
         """Evaluate ``expr`` per residue: ins (R, n_vec) rows, scalars (R, n_scalar) indices into
-        the scalar table, outs (R, len(outputs)) rows, primes (R,)."""
+        the scalar table, outs (R, len(outputs)) rows, primes (R,). When ``expr.gathered`` is not
+        empty (an automorphism in the load), galois (R, len(gathered)) holds Galois elements and
+        operand gathered[m] of row r is arena[ins[r, k]] under X -> X^galois[r, m] (as
+        :meth:`automorphism` would write it); such an input row is never an output row of the call."""
 
     @abc.abstractmethod
     def ntt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:

@@ -38,9 +38,13 @@ class NumpyBackend(Backend):
         else:
             self._scalars = values
 
-    def elementwise(self, expr, ins, outs, primes, scalars) -> None:
+    def elementwise(self, expr, ins, outs, primes, scalars, galois=None) -> None:
         q = self._q[primes][:, None]
         vals = [self.arena[ins[:, k]].astype(_U64) for k in range(expr.n_vec)]
+        for m, k in enumerate(getattr(expr, "gathered", ())):  # read through the automorphism (the reference's)
+            for g in np.unique(galois[:, m]):
+                sel = galois[:, m] == g
+                vals[k][sel] = self.ctx.automorphism(self.arena[ins[sel, k]], int(g))
         vals += [self._scalars[scalars[:, k]][:, None] for k in range(expr.n_scalar)]
         for o in expr.ops:
             f = ELEMENTWISE.get(o.op)

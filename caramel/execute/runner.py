@@ -46,6 +46,9 @@ def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode,
         ins = _rows(rows_of, [r.ins for r in rows]).reshape(len(rows), expr.n_vec)
         outs = _rows(rows_of, [r.outs for r in rows]).reshape(len(rows), len(expr.outputs))
         sca = np.array([r.scalars for r in rows], dtype=_I32).reshape(len(rows), expr.n_scalar) + scalar_base
+        if expr.gathered:  # operands read through an automorphism: their Galois elements (R, gathered)
+            galois = np.array(kernel.gather_galois(ctx), dtype=_I32).reshape(len(rows), len(expr.gathered))
+            return lambda b: b.elementwise(expr, ins, outs, primes, sca, galois)
         return lambda b: b.elementwise(expr, ins, outs, primes, sca)
     if kind is Kind.BASECONV:
         ins, outs = _rows(rows_of, [r.ins for r in rows]), _rows(rows_of, [r.outs for r in rows])

@@ -23,6 +23,10 @@ Three steps, each linear in the number of operations:
    it also finds deadlocks. Two units of one level never depend on each other.
    :func:`merge_siblings` then fuses horizontally: trees of one level and prime that read a common
    buffer become one unit with several outputs (a "sibling row"), which reads it once.
+   :func:`fuse_automorphisms` then computes automorphisms in their consumers' loads: an
+   ``AUTOMORPHISM`` row whose output is read only by elementwise units and is not stored is
+   dropped, and those units read its input through the permutation (a *gathered* operand,
+   ``Expr.gathered`` and ``Row.gather``); the limb between them is never written or read.
 3. :func:`batch` groups the units of one chip with the same level, kind and signature (the
    expression of a tree, the bases of a conversion, an NTT's prologue) into one kernel: the horizontal batching of
    independent instances (different limbs) into rows. Kernels run in level order, communication
@@ -357,6 +361,48 @@ def _merged_unit(members: list[Unit], exprs: dict) -> Unit:
     row = Row(members[0].row.prime, tuple(vec), tuple(b for u in members for b in u.row.outs),
               tuple(s for u in members for s in u.row.scalars))
     return Unit(Kind.ELEMENTWISE, expr, row, row.ins, row.outs, tuple(sorted({i for u in members for i in u.index})))
+
+
+def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[int]) -> tuple[list[Unit], list[int]]:
+    """Automorphisms computed in their consumers' loads (see the module docstring).
+
+    An ``AUTOMORPHISM`` unit a -> b (rotation step or conjugation ``arg``) is folded when b is not
+    in ``pinned`` and every unit that reads b is ELEMENTWISE (a communication, NTT, conversion...
+    reading b keeps it). Each such reader then reads a instead, as a gathered operand: its
+    :class:`Expr` gets the operand's index in ``gathered`` and its :class:`Row` the automorphism's
+    argument in ``gather`` (per row, so rows of one kernel may rotate by different steps), which
+    gives the same values: out_b[j] = a[perm_g(j)] whatever the prime. Buffers are written once
+    (SSA), so a is unchanged where the reader runs; the reader's level stays above a's writer's.
+    The automorphism unit is dropped. Returns the units and their levels, order kept."""
+    E = Kind.ELEMENTWISE
+    writer = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.AUTOMORPHISM}
+    if not writer:
+        return units, unit_levels
+    blocked = set(pinned)
+    for u in units:
+        if u.kind is not E:
+            blocked.update(b for b in u.ins if b in writer)
+    fold = {b: units[j] for b, j in writer.items() if b not in blocked}
+    folded = {b for u in units if u.kind is E for b in u.ins if b in fold}
+    exprs: dict = {}
+    out_units: list[Unit] = []
+    out_levels: list[int] = []
+    for u, lv in zip(units, unit_levels):
+        if u.kind is Kind.AUTOMORPHISM and u.outs[0] in folded:
+            continue
+        if u.kind is E and not folded.isdisjoint(u.ins):
+            e: Expr = u.key
+            auts = [fold.get(b) if b in folded else None for b in u.row.ins]
+            gathered = tuple(k for k, a in enumerate(auts) if a is not None)
+            ins = tuple(b if a is None else a.ins[0] for b, a in zip(u.row.ins, auts))
+            expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, gathered)
+            expr = exprs.setdefault(expr, expr)
+            row = u.row._replace(ins=ins, gather=tuple(auts[k].row.arg for k in gathered))
+            index = tuple(sorted(set(u.index).union(*(auts[k].index for k in gathered))))
+            u = Unit(E, expr, row, ins, u.outs, index)
+        out_units.append(u)
+        out_levels.append(lv)
+    return out_units, out_levels
 
 
 def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:

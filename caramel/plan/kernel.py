@@ -43,19 +43,23 @@ class Expr:
 
     Values 0..n_vec-1 are the vector operands, n_vec..n_vec+n_scalar-1 the scalar operands, then
     one value per entry of ``ops``; ``outputs`` are the values written (same layout as the CUDA
-    ``FusedProgram``, so lowering is field by field).
+    ``FusedProgram``, so lowering is field by field). ``gathered`` (ascending vector operand
+    indices) are the operands read through an automorphism (:func:`caramel.plan.fusion.fuse_automorphisms`):
+    operand k of row r is then arena[ins[k]][perm_g(j)] for the Galois element g of ``Row.gather``,
+    i.e. the limb the folded ``AUTOMORPHISM`` row would have written.
     """
 
     n_vec: int
     n_scalar: int
     ops: tuple[ExprOp, ...]
     outputs: tuple[int, ...]
+    gathered: tuple[int, ...] = ()
 
     def text(self) -> str:
-        """e.g. ``v3s1: t4=mul(v0,v1) t5=add(t4,v2) -> t5``."""
+        """e.g. ``v3s1: t4=mul(v0,v1) t5=add(t4,v2) -> t5``; a gathered operand is ``v0@``."""
         def name(v: int) -> str:
             if v < self.n_vec:
-                return f"v{v}"
+                return f"v{v}@" if v in self.gathered else f"v{v}"
             if v < self.n_vec + self.n_scalar:
                 return f"s{v - self.n_vec}"
             return f"t{v}"
@@ -67,13 +71,17 @@ class Expr:
 
 class Row(NamedTuple):
     """One independent instance of a kernel: prime index, input and output buffers, scalar
-    table indices (ELEMENTWISE) and a per-row argument (see :class:`Kind` rules)."""
+    table indices (ELEMENTWISE), a per-row argument (see :class:`Kind` rules) and, for an
+    ELEMENTWISE row whose expression has ``gathered`` operands, the automorphism of each (in
+    ``Expr.gathered`` order): the rotation step, or None for a conjugation (as ``arg`` of an
+    ``AUTOMORPHISM`` row)."""
 
     prime: int
     ins: tuple[int, ...]
     outs: tuple[int, ...]
     scalars: tuple[int, ...] = ()
     arg: int | None = None
+    gather: tuple[int | None, ...] = ()
 
 
 class Prologue(NamedTuple):
@@ -129,6 +137,12 @@ class ScalarSpec(NamedTuple):
         return pow(product, -1, q)
 
 
+def galois_of(ctx, step: int | None) -> int:
+    """The Galois element of an automorphism argument for ``ctx``: 5^step mod 2N for a rotation,
+    2N - 1 for a conjugation (``step`` None)."""
+    return ctx.conjugation_element if step is None else ctx.galois_element(step)
+
+
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """One launch: ``kind``, ``rows`` (or ``comms`` for COMM), ``expr`` (ELEMENTWISE),
@@ -169,7 +183,11 @@ class Kernel:
 
     def galois(self, ctx) -> list[int]:
         """AUTOMORPHISM: the Galois element of every row for ``ctx`` (rotation or conjugation)."""
-        return [ctx.conjugation_element if r.arg is None else ctx.galois_element(r.arg) for r in self.rows]
+        return [galois_of(ctx, r.arg) for r in self.rows]
+
+    def gather_galois(self, ctx) -> list[list[int]]:
+        """ELEMENTWISE with gathered operands: per row, the Galois element of each gathered operand."""
+        return [[galois_of(ctx, a) for a in r.gather] for r in self.rows]
 
     @property
     def size(self) -> int:
@@ -222,6 +240,8 @@ class Plan:
                 out["rows"] = [[r.prime, list(r.ins), list(r.outs), list(r.scalars), r.arg] for r in k.rows]
             if k.expr is not None:
                 out["expr"] = k.expr.text()
+                if k.expr.gathered:
+                    out["gather"] = [list(r.gather) for r in k.rows]
             if k.in_limbs or k.out_limbs:
                 out["in_limbs"], out["out_limbs"] = list(k.in_limbs), list(k.out_limbs)
             if k.prologue is not None:

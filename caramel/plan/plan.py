@@ -29,6 +29,9 @@ Rules:
 * ``sud rD: rA, y | L`` becomes [``SUD_LIFT``] -> ``NTT`` -> the elementwise tail
   (rA - NTT(y)) * f, with f = q_t^-1 or P^-1 mod q_L (an immediate scalar), which fuses with
   the elementwise operations around it.
+* ``ELEMENTWISE`` with ``gathered`` operands (:func:`caramel.plan.fusion.fuse_automorphisms`):
+  operand k of row r reads ``ins[k]`` through the automorphism ``Row.gather`` names (rotation
+  step or conjugation), out[j] = in[perm_g(j)], instead of the limb an ``AUTOMORPHISM`` row wrote.
 * ``NTT`` with a ``prologue`` (:class:`~caramel.plan.kernel.Prologue`, fusion across NTT
   boundaries): its rows read the producer's inputs (a lift's y, a ``mod``'s words, a conversion's
   inputs) and its load computes the limb that the producer would have written.
@@ -139,34 +142,37 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 
 
 def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.MAX_INPUTS, fuse_ntt=True,
-               max_outputs: int = fusion.MAX_OUTPUTS) -> Plan:
+               max_outputs: int = fusion.MAX_OUTPUTS, fuse_automorphism: bool = True) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
     ``fuse_ntt`` True for the default loads, False for none, ``"all"`` or the kinds, see
     :func:`~caramel.plan.fusion.ntt_load_kinds`), levels over the whole program, sibling trees
     that share inputs merged into rows of at most ``max_outputs`` outputs and ``max_inputs``
-    inputs (:func:`~caramel.plan.fusion.merge_siblings`, with ``fuse`` only; 1: no merging) and
+    inputs (:func:`~caramel.plan.fusion.merge_siblings`, with ``fuse`` only; 1: no merging),
+    automorphisms computed in their elementwise consumers' loads
+    (:func:`~caramel.plan.fusion.fuse_automorphisms`, with ``fuse`` and ``fuse_automorphism`` only) and
     batching (:mod:`caramel.plan.fusion`).
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
     loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
     if max_inputs < 1 or max_outputs < 1:
         raise ArgumentError(f"max_inputs and max_outputs must be at least 1, not {max_inputs}, {max_outputs}")
     with no_gc():
-        return _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1)
+        return _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1, bool(fuse and fuse_automorphism))
 
 
 def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset(),
-           max_outputs: int = 1) -> Plan:
+           max_outputs: int = 1, automorphisms: bool = False) -> Plan:
     marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
     marks.append(time.perf_counter())
     lowered = [lower(c) for c in chips]
     marks.append(time.perf_counter())
-    units = []
+    units, pins = [], []
     for c, (ops, _, n) in zip(chips, lowered):
         pinned = {c.buf[v] for v in c.stores.values()}
+        pins.append(pinned)
         us = fusion.fuse(ops, pinned, n, enable=fuse, max_inputs=max_inputs)
         units.append(fusion.fuse_ntt_loads(us, pinned, loads) if loads else us)
     marks.append(time.perf_counter())
@@ -174,6 +180,9 @@ def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = fro
     if max_outputs > 1:
         for c, (us, lv) in enumerate(zip(units, levels)):
             units[c], levels[c] = fusion.merge_siblings(us, lv, max_inputs, max_outputs)
+    if automorphisms:
+        for c, (us, lv) in enumerate(zip(units, levels)):
+            units[c], levels[c] = fusion.fuse_automorphisms(us, lv, pins[c])
     kernels = [
         fusion.batch(u, lv, [ins.line for ins in c.stream.instructions]) for u, lv, c in zip(units, levels, chips)
     ]

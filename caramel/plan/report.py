@@ -10,7 +10,9 @@ Traffic model (bytes of device memory read and written, 4 bytes per residue, N r
   (a ``dis``/``joi`` contribution reads its limb, a receive writes one); aliases cost nothing; an
   NTT whose load computes its input (a prologue, fusion across NTT boundaries) reads the
   producer's inputs instead, a converting load each distinct input once
-  (:meth:`~caramel.plan.kernel.Kernel.traffic`): the limb between them is never written or read.
+  (:meth:`~caramel.plan.kernel.Kernel.traffic`): the limb between them is never written or read;
+  an elementwise operand read through an automorphism (a gathered operand) is charged as one read
+  of the automorphism's input.
 
 The "instructions" of a kind are the source instructions its kernels execute (a ``sud`` counts
 in each kind it lowers to; a ``ntt`` or ``sud`` that first reads a unit also counts as baseconv).
@@ -44,6 +46,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     exprs = set()
     fused_rows: Counter = Counter()  # NTT rows whose load computes their input, by producer kind
     sibling_rows: Counter = Counter()  # elementwise rows by number of outputs (merged siblings: > 1)
+    gathered_reads, gathered_limbs = 0, set()  # operands read through an automorphism; distinct (chip, limb, step)
     for chip in plan.chips:
         traffic = 0
         per_level: Counter = Counter()
@@ -64,6 +67,9 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
                 exprs.add(kernel.expr)
                 if len(kernel.expr.outputs) > 1:
                     sibling_rows[len(kernel.expr.outputs)] += kernel.size
+                for r in kernel.rows if kernel.expr.gathered else ():
+                    gathered_reads += len(r.gather)
+                    gathered_limbs.update((chip.chip, r.ins[k], a) for k, a in zip(kernel.expr.gathered, r.gather))
         chip_traffic.append(traffic * limb)
         chip_levels.append(per_level)
         chip_paths.append(max(path, default=0))
@@ -81,6 +87,8 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "expressions": len(exprs),
         "ntt_prologue_rows": dict(fused_rows),
         "multi_output_rows": dict(sorted(sibling_rows.items())),
+        "gathered_reads": gathered_reads,
+        "gathered_automorphisms": len(gathered_limbs),
         "plan_bytes": sum(chip_traffic),
         "plan_bytes_busiest_chip": max(chip_traffic, default=0),
         "critical_path": levels,
@@ -145,6 +153,9 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
     if s["multi_output_rows"]:
         out.append("  elementwise rows with several outputs (sibling trees sharing inputs): "
                    + ", ".join(f"{rows} of {k}" for k, rows in s["multi_output_rows"].items()))
+    if s["gathered_reads"]:
+        out.append(f"  automorphisms computed in their consumers' loads: {s['gathered_automorphisms']} distinct"
+                   f" (limb, rotation), read {s['gathered_reads']} times as gathered elementwise operands")
     out += ["",
             f"memory traffic at N = {n} (4 bytes per residue):"]
     if "instruction_bytes" in s:

@@ -100,16 +100,17 @@ class CupyBackend(Backend):
             else:
                 self.scalars = _cp().asarray(values)
 
-    def elementwise(self, expr, ins, outs, primes, scalars) -> None:
+    def elementwise(self, expr, ins, outs, primes, scalars, galois=None) -> None:
         from caramel.backends.cuda import FusedOp, FusedProgram
         from caramel.backends.cuda import elementwise as dew
 
         program = self._programs.get(expr)
         if program is None:
             ops = tuple(FusedOp(o.op, tuple(o.args)) for o in expr.ops)
-            program = self._programs[expr] = FusedProgram(expr.n_vec, expr.n_scalar, ops, tuple(expr.outputs))
+            program = self._programs[expr] = FusedProgram(expr.n_vec, expr.n_scalar, ops, tuple(expr.outputs),
+                                                          tuple(getattr(expr, "gathered", ())))
         dew.fused(self.ring, program, self.arena, self.d(outs), self.d(ins), self.d(primes), self.scalars,
-                  self.d(scalars))
+                  self.d(scalars), None if galois is None else self.d(galois))
 
     def ntt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt

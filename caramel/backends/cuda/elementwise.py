@@ -9,7 +9,16 @@ reads its operands from ``arena[vec_slots[r, i]]`` and ``scalars[scalar_idx[r, j
 residues; results are canonical. An output slot may equal an input slot of the same row (each
 thread reads all its operands before it writes), but not a slot that another row reads.
 
-Each thread handles 4 consecutive residues (16-byte loads and stores).
+Each thread handles 4 consecutive residues (16-byte loads and stores). A *gathered* operand
+(``FusedProgram.gathered``: an automorphism computed in the load) is read at the permuted index
+instead: x[j] = row[br(((g (2 br(j) + 1)) mod 2N - 1) / 2)], g = ``galois[r, m]`` (the formula of
+:mod:`caramel.backends.cuda.automorphism`). An aligned block of 2^t outputs reads exactly one
+aligned block of 2^t inputs; for t = 2 that is a thread's own 4 outputs: j = 4i + d moves only the
+top two bits of g (2 br(j) + 1) mod 2N (by d' g mod 4, d' = br_2(d), a bijection for g odd), hence
+only the low two bits of the source. So each thread loads the one aligned 16-byte word holding its
+4 sources and permutes its components (:data:`GATHER_VECTOR`), and a warp's loads cover 512
+contiguous bytes as a plain operand's do; otherwise 4 scalar loads per thread. A gathered
+operand's slot must not be an output slot of the launch.
 """
 
 from __future__ import annotations
@@ -20,6 +29,11 @@ from dataclasses import dataclass
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256
+
+#: A gathered operand is one 16-byte load per thread, its components permuted (see the module
+#: docstring), instead of 4 scalar loads. Part of a gathering program's signature, so both variants
+#: compile side by side (the GPU tests check both).
+GATHER_VECTOR = True
 
 #: Operation name -> (arity, C expression template over a, b, q, mu).
 OPS = {
@@ -52,10 +66,13 @@ class FusedProgram:
     n_scalar: int
     ops: tuple[FusedOp, ...]
     outputs: tuple[int, ...]
+    gathered: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.n_vec < 0 or self.n_scalar < 0 or not self.outputs:
             raise ValueError("a fused program needs operands counts >= 0 and at least one output")
+        if list(self.gathered) != sorted(set(self.gathered)) or any(not 0 <= k < self.n_vec for k in self.gathered):
+            raise ValueError(f"gathered operands must be distinct vector operands in ascending order: {self.gathered}")
         kinds = self.kinds()
         for o in self.outputs:
             if not 0 <= o < len(kinds) or not kinds[o]:
@@ -74,9 +91,13 @@ class FusedProgram:
         return kinds
 
     def signature(self) -> str:
-        """The canonical text of the program, e.g. ``v2s1|add(0,1);mul(3,2)|4``."""
+        """The canonical text of the program, e.g. ``v2s1|add(0,1);mul(3,2)|4`` (then ``|g0,1`` for
+        gathered operands; a program without any has the text, name and code it always had)."""
         body = ";".join(f"{op.op}({','.join(map(str, op.args))})" for op in self.ops)
-        return f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
+        text = f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
+        if not self.gathered:
+            return text
+        return text + f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
 
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
@@ -84,12 +105,25 @@ class FusedProgram:
     def source(self) -> str:
         """CUDA source of the kernel (without the common helpers)."""
         kinds = self.kinds()
-        nv, ns, no = self.n_vec, self.n_scalar, len(self.outputs)
-        lines = [
+        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
+        lines = [] if not ng else [
+            "__device__ __forceinline__ u32 gather_index(u32 j, u32 g, int logn) {",
+            "    const u32 bj = __brev(j) >> (32 - logn);",
+            "    const u32 e = (g * (2u * bj + 1u)) & ((2u << logn) - 1u);  // 2N divides 2^32: exact mod 2N",
+            "    return __brev((e - 1u) >> 1) >> (32 - logn);",
+            "}",
+        ] + ([] if not GATHER_VECTOR else [
+            "__device__ __forceinline__ u32 pick4(uint4 v, u32 k) {",
+            "    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;",
+            "}",
+        ])
+        vector = GATHER_VECTOR
+        lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
             "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
             "        const int* __restrict__ out_slots, const int* __restrict__ prime_idx,",
-            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles) {",
+            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles"
+            + (", const int* __restrict__ galois, int logn) {" if ng else ") {"),
             "    const int r = blockIdx.x / tiles;",
             "    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;",
             "    if (i >= n4) return;",
@@ -99,6 +133,25 @@ class FusedProgram:
             "    (void)mu;",
         ]
         for k in range(nv):
+            if k in self.gathered:
+                m = self.gathered.index(k)
+                lines += [
+                    f"    const u32* a{k} = arena + (u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4);",
+                    f"    const u32 g{k} = (u32)galois[r * {ng} + {m}];",
+                    f"    uint4 x{k};",
+                ]
+                if vector:  # the 4 sources share one aligned 16-byte word
+                    lines += [
+                        f"    const u32 s{k} = gather_index(4u * i, g{k}, logn);",
+                        f"    const uint4 w{k} = ((const uint4*)a{k})[s{k} >> 2];",
+                        f"    x{k}.x = pick4(w{k}, s{k} & 3u);",
+                    ]
+                    lines += [f"    x{k}.{c} = pick4(w{k}, gather_index(4u * i + {d}u, g{k}, logn) & 3u);"
+                              for d, c in enumerate("xyzw") if d]
+                else:
+                    lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];"
+                              for d, c in enumerate("xyzw")]
+                continue
             lines.append(
                 f"    const uint4 x{k} = ((const uint4*)arena)[(u64)vec_slots[r * {nv} + {k}] * n4 + i];"
             )
@@ -126,12 +179,14 @@ class FusedProgram:
 
 
 def fused(
-    ring: CudaRing, program: FusedProgram, arena, out_slots, vec_slots, prime_idx, scalars=None, scalar_idx=None
+    ring: CudaRing, program: FusedProgram, arena, out_slots, vec_slots, prime_idx, scalars=None, scalar_idx=None,
+    galois=None,
 ) -> None:
     """Run ``program`` over R rows (see the module docstring).
 
     out_slots: int32 (R, len(outputs)); vec_slots: int32 (R, n_vec); prime_idx: int32 (R,);
-    scalars: uint32 device array (any length) and scalar_idx: int32 (R, n_scalar), when n_scalar > 0.
+    scalars: uint32 device array (any length) and scalar_idx: int32 (R, n_scalar), when n_scalar > 0;
+    galois: int32 (R, len(gathered)) odd Galois elements in [1, 2N), when the program gathers.
     """
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
@@ -142,6 +197,10 @@ def fused(
         index_array(scalar_idx, rows, program.n_scalar, "scalar_idx")
         if scalars is None or scalars.dtype != cupy().uint32:
             raise ValueError("scalars must be a cupy uint32 array")
+    if program.gathered:
+        if galois is None:
+            raise ValueError("a program with gathered operands needs galois")
+        index_array(galois, rows, len(program.gathered), "galois")
     if rows == 0:
         return
     cp = cupy()
@@ -163,7 +222,7 @@ def fused(
             ring.prime_table,
             cp.int32(n4),
             cp.int32(tiles),
-        ),
+        ) + ((galois, cp.int32(ring.logn)) if program.gathered else ()),
     )
 
 
