@@ -96,7 +96,10 @@ def _timeline() -> None:
                        ("caramel.ckks.device", ("wait_for_warm_up",)),
                        ("caramel.execute.cuda_graph", ("run_gpu", "check_plan_memory", "gpu_device_programs")),
                        ("caramel.backends.cuda.transfer", ("upload_rows", "row_maxima")),
-                       ("caramel.ckks.bind", ("bind_inputs",))):
+                       ("caramel.ckks.bind", ("bind_inputs",)),
+                       ("caramel.backends.cuda.basis", ("BaseConversion",)),
+                       ("caramel.backends.cuda.ntt", ("PrologueTables",)),
+                       ("caramel.backends.cuda.crt", ("CrtBasis",))):
         m = importlib.import_module(mod)
         for name in names:
             setattr(m, name, _span(f"{mod.rsplit('.', 1)[-1]}.{name}", getattr(m, name)))
@@ -110,6 +113,31 @@ def _timeline() -> None:
     for cls, names in ((DeviceRun, ("__init__", "schedule")), (CupyBackend, ("__init__", "read"))):
         for name in names:  # the parts of MultiGpuRun.__init__ and .result
             setattr(cls, name, _span(f"{cls.__name__}.{name}", getattr(cls, name)))
+    for name in KINDS:  # host seconds per kernel kind, summed (first call of each lowered call apart)
+        setattr(CupyBackend, name, _summed(name, getattr(CupyBackend, name)))
+
+
+#: The CupyBackend methods whose host seconds ``--timeline`` sums per kind.
+KINDS = ("elementwise", "ntt", "ntt_prologue", "intt", "automorphism", "base_convert", "sud_lift", "rsv", "mod")
+SUMS: dict[tuple[str, str, bool], list] = defaultdict(lambda: [0, 0.0])  # (thread, kind, first) -> [calls, s]
+_SEEN: set = set()
+
+
+def _summed(kind: str, fn):
+    """``fn`` (a backend method) adding its host seconds to SUMS, the first call with these index
+    arrays apart from the later ones."""
+    def wrapped(self, *args, **kwargs):
+        key = (kind, id(self), tuple(id(a) for a in args))
+        first = key not in _SEEN
+        _SEEN.add(key)
+        t = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            s = SUMS[(threading.current_thread().name, kind, first)]
+            s[0] += 1
+            s[1] += time.perf_counter() - t
+    return wrapped
 
 
 def _timeline_text() -> str:
@@ -120,7 +148,10 @@ def _timeline_text() -> str:
         per[_group(thread)][0] += 1
         per[_group(thread)][1] += s
     summary = "; ".join(f"{k}: {n} modules {s:.3f} s" for k, (n, s) in sorted(per.items()))
-    return "start(s) seconds thread                   what\n" + "\n".join(lines) + f"\nmodule loads: {summary}\n"
+    sums = [f"{thread} {kind} {'first' if first else 'again'}: {n} calls {sec:.3f} s"
+            for (thread, kind, first), (n, sec) in sorted(SUMS.items())]
+    return ("start(s) seconds thread                   what\n" + "\n".join(lines) + "\nhost seconds per kernel kind:\n"
+            + "\n".join(sums) + f"\nmodule loads: {summary}\n")
 
 
 def _eager_one_shot() -> None:
