@@ -91,12 +91,24 @@ def _timeline() -> None:
     def load(source, options, arch, cache_dir, *args, **kwargs):
         return _span(f"module ({len(source)} chars)", inner)(source, options, arch, cache_dir, *args, **kwargs)
     compiler._compile_with_cache_cuda = load
+    pre = compiler._preprocess  # NVRTC on an empty file, once per set of options in a process
+
+    def preprocess(source, options, *args, **kwargs):
+        opts = " ".join(o for o in options if not o.startswith("-I"))
+        return _span(f"preprocess ({opts})", pre)(source, options, *args, **kwargs)
+    compiler._preprocess = preprocess
     for mod, names in (("caramel.api", ("prepare_inputs", "executor", "output_digest", "evaluate_check")),
                        ("caramel.ckks.keystore", ("load_keys",)),
                        ("caramel.ckks.device", ("wait_for_warm_up",)),
                        ("caramel.execute.cuda_graph", ("run_gpu", "check_plan_memory", "gpu_device_programs")),
                        ("caramel.backends.cuda.transfer", ("upload_rows", "row_maxima")),
                        ("caramel.ckks.bind", ("bind_inputs",)),
+                       ("caramel.ckks.check", ("prepare_check",)),
+                       ("caramel.ckks.device", ("load_client_kernels", "encrypt_rows", "to_ntt_rows")),
+                       ("caramel.ckks.check", ("plaintext_from_coeffs", "encode", "encrypt")),
+                       ("caramel.ckks.keystore", ("_device_redraws", "_device_load")),
+                       ("caramel.backends.cuda.context", ("twiddle_tables",)),
+                       ("caramel.ckks.pcg", ("device_words",)),
                        ("caramel.backends.cuda.basis", ("BaseConversion",)),
                        ("caramel.backends.cuda.ntt", ("PrologueTables",)),
                        ("caramel.backends.cuda.crt", ("CrtBasis",))):
@@ -208,6 +220,7 @@ def main() -> int:
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--serial-warmup", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -225,6 +238,11 @@ def main() -> int:
         _timeline()
     if args.eager:
         _eager_one_shot()
+    if args.serial_warmup:  # the warm-up alone: the main thread waits for it as soon as it starts
+        from caramel.ckks import device
+
+        start = device.warm_up
+        device.warm_up = lambda n: (start(n), device.wait_for_warm_up())
     rc = caramel.cli.main(["run", args.program, "--n", args.n, "--backend", args.backend, "--keys", args.keys,
                            "--json", str(out / "run.json"), "-v"])
     t_end = time.perf_counter()
