@@ -152,6 +152,37 @@ def _summed(kind: str, fn):
     return wrapped
 
 
+IMPORTS: list[tuple[float, str, str, str]] = []  # (start, thread, module, stack) of every import
+
+
+def _watch_imports(stack_of: tuple[str, ...]) -> None:
+    """Record every import (an audit hook): time, thread, module, and for the modules named in
+    ``stack_of`` (and their submodules) the importing stack."""
+    import traceback
+
+    def hook(event, args):
+        if event == "import":
+            name = args[0]
+            st = ""
+            if any(name == m or name.startswith(m + ".") for m in stack_of) and not any(
+                    r[2] == name for r in IMPORTS):
+                st = "".join(traceback.format_stack(limit=25)[:-1])
+            IMPORTS.append((time.perf_counter() - T0, threading.current_thread().name, name, st))
+    sys.addaudithook(hook)
+
+
+def _imports_text() -> str:
+    seen, lines = set(), []
+    for t, thread, name, st in IMPORTS:
+        if name in seen:
+            continue
+        seen.add(name)
+        lines.append(f"{t:8.3f} {thread:24s} {name}")
+        if st:
+            lines.append(st)
+    return "\n".join(lines) + "\n"
+
+
 def _timeline_text() -> str:
     lines = [f"{t0:8.3f} {s:7.3f}  {thread:24s} {what}" for t0, s, thread, what in sorted(SPANS)]
     mods = [(thread, s) for _, s, thread, what in SPANS if what.startswith("module")]
@@ -221,12 +252,16 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--timeline", action="store_true")
     ap.add_argument("--serial-warmup", action="store_true")
+    ap.add_argument("--imports", metavar="MODULES", help="record every import (imports.txt), with the importing "
+                    "stack of these modules (comma-separated, e.g. cupyx,scipy)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     if not args.no_profile and sys.version_info < (3, 12):
         _profile_threads()
+    if args.imports:
+        _watch_imports(tuple(args.imports.split(",")))
     main_prof = cProfile.Profile()
     if not args.no_profile:
         PROFILES["MainThread" if sys.version_info < (3, 12) else "all-threads"].append(main_prof)
@@ -263,6 +298,8 @@ def main() -> int:
         text = _timeline_text()
         (out / "timeline.txt").write_text(text)
         lines.append(text.splitlines()[-1])
+    if args.imports:
+        (out / "imports.txt").write_text(_imports_text())
     text = "\n".join(lines)
     (out / "summary.txt").write_text(text + "\n")
     print(text)
