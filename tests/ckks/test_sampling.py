@@ -207,3 +207,44 @@ def test_state_rows_on_the_gpu_equal_numpy_integers():
         b = st.generator()
         b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
         assert np.array_equal(got.get(), want) and a.bit_generator.state == b.bit_generator.state
+
+
+_NO_CUPYX = r"""
+import sys
+import numpy as np
+import cupy
+from caramel.ckks import device
+from caramel.ckks.sampling import binomial_replay, lemire_rows
+from caramel.ring import Context
+
+ctx = Context(n=4096)
+device.load_client_kernels(ctx, device.GPU)  # the warm-up's draws, products and transforms
+a, b = np.random.default_rng(5), np.random.default_rng(5)
+got = binomial_replay(4096, 21, a, cupy).get()
+want = b.binomial(21, 0.5, 4096).astype(np.int64) - b.binomial(21, 0.5, 4096).astype(np.int64)
+assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
+a, b = np.random.default_rng(6), np.random.default_rng(6)
+qs = [ctx.q(l) for l in range(3)]
+got = lemire_rows(qs, 4096, a, cupy).get()
+want = b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(3, 4096), dtype=np.int64)
+assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
+print("cupyx" in sys.modules)
+"""
+
+
+def test_gpu_draws_import_no_cupyx():
+    """The GPU client's draws and the warm-up's kernels call CuPy's ufuncs directly: an operator with a
+    NumPy scalar operand would go through ``__array_ufunc__``, which imports cupyx.scipy.special and SciPy
+    (a third of a second on the GPU machine, on the critical path of ``caramel run``)."""
+    pytest.importorskip("cupy")
+    from caramel.api import gpu_available
+
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    import os
+    import sys
+
+    env = {**os.environ, "CARAMEL_GPU_WARMUP": "0"}
+    res = subprocess.run([sys.executable, "-c", _NO_CUPYX], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
