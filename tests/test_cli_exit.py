@@ -86,6 +86,7 @@ def test_the_leaving_process_loses_no_output(tmp_path):
     # stdout is a pipe (block-buffered): what was printed last and the JSON file must both be there.
     out = tmp_path / "validate.json"
     env = dict(os.environ, PYTHONPATH=str(REPO), CARAMEL_PROGRESS="0", CARAMEL_CACHE=str(tmp_path / "cache"))
+    env.pop("PYTHONUNBUFFERED", None)
     res = subprocess.run([sys.executable, "-c", _SCRIPT, "validate", "programs/Mul_4L_1c", "--json", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
