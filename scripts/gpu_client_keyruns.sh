@@ -2,7 +2,8 @@
 # `caramel run BIG --n 65536 --backend gpu --keys DIR --json F` several times, from one or more
 # source trees in turn (interleaved, so that the machine's drift falls on every tree alike), with
 # per run: the timings_s, their sum, the process wall (bash), and the exit (the seconds between
-# `cli.main` returning and the process ending: the interpreter's and CUDA's teardown).
+# `cli.main` returning and the process ending: the interpreter's and CUDA's teardown; through
+# `cli.console`, the command's own exit, where the tree has it).
 #
 #   TREES="/path/a /path/b" RUNS=3 OUT=dir bash scripts/gpu_client_keyruns.sh
 #
@@ -23,14 +24,21 @@ if [ ! -f "$ks/manifest.json" ]; then
 fi
 # shellcheck disable=SC2016
 wrapper='import os, sys, time
-import caramel.cli
-rc = caramel.cli.main(sys.argv[1:])
-sys.stdout.flush()
-print("main returned %.6f" % time.time(), file=sys.stderr, flush=True)
-if os.environ.get("EXIT_NOW"):  # the A/B of an exit without teardown (outputs flushed above)
-    sys.stderr.flush()
-    os._exit(rc)
-sys.exit(rc)'
+import caramel.cli as cli
+inner = cli.main
+
+
+def timed(argv=None):
+    rc = inner(sys.argv[1:] if argv is None else argv)
+    sys.stdout.flush()
+    print("main returned %.6f" % time.time(), file=sys.stderr, flush=True)
+    return rc
+
+
+cli.main = timed
+if hasattr(cli, "console"):  # the command exits as the caramel process does
+    cli.console()
+sys.exit(timed())'
 status=0
 lines=()
 for i in $(seq 1 "${RUNS:-3}"); do
