@@ -483,22 +483,23 @@ def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
     if state.get("bit_generator") != "PCG64" or p * k > 30.0:
         return None
     words = raw_words(rng.bit_generator, 2 * n, xp)
-    # The ufunc called, not ``words >> np.uint64(11)``: a NumPy scalar on the right of a CuPy operator
-    # goes through NumPy's ufunc to CuPy's __array_ufunc__, which imports cupyx.scipy.special (and SciPy).
-    u = xp.right_shift(words, np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    # Ufuncs called, not operators: a CuPy operator whose right operand is not a CuPy array (a Python
+    # float, a NumPy scalar) calls NumPy's ufunc, which comes back through CuPy's __array_ufunc__; its
+    # first call imports cupyx.scipy.special and SciPy (0.3-0.6 s on the GPU machine).
+    u = xp.multiply(xp.right_shift(words, np.uint64(11)).astype(np.float64), 1.0 / 9007199254740992.0)
     qn = math.exp(k * math.log(q))
     bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))
     x = xp.zeros(2 * n, dtype=np.int64)
     alive = xp.ones(2 * n, dtype=bool)
     px = qn
     for step in range(1, bound + 2):
-        alive &= u > px
+        alive &= xp.greater(u, px)
         if step > bound:
             if bool(alive.any()):
                 rng.bit_generator.state = state
                 return None
             break
         x += alive
-        u = xp.where(alive, u - px, u)
+        u = xp.where(alive, xp.subtract(u, px), u)
         px = ((k - step + 1) * p * px) / (step * q)
     return x[:n] - x[n:]
