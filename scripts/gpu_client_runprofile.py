@@ -79,24 +79,54 @@ def _span(what: str, fn):
     return wrapped
 
 
-def _timeline() -> None:
-    """Wrap CuPy's module loads and caramel's steps with :func:`_span` (module attributes looked up
-    at call time, so the callers see the wrappers)."""
-    import importlib
+def _after_import(name: str, then) -> None:
+    """Call ``then(module)`` once module ``name`` has been imported (by whichever thread), right after
+    its code ran; at once if it is imported already."""
+    import importlib.abc
+    import importlib.util
 
-    from cupy.cuda import compiler
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
 
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                then(module)
+            spec.loader.exec_module = exec_module
+            return spec
+    sys.meta_path.insert(0, Finder())
+
+
+def _wrap_compiler(compiler) -> None:
+    """Spans of CuPy's module loads and of NVRTC's empty-file preprocessing (once per option set)."""
     inner = compiler._compile_with_cache_cuda
 
     def load(source, options, arch, cache_dir, *args, **kwargs):
         return _span(f"module ({len(source)} chars)", inner)(source, options, arch, cache_dir, *args, **kwargs)
     compiler._compile_with_cache_cuda = load
-    pre = compiler._preprocess  # NVRTC on an empty file, once per set of options in a process
+    pre = compiler._preprocess
 
     def preprocess(source, options, *args, **kwargs):
         opts = " ".join(o for o in options if not o.startswith("-I"))
         return _span(f"preprocess ({opts})", pre)(source, options, *args, **kwargs)
     compiler._preprocess = preprocess
+
+
+def _timeline() -> None:
+    """Wrap CuPy's module loads and caramel's steps with :func:`_span` (module attributes looked up
+    at call time, so the callers see the wrappers). CuPy's compiler is wrapped when the run imports
+    it (:func:`_after_import`), so that CuPy is imported where a plain run imports it."""
+    import importlib
+
+    _after_import("cupy.cuda.compiler", _wrap_compiler)
     for mod, names in (("caramel.api", ("prepare_inputs", "executor", "output_digest", "evaluate_check")),
                        ("caramel.ckks.keystore", ("load_keys",)),
                        ("caramel.ckks.device", ("wait_for_warm_up",)),
