@@ -1,8 +1,6 @@
 """``python -m caramel ARGS``: the ``caramel`` command."""
 
-import sys
-
-from caramel.cli import main
+from caramel.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

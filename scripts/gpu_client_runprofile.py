@@ -79,24 +79,69 @@ def _span(what: str, fn):
     return wrapped
 
 
-def _timeline() -> None:
-    """Wrap CuPy's module loads and caramel's steps with :func:`_span` (module attributes looked up
-    at call time, so the callers see the wrappers)."""
-    import importlib
+def _after_import(name: str, then) -> None:
+    """Call ``then(module)`` once module ``name`` has been imported (by whichever thread), right after
+    its code ran; at once if it is imported already."""
+    import importlib.abc
+    import importlib.util
 
-    from cupy.cuda import compiler
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
 
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                then(module)
+            spec.loader.exec_module = exec_module
+            return spec
+    sys.meta_path.insert(0, Finder())
+
+
+def _wrap_compiler(compiler) -> None:
+    """Spans of CuPy's module loads and of NVRTC's empty-file preprocessing (once per option set)."""
     inner = compiler._compile_with_cache_cuda
 
     def load(source, options, arch, cache_dir, *args, **kwargs):
         return _span(f"module ({len(source)} chars)", inner)(source, options, arch, cache_dir, *args, **kwargs)
     compiler._compile_with_cache_cuda = load
+    pre = compiler._preprocess
+
+    def preprocess(source, options, *args, **kwargs):
+        opts = " ".join(o for o in options if not o.startswith("-I"))
+        return _span(f"preprocess ({opts})", pre)(source, options, *args, **kwargs)
+    compiler._preprocess = preprocess
+
+
+def _timeline() -> None:
+    """Wrap CuPy's module loads and caramel's steps with :func:`_span` (module attributes looked up
+    at call time, so the callers see the wrappers). CuPy's compiler is wrapped when the run imports
+    it (:func:`_after_import`), so that CuPy is imported where a plain run imports it."""
+    import importlib
+
+    _after_import("cupy.cuda.compiler", _wrap_compiler)
     for mod, names in (("caramel.api", ("prepare_inputs", "executor", "output_digest", "evaluate_check")),
                        ("caramel.ckks.keystore", ("load_keys",)),
                        ("caramel.ckks.device", ("wait_for_warm_up",)),
                        ("caramel.execute.cuda_graph", ("run_gpu", "check_plan_memory", "gpu_device_programs")),
                        ("caramel.backends.cuda.transfer", ("upload_rows", "row_maxima")),
-                       ("caramel.ckks.bind", ("bind_inputs",))):
+                       ("caramel.ckks.bind", ("bind_inputs",)),
+                       ("caramel.ckks.check", ("prepare_check",)),
+                       ("caramel.ckks.device", ("load_client_kernels", "encrypt_rows", "to_ntt_rows")),
+                       ("caramel.ckks.check", ("plaintext_from_coeffs", "encode", "encrypt")),
+                       ("caramel.ckks.keystore", ("_device_redraws", "_device_load")),
+                       ("caramel.backends.cuda.context", ("twiddle_tables",)),
+                       ("caramel.ckks.pcg", ("device_words",)),
+                       ("caramel.backends.cuda.basis", ("BaseConversion",)),
+                       ("caramel.backends.cuda.ntt", ("PrologueTables",)),
+                       ("caramel.backends.cuda.crt", ("CrtBasis",))):
         m = importlib.import_module(mod)
         for name in names:
             setattr(m, name, _span(f"{mod.rsplit('.', 1)[-1]}.{name}", getattr(m, name)))
@@ -110,6 +155,62 @@ def _timeline() -> None:
     for cls, names in ((DeviceRun, ("__init__", "schedule")), (CupyBackend, ("__init__", "read"))):
         for name in names:  # the parts of MultiGpuRun.__init__ and .result
             setattr(cls, name, _span(f"{cls.__name__}.{name}", getattr(cls, name)))
+    for name in KINDS:  # host seconds per kernel kind, summed (first call of each lowered call apart)
+        setattr(CupyBackend, name, _summed(name, getattr(CupyBackend, name)))
+
+
+#: The CupyBackend methods whose host seconds ``--timeline`` sums per kind.
+KINDS = ("elementwise", "ntt", "ntt_prologue", "intt", "automorphism", "base_convert", "sud_lift", "rsv", "mod")
+SUMS: dict[tuple[str, str, bool], list] = defaultdict(lambda: [0, 0.0])  # (thread, kind, first) -> [calls, s]
+_SEEN: set = set()
+
+
+def _summed(kind: str, fn):
+    """``fn`` (a backend method) adding its host seconds to SUMS, the first call with these index
+    arrays apart from the later ones."""
+    def wrapped(self, *args, **kwargs):
+        key = (kind, id(self), tuple(id(a) for a in args))
+        first = key not in _SEEN
+        _SEEN.add(key)
+        t = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            s = SUMS[(threading.current_thread().name, kind, first)]
+            s[0] += 1
+            s[1] += time.perf_counter() - t
+    return wrapped
+
+
+IMPORTS: list[tuple[float, str, str, str]] = []  # (start, thread, module, stack) of every import
+
+
+def _watch_imports(stack_of: tuple[str, ...]) -> None:
+    """Record every import (an audit hook): time, thread, module, and for the modules named in
+    ``stack_of`` (and their submodules) the importing stack."""
+    import traceback
+
+    def hook(event, args):
+        if event == "import":
+            name = args[0]
+            st = ""
+            if any(name == m or name.startswith(m + ".") for m in stack_of) and not any(
+                    r[2] == name for r in IMPORTS):
+                st = "".join(traceback.format_stack(limit=25)[:-1])
+            IMPORTS.append((time.perf_counter() - T0, threading.current_thread().name, name, st))
+    sys.addaudithook(hook)
+
+
+def _imports_text() -> str:
+    seen, lines = set(), []
+    for t, thread, name, st in IMPORTS:
+        if name in seen:
+            continue
+        seen.add(name)
+        lines.append(f"{t:8.3f} {thread:24s} {name}")
+        if st:
+            lines.append(st)
+    return "\n".join(lines) + "\n"
 
 
 def _timeline_text() -> str:
@@ -120,7 +221,10 @@ def _timeline_text() -> str:
         per[_group(thread)][0] += 1
         per[_group(thread)][1] += s
     summary = "; ".join(f"{k}: {n} modules {s:.3f} s" for k, (n, s) in sorted(per.items()))
-    return "start(s) seconds thread                   what\n" + "\n".join(lines) + f"\nmodule loads: {summary}\n"
+    sums = [f"{thread} {kind} {'first' if first else 'again'}: {n} calls {sec:.3f} s"
+            for (thread, kind, first), (n, sec) in sorted(SUMS.items())]
+    return ("start(s) seconds thread                   what\n" + "\n".join(lines) + "\nhost seconds per kernel kind:\n"
+            + "\n".join(sums) + f"\nmodule loads: {summary}\n")
 
 
 def _eager_one_shot() -> None:
@@ -177,12 +281,17 @@ def main() -> int:
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--serial-warmup", action="store_true")
+    ap.add_argument("--imports", metavar="MODULES", help="record every import (imports.txt), with the importing "
+                    "stack of these modules (comma-separated, e.g. cupyx,scipy)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     if not args.no_profile and sys.version_info < (3, 12):
         _profile_threads()
+    if args.imports:
+        _watch_imports(tuple(args.imports.split(",")))
     main_prof = cProfile.Profile()
     if not args.no_profile:
         PROFILES["MainThread" if sys.version_info < (3, 12) else "all-threads"].append(main_prof)
@@ -194,6 +303,11 @@ def main() -> int:
         _timeline()
     if args.eager:
         _eager_one_shot()
+    if args.serial_warmup:  # the warm-up alone: the main thread waits for it as soon as it starts
+        from caramel.ckks import device
+
+        start = device.warm_up
+        device.warm_up = lambda n: (start(n), device.wait_for_warm_up())
     rc = caramel.cli.main(["run", args.program, "--n", args.n, "--backend", args.backend, "--keys", args.keys,
                            "--json", str(out / "run.json"), "-v"])
     t_end = time.perf_counter()
@@ -214,6 +328,8 @@ def main() -> int:
         text = _timeline_text()
         (out / "timeline.txt").write_text(text)
         lines.append(text.splitlines()[-1])
+    if args.imports:
+        (out / "imports.txt").write_text(_imports_text())
     text = "\n".join(lines)
     (out / "summary.txt").write_text(text + "\n")
     print(text)

@@ -71,11 +71,13 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections import ChainMap
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import numpy as np
@@ -591,43 +593,69 @@ def prepare_check(
     slots = ctx.n // 2
     values = DecodedInputs()
     objects: dict[str, Any] = {}
-    for name, ins in spec.inputs.items():
-        need = req.inputs[name]
-        where = f"{spec.path}: inputs.{name}"
-        try:
-            scale = _number(evaluate(ins.scale, env), f"{where}.scale")
-            limbs = (
-                need.limbs
-                if ins.limbs is None
-                else tuple(range(_limb_count(evaluate(ins.limbs, env), len(ctx.primes), f"{where}.limbs")))
-            )
-        except ExprError as exc:
-            raise CheckError(f"{where}: {exc}") from None
-        m = ins.magnitude
-        given = None if supplied is None else supplied.get(name)
-        if ins.kind == InputKind.SCALAR:
-            c = float(rng.uniform(-m, m)) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
-            obj = encode_scalar(ctx, c, scale, limbs)
-            values.put(name, obj.value / scale)
-        else:
-            if given is None:
-                v = rng.uniform(-m, m, slots)
-                if not ins.real:
-                    v = v + 1j * rng.uniform(-m, m, slots)
+    encoded: dict[str, _Encoded | float] = {}  # per input in order: a vector's encoding, a scalar's value
+    with ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="caramel-encode") as pool:
+        for name, ins in spec.inputs.items():
+            need = req.inputs[name]
+            where = f"{spec.path}: inputs.{name}"
+            try:
+                scale = _number(evaluate(ins.scale, env), f"{where}.scale")
+                limbs = (
+                    need.limbs
+                    if ins.limbs is None
+                    else tuple(range(_limb_count(evaluate(ins.limbs, env), len(ctx.primes), f"{where}.limbs")))
+                )
+            except ExprError as exc:
+                raise CheckError(f"{where}: {exc}") from None
+            m = ins.magnitude
+            given = None if supplied is None else supplied.get(name)
+            if ins.kind == InputKind.SCALAR:
+                c = float(rng.uniform(-m, m)) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
+                obj = encode_scalar(ctx, c, scale, limbs)
+                encoded[name] = obj.value / scale
             else:
-                v = _supplied_fits(where, given, scale, ctx, limbs)
-            coeffs = encode(v, scale, ctx.n)
-            values.put_decoded(name, coeffs, scale, ctx.n)
-            if ins.kind == InputKind.CIPHERTEXT:
-                obj = encrypt(ctx, secrets.s, coeffs, limbs, rng, scale)
-            else:
-                obj = plaintext_from_coeffs(ctx, coeffs, limbs, scale)
-        objects[name] = obj
+                if given is None:
+                    v = rng.uniform(-m, m, slots)
+                    if not ins.real:
+                        v = v + 1j * rng.uniform(-m, m, slots)
+                else:
+                    v = _supplied_fits(where, given, scale, ctx, limbs)
+                enc = encoded[name] = _Encoded(pool.submit(encode, v, scale, ctx.n), scale, limbs)
+                obj = None  # a plaintext below; a ciphertext now (its encryption draws from rng, in input order)
+                if ins.kind == InputKind.CIPHERTEXT:
+                    obj = encrypt(ctx, secrets.s, enc.coeffs(), limbs, rng, scale)
+            objects[name] = obj
+        for name, enc in encoded.items():  # in input order
+            if not isinstance(enc, _Encoded):
+                values.put(name, enc)
+                continue
+            values.put_decoded(name, enc.coeffs(), enc.scale, ctx.n)
+            if objects[name] is None:
+                objects[name] = plaintext_from_coeffs(ctx, enc.coeffs(), enc.limbs, enc.scale)
     keys = {} if keys is None else keys
     memory = bind_inputs(
         source, ctx, secrets, objects, chip_manifests=chip_manifests, rng=rng, keys=keys, aliases=aliases
     )
     return PreparedCheck(spec, manifest, ctx, secrets, env, values, objects, memory, keys, aliases)
+
+
+#: Threads that encode a run's vector inputs (NumPy's FFT and array work, mostly without the GIL)
+#: while the caller draws and encrypts in input order (:func:`prepare_check`).
+ENCODE_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A vector input being encoded (:func:`~caramel.ckks.encoding.encode` on a thread of
+    :func:`prepare_check`), with its scale and limbs."""
+
+    future: Future
+    scale: float
+    limbs: tuple[int, ...]
+
+    def coeffs(self) -> np.ndarray:
+        """The integer coefficients (waits for the encoding; re-raises its error)."""
+        return self.future.result()
 
 
 def _supplied_fits(where: str, value, scale: float, ctx, limbs) -> Any:

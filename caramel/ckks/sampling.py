@@ -145,7 +145,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
         r1 = min(k, r0 + step)
         m = words[xp.asarray(lo[r0:r1])[:, None] + span].astype(np.uint64)
         m *= xp.asarray(q_all[r0:r1])
-        accept = (m & np.uint64(0xFFFFFFFF)) >= xp.asarray(thr_all[r0:r1])
+        accept = xp.bitwise_and(m, np.uint64(0xFFFFFFFF)) >= xp.asarray(thr_all[r0:r1])
         counts = xp.cumsum(accept, axis=1, dtype=np.int32)
         # A row starts at window index off <= width - N and ends at an index >= N - 1: only the
         # prefix counts of those two ranges go to the host.
@@ -166,7 +166,7 @@ def lemire_rows(qs, n: int, rng: np.random.Generator, xp=np):
             starts[r - r0], limits[r - r0] = off, base + n
             pos = int(lo[r]) + last + 1
         keep = accept & (span >= xp.asarray(starts)) & (counts <= xp.asarray(limits))
-        m >>= np.uint64(32)
+        xp.right_shift(m, np.uint64(32), out=m)
         out[r0:r1] = m[keep].astype(np.uint32).reshape(r1 - r0, n)
     _leave_generator(bg, state, words, pos)
     return out
@@ -483,20 +483,23 @@ def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
     if state.get("bit_generator") != "PCG64" or p * k > 30.0:
         return None
     words = raw_words(rng.bit_generator, 2 * n, xp)
-    u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    # Ufuncs called, not operators: a CuPy operator whose right operand is not a CuPy array (a Python
+    # float, a NumPy scalar) calls NumPy's ufunc, which comes back through CuPy's __array_ufunc__; its
+    # first call imports cupyx.scipy.special and SciPy (0.3-0.6 s on the GPU machine).
+    u = xp.multiply(xp.right_shift(words, np.uint64(11)).astype(np.float64), 1.0 / 9007199254740992.0)
     qn = math.exp(k * math.log(q))
     bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))
     x = xp.zeros(2 * n, dtype=np.int64)
     alive = xp.ones(2 * n, dtype=bool)
     px = qn
     for step in range(1, bound + 2):
-        alive &= u > px
+        alive &= xp.greater(u, px)
         if step > bound:
             if bool(alive.any()):
                 rng.bit_generator.state = state
                 return None
             break
         x += alive
-        u = xp.where(alive, u - px, u)
+        u = xp.where(alive, xp.subtract(u, px), u)
         px = ((k - step + 1) * p * px) / (step * q)
     return x[:n] - x[n:]

@@ -207,3 +207,66 @@ def test_state_rows_on_the_gpu_equal_numpy_integers():
         b = st.generator()
         b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(len(qs), n), dtype=np.int64)
         assert np.array_equal(got.get(), want) and a.bit_generator.state == b.bit_generator.state
+
+
+
+_NO_CUPYX = r"""
+import json, sys, traceback
+import numpy as np
+
+first = {}
+
+
+def hook(event, args):
+    if event == "import" and args[0].split(".")[0] == "cupyx" and "stack" not in first:
+        first["stack"] = "".join(traceback.format_stack(limit=12)[:-1])
+
+
+sys.addaudithook(hook)
+import cupy
+from caramel.ckks import device
+from caramel.ckks.sampling import binomial_replay, lemire_rows
+from caramel.ring import Context
+
+ctx = Context(n=4096)
+device.load_client_kernels(ctx, device.GPU)  # the warm-up's draws, products and transforms
+a, b = np.random.default_rng(5), np.random.default_rng(5)
+got = binomial_replay(4096, 21, a, cupy).get()
+want = b.binomial(21, 0.5, 4096).astype(np.int64) - b.binomial(21, 0.5, 4096).astype(np.int64)
+assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
+a, b = np.random.default_rng(6), np.random.default_rng(6)
+qs = [ctx.q(l) for l in range(3)]
+got = lemire_rows(qs, 4096, a, cupy).get()
+want = b.integers(0, np.array(qs, dtype=np.int64)[:, None], size=(3, 4096), dtype=np.int64)
+assert np.array_equal(got, want) and a.bit_generator.state == b.bit_generator.state
+client = first.pop("stack", None)
+from caramel.cli import main
+
+code = main(["run", "programs/Mul_4L_1c", "--n", "4096", "--backend", "gpu", "-q"])
+print(json.dumps({"client": client, "run": first.get("stack"), "code": code}))
+"""
+
+
+def test_gpu_client_and_run_import_no_cupyx():
+    """The GPU client's draws, the warm-up and a whole ``caramel run`` on the GPU call CuPy's ufuncs
+    directly: a CuPy operator whose right operand is a Python or NumPy scalar goes through NumPy's
+    ufunc and CuPy's ``__array_ufunc__``, which imports cupyx.scipy.special and SciPy (a third of a
+    second or more on the GPU machine, on the critical path of ``caramel run``)."""
+    pytest.importorskip("cupy")
+    from caramel.api import gpu_available
+
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    import json
+    import os
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "CARAMEL_GPU_WARMUP": "0", "PYTHONPATH": str(REPO), "CARAMEL_PROGRESS": "0"}
+    res = subprocess.run([sys.executable, "-c", _NO_CUPYX], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["client"] is None, "the client imported cupyx:\n" + got["client"]
+    assert got["code"] == 0 and got["run"] is None, "the run imported cupyx:\n" + str(got["run"])
