@@ -14,12 +14,10 @@ Each thread handles 4 consecutive residues (16-byte loads and stores). A *gather
 instead: x[j] = row[br(((g (2 br(j) + 1)) mod 2N - 1) / 2)], g = ``galois[r, m]`` (the formula of
 :mod:`caramel.backends.cuda.automorphism`). An aligned block of 2^t outputs reads exactly one
 aligned block of 2^t inputs; for t = 2 that is a thread's own 4 outputs: j = 4i + d moves only the
-top two bits of g (2 br(j) + 1) mod 2N (by br2(d) g mod 4, a bijection for g odd; br2 swaps two
-bits), hence only the low two bits of the source: output 4i + d takes component
-br2((br2(s mod 4) + br2(d) g) mod 4) of the word at s >> 2, s = the source of 4i. So each thread
-computes one source index, loads the one aligned 16-byte word holding its 4 sources and permutes its
-components (:data:`GATHER_VECTOR`), and a warp's loads cover 512 contiguous bytes as a plain
-operand's do; otherwise 4 scalar loads per thread. A gathered
+top two bits of g (2 br(j) + 1) mod 2N (by d' g mod 4, d' = br_2(d), a bijection for g odd), hence
+only the low two bits of the source. So each thread loads the one aligned 16-byte word holding its
+4 sources and permutes its components (:data:`GATHER_VECTOR`), and a warp's loads cover 512
+contiguous bytes as a plain operand's do; otherwise 4 scalar loads per thread. A gathered
 operand's slot must not be an output slot of the launch.
 """
 
@@ -118,15 +116,6 @@ class FusedProgram:
             "__device__ __forceinline__ u32 pick4(uint4 v, u32 k) {",
             "    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;",
             "}",
-            "__device__ __forceinline__ u32 br2(u32 x) { return ((x & 1u) << 1) | ((x >> 1) & 1u); }",
-            "// Outputs 4i..4i+3 from the aligned word s >> 2 (s: the source of 4i): output 4i + d takes",
-            "// component br2((br2(s mod 4) + g br2(d)) mod 4) (see the module docstring).",
-            "__device__ __forceinline__ uint4 gather4(const u32* a, u32 s, u32 g) {",
-            "    const uint4 w = ((const uint4*)a)[s >> 2];",
-            "    const u32 t = br2(s & 3u);",
-            "    return make_uint4(pick4(w, s & 3u), pick4(w, br2((t + 2u * g) & 3u)), pick4(w, br2((t + g) & 3u)),",
-            "                      pick4(w, br2((t + 3u * g) & 3u)));",
-            "}",
         ])
         vector = GATHER_VECTOR
         lines += [
@@ -149,11 +138,17 @@ class FusedProgram:
                 lines += [
                     f"    const u32* a{k} = arena + (u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4);",
                     f"    const u32 g{k} = (u32)galois[r * {ng} + {m}];",
+                    f"    uint4 x{k};",
                 ]
                 if vector:  # the 4 sources share one aligned 16-byte word
-                    lines.append(f"    const uint4 x{k} = gather4(a{k}, gather_index(4u * i, g{k}, logn), g{k});")
+                    lines += [
+                        f"    const u32 s{k} = gather_index(4u * i, g{k}, logn);",
+                        f"    const uint4 w{k} = ((const uint4*)a{k})[s{k} >> 2];",
+                        f"    x{k}.x = pick4(w{k}, s{k} & 3u);",
+                    ]
+                    lines += [f"    x{k}.{c} = pick4(w{k}, gather_index(4u * i + {d}u, g{k}, logn) & 3u);"
+                              for d, c in enumerate("xyzw") if d]
                 else:
-                    lines.append(f"    uint4 x{k};")
                     lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];"
                               for d, c in enumerate("xyzw")]
                 continue
