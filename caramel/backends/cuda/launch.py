@@ -133,7 +133,6 @@ class Kernel:
         dims = [tuple(int(x) for x in d) + (1,) * (3 - len(d)) for d in (grid, block)]
         config = _Config((ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]), int(shared_mem),
                          ctypes.c_void_p(cupy().cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
-        function = getattr(self.fn, "kernel", self.fn)  # a RawKernel's Function on the current device
-        rc = _cuda().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function.ptr), params, None)
+        rc = _cuda().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(self.fn.ptr), params, None)
         if rc:
             raise RuntimeError(f"cuLaunchKernelEx: CUresult {rc}")
