@@ -23,7 +23,7 @@ step plans python3 scripts/gpu_plan_bench.py --repeats 10 --options "" --options
 step variants python3 scripts/gpu_variants.py --sizes 4096,8192,65536
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist where the image has it
 step tests python3 -m pytest -q -p no:cacheprovider $xdist tests/backends/test_cuda_kernels.py \
-    tests/backends/test_cuda_ntt_prologue.py tests/backends/test_cuda_twiddles.py tests/backends/test_cuda_gather.py tests/backends/test_launch.py tests/plan/test_cuda_plan.py \
+    tests/backends/test_cuda_ntt_prologue.py tests/backends/test_cuda_twiddles.py tests/backends/test_cuda_gather.py tests/plan/test_cuda_plan.py \
     tests/execute/test_gpu.py tests/test_profile_roofline.py
 for mode in exact textbook emulator; do
     step "corpus-$mode" python3 scripts/gpu_corpus_check.py .data/corpus --n 4096,65536 --workers 14 --mode "$mode"

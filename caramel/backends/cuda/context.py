@@ -277,24 +277,18 @@ class CudaRing:
 
     # ----------------------------------------------------------------- modules
     def module(self, key: str, source_fn):
-        """The compiled ``cupy.RawModule`` for ``key``; ``source_fn()`` gives its source once, whose
-        kernels then start with the PDL entry (:func:`caramel.backends.cuda.launch.with_entry`)."""
+        """The compiled ``cupy.RawModule`` for ``key``; ``source_fn()`` gives its source once."""
         mod = self._modules.get(key)
         if mod is None:
-            from caramel.backends.cuda.launch import ENTRY_SRC, with_entry
-
-            mod = cupy().RawModule(code=COMMON_SRC + ENTRY_SRC + with_entry(source_fn()), options=NVRTC_OPTIONS)
+            mod = cupy().RawModule(code=COMMON_SRC + source_fn(), options=NVRTC_OPTIONS)
             self._modules[key] = mod
         return mod
 
     def kernel(self, key: str, source_fn, name: str):
-        """Function ``name`` of the module ``key`` (see :meth:`module`), cached, as a
-        :class:`~caramel.backends.cuda.launch.Kernel` (launched with PDL where the GPU has it)."""
+        """Function ``name`` of the module ``key`` (see :meth:`module`), cached."""
         fn = self._functions.get((key, name))
         if fn is None:
-            from caramel.backends.cuda.launch import Kernel
-
-            fn = self._functions[(key, name)] = Kernel(self.module(key, source_fn).get_function(name))
+            fn = self._functions[(key, name)] = self.module(key, source_fn).get_function(name)
         return fn
 
     # ----------------------------------------------------------------- checks
