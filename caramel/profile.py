@@ -12,8 +12,9 @@ On the GPU (1-chip programs) runs are timed with CUDA events on the run's stream
 (there is no graph on the CPU: ``graph`` is then simply the unfused plan kernel by kernel, so the
 command works everywhere, e.g. in CI).
 
-Then one *instrumented* run of the fused plan records every kernel (on the GPU, CUDA events
-between the kernels of a one-stream graph; on the CPU, the wall clock around each kernel): :func:`kind_table` aggregates it by :class:`~caramel.plan.plan.Kind` and
+Then one *instrumented* run of the fused plan records every kernel (on the GPU, clock stamps
+between the kernels of a one-stream graph, :func:`_instrument_gpu`; on the CPU, the wall clock
+around each kernel): :func:`kind_table` aggregates it by :class:`~caramel.plan.plan.Kind` and
 :func:`chrome_trace` turns it into a Perfetto-loadable Chrome trace (``{"traceEvents": [...]}``,
 "X" complete events, microseconds). Communication kernels of multi-chip programs (``cpu-plan``
 only) go through the in-process transport and are not timed.
