@@ -264,6 +264,7 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
 
     from caramel.api import output_digest
     from caramel.execute.cuda_graph import GpuRun
+    from caramel.logs import nvtx_range
 
     if len(plans["graph+fusion"].chips) != 1:
         raise ExecutionError(f"profiling on the GPU takes a 1-chip program, not {program.chips} chips "
@@ -282,7 +283,8 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
         variants.append(VariantTiming(name, run.kernels, t.median_ms, t.min_ms, t.max_ms, t.repeats, digest))
         log(f"{name}: {run.kernels} launches, setup {setup[name]:.1f} s, {t}")
         if name == "graph+fusion":
-            kernels = _instrument_gpu(run)
+            with nvtx_range(f"caramel instrumented graph ({run.kernels} kernels)"):
+                kernels = _instrument_gpu(run)
         del run
         cp.get_default_memory_pool().free_all_blocks()
     return variants, kernels, setup
