@@ -428,8 +428,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``caramel plan PROGRAM``: instructions -> kernels by kind, traffic, critical path, exports."""
-    from caramel.plan import build_plan, dag
-    from caramel.plan.report import plan_report
+    from caramel.plan import build_plan, dag, plan_stats
+    from caramel.plan.report import _bytes, plan_report
     from caramel.validate import validate
 
     from caramel.outfiles import write_atomic
@@ -440,24 +440,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CaramelError(f"--dot: {program.name} has {program.instruction_count} instructions, too many for "
                            f"Graphviz (limit {DOT_MAX_NODES}); use --dag-json")
     loads = False if args.no_ntt_fuse else (args.ntt_loads or True)
-    outputs = {} if args.max_outputs is None else {"max_outputs": args.max_outputs}
+    options = {} if args.max_outputs is None else {"max_outputs": args.max_outputs}
     if args.no_aut_fuse:
-        outputs["fuse_automorphism"] = False
-    plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **outputs)
+        options["fuse_automorphism"] = False
+    plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **options)
     if not _emit_json(args, plan.to_json()):
         print(plan_report(plan, program, n=args.n))
         if not args.no_fuse and not args.no_aut_fuse:  # what the automorphisms in the loads remove
-            from caramel.plan import plan_stats as _stats
-            from caramel.plan.report import _bytes as _b
-
-            plain = _stats(build_plan(program, fuse_ntt=loads, **outputs, fuse_automorphism=False), n=args.n)
+            plain = plan_stats(build_plan(program, fuse_ntt=loads, **options, fuse_automorphism=False), n=args.n)
             print(f"without automorphisms in their consumers' loads (--no-aut-fuse): plan traffic "
-                  f"{_b(plain['plan_bytes'])}, {plain['by_kind']['automorphism'][1]} automorphism rows")
+                  f"{_bytes(plain['plan_bytes'])}, {plain['by_kind']['automorphism'][1]} automorphism rows")
         if not args.no_fuse and not args.no_ntt_fuse and args.ntt_loads != "all":  # what every NTT load removes
-            from caramel.plan import plan_stats
-            from caramel.plan.report import _bytes
-
-            every = plan_stats(build_plan(program, fuse_ntt="all", **outputs), n=args.n)
+            every = plan_stats(build_plan(program, fuse_ntt="all", **options), n=args.n)
             print(f"with every NTT load (--ntt-loads all, the converting load too): plan traffic "
                   f"{_bytes(every['plan_bytes'])}")
     if args.dag_json or args.dot:
