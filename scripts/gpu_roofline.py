@@ -44,7 +44,7 @@ print(f"{'#':>4} {'kind':<12} {'rows':>5} {'us':>8} {'MiB':>8} {'GB/s':>6}  what
 for r in sorted(rec, key=lambda r: -r.dur_ms)[:args.top]:
     k = kernels[r.index]
     what = (f"prologue {k.prologue.kind.value}" if k.prologue is not None else
-            k.expr.text()[:60] if getattr(k, "expr", None) is not None else "")
+            k.expr.text()[:60] if k.expr is not None else "")
     print(f"{r.index:>4} {r.kind:<12} {r.rows:>5} {1e3 * r.dur_ms:>8.1f} {r.bytes / 2**20:>8.1f} "
           f"{r.bytes / (r.dur_ms * 1e6):>6.0f}  {what}")
 if args.json:
