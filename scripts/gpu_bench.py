@@ -75,6 +75,16 @@ def ntt_throughput(ctx, rows: int, repeats: int) -> float:
     return rows / (t.median_ms / 1e3)
 
 
+def apply_ntt_set(module, defaults: dict, ntt_set: str) -> None:
+    """The NTT module's settings ``defaults``, then those of ``ntt_set`` ("NAME=V,NAME=V" or "default")."""
+    for name, value in defaults.items():
+        setattr(module, name, value)
+    for item in filter(None, ntt_set.split(",")):
+        if item != "default":
+            name, _, value = item.partition("=")
+            setattr(module, name, type(getattr(module, name))(int(value)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=Path, action="append")
@@ -88,6 +98,9 @@ def main() -> int:
     ap.add_argument("--ntt-rows", type=int, default=1024)
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
+    ap.add_argument("--ntt-set", action="append", default=[],
+                    help="NTT module settings NAME=V[,NAME=V] (e.g. LINK=32), one timing of the fused graphs each, "
+                         "in this process (repeatable; 'default' for the module's own)")
     args = ap.parse_args()
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
     if not gpu_available():
@@ -126,11 +139,20 @@ def main() -> int:
     variants = (("eager per instruction", unfused, False, True, 1), ("eager unfused kernels", unfused, False, False, 1),
                 ("graph unfused", unfused, True, False, 1), ("graph fused", fused, True, False, 1),
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
-    for label, plan, graph, per_row, streams in variants:
+    from caramel.backends.cuda import ntt as dntt
+
+    settings = {"LINK": dntt.LINK}  # module settings read at launch time
+    ntt_sets = args.ntt_set or ["default"]
+    runs = [(f"{label} [{ntt_set}]" if len(ntt_sets) > 1 and label.startswith("graph fused") else label, plan, graph,
+             per_row, streams, ntt_set)
+            for ntt_set in ntt_sets for label, plan, graph, per_row, streams in variants
+            if label.startswith("graph fused") or ntt_set == ntt_sets[0]]
+    for label, plan, graph, per_row, streams, ntt_set in runs:
         if args.fused_only and not label.startswith("graph fused"):
             continue
         if label.startswith("graph fused") and str(streams) not in args.streams.split(","):
             continue
+        apply_ntt_set(dntt, settings, ntt_set)
         t0 = time.perf_counter()
         run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
@@ -140,8 +162,10 @@ def main() -> int:
         timing = run.time(graph=graph, repeats=min(args.repeats, 3) if per_row else args.repeats,
                           warmup=0 if per_row else 1)
         digests[label] = output_digest(program, run.result().memory)
-        if label == "graph fused":  # one instrumented run, kernel by kernel, for the roofline
+        if label.startswith("graph fused") and streams == 1:  # one instrumented run, kernel by kernel: the roofline
             records = _instrument_gpu(run)
+            print(f"\nroofline of the fused plan [{ntt_set}], kernel by kernel (plan traffic model):")
+            print(render_roofline(records, copy_bandwidth()))
         log(f"{label}: {run.kernels} launches, arena {run.backend.nbytes / 2**30:.2f} GiB, setup {setup:.1f} s, "
             f"{timing}; digest {digests[label][:16]}")
         rows.append((f"{args.program} N={args.n} {label} ({run.kernels} launches)",
@@ -151,8 +175,11 @@ def main() -> int:
     agree = len(set(digests.values())) == 1
     rows.append(("digests of the three modes agree", str(agree)))
     rows.append(("digest", next(iter(digests.values()))))
-    rate = ntt_throughput(ctx, args.ntt_rows, args.repeats)
-    rows.append((f"NTT throughput (batched {args.ntt_rows} limbs, N={args.n})", f"{rate:.3e} limbs/s"))
+    for ntt_set in ntt_sets:
+        apply_ntt_set(dntt, settings, ntt_set)
+        rate = ntt_throughput(ctx, args.ntt_rows, args.repeats)
+        rows.append((f"NTT throughput (batched {args.ntt_rows} limbs, N={args.n}) [{ntt_set}]", f"{rate:.3e} limbs/s"))
+    apply_ntt_set(dntt, settings, "default")
     stored = reference_digest(args.program, args.n)
     if stored is not None:
         # The CPU reference's digest for these inputs, computed once on the dev VM by

@@ -34,9 +34,13 @@ DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4)
 NTT_VARIANTS = [
     dict(DEFAULT, warps=1), DEFAULT, dict(DEFAULT, warps=2), dict(DEFAULT, warps=8), dict(DEFAULT, split_from=(6, 6)),
     dict(DEFAULT, split_from=(4, 4)), dict(DEFAULT, split_from=(7, 7)), dict(DEFAULT, lazy=False),
+    # 8-12: the linked kernel (both passes in one launch), lag 0 (two launches), 8, 32, 64, 128 limbs
+    dict(DEFAULT, link=0), dict(DEFAULT, link=8), dict(DEFAULT, link=32), dict(DEFAULT, link=64),
+    dict(DEFAULT, link=128),
 ]
-#: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
-TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True)]
+#: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads); the same
+#: for the linked kernel (lag 64).
+TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True), dict(DEFAULT, link=64, body=False)]
 
 
 def label(kw: dict) -> str:
@@ -124,6 +128,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="4096,8192,65536")
     ap.add_argument("--n", type=int, default=65536, help="ring degree of the timings")
     ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--more-rows", default="40", help="further NTT batch sizes to time (comma separated)")
     ap.add_argument("--ntt-only", action="store_true", help="leave out base conversion")
     ap.add_argument("--bc-only", action="store_true", help="leave out the NTT timings (its checks stay)")
     ap.add_argument("--bc-extra", action="store_true", help="also time BC_EXTRA")
@@ -229,7 +234,8 @@ def main() -> int:
     copy = 2 * big.nbytes / t
     bench.add("device copy (ceiling)", "256 MiB", t, f"{copy / 1e9:8.0f} GB/s")
     del big, big2
-    rows = args.rows
+    ntt_rows = [args.rows] + [int(r) for r in args.more_rows.split(",") if r]
+    rows = max(ntt_rows)
     sets = sets_for(2 * rows * limb)
     arena = cp.asarray(rng.integers(0, 2**28, (2 * rows * sets, n), dtype=np.uint32))
     primes = i32(np.arange(rows) % 64)
@@ -239,7 +245,7 @@ def main() -> int:
     print(f"two-pass bound at the copy rate: {two_pass / 1e6:.2f} M limbs/s", flush=True)
     for kw in [] if args.bc_only else variants + (TIMING_ONLY if variants else []):
         for fname, inverse in (("ntt", False), ("intt", True)):
-            for r in (rows, 40):  # a large batch, and the typical size of the plan's INTT launches
+            for r in ntt_rows:  # a large batch, the plan's mid sizes, the typical size of its INTT launches
                 try:
                     t = bench.time(lambda s: dntt._launch(ring, arena, ins[s][:r], outs[s][:r], primes[:r], inverse,
                                                           **kw), sets)
@@ -248,7 +254,7 @@ def main() -> int:
                     continue
                 bench.add(f"{fname} {label(kw)}", f"R={r}", t,
                           f"{r / t / 1e6:6.2f} M limbs/s {r / t / two_pass * 100:5.1f}% of its bound")
-        if ring.logn > 12 and kw.get("body", True):  # the forward kernels one by one
+        if ring.logn > 12 and kw.get("body", True) and not kw.get("link"):  # the forward kernels one by one
             tw, pt = ring.twiddles[0], ring.prime_table
             key = "ntt-var-" + "-".join(map(str, kw.values()))
             src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps") if k in kw}
