@@ -141,7 +141,7 @@ def main() -> int:
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
     from caramel.backends.cuda import ntt as dntt
 
-    settings = {"LINK": dntt.LINK}  # module settings read at launch time
+    settings = {name: getattr(dntt, name) for name in ("LINK", "LINK_LO", "LINK_HI")}  # read at launch time
     ntt_sets = args.ntt_set or ["default"]
     runs = [(f"{label} [{ntt_set}]" if len(ntt_sets) > 1 and label.startswith("graph fused") else label, plan, graph,
              per_row, streams, ntt_set)

@@ -54,6 +54,9 @@ WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 #: (0: two launches, the column and the row kernel), and the blocks a multiprocessor its registers allow.
 LINK = 0
 LINK_BLOCKS = 4
+#: The batch sizes R (LINK_LO <= R <= LINK_HI) that take the linked kernel when LINK > 0 (an explicit ``link`` of
+#: _launch takes it at any size): it gained over the two launches only for mid-size batches (docs/PERFORMANCE.md).
+LINK_LO, LINK_HI = 64, 400
 
 _SRC = r"""
 #define LOGN {logn}
@@ -586,7 +589,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
     alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`).
-    ``link`` (N >= 8192; default the module's LINK): a lag D > 0 runs both passes as ONE launch of the
+    ``link`` (N >= 8192; default the module's LINK for LINK_LO <= R <= LINK_HI, else 0): a lag D > 0 runs both
+    passes as ONE launch of the
     linked kernel (_LINK), whose counters are ``sync`` (an int32 device array of at least R + 2 zeros, which
     the kernel leaves zero; kernels that may run at the same time need their own: :class:`LinkSync`)."""
     ring.check_arena(arena)
@@ -620,7 +624,9 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
         return
     col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
-    link = LINK if link is None else int(link)
+    if link is None:
+        link = LINK if LINK_LO <= rows <= LINK_HI else 0
+    link = int(link)
     if link > 0 and not only_row:
         if sync is None:
             sync = _stream_sync(ring, rows)
