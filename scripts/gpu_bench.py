@@ -99,7 +99,7 @@ def main() -> int:
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     ap.add_argument("--ntt-set", action="append", default=[],
-                    help="NTT module settings NAME=V[,NAME=V] (e.g. LINK=32), one timing of the fused graphs each, "
+                    help="NTT module settings NAME=V[,NAME=V] (e.g. LOAD_CG=0), one timing of the fused graphs each, "
                          "in this process (repeatable; 'default' for the module's own)")
     args = ap.parse_args()
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
@@ -141,8 +141,9 @@ def main() -> int:
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
     from caramel.backends.cuda import ntt as dntt
 
-    settings = {name: getattr(dntt, name) for name in ("LINK", "LINK_LO", "LINK_HI")}  # read at launch time
     ntt_sets = args.ntt_set or ["default"]
+    settings = {item.partition("=")[0]: getattr(dntt, item.partition("=")[0])  # the module's own values
+                for ntt_set in ntt_sets for item in filter(None, ntt_set.split(",")) if item != "default"}
     runs = [(f"{label} [{ntt_set}]" if len(ntt_sets) > 1 and label.startswith("graph fused") else label, plan, graph,
              per_row, streams, ntt_set)
             for ntt_set in ntt_sets for label, plan, graph, per_row, streams in variants

@@ -30,17 +30,14 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: Keyword arguments of caramel.backends.cuda.ntt._launch, one dict a variant of the NTT kernels (the
 #: others at their module defaults). The second is the default of session 8 (4 warps a block); the
 #: block row kernel and the one-pass kernels of the variants of sessions 4-8 were removed after session 8.
-DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4)
+DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4, load_cg=True)
 NTT_VARIANTS = [
     dict(DEFAULT, warps=1), DEFAULT, dict(DEFAULT, warps=2), dict(DEFAULT, warps=8), dict(DEFAULT, split_from=(6, 6)),
     dict(DEFAULT, split_from=(4, 4)), dict(DEFAULT, split_from=(7, 7)), dict(DEFAULT, lazy=False),
-    # 8-12: the linked kernel (both passes in one launch), lag 0 (two launches), 8, 32, 64, 128 limbs
-    dict(DEFAULT, link=0), dict(DEFAULT, link=8), dict(DEFAULT, link=32), dict(DEFAULT, link=64),
-    dict(DEFAULT, link=128),
+    dict(DEFAULT, load_cg=False),  # 8: plain data loads (L1 allocating) instead of ld.global.cg
 ]
-#: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads); the same
-#: for the linked kernel (lag 64).
-TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True), dict(DEFAULT, link=64, body=False)]
+#: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
+TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True)]
 
 
 def label(kw: dict) -> str:
@@ -254,10 +251,10 @@ def main() -> int:
                     continue
                 bench.add(f"{fname} {label(kw)}", f"R={r}", t,
                           f"{r / t / 1e6:6.2f} M limbs/s {r / t / two_pass * 100:5.1f}% of its bound")
-        if ring.logn > 12 and kw.get("body", True) and not kw.get("link"):  # the forward kernels one by one
+        if ring.logn > 12 and kw.get("body", True):  # the forward kernels one by one
             tw, pt = ring.twiddles[0], ring.prime_table
             key = "ntt-var-" + "-".join(map(str, kw.values()))
-            src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps") if k in kw}
+            src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps", "load_cg") if k in kw}
             warps = kw["warps"]
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // (4 * warps))):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, **src_kw), kname)

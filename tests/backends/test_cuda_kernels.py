@@ -168,37 +168,14 @@ def test_ntt_row_warp(pair, rng, warps, split_from, lazy):
                      split_from=split_from, lazy=lazy)
 
 
-@pytest.mark.parametrize("link,rows,split_from,lazy", [(1, 7, (5, 5), True), (3, 9, (6, 4), True), (64, 7, (5, 5), True),
-                                                    (2, 40, (8, 7), False), (5, 33, (4, 5), True)], ids=lambda v: str(v))
-def test_ntt_linked(pair, rng, link, rows, split_from, lazy):
-    """The linked kernel (both passes in one launch, a limb's second-pass tiles ``link`` limbs after its
-    first-pass tiles in ticket order) computes the reference, forward and inverse, with two rows in place;
-    N = 4096 runs the one-block kernels."""
-    check_ntt_launch(pair, rng, f"link={link} from={split_from}", rows=rows, in_place=(0, 5), link=link,
-                     split_from=split_from, lazy=lazy)
+@pytest.mark.parametrize("load_cg", [True, False])
+def test_ntt_data_loads(pair, rng, load_cg):
+    """Both forms of the column and row kernels' data loads (through L2 only, or plain) compute the reference,
+    forward and inverse, with two rows in place."""
+    check_ntt_launch(pair, rng, f"load_cg={load_cg}", rows=7, in_place=(0, 5), load_cg=load_cg)
 
 
-def test_ntt_linked_counters_return_to_zero(rng):
-    """A linked launch leaves its counters zero, so that the same array serves the next launch (a graph's
-    replays): three launches on one array, each checked; an array too small is refused."""
-    ctx, ring = rings(65536)
-    limbs = limb_choice(rng, 6)
-    sync = cp.zeros(8, dtype=cp.int32)
-    for inverse in (False, True, False):
-        x = residues(ctx, limbs, rng)
-        arena = Arena(ctx.n, 12, rng)
-        src, dst = arena.put(x), arena.take(6)
-        dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, link=2, sync=sync)
-        expect_rows(arena.download(), dst, (ctx.intt if inverse else ctx.ntt)(x, limbs), "linked")
-        assert not bool(sync.any())
-    with pytest.raises(ValueError, match="sync"):
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), False, link=2, sync=cp.zeros(7, dtype=cp.int32))
-
-
-@pytest.mark.parametrize("link", [0, 16])
-def test_ntt_small_sizes(rng, monkeypatch, link):
-    monkeypatch.setattr(dntt, "LINK", link)
+def test_ntt_small_sizes(rng):
     for n in (16, 32, 256, 2048, 8192, 16384, 32768):
         ctx, ring = rings(n)
         limbs = [0, 63, 31]

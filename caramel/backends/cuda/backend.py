@@ -63,7 +63,6 @@ class CupyBackend(Backend):
         self._convs: dict = {}
         self._crt: dict = {}
         self._rsv_extra: dict[int, tuple] = {}
-        self._link = None  # the counters of linked NTT launches, one array per kernel (ntt.LinkSync)
 
     @property
     def nbytes(self) -> int:
@@ -75,15 +74,6 @@ class CupyBackend(Backend):
         if got is None or got[0] is not x:
             got = self._dev[id(x)] = (x, _cp().asarray(np.ascontiguousarray(x, dtype=np.int32)))
         return got[1]
-
-    def _sync(self, primes: np.ndarray):
-        """The counters of the linked NTT launch of the kernel whose prime array is ``primes`` (kept alive by the
-        plan engine's lowered closures, as the index arrays of :meth:`d`)."""
-        from caramel.backends.cuda import ntt as dntt
-
-        if self._link is None:
-            self._link = dntt.LinkSync()
-        return self._link.get(primes, len(primes))
 
     def write(self, rows, data) -> None:
         from caramel.backends.cuda.transfer import upload_rows
@@ -125,7 +115,7 @@ class CupyBackend(Backend):
     def ntt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), self._sync(primes))
+        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
 
     def ntt_prologue(self, prologue, ins, outs, primes, args, mode) -> None:
         from caramel.backends.cuda import ntt as dntt
@@ -145,7 +135,7 @@ class CupyBackend(Backend):
     def intt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), self._sync(primes))
+        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
 
     def automorphism(self, ins, outs, galois) -> None:
         from caramel.backends.cuda import automorphism as dauto

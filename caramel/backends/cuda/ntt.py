@@ -50,13 +50,7 @@ SPLIT_FROM = (5, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
-#: The linked transform (N >= 8192, _LINK): the lag D in limbs between a limb's first-pass and second-pass tiles
-#: (0: two launches, the column and the row kernel), and the blocks a multiprocessor its registers allow.
-LINK = 0
-LINK_BLOCKS = 4
-#: The batch sizes R (LINK_LO <= R <= LINK_HI) that take the linked kernel when LINK > 0 (an explicit ``link`` of
-#: _launch takes it at any size): it gained over the two launches only for mid-size batches (docs/PERFORMANCE.md).
-LINK_LO, LINK_HI = 64, 400
+LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -68,7 +62,10 @@ _SRC = r"""
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
-#define LINK_BLOCKS {link_blocks}
+#define LOAD_CG {load_cg}
+// The data loads of the column and row kernels: through L2 only (LOAD_CG: ld.global.cg, the limb is read once,
+// so it takes no L1 lines from the twiddles), or plain.
+#define LOAD16(p) (LOAD_CG ? __ldcg(p) : *(p))
 
 // x - c if x >= c, else x (0 < c < 2^32): min(x, x - c) as unsigned (x - c wraps above x when x < c);
 // two instructions (add, min) where the compare-and-select form takes three.
@@ -171,13 +168,6 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
-
-// An int of global memory read with acquire semantics at GPU scope (the linked kernel's wait).
-__device__ __forceinline__ int ld_acquire(const int* p) {{
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}}
 
 // Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
@@ -286,34 +276,29 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 }}
 """
 
-# Column tile: the 32 columns c0.. of one limb (2^A_BITS points each) in shared memory, the column stages,
-# the store ({store}: N^-1 for the inverse). Loads go through L2 only (__ldcg): in the linked kernel the
-# inverse's column tiles read what other blocks of the same launch wrote.
 _COL = r"""
-__device__ __forceinline__ void {name}_tile(u32* sm, const u32* __restrict__ src, u32* dst, int pi,
-        const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+    __shared__ u32 sm[32 << A_BITS];
+    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
+    const int r = blockIdx.x / TILES;
+    const int c0 = (blockIdx.x % TILES) * 32;
+    const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
+    const u32* src = arena + (u64)in_slots[r] * NN + c0;
+    u32* dst = arena + (u64)out_slots[r] * NN + c0;
     // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
         const int e = it * NTHREADS + threadIdx.x;
-        *(uint4*)(sm + e * 4) = __ldcg((const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4));
+        *(uint4*)(sm + e * 4) = LOAD16((const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4));
     }}
     __syncthreads();
 {passes}
     __syncthreads();
 {store}
-}}
-
-extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ __align__(16) u32 sm[32 << A_BITS];
-    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
-    const int r = blockIdx.x / TILES, c0 = (blockIdx.x % TILES) * 32;
-    {name}_tile(sm, arena + (u64)in_slots[r] * NN + c0, arena + (u64)out_slots[r] * NN + c0, prime_idx[r], pt,
-                tw_all);
 }}
 """
 
@@ -322,27 +307,33 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
 # the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows
 # (4 WPITCH words) and its table wt of WT entries: the one-product twiddles of stages s < SFT of its rows
 # (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s]
-# of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads
-# (through L2 only: see _COL), then the copies of both tables (cp.async, no registers), so that every twiddle
-# read of the passes is a shared-memory read and all global reads are in flight at once; one block barrier
-# (every warp of the block calls {name}_tile), then the two passes and the stores with only __syncwarp: the
-# warps drift apart, so that on a multiprocessor some load while others compute.
+# of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
+# tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
+# all global reads are in flight at once; one block barrier, then the two passes and the stores with
+# only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
 _ROWW = r"""
-__device__ __forceinline__ void {name}_tile(u32* dyn, const u32* __restrict__ src_limb, u32* dst_limb, int pi,
-        int hi0, const u32* __restrict__ pt, const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
+        const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF);
+    extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
+    constexpr int TILES = (1 << A_BITS) / 4;
     const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int r = t / TILES, hi0 = (t % TILES) * 4;
     const int bt0 = (1 << A_BITS) + hi0;
+    const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* sm = dyn + 480 + (threadIdx.x >> 5) * (4 * WPITCH + 2 * WT);
     uint2* wt = (uint2*)(sm + 4 * WPITCH);
-    const uint4* src = (const uint4*)(src_limb + hi0 * 256);
-    uint4* dst = (uint4*)(dst_limb + hi0 * 256);
+    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
+    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
     uint4 y[8];
 #pragma unroll
-    for (int it = 0; it < 8; ++it) y[it] = __ldcg(src + it * 32 + lane);
+    for (int it = 0; it < 8; ++it) y[it] = LOAD16(src + it * 32 + lane);
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
@@ -364,79 +355,6 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, const u32* __restrict__ sr
 {finish}
         dst[it * 32 + lane] = v;
     }}
-}}
-
-extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
-        const uint2* __restrict__ tl_all) {{
-    extern __shared__ __align__(16) u32 dyn[];
-    constexpr int TILES = (1 << A_BITS) / 4;
-    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int r = t / TILES;
-    {name}_tile(dyn, arena + (u64)in_slots[r] * NN, arena + (u64)out_slots[r] * NN, prime_idx[r], (t % TILES) * 4,
-                pt, tw_all, tl_all);
-}}
-"""
-
-# The linked transform (N >= 8192, see _launch's ``link``): ONE launch of R (CT + RT) blocks of NTHREADS threads
-# for the two passes. Block b takes ticket t (an atomic counter) and with it a tile, in this order: the first-pass
-# tiles of limbs 0 .. D-1 (D = min(lag, R)); then for each limb i >= D, the first-pass tiles of limb i followed by
-# the second-pass tiles of limb i - D; then the second-pass tiles of the last D limbs. A first-pass tile adds one to
-# sync[r] once its stores are done (block barrier, then a fence, then the atomic add); a second-pass tile of limb r
-# first waits until sync[r] counts every first-pass tile of r (acquire load), and reads through L2 only. So the
-# column and row work of a limb run D limbs apart (their intermediate, D x 4N bytes, can stay in L2), and no pass
-# waits for the whole of the other: no drain between them. A block only ever waits for a smaller ticket, held by
-# a block that is already running, so the launch cannot deadlock. sync holds R + 2 ints (the per-limb counts, the
-# ticket, the blocks done), zero before the launch; the last block done zeroes it again (a graph replays it).
-# The row tiles are 8 warp tiles (32 rows) of one limb: THREADS / 32 = 8 warps.
-_LINK = r"""
-extern "C" __global__ void __launch_bounds__(NTHREADS, LINK_BLOCKS) ntt_{d}_link(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
-        const uint2* __restrict__ tl_all, int R, int lag, int* sync) {{
-    extern __shared__ __align__(16) u32 dyn[];
-    __shared__ int ticket;
-    constexpr int CT = (1 << (LOGN - A_BITS)) / 32, RT = (1 << A_BITS) / (4 * (NTHREADS / 32));
-    constexpr bool INV = {inv};
-    constexpr int A = INV ? RT : CT, B = INV ? CT : RT;  // tiles a limb of the first and of the second pass
-    if (threadIdx.x == 0) ticket = atomicAdd(sync + R, 1);
-    __syncthreads();
-    const int t = ticket, d = min(lag, R);
-    int r, tile;
-    bool second;
-    if (t < d * A) {{
-        r = t / A; tile = t % A; second = false;
-    }} else if (t - d * A < (R - d) * (A + B)) {{
-        const int u = t - d * A, k = u % (A + B);
-        second = k >= A;
-        r = u / (A + B) + (second ? 0 : d);
-        tile = second ? k - A : k;
-    }} else {{
-        const int u = t - d * A - (R - d) * (A + B);
-        r = R - d + u / B; tile = u % B; second = true;
-    }}
-    if (second) {{
-        if (threadIdx.x == 0)
-            while (ld_acquire(sync + r) < A) __nanosleep(100);
-        __syncthreads();
-    }}
-    const int pi = prime_idx[r];
-    const u32* src = arena + (u64)(second ? out_slots[r] : in_slots[r]) * NN;
-    u32* dst = arena + (u64)out_slots[r] * NN;
-    if (INV == second) ntt_{d}_col_tile(dyn, src + tile * 32, dst + tile * 32, pi, pt, tw_all);
-    else ntt_{d}_row_tile(dyn, src, dst, pi, tile * 32 + 4 * (threadIdx.x >> 5), pt, tw_all, tl_all);
-    __syncthreads();
-    if (threadIdx.x == 0) {{
-        if (!second) {{
-            __threadfence();
-            atomicAdd(sync + r, 1);
-        }}
-        ticket = atomicAdd(sync + R + 1, 1);
-    }}
-    __syncthreads();
-    if (ticket == R * (A + B) - 1)
-        for (int i = threadIdx.x; i < R + 2; i += NTHREADS) sync[i] = 0;
 }}
 """
 
@@ -499,19 +417,20 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
     return "\n    __syncthreads();\n".join(calls)
 
 
-def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS) -> str:
+def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS,
+            load_cg: bool = LOAD_CG) -> str:
     """_SRC around ``kernels``."""
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
-                       tw_fake=int(tw_fake), link_blocks=LINK_BLOCKS)
+                       tw_fake=int(tw_fake), load_cg=int(load_cg))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
-            warps: int = WARPS) -> str:
+            warps: int = WARPS, load_cg: bool = LOAD_CG) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
     warps a block; split twiddles from warp_split_from(split_from)). lazy: forward butterflies reduce
     once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
-    out (loads and stores alone), tw_fake makes every twiddle a constant."""
+    out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg: see LOAD16."""
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
@@ -520,7 +439,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         )
         kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
             _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
-        return _header(logn, logn, kernels, lazy, tw_fake)
+        return _header(logn, logn, kernels, lazy, tw_fake, load_cg=load_cg)
     a = logn - ROW_LOG
     if (1 << a) // 4 % warps:
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
@@ -545,54 +464,15 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
                            finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
-        parts.append(_LINK.format(d=d, inv="true" if inverse else "false"))
-    return _header(logn, a, "".join(parts), lazy, tw_fake, warps)
-
-
-def link_smem(logn: int, sf: int) -> int:
-    """Dynamic shared memory of the linked kernel: a column tile (32 columns of 2^(logn - 8) words) or a row
-    tile of THREADS / 32 warp tiles (:func:`warp_smem`), whichever is larger."""
-    return max(4 * 32 << (logn - ROW_LOG), warp_smem(THREADS // 32, sf))
-
-
-class LinkSync:
-    """The counters of linked launches (_LINK): one zeroed int32 array per launch site, so that kernels
-    that may run at the same time (other streams of a graph) never share one. ``get(key, rows)`` is
-    the array of the host or device array ``key`` (the caller keeps ``key`` alive, as the plan engine
-    keeps its index arrays), made on first use: before a graph capture, by the eager warm-up."""
-
-    def __init__(self):
-        self._arrays: dict[int, tuple] = {}
-
-    def get(self, key, rows: int):
-        got = self._arrays.get(id(key))
-        if got is None or got[0] is not key or got[1].size < rows + 2:
-            got = self._arrays[id(key)] = (key, cupy().zeros(rows + 2, dtype=cupy().int32))
-        return got[1]
-
-
-_STREAM_SYNC: "weakref.WeakKeyDictionary[CudaRing, dict]" = weakref.WeakKeyDictionary()
-
-
-def _stream_sync(ring: CudaRing, rows: int):
-    """Counters for a linked launch that brought none: one array per stream (launches of one stream run one
-    after the other), grown as needed; replaced arrays are kept, as a captured graph may still use them."""
-    arrays = _STREAM_SYNC.setdefault(ring, {}).setdefault(cupy().cuda.get_current_stream().ptr, [])
-    if not arrays or arrays[-1].size < rows + 2:
-        arrays.append(cupy().zeros(max(rows + 2, 1024), dtype=cupy().int32))
-    return arrays[-1]
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
-            only_row: bool = False, link: int | None = None, sync=None) -> None:
+            only_row: bool = False, load_cg: bool | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
-    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`).
-    ``link`` (N >= 8192; default the module's LINK for LINK_LO <= R <= LINK_HI, else 0): a lag D > 0 runs both
-    passes as ONE launch of the
-    linked kernel (_LINK), whose counters are ``sync`` (an int32 device array of at least R + 2 zeros, which
-    the kernel leaves zero; kernels that may run at the same time need their own: :class:`LinkSync`)."""
+    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -603,14 +483,15 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
     warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
-    config = (split_from, lazy, warps, body, tw_fake)
-    default = config == (SPLIT_FROM, LAZY, WARPS, True, False)
+    load_cg = LOAD_CG if load_cg is None else bool(load_cg)
+    config = (split_from, lazy, warps, body, tw_fake, load_cg)
+    default = config == (SPLIT_FROM, LAZY, WARPS, True, False, True)
     key = f"ntt{ring.n}" + ("" if default else "-" + "-".join(map(str, config)))
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps), name)
+        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg), name)
         if name.endswith("_row"):  # blocks_per_row: warp tiles
             smem = warp_smem(warps, warp_split_from(split_from, inverse))
             if k.max_dynamic_shared_size_bytes < smem:
@@ -624,24 +505,6 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
         return
     col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
-    if link is None:
-        link = LINK if LINK_LO <= rows <= LINK_HI else 0
-    link = int(link)
-    if link > 0 and not only_row:
-        if sync is None:
-            sync = _stream_sync(ring, rows)
-        elif sync.dtype != cupy().int32 or sync.size < rows + 2:
-            raise ValueError(f"sync must be an int32 device array of at least {rows + 2} zeros")
-        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps),
-                        "ntt_inv_link" if inverse else "ntt_fwd_link")
-        smem = link_smem(ring.logn, warp_split_from(split_from, inverse))
-        if k.max_dynamic_shared_size_bytes < smem:
-            k.max_dynamic_shared_size_bytes = smem
-        cp = cupy()
-        k((rows * (col_blocks + row_tiles // (THREADS // 32)),), (THREADS,),
-          (arena, in_slots, out_slots, prime_idx, pt, tw, warp_tables(ring, inverse), cp.int32(rows), cp.int32(link),
-           sync), shared_mem=smem)
-        return
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_tiles)
         run("ntt_inv_col", out_slots, out_slots, col_blocks)
@@ -651,18 +514,17 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_fwd_row", out_slots, out_slots, row_tiles)
 
 
-def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx, sync=None) -> None:
+def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
     """Forward NTT: arena[out_slots[r]] = NTT_{q_p}(arena[in_slots[r]]) with p = prime_idx[r].
 
-    All index arguments are int32 cupy arrays of length R. Launches on the current stream. ``sync``: the
-    counters of a linked launch (see :func:`_launch`), else one array per stream.
+    All index arguments are int32 cupy arrays of length R. Launches on the current stream.
     """
-    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=False, sync=sync)
+    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=False)
 
 
-def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx, sync=None) -> None:
+def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
     """Inverse NTT (exact inverse of :func:`ntt`, N^-1 included), same arguments."""
-    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=True, sync=sync)
+    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=True)
 
 
 # ---------------------------------------------------------------------------------------------- prologues
