@@ -305,13 +305,16 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
     ctx = Context(n=n)
     mode = Mode(mode)
     points, trace = [], []
-    for g in progress(gpus, desc=f"scaling {Path(family).name}", unit="G"):
+    programs = {}
+    for g in gpus:  # every member read and checked before any runs: a missing one fails at once
         path = family_member(family, g)
         log(f"{g} device(s): loading {path}")
-        program = load_program(path)
+        programs[g] = program = load_program(path)
         validate(program)
         if program.chips != g:
             raise CaramelError(f"{path} is compiled for {program.chips} chips, expected {g}")
+    for g in progress(gpus, desc=f"scaling {Path(family).name}", unit="G"):
+        program = programs.pop(g)
         memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, seed), seed).memory
         plan = build_plan(program)
         t0 = time.perf_counter()
