@@ -30,11 +30,15 @@ from gpu_kernels_check import Bench, sets_for  # noqa: E402
 #: Keyword arguments of caramel.backends.cuda.ntt._launch, one dict a variant of the NTT kernels (the
 #: others at their module defaults). The second is the default of session 8 (4 warps a block); the
 #: block row kernel and the one-pass kernels of the variants of sessions 4-8 were removed after session 8.
-DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4, load_cg=True)
+DEFAULT = dict(split_from=(5, 5), lazy=True, warps=4, load_cg=True, first_cs=True, second_reversed=True)
 NTT_VARIANTS = [
     dict(DEFAULT, warps=1), DEFAULT, dict(DEFAULT, warps=2), dict(DEFAULT, warps=8), dict(DEFAULT, split_from=(6, 6)),
     dict(DEFAULT, split_from=(4, 4)), dict(DEFAULT, split_from=(7, 7)), dict(DEFAULT, lazy=False),
     dict(DEFAULT, load_cg=False),  # 8: plain data loads (L1 allocating) instead of ld.global.cg
+    # 9-11: the first pass's input loads evict-first and the second pass's limbs in reverse order: neither (the
+    # kernels of session 9), the reverse order alone, the evict-first loads alone
+    dict(DEFAULT, first_cs=False, second_reversed=False), dict(DEFAULT, first_cs=False),
+    dict(DEFAULT, second_reversed=False),
 ]
 #: Timing only (wrong results): the loads and stores alone, and constant twiddles (no twiddle loads).
 TIMING_ONLY = [dict(DEFAULT, body=False), dict(DEFAULT, tw_fake=True)]
@@ -254,7 +258,8 @@ def main() -> int:
         if ring.logn > 12 and kw.get("body", True):  # the forward kernels one by one
             tw, pt = ring.twiddles[0], ring.prime_table
             key = "ntt-var-" + "-".join(map(str, kw.values()))
-            src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps", "load_cg") if k in kw}
+            src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps", "load_cg", "first_cs",
+                                          "second_reversed") if k in kw}
             warps = kw["warps"]
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // (4 * warps))):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, **src_kw), kname)

@@ -168,11 +168,15 @@ def test_ntt_row_warp(pair, rng, warps, split_from, lazy):
                      split_from=split_from, lazy=lazy)
 
 
-@pytest.mark.parametrize("load_cg", [True, False])
-def test_ntt_data_loads(pair, rng, load_cg):
-    """Both forms of the column and row kernels' data loads (through L2 only, or plain) compute the reference,
-    forward and inverse, with two rows in place."""
-    check_ntt_launch(pair, rng, f"load_cg={load_cg}", rows=7, in_place=(0, 5), load_cg=load_cg)
+@pytest.mark.parametrize("load_cg,first_cs,second_reversed", [(True, True, True), (False, False, False),
+                                                             (True, False, True), (False, True, False)],
+                         ids=lambda v: str(v))
+def test_ntt_data_loads(pair, rng, load_cg, first_cs, second_reversed):
+    """Every form of the column and row kernels' data loads (through L2 only or plain; the first pass's
+    evict-first or not) and either order of the second pass's limbs compute the reference, forward and
+    inverse, with two rows in place."""
+    check_ntt_launch(pair, rng, f"load_cg={load_cg} first_cs={first_cs} reversed={second_reversed}", rows=7,
+                     in_place=(0, 5), load_cg=load_cg, first_cs=first_cs, second_reversed=second_reversed)
 
 
 def test_ntt_small_sizes(rng):

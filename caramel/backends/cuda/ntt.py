@@ -51,6 +51,8 @@ LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values s
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
+FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
+SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -66,6 +68,14 @@ _SRC = r"""
 // The data loads of the column and row kernels: through L2 only (LOAD_CG: ld.global.cg, the limb is read once,
 // so it takes no L1 lines from the twiddles), or plain.
 #define LOAD16(p) (LOAD_CG ? __ldcg(p) : *(p))
+// The first pass's loads of the transform's input (the forward column kernel, the inverse row kernel): with
+// FIRST_CS, ld.global.cs (evict first: read once, so that L2 keeps the intermediate the first pass writes).
+#define FIRST_CS {first_cs}
+#define LOAD_FIRST(p) (FIRST_CS ? __ldcs(p) : LOAD16(p))
+// SECOND_REVERSED: the second pass (the forward row kernel, the inverse column kernel) takes the limbs in
+// reverse order, the last written first, while they are still in L2 (an LRU cache read oldest-first misses
+// throughout).
+#define SECOND_REVERSED {second_reversed}
 
 // x - c if x >= c, else x (0 < c < 2^32): min(x, x - c) as unsigned (x - c wraps above x when x < c);
 // two instructions (add, min) where the compare-and-select form takes three.
@@ -282,7 +292,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[32 << A_BITS];
     constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
-    const int r = blockIdx.x / TILES;
+    const int r0 = blockIdx.x / TILES;
+    const int r = {second} && SECOND_REVERSED ? gridDim.x / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
     const int c0 = (blockIdx.x % TILES) * 32;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
@@ -293,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
         const int e = it * NTHREADS + threadIdx.x;
-        *(uint4*)(sm + e * 4) = LOAD16((const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4));
+        *(uint4*)(sm + e * 4) = {load}((const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4));
     }}
     __syncthreads();
 {passes}
@@ -322,7 +333,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
     constexpr int TILES = (1 << A_BITS) / 4;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int r = t / TILES, hi0 = (t % TILES) * 4;
+    const int r0 = t / TILES, hi0 = (t % TILES) * 4;
+    const int r = {second} && SECOND_REVERSED ? gridDim.x * WARPS / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
     const int bt0 = (1 << A_BITS) + hi0;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
@@ -333,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
     uint4 y[8];
 #pragma unroll
-    for (int it = 0; it < 8; ++it) y[it] = LOAD16(src + it * 32 + lane);
+    for (int it = 0; it < 8; ++it) y[it] = {load}(src + it * 32 + lane);
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
@@ -418,19 +430,22 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
 
 
 def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS,
-            load_cg: bool = LOAD_CG) -> str:
+            load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS, second_reversed: bool = SECOND_REVERSED) -> str:
     """_SRC around ``kernels``."""
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
-                       tw_fake=int(tw_fake), load_cg=int(load_cg))
+                       tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
+                       second_reversed=int(second_reversed))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
-            warps: int = WARPS, load_cg: bool = LOAD_CG) -> str:
+            warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
+            second_reversed: bool = SECOND_REVERSED) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
     warps a block; split twiddles from warp_split_from(split_from)). lazy: forward butterflies reduce
     once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
-    out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg: see LOAD16."""
+    out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs, second_reversed: see
+    LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC."""
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
@@ -439,7 +454,8 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         )
         kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
             _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
-        return _header(logn, logn, kernels, lazy, tw_fake, load_cg=load_cg)
+        return _header(logn, logn, kernels, lazy, tw_fake, load_cg=load_cg, first_cs=first_cs,
+                       second_reversed=second_reversed)
     a = logn - ROW_LOG
     if (1 << a) // 4 % warps:
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
@@ -459,17 +475,20 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
         col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
+                          second="true" if inverse else "false", load="LOAD16" if inverse else "LOAD_FIRST",
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
+                           second="false" if inverse else "true", load="LOAD_FIRST" if inverse else "LOAD16",
                            finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
-    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg)
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed)
 
 
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
-            only_row: bool = False, load_cg: bool | None = None) -> None:
+            only_row: bool = False, load_cg: bool | None = None, first_cs: bool | None = None,
+            second_reversed: bool | None = None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
     alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
@@ -484,14 +503,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
     warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
-    config = (split_from, lazy, warps, body, tw_fake, load_cg)
-    default = config == (SPLIT_FROM, LAZY, WARPS, True, False, True)
-    key = f"ntt{ring.n}" + ("" if default else "-" + "-".join(map(str, config)))
+    first_cs = FIRST_CS if first_cs is None else bool(first_cs)
+    second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
+    config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed)
+    key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg), name)
+        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
+                                             second_reversed), name)
         if name.endswith("_row"):  # blocks_per_row: warp tiles
             smem = warp_smem(warps, warp_split_from(split_from, inverse))
             if k.max_dynamic_shared_size_bytes < smem:
