@@ -5,7 +5,8 @@
         [--options max_outputs=1] [--options max_outputs=4,max_inputs=24] [--options fuse_ntt=all] ...
 
 Each ``--options`` is a comma-separated list of ``build_plan`` keywords (``max_inputs``, ``max_outputs``:
-integers; ``fuse_ntt``: ``all``, ``none`` or ``+``-joined kinds; ``fuse_automorphism``: True or False); without any, the default plan and
+integers; ``fuse_ntt``: ``all``, ``none`` or ``+``-joined kinds; ``fuse_automorphism``: True or False), and
+``row_order=recent`` (the built plan's rows reordered by :func:`caramel.plan.order.recent_first`); without any, the default plan and
 the plan without sibling rows (``max_outputs=1``). Per option set: the plan's traffic model and
 kernel count, the CUDA graph of the plan on ``--streams`` streams (median / min / max of
 ``--repeats`` replays) and the output digest against the stored CPU reference
@@ -26,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from caramel.ring import Context  # noqa: E402
 
 _CASTS = {"max_inputs": int, "max_outputs": int, "fuse_ntt": lambda v: v.replace("+", ","),
-          "fuse_automorphism": lambda v: {"true": True, "false": False}[v.strip().lower()]}
+          "fuse_automorphism": lambda v: {"true": True, "false": False}[v.strip().lower()],
+          "row_order": lambda v: {"plan": "plan", "recent": "recent"}[v.strip().lower()]}
 
 
 def log(*a) -> None:
@@ -56,6 +58,7 @@ def main() -> int:
     from caramel.api import output_digest
     from caramel.execute.cuda_graph import GpuRun
     from caramel.plan import build_plan, plan_stats
+    from caramel.plan.order import recent_first
     from gpu_bench import find
     from reference_digests import bootstrap_inputs, reference_digest
 
@@ -67,7 +70,10 @@ def main() -> int:
     for text in args.options or ["", "max_outputs=1"]:
         options = parse_options(text)
         label = text or "default"
+        recent = options.pop("row_order", "plan") == "recent"
         plan = build_plan(prog, **options)
+        if recent:
+            plan = recent_first(plan)
         stats = plan_stats(plan, n=ctx.n)
         run = GpuRun(plan, ctx, memory, "exact", streams=args.streams)
         run.run(graph=False)

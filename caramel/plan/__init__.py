@@ -4,7 +4,8 @@ dag (SSA renaming, networkx graphs, DOT export), kernel (the plan's types: :clas
 :class:`Expr`, :class:`Kernel`, :class:`ChipPlan`, :class:`Plan`), plan (lowering,
 :func:`build_plan`, :func:`assign_rows`), fusion (vertical fusion, levels, batching), collectives
 (communication as collectives in one global order, checked: :class:`PlanError`), streams (row
-hazards, stream assignment), report (:func:`plan_report`).
+hazards, stream assignment), order (rows inside kernels, most recently written inputs first), report
+(:func:`plan_report`).
 """
 
 from caramel.plan.dag import PlanError, program_graph, resource_graph, ssa, to_dot

@@ -29,6 +29,12 @@ are an add and an unsigned min (csub); 2q is read from the prime table, so that 
   data loads. A stage's twiddles in the other kernels are addressed from one base pointer.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 
+Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_CG); the first pass reads
+the transform's input evict-first (FIRST_CS), and the second pass takes the limbs in reverse order
+(SECOND_REVERSED), so that it starts on the intermediate the first pass wrote last, which L2 still holds
+(read oldest-first, an LRU cache misses throughout). A launch therefore finishes its rows last-first
+(:mod:`caramel.plan.order` counts on this).
+
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
 """
