@@ -135,15 +135,17 @@ def main() -> int:
     unfused, fused = build_plan(program, fuse=False), build_plan(program)
     log(f"plans in {time.perf_counter() - t0:.1f} s")
     digests = {}
-    records = []
     variants = (("eager per instruction", unfused, False, True, 1), ("eager unfused kernels", unfused, False, False, 1),
                 ("graph unfused", unfused, True, False, 1), ("graph fused", fused, True, False, 1),
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
     from caramel.backends.cuda import ntt as dntt
 
     ntt_sets = args.ntt_set or ["default"]
-    settings = {item.partition("=")[0]: getattr(dntt, item.partition("=")[0])  # the module's own values
-                for ntt_set in ntt_sets for item in filter(None, ntt_set.split(",")) if item != "default"}
+    names = {item.partition("=")[0] for ntt_set in ntt_sets for item in filter(None, ntt_set.split(","))} - {"default"}
+    if names - set(vars(dntt)):
+        raise SystemExit(f"--ntt-set: no NTT module setting {', '.join(sorted(names - set(vars(dntt))))}")
+    settings = {name: getattr(dntt, name) for name in names}  # the module's own values
+    copy_gbs = copy_bandwidth()
     runs = [(f"{label} [{ntt_set}]" if len(ntt_sets) > 1 and label.startswith("graph fused") else label, plan, graph,
              per_row, streams, ntt_set)
             for ntt_set in ntt_sets for label, plan, graph, per_row, streams in variants
@@ -164,9 +166,9 @@ def main() -> int:
                           warmup=0 if per_row else 1)
         digests[label] = output_digest(program, run.result().memory)
         if label.startswith("graph fused") and streams == 1:  # one instrumented run, kernel by kernel: the roofline
-            records = _instrument_gpu(run)
-            print(f"\nroofline of the fused plan [{ntt_set}], kernel by kernel (plan traffic model):")
-            print(render_roofline(records, copy_bandwidth()))
+            print(f"\nroofline of the fused plan [{ntt_set}], kernel by kernel (plan traffic model; copy "
+                  f"{copy_gbs:.0f} GB/s):")
+            print(render_roofline(_instrument_gpu(run), copy_gbs))
         log(f"{label}: {run.kernels} launches, arena {run.backend.nbytes / 2**30:.2f} GiB, setup {setup:.1f} s, "
             f"{timing}; digest {digests[label][:16]}")
         rows.append((f"{args.program} N={args.n} {label} ({run.kernels} launches)",
@@ -194,10 +196,6 @@ def main() -> int:
         ref = output_digest(program, want.memory)
         log(f"CPU reference in {time.perf_counter() - t0:.1f} s: digest {ref[:16]}")
         rows.append(("CPU reference digest matches", str(ref == next(iter(digests.values())))))
-    copy_gbs = copy_bandwidth()
-    if records:
-        print(f"\nroofline of the fused plan, kernel by kernel (plan traffic model; copy {copy_gbs:.0f} GB/s):")
-        print(render_roofline(records, copy_gbs))
     rows.append(("device copy bandwidth (256 MiB, read + write)", f"{copy_gbs:.0f} GB/s"))
     print("\n| what | result |\n| --- | --- |")
     for a, b in rows:

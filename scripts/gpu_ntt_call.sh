@@ -4,7 +4,7 @@
 # settings of NTT_SETS (each "NAME=V,NAME=V"; a replay per set, in one process, on STREAMS streams (default 4;
 # "1,4" adds the roofline of each set)), the variants' further batch sizes MORE_ROWS, the test modules of
 # EXTRA_TESTS and, with CORPUS=1, the exact corpus check.
-# Usage (repository root, .data present): OUT=dir VARIANTS=1,8 MORE_ROWS=40,200 NTT_SETS="default LINK=32" CORPUS=1 \
+# Usage (repository root, .data present): OUT=dir VARIANTS=1,8 MORE_ROWS=40,200 NTT_SETS="default SECOND_REVERSED=0" CORPUS=1 \
 #     bash scripts/gpu_ntt_call.sh
 set -u
 out="${OUT:-gpu_ntt_logs}"
@@ -29,7 +29,7 @@ fi
 sets=(); for set in ${NTT_SETS:-default}; do sets+=(--ntt-set "$set"); done
 python3 scripts/gpu_bench.py --skip-reference --skip-checks --fused-only --repeats 10 --streams "${STREAMS:-4}" \
     "${sets[@]}" > "$out/bench.txt" 2>&1
-echo "bench rc $?"; grep -E "^\| |^\| kind|^\| (ntt|intt|elementwise|baseconv|total) " "$out/bench.txt" | tail -40
+echo "bench rc $?"; grep -E "^\| " "$out/bench.txt" | tail -40
 if [ -n "${CORPUS:-}" ]; then
     python3 scripts/gpu_corpus_check.py .data/corpus --n 4096,65536 --workers 14 --mode exact > "$out/corpus.txt" 2>&1
     echo "corpus rc $?"; tail -n 2 "$out/corpus.txt"
