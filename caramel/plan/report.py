@@ -12,7 +12,10 @@ Traffic model (bytes of device memory read and written, 4 bytes per residue, N r
   producer's inputs instead, a converting load each distinct input once
   (:meth:`~caramel.plan.kernel.Kernel.traffic`): the limb between them is never written or read;
   an elementwise operand read through an automorphism (a gathered operand) is charged as one read
-  of the automorphism's input.
+  of the automorphism's input;
+* cache model: the plan's limb accesses, NTT and INTT as their two passes, through an LRU cache of a GPU's
+  L2 (:mod:`caramel.plan.cache_model`): the reads it serves, and what still goes to and from memory, in
+  the plan's row order and with rows by recency (:func:`caramel.plan.order.recent_first`).
 
 The "instructions" of a kind are the source instructions its kernels execute (a ``sud`` counts
 in each kind it lowers to; a ``ntt`` or ``sud`` that first reads a unit also counts as baseconv).
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from caramel.plan import cache_model
 from caramel.plan.kernel import Kind, Plan
+from caramel.plan.order import recent_first
 from caramel.plan.plan import assign_rows
 from caramel.stats import instruction_limbs
 from caramel.program import Opcode, Program
@@ -97,6 +102,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "parallel_width_max": max(widths, default=0),
         "arena_rows": chip_rows,
         "timings": dict(plan.timings),
+        "cache_model": _cache_model(plan, n),
     }
     if program is not None:
         per_chip = [sum(instruction_limbs(i) for i in s.instructions) for s in program.streams]
@@ -104,6 +110,15 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         stats["instruction_bytes_busiest_chip"] = max(per_chip, default=0) * limb
         stats["aliases"] = sum(1 for s in program.streams for i in s.instructions if i.op in ALIASES)
     return stats
+
+
+def _cache_model(plan: Plan, n: int) -> dict:
+    """The cache model's figures (bytes) for an L2 of :data:`caramel.plan.cache_model.L2_BYTES`."""
+    limb, capacity = 4 * n, cache_model.L2_BYTES // (4 * n)
+    have, ordered = cache_model.plan_traffic(plan, capacity), cache_model.plan_traffic(recent_first(plan), capacity)
+    return {"cache_bytes": cache_model.L2_BYTES, "read_bytes": have.reads * limb, "hit_bytes": have.hits * limb,
+            "writeback_bytes": have.writebacks * limb, "memory_bytes": have.memory * limb,
+            "memory_bytes_recent_first": ordered.memory * limb}
 
 
 def _bytes(x: float) -> str:
@@ -166,6 +181,10 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
     else:
         out.append(f"  plan: {_bytes(s['plan_bytes'])} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])})")
     out.extend(traffic_floor_lines(s))
+    c = s["cache_model"]
+    out.append(f"  cache model (LRU of {_bytes(c['cache_bytes'])}, NTT/INTT as two passes): {_bytes(c['memory_bytes'])}"
+               f" to and from memory, {_bytes(c['hit_bytes'])} of {_bytes(c['read_bytes'])} read from the cache;"
+               f" rows by recency: {_bytes(c['memory_bytes_recent_first'])}")
     out += ["", f"critical path: {s['critical_path']} kernels (levels of the whole program;"
                 f" longest chain inside one chip {s['critical_path_per_chip']})",
             f"parallel width: {s['parallel_width_mean']:.1f} kernels per level on average,"

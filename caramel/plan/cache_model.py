@@ -1,0 +1,97 @@
+"""A model of a GPU's last-level cache under a plan: which limb reads an LRU cache of C limbs serves.
+
+The plan's traffic model (:meth:`caramel.plan.kernel.Kernel.traffic`) charges every read and write to device
+memory. A GPU's L2 (50 MB on an H100 or H200: about 190 limbs at N = 65536) serves the reads of limbs written or
+read shortly before; this module counts them. Each chip's kernels run in plan order, one after the other; a
+kernel is a sequence of whole-limb accesses, row by row in row order:
+
+* a single-pass kernel reads each row's inputs, then writes its outputs;
+* a forward NTT or inverse NTT at N >= 8192 is two passes (:mod:`caramel.backends.cuda.ntt`): the first reads
+  each row's input and writes its output limb, the second reads and writes the output limb again, over the rows
+  in reverse order when ``second_reversed`` (the CUDA kernels' ``SECOND_REVERSED``), else in row order.
+
+The cache is LRU over limbs with write-back: a read of a cached limb is a hit, else a miss that allocates it; a
+write allocates the limb dirty; every access makes the limb the most recently used; an evicted dirty limb, and
+every dirty limb at the end, costs one write to memory. Memory traffic = read misses + write-backs, in limbs.
+
+This is a model, not a measurement: the blocks of a launch run about a wave (a few hundred tiles) at a time
+rather than strictly in row order, concurrent streams interleave kernels, and L2 is neither fully associative
+nor strictly LRU. It predicts directions and sizes of row-order changes before a GPU run
+(docs/PERFORMANCE.md compares it with the measured ones).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator, NamedTuple
+
+from caramel.plan.kernel import ChipPlan, Kind, Plan
+
+#: The L2 of an H100 or H200 (bytes), and in limbs of N = 65536 words of 4 bytes.
+L2_BYTES = 50 * 2**20
+L2_LIMBS = L2_BYTES // (4 * 65536)
+#: Kinds that run as two passes over their output limbs (at N >= 8192).
+TWO_PASS = frozenset({Kind.NTT, Kind.INTT})
+
+
+class CacheTraffic(NamedTuple):
+    """Limb accesses of a plan under the cache model: ``reads`` (all), ``hits`` (served by the cache), ``writes``
+    (all) and ``writebacks`` (writes that reach memory)."""
+
+    reads: int
+    hits: int
+    writes: int
+    writebacks: int
+
+    @property
+    def memory(self) -> int:
+        """Limbs moved to and from memory: read misses plus write-backs."""
+        return self.reads - self.hits + self.writebacks
+
+    def __add__(self, other: "CacheTraffic") -> "CacheTraffic":  # type: ignore[override]
+        return CacheTraffic(*(a + b for a, b in zip(self, other)))
+
+
+def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[bool, int]]:
+    """The chip's limb accesses in model order: (is_write, buffer) (see the module docstring)."""
+    for kernel in chip.kernels:
+        if kernel.kind is Kind.COMM:
+            yield from ((False, c.src) for c in kernel.comms if c.src >= 0)
+            yield from ((True, c.dst) for c in kernel.comms if c.dst >= 0)
+            continue
+        for row in kernel.rows:
+            yield from ((False, b) for b in row.ins)
+            yield from ((True, b) for b in row.outs)
+        if kernel.kind in TWO_PASS:
+            for row in (kernel.rows[::-1] if second_reversed else kernel.rows):
+                yield from ((False, b) for b in row.outs)
+                yield from ((True, b) for b in row.outs)
+
+
+def chip_traffic(chip: ChipPlan, capacity: int = L2_LIMBS, second_reversed: bool = True) -> CacheTraffic:
+    """:class:`CacheTraffic` of one chip's plan with an LRU cache of ``capacity`` limbs."""
+    cache: OrderedDict[int, bool] = OrderedDict()  # buffer -> dirty, least recently used first
+    reads = hits = writes = writebacks = 0
+    for write, b in accesses(chip, second_reversed):
+        if write:
+            writes += 1
+        else:
+            reads += 1
+        if b in cache:
+            hits += not write
+            cache[b] = cache[b] or write
+            cache.move_to_end(b)
+            continue
+        cache[b] = write
+        if len(cache) > capacity:
+            writebacks += cache.popitem(last=False)[1]
+    writebacks += sum(cache.values())
+    return CacheTraffic(reads, hits, writes, writebacks)
+
+
+def plan_traffic(plan: Plan, capacity: int = L2_LIMBS, second_reversed: bool = True) -> CacheTraffic:
+    """:func:`chip_traffic` summed over the chips of ``plan``."""
+    total = CacheTraffic(0, 0, 0, 0)
+    for chip in plan.chips:
+        total = total + chip_traffic(chip, capacity, second_reversed)
+    return total
