@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from caramel.plan.cache_model import TWO_PASS
 from caramel.plan.kernel import ChipPlan, Kernel, Kind, Plan
-
-#: Kinds that finish their rows in reverse row order (two passes, the second one last-first).
-REVERSED_WRITES = frozenset({Kind.NTT, Kind.INTT})
 
 
 def write_order(kernel: Kernel) -> tuple:
-    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring)."""
-    return kernel.rows[::-1] if kernel.kind in REVERSED_WRITES else kernel.rows
+    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): two-pass kinds
+    (:data:`caramel.plan.cache_model.TWO_PASS`) last-first."""
+    return kernel.rows[::-1] if kernel.kind in TWO_PASS else kernel.rows
 
 
 def recent_first_chip(chip: ChipPlan) -> ChipPlan:
