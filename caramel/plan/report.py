@@ -102,7 +102,6 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "parallel_width_max": max(widths, default=0),
         "arena_rows": chip_rows,
         "timings": dict(plan.timings),
-        "cache_model": _cache_model(plan, n),
     }
     if program is not None:
         per_chip = [sum(instruction_limbs(i) for i in s.instructions) for s in program.streams]
@@ -112,8 +111,10 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     return stats
 
 
-def _cache_model(plan: Plan, n: int) -> dict:
-    """The cache model's figures (bytes) for an L2 of :data:`caramel.plan.cache_model.L2_BYTES`."""
+def cache_model_stats(plan: Plan, n: int = 65536) -> dict:
+    """The cache model's figures (bytes at ring degree ``n``) for an L2 of
+    :data:`caramel.plan.cache_model.L2_BYTES`, in the plan's row order and with rows by recency. Only the
+    report prints them: :func:`plan_stats` leaves them out (its other callers need not simulate the cache)."""
     limb, capacity = 4 * n, cache_model.L2_BYTES // (4 * n)
     have, ordered = cache_model.plan_traffic(plan, capacity), cache_model.plan_traffic(recent_first(plan), capacity)
     return {"cache_bytes": cache_model.L2_BYTES, "read_bytes": have.reads * limb, "hit_bytes": have.hits * limb,
@@ -181,7 +182,7 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
     else:
         out.append(f"  plan: {_bytes(s['plan_bytes'])} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])})")
     out.extend(traffic_floor_lines(s))
-    c = s["cache_model"]
+    c = cache_model_stats(plan, n)
     out.append(f"  cache model (LRU of {_bytes(c['cache_bytes'])}, NTT/INTT as two passes): {_bytes(c['memory_bytes'])}"
                f" to and from memory, {_bytes(c['hit_bytes'])} of {_bytes(c['read_bytes'])} read from the cache;"
                f" rows by recency: {_bytes(c['memory_bytes_recent_first'])}")

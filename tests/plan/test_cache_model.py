@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from caramel.plan import build_plan, plan_report, plan_stats
+from caramel.plan import build_plan, plan_report
 from caramel.plan.cache_model import accesses, chip_traffic, plan_traffic
+from caramel.plan.report import cache_model_stats
 
 from plan_helpers import load_corpus, program_from_text
 
@@ -62,6 +63,6 @@ def test_a_larger_cache_serves_no_fewer_reads(name):
 
 def test_the_report_prints_the_model():
     plan = build_plan(load_corpus("Mul_4L_1c"))
-    stats = plan_stats(plan, n=65536)["cache_model"]
+    stats = cache_model_stats(plan, n=65536)
     assert stats["cache_bytes"] == 50 * 2**20 and stats["hit_bytes"] <= stats["read_bytes"]
     assert "cache model (LRU of 50.0 MiB" in plan_report(plan, n=65536)
