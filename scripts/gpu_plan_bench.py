@@ -7,7 +7,8 @@
 Each ``--options`` is a comma-separated list of ``build_plan`` keywords (``max_inputs``, ``max_outputs``:
 integers; ``fuse_ntt``: ``all``, ``none`` or ``+``-joined kinds; ``fuse_automorphism``: True or False), and
 ``row_order=recent`` (the built plan's rows reordered by :func:`caramel.plan.order.recent_first`) and ``chains=1``
-(transforms split beside their conversions by :func:`caramel.plan.chains.conversion_chains`, before any row order);
+(transforms split beside their conversions by :func:`caramel.plan.chains.conversion_chains`, before any row order;
+``chains=ntt`` or ``chains=intt``: only those);
 without any, the default plan and
 the plan without sibling rows (``max_outputs=1``). Per option set: the plan's traffic model and
 kernel count, the CUDA graph of the plan on ``--streams`` streams (median / min / max of
@@ -31,7 +32,7 @@ from caramel.ring import Context  # noqa: E402
 _CASTS = {"max_inputs": int, "max_outputs": int, "fuse_ntt": lambda v: v.replace("+", ","),
           "fuse_automorphism": lambda v: {"true": True, "false": False}[v.strip().lower()],
           "row_order": lambda v: {"plan": "plan", "recent": "recent"}[v.strip().lower()],
-          "chains": lambda v: {"true": True, "false": False, "1": True, "0": False}[v.strip().lower()]}
+          "chains": lambda v: {"1": "ntt+intt", "ntt": "ntt", "intt": "intt", "ntt+intt": "ntt+intt"}[v.strip().lower()]}
 
 
 def log(*a) -> None:
@@ -54,15 +55,17 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--options", action="append", default=[], help="build_plan keywords, e.g. max_outputs=2")
+    ap.add_argument("--roofline", action="store_true", help="with --streams 1: each plan's roofline by kernel kind")
     args = ap.parse_args()
 
     import cupy as cp
 
     from caramel.api import output_digest
     from caramel.execute.cuda_graph import GpuRun
-    from caramel.plan import build_plan, plan_stats
+    from caramel.plan import Kind, build_plan, plan_stats
     from caramel.plan.chains import conversion_chains
     from caramel.plan.order import recent_first
+    from caramel.profile import _instrument_gpu, copy_bandwidth, render_roofline
     from gpu_bench import find
     from reference_digests import bootstrap_inputs, reference_digest
 
@@ -71,14 +74,15 @@ def main() -> int:
     memory = bootstrap_inputs(prog, ctx)
     stored = reference_digest("BootstrapLike_51L_1c", ctx.n)
     rows = []
+    copy_gbs = 0.0
     for text in args.options or ["", "max_outputs=1"]:
         options = parse_options(text)
         label = text or "default"
         recent = options.pop("row_order", "plan") == "recent"
-        chains = options.pop("chains", False)
+        chains = options.pop("chains", "")
         plan = build_plan(prog, **options)
         if chains:
-            plan = conversion_chains(plan)
+            plan = conversion_chains(plan, frozenset(Kind(k) for k in chains.split("+")))
         if recent:
             plan = recent_first(plan)
         stats = plan_stats(plan, n=ctx.n)
@@ -87,6 +91,10 @@ def main() -> int:
         run.capture()
         t = run.time(graph=True, repeats=args.repeats, warmup=1)
         digest = output_digest(prog, run.result().memory)
+        if args.roofline and args.streams == 1:
+            copy_gbs = copy_gbs or copy_bandwidth()
+            print(f"roofline [{label}] (plan traffic model; copy {copy_gbs:.0f} GB/s):")
+            print(render_roofline(_instrument_gpu(run), copy_gbs))
         verdict = "= reference" if digest == stored else "MISMATCH"
         gib = stats["plan_bytes"] / 2**30
         log(f"{label}: {run.kernels} launches, plan {gib:.1f} GiB, {t}; digest {digest[:16]} {verdict}")

@@ -63,8 +63,9 @@ def _pieces(kernel: Kernel, anchor_of_row, level_of) -> dict[int, Kernel] | None
     return {a: replace(kernel, rows=tuple(rows), level=level_of(a)) for a, rows in groups.items()}
 
 
-def conversion_chains_chip(chip: ChipPlan) -> ChipPlan:
-    """``chip`` with its transforms split and moved beside the conversions they feed or read (module docstring)."""
+def conversion_chains_chip(chip: ChipPlan, kinds=AFTER_PRODUCERS | BEFORE_CONSUMERS) -> ChipPlan:
+    """``chip`` with its transforms of ``kinds`` split and moved beside the conversions they feed or read (module
+    docstring)."""
     kernels = chip.kernels
     writer: dict[int, int] = {}  # buffer -> kernel that wrote it
     first_reader: dict[int, int] = {}  # buffer -> first kernel that reads it
@@ -90,7 +91,9 @@ def conversion_chains_chip(chip: ChipPlan) -> ChipPlan:
     placed: list[tuple[tuple[int, int, int], Kernel]] = []
     for k, kernel in enumerate(kernels):
         pieces = None
-        if kernel.kind in AFTER_PRODUCERS and len(kernel.rows) > 1:
+        if kernel.kind not in kinds:
+            pass
+        elif kernel.kind in AFTER_PRODUCERS and len(kernel.rows) > 1:
             pieces = _pieces(kernel, producer, level_of)
             side = 1
         elif kernel.kind in BEFORE_CONSUMERS and len(kernel.rows) > 1:
@@ -107,6 +110,6 @@ def conversion_chains_chip(chip: ChipPlan) -> ChipPlan:
     return replace(chip, kernels=out, deps=kernel_deps(out))
 
 
-def conversion_chains(plan: Plan) -> Plan:
+def conversion_chains(plan: Plan, kinds=AFTER_PRODUCERS | BEFORE_CONSUMERS) -> Plan:
     """``plan`` with :func:`conversion_chains_chip` applied to every chip."""
-    return replace(plan, chips=tuple(conversion_chains_chip(c) for c in plan.chips))
+    return replace(plan, chips=tuple(conversion_chains_chip(c, kinds) for c in plan.chips))
