@@ -6,10 +6,7 @@
 
 Each ``--options`` is a comma-separated list of ``build_plan`` keywords (``max_inputs``, ``max_outputs``:
 integers; ``fuse_ntt``: ``all``, ``none`` or ``+``-joined kinds; ``fuse_automorphism``: True or False), and
-``row_order=recent`` (the built plan's rows reordered by :func:`caramel.plan.order.recent_first`) and ``chains=1``
-(transforms split beside their conversions by :func:`caramel.plan.chains.conversion_chains`, before any row order;
-``chains=ntt`` or ``chains=intt``: only those);
-without any, the default plan and
+``row_order``: ``recent`` (the default) or ``batch``; without any, the default plan and
 the plan without sibling rows (``max_outputs=1``). Per option set: the plan's traffic model and
 kernel count, the CUDA graph of the plan on ``--streams`` streams (median / min / max of
 ``--repeats`` replays) and the output digest against the stored CPU reference
@@ -31,8 +28,7 @@ from caramel.ring import Context  # noqa: E402
 
 _CASTS = {"max_inputs": int, "max_outputs": int, "fuse_ntt": lambda v: v.replace("+", ","),
           "fuse_automorphism": lambda v: {"true": True, "false": False}[v.strip().lower()],
-          "row_order": lambda v: {"plan": "plan", "recent": "recent"}[v.strip().lower()],
-          "chains": lambda v: {"1": "ntt+intt", "ntt": "ntt", "intt": "intt", "ntt+intt": "ntt+intt"}[v.strip().lower()]}
+          "row_order": lambda v: {"batch": "batch", "recent": "recent"}[v.strip().lower()]}
 
 
 def log(*a) -> None:
@@ -62,9 +58,7 @@ def main() -> int:
 
     from caramel.api import output_digest
     from caramel.execute.cuda_graph import GpuRun
-    from caramel.plan import Kind, build_plan, plan_stats
-    from caramel.plan.chains import conversion_chains
-    from caramel.plan.order import recent_first
+    from caramel.plan import build_plan, plan_stats
     from caramel.profile import _instrument_gpu, copy_bandwidth, render_roofline
     from gpu_bench import find
     from reference_digests import bootstrap_inputs, reference_digest
@@ -78,13 +72,7 @@ def main() -> int:
     for text in args.options or ["", "max_outputs=1"]:
         options = parse_options(text)
         label = text or "default"
-        recent = options.pop("row_order", "plan") == "recent"
-        chains = options.pop("chains", "")
         plan = build_plan(prog, **options)
-        if chains:
-            plan = conversion_chains(plan, frozenset(Kind(k) for k in chains.split("+")))
-        if recent:
-            plan = recent_first(plan)
         stats = plan_stats(plan, n=ctx.n)
         run = GpuRun(plan, ctx, memory, "exact", streams=args.streams)
         run.run(graph=False)

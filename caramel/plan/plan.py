@@ -50,6 +50,7 @@ from caramel.errors import ArgumentError
 from caramel.plan import dag as _dag
 from caramel.plan import fusion
 from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
+from caramel.plan.order import recent_first
 from caramel.parse import no_gc
 from caramel.program import COMMUNICATION, ELEMENTWISE_OP, BcuSlot, Opcode, Program
 
@@ -141,8 +142,12 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
 # ---------------------------------------------------------------------------------------------- build
 
 
+#: ``build_plan``'s row orders: "recent" (:func:`caramel.plan.order.recent_first`), "batch" (the order of batching).
+ROW_ORDERS = ("recent", "batch")
+
+
 def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.MAX_INPUTS, fuse_ntt=True,
-               max_outputs: int = fusion.MAX_OUTPUTS, fuse_automorphism: bool = True) -> Plan:
+               max_outputs: int = fusion.MAX_OUTPUTS, fuse_automorphism: bool = True, row_order: str = "recent") -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
@@ -151,14 +156,24 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
     that share inputs merged into rows of at most ``max_outputs`` outputs and ``max_inputs``
     inputs (:func:`~caramel.plan.fusion.merge_siblings`, with ``fuse`` only; 1: no merging),
     automorphisms computed in their elementwise consumers' loads
-    (:func:`~caramel.plan.fusion.fuse_automorphisms`, with ``fuse`` and ``fuse_automorphism`` only) and
-    batching (:mod:`caramel.plan.fusion`).
+    (:func:`~caramel.plan.fusion.fuse_automorphisms`, with ``fuse`` and ``fuse_automorphism`` only),
+    batching (:mod:`caramel.plan.fusion`) and the rows of every kernel ordered by ``row_order``: ``"recent"``,
+    most recently written inputs first (:func:`caramel.plan.order.recent_first`; 0.8% faster replay measured,
+    docs/PERFORMANCE.md), or ``"batch"``, as batched.
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
     loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
     if max_inputs < 1 or max_outputs < 1:
         raise ArgumentError(f"max_inputs and max_outputs must be at least 1, not {max_inputs}, {max_outputs}")
+    if row_order not in ROW_ORDERS:
+        raise ArgumentError(f"row_order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
     with no_gc():
-        return _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1, bool(fuse and fuse_automorphism))
+        plan = _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1, bool(fuse and fuse_automorphism))
+        if row_order == "recent":
+            t0 = time.perf_counter()
+            plan = recent_first(plan)
+            plan.timings["order"] = time.perf_counter() - t0
+            plan.timings["total"] += plan.timings["order"]
+        return plan
 
 
 def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset(),

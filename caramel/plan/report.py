@@ -15,7 +15,7 @@ Traffic model (bytes of device memory read and written, 4 bytes per residue, N r
   of the automorphism's input;
 * cache model: the plan's limb accesses, NTT and INTT as their two passes, through an LRU cache of a GPU's
   L2 (:mod:`caramel.plan.cache_model`): the reads it serves, and what still goes to and from memory, in
-  the plan's row order and with rows by recency (:func:`caramel.plan.order.recent_first`).
+  the plan's row order (by recency, :func:`caramel.plan.order.recent_first`, unless built otherwise).
 
 The "instructions" of a kind are the source instructions its kernels execute (a ``sud`` counts
 in each kind it lowers to; a ``ntt`` or ``sud`` that first reads a unit also counts as baseconv).
@@ -27,7 +27,6 @@ from collections import Counter
 
 from caramel.plan import cache_model
 from caramel.plan.kernel import Kind, Plan
-from caramel.plan.order import recent_first
 from caramel.plan.plan import assign_rows
 from caramel.stats import instruction_limbs
 from caramel.program import Opcode, Program
@@ -113,13 +112,12 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
 
 def cache_model_stats(plan: Plan, n: int = 65536) -> dict:
     """The cache model's figures (bytes at ring degree ``n``) for an L2 of
-    :data:`caramel.plan.cache_model.L2_BYTES`, in the plan's row order and with rows by recency. Only the
-    report prints them: :func:`plan_stats` leaves them out (its other callers need not simulate the cache)."""
+    :data:`caramel.plan.cache_model.L2_BYTES`, in the plan's row order. Only the report prints them:
+    :func:`plan_stats` leaves them out (its other callers need not simulate the cache)."""
     limb, capacity = 4 * n, cache_model.L2_BYTES // (4 * n)
-    have, ordered = cache_model.plan_traffic(plan, capacity), cache_model.plan_traffic(recent_first(plan), capacity)
+    have = cache_model.plan_traffic(plan, capacity)
     return {"cache_bytes": cache_model.L2_BYTES, "read_bytes": have.reads * limb, "hit_bytes": have.hits * limb,
-            "writeback_bytes": have.writebacks * limb, "memory_bytes": have.memory * limb,
-            "memory_bytes_recent_first": ordered.memory * limb}
+            "writeback_bytes": have.writebacks * limb, "memory_bytes": have.memory * limb}
 
 
 def _bytes(x: float) -> str:
@@ -184,8 +182,7 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
     out.extend(traffic_floor_lines(s))
     c = cache_model_stats(plan, n)
     out.append(f"  cache model (LRU of {_bytes(c['cache_bytes'])}, NTT/INTT as two passes): {_bytes(c['memory_bytes'])}"
-               f" to and from memory, {_bytes(c['hit_bytes'])} of {_bytes(c['read_bytes'])} read from the cache;"
-               f" rows by recency: {_bytes(c['memory_bytes_recent_first'])}")
+               f" to and from memory, {_bytes(c['hit_bytes'])} of {_bytes(c['read_bytes'])} read from the cache")
     out += ["", f"critical path: {s['critical_path']} kernels (levels of the whole program;"
                 f" longest chain inside one chip {s['critical_path_per_chip']})",
             f"parallel width: {s['parallel_width_mean']:.1f} kernels per level on average,"

@@ -86,8 +86,7 @@ def store_mismatches(want, have) -> list[str]:
 
 def check_plan(plan: Plan) -> None:
     """Structural rules of a plan: every buffer written once, every read after its write (or an
-    input), dependencies point backwards, to lower levels (or, for kernels that are not communication, to the
-same level), and match the buffers; kernels in level
+    input), dependencies point backwards, to lower levels, and match the buffers; kernels in level
     order; rows of one kernel consistent with its expression."""
     for chip in plan.chips:
         written = set(chip.inputs.values())
@@ -100,11 +99,7 @@ same level), and match the buffers; kernels in level
             last_level = kernel.level
             assert all(d < k for d in deps), f"chip {chip.chip} kernel {k}: dependency on a later kernel"
             where = f"chip {chip.chip} kernel {k} ({kernel.kind.value})"
-            # a level's communication runs before its kernels (caramel.execute.placement), so it must not depend on
-            # one of them; kernels may depend on earlier kernels of their level (caramel.plan.chains)
-            lower = (lambda d: chip.kernels[d].level < kernel.level) if kernel.kind is Kind.COMM else \
-                (lambda d: chip.kernels[d].level <= kernel.level)
-            assert all(lower(d) for d in deps), f"{where}: dependency on a later level"
+            assert all(chip.kernels[d].level < kernel.level for d in deps), f"{where}: same-level dependency"
             for b in kernel.reads():
                 assert b in written, f"{where}: reads buffer {b} before it is written"
             want = sorted({writer[b] for b in kernel.reads() if b in writer})

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import pytest
 
+from caramel.errors import ArgumentError
 from caramel.execute.drive import run_plan
 from caramel.plan import Kind, build_plan
 from caramel.plan.order import recent_first, write_order
@@ -49,7 +50,7 @@ def chain_program():
 def test_a_consumer_reads_the_last_written_rows_first():
     """After an elementwise kernel (rows written in row order) and an NTT (rows finished in reverse row
     order), each kernel takes its rows most-recent-input first."""
-    plan = build_plan(chain_program())
+    plan = build_plan(chain_program(), row_order="batch")
     ordered = recent_first(plan)
     kinds = [k.kind for k in ordered.chips[0].kernels]
     assert kinds == [Kind.ELEMENTWISE, Kind.NTT, Kind.ELEMENTWISE]
@@ -62,9 +63,20 @@ def test_a_consumer_reads_the_last_written_rows_first():
     assert [r.prime for r in mul.rows] == [0, 1, 2, 3]  # program inputs only: plan order kept
 
 
+def test_build_plan_orders_rows_by_recency_by_default():
+    program = load_corpus("BootstrapModRaise_4L_2c")
+    batch = build_plan(program, row_order="batch")
+    default = build_plan(program)
+    assert default.chips == recent_first(batch).chips != batch.chips
+    assert recent_first(default).chips == default.chips  # a fixed point: ordering again changes nothing
+    assert "order" in default.timings and "order" not in batch.timings
+    with pytest.raises(ArgumentError, match="row_order"):
+        build_plan(program, row_order="newest")
+
+
 def test_rows_are_a_permutation_and_sorted_by_recency():
     program = load_corpus("BootstrapModRaise_4L_2c")
-    plan = build_plan(program)
+    plan = build_plan(program, row_order="batch")
     ordered = recent_first(plan)
     check_plan(ordered)
     moved = 0
@@ -88,6 +100,6 @@ def test_reordered_plans_compute_the_same_stores(name):
     program = load_corpus(name)
     ctx = context(256)
     memory = random_memory(program, ctx, seed=6)
-    plan = build_plan(program)
+    plan = build_plan(program, row_order="batch")
     for mode in ("exact", "emulator"):
         assert not store_mismatches(run_plan(plan, ctx, memory, mode), run_plan(recent_first(plan), ctx, memory, mode))

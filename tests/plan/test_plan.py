@@ -74,7 +74,7 @@ def test_independent_limbs_batch_into_rows():
     text = "\n".join(f"load r{l}: i1({l})\nload r{10 + l}: i2({l})\nmul r{20 + l}: r{l}, r{10 + l} | {l}\n"
                      f"ntt r{30 + l}: r{20 + l} | {l}\nrot 3 r{40 + l}: r{30 + l} | {l}\nstore r{40 + l}: v1({l})"
                      for l in (3, 2, 1, 0))
-    plan = build_plan(program_from_text(text))
+    plan = build_plan(program_from_text(text), row_order="batch")  # rows as batched: in program order
     check_plan(plan)
     c = plan.chips[0]
     assert kinds(plan) == [Kind.ELEMENTWISE, Kind.NTT, Kind.AUTOMORPHISM]
