@@ -59,6 +59,7 @@ WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
 FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
+PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
 #define LOGN {logn}
@@ -639,8 +640,12 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
         const int* __restrict__ args, const u32* __restrict__ cin, const u32* __restrict__ ctab,
         const double* __restrict__ recip, int R) {{
     __shared__ u32 sm[32 << A_BITS];
-    const int r = blockIdx.x % R;
-    const int c0 = (blockIdx.x / R) * 32;
+    // LIMB_MAJOR: block (limb r, tile c), limb by limb, so that the last limbs are whole in L2 when the reversed
+    // row kernel starts on them; else tile by tile (the blocks of one tile of every limb together: a converting
+    // load's rows read the same inputs).
+    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
+    const int r = {limb_major} ? blockIdx.x / TILES : blockIdx.x % R;
+    const int c0 = ({limb_major} ? blockIdx.x % TILES : blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
@@ -683,15 +688,16 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
 """
 
 
-def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool) -> str:
+def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool, limb_major: bool = False) -> str:
     """CUDA source of the forward NTT's first kernel with prologue ``pk`` in arithmetic mode ``pmode``
     (see _PRO_HELPERS): ``ntt_fwd_pro`` (N <= 4096, the whole transform) or ``ntt_fwd_col_pro`` (the
     column pass; the default module's ``ntt_fwd_row`` does the rest). Same stages and twiddles as
-    the default kernels (:func:`_source`)."""
+    the default kernels (:func:`_source`). limb_major: the column kernel's blocks limb by limb (LIMB_MAJOR in
+    _COL_PRO)."""
     if logn <= 12:
         kernel = _SMALL_PRO.format(passes=_pass_calls(logn, 1, 0, False))
         return _header(logn, logn, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
-    kernel = _COL_PRO.format(passes=_pass_calls(logn - ROW_LOG, COLS, 1, False))
+    kernel = _COL_PRO.format(passes=_pass_calls(logn - ROW_LOG, COLS, 1, False), limb_major=str(limb_major).lower())
     return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
 
 
@@ -751,9 +757,10 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     code = mode_code(mode)
     pmode = code if pk != 1 else 0
     lazy = LAZY and max(ring.primes) < 1 << 28
-    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}"
+    limb_major = PRO_LIMB_MAJOR and pk != 2  # a converting load's rows share their inputs: tile by tile
+    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}"
     small = ring.logn <= 12
-    fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy),
+    fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy, limb_major),
                      "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
     pt = ring.prime_table
     if pk == 2:
