@@ -6,13 +6,21 @@
 Walks each chip's fused plan built without the NTT loads (``build_plan(program, fuse_ntt=False)``;
 the plan's own fusion across NTT boundaries, :func:`caramel.plan.fusion.fuse_ntt_loads`, does the
 "kind -> NTT" rows below) in kernel order and links every read of a buffer to the row that last
-wrote it. A forward NTT row whose input was written by a row of kind K, read by nothing else and not
-stored, could compute K's row inside its load: that limb is then neither written nor read again,
-2 limbs of traffic saved. An INTT row whose output is read by exactly one row (of kind K) and not
-stored could feed that row from its store, again 2 limbs. Prints, per neighbouring kind, the rows and
-the traffic such fusions would remove from the plan model's traffic (each kernel reads its inputs and
-writes its outputs once), and the total. Neither kind of row is counted twice. Last, the traffic of
-the plan that ``caramel plan`` prints (with the NTT loads) and its fused rows per kind.
+wrote it. Four fusions, each saving 2 limbs of traffic (the limb between the two rows is neither written
+nor read again) where the limb is read by one row only and not stored:
+
+* K -> NTT: a forward NTT row reads a limb that a row of kind K wrote: its first pass (the column kernel)
+  computes K's row in its load;
+* NTT -> K: a forward NTT row's output is read by a row of kind K: that row runs the NTT's second pass (the
+  row kernel) in its load, the NTT only its first pass (of the two-pass kernels, the second pass's write and
+  the consumer's read go);
+* K -> INTT: an INTT row reads a limb that a row of kind K wrote: its first pass (the row kernel) computes it;
+* INTT -> K: an INTT row's output is read by a row of kind K: the INTT's second pass feeds it from its store.
+
+Prints, per fusion and neighbouring kind, the rows and the traffic such fusions would remove from the plan
+model's traffic (each kernel reads its inputs and writes its outputs once), and the total. No limb is
+counted twice. Last, the traffic of the plan that ``caramel plan`` prints (with the NTT loads) and its fused
+rows per kind.
 """
 
 from __future__ import annotations
@@ -25,11 +33,11 @@ from caramel.plan import build_plan, plan_stats
 from caramel.plan.kernel import Kind
 
 
-def estimate(plan) -> tuple[int, Counter, Counter]:
-    """(plan traffic in limbs, rows by producer kind of fusable NTT inputs, rows by consumer kind of
-    fusable INTT outputs)."""
+def estimate(plan) -> tuple[int, dict[str, Counter]]:
+    """(plan traffic in limbs, {fusion: rows by neighbouring kind}) for the four fusions of the module docstring,
+    keyed "{} -> NTT", "NTT -> {}", "{} -> INTT", "INTT -> {}"."""
     total = 0
-    before, after = Counter(), Counter()
+    fusions = {name: Counter() for name in ("{} -> NTT", "NTT -> {}", "{} -> INTT", "INTT -> {}")}
     for chip in plan.chips:
         writer: dict[int, tuple[int, int]] = {}  # buffer -> (kernel, row) that last wrote it
         readers: dict[tuple[int, int, int], set] = defaultdict(set)  # (kernel, row, buffer) -> reading rows
@@ -52,21 +60,23 @@ def estimate(plan) -> tuple[int, Counter, Counter]:
                     writer[b] = (k, i)
         pinned = {(*writer[b], b) for b in chip.stores.values() if b in writer}
         fused = set()  # (kernel, row, buffer) already removed
+
+        def take(w, counter: Counter, kind: Kind) -> None:
+            if w not in pinned and len(readers[w]) == 1 and w not in fused:
+                fused.add(w)
+                counter[kind.value] += 1
+
         for k, kernel in enumerate(chip.kernels):
-            if kernel.kind is Kind.NTT:
-                for i in range(len(kernel.rows)):
-                    for w in reads_of[(k, i)]:
-                        if w not in pinned and len(readers[w]) == 1 and w not in fused:
-                            fused.add(w)
-                            before[chip.kernels[w[0]].kind.value] += 1
-            elif kernel.kind is Kind.INTT:
+            if kernel.kind in (Kind.NTT, Kind.INTT):
+                name = kernel.kind.name
                 for i, row in enumerate(kernel.rows):
-                    w = (k, i, row.outs[0])
-                    if w not in pinned and len(readers[w]) == 1 and w not in fused:
-                        fused.add(w)
+                    for w in reads_of[(k, i)]:  # the producer in this transform's first pass
+                        take(w, fusions["{} -> " + name], chip.kernels[w[0]].kind)
+                    w = (k, i, row.outs[0])  # the consumer running this transform's second pass
+                    if len(readers[w]) == 1:
                         (rk, _), = readers[w]
-                        after[chip.kernels[rk].kind.value] += 1
-    return total, before, after
+                        take(w, fusions[name + " -> {}"], chip.kernels[rk].kind)
+    return total, fusions
 
 
 def main() -> int:
@@ -75,12 +85,12 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=65536)
     args = ap.parse_args()
     program = load_program(args.program)
-    total, before, after = estimate(build_plan(program, fuse_ntt=False))
+    total, fusions = estimate(build_plan(program, fuse_ntt=False))
     gib = 4 * args.n / 2**30
     print(f"plan traffic {total * gib:.1f} GiB")
     print("| fusion | rows | GiB saved |\n| --- | --- | --- |")
     saved = 0
-    for label, counts in (("{} -> NTT (in the NTT's load)", before), ("INTT -> {} (from the INTT's store)", after)):
+    for label, counts in fusions.items():
         for kind, rows in counts.most_common():
             print(f"| {label.format(kind)} | {rows} | {2 * rows * gib:.2f} |")
             saved += 2 * rows

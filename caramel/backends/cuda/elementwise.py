@@ -67,12 +67,17 @@ class FusedProgram:
     ops: tuple[FusedOp, ...]
     outputs: tuple[int, ...]
     gathered: tuple[int, ...] = ()
+    transformed: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.n_vec < 0 or self.n_scalar < 0 or not self.outputs:
             raise ValueError("a fused program needs operands counts >= 0 and at least one output")
-        if list(self.gathered) != sorted(set(self.gathered)) or any(not 0 <= k < self.n_vec for k in self.gathered):
-            raise ValueError(f"gathered operands must be distinct vector operands in ascending order: {self.gathered}")
+        for name in ("gathered", "transformed"):
+            ks = getattr(self, name)
+            if list(ks) != sorted(set(ks)) or any(not 0 <= k < self.n_vec for k in ks):
+                raise ValueError(f"{name} operands must be distinct vector operands in ascending order: {ks}")
+        if self.transformed and (self.gathered or len(self.transformed) > 8):
+            raise ValueError("transformed operands: at most 8, and not with gathered ones")
         kinds = self.kinds()
         for o in self.outputs:
             if not 0 <= o < len(kinds) or not kinds[o]:
@@ -95,6 +100,8 @@ class FusedProgram:
         gathered operands; a program without any has the text, name and code it always had)."""
         body = ";".join(f"{op.op}({','.join(map(str, op.args))})" for op in self.ops)
         text = f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
+        if self.transformed:
+            return text + f"|t{','.join(map(str, self.transformed))}"
         if not self.gathered:
             return text
         return text + f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
@@ -102,10 +109,16 @@ class FusedProgram:
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
 
-    def source(self) -> str:
-        """CUDA source of the kernel (without the common helpers)."""
-        kinds = self.kinds()
-        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
+    def source(self, logn: int = 0, lazy: bool = True) -> str:
+        """CUDA source of the kernel (without the common helpers). With transformed operands and N = 2^logn >=
+        8192: the epilogue kernel (:func:`caramel.backends.cuda.ntt.epilogue_source`, ``lazy`` as the column
+        kernel's); below, the transformed operands are plain (the transform ran whole)."""
+        if self.transformed and logn > 12:
+            from caramel.backends.cuda import ntt
+
+            body = "\n".join(self._body(skip=self.transformed))
+            return ntt.epilogue_source(logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy)
+        ng = len(self.gathered)
         lines = [] if not ng else [
             "__device__ __forceinline__ u32 gather_index(u32 j, u32 g, int logn) {",
             "    const u32 bj = __brev(j) >> (32 - logn);",
@@ -117,7 +130,6 @@ class FusedProgram:
             "    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;",
             "}",
         ])
-        vector = GATHER_VECTOR
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
             "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
@@ -132,7 +144,20 @@ class FusedProgram:
             "    const u64 mu = prime_mu(pt, pi);",
             "    (void)mu;",
         ]
+        lines += self._body()
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def _body(self, skip: tuple[int, ...] = ()) -> list[str]:
+        """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the vector operands' loads (but those in ``skip``,
+        already in ``x{k}``), the scalars, the program and the stores."""
+        kinds = self.kinds()
+        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
+        vector = GATHER_VECTOR
+        lines: list[str] = []
         for k in range(nv):
+            if k in skip:
+                continue
             if k in self.gathered:
                 m = self.gathered.index(k)
                 lines += [
@@ -174,8 +199,7 @@ class FusedProgram:
                     lines.append(f"    x{v}.{c} = {OPS[op.op][1].format(a=args[0], b=args[-1])};")
         for k, o in enumerate(self.outputs):
             lines.append(f"    ((uint4*)arena)[(u64)out_slots[r * {no} + {k}] * n4 + i] = x{o};")
-        lines.append("}")
-        return "\n".join(lines) + "\n"
+        return lines
 
 
 def fused(
@@ -208,7 +232,17 @@ def fused(
     n4 = ring.n // 4
     tiles = -(-n4 // THREADS)
     name = program.kernel_name()
-    kernel = ring.kernel(name, program.source, name)
+    extra, smem = (), 0
+    if program.transformed and ring.logn > 12:  # the epilogue kernel: its source depends on N
+        from caramel.backends.cuda import ntt
+
+        lazy = ntt.LAZY and max(ring.primes) < 1 << 28
+        kernel = ring.kernel(f"{name}-n{ring.n}-{int(lazy)}", lambda: program.source(ring.logn, lazy), name)
+        extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))
+        if kernel.max_dynamic_shared_size_bytes < smem:
+            kernel.max_dynamic_shared_size_bytes = smem
+    else:
+        kernel = ring.kernel(name, program.source, name)
     kernel(
         (rows * tiles,),
         (min(THREADS, n4),) if tiles == 1 else (THREADS,),
@@ -222,7 +256,8 @@ def fused(
             ring.prime_table,
             cp.int32(n4),
             cp.int32(tiles),
-        ) + ((galois, cp.int32(ring.logn)) if program.gathered else ()),
+        ) + ((galois, cp.int32(ring.logn)) if program.gathered else ()) + extra,
+        shared_mem=smem,
     )
 
 

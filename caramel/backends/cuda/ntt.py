@@ -495,10 +495,12 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
             only_row: bool = False, load_cg: bool | None = None, first_cs: bool | None = None,
-            second_reversed: bool | None = None) -> None:
+            second_reversed: bool | None = None, half: bool = False) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
-    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`)."""
+    alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`).
+    ``half`` (forward): the column kernel alone when N >= 8192 (its consumers run the row pass in their loads,
+    :data:`EPILOGUE`), the whole transform below."""
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -507,6 +509,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         return
     if only_row and (inverse or ring.logn <= 12):
         raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
+    if half and (inverse or only_row):
+        raise ValueError("half is the first pass of a forward NTT")
     lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
     warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
@@ -539,7 +543,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     else:
         if not only_row:
             run("ntt_fwd_col", in_slots, out_slots, col_blocks)
-        run("ntt_fwd_row", out_slots, out_slots, row_tiles)
+        if not half:
+            run("ntt_fwd_row", out_slots, out_slots, row_tiles)
 
 
 def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
@@ -553,6 +558,92 @@ def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
     """Inverse NTT (exact inverse of :func:`ntt`, N^-1 included), same arguments."""
     _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=True)
+
+
+# ---------------------------------------------------------------------------------------------- epilogues
+
+#: An elementwise kernel some of whose operands ("transformed") are read through the forward transform's second
+#: pass: their limbs hold what the column kernel wrote (``_launch(half=True)``), and the kernel runs the row pass
+#: of its tile of them in its load. Block = 1024 residues (rows 4 tile .. + 3 of the (N/256) x 256 view), 256
+#: threads of 4 residues each, as the plain elementwise kernels (caramel.backends.cuda.elementwise); warp w < F
+#: runs the row pass of transformed operand w into its shared memory exactly as a warp of _ROWW does (same loads,
+#: tables and passes; the block's split-factor table tl is copied by all threads), then every thread reads its 4
+#: residues of each (fwd_final: canonical) and the plain operands, and evaluates the program ({body}).
+_EPILOGUE = r"""
+extern "C" __global__ void __launch_bounds__(256) {name}(
+        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
+        const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
+        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles,
+        const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
+    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
+    extern __shared__ __align__(16) u32 dyn[];
+    uint2* tl = (uint2*)dyn;
+    const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+    const int i = tile * 256 + threadIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pi = prime_idx[r];
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
+    const u64 mu = prime_mu(pt, pi);
+    (void)mu;
+    const int bt0 = (1 << A_BITS) + tile * 4;
+    const uint2* tw = tw_all + (u64)pi * NN;
+    u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
+    uint2* wt = (uint2*)(sm + 4 * WPITCH);
+    if (warp < F) {{
+        const int k = {operand_of_warp};
+        const uint4* src = (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + tile * 1024);
+        uint4 y[8];
+#pragma unroll
+        for (int it = 0; it < 8; ++it) y[it] = LOAD16(src + it * 32 + lane);
+        for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{
+            const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
+            cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
+        }}
+        for (int e = lane; e < 4 * (8 - SF); e += 32)
+            cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+#pragma unroll
+        for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+    }}
+    if (SF < 8)
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    if (warp < F) {{
+        wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+        __syncwarp();
+        wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+    }}
+    __syncthreads();
+    const int wx = threadIdx.x >> 6, wp = (threadIdx.x & 63) * 4;  // this thread's row and first point of the tile
+{transformed}
+{body}
+}}
+"""
+
+
+def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY) -> str:
+    """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
+    ``operands`` (at most 8, ascending) are transformed; ``body`` loads the other operands, evaluates the program and
+    stores (as the plain elementwise kernel's body; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
+    column kernel that wrote them."""
+    if logn <= 12 or not 0 < len(operands) <= 8:
+        raise ValueError("an epilogue kernel needs N >= 8192 and 1 to 8 transformed operands")
+    sf = warp_split_from(SPLIT_FROM, False)
+    of_warp = " : ".join(f"warp == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (" : " if len(operands) > 1
+                                                                                       else "") + str(operands[-1])
+    reads = []
+    for w, k in enumerate(operands):
+        reads += [f"    uint4 x{k} = *(const uint4*)(dyn + 480 + {w} * (4 * WPITCH + 2 * WT) + wsidx(wx, wp));"]
+        reads += [f"    x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
+    kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of_warp=of_warp, nv=n_vec,
+                              transformed="\n".join(reads), body=body)
+    return _header(logn, logn - ROW_LOG, kernel, lazy, False)
+
+
+def epilogue_smem(operands: int) -> int:
+    """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (one warp tile each)."""
+    return warp_smem(operands, warp_split_from(SPLIT_FROM, False))
 
 
 # ---------------------------------------------------------------------------------------------- prologues

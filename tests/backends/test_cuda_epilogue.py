@@ -1,0 +1,97 @@
+"""NTT epilogues (caramel.backends.cuda.ntt: ``_launch(half=True)`` and the epilogue kernel of an elementwise
+program with ``transformed`` operands): the forward transform's column pass, then the program reading those
+operands through the row pass, against the CPU reference (``ctx.ntt``, then the program in 64-bit NumPy) on fresh
+random data at N = 4096 (the transform runs whole, the operands are plain) and 65536. Output rows are poisoned
+before the launch. Skipped without CuPy or a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from caramel.backends.cuda import available  # noqa: E402
+
+if not available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from caramel.backends.cuda import elementwise as dew  # noqa: E402
+from caramel.backends.cuda import ntt as dntt  # noqa: E402
+from caramel.backends.cuda.elementwise import FusedOp, FusedProgram  # noqa: E402
+from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F401 (pair, rng: fixtures)
+
+pytestmark = pytest.mark.gpu
+
+
+def inner_products(f: int, p: int, o: int) -> FusedProgram:
+    """out_j = sum_m t_m y_(m o + j) mod p + y_j over transformed t_0 .. t_(f-1) (operands 0, 2, .., 2f - 2 when
+    p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1): the shape of a key-switching inner product."""
+    transformed = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
+    plain = [k for k in range(f + p) if k not in transformed]
+    ops, values = [], f + p
+    outputs = []
+    for j in range(o):
+        acc = None
+        for m, t in enumerate(transformed):
+            ops.append(FusedOp("mul", (t, plain[(m * o + j) % p])))
+            prod, values = values, values + 1
+            if acc is not None:
+                ops.append(FusedOp("add", (acc, prod)))
+                prod, values = values, values + 1
+            acc = prod
+        ops.append(FusedOp("add", (acc, plain[j % p])))
+        outputs.append(values)
+        values += 1
+    return FusedProgram(f + p, 0, tuple(ops), tuple(outputs), transformed=transformed)
+
+
+def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[np.ndarray]:
+    vals = [v.astype(np.uint64) for v in operands]
+    for op in program.ops:
+        a, b = vals[op.args[0]], vals[op.args[-1]]
+        vals.append((a * b) % np.uint64(q) if op.op == "mul" else (a + b) % np.uint64(q))
+    return [vals[o].astype(np.uint32) for o in program.outputs]
+
+
+@pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (8, 8, 3)], ids=str)
+def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, f, p, o):
+    ctx, ring = pair
+    program = inner_products(f, p, o)
+    rows = 3
+    primes = [int(x) for x in rng.choice(64, rows, replace=False)]
+    nv = program.n_vec
+    # per row: nv operand limbs (the transformed ones hold coefficients, transformed in place by the half NTT)
+    host = np.full((rows * (nv + o) + 2, ctx.n), POISON, dtype=np.uint32)
+    slots = rng.permutation(len(host))
+    vec = slots[: rows * nv].reshape(rows, nv)
+    out = slots[rows * nv : rows * (nv + o)].reshape(rows, o)
+    coeff = {}
+    for r, l in enumerate(primes):
+        for k in range(nv):
+            host[vec[r, k]] = rng.integers(0, ctx.q(l), ctx.n, dtype=np.uint64).astype(np.uint32)
+            coeff[r, k] = host[vec[r, k]].copy()
+    arena = cp.asarray(host)
+    t_slots = np.array([[vec[r, k] for k in program.transformed] for r in range(rows)])
+    t_primes = np.repeat(primes, len(program.transformed))
+    dntt._launch(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(t_primes), False, half=True)
+    dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes))
+    have = cp.asnumpy(arena)
+    for r, l in enumerate(primes):
+        operands = [ctx.ntt(coeff[r, k], l) if k in program.transformed else coeff[r, k] for k in range(nv)]
+        for j, want in enumerate(evaluate(program, operands, ctx.q(l))):
+            got = have[out[r, j]]
+            bad = np.flatnonzero(got != want)
+            assert not bad.size, (f"row {r} output {j}: {bad.size} residues differ, first at {bad[0]}: "
+                                  f"want {want[bad[0]]}, have {got[bad[0]]}")
+
+
+def test_program_checks(pair):
+    ctx, ring = pair
+    with pytest.raises(ValueError, match="transformed"):
+        FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), transformed=(1, 0))
+    with pytest.raises(ValueError, match="transformed"):
+        FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), gathered=(0,), transformed=(1,))
+    arena = cp.zeros((1, ctx.n), dtype=cp.uint32)
+    with pytest.raises(ValueError, match="first pass"):
+        dntt._launch(ring, arena, i32([0]), i32([0]), i32([0]), True, half=True)
