@@ -25,8 +25,9 @@ pytestmark = pytest.mark.gpu
 
 
 def inner_products(f: int, p: int, o: int) -> FusedProgram:
-    """out_j = sum_m t_m y_(m o + j) mod p + y_j over transformed t_0 .. t_(f-1) (operands 0, 2, .., 2f - 2 when
-    p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1): the shape of a key-switching inner product."""
+    """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
+    (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1) (each read):
+    the shape of a key-switching inner product."""
     transformed = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
     plain = [k for k in range(f + p) if k not in transformed]
     ops, values = [], f + p
@@ -40,9 +41,10 @@ def inner_products(f: int, p: int, o: int) -> FusedProgram:
                 ops.append(FusedOp("add", (acc, prod)))
                 prod, values = values, values + 1
             acc = prod
-        ops.append(FusedOp("add", (acc, plain[j % p])))
-        outputs.append(values)
-        values += 1
+        for k in range(j % p, p, o):
+            ops.append(FusedOp("add", (acc, plain[k])))
+            acc, values = values, values + 1
+        outputs.append(acc)
     return FusedProgram(f + p, 0, tuple(ops), tuple(outputs), transformed=transformed)
 
 
@@ -54,8 +56,10 @@ def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[
     return [vals[o].astype(np.uint32) for o in program.outputs]
 
 
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "after"])
 @pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (8, 8, 3)], ids=str)
-def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, f, p, o):
+def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, f, p, o, prefetch, monkeypatch):
+    monkeypatch.setattr(dew, "EPILOGUE_PREFETCH", prefetch)
     ctx, ring = pair
     program = inner_products(f, p, o)
     rows = 3

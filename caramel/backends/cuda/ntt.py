@@ -607,6 +607,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     cp_async_commit();
+{prefetch}
     cp_async_wait<0>();
     __syncthreads();
     if (warp < F) {{
@@ -622,11 +623,12 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 
-def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY) -> str:
+def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, loads: str, body: str,
+                    lazy: bool = LAZY, prefetch: bool = True) -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
-    ``operands`` (at most 8, ascending) are transformed; ``body`` loads the other operands, evaluates the program and
-    stores (as the plain elementwise kernel's body; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
-    column kernel that wrote them."""
+    ``operands`` (at most 8, ascending) are transformed; ``loads`` reads the other operands (before the row passes
+    with ``prefetch``, else after), ``body`` evaluates the program and stores (as the plain elementwise kernel's;
+    the transformed operands are the uint4 ``x{k}``); ``lazy`` as the column kernel that wrote them."""
     if logn <= 12 or not 0 < len(operands) <= 8:
         raise ValueError("an epilogue kernel needs N >= 8192 and 1 to 8 transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
@@ -637,7 +639,8 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
         reads += [f"    uint4 x{k} = *(const uint4*)(dyn + 480 + {w} * (4 * WPITCH + 2 * WT) + wsidx(wx, wp));"]
         reads += [f"    x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of_warp=of_warp, nv=n_vec,
-                              transformed="\n".join(reads), body=body)
+                              transformed="\n".join(reads), prefetch=loads if prefetch else "",
+                              body=body if prefetch else loads + "\n" + body)
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
