@@ -50,8 +50,9 @@ from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3  # 2: kernels carry an NTT prologue (k_pro_kind, k_pro_width, k_pro_in); 3: gathered operands
-# (an expression's ``gathered``, a row's ``gather`` as r_gather: (has step, step) pairs)
+FORMAT_VERSION = 4  # 2: kernels carry an NTT prologue (k_pro_kind, k_pro_width, k_pro_in); 3: gathered operands
+# (an expression's ``gathered``, a row's ``gather`` as r_gather: (has step, step) pairs); 4: NTT epilogues (an
+# expression's ``transformed``, a kernel's ``half`` as k_half)
 MAGIC = b"CARAMEL-PLAN\0"
 SUFFIX = ".plan"
 
@@ -118,7 +119,7 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
     exprs: dict = {}
     r_cols: dict[str, list] = {c: [] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg", "gather")}
     k_cols: dict[str, list] = {c: [] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
-                                               "pro_kind", "pro_width", "pro_in")}
+                                               "pro_kind", "pro_width", "pro_in", "half")}
     c_cols: dict[str, list] = {c: [] for c in ("op", "sync", "size", "src", "dst", "prime")}
     chips = []
     for chip in plan.chips:
@@ -142,7 +143,7 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             else:
                 e = k.expr
                 text = (e.n_vec, e.n_scalar, tuple((o.op, tuple(o.args)) for o in e.ops), tuple(e.outputs),
-                        tuple(e.gathered))
+                        tuple(e.gathered), tuple(e.transformed))
                 k_cols["expr"].append(exprs.setdefault(text, len(exprs)))
             k_cols["in"].append(tup(k.in_limbs))
             k_cols["out"].append(tup(k.out_limbs))
@@ -158,6 +159,7 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             k_cols["pro_kind"].append(-1 if pro is None else kinds[pro.kind])
             k_cols["pro_width"].append(0 if pro is None else pro.width)
             k_cols["pro_in"].append(tup(() if pro is None else tuple(pro.in_limbs)))
+            k_cols["half"].append(int(k.half))
         chips.append({
             "chip": chip.chip, "kernels": len(chip.kernels), "n_buffers": chip.n_buffers,
             "zero_buffer": chip.zero_buffer, "instructions": chip.instructions,
@@ -165,8 +167,8 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             "stores": [[m.term, m.limb, b] for m, b in chip.stores.items()],
             "scalars": [[_mem(s.mem), list(s.limbs), s.prime] for s in chip.scalars],
         })
-    header = {**meta, "chips": chips, "exprs": [[n, s, [[o, list(a)] for o, a in ops], list(out), list(g)]
-                                                 for n, s, ops, out, g in exprs]}
+    header = {**meta, "chips": chips, "exprs": [[n, s, [[o, list(a)] for o, a in ops], list(out), list(g), list(t)]
+                                                 for n, s, ops, out, g, t in exprs]}
     arrays = {f"r_{c}": np.asarray(v, dtype=np.int64) for c, v in r_cols.items()}
     arrays.update({f"k_{c}": np.asarray(v, dtype=np.int64) for c, v in k_cols.items()})
     arrays.update({f"c_{c}": np.asarray(v, dtype=np.int64) for c, v in c_cols.items()})
@@ -196,12 +198,15 @@ def decode(arrays, header: dict, name: str):
     tuples = [tuple(val[a:b]) for a, b in zip(off, off[1:])]
     nt = len(tuples)
     exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
-                  tuple(int(x) for x in out), tuple(int(x) for x in g)) for n, s, ops, out, g in header["exprs"]]
-    if any(list(e.gathered) != sorted(set(e.gathered)) or any(not 0 <= x < e.n_vec for x in e.gathered) for e in exprs):
-        raise PlanEntryError("gathered operands inconsistent")
+                  tuple(int(x) for x in out), tuple(int(x) for x in g), tuple(int(x) for x in t))
+             for n, s, ops, out, g, t in header["exprs"]]
+    for what in ("gathered", "transformed"):
+        if any(list(getattr(e, what)) != sorted(set(getattr(e, what))) or any(not 0 <= x < e.n_vec for x in getattr(e, what))
+               for e in exprs):
+            raise PlanEntryError(f"{what} operands inconsistent")
     r = {c: arrays[f"r_{c}"] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg", "gather")}
     k = {c: arrays[f"k_{c}"] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
-                                       "pro_kind", "pro_width", "pro_in")}
+                                       "pro_kind", "pro_width", "pro_in", "half")}
     c = {f: arrays[f"c_{f}"] for f in ("op", "sync", "size", "src", "dst", "prime")}
     if len({len(v) for v in r.values()}) > 1 or len({len(v) for v in k.values()}) > 1 or len({len(v) for v in c.values()}) > 1:
         raise PlanEntryError("columns of different lengths")
@@ -223,8 +228,11 @@ def decode(arrays, header: dict, name: str):
     pro_in = [tuples[i] for i in _ids(k["pro_in"], nt, "kernel tuple")]
     pros = [None if i < 0 else Prologue(kinds[i], int(w), li) for i, w, li in
             zip(_ids(k["pro_kind"], len(kinds), "prologue kind", none=True), k["pro_width"].tolist(), pro_in)]
+    halves = k["half"].tolist()
     kernels, at_r, at_c = [], 0, 0
     for i in range(len(kind)):
+        if halves[i] not in (0, 1) or (halves[i] and kind[i] is not Kind.NTT):
+            raise PlanEntryError("half NTT inconsistent")
         pro = pros[i]
         if pro is not None and (kind[i] is not Kind.NTT or pro.kind not in (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
                                 or any(len(rw.ins) != pro.width for rw in rows[at_r:at_r + n_rows[i]])):
@@ -233,7 +241,7 @@ def decode(arrays, header: dict, name: str):
         if any(len(rw.gather) != width for rw in rows[at_r:at_r + n_rows[i]]):
             raise PlanEntryError("gathered operands inconsistent")
         kernels.append(Kernel(kind[i], tuple(rows[at_r:at_r + n_rows[i]]), expr[i], lim_in[i], lim_out[i],
-                              tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i], pros[i]))
+                              tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i], pros[i], bool(halves[i])))
         at_r += n_rows[i]
         at_c += n_comms[i]
     chips, at = [], 0

@@ -56,21 +56,26 @@ class Backend(abc.ABC):
         the scalar table, outs (R, len(outputs)) rows, primes (R,). When ``expr.gathered`` is not
         empty (an automorphism in the load), galois (R, len(gathered)) holds Galois elements and
         operand gathered[m] of row r is arena[ins[r, k]] under X -> X^galois[r, m] (as
-        :meth:`automorphism` would write it); such an input row is never an output row of the call."""
+        :meth:`automorphism` would write it); such an input row is never an output row of the call.
+        A transformed operand (``expr.transformed``) was written by a half NTT (:meth:`ntt`): its value is
+        that NTT's output, however the backend split the transform."""
 
     @abc.abstractmethod
-    def ntt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:
-        """arena[outs[r]] = NTT_{q_primes[r]}(arena[ins[r]]); ins, outs, primes (R,)."""
+    def ntt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray, half: bool = False) -> None:
+        """arena[outs[r]] = NTT_{q_primes[r]}(arena[ins[r]]); ins, outs, primes (R,). ``half``: only
+        transformed operands of :meth:`elementwise` read the outputs (``Kernel.half``), so a backend may
+        leave there what the rest of the transform, run in their loads, needs."""
 
     @abc.abstractmethod
     def ntt_prologue(self, prologue, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray, args: np.ndarray,
-                     mode) -> None:
+                     mode, half: bool = False) -> None:
         """Forward NTT whose load computes its input (fusion across NTT boundaries, a
         :class:`caramel.plan.kernel.Prologue`): arena[outs[r]] = NTT_{q_primes[r]}(y_r), y_r being
         ``prologue.kind``'s result from rows ins (R, prologue.width): SUD_LIFT the lift of ins[r, 0]
         from prime args[r] to primes[r] in ``mode`` (:meth:`sud_lift`); MOD the words ins[r] mod
         q_primes[r] (:meth:`mod`); BASECONV the conversion of ins[r] (limbs ``prologue.in_limbs``)
-        to limb primes[r] in ``mode`` (:meth:`base_convert`). args is zero for MOD and BASECONV."""
+        to limb primes[r] in ``mode`` (:meth:`base_convert`). args is zero for MOD and BASECONV. ``half``
+        as for :meth:`ntt`."""
 
     @abc.abstractmethod
     def intt(self, ins: np.ndarray, outs: np.ndarray, primes: np.ndarray) -> None:

@@ -54,10 +54,11 @@ class NumpyBackend(Backend):
         for k, v in enumerate(expr.outputs):
             self.arena[outs[:, k]] = vals[v]
 
-    def ntt(self, ins, outs, primes) -> None:
+    def ntt(self, ins, outs, primes, half: bool = False) -> None:
+        """The whole transform, ``half`` or not (a transformed operand then reads the NTT's output as is)."""
         self.arena[outs] = self.ctx.ntt(self.arena[ins], [int(p) for p in primes])
 
-    def ntt_prologue(self, prologue, ins, outs, primes, args, mode) -> None:
+    def ntt_prologue(self, prologue, ins, outs, primes, args, mode, half: bool = False) -> None:
         """The prologue's limbs computed by the kernels below (same functions, same bits), then
         :meth:`ntt`: no arena row holds them."""
         self.arena[outs] = self.ctx.ntt(prologue_limbs(self.ctx, self.arena, prologue, ins, primes, args, mode),

@@ -64,10 +64,10 @@ def lower_kernel(kernel: Kernel, rows_of: np.ndarray, ctx: Context, mode: Mode,
         ins = _rows(rows_of, [r.ins for r in rows]).reshape(len(rows), pro.width)
         outs = _rows(rows_of, [r.outs[0] for r in rows])
         args = np.array([r.arg or 0 for r in rows], dtype=_I32)
-        return lambda b: b.ntt_prologue(pro, ins, outs, primes, args, mode)
+        return lambda b: b.ntt_prologue(pro, ins, outs, primes, args, mode, kernel.half)
     ins, outs = _rows(rows_of, [r.ins[0] for r in rows]), _rows(rows_of, [r.outs[0] for r in rows])
     if kind is Kind.NTT:
-        return lambda b: b.ntt(ins, outs, primes)
+        return lambda b: b.ntt(ins, outs, primes, kernel.half)
     if kind is Kind.INTT:
         return lambda b: b.intt(ins, outs, primes)
     if kind is Kind.AUTOMORPHISM:

@@ -8,7 +8,8 @@ kernel is a sequence of whole-limb accesses, row by row in row order:
 * a single-pass kernel reads each row's inputs, then writes its outputs;
 * a forward NTT or inverse NTT at N >= 8192 is two passes (:mod:`caramel.backends.cuda.ntt`): the first reads
   each row's input and writes its output limb, the second reads and writes the output limb again, over the rows
-  in reverse order when ``second_reversed`` (the CUDA kernels' ``SECOND_REVERSED``), else in row order.
+  in reverse order when ``second_reversed`` (the CUDA kernels' ``SECOND_REVERSED``), else in row order; a half
+  NTT (``Kernel.half``) only the first (its reader runs the second in its load).
 
 The cache is LRU over limbs with write-back: a read of a cached limb is a hit, else a miss that allocates it; a
 write allocates the limb dirty; every access makes the limb the most recently used; an evicted dirty limb, and
@@ -62,7 +63,7 @@ def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[boo
         for row in kernel.rows:
             yield from ((False, b) for b in row.ins)
             yield from ((True, b) for b in row.outs)
-        if kernel.kind in TWO_PASS:
+        if kernel.kind in TWO_PASS and not kernel.half:  # a half NTT's readers run its second pass
             for row in (kernel.rows[::-1] if second_reversed else kernel.rows):
                 yield from ((False, b) for b in row.outs)
                 yield from ((True, b) for b in row.outs)

@@ -27,6 +27,10 @@ Three steps, each linear in the number of operations:
    ``AUTOMORPHISM`` row whose output is read only by elementwise units and is not stored is
    dropped, and those units read its input through the permutation (a *gathered* operand,
    ``Expr.gathered`` and ``Row.gather``); the limb between them is never written or read.
+   :func:`fuse_ntt_epilogues` last marks the forward NTTs whose output only one elementwise unit reads as
+   *half* NTTs and that operand as *transformed* (``Expr.transformed``, ``Kernel.half``): the values stay
+   the same; a backend with a two-pass transform runs the second pass in the consumer's load, so that the
+   NTT's output is never written in full and read again.
 3. :func:`batch` groups the units of one chip with the same level, kind and signature (the
    expression of a tree, the bases of a conversion, an NTT's prologue) into one kernel: the horizontal batching of
    independent instances (different limbs) into rows. Kernels run in level order, communication
@@ -42,7 +46,7 @@ from typing import NamedTuple
 
 from caramel.errors import ArgumentError, DeadlockError
 from caramel.program import Opcode, Stream
-from caramel.plan.kernel import Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
+from caramel.plan.kernel import MAX_TRANSFORMED, Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
 
@@ -405,6 +409,46 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
     return out_units, out_levels
 
 
+class HalfNtt(NamedTuple):
+    """The batching key of a half NTT unit (:func:`fuse_ntt_epilogues`): its prologue (or None)."""
+
+    prologue: Prologue | None
+
+
+def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
+    """NTT epilogues (see the module docstring): a forward NTT unit whose output b is not in ``pinned``
+    and is read by exactly one unit, an ELEMENTWISE one without gathered operands that reads b at one
+    operand position, becomes a half NTT (key :class:`HalfNtt`), and that operand transformed (the
+    first :data:`~caramel.plan.kernel.MAX_TRANSFORMED` such operands of a unit, in operand order).
+    Buffers, rows and levels are unchanged: only keys (expressions) change, so kernels batch by them."""
+    E = Kind.ELEMENTWISE
+    ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.NTT and not isinstance(u.key, HalfNtt)}
+    if not ntt_of:
+        return units
+    readers: dict[int, list[int]] = {}
+    for j, u in enumerate(units):
+        for b in set(u.ins):
+            if b in ntt_of:
+                readers.setdefault(b, []).append(j)
+    out = list(units)
+    exprs: dict = {}
+    for j, u in enumerate(units):
+        if u.kind is not E or u.key.gathered:
+            continue
+        ins = u.row.ins
+        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == [j]
+                       and ins.count(b) == 1)[:MAX_TRANSFORMED]
+        if not chosen:
+            continue
+        e: Expr = u.key
+        expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, transformed=chosen)
+        out[j] = u._replace(key=exprs.setdefault(expr, expr))
+        for k in chosen:
+            n = ntt_of[ins[k]]
+            out[n] = units[n]._replace(key=HalfNtt(units[n].key))
+    return out
+
+
 def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
     """The level of every unit of every chip (see the module docstring); raises
     :class:`DeadlockError` when communication cannot complete in any order."""
@@ -498,6 +542,8 @@ def batch(
                 kernel = Kernel(kind, rows, in_limbs=key[0], out_limbs=key[1], level=lv, lines=tuple(src))
             elif kind is Kind.RSV:
                 kernel = Kernel(kind, rows, in_limbs=key, level=lv, lines=tuple(src))
+            elif kind is Kind.NTT and isinstance(key, HalfNtt):
+                kernel = Kernel(kind, rows, level=lv, lines=tuple(src), prologue=key.prologue, half=True)
             elif kind is Kind.NTT and key is not None:
                 kernel = Kernel(kind, rows, level=lv, lines=tuple(src), prologue=key)
             else:

@@ -46,7 +46,10 @@ class Expr:
     ``FusedProgram``, so lowering is field by field). ``gathered`` (ascending vector operand
     indices) are the operands read through an automorphism (:func:`caramel.plan.fusion.fuse_automorphisms`):
     operand k of row r is then arena[ins[k]][perm_g(j)] for the Galois element g of ``Row.gather``,
-    i.e. the limb the folded ``AUTOMORPHISM`` row would have written.
+    i.e. the limb the folded ``AUTOMORPHISM`` row would have written. ``transformed`` (ascending, at most
+    :data:`MAX_TRANSFORMED`, never with ``gathered``) are the operands that a forward NTT of the kernel's prime wrote
+    as a *half* NTT (``Kernel.half``, :func:`caramel.plan.fusion.fuse_ntt_epilogues`): the value is the NTT's
+    output all the same; a backend that splits the transform in two passes runs the second in this load.
     """
 
     n_vec: int
@@ -54,12 +57,14 @@ class Expr:
     ops: tuple[ExprOp, ...]
     outputs: tuple[int, ...]
     gathered: tuple[int, ...] = ()
+    transformed: tuple[int, ...] = ()
 
     def text(self) -> str:
-        """e.g. ``v3s1: t4=mul(v0,v1) t5=add(t4,v2) -> t5``; a gathered operand is ``v0@``."""
+        """e.g. ``v3s1: t4=mul(v0,v1) t5=add(t4,v2) -> t5``; a gathered operand is ``v0@``, a transformed one
+        ``v0^``."""
         def name(v: int) -> str:
             if v < self.n_vec:
-                return f"v{v}@" if v in self.gathered else f"v{v}"
+                return f"v{v}@" if v in self.gathered else f"v{v}^" if v in self.transformed else f"v{v}"
             if v < self.n_vec + self.n_scalar:
                 return f"s{v - self.n_vec}"
             return f"t{v}"
@@ -67,6 +72,10 @@ class Expr:
         base = self.n_vec + self.n_scalar
         body = " ".join(f"t{base + i}={o.op}({','.join(map(name, o.args))})" for i, o in enumerate(self.ops))
         return f"v{self.n_vec}s{self.n_scalar}: {body} -> {','.join(map(name, self.outputs))}"
+
+
+#: Transformed operands of an expression at most (the GPU's epilogue kernel runs one warp's row pass each).
+MAX_TRANSFORMED = 8
 
 
 class Row(NamedTuple):
@@ -148,7 +157,9 @@ class Kernel:
     """One launch: ``kind``, ``rows`` (or ``comms`` for COMM), ``expr`` (ELEMENTWISE),
     ``in_limbs``/``out_limbs`` (BASECONV; ``in_limbs`` is the basis of RSV), its ``level`` in the
     whole-program DAG, the source ``lines`` of the instructions it executes and, for an NTT whose
-    load computes its input, the ``prologue`` (:class:`Prologue`)."""
+    load computes its input, the ``prologue`` (:class:`Prologue`). A ``half`` NTT writes limbs that only
+    transformed operands read (``Expr.transformed``): a backend that splits the transform in two passes runs
+    only the first here; its outputs hold the NTT's values on every other backend."""
 
     kind: Kind
     rows: tuple[Row, ...] = ()
@@ -159,6 +170,7 @@ class Kernel:
     level: int = 0
     lines: tuple[int, ...] = ()
     prologue: Prologue | None = None
+    half: bool = False
 
     def reads(self) -> list[int]:
         """Every buffer the kernel reads (with repeats across rows)."""
@@ -247,6 +259,8 @@ class Plan:
             if k.prologue is not None:
                 out["prologue"] = {"kind": k.prologue.kind.value, "width": k.prologue.width,
                                    "in_limbs": list(k.prologue.in_limbs)}
+            if k.half:
+                out["half"] = True
             if k.comms:
                 out["comms"] = [[c.op.value, c.sync, c.size, c.src, c.dst, c.prime] for c in k.comms]
             return out

@@ -25,8 +25,8 @@ from caramel.plan.kernel import ChipPlan, Kernel, Kind, Plan
 
 def write_order(kernel: Kernel) -> tuple:
     """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): two-pass kinds
-    (:data:`caramel.plan.cache_model.TWO_PASS`) last-first."""
-    return kernel.rows[::-1] if kernel.kind in TWO_PASS else kernel.rows
+    (:data:`caramel.plan.cache_model.TWO_PASS`) last-first, but a half NTT (its first pass only)."""
+    return kernel.rows[::-1] if kernel.kind in TWO_PASS and not kernel.half else kernel.rows
 
 
 def recent_first_chip(chip: ChipPlan) -> ChipPlan:

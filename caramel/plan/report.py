@@ -49,6 +49,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     chip_traffic, chip_levels, chip_paths, chip_rows, widths = [], [], [], [], []
     exprs = set()
     fused_rows: Counter = Counter()  # NTT rows whose load computes their input, by producer kind
+    half_rows = 0  # NTT rows whose reader runs their second pass (Kernel.half)
     sibling_rows: Counter = Counter()  # elementwise rows by number of outputs (merged siblings: > 1)
     gathered_reads, gathered_limbs = 0, set()  # operands read through an automorphism; distinct (chip, limb, step)
     for chip in plan.chips:
@@ -63,6 +64,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
             moved = kernel.traffic()
             if kernel.prologue is not None:
                 fused_rows[kernel.prologue.kind.value] += kernel.size
+            half_rows += kernel.size if kernel.half else 0
             traffic += moved
             bytes_by_kind[kernel.kind.value] += moved * limb
             per_level[kernel.level] += 1
@@ -90,6 +92,7 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
         "bytes_by_kind": bytes_by_kind,
         "expressions": len(exprs),
         "ntt_prologue_rows": dict(fused_rows),
+        "ntt_epilogue_rows": half_rows,
         "multi_output_rows": dict(sorted(sibling_rows.items())),
         "gathered_reads": gathered_reads,
         "gathered_automorphisms": len(gathered_limbs),
@@ -164,6 +167,8 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
     if fused:
         out.append("  NTT rows computing their input in the load (fusion across NTT boundaries): "
                    + ", ".join(f"{kind} {rows}" for kind, rows in sorted(fused.items(), key=lambda kv: -kv[1])))
+    if s["ntt_epilogue_rows"]:
+        out.append(f"  NTT rows whose only reader runs their second pass (NTT epilogues): {s['ntt_epilogue_rows']}")
     if s["multi_output_rows"]:
         out.append("  elementwise rows with several outputs (sibling trees sharing inputs): "
                    + ", ".join(f"{rows} of {k}" for k, rows in s["multi_output_rows"].items()))

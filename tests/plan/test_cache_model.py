@@ -42,13 +42,16 @@ def test_the_reversed_second_pass_finds_the_last_limbs_in_the_cache():
     assert big.memory == 4 + 4
 
 
-def test_no_cache_is_the_plan_model_plus_the_second_pass():
+@pytest.mark.parametrize("epilogue", [True, False])
+def test_no_cache_is_the_plan_model_plus_the_second_pass(epilogue):
     """Capacity 0: every access goes to memory; that is the plan's traffic model plus one read and one write of
-    each NTT/INTT output (the second pass)."""
-    plan = build_plan(load_corpus("BootstrapModRaise_4L_2c"))
+    each NTT/INTT output (the second pass), but of a half NTT's (its reader runs the second pass)."""
+    plan = build_plan(load_corpus("BootstrapModRaise_4L_2c"), fuse_epilogue=epilogue)
+    assert any(k.half for c in plan.chips for k in c.kernels) == epilogue
     none = plan_traffic(plan, 0)
     assert none.hits == 0 and none.writebacks == none.writes
-    two_pass = sum(2 * len(k.rows) for c in plan.chips for k in c.kernels if k.kind.value in ("ntt", "intt"))
+    two_pass = sum(2 * len(k.rows) for c in plan.chips for k in c.kernels
+                   if k.kind.value in ("ntt", "intt") and not k.half)
     model = sum(k.traffic() for c in plan.chips for k in c.kernels)
     assert none.memory == model + two_pass
 

@@ -50,7 +50,7 @@ def chain_program():
 def test_a_consumer_reads_the_last_written_rows_first():
     """After an elementwise kernel (rows written in row order) and an NTT (rows finished in reverse row
     order), each kernel takes its rows most-recent-input first."""
-    plan = build_plan(chain_program(), row_order="batch")
+    plan = build_plan(chain_program(), row_order="batch", fuse_epilogue=False)
     ordered = recent_first(plan)
     kinds = [k.kind for k in ordered.chips[0].kernels]
     assert kinds == [Kind.ELEMENTWISE, Kind.NTT, Kind.ELEMENTWISE]
@@ -61,6 +61,10 @@ def test_a_consumer_reads_the_last_written_rows_first():
     # limb 3 last, and the sum takes limb 3 first
     assert [r.prime for r in add.rows] == [3, 2, 1, 0]
     assert [r.prime for r in mul.rows] == [0, 1, 2, 3]  # program inputs only: plan order kept
+    # a half NTT (its reader runs the second pass) finishes its rows in row order
+    mul, ntt, add = recent_first(build_plan(chain_program(), row_order="batch")).chips[0].kernels
+    assert ntt.half and add.expr.transformed
+    assert [r.prime for r in ntt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
 
 
 def test_build_plan_orders_rows_by_recency_by_default():

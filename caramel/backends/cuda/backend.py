@@ -108,16 +108,17 @@ class CupyBackend(Backend):
         if program is None:
             ops = tuple(FusedOp(o.op, tuple(o.args)) for o in expr.ops)
             program = self._programs[expr] = FusedProgram(expr.n_vec, expr.n_scalar, ops, tuple(expr.outputs),
-                                                          tuple(getattr(expr, "gathered", ())))
+                                                          tuple(getattr(expr, "gathered", ())),
+                                                          tuple(getattr(expr, "transformed", ())))
         dew.fused(self.ring, program, self.arena, self.d(outs), self.d(ins), self.d(primes), self.scalars,
                   self.d(scalars), None if galois is None else self.d(galois))
 
-    def ntt(self, ins, outs, primes) -> None:
+    def ntt(self, ins, outs, primes, half: bool = False) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
+        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), half)
 
-    def ntt_prologue(self, prologue, ins, outs, primes, args, mode) -> None:
+    def ntt_prologue(self, prologue, ins, outs, primes, args, mode, half: bool = False) -> None:
         from caramel.backends.cuda import ntt as dntt
 
         tables = None
@@ -130,7 +131,7 @@ class CupyBackend(Backend):
                 if not stream.is_capturing():  # the tables in place before a kernel of another stream reads them
                     stream.synchronize()
         dntt.ntt_prologue(self.ring, self.arena, prologue.kind.value, self.d(ins), self.d(outs), self.d(primes),
-                          self.d(args), mode, tables)
+                          self.d(args), mode, tables, half)
 
     def intt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt

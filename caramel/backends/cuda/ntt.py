@@ -547,12 +547,13 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             run("ntt_fwd_row", out_slots, out_slots, row_tiles)
 
 
-def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
-    """Forward NTT: arena[out_slots[r]] = NTT_{q_p}(arena[in_slots[r]]) with p = prime_idx[r].
+def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx, half: bool = False) -> None:
+    """Forward NTT: arena[out_slots[r]] = NTT_{q_p}(arena[in_slots[r]]) with p = prime_idx[r]; ``half``: the column
+    pass alone when N >= 8192 (its readers are epilogue kernels, :data:`_EPILOGUE`).
 
     All index arguments are int32 cupy arrays of length R. Launches on the current stream.
     """
-    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=False)
+    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=False, half=half)
 
 
 def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
@@ -820,14 +821,15 @@ class PrologueTables:
 
 
 def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, args, mode,
-                 tables: PrologueTables | None = None) -> None:
+                 tables: PrologueTables | None = None, half: bool = False) -> None:
     """Forward NTT whose load computes its input (fusion across NTT boundaries):
     arena[out_slots[r]] = NTT_{q_p}(y_r), p = prime_idx[r], y_r computed from rows ins (int32 (R, W))
     as ``kind`` says: "sud_lift" (W = 1; from prime args[r], as :func:`basis.sud_lift`), "mod" (W
     words, as :func:`crt.mod`) or "baseconv" (W inputs in the order of ``tables.in_limbs``, to prime
     p, as :class:`basis.BaseConversion`); ``mode`` a :class:`caramel.ring.Mode`. Same bits as those
     kernels followed by :func:`ntt`, without writing y. ``out_slots`` must not be an input row of the
-    launch. N <= 4096: one kernel; else the column kernel with the prologue, then the row kernel."""
+    launch. N <= 4096: one kernel; else the column kernel with the prologue, then the row kernel (not with
+    ``half``: epilogue kernels read the outputs, see :func:`ntt`)."""
     from caramel.backends.cuda.basis import mode_code
 
     ring.check_arena(arena)
@@ -864,5 +866,5 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     blocks = rows if small else rows * ((1 << ROW_LOG) // COLS)
     fn((blocks,), (256,), (arena, ins, cp.int32(w), out_slots, prime_idx, pt, ring.twiddles[0], args, cin, ctab,
                            recip, cp.int32(rows)))
-    if not small:
+    if not small and not half:
         _launch(ring, arena, out_slots, out_slots, prime_idx, inverse=False, only_row=True)
