@@ -32,7 +32,6 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=150)
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3")
-    ap.add_argument("--prefetch", default="1,0", help="EPILOGUE_PREFETCH settings to time the epilogue with")
     args = ap.parse_args()
     import cupy as cp
 
@@ -78,7 +77,6 @@ def main() -> int:
             dew.fused(ring, program, arena, out[s], vec[s], primes)
 
         results = []
-        dew.EPILOGUE_PREFETCH = True
         for run in (before, after):
             arena[...] = initial
             run(0)
@@ -88,13 +86,9 @@ def main() -> int:
             print(f"{shape}: the epilogue's outputs differ", flush=True)
             continue
         moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o)}
-        runs = [("before", before, None)] + [("after", after, bool(int(v))) for v in args.prefetch.split(",")]
-        for label, run, prefetch in runs:
-            if prefetch is not None:
-                dew.EPILOGUE_PREFETCH = prefetch
+        for label, run in (("before", before), ("after", after)):
             t = bench.time(run, sets)
-            what = label if prefetch is None else f"epilogue, prefetch={int(prefetch)}"
-            bench.add(f"{shape} {what}", f"R={rows}", t,
+            bench.add(f"{shape} {label}", f"R={rows}", t,
                       f"{moved[label]} limbs, {moved[label] * limb / t / 1e9:6.0f} GB/s")
         del arena, initial
         cp.get_default_memory_pool().free_all_blocks()

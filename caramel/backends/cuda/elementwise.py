@@ -35,10 +35,6 @@ THREADS = 256
 #: compile side by side (the GPU tests check both).
 GATHER_VECTOR = True
 
-#: Epilogue kernels (transformed operands) issue the plain operands' loads before the row passes (in flight during
-#: them), else after. Part of the kernel name's signature.
-EPILOGUE_PREFETCH = True
-
 #: Operation name -> (arity, C expression template over a, b, q, mu).
 OPS = {
     "add": (2, "add_mod({a}, {b}, q)"),
@@ -105,7 +101,7 @@ class FusedProgram:
         body = ";".join(f"{op.op}({','.join(map(str, op.args))})" for op in self.ops)
         text = f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
         if self.transformed:
-            return text + f"|t{','.join(map(str, self.transformed))}" + ("|p" if EPILOGUE_PREFETCH else "")
+            return text + f"|t{','.join(map(str, self.transformed))}"
         if not self.gathered:
             return text
         return text + f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
@@ -120,9 +116,8 @@ class FusedProgram:
         if self.transformed and logn > 12:
             from caramel.backends.cuda import ntt
 
-            loads, body = "\n".join(self._loads(skip=self.transformed)), "\n".join(self._compute())
-            return ntt.epilogue_source(logn, self.kernel_name(), self.transformed, self.n_vec, loads, body, lazy,
-                                       EPILOGUE_PREFETCH)
+            body = "\n".join("    " + line for line in self._body(skip=self.transformed))
+            return ntt.epilogue_source(logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy)
         ng = len(self.gathered)
         lines = [] if not ng else [
             "__device__ __forceinline__ u32 gather_index(u32 j, u32 g, int logn) {",
@@ -154,13 +149,10 @@ class FusedProgram:
         return "\n".join(lines) + "\n"
 
     def _body(self, skip: tuple[int, ...] = ()) -> list[str]:
-        """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the operands' loads (:meth:`_loads`), the program
-        and the stores (:meth:`_compute`)."""
-        return self._loads(skip) + self._compute()
-
-    def _loads(self, skip: tuple[int, ...] = ()) -> list[str]:
-        """The vector operands' loads into ``x{k}`` (but those in ``skip``) and the scalars'."""
-        nv, ns, ng = self.n_vec, self.n_scalar, len(self.gathered)
+        """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the vector operands' loads (but those in ``skip``,
+        already in ``x{k}``), the scalars, the program and the stores."""
+        kinds = self.kinds()
+        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
         vector = GATHER_VECTOR
         lines: list[str] = []
         for k in range(nv):
@@ -190,13 +182,6 @@ class FusedProgram:
             )
         for k in range(ns):
             lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
-        return lines
-
-    def _compute(self) -> list[str]:
-        """The program over the loaded ``x{k}`` and the stores."""
-        kinds = self.kinds()
-        nv, ns, no = self.n_vec, self.n_scalar, len(self.outputs)
-        lines: list[str] = []
         # Scalar-only values are computed once; vector values once per component.
         for idx, op in enumerate(self.ops):
             v = nv + ns + idx
@@ -254,6 +239,7 @@ def fused(
         lazy = ntt.LAZY and max(ring.primes) < 1 << 28
         kernel = ring.kernel(f"{name}-n{ring.n}-{int(lazy)}", lambda: program.source(ring.logn, lazy), name)
         extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))
+        tiles //= ntt.epilogue_groups(len(program.transformed))  # a block takes G groups of 4 rows
         if kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem
     else:

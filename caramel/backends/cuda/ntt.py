@@ -565,34 +565,36 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 
 #: An elementwise kernel some of whose operands ("transformed") are read through the forward transform's second
 #: pass: their limbs hold what the column kernel wrote (``_launch(half=True)``), and the kernel runs the row pass
-#: of its tile of them in its load. Block = 1024 residues (rows 4 tile .. + 3 of the (N/256) x 256 view), 256
-#: threads of 4 residues each, as the plain elementwise kernels (caramel.backends.cuda.elementwise); warp w < F
-#: runs the row pass of transformed operand w into its shared memory exactly as a warp of _ROWW does (same loads,
-#: tables and passes; the block's split-factor table tl is copied by all threads), then every thread reads its 4
-#: residues of each (fwd_final: canonical) and the plain operands, and evaluates the program ({body}).
+#: of its tile of them in its load. Block = G groups of 4 rows of the (N/256) x 256 view (G = 8 // F for F
+#: transformed operands, so that F G of its 8 warps run row passes), 256 threads; warp w < F G runs the row pass of
+#: transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does (same loads,
+#: tables and passes; the block's split-factor table tl is copied by all threads); then, group by group, every
+#: thread takes 4 residues as the plain elementwise kernels do (caramel.backends.cuda.elementwise): those of the
+#: transformed operands from shared memory (fwd_final: canonical), the others from memory, and evaluates the
+#: program ({body}: the plain operands' loads, the program, the stores).
 _EPILOGUE = r"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
         const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles,
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
-    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
+    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f}, G = 8 / F;
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
-    const int i = tile * 256 + threadIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const u64 mu = prime_mu(pt, pi);
     (void)mu;
-    const int bt0 = (1 << A_BITS) + tile * 4;
+    const int bt0 = (1 << A_BITS) + 4 * (G * tile + warp / F);  // this warp's group of 4 rows
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
     uint2* wt = (uint2*)(sm + 4 * WPITCH);
-    if (warp < F) {{
-        const int k = {operand_of_warp};
-        const uint4* src = (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + tile * 1024);
+    if (warp < F * G) {{
+        const int f = warp % F;
+        const int k = {operand_of};
+        const uint4* src = (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256);
         uint4 y[8];
 #pragma unroll
         for (int it = 0; it < 8; ++it) y[it] = LOAD16(src + it * 32 + lane);
@@ -608,46 +610,55 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     cp_async_commit();
-{prefetch}
     cp_async_wait<0>();
     __syncthreads();
-    if (warp < F) {{
+    if (warp < F * G) {{
         wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
         __syncwarp();
         wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
     }}
     __syncthreads();
-    const int wx = threadIdx.x >> 6, wp = (threadIdx.x & 63) * 4;  // this thread's row and first point of the tile
+    const int wx = threadIdx.x >> 6, wp = (threadIdx.x & 63) * 4;  // this thread's row and first point of a group
+#pragma unroll 1
+    for (int g = 0; g < G; ++g) {{  // one group at a time (its operands' registers, not G groups')
+        const int i = (G * tile + g) * 256 + threadIdx.x;
+        const u32* gs = dyn + 480 + g * F * (4 * WPITCH + 2 * WT) + wsidx(wx, wp);
 {transformed}
 {body}
+    }}
 }}
 """
 
 
-def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, loads: str, body: str,
-                    lazy: bool = LAZY, prefetch: bool = True) -> str:
+def epilogue_groups(operands: int) -> int:
+    """G of :data:`_EPILOGUE`: the groups of 4 rows a block of an epilogue kernel with ``operands`` transformed
+    operands takes (one warp's row pass each per operand, 8 warps)."""
+    return 8 // operands
+
+
+def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY) -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
-    ``operands`` (at most 8, ascending) are transformed; ``loads`` reads the other operands (before the row passes
-    with ``prefetch``, else after), ``body`` evaluates the program and stores (as the plain elementwise kernel's;
-    the transformed operands are the uint4 ``x{k}``); ``lazy`` as the column kernel that wrote them."""
+    ``operands`` (at most 8, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
+    stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
+    column kernel that wrote them."""
     if logn <= 12 or not 0 < len(operands) <= 8:
         raise ValueError("an epilogue kernel needs N >= 8192 and 1 to 8 transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
-    of_warp = " : ".join(f"warp == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (" : " if len(operands) > 1
-                                                                                       else "") + str(operands[-1])
+    operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
+        " : " if len(operands) > 1 else "") + str(operands[-1])
     reads = []
     for w, k in enumerate(operands):
-        reads += [f"    uint4 x{k} = *(const uint4*)(dyn + 480 + {w} * (4 * WPITCH + 2 * WT) + wsidx(wx, wp));"]
-        reads += [f"    x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
-    kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of_warp=of_warp, nv=n_vec,
-                              transformed="\n".join(reads), prefetch=loads if prefetch else "",
-                              body=body if prefetch else loads + "\n" + body)
+        reads += [f"        uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
+        reads += [f"        x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
+    kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
+                              transformed="\n".join(reads), body=body)
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
 def epilogue_smem(operands: int) -> int:
-    """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (one warp tile each)."""
-    return warp_smem(operands, warp_split_from(SPLIT_FROM, False))
+    """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (a warp tile for each of
+    its F G row passes)."""
+    return warp_smem(operands * epilogue_groups(operands), warp_split_from(SPLIT_FROM, False))
 
 
 # ---------------------------------------------------------------------------------------------- prologues
