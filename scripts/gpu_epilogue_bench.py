@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=150)
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3")
+    ap.add_argument("--min-blocks", default="1", help="ntt.EPILOGUE_MIN_BLOCKS settings to time the epilogue with")
     args = ap.parse_args()
     import cupy as cp
 
@@ -86,9 +87,11 @@ def main() -> int:
             print(f"{shape}: the epilogue's outputs differ", flush=True)
             continue
         moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o)}
-        for label, run in (("before", before), ("after", after)):
+        runs = [("before", before, 0)] + [("after", after, int(b)) for b in args.min_blocks.split(",")]
+        for label, run, blocks in runs:
+            dntt.EPILOGUE_MIN_BLOCKS = blocks or dntt.EPILOGUE_MIN_BLOCKS
             t = bench.time(run, sets)
-            bench.add(f"{shape} {label}", f"R={rows}", t,
+            bench.add(f"{shape} {label}" + (f", min blocks {blocks}" if blocks else ""), f"R={rows}", t,
                       f"{moved[label]} limbs, {moved[label] * limb / t / 1e9:6.0f} GB/s")
         del arena, initial
         cp.get_default_memory_pool().free_all_blocks()

@@ -237,7 +237,8 @@ def fused(
         from caramel.backends.cuda import ntt
 
         lazy = ntt.LAZY and max(ring.primes) < 1 << 28
-        kernel = ring.kernel(f"{name}-n{ring.n}-{int(lazy)}", lambda: program.source(ring.logn, lazy), name)
+        key = f"{name}-n{ring.n}-{int(lazy)}-b{ntt.EPILOGUE_MIN_BLOCKS}"
+        kernel = ring.kernel(key, lambda: program.source(ring.logn, lazy), name)
         extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))
         tiles //= ntt.epilogue_groups(len(program.transformed))  # a block takes G groups of 4 rows
         if kernel.max_dynamic_shared_size_bytes < smem:

@@ -59,6 +59,7 @@ WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
 FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
+EPILOGUE_MIN_BLOCKS = 1  # resident blocks a multiprocessor asked of the epilogue kernels' __launch_bounds__
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -573,7 +574,7 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: transformed operands from shared memory (fwd_final: canonical), the others from memory, and evaluates the
 #: program ({body}: the plain operands' loads, the program, the stores).
 _EPILOGUE = r"""
-extern "C" __global__ void __launch_bounds__(256) {name}(
+extern "C" __global__ void __launch_bounds__(256, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
         const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles,
@@ -651,7 +652,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
         reads += [f"        uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
         reads += [f"        x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
-                              transformed="\n".join(reads), body=body)
+                              transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS)
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
