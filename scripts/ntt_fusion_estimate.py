@@ -12,8 +12,8 @@ nor read again) where the limb is read by one row only and not stored:
 * K -> NTT: a forward NTT row reads a limb that a row of kind K wrote: its first pass (the column kernel)
   computes K's row in its load;
 * NTT -> K: a forward NTT row's output is read by a row of kind K: that row runs the NTT's second pass (the
-  row kernel) in its load, the NTT only its first pass (of the two-pass kernels, the second pass's write and
-  the consumer's read go);
+  row kernel) in its load, the NTT only its first pass (of the two-pass kernels, the second pass's read and
+  write go; the plan does this for elementwise readers, :func:`caramel.plan.fusion.fuse_ntt_epilogues`);
 * K -> INTT: an INTT row reads a limb that a row of kind K wrote: its first pass (the row kernel) computes it;
 * INTT -> K: an INTT row's output is read by a row of kind K: the INTT's second pass feeds it from its store.
 
@@ -97,7 +97,9 @@ def main() -> int:
     print(f"all of them: {saved * gib:.1f} GiB saved, {(total - saved) * gib:.1f} GiB left")
     stats = plan_stats(build_plan(program), n=args.n)
     rows = ", ".join(f"{k} {v}" for k, v in sorted(stats["ntt_prologue_rows"].items(), key=lambda kv: -kv[1]))
-    print(f"the plan with its NTT loads: {stats['plan_bytes'] / 2**30:.1f} GiB (fused NTT rows: {rows or 'none'})")
+    print(f"the plan with its NTT loads: {stats['plan_bytes'] / 2**30:.1f} GiB (fused NTT rows: {rows or 'none'}; "
+          f"NTT epilogues, whose second pass the reader runs: {stats['ntt_epilogue_rows']} rows, 2 limbs each of "
+          "the two-pass traffic)")
     return 0
 
 

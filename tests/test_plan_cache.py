@@ -157,7 +157,9 @@ def _rewrite(data: bytes, change) -> bytes:
     lambda a: a.__setitem__("k_rows", a["k_rows"] + 1),  # counts that do not add up
     lambda a: a.__setitem__("tup_off", a["tup_off"][:-1]),
     lambda a: a.pop("c_op"),
-], ids=["past", "negative", "expr", "kind", "counts", "offsets", "missing"])
+    lambda a: a["k_half"].__setitem__(0, 2),  # not a flag
+    lambda a: a["k_half"].__setitem__(int(np.flatnonzero(a["k_kind"] != 2)[0]), 1),  # half, not an NTT
+], ids=["past", "negative", "expr", "kind", "counts", "offsets", "missing", "half", "half-kind"])
 def test_inconsistent_tables_are_refused(fresh_cache, change):
     program, _, _, _ = plans(MUL)
     (entry,) = entries(fresh_cache)

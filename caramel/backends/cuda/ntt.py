@@ -59,7 +59,7 @@ WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
 FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
-EPILOGUE_MIN_BLOCKS = 1  # resident blocks a multiprocessor asked of the epilogue kernels' __launch_bounds__
+EPILOGUE_MIN_BLOCKS = 2  # resident blocks a multiprocessor asked of the epilogue kernels' __launch_bounds__
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
