@@ -32,7 +32,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=150)
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3")
-    ap.add_argument("--min-blocks", default="1", help="ntt.EPILOGUE_MIN_BLOCKS settings to time the epilogue with")
+    ap.add_argument("--min-blocks", default="", help="ntt.EPILOGUE_MIN_BLOCKS settings to time the epilogue with "
+                    "(comma separated; default: the module's)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -50,6 +51,7 @@ def main() -> int:
     bench = Bench(cp, args.n)
     limb = 4 * args.n
     failures = []
+    default = dntt.EPILOGUE_MIN_BLOCKS
 
     def i32(a):
         return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
@@ -87,9 +89,9 @@ def main() -> int:
             print(f"{shape}: the epilogue's outputs differ", flush=True)
             continue
         moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o)}
-        runs = [("before", before, 0)] + [("after", after, int(b)) for b in args.min_blocks.split(",")]
+        runs = [("before", before, 0)] + [("after", after, int(b)) for b in (args.min_blocks or str(default)).split(",")]
         for label, run, blocks in runs:
-            dntt.EPILOGUE_MIN_BLOCKS = blocks or dntt.EPILOGUE_MIN_BLOCKS
+            dntt.EPILOGUE_MIN_BLOCKS = blocks or default
             t = bench.time(run, sets)
             bench.add(f"{shape} {label}" + (f", min blocks {blocks}" if blocks else ""), f"R={rows}", t,
                       f"{moved[label]} limbs, {moved[label] * limb / t / 1e9:6.0f} GB/s")

@@ -417,9 +417,9 @@ class HalfNtt(NamedTuple):
 
 def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     """NTT epilogues (see the module docstring): a forward NTT unit whose output b is not in ``pinned``
-    and is read by exactly one unit, an ELEMENTWISE one without gathered operands that reads b at one
-    operand position, becomes a half NTT (key :class:`HalfNtt`), and that operand transformed (the
-    first :data:`~caramel.plan.kernel.MAX_TRANSFORMED` such operands of a unit, in operand order).
+    and is read by exactly one unit, an ELEMENTWISE one that reads b at one operand position, not a gathered
+    one, becomes a half NTT (key :class:`HalfNtt`), and that operand transformed (the first
+    :data:`~caramel.plan.kernel.MAX_TRANSFORMED` such operands of a unit, in operand order).
     Buffers, rows and levels are unchanged: only keys (expressions) change, so kernels batch by them."""
     E = Kind.ELEMENTWISE
     ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.NTT and not isinstance(u.key, HalfNtt)}
@@ -433,15 +433,15 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     out = list(units)
     exprs: dict = {}
     for j, u in enumerate(units):
-        if u.kind is not E or u.key.gathered:
-            continue
-        ins = u.row.ins
-        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == [j]
-                       and ins.count(b) == 1)[:MAX_TRANSFORMED]
-        if not chosen:
+        if u.kind is not E:
             continue
         e: Expr = u.key
-        expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, transformed=chosen)
+        ins = u.row.ins
+        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == [j]
+                       and ins.count(b) == 1 and k not in e.gathered)[:MAX_TRANSFORMED]
+        if not chosen:
+            continue
+        expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, chosen)
         out[j] = u._replace(key=exprs.setdefault(expr, expr))
         for k in chosen:
             n = ntt_of[ins[k]]

@@ -47,7 +47,7 @@ class Expr:
     indices) are the operands read through an automorphism (:func:`caramel.plan.fusion.fuse_automorphisms`):
     operand k of row r is then arena[ins[k]][perm_g(j)] for the Galois element g of ``Row.gather``,
     i.e. the limb the folded ``AUTOMORPHISM`` row would have written. ``transformed`` (ascending, at most
-    :data:`MAX_TRANSFORMED`, never with ``gathered``) are the operands that a forward NTT of the kernel's prime wrote
+    :data:`MAX_TRANSFORMED`, none gathered) are the operands that a forward NTT of the kernel's prime wrote
     as a *half* NTT (``Kernel.half``, :func:`caramel.plan.fusion.fuse_ntt_epilogues`): the value is the NTT's
     output all the same; a backend that splits the transform in two passes runs the second in this load.
     """

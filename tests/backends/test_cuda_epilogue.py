@@ -24,10 +24,10 @@ from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F40
 pytestmark = pytest.mark.gpu
 
 
-def inner_products(f: int, p: int, o: int) -> FusedProgram:
+def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> FusedProgram:
     """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
     (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1) (each read):
-    the shape of a key-switching inner product."""
+    the shape of a key-switching inner product. ``gathered``: plain operands read through an automorphism."""
     transformed = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
     plain = [k for k in range(f + p) if k not in transformed]
     ops, values = [], f + p
@@ -45,7 +45,7 @@ def inner_products(f: int, p: int, o: int) -> FusedProgram:
             ops.append(FusedOp("add", (acc, plain[k])))
             acc, values = values, values + 1
         outputs.append(acc)
-    return FusedProgram(f + p, 0, tuple(ops), tuple(outputs), transformed=transformed)
+    return FusedProgram(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), transformed=transformed)
 
 
 def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[np.ndarray]:
@@ -88,12 +88,46 @@ def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, f, p, o):
                                   f"want {want[bad[0]]}, have {got[bad[0]]}")
 
 
+def test_epilogue_with_gathered_operands(pair, rng):
+    """Transformed operands beside operands read through an automorphism (the epilogue kernel's body gathers as the
+    plain kernel does)."""
+    ctx, ring = pair
+    program = inner_products(2, 4, 2, gathered=(1, 5))  # plain operands 1 and 5 through automorphisms
+    rows, nv, o = 2, program.n_vec, 2
+    primes = [int(x) for x in rng.choice(64, rows, replace=False)]
+    steps = [[1, -3], [5, 0]]  # rotation steps per row and gathered operand (0: 5^0 = 1, the identity)
+    galois = np.array([[ctx.galois_element(s) for s in row] for row in steps], dtype=np.int32)
+    host = np.full((rows * (nv + o) + 1, ctx.n), POISON, dtype=np.uint32)
+    slots = rng.permutation(len(host))
+    vec, out = slots[: rows * nv].reshape(rows, nv), slots[rows * nv : rows * (nv + o)].reshape(rows, o)
+    for r, l in enumerate(primes):
+        for k in range(nv):
+            host[vec[r, k]] = rng.integers(0, ctx.q(l), ctx.n, dtype=np.uint64).astype(np.uint32)
+    coeff = host.copy()
+    arena = cp.asarray(host)
+    t_slots = np.array([[vec[r, k] for k in program.transformed] for r in range(rows)])
+    dntt._launch(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(np.repeat(primes, 2)), False, half=True)
+    dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes), galois=i32(galois))
+    have = cp.asnumpy(arena)
+    for r, l in enumerate(primes):
+        operands = []
+        for k in range(nv):
+            x = coeff[vec[r, k]]
+            if k in program.transformed:
+                x = ctx.ntt(x, l)
+            elif k in program.gathered:
+                x = ctx.automorphism(x, int(galois[r, program.gathered.index(k)]))
+            operands.append(x)
+        for j, want in enumerate(evaluate(program, operands, ctx.q(l))):
+            assert np.array_equal(have[out[r, j]], want), f"row {r} output {j}"
+
+
 def test_program_checks(pair):
     ctx, ring = pair
     with pytest.raises(ValueError, match="transformed"):
         FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), transformed=(1, 0))
     with pytest.raises(ValueError, match="transformed"):
-        FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), gathered=(0,), transformed=(1,))
+        FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), gathered=(0,), transformed=(0,))
     arena = cp.zeros((1, ctx.n), dtype=cp.uint32)
     with pytest.raises(ValueError, match="first pass"):
         dntt._launch(ring, arena, i32([0]), i32([0]), i32([0]), True, half=True)

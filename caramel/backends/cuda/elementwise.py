@@ -76,8 +76,8 @@ class FusedProgram:
             ks = getattr(self, name)
             if list(ks) != sorted(set(ks)) or any(not 0 <= k < self.n_vec for k in ks):
                 raise ValueError(f"{name} operands must be distinct vector operands in ascending order: {ks}")
-        if self.transformed and (self.gathered or len(self.transformed) > 8):
-            raise ValueError("transformed operands: at most 8, and not with gathered ones")
+        if len(self.transformed) > 8 or set(self.transformed) & set(self.gathered):
+            raise ValueError("transformed operands: at most 8, none of them gathered")
         kinds = self.kinds()
         for o in self.outputs:
             if not 0 <= o < len(kinds) or not kinds[o]:
@@ -97,14 +97,15 @@ class FusedProgram:
 
     def signature(self) -> str:
         """The canonical text of the program, e.g. ``v2s1|add(0,1);mul(3,2)|4`` (then ``|g0,1`` for
-        gathered operands; a program without any has the text, name and code it always had)."""
+        gathered operands and ``|t1`` for transformed ones; a program without any has the text, name and code it
+        always had)."""
         body = ";".join(f"{op.op}({','.join(map(str, op.args))})" for op in self.ops)
         text = f"v{self.n_vec}s{self.n_scalar}|{body}|{','.join(map(str, self.outputs))}"
+        if self.gathered:
+            text += f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
         if self.transformed:
-            return text + f"|t{','.join(map(str, self.transformed))}"
-        if not self.gathered:
-            return text
-        return text + f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
+            text += f"|t{','.join(map(str, self.transformed))}"
+        return text
 
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
@@ -113,29 +114,20 @@ class FusedProgram:
         """CUDA source of the kernel (without the common helpers). With transformed operands and N = 2^logn >=
         8192: the epilogue kernel (:func:`caramel.backends.cuda.ntt.epilogue_source`, ``lazy`` as the column
         kernel's); below, the transformed operands are plain (the transform ran whole)."""
+        ng = len(self.gathered)
+        gather_params = ", const int* __restrict__ galois, int logn" if ng else ""
         if self.transformed and logn > 12:
             from caramel.backends.cuda import ntt
 
             body = "\n".join("    " + line for line in self._body(skip=self.transformed))
-            return ntt.epilogue_source(logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy)
-        ng = len(self.gathered)
-        lines = [] if not ng else [
-            "__device__ __forceinline__ u32 gather_index(u32 j, u32 g, int logn) {",
-            "    const u32 bj = __brev(j) >> (32 - logn);",
-            "    const u32 e = (g * (2u * bj + 1u)) & ((2u << logn) - 1u);  // 2N divides 2^32: exact mod 2N",
-            "    return __brev((e - 1u) >> 1) >> (32 - logn);",
-            "}",
-        ] + ([] if not GATHER_VECTOR else [
-            "__device__ __forceinline__ u32 pick4(uint4 v, u32 k) {",
-            "    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;",
-            "}",
-        ])
+            return "\n".join(self._gather_helpers()) + ntt.epilogue_source(
+                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params)
+        lines = self._gather_helpers()
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
             "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
             "        const int* __restrict__ out_slots, const int* __restrict__ prime_idx,",
-            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles"
-            + (", const int* __restrict__ galois, int logn) {" if ng else ") {"),
+            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles" + gather_params + ") {",
             "    const int r = blockIdx.x / tiles;",
             "    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;",
             "    if (i >= n4) return;",
@@ -147,6 +139,20 @@ class FusedProgram:
         lines += self._body()
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+    def _gather_helpers(self) -> list[str]:
+        """The device functions of gathered operands (none without)."""
+        return [] if not self.gathered else [
+            "__device__ __forceinline__ u32 gather_index(u32 j, u32 g, int logn) {",
+            "    const u32 bj = __brev(j) >> (32 - logn);",
+            "    const u32 e = (g * (2u * bj + 1u)) & ((2u << logn) - 1u);  // 2N divides 2^32: exact mod 2N",
+            "    return __brev((e - 1u) >> 1) >> (32 - logn);",
+            "}",
+        ] + ([] if not GATHER_VECTOR else [
+            "__device__ __forceinline__ u32 pick4(uint4 v, u32 k) {",
+            "    return k == 0u ? v.x : k == 1u ? v.y : k == 2u ? v.z : v.w;",
+            "}",
+        ])
 
     def _body(self, skip: tuple[int, ...] = ()) -> list[str]:
         """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the vector operands' loads (but those in ``skip``,

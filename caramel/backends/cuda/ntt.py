@@ -577,7 +577,7 @@ _EPILOGUE = r"""
 extern "C" __global__ void __launch_bounds__(256, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
         const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
-        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles,
+        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f}, G = 8 / F;
     extern __shared__ __align__(16) u32 dyn[];
@@ -637,11 +637,13 @@ def epilogue_groups(operands: int) -> int:
     return 8 // operands
 
 
-def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY) -> str:
+def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
+                    params: str = "") -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
     ``operands`` (at most 8, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
     stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
-    column kernel that wrote them."""
+    column kernel that wrote them; ``params``: the body's further kernel parameters (gathered operands'), after
+    ``tiles``."""
     if logn <= 12 or not 0 < len(operands) <= 8:
         raise ValueError("an epilogue kernel needs N >= 8192 and 1 to 8 transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
@@ -652,7 +654,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
         reads += [f"        uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
         reads += [f"        x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
-                              transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS)
+                              transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS, params=params)
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
