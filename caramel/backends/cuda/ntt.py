@@ -272,6 +272,30 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
     }}
 }}
 
+// A warp tile's loads (_ROWW, _EPILOGUE): wtile_load issues the 16-byte loads of its 4 rows at src into y (FIRST:
+// LOAD_FIRST, else LOAD16); wtile_table the cp.async copies (not committed) of its table wt: the one-product
+// twiddles of stages s < SFT of rows bt0 .. bt0 + 3 (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at
+// wt[4 (2^s - 1)]) and their row factors of the split stages s >= SF; wtile_store writes y to the warp's shared
+// memory sm (wsidx).
+template <bool FIRST>
+__device__ __forceinline__ void wtile_load(const uint4* __restrict__ src, uint4 (&y)[8], int lane) {{
+#pragma unroll
+    for (int it = 0; it < 8; ++it) y[it] = FIRST ? LOAD_FIRST(src + it * 32 + lane) : LOAD16(src + it * 32 + lane);
+}}
+template <int SF, int SFT>
+__device__ __forceinline__ void wtile_table(uint2* wt, const uint2* __restrict__ tw, int bt0, int lane) {{
+    for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
+        const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
+        cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
+    }}
+    for (int e = lane; e < 4 * (8 - SF); e += 32)
+        cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+}}
+__device__ __forceinline__ void wtile_store(u32* sm, const uint4 (&y)[8], int lane) {{
+#pragma unroll
+    for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+}}
+
 {kernels}
 """.replace("{wpitch}", str(WPITCH))
 
@@ -352,19 +376,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
     const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
     uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
     uint4 y[8];
-#pragma unroll
-    for (int it = 0; it < 8; ++it) y[it] = {load}(src + it * 32 + lane);
+    wtile_load<{first}>(src, y, lane);
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
-    for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
-        const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
-        cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
-    }}
-    for (int e = lane; e < 4 * (8 - SF); e += 32)
-        cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+    wtile_table<SF, SFT>(wt, tw, bt0, lane);
     cp_async_commit();
-#pragma unroll
-    for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+    wtile_store(sm, y, lane);
     cp_async_wait<0>();
     __syncthreads();
 {passes}
@@ -487,7 +504,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
-                           second="false" if inverse else "true", load="LOAD_FIRST" if inverse else "LOAD16",
+                           second="false" if inverse else "true", first="true" if inverse else "false",
                            finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
     return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed)
@@ -568,8 +585,8 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: pass: their limbs hold what the column kernel wrote (``_launch(half=True)``), and the kernel runs the row pass
 #: of its tile of them in its load. Block = G groups of 4 rows of the (N/256) x 256 view (G = 8 // F for F
 #: transformed operands, so that F G of its 8 warps run row passes), 256 threads; warp w < F G runs the row pass of
-#: transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does (same loads,
-#: tables and passes; the block's split-factor table tl is copied by all threads); then, group by group, every
+#: transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does (wtile_load,
+#: wtile_table, wtile_store, wpass; the block's split-factor table tl is copied by all threads); then, group by group, every
 #: thread takes 4 residues as the plain elementwise kernels do (caramel.backends.cuda.elementwise): those of the
 #: transformed operands from shared memory (fwd_final: canonical), the others from memory, and evaluates the
 #: program ({body}: the plain operands' loads, the program, the stores).
@@ -597,16 +614,9 @@ extern "C" __global__ void __launch_bounds__(256, {min_blocks}) {name}(
         const int k = {operand_of};
         const uint4* src = (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256);
         uint4 y[8];
-#pragma unroll
-        for (int it = 0; it < 8; ++it) y[it] = LOAD16(src + it * 32 + lane);
-        for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{
-            const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
-            cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
-        }}
-        for (int e = lane; e < 4 * (8 - SF); e += 32)
-            cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
-#pragma unroll
-        for (int it = 0; it < 8; ++it) *(uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4)) = y[it];
+        wtile_load<false>(src, y, lane);
+        wtile_table<SF, SFT>(wt, tw, bt0, lane);
+        wtile_store(sm, y, lane);
     }}
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
