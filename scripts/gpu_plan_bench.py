@@ -5,8 +5,8 @@
         [--options max_outputs=1] [--options max_outputs=4,max_inputs=24] [--options fuse_ntt=all] ...
 
 Each ``--options`` is a comma-separated list of ``build_plan`` keywords (``max_inputs``, ``max_outputs``:
-integers; ``fuse_ntt``: ``all``, ``none`` or ``+``-joined kinds; ``fuse_automorphism``: True or False;
-``fuse_epilogue``: True, False or the readers an NTT output may have), and
+integers; ``fuse_ntt``: ``all``, ``none`` or ``+``-joined kinds; ``fuse_automorphism``, ``fuse_epilogue``: True or
+False), and
 ``row_order``: ``recent`` (the default) or ``batch``; without any, the default plan and
 the plan without sibling rows (``max_outputs=1``). Per option set: the plan's traffic model and
 kernel count, the CUDA graph of the plan on ``--streams`` streams (median / min / max of
@@ -30,7 +30,7 @@ from caramel.ring import Context  # noqa: E402
 _CASTS = {"max_inputs": int, "max_outputs": int, "fuse_ntt": lambda v: v.replace("+", ","),
           "fuse_automorphism": lambda v: {"true": True, "false": False}[v.strip().lower()],
           "row_order": lambda v: {"batch": "batch", "recent": "recent"}[v.strip().lower()],
-          "fuse_epilogue": lambda v: {"true": 1, "false": 0}[v.strip().lower()] if v.strip().isalpha() else int(v)}
+          "fuse_epilogue": lambda v: {"true": True, "false": False}[v.strip().lower()]}
 
 
 def log(*a) -> None:

@@ -55,9 +55,6 @@ _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
 #: graph under several caps on one H200 (``scripts/gpu_plan_bench.py``, docs/PERFORMANCE.md, session 8).
 MAX_INPUTS = 32
 MAX_OUTPUTS = 8
-#: Default of ``build_plan(fuse_epilogue=)``: NTT outputs read by at most this many elementwise rows become half
-#: NTTs (:func:`fuse_ntt_epilogues`).
-EPILOGUE_READERS = 1
 
 
 class Unit(NamedTuple):
@@ -418,47 +415,37 @@ class HalfNtt(NamedTuple):
     prologue: Prologue | None
 
 
-def fuse_ntt_epilogues(units: list[Unit], pinned: set[int], max_readers: int = EPILOGUE_READERS) -> list[Unit]:
+def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     """NTT epilogues (see the module docstring): a forward NTT unit whose output b is not in ``pinned``
-    and is read by 1 to ``max_readers`` units, all ELEMENTWISE, each reading b at one operand position, not a
-    gathered one, becomes a half NTT (key :class:`HalfNtt`), and those operands transformed (each reader runs
-    the second pass). A unit transforms at most :data:`~caramel.plan.kernel.MAX_TRANSFORMED` operands, the first
-    in operand order; an output that one of its readers cannot transform stays whole for all of them.
+    and is read by exactly one unit, an ELEMENTWISE one that reads b at one operand position, not a gathered
+    one, becomes a half NTT (key :class:`HalfNtt`), and that operand transformed (the first
+    :data:`~caramel.plan.kernel.MAX_TRANSFORMED` such operands of a unit, in operand order).
     Buffers, rows and levels are unchanged: only keys (expressions) change, so kernels batch by them."""
     E = Kind.ELEMENTWISE
     ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.NTT and not isinstance(u.key, HalfNtt)}
-    if not ntt_of or max_readers < 1:
+    if not ntt_of:
         return units
     readers: dict[int, list[int]] = {}
     for j, u in enumerate(units):
         for b in set(u.ins):
             if b in ntt_of:
                 readers.setdefault(b, []).append(j)
-
-    def candidate(u: Unit, k: int, b: int) -> bool:  # u may read b transformed at position k
-        return u.kind is E and k not in u.key.gathered and u.row.ins.count(b) == 1
-
-    cands = {j: [k for k, b in enumerate(u.row.ins) if b in ntt_of and candidate(u, k, b)]
-             for j, u in enumerate(units) if u.kind is E}
-    accepted = {b for b, rs in readers.items() if b not in pinned and len(rs) <= max_readers
-                and all(any(units[r].row.ins[k] == b for k in cands.get(r, ())) for r in rs)}
-    while True:  # a unit keeps its first MAX_TRANSFORMED; an output dropped by one reader is dropped by all
-        chosen = {j: tuple(k for k in ks if units[j].row.ins[k] in accepted)[:MAX_TRANSFORMED] for j, ks in cands.items()}
-        dropped = {units[j].row.ins[k] for j, ks in cands.items() for k in ks
-                   if units[j].row.ins[k] in accepted and k not in chosen[j]}
-        if not dropped:
-            break
-        accepted -= dropped
     out = list(units)
     exprs: dict = {}
-    for j, ks in chosen.items():
-        if ks:
-            e: Expr = units[j].key
-            expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, ks)
-            out[j] = units[j]._replace(key=exprs.setdefault(expr, expr))
-    for b in accepted:
-        n = ntt_of[b]
-        out[n] = units[n]._replace(key=HalfNtt(units[n].key))
+    for j, u in enumerate(units):
+        if u.kind is not E:
+            continue
+        e: Expr = u.key
+        ins = u.row.ins
+        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == [j]
+                       and ins.count(b) == 1 and k not in e.gathered)[:MAX_TRANSFORMED]
+        if not chosen:
+            continue
+        expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, chosen)
+        out[j] = u._replace(key=exprs.setdefault(expr, expr))
+        for k in chosen:
+            n = ntt_of[ins[k]]
+            out[n] = units[n]._replace(key=HalfNtt(units[n].key))
     return out
 
 

@@ -148,7 +148,7 @@ ROW_ORDERS = ("recent", "batch")
 
 def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.MAX_INPUTS, fuse_ntt=True,
                max_outputs: int = fusion.MAX_OUTPUTS, fuse_automorphism: bool = True, row_order: str = "recent",
-               fuse_epilogue: int = fusion.EPILOGUE_READERS) -> Plan:
+               fuse_epilogue: bool = True) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
@@ -158,8 +158,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
     inputs (:func:`~caramel.plan.fusion.merge_siblings`, with ``fuse`` only; 1: no merging),
     automorphisms computed in their elementwise consumers' loads
     (:func:`~caramel.plan.fusion.fuse_automorphisms`, with ``fuse`` and ``fuse_automorphism`` only),
-    NTT epilogues (:func:`~caramel.plan.fusion.fuse_ntt_epilogues`, with ``fuse`` only, for NTT outputs of at most
-    ``fuse_epilogue`` elementwise readers: 0 or False none, True one),
+    NTT epilogues (:func:`~caramel.plan.fusion.fuse_ntt_epilogues`, with ``fuse`` and ``fuse_epilogue`` only),
     batching (:mod:`caramel.plan.fusion`) and the rows of every kernel ordered by ``row_order``: ``"recent"``,
     most recently written inputs first (:func:`caramel.plan.order.recent_first`; 0.9% faster replay measured,
     docs/PERFORMANCE.md), or ``"batch"``, as batched.
@@ -171,7 +170,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
         raise ArgumentError(f"row_order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
     with no_gc():
         plan = _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1, bool(fuse and fuse_automorphism),
-                      int(fuse_epilogue) if fuse else 0)
+                      bool(fuse and fuse_epilogue))
         if row_order == "recent":
             t0 = time.perf_counter()
             plan = recent_first(plan)
@@ -181,7 +180,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
 
 
 def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset(),
-           max_outputs: int = 1, automorphisms: bool = False, epilogues: int = 0) -> Plan:
+           max_outputs: int = 1, automorphisms: bool = False, epilogues: bool = False) -> Plan:
     marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
@@ -203,7 +202,7 @@ def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = fro
         for c, (us, lv) in enumerate(zip(units, levels)):
             units[c], levels[c] = fusion.fuse_automorphisms(us, lv, pins[c])
     if epilogues:
-        units = [fusion.fuse_ntt_epilogues(us, pinned, epilogues) for us, pinned in zip(units, pins)]
+        units = [fusion.fuse_ntt_epilogues(us, pinned) for us, pinned in zip(units, pins)]
     kernels = [
         fusion.batch(u, lv, [ins.line for ins in c.stream.instructions]) for u, lv, c in zip(units, levels, chips)
     ]
