@@ -443,6 +443,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     options = {} if args.max_outputs is None else {"max_outputs": args.max_outputs}
     if args.no_aut_fuse:
         options["fuse_automorphism"] = False
+    if args.no_epilogue:
+        options["fuse_epilogue"] = False
     plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **options)
     if not _emit_json(args, plan.to_json()):
         print(plan_report(plan, program, n=args.n))
@@ -692,6 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no fusion across NTT boundaries (a lift, mod or base conversion computed in the NTT's load)")
     p.add_argument("--no-aut-fuse", action="store_true",
                    help="no automorphisms computed in the loads of the elementwise kernels that read them")
+    p.add_argument("--no-epilogue", action="store_true",
+                   help="no NTT epilogues (an elementwise kernel running the second pass of the NTT it reads)")
     p.add_argument("--ntt-loads", metavar="KINDS", help="what NTT loads compute: 'all', 'none' or some of "
                    "sud_lift,mod,baseconv (default: sud_lift,mod; the converting load is slower on the GPU)")
     p.add_argument("--max-outputs", metavar="K", type=_positive,

@@ -134,3 +134,12 @@ def test_plans_with_epilogues_compute_the_reference(name):
     assert any(k.half for c in plan.chips for k in c.kernels)
     want = run_reference(program, ctx, memory, "exact")
     assert not store_mismatches(want, run_plan(plan, ctx, memory, "exact"))
+
+
+def test_cli_no_epilogue():
+    from tests.conftest import caramel_cli
+
+    on = caramel_cli("plan", "programs/Mul_4L_2c")
+    off = caramel_cli("plan", "programs/Mul_4L_2c", "--no-epilogue")
+    assert on.returncode == 0 and off.returncode == 0
+    assert "NTT epilogues" in on.stdout and "NTT epilogues" not in off.stdout
