@@ -46,7 +46,7 @@ def test_kind_table_sums_to_the_kernel_count(result, program):
     assert sum(count for _, count, _, _, _ in table) == kernels == len(result.kernels)
     assert sum(share for *_, share in table) == pytest.approx(1.0)
     assert {kind for kind, *_ in table} <= {"elementwise", "ntt", "intt", "automorphism", "baseconv", "sud_lift",
-                                             "rsv", "mod"}
+                                             "rsv", "mod", "ntt-half", "epilogue"}
     total_line = [line for line in render(result).splitlines() if line.startswith("total ")]
     assert total_line and total_line[0].split()[1] == str(kernels)
 

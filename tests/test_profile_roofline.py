@@ -45,8 +45,9 @@ def test_profile_records_the_plan_traffic():
     result = profile_program(program, n=n, repeats=1, backend="cpu-plan", seed=3)
     stats = plan_stats(build_plan(program, fuse=True), program, n)
     by_kind: dict[str, int] = {}
-    for k in result.kernels:
-        by_kind[k.kind] = by_kind.get(k.kind, 0) + k.bytes
+    for k in result.kernels:  # NTT epilogues' records (caramel.profile.record_kind) under the plan's kinds
+        kind = {"ntt-half": "ntt", "epilogue": "elementwise"}.get(k.kind, k.kind)
+        by_kind[kind] = by_kind.get(kind, 0) + k.bytes
     assert by_kind == {k: b for k, b in stats["bytes_by_kind"].items() if b}
     assert sum(by_kind.values()) == stats["plan_bytes"]
     text = render(result)
@@ -69,6 +70,22 @@ def test_records_charge_each_kernel_the_plan_models_traffic():
         assert _record(k, 0, 0, 0.0, 1.0, limb_bytes=1024).bytes == k.traffic() * 1024
 
 
+def test_ntt_epilogues_have_their_own_kinds():
+    """A half NTT goes under ``ntt-half``, an elementwise kernel with transformed operands under ``epilogue``; the
+    other kernels under their kind, and the bytes are the plan model's either way."""
+    from caramel.profile import _record, record_kind
+
+    plan = build_plan(load_program(PROGRAM, progress=False))
+    kernels = [k for chip in plan.chips for k in chip.kernels]
+    kinds = {record_kind(k) for k in kernels}
+    assert {"ntt-half", "epilogue"} <= kinds
+    for k in kernels:
+        want = "ntt-half" if k.half else "epilogue" if k.expr is not None and k.expr.transformed else k.kind.value
+        assert _record(k, 0, 0, 0.0, 1.0, limb_bytes=8).kind == want
+    off = build_plan(load_program(PROGRAM, progress=False), fuse_epilogue=False)
+    assert not {"ntt-half", "epilogue"} & {record_kind(k) for chip in off.chips for k in chip.kernels}
+
+
 def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
     """On a GPU: one record per kernel of the fused plan, in plan order, one after the other (the
     clock stamps sit between the kernels of one one-stream graph), each with a time of at least 0 (a stamp's own time subtracted); the
@@ -82,7 +99,7 @@ def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
     from caramel.api import default_spec
     from caramel.ckks.check import prepare_check
     from caramel.execute.cuda_graph import GpuRun
-    from caramel.profile import _instrument_gpu
+    from caramel.profile import _instrument_gpu, record_kind
     from caramel.ring import Context
 
     import numpy as np
@@ -97,7 +114,7 @@ def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
     records = _instrument_gpu(run)
     kernels = plan.chips[0].kernels
     assert [r.index for r in records] == list(range(len(kernels)))
-    assert [r.kind for r in records] == [k.kind.value for k in kernels]
+    assert [r.kind for r in records] == [record_kind(k) for k in kernels]
     assert all(r.dur_ms >= 0 for r in records) and sum(r.dur_ms for r in records) > 0
     for a, b in zip(records, records[1:]):  # in order, without overlap (one stream)
         assert b.start_ms >= a.start_ms + a.dur_ms
