@@ -89,7 +89,8 @@ def main() -> int:
             print(f"{shape}: the epilogue's outputs differ", flush=True)
             continue
         moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o)}
-        runs = [("before", before, 0)] + [("after", after, int(b)) for b in (args.min_blocks or str(default)).split(",")]
+        settings = [int(b) for b in (args.min_blocks or str(default)).split(",")]
+        runs = [("before", before, 0)] + [("after", after, b) for b in settings]
         for label, run, blocks in runs:
             dntt.EPILOGUE_MIN_BLOCKS = blocks or default
             t = bench.time(run, sets)

@@ -94,7 +94,8 @@ def epilogue_rules(plan) -> int:
                     half_rows += 1
                     (b,) = r.outs
                     half_outputs.add(b)
-                    assert b not in stored and readers.get(b) == [(True, False)], "a half NTT output, read once, transformed"
+                    assert b not in stored and readers.get(b) == [(True, False)], \
+                        "a half NTT output, read once, transformed"
         transformed = {b for k in chip.kernels if k.expr is not None for r in k.rows for j, b in enumerate(r.ins)
                        if j in k.expr.transformed}
         assert transformed == half_outputs

@@ -127,7 +127,8 @@ class FusedProgram:
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
             "        u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,",
             "        const int* __restrict__ out_slots, const int* __restrict__ prime_idx,",
-            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles" + gather_params + ") {",
+            "        const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles"
+            + gather_params + ") {",
             "    const int r = blockIdx.x / tiles;",
             "    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;",
             "    if (i >= n4) return;",

@@ -37,6 +37,10 @@ the transform's input evict-first (FIRST_CS), and the second pass takes the limb
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
+
+Epilogues (N >= 8192): a *half* forward NTT (``_launch(half=True)``, ``ntt(half=True)``) runs the column kernel
+only; the elementwise kernel that reads its output (``FusedProgram.transformed``) runs the row pass of its tile
+in its load (:data:`_EPILOGUE`), so that the transform's output is never written in full and read back.
 """
 
 from __future__ import annotations
@@ -518,7 +522,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
     alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`).
     ``half`` (forward): the column kernel alone when N >= 8192 (its consumers run the row pass in their loads,
-    :data:`EPILOGUE`), the whole transform below."""
+    :data:`_EPILOGUE`), the whole transform below."""
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -584,12 +588,13 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: An elementwise kernel some of whose operands ("transformed") are read through the forward transform's second
 #: pass: their limbs hold what the column kernel wrote (``_launch(half=True)``), and the kernel runs the row pass
 #: of its tile of them in its load. Block = G groups of 4 rows of the (N/256) x 256 view (G = 8 // F for F
-#: transformed operands, so that F G of its 8 warps run row passes), 256 threads; warp w < F G runs the row pass of
-#: transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does (wtile_load,
-#: wtile_table, wtile_store, wpass; the block's split-factor table tl is copied by all threads); then, group by group, every
-#: thread takes 4 residues as the plain elementwise kernels do (caramel.backends.cuda.elementwise): those of the
-#: transformed operands from shared memory (fwd_final: canonical), the others from memory, and evaluates the
-#: program ({body}: the plain operands' loads, the program, the stores).
+#: transformed operands, so that F G of its 8 warps run row passes), 256 threads; warp w < F G runs the row pass
+#: of transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does
+#: (wtile_load, wtile_table, wtile_store, wpass; the block's split-factor table tl is copied by all threads);
+#: then, group by group, every thread takes 4 residues as the plain elementwise kernels do
+#: (caramel.backends.cuda.elementwise): those of the transformed operands from shared memory (fwd_final:
+#: canonical), the others from memory, and evaluates the program ({body}: the plain operands' loads, the
+#: program, the stores).
 _EPILOGUE = r"""
 extern "C" __global__ void __launch_bounds__(256, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
