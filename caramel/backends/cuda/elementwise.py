@@ -76,8 +76,10 @@ class FusedProgram:
             ks = getattr(self, name)
             if list(ks) != sorted(set(ks)) or any(not 0 <= k < self.n_vec for k in ks):
                 raise ValueError(f"{name} operands must be distinct vector operands in ascending order: {ks}")
-        if len(self.transformed) > 8 or set(self.transformed) & set(self.gathered):
-            raise ValueError("transformed operands: at most 8, none of them gathered")
+        from caramel.backends.cuda.ntt import EPILOGUE_WARPS
+
+        if len(self.transformed) > EPILOGUE_WARPS or set(self.transformed) & set(self.gathered):
+            raise ValueError(f"transformed operands: at most {EPILOGUE_WARPS}, none of them gathered")
         kinds = self.kinds()
         for o in self.outputs:
             if not 0 <= o < len(kinds) or not kinds[o]:
@@ -243,7 +245,7 @@ def fused(
     if program.transformed and ring.logn > 12:  # the epilogue kernel: its source depends on N
         from caramel.backends.cuda import ntt
 
-        lazy = ntt.LAZY and max(ring.primes) < 1 << 28
+        lazy = ntt.ring_lazy(ring)
         key = f"{name}-n{ring.n}-{int(lazy)}-b{ntt.EPILOGUE_MIN_BLOCKS}"
         kernel = ring.kernel(key, lambda: program.source(ring.logn, lazy), name)
         extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))

@@ -64,6 +64,7 @@ LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.g
 FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
 EPILOGUE_MIN_BLOCKS = 2  # resident blocks a multiprocessor asked of the epilogue kernels' __launch_bounds__
+EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels: at most this many transformed operands (one row pass each)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -514,6 +515,12 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed)
 
 
+def ring_lazy(ring: CudaRing, lazy: bool = LAZY) -> bool:
+    """Whether ``ring``'s forward transforms reduce lazily: ``lazy`` and every prime below 2^28 (the lazy bound 16q
+    must fit in 32 bits). The column kernel's intermediate depends on it, so every kernel that reads one asks this."""
+    return bool(lazy) and max(ring.primes) < 1 << 28
+
+
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
             only_row: bool = False, load_cg: bool | None = None, first_cs: bool | None = None,
@@ -533,7 +540,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         raise ValueError("only_row is the second pass of a forward NTT with N >= 8192")
     if half and (inverse or only_row):
         raise ValueError("half is the first pass of a forward NTT")
-    lazy = bool(lazy) and max(ring.primes) < 1 << 28  # the lazy bound 16q must fit in 32 bits
+    lazy = ring_lazy(ring, lazy)
     warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
@@ -596,12 +603,12 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: canonical), the others from memory, and evaluates the program ({body}: the plain operands' loads, the
 #: program, the stores).
 _EPILOGUE = r"""
-extern "C" __global__ void __launch_bounds__(256, {min_blocks}) {name}(
+extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
         const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
-    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f}, G = 8 / F;
+    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f}, G = {warps} / F;
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
@@ -648,19 +655,19 @@ extern "C" __global__ void __launch_bounds__(256, {min_blocks}) {name}(
 
 def epilogue_groups(operands: int) -> int:
     """G of :data:`_EPILOGUE`: the groups of 4 rows a block of an epilogue kernel with ``operands`` transformed
-    operands takes (one warp's row pass each per operand, 8 warps)."""
-    return 8 // operands
+    operands takes (one warp's row pass each per operand, :data:`EPILOGUE_WARPS` warps)."""
+    return EPILOGUE_WARPS // operands
 
 
 def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
                     params: str = "") -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
-    ``operands`` (at most 8, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
+    ``operands`` (at most :data:`EPILOGUE_WARPS`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
     stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
     column kernel that wrote them; ``params``: the body's further kernel parameters (gathered operands'), after
     ``tiles``."""
-    if logn <= 12 or not 0 < len(operands) <= 8:
-        raise ValueError("an epilogue kernel needs N >= 8192 and 1 to 8 transformed operands")
+    if logn <= 12 or not 0 < len(operands) <= EPILOGUE_WARPS:
+        raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_WARPS} transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
     operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
         " : " if len(operands) > 1 else "") + str(operands[-1])
@@ -669,7 +676,8 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
         reads += [f"        uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
         reads += [f"        x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
-                              transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS, params=params)
+                              transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS, params=params,
+                              warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS)
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
@@ -881,7 +889,7 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     cp = cupy()
     code = mode_code(mode)
     pmode = code if pk != 1 else 0
-    lazy = LAZY and max(ring.primes) < 1 << 28
+    lazy = ring_lazy(ring)
     limb_major = PRO_LIMB_MAJOR and pk != 2  # a converting load's rows share their inputs: tile by tile
     key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}"
     small = ring.logn <= 12
