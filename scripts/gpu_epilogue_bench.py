@@ -4,11 +4,13 @@ transform, then the program) against the epilogue (the transform's column pass, 
 pass in its load: ``ntt._launch(half=True)`` and ``FusedProgram.transformed``), per program shape.
 
     PYTHONPATH=. python3 scripts/gpu_epilogue_bench.py [--rows 150] [--shapes 2x13x2,1x24x1,...]
+        [--variants "MIN_BLOCKS=2 APART=0 APART=1,UNROLL=2"]
 
 A shape FxPxO is the key-switching inner product of tests/backends/test_cuda_epilogue.py: F transformed operands,
 P plain ones, O outputs, over R rows (F R transformed limbs). Checks the two against each other first (the same
-outputs, bit for bit), then times both (graph replays over rotating arenas, N = 65536) and prints the limbs each
-moves (two-pass transform: 4 a limb; the program: its operands and outputs) and the measured rates. Exit status 1
+outputs, bit for bit, for every variant), then times both (graph replays over rotating arenas, N = 65536) and prints the limbs each
+moves (two-pass transform: 4 a limb; the program: its operands and outputs) and the measured rates; "kernel" is
+the epilogue kernel alone. Exit status 1
 when the outputs differ.
 """
 
@@ -32,8 +34,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=150)
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3")
-    ap.add_argument("--min-blocks", default="", help="ntt.EPILOGUE_MIN_BLOCKS settings to time the epilogue with "
-                    "(comma separated; default: the module's)")
+    ap.add_argument("--variants", default="", help="epilogue settings to check and time, space separated; each a "
+                    "comma-separated list of NAME=INT for ntt.EPILOGUE_NAME (e.g. APART=0,MIN_BLOCKS=3; default: the "
+                    "module's settings)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -51,7 +54,19 @@ def main() -> int:
     bench = Bench(cp, args.n)
     limb = 4 * args.n
     failures = []
-    default = dntt.EPILOGUE_MIN_BLOCKS
+    defaults = {name: getattr(dntt, name) for name in dir(dntt) if name.startswith("EPILOGUE_")}
+
+    def configure(variant: str) -> None:
+        """Restore the module's epilogue settings, then apply ``variant`` (NAME=INT,...)."""
+        for name, value in defaults.items():
+            setattr(dntt, name, value)
+        for item in filter(None, variant.split(",")):
+            name, value = item.split("=")
+            if "EPILOGUE_" + name not in defaults:
+                raise SystemExit(f"unknown epilogue setting {name}")
+            setattr(dntt, "EPILOGUE_" + name, type(defaults["EPILOGUE_" + name])(int(value)))
+
+    variants = args.variants.split() or [""]
 
     def i32(a):
         return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
@@ -79,23 +94,29 @@ def main() -> int:
             dntt._launch(ring, arena, tslots[s], tslots[s], tprimes, False, half=True)
             dew.fused(ring, program, arena, out[s], vec[s], primes)
 
-        results = []
-        for run in (before, after):
+        def outputs(run, variant=""):
+            configure(variant)
             arena[...] = initial
             run(0)
-            results.append(cp.asnumpy(arena[cp.asnumpy(out[0]).ravel()]))
-        if not np.array_equal(*results):
-            failures.append(shape)
-            print(f"{shape}: the epilogue's outputs differ", flush=True)
+            return cp.asnumpy(arena[cp.asnumpy(out[0]).ravel()])
+
+        expected = outputs(before)
+        wrong = [v or "default" for v in variants if not np.array_equal(outputs(after, v), expected)]
+        if wrong:
+            failures.append(f"{shape} ({', '.join(wrong)})")
+            print(f"{shape}: the epilogue's outputs differ ({', '.join(wrong)})", flush=True)
             continue
-        moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o)}
-        settings = [int(b) for b in (args.min_blocks or str(default)).split(",")]
-        runs = [("before", before, 0)] + [("after", after, b) for b in settings]
-        for label, run, blocks in runs:
-            dntt.EPILOGUE_MIN_BLOCKS = blocks or default
+        def alone(s):  # the epilogue kernel alone (on the half transform's output of the checks above)
+            dew.fused(ring, program, arena, out[s], vec[s], primes)
+
+        moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o), "kernel": rows * (nv + o)}
+        for label, run, variant in [("before", before, "")] + [(label, run, v) for v in variants
+                                                               for label, run in (("after", after), ("kernel", alone))]:
+            configure(variant)
             t = bench.time(run, sets)
-            bench.add(f"{shape} {label}" + (f", min blocks {blocks}" if blocks else ""), f"R={rows}", t,
+            bench.add(f"{shape} {label}" + (f", {variant}" if variant else ""), f"R={rows}", t,
                       f"{moved[label]} limbs, {moved[label] * limb / t / 1e9:6.0f} GB/s")
+        configure("")
         del arena, initial
         cp.get_default_memory_pool().free_all_blocks()
     print("\n| shape FxPxO | what | us | traffic |\n| --- | --- | --- | --- |")

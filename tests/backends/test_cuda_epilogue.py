@@ -23,6 +23,16 @@ from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F40
 
 pytestmark = pytest.mark.gpu
 
+#: Epilogue kernel settings (caramel.backends.cuda.ntt.EPILOGUE_*) every test runs under.
+SETTINGS = {"default": {}, "groups-together": {"EPILOGUE_APART": False}, "apart-prefetch": {"EPILOGUE_APART": True,
+            "EPILOGUE_PREFETCH": 65536}, "together-prefetch": {"EPILOGUE_APART": False, "EPILOGUE_PREFETCH": 65536}}
+
+
+@pytest.fixture(params=list(SETTINGS))
+def settings(request, monkeypatch):
+    for name, value in SETTINGS[request.param].items():
+        monkeypatch.setattr(dntt, name, value)
+
 
 def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> FusedProgram:
     """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
@@ -57,7 +67,7 @@ def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[
 
 
 @pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (5, 7, 2), (8, 8, 3)], ids=str)
-def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, f, p, o):
+def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
     ctx, ring = pair
     program = inner_products(f, p, o)
     rows = 3
@@ -88,7 +98,7 @@ def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, f, p, o):
                                   f"want {want[bad[0]]}, have {got[bad[0]]}")
 
 
-def test_epilogue_with_gathered_operands(pair, rng):
+def test_epilogue_with_gathered_operands(pair, rng, settings):
     """Transformed operands beside operands read through an automorphism (the epilogue kernel's body gathers as the
     plain kernel does)."""
     ctx, ring = pair

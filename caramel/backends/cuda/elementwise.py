@@ -121,9 +121,10 @@ class FusedProgram:
         if self.transformed and logn > 12:
             from caramel.backends.cuda import ntt
 
-            body = "\n".join("    " + line for line in self._body(skip=self.transformed))
+            body = "\n".join("        " + line for line in self._body(skip=self.transformed))
             return "\n".join(self._gather_helpers()) + ntt.epilogue_source(
-                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params)
+                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params,
+                tuple(k for k in range(self.n_vec) if k not in self.transformed and k not in self.gathered))
         lines = self._gather_helpers()
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
@@ -246,7 +247,7 @@ def fused(
         from caramel.backends.cuda import ntt
 
         lazy = ntt.ring_lazy(ring)
-        key = f"{name}-n{ring.n}-{int(lazy)}-b{ntt.EPILOGUE_MIN_BLOCKS}"
+        key = f"{name}-n{ring.n}-{int(lazy)}-{ntt.epilogue_config()}"
         kernel = ring.kernel(key, lambda: program.source(ring.logn, lazy), name)
         extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))
         tiles //= ntt.epilogue_groups(len(program.transformed))  # a block takes G groups of 4 rows
