@@ -30,7 +30,8 @@ from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
 from caramel.profile import _instrument_gpu, copy_bandwidth, render_roofline  # noqa: E402
 from caramel.ring import Context  # noqa: E402
-from reference_digests import bootstrap_inputs, reference_digest  # noqa: E402  (scripts/ beside this file)
+from gpu_kernels_check import KernelSettings  # noqa: E402  (scripts/ beside this file)
+from reference_digests import bootstrap_inputs, reference_digest  # noqa: E402
 
 CHECKS = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "BootstrapModRaise_10L_1c", "Mul_10L_2c"]
 
@@ -75,16 +76,6 @@ def ntt_throughput(ctx, rows: int, repeats: int) -> float:
     return rows / (t.median_ms / 1e3)
 
 
-def apply_ntt_set(module, defaults: dict, ntt_set: str) -> None:
-    """The NTT module's settings ``defaults``, then those of ``ntt_set`` ("NAME=V,NAME=V" or "default")."""
-    for name, value in defaults.items():
-        setattr(module, name, value)
-    for item in filter(None, ntt_set.split(",")):
-        if item != "default":
-            name, _, value = item.partition("=")
-            setattr(module, name, type(getattr(module, name))(int(value)))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=Path, action="append")
@@ -99,8 +90,9 @@ def main() -> int:
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     ap.add_argument("--ntt-set", action="append", default=[],
-                    help="NTT module settings NAME=V[,NAME=V] (e.g. LOAD_CG=0), one timing of the fused graphs each, "
-                         "in this process (repeatable; 'default' for the module's own)")
+                    help="kernel settings NAME=V[,NAME=V] (NTT module, e.g. LOAD_CG=0; ew.NAME for the elementwise "
+                         "module), one timing of the fused graphs each, in this process (repeatable; 'default' for "
+                         "the modules' own)")
     args = ap.parse_args()
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
     if not gpu_available():
@@ -138,13 +130,10 @@ def main() -> int:
     variants = (("eager per instruction", unfused, False, True, 1), ("eager unfused kernels", unfused, False, False, 1),
                 ("graph unfused", unfused, True, False, 1), ("graph fused", fused, True, False, 1),
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
-    from caramel.backends.cuda import ntt as dntt
-
     ntt_sets = args.ntt_set or ["default"]
-    names = {item.partition("=")[0] for ntt_set in ntt_sets for item in filter(None, ntt_set.split(","))} - {"default"}
-    if names - set(vars(dntt)):
-        raise SystemExit(f"--ntt-set: no NTT module setting {', '.join(sorted(names - set(vars(dntt))))}")
-    settings = {name: getattr(dntt, name) for name in names}  # the module's own values
+    settings = KernelSettings()
+    for ntt_set in ntt_sets:
+        settings.check(ntt_set)
     copy_gbs = copy_bandwidth()
     runs = [(f"{label} [{ntt_set}]" if len(ntt_sets) > 1 and label.startswith("graph fused") else label, plan, graph,
              per_row, streams, ntt_set)
@@ -155,7 +144,7 @@ def main() -> int:
             continue
         if label.startswith("graph fused") and str(streams) not in args.streams.split(","):
             continue
-        apply_ntt_set(dntt, settings, ntt_set)
+        settings.apply(ntt_set)
         t0 = time.perf_counter()
         run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
@@ -179,10 +168,10 @@ def main() -> int:
     rows.append(("digests of the three modes agree", str(agree)))
     rows.append(("digest", next(iter(digests.values()))))
     for ntt_set in ntt_sets:
-        apply_ntt_set(dntt, settings, ntt_set)
+        settings.apply(ntt_set)
         rate = ntt_throughput(ctx, args.ntt_rows, args.repeats)
         rows.append((f"NTT throughput (batched {args.ntt_rows} limbs, N={args.n}) [{ntt_set}]", f"{rate:.3e} limbs/s"))
-    apply_ntt_set(dntt, settings, "default")
+    settings.apply("default")
     stored = reference_digest(args.program, args.n)
     if stored is not None:
         # The CPU reference's digest for these inputs, computed once on the dev VM by

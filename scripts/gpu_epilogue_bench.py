@@ -4,7 +4,7 @@ transform, then the program) against the epilogue (the transform's column pass, 
 pass in its load: ``ntt._launch(half=True)`` and ``FusedProgram.transformed``), per program shape.
 
     PYTHONPATH=. python3 scripts/gpu_epilogue_bench.py [--rows 150] [--shapes 2x13x2,1x24x1,...]
-        [--variants "MIN_BLOCKS=2 APART=0 APART=1,UNROLL=2"]
+        [--variants "EPILOGUE_APART=0 EPILOGUE_UNROLL=2,ew.LAZY_SUMS=0"]
 
 A shape FxPxO is the key-switching inner product of tests/backends/test_cuda_epilogue.py: F transformed operands,
 P plain ones, O outputs, over R rows (F R transformed limbs). Checks the two against each other first (the same
@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from gpu_kernels_check import Bench, sets_for  # noqa: E402
+from gpu_kernels_check import Bench, KernelSettings, sets_for  # noqa: E402
 
 
 def main() -> int:
@@ -34,9 +34,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=150)
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3")
-    ap.add_argument("--variants", default="", help="epilogue settings to check and time, space separated; each a "
-                    "comma-separated list of NAME=INT for ntt.EPILOGUE_NAME (e.g. APART=0,MIN_BLOCKS=3; default: the "
-                    "module's settings)")
+    ap.add_argument("--variants", default="", help="kernel settings to check and time, space separated; each a "
+                    "comma-separated list of NAME=INT (caramel.backends.cuda.ntt) or ew.NAME=INT (elementwise), e.g. "
+                    "EPILOGUE_APART=0,ew.LAZY_SUMS=0 (default: the modules' own)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -54,19 +54,11 @@ def main() -> int:
     bench = Bench(cp, args.n)
     limb = 4 * args.n
     failures = []
-    defaults = {name: getattr(dntt, name) for name in dir(dntt) if name.startswith("EPILOGUE_")}
-
-    def configure(variant: str) -> None:
-        """Restore the module's epilogue settings, then apply ``variant`` (NAME=INT,...)."""
-        for name, value in defaults.items():
-            setattr(dntt, name, value)
-        for item in filter(None, variant.split(",")):
-            name, value = item.split("=")
-            if "EPILOGUE_" + name not in defaults:
-                raise SystemExit(f"unknown epilogue setting {name}")
-            setattr(dntt, "EPILOGUE_" + name, type(defaults["EPILOGUE_" + name])(int(value)))
-
+    settings = KernelSettings()
     variants = args.variants.split() or [""]
+    for variant in variants:
+        settings.check(variant)
+    configure = settings.apply
 
     def i32(a):
         return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))

@@ -69,6 +69,41 @@ class Bench:
         print(f"  {name:<28} {config:<26} {seconds * 1e6:10.1f} us   {rate}", flush=True)
 
 
+class KernelSettings:
+    """The CUDA kernels' module settings by name: NAME of caramel.backends.cuda.ntt, ew.NAME of
+    caramel.backends.cuda.elementwise. ``apply(spec)`` restores what earlier calls changed, then applies ``spec``
+    ("NAME=INT,NAME=INT", "" or "default" for the modules' own)."""
+
+    def __init__(self):
+        from caramel.backends.cuda import elementwise, ntt
+
+        self.modules = {"": ntt, "ew.": elementwise}
+        self.saved: dict[tuple[object, str], object] = {}
+
+    def check(self, spec: str) -> None:
+        """SystemExit naming the first unknown setting of ``spec``."""
+        for item in filter(None, spec.split(",")):
+            if item != "default":
+                module, attr = self._where(item.partition("=")[0])
+                if not hasattr(module, attr):
+                    raise SystemExit(f"no kernel setting {item.partition('=')[0]}")
+
+    def apply(self, spec: str) -> None:
+        self.check(spec)
+        for (module, attr), value in self.saved.items():
+            setattr(module, attr, value)
+        for item in filter(None, spec.split(",")):
+            if item != "default":
+                name, _, value = item.partition("=")
+                module, attr = self._where(name)
+                self.saved.setdefault((module, attr), getattr(module, attr))
+                setattr(module, attr, type(getattr(module, attr))(int(value)))
+
+    def _where(self, name: str):
+        prefix = "ew." if name.startswith("ew.") else ""
+        return self.modules[prefix], name[len(prefix):]
+
+
 def sets_for(bytes_per_set: int) -> int:
     return max(2, min(16, SET_BYTES // max(bytes_per_set, 1)))
 

@@ -24,8 +24,7 @@ from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F40
 pytestmark = pytest.mark.gpu
 
 #: Epilogue kernel settings (caramel.backends.cuda.ntt.EPILOGUE_*) every test runs under.
-SETTINGS = {"default": {}, "groups-together": {"EPILOGUE_APART": False}, "apart-prefetch": {"EPILOGUE_APART": True,
-            "EPILOGUE_PREFETCH": 65536}, "together-prefetch": {"EPILOGUE_APART": False, "EPILOGUE_PREFETCH": 65536}}
+SETTINGS = {"default": {}, "groups-together": {"EPILOGUE_APART": False}, "unrolled": {"EPILOGUE_UNROLL": 2}}
 
 
 @pytest.fixture(params=list(SETTINGS))

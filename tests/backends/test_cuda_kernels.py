@@ -30,6 +30,7 @@ from caramel.ring import Context, Mode  # noqa: E402
 from caramel.ring import crt as rcrt  # noqa: E402
 from caramel.ring import modular as rmod  # noqa: E402
 from tests.backends.cuda_support import POISON, i32, pair, rings, rng  # noqa: E402,F401 (pair, rng: fixtures)
+from tests.backends.test_lazy_sums import random_sums  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -262,12 +263,18 @@ def random_program(rng, n_vec=3, n_scalar=2, n_ops=9) -> FusedProgram:
     return FusedProgram(n_vec, n_scalar, tuple(ops), outputs + (0,))
 
 
-def test_fused_program(pair, rng):
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy-sums", "eager"])
+@pytest.mark.parametrize("shape", ["random", "sums"])
+def test_fused_program(pair, rng, monkeypatch, lazy, shape):
+    """A random program (``sums``: one leaning to sums of products, test_lazy_sums.random_sums) with sums reduced
+    once (``ew.LAZY_SUMS``) or every operation reduced, against the reference's operations."""
     ctx, ring = pair
-    prog = random_program(rng)
+    monkeypatch.setattr(ew, "LAZY_SUMS", lazy)
+    prog = random_program(rng) if shape == "random" else random_sums(rng)
     rows = 4
     limbs = limb_choice(rng, rows)
     vecs = [residues(ctx, limbs, rng) for _ in range(prog.n_vec)]
+    vecs[0][0, :8] = [ctx.q(limbs[0]) - 1] * 8  # the largest residues (the accumulator's worst case)
     svals = [np.array([rng.integers(0, ctx.q(l)) for l in limbs], dtype=np.uint32) for _ in range(prog.n_scalar)]
     arena = Arena(ctx.n, (prog.n_vec + len(prog.outputs)) * rows, rng)
     vslots = np.stack([arena.put(v) for v in vecs], axis=1)

@@ -35,6 +35,15 @@ THREADS = 256
 #: compile side by side (the GPU tests check both).
 GATHER_VECTOR = True
 
+#: Sums of products reduce once (see :meth:`FusedProgram.lazy_sums`): a vector ``add`` whose operand tree holds
+#: products is one 64-bit accumulation and one Barrett reduction instead of a reduction per operation. Off, the
+#: signature says ``|eager`` for programs it changes, so both variants compile side by side (the GPU tests check both).
+LAZY_SUMS = True
+
+#: Terms a 64-bit accumulator takes between two reductions: a term is a product of two residues (< 2^60, as the
+#: kernels need q < 2^30) or a residue, so a reduced value plus 15 terms stays below 2^30 + 15 * 2^60 < 2^64.
+LAZY_TERMS = 15
+
 #: Operation name -> (arity, C expression template over a, b, q, mu).
 OPS = {
     "add": (2, "add_mod({a}, {b}, q)"),
@@ -107,7 +116,45 @@ class FusedProgram:
             text += f"|g{','.join(map(str, self.gathered))}" + ("|v4" if GATHER_VECTOR else "")
         if self.transformed:
             text += f"|t{','.join(map(str, self.transformed))}"
+        if not LAZY_SUMS and self.lazy_sums()[0]:
+            text += "|eager"
         return text
+
+    def lazy_sums(self) -> tuple[dict[int, tuple[tuple[int, ...], ...]], frozenset[int]]:
+        """The vector sums that reduce once, and the values they hide. Sums: value v -> its terms, each ``(a, b)``
+        (the product a b) or ``(a,)`` (the value a), v = sum of the terms mod q. A vector ``add`` absorbs each of
+        its operands that is a vector ``add`` or ``mul`` read only there (not an output), recursively; an add that
+        is not absorbed itself is a sum when its terms hold a product, and hides what it absorbed (no code of their
+        own). Exact: the residue of the exact sum is what the chain of ``add_mod`` and ``mul_mod`` computes."""
+        kinds = self.kinds()
+        base = self.n_vec + self.n_scalar
+        ops = {base + i: op for i, op in enumerate(self.ops)}
+        uses = [0] * (base + len(self.ops))
+        for a in [a for op in self.ops for a in op.args] + list(self.outputs):
+            uses[a] += 1
+        absorbed = {a for v, op in ops.items() if op.op == "add" and kinds[v] for a in op.args
+                    if a in ops and kinds[a] and ops[a].op in ("add", "mul") and uses[a] == 1}
+
+        def expand(v: int, hidden: list) -> tuple[tuple[int, ...], ...]:
+            """The terms of add v's operands, appending the absorbed values they stand for to ``hidden``."""
+            found = []
+            for a in ops[v].args:
+                if a not in absorbed:
+                    found.append((a,))
+                    continue
+                hidden.append(a)
+                found.extend([ops[a].args] if ops[a].op == "mul" else expand(a, hidden))
+            return tuple(found)
+
+        sums, hidden = {}, set()
+        for v, op in ops.items():
+            if op.op == "add" and kinds[v] and v not in absorbed:
+                inside: list[int] = []
+                found = expand(v, inside)
+                if any(len(t) == 2 for t in found):
+                    sums[v] = found
+                    hidden.update(inside)
+        return sums, frozenset(hidden)
 
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
@@ -123,8 +170,7 @@ class FusedProgram:
 
             body = "\n".join("        " + line for line in self._body(skip=self.transformed))
             return "\n".join(self._gather_helpers()) + ntt.epilogue_source(
-                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params,
-                tuple(k for k in range(self.n_vec) if k not in self.transformed and k not in self.gathered))
+                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params)
         lines = self._gather_helpers()
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
@@ -198,18 +244,36 @@ class FusedProgram:
             if not kinds[v]:
                 a, b = (f"x{op.args[0]}", f"x{op.args[-1]}")
                 lines.append(f"    const u32 x{v} = {OPS[op.op][1].format(a=a, b=b)};")
+        sums, hidden = self.lazy_sums() if LAZY_SUMS else ({}, frozenset())
         for v in range(nv + ns + len(self.ops)):
-            if kinds[v] and v >= nv:
+            if kinds[v] and v >= nv and v not in hidden:
                 lines.append(f"    uint4 x{v};")
         for c in "xyzw":
+            def arg(a: int) -> str:
+                return f"x{a}.{c}" if kinds[a] else f"x{a}"
+
             for idx, op in enumerate(self.ops):
                 v = nv + ns + idx
-                if kinds[v]:
-                    args = [f"x{a}.{c}" if kinds[a] else f"x{a}" for a in op.args]
+                if v in sums:
+                    lines.append(f"    x{v}.{c} = {lazy_sum(sums[v], arg)};")
+                elif kinds[v] and v not in hidden:
+                    args = [arg(a) for a in op.args]
                     lines.append(f"    x{v}.{c} = {OPS[op.op][1].format(a=args[0], b=args[-1])};")
         for k, o in enumerate(self.outputs):
             lines.append(f"    ((uint4*)arena)[(u64)out_slots[r * {no} + {k}] * n4 + i] = x{o};")
         return lines
+
+
+def lazy_sum(terms, arg) -> str:
+    """A C expression for the residue of the sum of ``terms`` (see :meth:`FusedProgram.lazy_sums`; ``arg(v)``: the
+    C name of value v): a 64-bit accumulation reduced once every :data:`LAZY_TERMS` terms and at the end."""
+    acc = ""
+    for i, t in enumerate(terms):
+        term = f"(u64){arg(t[0])} * {arg(t[1])}" if len(t) == 2 else f"(u64){arg(t[0])}"
+        if i and i % LAZY_TERMS == 0:
+            acc = f"(u64)reduce64({acc}, q, mu)"
+        acc = f"{acc} + {term}" if acc else term
+    return f"reduce64({acc}, q, mu)"
 
 
 def fused(

@@ -67,7 +67,6 @@ EPILOGUE_MIN_BLOCKS = 2  # resident blocks a multiprocessor asked of the epilogu
 EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels: at most this many transformed operands (one row pass each)
 EPILOGUE_APART = True  # each group of an epilogue block evaluates its program with its own warps (see _EPILOGUE)
 EPILOGUE_UNROLL = 1  # the unroll factor of an epilogue kernel's loop over its 16-byte words
-EPILOGUE_PREFETCH = 0  # bytes of its plain operands an epilogue block asks into L2 before its row passes (see _EPILOGUE)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -190,12 +189,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(s), "l"(gmem) : "memory");
-}}
-// An L2 prefetch of `bytes` (a multiple of 16) at p (16-byte aligned): one bulk prefetch on sm_90, none before.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(p), "r"(bytes) : "memory");
-#endif
 }}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
@@ -618,8 +611,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f}, G = {warps} / F;
-    constexpr bool APART = {apart};
-    constexpr int PB = {pb};
+    constexpr bool APART = {apart} && G > 1;  // (with one group, all warps evaluate it)
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
@@ -632,10 +624,6 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
     uint2* wt = (uint2*)(sm + 4 * WPITCH);
-    if (PB > 0 && threadIdx.x < G * {np}) {{  // the first PB bytes of each group's tile of each plain operand into L2
-        const int j = threadIdx.x % {np}, k = {plain_of};
-        prefetch_l2(arena + (u64)vec_slots[r * {nv} + k] * NN + (G * tile + threadIdx.x / {np}) * 1024, PB);
-    }}
     if (warp < F * G) {{
         const int f = warp % F;
         const int k = {operand_of};
@@ -677,7 +665,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
 
 def epilogue_config() -> str:
     """The epilogue kernels' settings, part of their cache key (the source depends on them)."""
-    return f"b{EPILOGUE_MIN_BLOCKS}a{int(EPILOGUE_APART)}u{EPILOGUE_UNROLL}p{EPILOGUE_PREFETCH}"
+    return f"b{EPILOGUE_MIN_BLOCKS}a{int(EPILOGUE_APART)}u{EPILOGUE_UNROLL}"
 
 
 def epilogue_groups(operands: int) -> int:
@@ -686,20 +674,8 @@ def epilogue_groups(operands: int) -> int:
     return EPILOGUE_WARPS // operands
 
 
-def _choice(var: str, values) -> str:
-    """A C expression for values[var] (a chain of conditionals, for small constant lists)."""
-    values = list(values)
-    return "".join(f"{var} == {i} ? {v} : " for i, v in enumerate(values[:-1])) + str(values[-1])
-
-
-def prefetch_bytes(plain: int, groups: int, budget: int) -> int:
-    """PB of :data:`_EPILOGUE`: the bytes at the start of each group's 4 KiB tile of each of ``plain`` operands
-    that ``budget`` bytes a block allow (multiples of 256; 0: none)."""
-    return 0 if not plain else min(4096, budget // (plain * groups)) // 256 * 256
-
-
 def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
-                    params: str = "", plain: tuple[int, ...] = ()) -> str:
+                    params: str = "") -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
     ``operands`` (at most :data:`EPILOGUE_WARPS`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
     stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
@@ -708,9 +684,8 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_WARPS:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_WARPS} transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
-    operand_of = _choice("f", operands)
-    g = epilogue_groups(len(operands))
-    pb = prefetch_bytes(len(plain), g, EPILOGUE_PREFETCH)
+    operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
+        " : " if len(operands) > 1 else "") + str(operands[-1])
     reads = []
     for w, k in enumerate(operands):
         reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
@@ -718,8 +693,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
                               transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS, params=params,
                               warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS,
-                              apart=str(EPILOGUE_APART).lower(), unroll=EPILOGUE_UNROLL, pb=pb, np=max(len(plain), 1),
-                              plain_of=_choice("j", plain or (0,)))
+                              apart=str(EPILOGUE_APART).lower(), unroll=EPILOGUE_UNROLL)
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
