@@ -72,7 +72,7 @@ class Bench:
 class KernelSettings:
     """The CUDA kernels' module settings by name: NAME of caramel.backends.cuda.ntt, ew.NAME of
     caramel.backends.cuda.elementwise. ``apply(spec)`` restores what earlier calls changed, then applies ``spec``
-    ("NAME=INT,NAME=INT", "" or "default" for the modules' own)."""
+    ("NAME=INT,NAME=INT", "" or "default" for the modules' own; a tuple setting takes INT/INT/...)."""
 
     def __init__(self):
         from caramel.backends.cuda import elementwise, ntt
@@ -97,7 +97,9 @@ class KernelSettings:
                 name, _, value = item.partition("=")
                 module, attr = self._where(name)
                 self.saved.setdefault((module, attr), getattr(module, attr))
-                setattr(module, attr, type(getattr(module, attr))(int(value)))
+                old = getattr(module, attr)
+                setattr(module, attr, tuple(int(v) for v in value.split("/")) if isinstance(old, tuple)
+                        else type(old)(int(value)))
 
     def _where(self, name: str):
         prefix = "ew." if name.startswith("ew.") else ""

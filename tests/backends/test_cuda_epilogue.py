@@ -24,13 +24,14 @@ from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F40
 pytestmark = pytest.mark.gpu
 
 #: Epilogue kernel settings (caramel.backends.cuda.ntt.EPILOGUE_*) every test runs under.
-SETTINGS = {"default": {}, "groups-together": {"EPILOGUE_APART": False}, "unrolled": {"EPILOGUE_UNROLL": 2}}
+SETTINGS = {"default": [], "groups-together": [(dntt, "EPILOGUE_APART", False)],
+            "two-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (2,))], "eager-sums": [(dew, "LAZY_SUMS", False)]}
 
 
 @pytest.fixture(params=list(SETTINGS))
 def settings(request, monkeypatch):
-    for name, value in SETTINGS[request.param].items():
-        monkeypatch.setattr(dntt, name, value)
+    for module, name, value in SETTINGS[request.param]:
+        monkeypatch.setattr(module, name, value)
 
 
 def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> FusedProgram:
@@ -129,6 +130,19 @@ def test_epilogue_with_gathered_operands(pair, rng, settings):
             operands.append(x)
         for j, want in enumerate(evaluate(program, operands, ctx.q(l))):
             assert np.array_equal(have[out[r, j]], want), f"row {r} output {j}"
+
+
+def test_launch_bounds_without_spills(pair, monkeypatch):
+    """An epilogue kernel takes the first of ntt.EPILOGUE_MIN_BLOCKS under which it needs no local memory: a small
+    program three blocks a multiprocessor; under (4, 3, 2), a large one not 4 (at most 64 registers)."""
+    ctx, ring = pair
+    if ctx.n < 8192:
+        pytest.skip("no epilogue kernel below N = 8192")
+    kernel, blocks = dew.epilogue_kernel(ring, inner_products(1, 1, 1))
+    assert blocks == dntt.EPILOGUE_MIN_BLOCKS[0] and kernel.local_size_bytes == 0
+    monkeypatch.setattr(dntt, "EPILOGUE_MIN_BLOCKS", (4, 3, 2))
+    kernel, blocks = dew.epilogue_kernel(ring, inner_products(8, 23, 5))
+    assert blocks < 4 and (kernel.local_size_bytes == 0 or blocks == 2)
 
 
 def test_program_checks(pair):

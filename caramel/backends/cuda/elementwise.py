@@ -159,10 +159,11 @@ class FusedProgram:
     def kernel_name(self) -> str:
         return "fused_" + hashlib.sha1(self.signature().encode()).hexdigest()[:16]
 
-    def source(self, logn: int = 0, lazy: bool = True) -> str:
+    def source(self, logn: int = 0, lazy: bool = True, min_blocks: int | None = None) -> str:
         """CUDA source of the kernel (without the common helpers). With transformed operands and N = 2^logn >=
         8192: the epilogue kernel (:func:`caramel.backends.cuda.ntt.epilogue_source`, ``lazy`` as the column
-        kernel's); below, the transformed operands are plain (the transform ran whole)."""
+        kernel's, launch bounds of ``min_blocks``); below, the transformed operands are plain (the transform ran
+        whole)."""
         ng = len(self.gathered)
         gather_params = ", const int* __restrict__ galois, int logn" if ng else ""
         if self.transformed and logn > 12:
@@ -170,7 +171,7 @@ class FusedProgram:
 
             body = "\n".join("        " + line for line in self._body(skip=self.transformed))
             return "\n".join(self._gather_helpers()) + ntt.epilogue_source(
-                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params)
+                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params, min_blocks)
         lines = self._gather_helpers()
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
@@ -276,6 +277,22 @@ def lazy_sum(terms, arg) -> str:
     return f"reduce64({acc}, q, mu)"
 
 
+def epilogue_kernel(ring: CudaRing, program: FusedProgram):
+    """(kernel, min blocks) of ``program``'s epilogue kernel (transformed operands, N >= 8192): compiled under the
+    launch bounds of each of ``ntt.EPILOGUE_MIN_BLOCKS`` in turn, the first that needs no local memory (spills),
+    else the last."""
+    from caramel.backends.cuda import ntt
+
+    lazy = ntt.ring_lazy(ring)
+    name = program.kernel_name()
+    for blocks in ntt.EPILOGUE_MIN_BLOCKS:
+        key = f"{name}-n{ring.n}-{int(lazy)}-a{int(ntt.EPILOGUE_APART)}-b{blocks}"  # the source depends on all
+        kernel = ring.kernel(key, lambda b=blocks: program.source(ring.logn, lazy, b), name)
+        if not kernel.local_size_bytes:
+            break
+    return kernel, blocks
+
+
 def fused(
     ring: CudaRing, program: FusedProgram, arena, out_slots, vec_slots, prime_idx, scalars=None, scalar_idx=None,
     galois=None,
@@ -310,9 +327,7 @@ def fused(
     if program.transformed and ring.logn > 12:  # the epilogue kernel: its source depends on N
         from caramel.backends.cuda import ntt
 
-        lazy = ntt.ring_lazy(ring)
-        key = f"{name}-n{ring.n}-{int(lazy)}-{ntt.epilogue_config()}"
-        kernel = ring.kernel(key, lambda: program.source(ring.logn, lazy), name)
+        kernel, _ = epilogue_kernel(ring, program)
         extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))
         tiles //= ntt.epilogue_groups(len(program.transformed))  # a block takes G groups of 4 rows
         if kernel.max_dynamic_shared_size_bytes < smem:

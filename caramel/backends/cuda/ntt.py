@@ -63,10 +63,11 @@ WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
 LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
 FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
-EPILOGUE_MIN_BLOCKS = 2  # resident blocks a multiprocessor asked of the epilogue kernels' __launch_bounds__
+#: Resident blocks a multiprocessor asked of an epilogue kernel's __launch_bounds__, in order: it takes the first
+#: under which it compiles without spilling (no local memory), else the last (see elementwise.fused).
+EPILOGUE_MIN_BLOCKS = (3, 2)
 EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels: at most this many transformed operands (one row pass each)
 EPILOGUE_APART = True  # each group of an epilogue block evaluates its program with its own warps (see _EPILOGUE)
-EPILOGUE_UNROLL = 1  # the unroll factor of an epilogue kernel's loop over its 16-byte words
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -600,10 +601,12 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: transformed operands, so that F G of its 8 warps run row passes), 256 threads; warp w < F G runs the row pass
 #: of transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does
 #: (wtile_load, wtile_table, wtile_store, wpass; the block's split-factor table tl is copied by all threads);
-#: then, group by group, every thread takes 4 residues as the plain elementwise kernels do
-#: (caramel.backends.cuda.elementwise): those of the transformed operands from shared memory (fwd_final:
-#: canonical), the others from memory, and evaluates the program ({body}: the plain operands' loads, the
-#: program, the stores).
+#: then threads take 4 residues at a time as the plain elementwise kernels do (caramel.backends.cuda.elementwise):
+#: those of the transformed operands from shared memory (fwd_final: canonical), the others from memory, and
+#: evaluate the program ({body}: the plain operands' loads, the program, the stores). With EPILOGUE_APART and
+#: G > 1, a group's F warps take its 4 rows as soon as their own row passes are done (a named barrier of the
+#: group), so that the warps drift apart as _ROWW's do and one group's loads overlap another's row passes;
+#: otherwise all threads take every group in turn after a block barrier. Launch bounds: see EPILOGUE_MIN_BLOCKS.
 _EPILOGUE = r"""
 extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
@@ -651,7 +654,6 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const int g0 = APART ? warp / F : 0, g1 = APART ? g0 + 1 : G, e0 = APART ? (warp % F) * 32 + lane : threadIdx.x;
 #pragma unroll 1
     for (int g = g0; g < g1; ++g) {{  // one group at a time (its operands' registers, not G groups')
-#pragma unroll {unroll}
         for (int e = e0; e < 256; e += APART ? 32 * F : 256) {{
             const int i = (G * tile + g) * 256 + e;
             const u32* gs = dyn + 480 + g * F * (4 * WPITCH + 2 * WT) + wsidx(e >> 6, (e & 63) * 4);
@@ -663,11 +665,6 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
 """
 
 
-def epilogue_config() -> str:
-    """The epilogue kernels' settings, part of their cache key (the source depends on them)."""
-    return f"b{EPILOGUE_MIN_BLOCKS}a{int(EPILOGUE_APART)}u{EPILOGUE_UNROLL}"
-
-
 def epilogue_groups(operands: int) -> int:
     """G of :data:`_EPILOGUE`: the groups of 4 rows a block of an epilogue kernel with ``operands`` transformed
     operands takes (one warp's row pass each per operand, :data:`EPILOGUE_WARPS` warps)."""
@@ -675,12 +672,13 @@ def epilogue_groups(operands: int) -> int:
 
 
 def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
-                    params: str = "") -> str:
+                    params: str = "", min_blocks: int | None = None) -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
     ``operands`` (at most :data:`EPILOGUE_WARPS`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
     stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
     column kernel that wrote them; ``params``: the body's further kernel parameters (gathered operands'), after
-    ``tiles``."""
+    ``tiles``; ``min_blocks``: the resident blocks a multiprocessor its launch bounds ask (default: the last of
+    :data:`EPILOGUE_MIN_BLOCKS`)."""
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_WARPS:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_WARPS} transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
@@ -691,9 +689,10 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
         reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
         reads += [f"            x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
-                              transformed="\n".join(reads), body=body, min_blocks=EPILOGUE_MIN_BLOCKS, params=params,
+                              transformed="\n".join(reads), body=body, params=params,
+                              min_blocks=EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks,
                               warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS,
-                              apart=str(EPILOGUE_APART).lower(), unroll=EPILOGUE_UNROLL)
+                              apart=str(EPILOGUE_APART).lower())
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
