@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
@@ -52,15 +51,6 @@ OPS = {
     "mul": (2, "mul_mod({a}, {b}, q, mu)"),
     "neg": (1, "neg_mod({a}, q)"),
 }
-
-
-class Term(NamedTuple):
-    """A term of a sum that reduces once (:meth:`FusedProgram.lazy_sums`): the product of the values ``factors``
-    (one or two), negated when ``negative`` (its first factor x taken as q - x, congruent to -x and below 2^30 for
-    canonical x)."""
-
-    factors: tuple[int, ...]
-    negative: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,43 +120,39 @@ class FusedProgram:
             text += "|eager"
         return text
 
-    def lazy_sums(self) -> tuple[dict[int, tuple[Term, ...]], frozenset[int]]:
-        """The vector sums that reduce once, and the values they hide. Sums: value v -> its terms (:class:`Term`),
-        v = sum of the terms mod q. A vector ``add`` or ``sub`` absorbs each of its operands that is a vector
-        ``add``, ``sub`` or ``mul`` read only there (not an output), recursively (a subtracted operand's terms
-        negated); one that is not absorbed itself is a sum when its terms hold a product, and hides what it absorbed
-        (no code of their own). Exact: the residue of the exact sum is what the chain of ``add_mod``, ``sub_mod``
-        and ``mul_mod`` computes."""
+    def lazy_sums(self) -> tuple[dict[int, tuple[tuple[int, ...], ...]], frozenset[int]]:
+        """The vector sums that reduce once, and the values they hide. Sums: value v -> its terms, each ``(a, b)``
+        (the product a b) or ``(a,)`` (the value a), v = sum of the terms mod q. A vector ``add`` absorbs each of
+        its operands that is a vector ``add`` or ``mul`` read only there (not an output), recursively; an add that
+        is not absorbed itself is a sum when its terms hold a product, and hides what it absorbed (no code of their
+        own). Exact: the residue of the exact sum is what the chain of ``add_mod`` and ``mul_mod`` computes."""
         kinds = self.kinds()
         base = self.n_vec + self.n_scalar
         ops = {base + i: op for i, op in enumerate(self.ops)}
         uses = [0] * (base + len(self.ops))
         for a in [a for op in self.ops for a in op.args] + list(self.outputs):
             uses[a] += 1
-        sums_ops = ("add", "sub")
-        absorbed = {a for v, op in ops.items() if op.op in sums_ops and kinds[v] for a in op.args
-                    if a in ops and kinds[a] and ops[a].op in sums_ops + ("mul",) and uses[a] == 1}
+        absorbed = {a for v, op in ops.items() if op.op == "add" and kinds[v] for a in op.args
+                    if a in ops and kinds[a] and ops[a].op in ("add", "mul") and uses[a] == 1}
 
-        def expand(v: int, negative: bool, hidden: list) -> list[Term]:
-            """The terms of sum v (negated if ``negative``), appending the absorbed values they stand for to
-            ``hidden``."""
+        def expand(v: int, hidden: list) -> tuple[tuple[int, ...], ...]:
+            """The terms of add v's operands, appending the absorbed values they stand for to ``hidden``."""
             found = []
-            for k, a in enumerate(ops[v].args):
-                sign = negative != (k == 1 and ops[v].op == "sub")
+            for a in ops[v].args:
                 if a not in absorbed:
-                    found.append(Term((a,), sign))
+                    found.append((a,))
                     continue
                 hidden.append(a)
-                found += [Term(ops[a].args, sign)] if ops[a].op == "mul" else expand(a, sign, hidden)
-            return found
+                found.extend([ops[a].args] if ops[a].op == "mul" else expand(a, hidden))
+            return tuple(found)
 
         sums, hidden = {}, set()
         for v, op in ops.items():
-            if op.op in sums_ops and kinds[v] and v not in absorbed:
+            if op.op == "add" and kinds[v] and v not in absorbed:
                 inside: list[int] = []
-                found = expand(v, False, inside)
-                if any(len(t.factors) == 2 for t in found):
-                    sums[v] = tuple(found)
+                found = expand(v, inside)
+                if any(len(t) == 2 for t in found):
+                    sums[v] = found
                     hidden.update(inside)
         return sums, frozenset(hidden)
 
@@ -280,12 +266,11 @@ class FusedProgram:
 
 
 def lazy_sum(terms, arg) -> str:
-    """A C expression for the residue of the sum of ``terms`` (:class:`Term`; ``arg(v)``: the C name of value v): a
-    64-bit accumulation reduced once every :data:`LAZY_TERMS` terms and at the end."""
+    """A C expression for the residue of the sum of ``terms`` (see :meth:`FusedProgram.lazy_sums`; ``arg(v)``: the
+    C name of value v): a 64-bit accumulation reduced once every :data:`LAZY_TERMS` terms and at the end."""
     acc = ""
     for i, t in enumerate(terms):
-        first = f"(q - {arg(t.factors[0])})" if t.negative else arg(t.factors[0])
-        term = f"(u64){first}" + "".join(f" * {arg(f)}" for f in t.factors[1:])
+        term = f"(u64){arg(t[0])} * {arg(t[1])}" if len(t) == 2 else f"(u64){arg(t[0])}"
         if i and i % LAZY_TERMS == 0:
             acc = f"(u64)reduce64({acc}, q, mu)"
         acc = f"{acc} + {term}" if acc else term
