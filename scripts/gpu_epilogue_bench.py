@@ -33,7 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=150)
     ap.add_argument("--n", type=int, default=65536)
-    ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3")
+    ap.add_argument("--shapes", default="2x13x2,2x7x2,1x24x1,4x12x2,8x14x3,12x12x4,14x18x5")
     ap.add_argument("--variants", default="", help="kernel settings to check and time, space separated; each a "
                     "comma-separated list of NAME=INT (caramel.backends.cuda.ntt) or ew.NAME=INT (elementwise), e.g. "
                     "EPILOGUE_APART=0,ew.LAZY_SUMS=0 (default: the modules' own)")

@@ -74,8 +74,9 @@ class Expr:
         return f"v{self.n_vec}s{self.n_scalar}: {body} -> {','.join(map(name, self.outputs))}"
 
 
-#: Transformed operands of an expression at most (the GPU's epilogue kernel runs one warp's row pass each).
-MAX_TRANSFORMED = 8
+#: Transformed operands of an expression at most (the GPU's epilogue kernel runs one or two warps' row passes each,
+#: caramel.backends.cuda.ntt.EPILOGUE_MAX).
+MAX_TRANSFORMED = 16
 
 
 class Row(NamedTuple):

@@ -66,7 +66,8 @@ def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[
     return [vals[o].astype(np.uint32) for o in program.outputs]
 
 
-@pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (5, 7, 2), (8, 8, 3)], ids=str)
+@pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (5, 7, 2), (8, 8, 3), (9, 4, 2), (14, 18, 5),
+                                   (16, 1, 1)], ids=str)
 def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
     ctx, ring = pair
     program = inner_products(f, p, o)

@@ -85,10 +85,10 @@ class FusedProgram:
             ks = getattr(self, name)
             if list(ks) != sorted(set(ks)) or any(not 0 <= k < self.n_vec for k in ks):
                 raise ValueError(f"{name} operands must be distinct vector operands in ascending order: {ks}")
-        from caramel.backends.cuda.ntt import EPILOGUE_WARPS
+        from caramel.backends.cuda.ntt import EPILOGUE_MAX
 
-        if len(self.transformed) > EPILOGUE_WARPS or set(self.transformed) & set(self.gathered):
-            raise ValueError(f"transformed operands: at most {EPILOGUE_WARPS}, none of them gathered")
+        if len(self.transformed) > EPILOGUE_MAX or set(self.transformed) & set(self.gathered):
+            raise ValueError(f"transformed operands: at most {EPILOGUE_MAX}, none of them gathered")
         kinds = self.kinds()
         for o in self.outputs:
             if not 0 <= o < len(kinds) or not kinds[o]:

@@ -66,7 +66,8 @@ SECOND_REVERSED = True  # the second pass takes the limbs last-written first (se
 #: Resident blocks a multiprocessor asked of an epilogue kernel's __launch_bounds__, in order: it takes the first
 #: under which it compiles without spilling (no local memory), else the last (see elementwise.fused).
 EPILOGUE_MIN_BLOCKS = (3, 2)
-EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels: at most this many transformed operands (one row pass each)
+EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels (one or two row passes each)
+EPILOGUE_MAX = 2 * EPILOGUE_WARPS  # transformed operands an epilogue kernel takes at most
 EPILOGUE_APART = True  # each group of an epilogue block evaluates its program with its own warps (see _EPILOGUE)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
@@ -597,10 +598,11 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 
 #: An elementwise kernel some of whose operands ("transformed") are read through the forward transform's second
 #: pass: their limbs hold what the column kernel wrote (``_launch(half=True)``), and the kernel runs the row pass
-#: of its tile of them in its load. Block = G groups of 4 rows of the (N/256) x 256 view (G = 8 // F for F
-#: transformed operands, so that F G of its 8 warps run row passes), 256 threads; warp w < F G runs the row pass
-#: of transformed operand w mod F on group w / F into its shared memory exactly as a warp of _ROWW does
-#: (wtile_load, wtile_table, wtile_store, wpass; the block's split-factor table tl is copied by all threads);
+#: of its tile of them in its load. Block = G groups of 4 rows of the (N/256) x 256 view (G = 8 // F for F <= 8
+#: transformed operands, else 1), 8 warps; its S = F G row passes are slots, slot s the row pass of transformed
+#: operand s mod F on group s / F, each with a warp tile of shared memory. Warp w runs slots w and w + 8 (at most
+#: PW = 2 a warp, F <= 16) exactly as a warp of _ROWW does (wtile_load, wtile_table (one table: its slots are
+#: the same rows), wtile_store, wpass; the block's split-factor table tl is copied by all threads);
 #: then threads take 4 residues at a time as the plain elementwise kernels do (caramel.backends.cuda.elementwise):
 #: those of the transformed operands from shared memory (fwd_final: canonical), the others from memory, and
 #: evaluate the program ({body}: the plain operands' loads, the program, the stores). With EPILOGUE_APART and
@@ -613,7 +615,8 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
-    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f}, G = {warps} / F;
+    constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
+    constexpr int G = F < {warps} ? {warps} / F : 1, S = F * G, PW = (S + {warps} - 1) / {warps};  // see _EPILOGUE's doc
     constexpr bool APART = {apart} && G > 1;  // (with one group, all warps evaluate it)
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
@@ -623,29 +626,36 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const u64 mu = prime_mu(pt, pi);
     (void)mu;
-    const int bt0 = (1 << A_BITS) + 4 * (G * tile + warp / F);  // this warp's group of 4 rows
+    const int bt0 = (1 << A_BITS) + 4 * (G * tile + warp / F);  // this warp's group of 4 rows (every slot of it)
     const uint2* tw = tw_all + (u64)pi * NN;
-    u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
-    uint2* wt = (uint2*)(sm + 4 * WPITCH);
-    if (warp < F * G) {{
-        const int f = warp % F;
+    uint2* wt = (uint2*)(dyn + 480 + warp * (4 * WPITCH + 2 * WT) + 4 * WPITCH);  // the table of its first slot
+    uint4 y[PW][8];
+#pragma unroll
+    for (int p = 0; p < PW; ++p) {{
+        const int f = (warp + p * {warps}) % F;
         const int k = {operand_of};
-        const uint4* src = (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256);
-        uint4 y[8];
-        wtile_load<false>(src, y, lane);
-        wtile_table<SF, SFT>(wt, tw, bt0, lane);
-        wtile_store(sm, y, lane);
+        if (warp + p * {warps} < S)
+            wtile_load<false>((const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256),
+                              y[p], lane);
     }}
+    if (warp < S) wtile_table<SF, SFT>(wt, tw, bt0, lane);
+#pragma unroll
+    for (int p = 0; p < PW; ++p)
+        if (warp + p * {warps} < S) wtile_store(dyn + 480 + (warp + p * {warps}) * (4 * WPITCH + 2 * WT), y[p], lane);
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    if (APART && warp >= F * G) return;
-    if (warp < F * G) {{
-        wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
-        __syncwarp();
-        wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+    if (APART && warp >= S) return;
+#pragma unroll
+    for (int p = 0; p < PW; ++p) {{
+        u32* sm = dyn + 480 + (warp + p * {warps}) * (4 * WPITCH + 2 * WT);
+        if (warp + p * {warps} < S) {{
+            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+            __syncwarp();
+            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+        }}
     }}
     if (!APART) __syncthreads();
     else if (F == 1) __syncwarp();
@@ -667,20 +677,20 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
 
 def epilogue_groups(operands: int) -> int:
     """G of :data:`_EPILOGUE`: the groups of 4 rows a block of an epilogue kernel with ``operands`` transformed
-    operands takes (one warp's row pass each per operand, :data:`EPILOGUE_WARPS` warps)."""
-    return EPILOGUE_WARPS // operands
+    operands takes (F G row passes of :data:`EPILOGUE_WARPS` warps)."""
+    return max(1, EPILOGUE_WARPS // operands)
 
 
 def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
                     params: str = "", min_blocks: int | None = None) -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
-    ``operands`` (at most :data:`EPILOGUE_WARPS`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
+    ``operands`` (at most :data:`EPILOGUE_MAX`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
     stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
     column kernel that wrote them; ``params``: the body's further kernel parameters (gathered operands'), after
     ``tiles``; ``min_blocks``: the resident blocks a multiprocessor its launch bounds ask (default: the last of
     :data:`EPILOGUE_MIN_BLOCKS`)."""
-    if logn <= 12 or not 0 < len(operands) <= EPILOGUE_WARPS:
-        raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_WARPS} transformed operands")
+    if logn <= 12 or not 0 < len(operands) <= EPILOGUE_MAX:
+        raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_MAX} transformed operands")
     sf = warp_split_from(SPLIT_FROM, False)
     operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
         " : " if len(operands) > 1 else "") + str(operands[-1])
