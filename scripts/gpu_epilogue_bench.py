@@ -58,7 +58,6 @@ def main() -> int:
     variants = args.variants.split() or [""]
     for variant in variants:
         settings.check(variant)
-    configure = settings.apply
 
     def i32(a):
         return cp.asarray(np.ascontiguousarray(np.asarray(a, dtype=np.int32)))
@@ -87,7 +86,7 @@ def main() -> int:
             dew.fused(ring, program, arena, out[s], vec[s], primes)
 
         def outputs(run, variant=""):
-            configure(variant)
+            settings.apply(variant)
             arena[...] = initial
             run(0)
             return cp.asnumpy(arena[cp.asnumpy(out[0]).ravel()])
@@ -98,17 +97,18 @@ def main() -> int:
             failures.append(f"{shape} ({', '.join(wrong)})")
             print(f"{shape}: the epilogue's outputs differ ({', '.join(wrong)})", flush=True)
             continue
+
         def alone(s):  # the epilogue kernel alone (on the half transform's output of the checks above)
             dew.fused(ring, program, arena, out[s], vec[s], primes)
 
         moved = {"before": rows * (4 * f + nv + o), "after": rows * (2 * f + nv + o), "kernel": rows * (nv + o)}
         for label, run, variant in [("before", before, "")] + [(label, run, v) for v in variants
                                                                for label, run in (("after", after), ("kernel", alone))]:
-            configure(variant)
+            settings.apply(variant)
             t = bench.time(run, sets)
             bench.add(f"{shape} {label}" + (f", {variant}" if variant else ""), f"R={rows}", t,
                       f"{moved[label]} limbs, {moved[label] * limb / t / 1e9:6.0f} GB/s")
-        configure("")
+        settings.apply("")
         del arena, initial
         cp.get_default_memory_pool().free_all_blocks()
     print("\n| shape FxPxO | what | us | traffic |\n| --- | --- | --- | --- |")
