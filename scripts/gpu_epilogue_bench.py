@@ -111,11 +111,7 @@ def main() -> int:
         settings.apply("")
         del arena, initial
         cp.get_default_memory_pool().free_all_blocks()
-    print("\n| shape FxPxO | what | us | traffic |\n| --- | --- | --- | --- |")
-    for name, config, seconds, rate in bench.rows:
-        print(f"| {name} | {config} | {seconds * 1e6:.1f} | {rate} |")
-    print(f"\nchecks: {'ALL BIT-EXACT' if not failures else 'MISMATCH: ' + ', '.join(failures)}")
-    return 1 if failures else 0
+    return bench.report(("shape FxPxO", "what", "us", "traffic"), failures)
 
 
 if __name__ == "__main__":

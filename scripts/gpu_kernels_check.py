@@ -68,6 +68,15 @@ class Bench:
         self.rows.append((name, config, seconds, rate))
         print(f"  {name:<28} {config:<26} {seconds * 1e6:10.1f} us   {rate}", flush=True)
 
+    def report(self, columns: tuple[str, str, str, str], failures: list[str]) -> int:
+        """Print the rows as a Markdown table under ``columns`` (name, config, us, rate) and the checks' verdict;
+        the exit status: 1 if any check failed."""
+        print("\n| " + " | ".join(columns) + " |\n" + "| --- " * len(columns) + "|")
+        for name, config, seconds, rate in self.rows:
+            print(f"| {name} | {config} | {seconds * 1e6:.1f} | {rate} |")
+        print(f"\nchecks: {'ALL BIT-EXACT' if not failures else 'MISMATCH: ' + ', '.join(failures)}")
+        return 1 if failures else 0
+
 
 class KernelSettings:
     """The CUDA kernels' module settings by name: NAME of caramel.backends.cuda.ntt, ew.NAME of

@@ -317,11 +317,7 @@ def main() -> int:
             bench.add(f"baseconv floor {kname} {threads}x{c}", f"S={s_in} D={d_out} B={batch}", t,
                       f"{per * limb / t / copy * 100:5.1f}% of copy")
         del arena
-    print("\n| kernel | config | us | rate |\n| --- | --- | --- | --- |")
-    for name, config, seconds, rate in bench.rows:
-        print(f"| {name} | {config} | {seconds * 1e6:.1f} | {rate} |")
-    print(f"\nchecks: {'ALL BIT-EXACT' if not failures else 'MISMATCH: ' + ', '.join(failures)}")
-    return 1 if failures else 0
+    return bench.report(("kernel", "config", "us", "rate"), failures)
 
 
 if __name__ == "__main__":
