@@ -616,7 +616,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
-    constexpr int G = F < {warps} ? {warps} / F : 1, S = F * G, PW = (S + {warps} - 1) / {warps};  // see _EPILOGUE's doc
+    constexpr int G = {g}, S = F * G, PW = (S + {warps} - 1) / {warps};  // see _EPILOGUE's doc (G: epilogue_groups)
     constexpr bool APART = {apart} && G > 1;  // (with one group, all warps evaluate it)
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
@@ -701,7 +701,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
                               transformed="\n".join(reads), body=body, params=params,
                               min_blocks=EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks,
-                              warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS,
+                              warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS, g=epilogue_groups(len(operands)),
                               apart=str(EPILOGUE_APART).lower())
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
