@@ -286,7 +286,8 @@ def epilogue_kernel(ring: CudaRing, program: FusedProgram):
     lazy = ntt.ring_lazy(ring)
     name = program.kernel_name()
     for blocks in ntt.EPILOGUE_MIN_BLOCKS:
-        key = f"{name}-n{ring.n}-{int(lazy)}-a{int(ntt.EPILOGUE_APART)}-b{blocks}"  # the source depends on all
+        key = (f"{name}-n{ring.n}-{int(lazy)}-a{int(ntt.EPILOGUE_APART)}-b{blocks}"  # the source depends on all
+               f"-s{ntt.EPILOGUE_SPLIT_FROM}")
         kernel = ring.kernel(key, lambda b=blocks: program.source(ring.logn, lazy, b), name)
         if not kernel.local_size_bytes:
             break

@@ -69,6 +69,8 @@ EPILOGUE_MIN_BLOCKS = (3, 2)
 EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels (one or two row passes each)
 EPILOGUE_MAX = 2 * EPILOGUE_WARPS  # transformed operands an epilogue kernel takes at most
 EPILOGUE_APART = True  # each group of an epilogue block evaluates its program with its own warps (see _EPILOGUE)
+#: The first split stage of the epilogue kernels' row passes (as SPLIT_FROM's forward entry for the row kernel).
+EPILOGUE_SPLIT_FROM = 5
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -691,7 +693,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     :data:`EPILOGUE_MIN_BLOCKS`)."""
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_MAX:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_MAX} transformed operands")
-    sf = warp_split_from(SPLIT_FROM, False)
+    sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
     operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
         " : " if len(operands) > 1 else "") + str(operands[-1])
     reads = []
@@ -709,7 +711,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
 def epilogue_smem(operands: int) -> int:
     """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (a warp tile for each of
     its F G row passes)."""
-    return warp_smem(operands * epilogue_groups(operands), warp_split_from(SPLIT_FROM, False))
+    return warp_smem(operands * epilogue_groups(operands), warp_split_from(EPILOGUE_SPLIT_FROM, False))
 
 
 # ---------------------------------------------------------------------------------------------- prologues
