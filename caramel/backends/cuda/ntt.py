@@ -527,7 +527,7 @@ def ring_lazy(ring: CudaRing, lazy: bool = LAZY) -> bool:
     return bool(lazy) and max(ring.primes) < 1 << 28
 
 
-def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=SPLIT_FROM,
+def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=None,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
             only_row: bool = False, load_cg: bool | None = None, first_cs: bool | None = None,
             second_reversed: bool | None = None, half: bool = False) -> None:
@@ -547,7 +547,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     if half and (inverse or only_row):
         raise ValueError("half is the first pass of a forward NTT")
     lazy = ring_lazy(ring, lazy)
-    warps = WARPS if warps is None else int(warps)  # read at call time, so that scripts can compare settings
+    split_from = SPLIT_FROM if split_from is None else split_from  # read at call time, so that scripts can compare
+    warps = WARPS if warps is None else int(warps)  # settings
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
