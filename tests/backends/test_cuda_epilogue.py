@@ -25,7 +25,8 @@ pytestmark = pytest.mark.gpu
 
 #: Epilogue kernel settings (caramel.backends.cuda.ntt.EPILOGUE_*) every test runs under.
 SETTINGS = {"default": [], "groups-together": [(dntt, "EPILOGUE_APART", False)],
-            "two-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (2,))], "eager-sums": [(dew, "LAZY_SUMS", False)]}
+            "two-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (2,))], "eager-sums": [(dew, "LAZY_SUMS", False)],
+            "unstaged": [(dntt, "EPILOGUE_STAGE", False)]}
 
 
 @pytest.fixture(params=list(SETTINGS))

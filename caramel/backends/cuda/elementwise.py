@@ -169,9 +169,10 @@ class FusedProgram:
         if self.transformed and logn > 12:
             from caramel.backends.cuda import ntt
 
-            body = "\n".join("        " + line for line in self._body(skip=self.transformed))
+            staged = ntt.epilogue_staged(self.transformed, self.plain(), min_blocks)
+            body = "\n".join("        " + line for line in self._body(skip=self.transformed, staged=staged))
             return "\n".join(self._gather_helpers()) + ntt.epilogue_source(
-                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params, min_blocks)
+                logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params, min_blocks, staged)
         lines = self._gather_helpers()
         lines += [
             f'extern "C" __global__ void __launch_bounds__({THREADS}) {self.kernel_name()}(',
@@ -205,9 +206,14 @@ class FusedProgram:
             "}",
         ])
 
-    def _body(self, skip: tuple[int, ...] = ()) -> list[str]:
+    def plain(self) -> tuple[int, ...]:
+        """The vector operands read from memory as they are (neither gathered nor transformed)."""
+        return tuple(k for k in range(self.n_vec) if k not in self.gathered and k not in self.transformed)
+
+    def _body(self, skip: tuple[int, ...] = (), staged: tuple[int, ...] = ()) -> list[str]:
         """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the vector operands' loads (but those in ``skip``,
-        already in ``x{k}``), the scalars, the program and the stores."""
+        already in ``x{k}``, and those in ``staged``, read from the epilogue's shared ``stage`` at its word ``e``),
+        the scalars, the program and the stores."""
         kinds = self.kinds()
         nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
         vector = GATHER_VECTOR
@@ -233,6 +239,9 @@ class FusedProgram:
                 else:
                     lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];"
                               for d, c in enumerate("xyzw")]
+                continue
+            if k in staged:
+                lines.append(f"    const uint4 x{k} = *(const uint4*)(stage + {1024 * staged.index(k)} + 4 * e);")
                 continue
             lines.append(
                 f"    const uint4 x{k} = ((const uint4*)arena)[(u64)vec_slots[r * {nv} + {k}] * n4 + i];"
@@ -287,7 +296,7 @@ def epilogue_kernel(ring: CudaRing, program: FusedProgram):
     name = program.kernel_name()
     for blocks in ntt.EPILOGUE_MIN_BLOCKS:
         key = (f"{name}-n{ring.n}-{int(lazy)}-a{int(ntt.EPILOGUE_APART)}-b{blocks}"  # the source depends on all
-               f"-s{ntt.EPILOGUE_SPLIT_FROM}")
+               f"-s{ntt.EPILOGUE_SPLIT_FROM}-st{int(ntt.EPILOGUE_STAGE)}")
         kernel = ring.kernel(key, lambda b=blocks: program.source(ring.logn, lazy, b), name)
         if not kernel.local_size_bytes:
             break
@@ -328,8 +337,10 @@ def fused(
     if program.transformed and ring.logn > 12:  # the epilogue kernel: its source depends on N
         from caramel.backends.cuda import ntt
 
-        kernel, _ = epilogue_kernel(ring, program)
-        extra, smem = (ring.twiddles[0], ntt.warp_tables(ring, False)), ntt.epilogue_smem(len(program.transformed))
+        kernel, blocks = epilogue_kernel(ring, program)
+        staged = ntt.epilogue_staged(program.transformed, program.plain(), blocks)
+        extra = (ring.twiddles[0], ntt.warp_tables(ring, False))
+        smem = ntt.epilogue_smem(len(program.transformed), len(staged))
         tiles //= ntt.epilogue_groups(len(program.transformed))  # a block takes G groups of 4 rows
         if kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem

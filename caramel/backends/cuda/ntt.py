@@ -71,6 +71,10 @@ EPILOGUE_MAX = 2 * EPILOGUE_WARPS  # transformed operands an epilogue kernel tak
 EPILOGUE_APART = True  # each group of an epilogue block evaluates its program with its own warps (see _EPILOGUE)
 #: The first split stage of the epilogue kernels' row passes (as SPLIT_FROM's forward entry for the row kernel).
 EPILOGUE_SPLIT_FROM = 5
+#: With one group a block (F >= 5 transformed operands), the plain operands are copied into shared memory (cp.async)
+#: while the row passes run, as many as fit beside the row passes' tiles (see epilogue_staged).
+EPILOGUE_STAGE = True
+SMEM_SM = 228 * 1024  # shared memory of a multiprocessor (H100, H200); each resident block also reserves 1 KiB
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -648,7 +652,8 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     cp_async_commit();
-    cp_async_wait<0>();
+{stage_copy}
+    cp_async_wait<{pending}>();  // the tables; the staged operands (the last group) may be in flight
     __syncthreads();
     if (APART && warp >= S) return;
 #pragma unroll
@@ -660,6 +665,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
             wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
         }}
     }}
+{stage_wait}
     if (!APART) __syncthreads();
     else if (F == 1) __syncwarp();
     else asm volatile("bar.sync %0, %1;" :: "r"(1 + warp / F), "r"(32 * F) : "memory");  // the group's F warps
@@ -684,19 +690,38 @@ def epilogue_groups(operands: int) -> int:
     return max(1, EPILOGUE_WARPS // operands)
 
 
+def epilogue_staged(operands: tuple[int, ...], plain: tuple[int, ...], min_blocks: int | None = None) -> tuple[int, ...]:
+    """The plain operands an epilogue kernel with transformed ``operands`` stages in shared memory (``stage``, 4 KiB
+    each: its block's 256 16-byte words), copied with cp.async before its row passes and read by its program after
+    them: with EPILOGUE_STAGE and one group a block (the copy is one word a thread), the first of ``plain`` that fit
+    beside its tiles with ``min_blocks`` (default: the last of EPILOGUE_MIN_BLOCKS) blocks on a multiprocessor."""
+    if not EPILOGUE_STAGE or epilogue_groups(len(operands)) != 1:
+        return ()
+    blocks = EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks
+    room = SMEM_SM // blocks - 1024 - epilogue_smem(len(operands))
+    return tuple(plain[: max(0, room // 4096)])
+
+
 def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
-                    params: str = "", min_blocks: int | None = None) -> str:
+                    params: str = "", min_blocks: int | None = None, staged: tuple[int, ...] = ()) -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
     ``operands`` (at most :data:`EPILOGUE_MAX`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
     stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
     column kernel that wrote them; ``params``: the body's further kernel parameters (gathered operands'), after
     ``tiles``; ``min_blocks``: the resident blocks a multiprocessor its launch bounds ask (default: the last of
-    :data:`EPILOGUE_MIN_BLOCKS`)."""
+    :data:`EPILOGUE_MIN_BLOCKS`); ``staged``: the plain operands copied to shared memory (:func:`epilogue_staged`; the
+    body reads operand ``staged[j]`` at ``stage + 1024 j + 4 e``)."""
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_MAX:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_MAX} transformed operands")
     sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
     operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
         " : " if len(operands) > 1 else "") + str(operands[-1])
+    if staged and epilogue_groups(len(operands)) != 1:
+        raise ValueError("an epilogue kernel stages plain operands only with one group a block")
+    copies = [f"    u32* stage = dyn + {epilogue_smem(len(operands)) // 4};  // staged operand j at stage + 1024 j"]
+    copies += [f"    cp_async16(stage + {1024 * j} + 4 * threadIdx.x, arena + (u64)vec_slots[r * {n_vec} + {k}] * NN"
+               " + 4 * ((u64)tile * 256 + threadIdx.x));" for j, k in enumerate(staged)]
+    stage_copy = "\n".join(copies) + "\n    cp_async_commit();" if staged else ""
     reads = []
     for w, k in enumerate(operands):
         reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
@@ -705,14 +730,15 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
                               transformed="\n".join(reads), body=body, params=params,
                               min_blocks=EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks,
                               warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS, g=epilogue_groups(len(operands)),
-                              apart=str(EPILOGUE_APART).lower())
+                              apart=str(EPILOGUE_APART).lower(), stage_copy=stage_copy, pending=int(bool(staged)),
+                              stage_wait="    cp_async_wait<0>();  // this thread's staged operands" if staged else "")
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
-def epilogue_smem(operands: int) -> int:
+def epilogue_smem(operands: int, staged: int = 0) -> int:
     """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (a warp tile for each of
-    its F G row passes)."""
-    return warp_smem(operands * epilogue_groups(operands), warp_split_from(EPILOGUE_SPLIT_FROM, False))
+    its F G row passes) and ``staged`` staged plain operands (4 KiB each, :func:`epilogue_staged`)."""
+    return warp_smem(operands * epilogue_groups(operands), warp_split_from(EPILOGUE_SPLIT_FROM, False)) + 4096 * staged
 
 
 # ---------------------------------------------------------------------------------------------- prologues
