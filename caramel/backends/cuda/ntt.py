@@ -551,8 +551,9 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     if half and (inverse or only_row):
         raise ValueError("half is the first pass of a forward NTT")
     lazy = ring_lazy(ring, lazy)
-    split_from = SPLIT_FROM if split_from is None else split_from  # read at call time, so that scripts can compare
-    warps = WARPS if warps is None else int(warps)  # settings
+    # The module settings are read at call time, so that scripts can compare them.
+    split_from = SPLIT_FROM if split_from is None else split_from
+    warps = WARPS if warps is None else int(warps)
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
@@ -615,7 +616,10 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: evaluate the program ({body}: the plain operands' loads, the program, the stores). With EPILOGUE_APART and
 #: G > 1, a group's F warps take its 4 rows as soon as their own row passes are done (a named barrier of the
 #: group), so that the warps drift apart as _ROWW's do and one group's loads overlap another's row passes;
-#: otherwise all threads take every group in turn after a block barrier. Launch bounds: see EPILOGUE_MIN_BLOCKS.
+#: otherwise all threads take every group in turn after a block barrier. With one group (G = 1) and EPILOGUE_STAGE,
+#: thread e copies word e of the block's tile of some plain operands into shared memory (cp.async, a commit group of
+#: its own, after the tables'; :func:`epilogue_staged`) before the row passes and waits for it after them: the body
+#: reads those operands from ``stage``. Launch bounds: see EPILOGUE_MIN_BLOCKS.
 _EPILOGUE = r"""
 extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
