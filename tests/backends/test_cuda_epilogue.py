@@ -26,7 +26,8 @@ pytestmark = pytest.mark.gpu
 #: Epilogue kernel settings (caramel.backends.cuda.ntt.EPILOGUE_*) every test runs under.
 SETTINGS = {"default": [], "groups-together": [(dntt, "EPILOGUE_APART", False)],
             "two-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (2,))], "eager-sums": [(dew, "LAZY_SUMS", False)],
-            "unstaged": [(dntt, "EPILOGUE_STAGE", False)]}
+            "unstaged": [(dntt, "EPILOGUE_STAGE", False)], "words": [(dntt, "EPILOGUE_SCALAR_FROM", 99)],
+            "unbalanced": [(dntt, "EPILOGUE_BALANCE", False)]}
 
 
 @pytest.fixture(params=list(SETTINGS))
@@ -67,8 +68,8 @@ def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[
     return [vals[o].astype(np.uint32) for o in program.outputs]
 
 
-@pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (5, 7, 2), (8, 8, 3), (9, 4, 2), (14, 18, 5),
-                                   (16, 1, 1)], ids=str)
+@pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (5, 7, 2), (8, 8, 3), (9, 4, 2), (12, 12, 4),
+                                   (14, 18, 5), (16, 1, 1)], ids=str)
 def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
     ctx, ring = pair
     program = inner_products(f, p, o)
@@ -100,11 +101,12 @@ def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
                                   f"want {want[bad[0]]}, have {got[bad[0]]}")
 
 
-def test_epilogue_with_gathered_operands(pair, rng, settings):
+@pytest.mark.parametrize("f,gathered", [(2, (1, 5)), (6, (7, 9))], ids=str)
+def test_epilogue_with_gathered_operands(pair, rng, settings, f, gathered):
     """Transformed operands beside operands read through an automorphism (the epilogue kernel's body gathers as the
-    plain kernel does)."""
+    plain kernel does; with one group a block (F = 6), one residue a thread)."""
     ctx, ring = pair
-    program = inner_products(2, 4, 2, gathered=(1, 5))  # plain operands 1 and 5 through automorphisms
+    program = inner_products(f, 4, 2, gathered=gathered)  # two plain operands through automorphisms
     rows, nv, o = 2, program.n_vec, 2
     primes = [int(x) for x in rng.choice(64, rows, replace=False)]
     steps = [[1, -3], [5, 0]]  # rotation steps per row and gathered operand (0: 5^0 = 1, the identity)
@@ -118,7 +120,7 @@ def test_epilogue_with_gathered_operands(pair, rng, settings):
     coeff = host.copy()
     arena = cp.asarray(host)
     t_slots = np.array([[vec[r, k] for k in program.transformed] for r in range(rows)])
-    dntt._launch(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(np.repeat(primes, 2)), False, half=True)
+    dntt._launch(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(np.repeat(primes, f)), False, half=True)
     dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes), galois=i32(galois))
     have = cp.asnumpy(arena)
     for r, l in enumerate(primes):
@@ -135,13 +137,19 @@ def test_epilogue_with_gathered_operands(pair, rng, settings):
 
 
 def test_launch_bounds_without_spills(pair, monkeypatch):
-    """An epilogue kernel takes the first of ntt.EPILOGUE_MIN_BLOCKS under which it needs no local memory: a small
-    program three blocks a multiprocessor; under (4, 3, 2), a large one not 4 (at most 64 registers)."""
+    """An epilogue kernel takes the first of ntt.EPILOGUE_MIN_BLOCKS whose blocks fit in shared memory and under
+    which it needs no local memory: a small program three blocks a multiprocessor, and one of 12 transformed
+    operands; one of 14 two (its tiles do not fit three); under (4, 3, 2), a large one not 4 (at most 64
+    registers)."""
     ctx, ring = pair
     if ctx.n < 8192:
         pytest.skip("no epilogue kernel below N = 8192")
     kernel, blocks = dew.epilogue_kernel(ring, inner_products(1, 1, 1))
     assert blocks == dntt.EPILOGUE_MIN_BLOCKS[0] and kernel.local_size_bytes == 0
+    kernel, blocks = dew.epilogue_kernel(ring, inner_products(12, 12, 4))
+    assert blocks == 3 and kernel.local_size_bytes == 0
+    kernel, blocks = dew.epilogue_kernel(ring, inner_products(14, 18, 5))
+    assert blocks == 2
     monkeypatch.setattr(dntt, "EPILOGUE_MIN_BLOCKS", (4, 3, 2))
     kernel, blocks = dew.epilogue_kernel(ring, inner_products(8, 23, 5))
     assert blocks < 4 and (kernel.local_size_bytes == 0 or blocks == 2)

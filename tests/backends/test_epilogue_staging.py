@@ -51,16 +51,22 @@ def test_no_staging_when_switched_off(monkeypatch):
     assert "cp_async16(stage" not in src and "(stage +" not in src and "cp_async_wait<1>" not in src
 
 
+@pytest.mark.parametrize("scalar", [True, False])
 @pytest.mark.parametrize("f,p,blocks", [(8, 6, 2), (5, 10, 3), (14, 18, 2), (16, 2, 2), (12, 4, 3)])
-def test_source_copies_each_staged_operand_once_and_reads_it_from_shared_memory(f, p, blocks):
+def test_source_copies_each_staged_operand_once_and_reads_it_from_shared_memory(f, p, blocks, scalar, monkeypatch):
+    monkeypatch.setattr(dntt, "EPILOGUE_SCALAR_FROM", 5 if scalar else 99)
     prog = program(f, p)
     staged = dntt.epilogue_staged(prog.transformed, prog.plain(), blocks)
     src = prog.source(16, True, blocks)
     for k in prog.plain():
         copies = re.findall(rf"cp_async16\(stage \+ \d+ \+ 4 \* threadIdx\.x, arena \+ \(u64\)vec_slots\[r \* {f + p} "
                             rf"\+ {k}\]", src)
-        from_stage = re.findall(rf"const uint4 x{k} = \*\(const uint4\*\)\(stage \+ (\d+) \+ 4 \* e\)", src)
-        from_memory = re.findall(rf"const uint4 x{k} = \(\(const uint4\*\)arena\)", src)
+        if scalar:  # one residue a thread: point pe of the group
+            from_stage = re.findall(rf"const u32 x{k} = stage\[(\d+) \+ pe\]", src)
+            from_memory = re.findall(rf"const u32 x{k} = arena\[", src)
+        else:
+            from_stage = re.findall(rf"const uint4 x{k} = \*\(const uint4\*\)\(stage \+ (\d+) \+ 4 \* e\)", src)
+            from_memory = re.findall(rf"const uint4 x{k} = \(\(const uint4\*\)arena\)", src)
         if k in staged:
             assert len(copies) == 1 and from_stage == [str(1024 * staged.index(k))] and not from_memory
         else:
@@ -68,3 +74,41 @@ def test_source_copies_each_staged_operand_once_and_reads_it_from_shared_memory(
     # the tables' group is waited for before the row passes, the staged one after them
     assert ("cp_async_wait<1>()" in src) == bool(staged)
     assert src.count("cp_async_wait<0>()") == 1
+
+
+@pytest.mark.parametrize("f", range(1, dntt.EPILOGUE_MAX + 1))
+def test_one_residue_a_thread_with_one_group(f, monkeypatch):
+    """With one group a block the program runs one residue a thread (4 passes over the group), else 16-byte words;
+    off, always words."""
+    src = program(f, 3).source(16, True, 2)
+    scalar = dntt.epilogue_groups(f) == 1
+    assert dntt.epilogue_scalar(f) == scalar
+    assert ("const int pe = 256 * c + threadIdx.x" in src) == scalar
+    assert ("const int i = (G * tile + g) * 256 + e" in src) == (not scalar)
+    monkeypatch.setattr(dntt, "EPILOGUE_SCALAR_FROM", dntt.EPILOGUE_MAX + 1)
+    assert "const int pe =" not in program(f, 3).source(16, True, 2)
+
+
+@pytest.mark.parametrize("f", range(1, dntt.EPILOGUE_MAX + 1))
+def test_shared_memory_layout(f):
+    """tl, one table a group (copied by its first warp), one warp tile a row pass: the kernel's offsets and
+    epilogue_smem agree; three blocks fit up to 13 transformed operands."""
+    sf = dntt.warp_split_from(dntt.EPILOGUE_SPLIT_FROM, False)
+    wt = 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
+    g = dntt.epilogue_groups(f)
+    assert dntt.epilogue_smem(f) == 8 * 240 + g * 8 * wt + f * g * 16 * dntt.WPITCH
+    assert dntt.epilogue_smem(f, 2) == dntt.epilogue_smem(f) + 8192
+    assert dntt.epilogue_fits(f, 3) == (f <= 13)
+    assert dntt.epilogue_fits(f, 2)
+    src = program(f, 3).source(16, True, 2)
+    assert "warp % F == 0) wtile_table" in src and "u32* tbase = dyn + 480 + G * 2 * WT" in src
+
+
+@pytest.mark.parametrize("f", range(1, dntt.EPILOGUE_MAX + 1))
+def test_row_pairs_dealt_over_the_warps(f, monkeypatch):
+    """With one group a block and F not a multiple of the warps, the kernel deals its 2 F row pairs over the warps."""
+    src = program(f, 3).source(16, True, 2)
+    assert "constexpr bool BALANCE = true && G == 1 && S % 8 != 0;" in src
+    assert f"constexpr int G = {dntt.epilogue_groups(f)}, S = F * G" in src and f"F = {f};" in src
+    monkeypatch.setattr(dntt, "EPILOGUE_BALANCE", False)
+    assert "constexpr bool BALANCE = false" in program(f, 3).source(16, True, 2)

@@ -170,7 +170,8 @@ class FusedProgram:
             from caramel.backends.cuda import ntt
 
             staged = ntt.epilogue_staged(self.transformed, self.plain(), min_blocks)
-            body = "\n".join("        " + line for line in self._body(skip=self.transformed, staged=staged))
+            scalar = ntt.epilogue_scalar(len(self.transformed))
+            body = "\n".join("        " + line for line in self._body(self.transformed, staged, scalar))
             return "\n".join(self._gather_helpers()) + ntt.epilogue_source(
                 logn, self.kernel_name(), self.transformed, self.n_vec, body, lazy, gather_params, min_blocks, staged)
         lines = self._gather_helpers()
@@ -210,10 +211,13 @@ class FusedProgram:
         """The vector operands read from memory as they are (neither gathered nor transformed)."""
         return tuple(k for k in range(self.n_vec) if k not in self.gathered and k not in self.transformed)
 
-    def _body(self, skip: tuple[int, ...] = (), staged: tuple[int, ...] = ()) -> list[str]:
+    def _body(self, skip: tuple[int, ...] = (), staged: tuple[int, ...] = (), scalar: bool = False) -> list[str]:
         """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the vector operands' loads (but those in ``skip``,
         already in ``x{k}``, and those in ``staged``, read from the epilogue's shared ``stage`` at its word ``e``),
-        the scalars, the program and the stores."""
+        the scalars, the program and the stores. ``scalar``: one residue a thread (u32 values) at position ``j`` of
+        the limb (point ``pe`` of the epilogue's stage), not the 4 of 16-byte word ``i``."""
+        if scalar:
+            return self._scalar_body(skip, staged)
         kinds = self.kinds()
         nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
         vector = GATHER_VECTOR
@@ -273,6 +277,40 @@ class FusedProgram:
             lines.append(f"    ((uint4*)arena)[(u64)out_slots[r * {no} + {k}] * n4 + i] = x{o};")
         return lines
 
+    def _scalar_body(self, skip: tuple[int, ...], staged: tuple[int, ...]) -> list[str]:
+        """:meth:`_body` for one residue a thread: ``j`` its position in the limb, ``pe`` in the stage."""
+        kinds = self.kinds()
+        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
+        lines: list[str] = []
+        for k in range(nv):
+            if k in skip:
+                continue
+            if k in self.gathered:
+                m = self.gathered.index(k)
+                src = f"gather_index((u32)j, (u32)galois[r * {ng} + {m}], logn)"
+            elif k in staged:
+                lines.append(f"    const u32 x{k} = stage[{1024 * staged.index(k)} + pe];")
+                continue
+            else:
+                src = "j"
+            lines.append(f"    const u32 x{k} = arena[(u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4) + {src}];")
+        for k in range(ns):
+            lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
+        sums, hidden = self.lazy_sums() if LAZY_SUMS else ({}, frozenset())
+
+        def arg(a: int) -> str:
+            return f"x{a}"
+
+        for idx, op in enumerate(self.ops):
+            v = nv + ns + idx
+            if v in sums:
+                lines.append(f"    const u32 x{v} = {lazy_sum(sums[v], arg)};")
+            elif not kinds[v] or v not in hidden:
+                lines.append(f"    const u32 x{v} = {OPS[op.op][1].format(a=f'x{op.args[0]}', b=f'x{op.args[-1]}')};")
+        for k, o in enumerate(self.outputs):
+            lines.append(f"    arena[(u64)out_slots[r * {no} + {k}] * (4u * (u32)n4) + j] = x{o};")
+        return lines
+
 
 def lazy_sum(terms, arg) -> str:
     """A C expression for the residue of the sum of ``terms`` (see :meth:`FusedProgram.lazy_sums`; ``arg(v)``: the
@@ -288,15 +326,16 @@ def lazy_sum(terms, arg) -> str:
 
 def epilogue_kernel(ring: CudaRing, program: FusedProgram):
     """(kernel, min blocks) of ``program``'s epilogue kernel (transformed operands, N >= 8192): compiled under the
-    launch bounds of each of ``ntt.EPILOGUE_MIN_BLOCKS`` in turn, the first that needs no local memory (spills),
-    else the last."""
+    launch bounds of each of ``ntt.EPILOGUE_MIN_BLOCKS`` in turn whose blocks fit in shared memory, the first that
+    needs no local memory (spills), else the last."""
     from caramel.backends.cuda import ntt
 
     lazy = ntt.ring_lazy(ring)
     name = program.kernel_name()
     for blocks in ntt.EPILOGUE_MIN_BLOCKS:
-        key = (f"{name}-n{ring.n}-{int(lazy)}-a{int(ntt.EPILOGUE_APART)}-b{blocks}"  # the source depends on all
-               f"-s{ntt.EPILOGUE_SPLIT_FROM}-st{int(ntt.EPILOGUE_STAGE)}")
+        if blocks != ntt.EPILOGUE_MIN_BLOCKS[-1] and not ntt.epilogue_fits(len(program.transformed), blocks):
+            continue
+        key = f"{name}-n{ring.n}-{int(lazy)}-b{blocks}-{ntt.epilogue_settings()}"  # all its source depends on
         kernel = ring.kernel(key, lambda b=blocks: program.source(ring.logn, lazy, b), name)
         if not kernel.local_size_bytes:
             break

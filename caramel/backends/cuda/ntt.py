@@ -74,6 +74,13 @@ EPILOGUE_SPLIT_FROM = 5
 #: With one group a block (F >= 5 transformed operands), the plain operands are copied into shared memory (cp.async)
 #: while the row passes run, as many as fit beside the row passes' tiles (see epilogue_staged).
 EPILOGUE_STAGE = True
+#: With one group a block and at least this many transformed operands, the epilogue kernels evaluate their program
+#: one residue a thread at a time (_EVAL_SCALAR): fewer registers than 4 a thread (16-byte words), for the launch
+#: bounds of more resident blocks (EPILOGUE_MAX + 1: never).
+EPILOGUE_SCALAR_FROM = 5
+#: With one group a block, its 2 F row pairs' passes are dealt over the warps (F = 12: 3 a warp), not its F row
+#: passes (F = 12: 2 or 1 a warp, 4 or 2 row pairs).
+EPILOGUE_BALANCE = True
 SMEM_SM = 228 * 1024  # shared memory of a multiprocessor (H100, H200); each resident block also reserves 1 KiB
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
@@ -225,11 +232,12 @@ __device__ __forceinline__ int wsidx(int x, int p) {{
 // tw[(bt << s) + (g << d) + j], j = k >> (4 - d), g = 0 in pass A). Stages s >= SF (SF >= 4) take it as
 // tw[bt << s] x tw[(g << d) + j] (two Shoup products; the row factor from wt, the second from tl); the
 // earlier ones one table entry, from the warp's table wt for s < SFT (see _ROWW), else from tw.
+// Rows 2 it + (lane >> 4) for it0 <= it < it1 (default: all 4).
 template <int S0, bool INV, int SF, int SFT>
 __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, const uint2* wt,
-                                      int bt0, int lane, u32 q, u32 two_q) {{
+                                      int bt0, int lane, u32 q, u32 two_q, int it0 = 0, int it1 = 2) {{
 #pragma unroll
-    for (int it = 0; it < 2; ++it) {{
+    for (int it = it0; it < it1; ++it) {{
         const int x = (lane >> 4) + 2 * it, u = lane & 15;
         u32 v[16];
         if (S0 == 4) {{
@@ -291,7 +299,8 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
 // LOAD_FIRST, else LOAD16); wtile_table the cp.async copies (not committed) of its table wt: the one-product
 // twiddles of stages s < SFT of rows bt0 .. bt0 + 3 (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at
 // wt[4 (2^s - 1)]) and their row factors of the split stages s >= SF; wtile_store writes y to the warp's shared
-// memory sm (wsidx).
+// memory sm (wsidx); wtile_async (_EPILOGUE) copies the tile straight to sm with cp.async (LOAD16's path, through
+// L2 only; not committed), no registers held while the copies are in flight.
 template <bool FIRST>
 __device__ __forceinline__ void wtile_load(const uint4* __restrict__ src, uint4 (&y)[8], int lane) {{
 #pragma unroll
@@ -305,6 +314,10 @@ __device__ __forceinline__ void wtile_table(uint2* wt, const uint2* __restrict__
     }}
     for (int e = lane; e < 4 * (8 - SF); e += 32)
         cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+}}
+__device__ __forceinline__ void wtile_async(u32* sm, const uint4* __restrict__ src, int lane) {{
+#pragma unroll
+    for (int it = 0; it < 8; ++it) cp_async16(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4), src + it * 32 + lane);
 }}
 __device__ __forceinline__ void wtile_store(u32* sm, const uint4 (&y)[8], int lane) {{
 #pragma unroll
@@ -608,18 +621,21 @@ def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
 #: pass: their limbs hold what the column kernel wrote (``_launch(half=True)``), and the kernel runs the row pass
 #: of its tile of them in its load. Block = G groups of 4 rows of the (N/256) x 256 view (G = 8 // F for F <= 8
 #: transformed operands, else 1), 8 warps; its S = F G row passes are slots, slot s the row pass of transformed
-#: operand s mod F on group s / F, each with a warp tile of shared memory. Warp w runs slots w and w + 8 (at most
-#: PW = 2 a warp, F <= 16) exactly as a warp of _ROWW does (wtile_load, wtile_table (one table: its slots are
-#: the same rows), wtile_store, wpass; the block's split-factor table tl is copied by all threads);
-#: then threads take 4 residues at a time as the plain elementwise kernels do (caramel.backends.cuda.elementwise):
-#: those of the transformed operands from shared memory (fwd_final: canonical), the others from memory, and
-#: evaluate the program ({body}: the plain operands' loads, the program, the stores). With EPILOGUE_APART and
-#: G > 1, a group's F warps take its 4 rows as soon as their own row passes are done (a named barrier of the
-#: group), so that the warps drift apart as _ROWW's do and one group's loads overlap another's row passes;
-#: otherwise all threads take every group in turn after a block barrier. With one group (G = 1) and EPILOGUE_STAGE,
-#: thread e copies word e of the block's tile of some plain operands into shared memory (cp.async, a commit group of
-#: its own, after the tables'; :func:`epilogue_staged`) before the row passes and waits for it after them: the body
-#: reads those operands from ``stage``. Launch bounds: see EPILOGUE_MIN_BLOCKS.
+#: operand s mod F on group s / F, each with a warp tile of shared memory. Shared memory: the split-factor table tl
+#: (copied by all threads), one table wt a group (its slots are the same rows; copied by the group's first warp,
+#: wtile_table), then the S warp tiles (copied by warp s mod 8, wtile_async), then the staged operands. Warp w runs
+#: slots w and w + 8 (at most PW = 2 a warp, F <= 16) as a warp of _ROWW does (wpass); with one group and S not a
+#: multiple of 8 (EPILOGUE_BALANCE), the 2 S row pairs (wpass's it) are dealt over the warps instead (F = 12: 3
+#: row pairs a warp, not 4 or 2). Then threads evaluate the program (caramel.backends.cuda.elementwise; {evaluate}:
+#: _EVAL_WORDS, 4 residues a thread as the plain elementwise kernels, or with one group from EPILOGUE_SCALAR_FROM
+#: operands _EVAL_SCALAR, one residue a thread in 4 steps): the transformed operands from shared memory (fwd_final:
+#: canonical), the others from memory, the program, the stores. With EPILOGUE_APART and G > 1, a group's F warps
+#: take its 4 rows as soon as their own row passes are done (a named barrier of the group), so that the warps drift
+#: apart as _ROWW's do and one group's loads overlap another's row passes; otherwise all threads take every group
+#: in turn after a block barrier. With one group (G = 1) and EPILOGUE_STAGE, thread e copies word e of the block's
+#: tile of some plain operands into shared memory (cp.async, a commit group of its own, after the tables' and
+#: tiles'; :func:`epilogue_staged`) before the row passes and waits for it after them: the body reads those operands
+#: from ``stage``. Launch bounds: see EPILOGUE_MIN_BLOCKS.
 _EPILOGUE = r"""
 extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         u32* arena, const int* __restrict__ vec_slots, const int* __restrict__ scalar_idx,
@@ -629,30 +645,30 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
     constexpr int G = {g}, S = F * G, PW = (S + {warps} - 1) / {warps};  // see _EPILOGUE's doc (G: epilogue_groups)
     constexpr bool APART = {apart} && G > 1;  // (with one group, all warps evaluate it)
+    constexpr bool BALANCE = {balance} && G == 1 && S % {warps} != 0;  // EPILOGUE_BALANCE
+    constexpr int TILE = 4 * WPITCH;  // words of a slot's warp tile
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
+    u32* tbase = dyn + 480 + G * 2 * WT;  // after tl and the G groups' tables: slot s at tbase + TILE s
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const u64 mu = prime_mu(pt, pi);
     (void)mu;
-    const int bt0 = (1 << A_BITS) + 4 * (G * tile + warp / F);  // this warp's group of 4 rows (every slot of it)
+    const int grp = G == 1 ? 0 : warp / F;  // this warp's group (with one group, warps past F balance its row pairs)
+    const int bt0 = (1 << A_BITS) + 4 * (G * tile + grp);  // its 4 rows (every slot of it)
     const uint2* tw = tw_all + (u64)pi * NN;
-    uint2* wt = (uint2*)(dyn + 480 + warp * (4 * WPITCH + 2 * WT) + 4 * WPITCH);  // the table of its first slot
-    uint4 y[PW][8];
+    uint2* wt = (uint2*)(dyn + 480 + grp * 2 * WT);  // its group's table (its slots' rows)
 #pragma unroll
     for (int p = 0; p < PW; ++p) {{
         const int f = (warp + p * {warps}) % F;
         const int k = {operand_of};
         if (warp + p * {warps} < S)
-            wtile_load<false>((const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256),
-                              y[p], lane);
+            wtile_async(tbase + (warp + p * {warps}) * TILE,
+                        (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256), lane);
     }}
-    if (warp < S) wtile_table<SF, SFT>(wt, tw, bt0, lane);
-#pragma unroll
-    for (int p = 0; p < PW; ++p)
-        if (warp + p * {warps} < S) wtile_store(dyn + 480 + (warp + p * {warps}) * (4 * WPITCH + 2 * WT), y[p], lane);
+    if (warp < S && warp % F == 0) wtile_table<SF, SFT>(wt, tw, bt0, lane);  // one warp a group
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     cp_async_commit();
@@ -660,38 +676,83 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     cp_async_wait<{pending}>();  // the tables; the staged operands (the last group) may be in flight
     __syncthreads();
     if (APART && warp >= S) return;
-#pragma unroll
-    for (int p = 0; p < PW; ++p) {{
-        u32* sm = dyn + 480 + (warp + p * {warps}) * (4 * WPITCH + 2 * WT);
-        if (warp + p * {warps} < S) {{
-            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+    if (BALANCE) {{  // one group: unit u is the row pair u & 1 of slot u >> 1, the 2 S units dealt over the warps
+#pragma unroll 1
+        for (int u = warp; u < 2 * S; u += {warps}) {{
+            u32* sm = tbase + (u >> 1) * TILE;
+            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, u & 1, (u & 1) + 1);
             __syncwarp();
-            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, u & 1, (u & 1) + 1);
+            __syncwarp();
+        }}
+    }} else {{
+#pragma unroll
+        for (int p = 0; p < PW; ++p) {{
+            u32* sm = tbase + (warp + p * {warps}) * TILE;
+            if (warp + p * {warps} < S) {{
+                wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+                __syncwarp();
+                wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+            }}
         }}
     }}
 {stage_wait}
     if (!APART) __syncthreads();
     else if (F == 1) __syncwarp();
     else asm volatile("bar.sync %0, %1;" :: "r"(1 + warp / F), "r"(32 * F) : "memory");  // the group's F warps
-    // APART: this group's F warps take its 256 16-byte words; else all threads take one of every group.
+{evaluate}
+}}
+"""
+
+# The program over the block's groups, 4 residues a thread (16-byte words): with APART, a group's F warps take its
+# 256 words; else all threads take one of every group.
+_EVAL_WORDS = r"""
     const int g0 = APART ? warp / F : 0, g1 = APART ? g0 + 1 : G, e0 = APART ? (warp % F) * 32 + lane : threadIdx.x;
 #pragma unroll 1
     for (int g = g0; g < g1; ++g) {{  // one group at a time (its operands' registers, not G groups')
         for (int e = e0; e < 256; e += APART ? 32 * F : 256) {{
             const int i = (G * tile + g) * 256 + e;
-            const u32* gs = dyn + 480 + g * F * (4 * WPITCH + 2 * WT) + wsidx(e >> 6, (e & 63) * 4);
+            const u32* gs = tbase + g * F * TILE + wsidx(e >> 6, (e & 63) * 4);
 {transformed}
 {body}
         }}
-    }}
-}}
-"""
+    }}"""
+
+# The program over the block's one group (G = 1), one residue a thread at a time (EPILOGUE_SCALAR_FROM): point pe =
+# 256 c + threadIdx.x of the group (row c of its tile), position j of the limb; a warp's loads and stores are 128
+# contiguous bytes, and each operand holds one register, not four.
+_EVAL_SCALAR = r"""
+#pragma unroll 1
+    for (int c = 0; c < 4; ++c) {{
+        const int pe = 256 * c + threadIdx.x, j = 1024 * tile + pe;
+        const u32* gs = tbase + wsidx(c, threadIdx.x);
+{transformed}
+{body}
+    }}"""
 
 
 def epilogue_groups(operands: int) -> int:
     """G of :data:`_EPILOGUE`: the groups of 4 rows a block of an epilogue kernel with ``operands`` transformed
     operands takes (F G row passes of :data:`EPILOGUE_WARPS` warps)."""
     return max(1, EPILOGUE_WARPS // operands)
+
+
+def epilogue_settings() -> str:
+    """The module settings an epilogue kernel's source depends on besides its program, for its cache key."""
+    return (f"a{int(EPILOGUE_APART)}-s{EPILOGUE_SPLIT_FROM}-st{int(EPILOGUE_STAGE)}-sc{EPILOGUE_SCALAR_FROM}"
+            f"-ba{int(EPILOGUE_BALANCE)}")
+
+
+def epilogue_fits(operands: int, blocks: int) -> bool:
+    """Whether ``blocks`` epilogue blocks with ``operands`` transformed operands (their tiles and tables; the staged
+    operands take only the room left, :func:`epilogue_staged`) fit in a multiprocessor's shared memory."""
+    return blocks * (epilogue_smem(operands) + 1024) <= SMEM_SM
+
+
+def epilogue_scalar(operands: int) -> bool:
+    """Whether an epilogue kernel with ``operands`` transformed operands evaluates its program one residue a thread
+    (:data:`_EVAL_SCALAR`): with one group a block, from EPILOGUE_SCALAR_FROM operands."""
+    return operands >= EPILOGUE_SCALAR_FROM and epilogue_groups(operands) == 1
 
 
 def epilogue_staged(operands: tuple[int, ...], plain: tuple[int, ...], min_blocks: int | None = None) -> tuple[int, ...]:
@@ -727,14 +788,19 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
                " + 4 * ((u64)tile * 256 + threadIdx.x));" for j, k in enumerate(staged)]
     stage_copy = "\n".join(copies) + "\n    cp_async_commit();" if staged else ""
     reads = []
+    scalar = epilogue_scalar(len(operands))
     for w, k in enumerate(operands):
-        reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * (4 * WPITCH + 2 * WT));"]
+        if scalar:
+            reads += [f"        const u32 x{k} = fwd_final(gs[{w} * TILE], q, two_q);"]
+            continue
+        reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * TILE);"]
         reads += [f"            x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
+    evaluate = (_EVAL_SCALAR if scalar else _EVAL_WORDS).format(transformed="\n".join(reads), body=body)
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
-                              transformed="\n".join(reads), body=body, params=params,
+                              evaluate=evaluate, params=params,
                               min_blocks=EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks,
                               warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS, g=epilogue_groups(len(operands)),
-                              apart=str(EPILOGUE_APART).lower(), stage_copy=stage_copy, pending=int(bool(staged)),
+                              apart=str(EPILOGUE_APART).lower(), balance=str(EPILOGUE_BALANCE).lower(), stage_copy=stage_copy, pending=int(bool(staged)),
                               stage_wait="    cp_async_wait<0>();  // this thread's staged operands" if staged else "")
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
@@ -742,7 +808,9 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
 def epilogue_smem(operands: int, staged: int = 0) -> int:
     """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (a warp tile for each of
     its F G row passes) and ``staged`` staged plain operands (4 KiB each, :func:`epilogue_staged`)."""
-    return warp_smem(operands * epilogue_groups(operands), warp_split_from(EPILOGUE_SPLIT_FROM, False)) + 4096 * staged
+    sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
+    g, wt = epilogue_groups(operands), 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
+    return 8 * 240 + g * 8 * wt + operands * g * 16 * WPITCH + 4096 * staged
 
 
 # ---------------------------------------------------------------------------------------------- prologues
