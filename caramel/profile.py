@@ -83,6 +83,7 @@ class ProfileResult:
     date: str = ""
     setup_s: dict[str, float] = field(default_factory=dict)
     copy_gbs: float = 0.0  # measured device-to-device copy bandwidth (read + write), 0 if not measured
+    critical_ms: float = 0.0  # the longest chain of dependent kernels at their measured times (critical_path_ms)
 
     @property
     def digests_agree(self) -> bool:
@@ -140,6 +141,22 @@ def roofline_table(kernels: Sequence[KernelRecord], copy_gbs: float = 0.0) -> li
     return [row(*r) for r in rows]
 
 
+def critical_path_ms(kernels: Sequence[KernelRecord], plan) -> float:
+    """The longest chain of dependent kernels of one chip at their measured times: finish(k) = dur(k) + max of
+    finish(j) over the kernels j that k reads from (``ChipPlan.deps``; 0 without), the largest over kernels and
+    chips (communication between chips is not followed). However well several streams overlap the kernels, a run
+    takes at least this long; the kernels' sum less this is the most that overlap could save (BootstrapLike_51L_1c
+    on one H200, 2026-11-27: 9.5 of 16.4 ms, so its four-stream replay is bound by throughput, not by the chain)."""
+    dur = {(r.chip, r.index): r.dur_ms for r in kernels}
+    longest = 0.0
+    for chip in plan.chips:
+        finish: list[float] = []
+        for k, deps in enumerate(chip.deps):
+            finish.append(dur.get((chip.chip, k), 0.0) + max((finish[j] for j in deps), default=0.0))
+        longest = max(longest, max(finish, default=0.0))
+    return longest
+
+
 def render_roofline(kernels: Sequence[KernelRecord], copy_gbs: float = 0.0) -> str:
     """:func:`roofline_table` as text."""
     head = ("kind", "kernels", "ms", "MiB moved", "GB/s", "of copy")
@@ -173,6 +190,9 @@ def render(result: ProfileResult) -> str:
     krows.append(("total", str(sum(r[1] for r in kinds)), str(sum(r[2] for r in kinds)), f"{total:.3f}",
                   "100.0%" if kinds else "-"))
     out.append(_table(("kind", "kernels", "rows", "total ms", "share"), krows))
+    if result.critical_ms > 0:
+        out.append(f"critical path (the longest chain of dependent kernels at these times): {result.critical_ms:.3f} ms "
+                   f"of the {total:.3f} ms sum")
     if any(k.bytes for k in result.kernels):
         out.append("")
         ceiling = f"measured copy bandwidth {result.copy_gbs:.0f} GB/s" if result.copy_gbs > 0 else "no copy ceiling"
@@ -464,8 +484,9 @@ def profile_program(
         device, clock = "NumPy plan engine", "wall clock"
         copy_gbs = 0.0
     return ProfileResult(program.name, n, mode.value, backend, device, clock, program.instruction_count,
-                         variants, kernels, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), setup, copy_gbs)
+                         variants, kernels, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), setup, copy_gbs,
+                         critical_path_ms(kernels, plans["graph+fusion"]))
 
 
 __all__ = ["KernelRecord", "ProfileResult", "RooflineRow", "VariantTiming", "chrome_trace", "copy_bandwidth",
-           "kind_table", "profile_program", "render", "render_roofline", "roofline_table", "write_trace"]
+           "critical_path_ms", "kind_table", "profile_program", "render", "render_roofline", "roofline_table", "write_trace"]

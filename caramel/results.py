@@ -174,7 +174,8 @@ def profile_document(result) -> dict[str, Any]:
     timings.update({f"{k} setup": float(t) for k, t in setup.items()})
     body = {"program": result.program, "n": result.n, "mode": result.mode, "backend": result.backend,
             "devices": 1, "device": result.device, "clock": result.clock, "date": result.date,
-            "variants": variants, "kinds": kinds, "timings_s": timings}
+            "variants": variants, "kinds": kinds, "critical_path_ms": getattr(result, "critical_ms", 0.0),
+            "timings_s": timings}
     return document("profile", body)
 
 

@@ -9,7 +9,8 @@ import pytest
 from caramel.cli import main
 from caramel.parse import load_program
 from caramel.plan import build_plan
-from caramel.profile import VARIANTS, chrome_trace, kind_table, profile_program, render
+from caramel.plan.kernel import ChipPlan, Plan
+from caramel.profile import VARIANTS, KernelRecord, chrome_trace, critical_path_ms, kind_table, profile_program, render
 
 from tests.conftest import REPO
 
@@ -49,6 +50,34 @@ def test_kind_table_sums_to_the_kernel_count(result, program):
                                              "rsv", "mod", "ntt-half", "epilogue"}
     total_line = [line for line in render(result).splitlines() if line.startswith("total ")]
     assert total_line and total_line[0].split()[1] == str(kernels)
+
+
+def _chip(chip: int, deps) -> ChipPlan:
+    return ChipPlan(chip, (), tuple(tuple(d) for d in deps), 0, {}, -1, (), {}, 0)
+
+
+def _records(chip: int, durations) -> list[KernelRecord]:
+    return [KernelRecord(chip, k, "elementwise", 1, (), 0.0, d) for k, d in enumerate(durations)]
+
+
+def test_critical_path_follows_the_dependencies():
+    """0 -> 1 -> 3 and 0 -> 2 -> 3: the longer branch counts; a kernel without dependencies starts a chain; the
+    longest chip wins; a chip's kernels never chain through another chip's."""
+    plan = Plan("p", (_chip(0, [[], [0], [0], [1, 2], []]), _chip(1, [[], [0]])))
+    records = _records(0, [1.0, 5.0, 2.0, 1.0, 6.5]) + _records(1, [0.5, 4.0])
+    assert critical_path_ms(records, plan) == pytest.approx(7.0)  # 1 + 5 + 1
+    assert critical_path_ms(records, Plan("p", (plan.chips[1],))) == pytest.approx(4.5)  # its own kernel 0's 0.5
+    records[4].dur_ms = 7.5  # the lone kernel is now the longest chain
+    assert critical_path_ms(records, plan) == pytest.approx(7.5)
+    assert critical_path_ms([], plan) == 0.0
+
+
+def test_critical_path_is_reported(result, program):
+    total = sum(r.dur_ms for r in result.kernels)
+    assert 0 < result.critical_ms <= total + 1e-9
+    assert result.critical_ms == pytest.approx(critical_path_ms(result.kernels, build_plan(program, fuse=True)))
+    assert f"critical path (the longest chain of dependent kernels at these times): {result.critical_ms:.3f} ms" \
+        in render(result)
 
 
 def test_chrome_trace(result, program):
