@@ -191,8 +191,8 @@ def render(result: ProfileResult) -> str:
                   "100.0%" if kinds else "-"))
     out.append(_table(("kind", "kernels", "rows", "total ms", "share"), krows))
     if result.critical_ms > 0:
-        out.append(f"critical path (the longest chain of dependent kernels at these times): {result.critical_ms:.3f} ms "
-                   f"of the {total:.3f} ms sum")
+        out.append("critical path (the longest chain of dependent kernels at these times): "
+                   f"{result.critical_ms:.3f} ms of the {total:.3f} ms sum")
     if any(k.bytes for k in result.kernels):
         out.append("")
         ceiling = f"measured copy bandwidth {result.copy_gbs:.0f} GB/s" if result.copy_gbs > 0 else "no copy ceiling"
@@ -489,4 +489,5 @@ def profile_program(
 
 
 __all__ = ["KernelRecord", "ProfileResult", "RooflineRow", "VariantTiming", "chrome_trace", "copy_bandwidth",
-           "critical_path_ms", "kind_table", "profile_program", "render", "render_roofline", "roofline_table", "write_trace"]
+           "critical_path_ms", "kind_table", "profile_program", "render", "render_roofline", "roofline_table",
+           "write_trace"]

@@ -94,7 +94,8 @@ def test_shared_memory_layout(f):
     """tl, one table a group (copied by its first warp), one warp tile a row pass: the kernel's offsets and
     epilogue_smem agree; three blocks fit up to 13 transformed operands."""
     sf = dntt.warp_split_from(dntt.EPILOGUE_SPLIT_FROM, False)
-    wt = 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
+    wt = 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)  # _EPILOGUE's WT
+    assert dntt.warp_table_entries(sf) == wt
     g = dntt.epilogue_groups(f)
     assert dntt.epilogue_smem(f) == 8 * 240 + g * 8 * wt + f * g * 16 * dntt.WPITCH
     assert dntt.epilogue_smem(f, 2) == dntt.epilogue_smem(f) + 8192

@@ -458,11 +458,15 @@ def warp_tables(ring: CudaRing, inverse: bool):
     return tables[inverse]
 
 
+def warp_table_entries(sf: int) -> int:
+    """WT of _ROWW: the entries of a warp tile's table wt (8 bytes each) with split stages from ``sf``."""
+    return 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
+
+
 def warp_smem(warps: int, sf: int) -> int:
     """Dynamic shared memory of a warp-tile row kernel: the table tl (240 entries of 8 bytes), then per
     warp its 4 rows (4 WPITCH words) and its table wt (WT entries, see _ROWW)."""
-    sft = min(sf, 6)
-    return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * (4 * ((1 << sft) - 1) + 4 * (8 - sf)))
+    return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * warp_table_entries(sf))
 
 
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) -> str:
@@ -800,16 +804,17 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
                               evaluate=evaluate, params=params,
                               min_blocks=EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks,
                               warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS, g=epilogue_groups(len(operands)),
-                              apart=str(EPILOGUE_APART).lower(), balance=str(EPILOGUE_BALANCE).lower(), stage_copy=stage_copy, pending=int(bool(staged)),
+                              apart=str(EPILOGUE_APART).lower(), balance=str(EPILOGUE_BALANCE).lower(),
+                              stage_copy=stage_copy, pending=int(bool(staged)),
                               stage_wait="    cp_async_wait<0>();  // this thread's staged operands" if staged else "")
     return _header(logn, logn - ROW_LOG, kernel, lazy, False)
 
 
 def epilogue_smem(operands: int, staged: int = 0) -> int:
-    """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (a warp tile for each of
-    its F G row passes) and ``staged`` staged plain operands (4 KiB each, :func:`epilogue_staged`)."""
-    sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
-    g, wt = epilogue_groups(operands), 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
+    """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (tl, a table wt a group and
+    a warp tile for each of its F G row passes) and ``staged`` staged plain operands (4 KiB each,
+    :func:`epilogue_staged`)."""
+    g, wt = epilogue_groups(operands), warp_table_entries(warp_split_from(EPILOGUE_SPLIT_FROM, False))
     return 8 * 240 + g * 8 * wt + operands * g * 16 * WPITCH + 4096 * staged
 
 
