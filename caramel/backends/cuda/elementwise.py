@@ -212,46 +212,14 @@ class FusedProgram:
         return tuple(k for k in range(self.n_vec) if k not in self.gathered and k not in self.transformed)
 
     def _body(self, skip: tuple[int, ...] = (), staged: tuple[int, ...] = (), scalar: bool = False) -> list[str]:
-        """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the vector operands' loads (but those in ``skip``,
-        already in ``x{k}``, and those in ``staged``, read from the epilogue's shared ``stage`` at its word ``e``),
-        the scalars, the program and the stores. ``scalar``: one residue a thread (u32 values) at position ``j`` of
-        the limb (point ``pe`` of the epilogue's stage), not the 4 of 16-byte word ``i``."""
+        """The kernel body after ``r``, ``i``, ``q`` and ``mu``: the operands' loads (:meth:`_loads`), the program and
+        the stores. ``scalar``: one residue a thread (u32 values) at position ``j`` of the limb (point ``pe`` of the
+        epilogue's stage), not the 4 of 16-byte word ``i``."""
         if scalar:
             return self._scalar_body(skip, staged)
         kinds = self.kinds()
-        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
-        vector = GATHER_VECTOR
-        lines: list[str] = []
-        for k in range(nv):
-            if k in skip:
-                continue
-            if k in self.gathered:
-                m = self.gathered.index(k)
-                lines += [
-                    f"    const u32* a{k} = arena + (u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4);",
-                    f"    const u32 g{k} = (u32)galois[r * {ng} + {m}];",
-                    f"    uint4 x{k};",
-                ]
-                if vector:  # the 4 sources share one aligned 16-byte word
-                    lines += [
-                        f"    const u32 s{k} = gather_index(4u * i, g{k}, logn);",
-                        f"    const uint4 w{k} = ((const uint4*)a{k})[s{k} >> 2];",
-                        f"    x{k}.x = pick4(w{k}, s{k} & 3u);",
-                    ]
-                    lines += [f"    x{k}.{c} = pick4(w{k}, gather_index(4u * i + {d}u, g{k}, logn) & 3u);"
-                              for d, c in enumerate("xyzw") if d]
-                else:
-                    lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];"
-                              for d, c in enumerate("xyzw")]
-                continue
-            if k in staged:
-                lines.append(f"    const uint4 x{k} = *(const uint4*)(stage + {1024 * staged.index(k)} + 4 * e);")
-                continue
-            lines.append(
-                f"    const uint4 x{k} = ((const uint4*)arena)[(u64)vec_slots[r * {nv} + {k}] * n4 + i];"
-            )
-        for k in range(ns):
-            lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
+        nv, ns, no = self.n_vec, self.n_scalar, len(self.outputs)
+        lines = self._loads(skip, staged, False)
         # Scalar-only values are computed once; vector values once per component.
         for idx, op in enumerate(self.ops):
             v = nv + ns + idx
@@ -280,22 +248,8 @@ class FusedProgram:
     def _scalar_body(self, skip: tuple[int, ...], staged: tuple[int, ...]) -> list[str]:
         """:meth:`_body` for one residue a thread: ``j`` its position in the limb, ``pe`` in the stage."""
         kinds = self.kinds()
-        nv, ns, no, ng = self.n_vec, self.n_scalar, len(self.outputs), len(self.gathered)
-        lines: list[str] = []
-        for k in range(nv):
-            if k in skip:
-                continue
-            if k in self.gathered:
-                m = self.gathered.index(k)
-                src = f"gather_index((u32)j, (u32)galois[r * {ng} + {m}], logn)"
-            elif k in staged:
-                lines.append(f"    const u32 x{k} = stage[{1024 * staged.index(k)} + pe];")
-                continue
-            else:
-                src = "j"
-            lines.append(f"    const u32 x{k} = arena[(u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4) + {src}];")
-        for k in range(ns):
-            lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
+        nv, ns, no = self.n_vec, self.n_scalar, len(self.outputs)
+        lines = self._loads(skip, staged, True)
         sums, hidden = self.lazy_sums() if LAZY_SUMS else ({}, frozenset())
 
         def arg(a: int) -> str:
@@ -306,9 +260,57 @@ class FusedProgram:
             if v in sums:
                 lines.append(f"    const u32 x{v} = {lazy_sum(sums[v], arg)};")
             elif not kinds[v] or v not in hidden:
-                lines.append(f"    const u32 x{v} = {OPS[op.op][1].format(a=f'x{op.args[0]}', b=f'x{op.args[-1]}')};")
+                lines.append(f"    const u32 x{v} = {OPS[op.op][1].format(a=arg(op.args[0]), b=arg(op.args[-1]))};")
         for k, o in enumerate(self.outputs):
             lines.append(f"    arena[(u64)out_slots[r * {no} + {k}] * (4u * (u32)n4) + j] = x{o};")
+        return lines
+
+    def _loads(self, skip: tuple[int, ...], staged: tuple[int, ...], scalar: bool) -> list[str]:
+        """The vector operands' loads into ``x{k}`` (uint4, or u32 with ``scalar``; see :meth:`_body`) but those in
+        ``skip``: a gathered one through its automorphism, one in ``staged`` from the epilogue's shared ``stage``, the
+        others from memory; then the scalars'."""
+        nv, ns = self.n_vec, self.n_scalar
+        lines: list[str] = []
+        for k in range(nv):
+            if k in skip:
+                continue
+            if k in self.gathered:
+                lines += self._gathered_load(k, scalar)
+            elif k in staged:
+                at = 1024 * staged.index(k)
+                lines.append(f"    const u32 x{k} = stage[{at} + pe];" if scalar else
+                             f"    const uint4 x{k} = *(const uint4*)(stage + {at} + 4 * e);")
+            elif scalar:
+                lines.append(f"    const u32 x{k} = arena[(u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4) + j];")
+            else:
+                lines.append(
+                    f"    const uint4 x{k} = ((const uint4*)arena)[(u64)vec_slots[r * {nv} + {k}] * n4 + i];"
+                )
+        for k in range(ns):
+            lines.append(f"    const u32 x{nv + k} = scalars[scalar_idx[r * {ns} + {k}]];")
+        return lines
+
+    def _gathered_load(self, k: int, scalar: bool) -> list[str]:
+        """The load of gathered operand k (see the module docstring): one residue, or the 4 of word ``i``."""
+        nv, ng, m = self.n_vec, len(self.gathered), self.gathered.index(k)
+        if scalar:
+            return [f"    const u32 x{k} = arena[(u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4) + "
+                    f"gather_index((u32)j, (u32)galois[r * {ng} + {m}], logn)];"]
+        lines = [
+            f"    const u32* a{k} = arena + (u64)vec_slots[r * {nv} + {k}] * (4u * (u32)n4);",
+            f"    const u32 g{k} = (u32)galois[r * {ng} + {m}];",
+            f"    uint4 x{k};",
+        ]
+        if GATHER_VECTOR:  # the 4 sources share one aligned 16-byte word
+            lines += [
+                f"    const u32 s{k} = gather_index(4u * i, g{k}, logn);",
+                f"    const uint4 w{k} = ((const uint4*)a{k})[s{k} >> 2];",
+                f"    x{k}.x = pick4(w{k}, s{k} & 3u);",
+            ]
+            lines += [f"    x{k}.{c} = pick4(w{k}, gather_index(4u * i + {d}u, g{k}, logn) & 3u);"
+                      for d, c in enumerate("xyzw") if d]
+        else:
+            lines += [f"    x{k}.{c} = a{k}[gather_index(4u * i + {d}u, g{k}, logn)];" for d, c in enumerate("xyzw")]
         return lines
 
 
