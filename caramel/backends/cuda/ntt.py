@@ -774,12 +774,13 @@ def epilogue_staged(operands: tuple[int, ...], plain: tuple[int, ...], min_block
 def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int, body: str, lazy: bool = LAZY,
                     params: str = "", min_blocks: int | None = None, staged: tuple[int, ...] = ()) -> str:
     """CUDA source of the :data:`_EPILOGUE` kernel ``name`` (N = 2^logn >= 8192) whose vector operands
-    ``operands`` (at most :data:`EPILOGUE_MAX`, ascending) are transformed; ``body`` reads the other operands, evaluates the program and
-    stores (as the plain elementwise kernel's; the transformed operands are the uint4 ``x{k}``); ``lazy`` as the
-    column kernel that wrote them; ``params``: the body's further kernel parameters (gathered operands'), after
-    ``tiles``; ``min_blocks``: the resident blocks a multiprocessor its launch bounds ask (default: the last of
-    :data:`EPILOGUE_MIN_BLOCKS`); ``staged``: the plain operands copied to shared memory (:func:`epilogue_staged`; the
-    body reads operand ``staged[j]`` at ``stage + 1024 j + 4 e``)."""
+    ``operands`` (at most :data:`EPILOGUE_MAX`, ascending) are transformed; ``body`` reads the other operands,
+    evaluates the program and stores (as the plain elementwise kernel's; the transformed operands are ``x{k}``: uint4,
+    or u32 where :func:`epilogue_scalar`); ``lazy`` as the column kernel that wrote them; ``params``: the body's
+    further kernel parameters (gathered operands'), after ``tiles``; ``min_blocks``: the resident blocks a
+    multiprocessor its launch bounds ask (default: the last of :data:`EPILOGUE_MIN_BLOCKS`); ``staged``: the plain
+    operands copied to shared memory (:func:`epilogue_staged`; the body reads operand ``staged[j]`` at ``stage +
+    1024 j``: word ``e``, or point ``pe`` one residue a thread)."""
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_MAX:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_MAX} transformed operands")
     sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
