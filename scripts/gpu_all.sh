@@ -8,8 +8,8 @@
 #   2. scripts/gpu_variants.py: NTT/INTT and base conversion kernels checked bit-exact against the
 #      CPU reference on fresh random data (N = 4096, 8192, 65536) and timed, variants side by side;
 #   3. the GPU test modules (tests/backends/test_cuda_kernels.py, test_cuda_ntt_prologue.py,
-#      test_cuda_epilogue.py, test_cuda_twiddles.py, test_cuda_gather.py, tests/plan/test_cuda_plan.py, tests/execute/test_gpu.py,
-#      tests/test_profile_roofline.py);
+#      test_cuda_epilogue.py, test_cuda_twiddles.py, test_cuda_gather.py, tests/plan/test_cuda_plan.py,
+#      tests/execute/test_gpu.py, tests/test_profile_roofline.py);
 #   4. scripts/gpu_corpus_check.py over .data/corpus in the three arithmetic modes, N = 4096 and 65536.
 # Logs go to $OUT (or ./gpu_all_logs); a summary is printed last. Exit status 1 if any step failed.
 set -u

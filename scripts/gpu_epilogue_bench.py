@@ -4,14 +4,13 @@ transform, then the program) against the epilogue (the transform's column pass, 
 pass in its load: ``ntt._launch(half=True)`` and ``FusedProgram.transformed``), per program shape.
 
     PYTHONPATH=. python3 scripts/gpu_epilogue_bench.py [--rows 150] [--shapes 2x13x2,1x24x1,...]
-        [--variants "EPILOGUE_APART=0 EPILOGUE_UNROLL=2,ew.LAZY_SUMS=0"]
+        [--variants "EPILOGUE_APART=0 EPILOGUE_SCALAR_FROM=17,ew.LAZY_SUMS=0"]
 
 A shape FxPxO is the key-switching inner product of tests/backends/test_cuda_epilogue.py: F transformed operands,
 P plain ones, O outputs, over R rows (F R transformed limbs). Checks the two against each other first (the same
-outputs, bit for bit, for every variant), then times both (graph replays over rotating arenas, N = 65536) and prints the limbs each
-moves (two-pass transform: 4 a limb; the program: its operands and outputs) and the measured rates; "kernel" is
-the epilogue kernel alone. Exit status 1
-when the outputs differ.
+outputs, bit for bit, for every variant), then times both (graph replays over rotating arenas, N = 65536) and
+prints the limbs each moves (two-pass transform: 4 a limb; the program: its operands and outputs) and the measured
+rates; "kernel" is the epilogue kernel alone. Exit status 1 when the outputs differ.
 """
 
 from __future__ import annotations
