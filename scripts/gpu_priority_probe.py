@@ -72,7 +72,10 @@ def main():
     memory = bootstrap_inputs(program, ctx)
     plan = build_plan(program)
     stored = reference_digest(".data/BootstrapLike_51L.tar.xz#BootstrapLike_51L_1c", 65536)
-    lo, hi = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    cp.cuda.Device().synchronize()  # a current context
+    least, greatest = ctypes.c_int(), ctypes.c_int()
+    check(cuda.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)), "cuCtxGetStreamPriorityRange")
+    lo, hi = least.value, greatest.value
     print(f"stream priorities: least {lo}, greatest {hi}", flush=True)
 
     one = GpuRun(plan, ctx, memory, "exact", streams=1)
