@@ -108,16 +108,23 @@ def main():
 
     origin = run.streams[0]
     mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", 2)
-    results = {}
-    for n_streams in (4, 5):
-        pinned = [dataclasses.replace(t, stream=n_streams - 1, cost=max(1, int(1000 * cost[k])))
-                  if k in chain else dataclasses.replace(t, cost=max(1, int(1000 * cost[k])))
-                  for k, t in enumerate(tasks)]
-        sch = assign_streams(pinned, n_streams, reserved=1)
-        check_schedule(pinned, sch)
-        for prio in (0, hi):
+
+    def traffic_cost(k):
+        kern = dev.kernel_of[dev.task_calls[k][0]]
+        if kern is None:
+            return 1
+        kern = kern[2]
+        two_pass = kern.kind.value in ("ntt", "intt") and not kern.half
+        return max(1, kern.traffic() + (2 * len(kern.rows) if two_pass else 0))
+
+    costs = {"rows (default)": [t.cost for t in tasks], "measured": [max(1, int(1000 * c)) for c in cost],
+             "traffic": [traffic_cost(k) for k in range(len(tasks))]}
+    for name, cs in costs.items():
+        for n_streams in (4, 6):
+            tk = [dataclasses.replace(t, cost=cs[k]) for k, t in enumerate(tasks)]
+            sch = assign_streams(tk, n_streams)
+            check_schedule(tk, sch)
             launcher = StreamLauncher(sch, origin)
-            launcher.streams[-1] = priority_stream(prio)
             with origin:
                 launch_device(dev, launcher)
             origin.synchronize()
@@ -125,24 +132,21 @@ def main():
             with origin:
                 launch_device(dev, launcher)
             g = cp.cuda.runtime.streamEndCapture(origin.ptr)
-            for flags in ((0, 8) if prio else (0,)):
-                ex = instantiate(g, flags)
-                times = []
-                for r in range(12):
-                    a, b = cp.cuda.Event(), cp.cuda.Event()
-                    origin.synchronize()
-                    a.record(origin)
-                    check(cuda.cuGraphLaunch(ctypes.c_void_p(ex), ctypes.c_void_p(origin.ptr)), "cuGraphLaunch")
-                    b.record(origin)
-                    b.synchronize()
-                    times.append(cp.cuda.get_elapsed_time(a, b))
-                d = output_digest(program, run.result().memory)
-                times = sorted(times[2:])
-                label = f"{n_streams} streams, chain on the last, priority {prio}, flags {flags}"
-                results[label] = times[len(times) // 2]
-                print(f"{label}: median {times[len(times) // 2]:.3f} ms (min {times[0]:.3f}, max {times[-1]:.3f}); "
-                      f"digest equal {d == digest}", flush=True)
-                check(cuda.cuGraphExecDestroy(ctypes.c_void_p(ex)), "cuGraphExecDestroy")
+            ex = instantiate(g, 0)
+            times = []
+            for r in range(12):
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                origin.synchronize()
+                a.record(origin)
+                check(cuda.cuGraphLaunch(ctypes.c_void_p(ex), ctypes.c_void_p(origin.ptr)), "cuGraphLaunch")
+                b.record(origin)
+                b.synchronize()
+                times.append(cp.cuda.get_elapsed_time(a, b))
+            d = output_digest(program, run.result().memory)
+            times = sorted(times[2:])
+            print(f"costs {name}, {n_streams} streams: median {times[len(times) // 2]:.3f} ms (min {times[0]:.3f}, "
+                  f"max {times[-1]:.3f}); digest equal {d == digest}", flush=True)
+            check(cuda.cuGraphExecDestroy(ctypes.c_void_p(ex)), "cuGraphExecDestroy")
             cp.cuda.runtime.graphDestroy(g)
     t = run.time(repeats=10, warmup=1)
     print(f"default 4 streams again: {t}", flush=True)
