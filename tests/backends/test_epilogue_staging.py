@@ -89,60 +89,20 @@ def test_one_residue_a_thread_with_one_group(f, monkeypatch):
     assert "const int pe =" not in program(f, 3).source(16, True, 2)
 
 
-@pytest.mark.parametrize("full", [True, False])
 @pytest.mark.parametrize("f", range(1, dntt.EPILOGUE_MAX + 1))
-def test_shared_memory_layout(f, full, monkeypatch):
-    """tl (split stages only), one table a group, one warp tile a row pass: the kernel's offsets and epilogue_smem
-    agree. With several groups a block each group's first warp copies the table of the stages below the split; with
-    one group and EPILOGUE_FULL_TABLE every thread copies the full table (every stage, no tl), and three blocks fit
-    up to 12 transformed operands (13 with the split table)."""
-    monkeypatch.setattr(dntt, "EPILOGUE_FULL_TABLE", full)
-    sf, sft = dntt.epilogue_table(f)
+def test_shared_memory_layout(f):
+    """tl, one table a group (copied by its first warp), one warp tile a row pass: the kernel's offsets and
+    epilogue_smem agree; three blocks fit up to 13 transformed operands."""
+    sf = dntt.warp_split_from(dntt.EPILOGUE_SPLIT_FROM, False)
+    wt = 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)  # _EPILOGUE's WT
+    assert dntt.warp_table_entries(sf) == wt
     g = dntt.epilogue_groups(f)
-    assert (sf, sft) == ((8, 8) if full and g == 1 else (dntt.EPILOGUE_SPLIT_FROM, min(dntt.EPILOGUE_SPLIT_FROM, 6)))
-    wt = 4 * ((1 << sft) - 1) + 4 * (8 - sf)  # _EPILOGUE's WT
-    assert dntt.warp_table_entries(sf, sft) == wt and (sft == 8) == (wt == 1020)
-    tl = 8 * 240 if sf < 8 else 0
-    assert dntt.epilogue_smem(f) == tl + g * 8 * wt + f * g * 16 * dntt.WPITCH
+    assert dntt.epilogue_smem(f) == 8 * 240 + g * 8 * wt + f * g * 16 * dntt.WPITCH
     assert dntt.epilogue_smem(f, 2) == dntt.epilogue_smem(f) + 8192
-    assert dntt.epilogue_fits(f, 3) == (f <= (12 if full else 13))
+    assert dntt.epilogue_fits(f, 3) == (f <= 13)
     assert dntt.epilogue_fits(f, 2)
     src = program(f, 3).source(16, True, 2)
-    assert f"constexpr int SF = {sf}, SFT = {sft}," in src and "u32* tbase = dyn + TLW + G * 2 * WT" in src
-    assert "constexpr int TLW = SF < 8 ? 480 : 0;" in src
-    assert ("-ft1" in dntt.epilogue_settings()) == full  # part of the kernels' cache key
-
-
-def test_full_table_layout():
-    """wtile_table_full's copies (entry e of the 1020 to wt[4 (2^s - 1) + 2^s x + k]) fill each slot once, and the
-    row passes' reads (wpass with SFT = 8: pass A wt[4 (2^s - 1) + 2^s x + j], pass B wt[4 (2^s - 1) + 2^s x + g +
-    16 j]) find tw[((bt0 + x) << s) + (g << d) + j]: a model of the two index formulas of the CUDA source (the GPU
-    tests run the kernels), with pass B's 16 lanes g reading 16 consecutive entries."""
-    bt0 = 256 + 4 * 5
-    wt = [None] * 1020
-    for e in range(1020):
-        s = ((e >> 2) + 1).bit_length() - 1  # 31 - __clz((e >> 2) + 1)
-        o = e - 4 * ((1 << s) - 1)
-        d, i = s - 4, o & ((1 << s) - 1)
-        k = i if s < 4 else 16 * (i & ((1 << d) - 1)) + (i >> d)
-        at = 4 * ((1 << s) - 1) + (o - i) + k
-        assert wt[at] is None
-        wt[at] = (bt0 << s) + o
-    assert None not in wt
-    for s0 in (0, 4):
-        for d in range(4):
-            s = s0 + d
-            for x in range(4):
-                for j in range(1 << d):
-                    reads = []
-                    for g in range(16 if s0 == 4 else 1):
-                        at = 4 * ((1 << s) - 1) + (x << s) + (g + 16 * j if s0 == 4 else j)
-                        assert wt[at] == ((bt0 + x) << s) + (g << d) + j
-                        reads.append(at)
-                    assert reads == list(range(reads[0], reads[0] + len(reads)))
-    src = program(8, 3).source(16, True, 2)
-    assert "const int k = s < 4 ? i : 16 * (i & ((1 << d) - 1)) + (i >> d);" in src
-    assert "wts[SFT == 8 && S0 == 4 ? 16 * j : j]" in src
+    assert "warp % F == 0) wtile_table" in src and "u32* tbase = dyn + 480 + G * 2 * WT" in src
 
 
 @pytest.mark.parametrize("f", range(1, dntt.EPILOGUE_MAX + 1))

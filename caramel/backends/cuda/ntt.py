@@ -81,9 +81,6 @@ EPILOGUE_SCALAR_FROM = 5
 #: With one group a block, its 2 F row pairs' passes are dealt over the warps (F = 12: 3 a warp), not its F row
 #: passes (F = 12: 2 or 1 a warp, 4 or 2 row pairs).
 EPILOGUE_BALANCE = True
-#: With one group a block, the group's table wt holds every stage's twiddles of its 4 rows (1020 entries, 8 KiB, no
-#: split stages: one Shoup product a butterfly; see wtile_table_full), not only those below EPILOGUE_SPLIT_FROM.
-EPILOGUE_FULL_TABLE = True
 SMEM_SM = 228 * 1024  # shared memory of a multiprocessor (H100, H200); each resident block also reserves 1 KiB
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
@@ -234,8 +231,7 @@ __device__ __forceinline__ int wsidx(int x, int p) {{
 // bt0 = 2^A_BITS + first row; see ntt_pass for the twiddle indices: stage s = S0 + d of row bt uses
 // tw[(bt << s) + (g << d) + j], j = k >> (4 - d), g = 0 in pass A). Stages s >= SF (SF >= 4) take it as
 // tw[bt << s] x tw[(g << d) + j] (two Shoup products; the row factor from wt, the second from tl); the
-// earlier ones one table entry, from the warp's table wt for s < SFT (see _ROWW), else from tw. SFT = 8 (a full
-// table, wtile_table_full): pass B's entries of a row are transposed, (g << d) + j at 16 j + g.
+// earlier ones one table entry, from the warp's table wt for s < SFT (see _ROWW), else from tw.
 // Rows 2 it + (lane >> 4) for it0 <= it < it1 (default: all 4).
 template <int S0, bool INV, int SF, int SFT>
 __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, const uint2* wt,
@@ -262,7 +258,7 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
             const bool split_s = s >= SF;  // constant once unrolled
             const int g = S0 == 4 ? u : 0;
             const uint2* __restrict__ tws = tw + (((bt0 + x) << s) + (g << d));  // stages SFT <= s < SF
-            const uint2* wts = wt + 4 * ((1 << s) - 1) + (x << s) + (SFT == 8 ? g : g << d);  // stages s < SFT
+            const uint2* wts = wt + 4 * ((1 << s) - 1) + (x << s) + (g << d);    // stages s < SFT
             const uint2 rf = split_s ? (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
                                                 : wt[4 * ((1 << SFT) - 1) + 4 * (s - SF) + x]) : make_uint2(0u, 0u);
             const uint2* tls = tl + 16 * ((1 << d) - 1) + u;
@@ -271,7 +267,7 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
                 if (k & half) continue;
                 const int j = k >> (4 - d);
                 const uint2 w1 = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
-                                 : split_s ? tls[16 * j] : s < SFT ? wts[SFT == 8 && S0 == 4 ? 16 * j : j] : __ldg(tws + j);
+                                 : split_s ? tls[16 * j] : s < SFT ? wts[j] : __ldg(tws + j);
                 if (INV) {{
                     const u32 a = v[k], b = v[k + half];
                     u32 t = shoup_lazy(a + two_q - b, w1.x, w1.y, q);
@@ -318,18 +314,6 @@ __device__ __forceinline__ void wtile_table(uint2* wt, const uint2* __restrict__
     }}
     for (int e = lane; e < 4 * (8 - SF); e += 32)
         cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
-}}
-// The full table of rows bt0 .. bt0 + 3 (SFT = SF = 8), 8 bytes a copy by the threads t0, t0 + dt, ..: stage s, row
-// x, entry i (tw[((bt0 + x) << s) + i], i < 2^s) at wt[4 (2^s - 1) + 2^s x + k], k = i in pass A (s < 4), else
-// transposed, k = 16 j + g for i = (g << d) + j, d = s - 4: the 16 lanes g of a row read 16 consecutive entries
-// (a 128-byte line, no bank conflict), where the natural order puts them 2^d entries apart.
-__device__ __forceinline__ void wtile_table_full(uint2* wt, const uint2* __restrict__ tw, int bt0, int t0, int dt) {{
-    for (int e = t0; e < 1020; e += dt) {{
-        const int s = 31 - __clz((e >> 2) + 1), o = e - 4 * ((1 << s) - 1);  // stage s, offset o = 2^s x + i
-        const int d = s - 4, i = o & ((1 << s) - 1);
-        const int k = s < 4 ? i : 16 * (i & ((1 << d) - 1)) + (i >> d);
-        cp_async8(wt + 4 * ((1 << s) - 1) + (o - i) + k, tw + (bt0 << s) + o);
-    }}
 }}
 __device__ __forceinline__ void wtile_async(u32* sm, const uint4* __restrict__ src, int lane) {{
 #pragma unroll
@@ -474,10 +458,9 @@ def warp_tables(ring: CudaRing, inverse: bool):
     return tables[inverse]
 
 
-def warp_table_entries(sf: int, sft: int | None = None) -> int:
-    """WT of _ROWW and _EPILOGUE: the entries of a warp tile's table wt (8 bytes each) with split stages from ``sf``
-    and one-product stages below ``sft`` (default min(sf, 6)) in the table: 4 (2^SFT - 1) + 4 (8 - SF)."""
-    return 4 * ((1 << (min(sf, 6) if sft is None else sft)) - 1) + 4 * (8 - sf)
+def warp_table_entries(sf: int) -> int:
+    """WT of _ROWW: the entries of a warp tile's table wt (8 bytes each) with split stages from ``sf``."""
+    return 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
 
 
 def warp_smem(warps: int, sf: int) -> int:
@@ -664,14 +647,13 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
-    constexpr int TLW = SF < 8 ? 480 : 0;  // words of tl (split factors: none without split stages)
     constexpr int G = {g}, S = F * G, PW = (S + {warps} - 1) / {warps};  // see _EPILOGUE's doc (G: epilogue_groups)
     constexpr bool APART = {apart} && G > 1;  // (with one group, all warps evaluate it)
     constexpr bool BALANCE = {balance} && G == 1 && S % {warps} != 0;  // EPILOGUE_BALANCE
     constexpr int TILE = 4 * WPITCH;  // words of a slot's warp tile
     extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
-    u32* tbase = dyn + TLW + G * 2 * WT;  // after tl and the G groups' tables: slot s at tbase + TILE s
+    u32* tbase = dyn + 480 + G * 2 * WT;  // after tl and the G groups' tables: slot s at tbase + TILE s
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pi = prime_idx[r];
@@ -681,7 +663,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const int grp = G == 1 ? 0 : warp / F;  // this warp's group (with one group, warps past F balance its row pairs)
     const int bt0 = (1 << A_BITS) + 4 * (G * tile + grp);  // its 4 rows (every slot of it)
     const uint2* tw = tw_all + (u64)pi * NN;
-    uint2* wt = (uint2*)(dyn + TLW + grp * 2 * WT);  // its group's table (its slots' rows)
+    uint2* wt = (uint2*)(dyn + 480 + grp * 2 * WT);  // its group's table (its slots' rows)
 #pragma unroll
     for (int p = 0; p < PW; ++p) {{
         const int f = (warp + p * {warps}) % F;
@@ -690,8 +672,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
             wtile_async(tbase + (warp + p * {warps}) * TILE,
                         (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256), lane);
     }}
-    if (SFT == 8) wtile_table_full(wt, tw, bt0, threadIdx.x, {threads});  // one group: every thread
-    else if (warp < S && warp % F == 0) wtile_table<SF, SFT>(wt, tw, bt0, lane);  // one warp a group
+    if (warp < S && warp % F == 0) wtile_table<SF, SFT>(wt, tw, bt0, lane);  // one warp a group
     if (SF < 8)
         for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
     cp_async_commit();
@@ -763,17 +744,7 @@ def epilogue_groups(operands: int) -> int:
 def epilogue_settings() -> str:
     """The module settings an epilogue kernel's source depends on besides its program, for its cache key."""
     return (f"a{int(EPILOGUE_APART)}-s{EPILOGUE_SPLIT_FROM}-st{int(EPILOGUE_STAGE)}-sc{EPILOGUE_SCALAR_FROM}"
-            f"-ba{int(EPILOGUE_BALANCE)}-ft{int(EPILOGUE_FULL_TABLE)}")
-
-
-def epilogue_table(operands: int) -> tuple[int, int]:
-    """(SF, SFT) of an epilogue kernel with ``operands`` transformed operands: its first split stage and the stages
-    below SFT that its group tables wt hold. With EPILOGUE_FULL_TABLE and one group a block (8, 8): every stage,
-    no split, no tl (:data:`_EPILOGUE`, wtile_table_full); else EPILOGUE_SPLIT_FROM's, as the row kernels'."""
-    if EPILOGUE_FULL_TABLE and epilogue_groups(operands) == 1:
-        return 8, 8
-    sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
-    return sf, min(sf, 6)
+            f"-ba{int(EPILOGUE_BALANCE)}")
 
 
 def epilogue_fits(operands: int, blocks: int) -> bool:
@@ -812,7 +783,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     1024 j``: word ``e``, or point ``pe`` one residue a thread)."""
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_MAX:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_MAX} transformed operands")
-    sf, sft = epilogue_table(len(operands))
+    sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
     operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
         " : " if len(operands) > 1 else "") + str(operands[-1])
     if staged and epilogue_groups(len(operands)) != 1:
@@ -830,7 +801,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
         reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * TILE);"]
         reads += [f"            x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
     evaluate = (_EVAL_SCALAR if scalar else _EVAL_WORDS).format(transformed="\n".join(reads), body=body)
-    kernel = _EPILOGUE.format(name=name, sf=sf, sft=sft, f=len(operands), operand_of=operand_of, nv=n_vec,
+    kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
                               evaluate=evaluate, params=params,
                               min_blocks=EPILOGUE_MIN_BLOCKS[-1] if min_blocks is None else min_blocks,
                               warps=EPILOGUE_WARPS, threads=32 * EPILOGUE_WARPS, g=epilogue_groups(len(operands)),
@@ -843,9 +814,9 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
 def epilogue_smem(operands: int, staged: int = 0) -> int:
     """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (tl, a table wt a group and
     a warp tile for each of its F G row passes) and ``staged`` staged plain operands (4 KiB each,
-    :func:`epilogue_staged`); tl only with split stages (:func:`epilogue_table`)."""
-    g, (sf, sft) = epilogue_groups(operands), epilogue_table(operands)
-    return (8 * 240 if sf < 8 else 0) + g * 8 * warp_table_entries(sf, sft) + operands * g * 16 * WPITCH + 4096 * staged
+    :func:`epilogue_staged`)."""
+    g, wt = epilogue_groups(operands), warp_table_entries(warp_split_from(EPILOGUE_SPLIT_FROM, False))
+    return 8 * 240 + g * 8 * wt + operands * g * 16 * WPITCH + 4096 * staged
 
 
 # ---------------------------------------------------------------------------------------------- prologues
