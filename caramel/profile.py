@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from caramel.errors import ExecutionError
+from caramel.plan.cost import family
 from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
 
@@ -242,20 +243,10 @@ def write_trace(result: ProfileResult, path) -> None:
 # measuring
 
 
-def record_kind(kernel) -> str:
-    """The kind a kernel's record goes under: its :class:`~caramel.plan.kernel.Kind`'s name, but ``ntt-half`` for a
-    half NTT (its first pass only on the GPU) and ``epilogue`` for an elementwise kernel with transformed operands
-    (the second pass of those NTTs, then the program), so that the roofline shows what NTT epilogues cost."""
-    if kernel.half:
-        return "ntt-half"
-    if kernel.expr is not None and kernel.expr.transformed:
-        return "epilogue"
-    return kernel.kind.value
-
 
 def _record(kernel, chip: int, index: int, start_ms: float, dur_ms: float, limb_bytes: int = 0) -> KernelRecord:
     moved = kernel.traffic() * limb_bytes  # the plan model (a converting NTT load reads each input once)
-    return KernelRecord(chip, index, record_kind(kernel), len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms,
+    return KernelRecord(chip, index, family(kernel), len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms,
                         moved)
 
 

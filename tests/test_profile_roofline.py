@@ -45,7 +45,7 @@ def test_profile_records_the_plan_traffic():
     result = profile_program(program, n=n, repeats=1, backend="cpu-plan", seed=3)
     stats = plan_stats(build_plan(program, fuse=True), program, n)
     by_kind: dict[str, int] = {}
-    for k in result.kernels:  # NTT epilogues' records (caramel.profile.record_kind) under the plan's kinds
+    for k in result.kernels:  # NTT epilogues' records (caramel.plan.cost.family) under the plan's kinds
         kind = {"ntt-half": "ntt", "epilogue": "elementwise"}.get(k.kind, k.kind)
         by_kind[kind] = by_kind.get(kind, 0) + k.bytes
     assert by_kind == {k: b for k, b in stats["bytes_by_kind"].items() if b}
@@ -73,17 +73,18 @@ def test_records_charge_each_kernel_the_plan_models_traffic():
 def test_ntt_epilogues_have_their_own_kinds():
     """A half NTT goes under ``ntt-half``, an elementwise kernel with transformed operands under ``epilogue``; the
     other kernels under their kind, and the bytes are the plan model's either way."""
-    from caramel.profile import _record, record_kind
+    from caramel.plan.cost import family
+    from caramel.profile import _record
 
     plan = build_plan(load_program(PROGRAM, progress=False))
     kernels = [k for chip in plan.chips for k in chip.kernels]
-    kinds = {record_kind(k) for k in kernels}
+    kinds = {family(k) for k in kernels}
     assert {"ntt-half", "epilogue"} <= kinds
     for k in kernels:
         want = "ntt-half" if k.half else "epilogue" if k.expr is not None and k.expr.transformed else k.kind.value
         assert _record(k, 0, 0, 0.0, 1.0, limb_bytes=8).kind == want
     off = build_plan(load_program(PROGRAM, progress=False), fuse_epilogue=False)
-    assert not {"ntt-half", "epilogue"} & {record_kind(k) for chip in off.chips for k in chip.kernels}
+    assert not {"ntt-half", "epilogue"} & {family(k) for chip in off.chips for k in chip.kernels}
 
 
 def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
@@ -99,7 +100,8 @@ def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
     from caramel.api import default_spec
     from caramel.ckks.check import prepare_check
     from caramel.execute.cuda_graph import GpuRun
-    from caramel.profile import _instrument_gpu, record_kind
+    from caramel.plan.cost import family
+    from caramel.profile import _instrument_gpu
     from caramel.ring import Context
 
     import numpy as np
@@ -114,7 +116,7 @@ def test_gpu_instrumented_run_times_every_kernel_in_one_graph():
     records = _instrument_gpu(run)
     kernels = plan.chips[0].kernels
     assert [r.index for r in records] == list(range(len(kernels)))
-    assert [r.kind for r in records] == [record_kind(k) for k in kernels]
+    assert [r.kind for r in records] == [family(k) for k in kernels]
     assert all(r.dur_ms >= 0 for r in records) and sum(r.dur_ms for r in records) > 0
     for a, b in zip(records, records[1:]):  # in order, without overlap (one stream)
         assert b.start_ms >= a.start_ms + a.dur_ms

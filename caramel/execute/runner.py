@@ -21,6 +21,7 @@ from caramel.backends import Backend
 from caramel.errors import ExecutionError
 from caramel.execute.fabric import Fabric, RowOp
 from caramel.execute.placement import CommStep, DeviceOp, DeviceProgram, LocalSum, ModRows, pack, staging_rows
+from caramel.plan.cost import comm_cost, task_cost
 from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Plan
 from caramel.plan.streams import StreamSchedule, Task, assign_streams, check_schedule
 from caramel.program import Mem
@@ -218,7 +219,8 @@ class DeviceRun:
                     add(_copy_calls(scatter), "comm: scatter from staging")
                 add(_local_calls(prog, step.after), "comm: % q and copies")
                 reads, writes = _comm_rows(prog, step)
-                task = Task(reads, writes, cost=len(step.ops) + 1, stream=0, name=f"communication at level {step.level}")
+                task = Task(reads, writes, cost=comm_cost(len(step.ops)), stream=0,
+                            name=f"communication at level {step.level}")
             else:
                 c, j, k = step
                 parts = [dataclasses.replace(k, rows=(r,)) for r in k.rows] if per_row else [k]
@@ -226,7 +228,7 @@ class DeviceRun:
                     f"chip {c} {k.kind.value} level {k.level}", step)
                 rows = prog.rows_of[c]
                 task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
-                            cost=max(1, k.size), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+                            cost=task_cost(k, ctx.n), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
             self.tasks.append(task)
             self.task_calls.append(range(first, len(self.calls)))
         self.pc = -1

@@ -26,8 +26,8 @@ Then any execution consistent with happens-before computes exactly the single-st
 :func:`hazards` lists these orderings, :func:`assign_streams` builds a schedule that honours them
 with few waits, :func:`check_schedule` verifies a schedule against them by vector clocks.
 
-Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (a kernel's rows):
-in task order, each task goes on the stream where it could start earliest, preferring the
+Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (a kernel's time,
+:mod:`caramel.plan.cost`): in task order, each task goes on the stream where it could start earliest, preferring the
 stream whose last task it must follow (a chain continues without a wait), then the lowest
 index; so independent branches spread over idle streams. A task with a fixed ``stream`` goes
 there (a device's communication steps on a stream of their own, ``reserved`` for them, so that
@@ -49,8 +49,9 @@ from caramel.errors import ExecutionError
 @dataclass(frozen=True)
 class Task:
     """One unit of work to schedule: the arena ``reads`` and ``writes`` it makes, ``deps`` (earlier
-    tasks it must follow besides its row hazards), an estimated ``cost`` (rows), ``stream``: the
-    stream it must go on (None: any free stream), and a ``name`` for messages."""
+    tasks it must follow besides its row hazards), an estimated ``cost`` (nanoseconds,
+    :mod:`caramel.plan.cost`), ``stream``: the stream it must go on (None: any free stream), and a
+    ``name`` for messages."""
 
     reads: frozenset[int]
     writes: frozenset[int]

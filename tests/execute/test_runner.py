@@ -18,6 +18,7 @@ from caramel.execute.result import RunResult  # noqa: E402
 from caramel.execute.runner import DeviceRun  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
+from caramel.plan.cost import task_cost  # noqa: E402
 from caramel.plan.streams import assign_streams, happens_before_order  # noqa: E402
 from caramel.ring import Context  # noqa: E402
 
@@ -48,6 +49,15 @@ def test_per_row_calls_give_the_reference(name):
     assert not store_mismatches(run_reference(program, CTX, memory), result(run, plan, memory))
 
 
+def test_kernel_tasks_cost_their_estimated_time():
+    """Each kernel's task costs its estimated time at the run's N (caramel.plan.cost): what the streams balance."""
+    program, memory = prepared("BootstrapModRaise_4L_1c")
+    plan = build_plan(program)
+    run = DeviceRun(gpu_device_programs(plan, 1, CTX, 2)[0], plan, CTX, memory, "exact", NumpyBackend)
+    assert [t.cost for t in run.tasks] == [task_cost(k, CTX.n) for k in plan.chips[0].kernels]
+    assert len({t.cost for t in run.tasks}) > 1
+
+
 @pytest.mark.parametrize("streams", [2, 4])
 def test_one_chip_schedule_is_the_chip_schedule(streams):
     """A 1-chip device without communication spreads its kernels over every stream, exactly as
@@ -58,7 +68,7 @@ def test_one_chip_schedule_is_the_chip_schedule(streams):
     prog = gpu_device_programs(plan, 1, CTX, streams)[0]
     run = DeviceRun(prog, plan, CTX, memory, "exact", NumpyBackend)
     have = run.schedule(streams, comm_stream=False)
-    want = assign_streams(chip_tasks(plan.chips[0], prog.rows_of[0]), streams)
+    want = assign_streams(chip_tasks(plan.chips[0], prog.rows_of[0], CTX.n), streams)
     assert (have.stream, have.waits, have.joins) == (want.stream, want.waits, want.joins)
     for t in happens_before_order(have, np.random.default_rng(streams)):
         run.run_task(t)

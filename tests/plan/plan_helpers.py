@@ -11,6 +11,7 @@ import numpy as np
 from caramel.parse import load_program, parse_stream
 from caramel.errors import ExecutionError
 from caramel.plan import ChipPlan, Kind, Plan
+from caramel.plan.cost import comm_cost, task_cost
 from caramel.plan.streams import Task
 from caramel.program import BcuSlot, Instruction, Manifest, Mem, Opcode, Program, SReg, Stream, VReg
 
@@ -361,16 +362,18 @@ def random_program(seed: int, chips: int = 1, phases: int = 4, steps: int = 12, 
     return Program(f"random_{seed}_{chips}c", f"<random {seed}>", streams, Manifest("<random>", ()))
 
 
-def chip_tasks(chip: ChipPlan, rows_of: np.ndarray) -> list[Task]:
-    """The kernels of ``chip`` as tasks over the row map ``rows_of`` (``COMM`` kernels on stream 0): the
-    oracle that a device's own tasks (:class:`caramel.execute.runner.DeviceRun`) are compared with."""
+def chip_tasks(chip: ChipPlan, rows_of: np.ndarray, n: int = 65536) -> list[Task]:
+    """The kernels of ``chip`` as tasks over the row map ``rows_of`` (``COMM`` kernels on stream 0), each costing its
+    estimated time at ring dimension ``n`` (:mod:`caramel.plan.cost`): the oracle that a device's own tasks
+    (:class:`caramel.execute.runner.DeviceRun`) are compared with."""
     out = []
     for k, kernel in enumerate(chip.kernels):
         reads = {int(rows_of[b]) for b in kernel.reads()}
         writes = {int(rows_of[b]) for b in kernel.writes()}
         if -1 in reads or -1 in writes:
             raise ExecutionError(f"kernel {k} ({kernel.kind.value}) accesses a buffer without an arena row")
-        out.append(Task(frozenset(reads), frozenset(writes), tuple(chip.deps[k]), max(1, kernel.size),
+        cost = comm_cost(kernel.size) if kernel.kind is Kind.COMM else task_cost(kernel, n)
+        out.append(Task(frozenset(reads), frozenset(writes), tuple(chip.deps[k]), cost,
                         0 if kernel.kind is Kind.COMM else None,
                         f"kernel {k} ({kernel.kind.value}, lines {list(kernel.lines[:3])})"))
     return out

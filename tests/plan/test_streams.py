@@ -21,6 +21,7 @@ from caramel.execute.drive import run_plan
 from caramel.execute.runner import _rows, lower_kernel
 from caramel.plan import build_plan
 from caramel.plan import Kind, assign_rows
+from caramel.plan.cost import task_cost
 from caramel.plan.streams import (
     StreamSchedule, Task, assign_streams, check_schedule, happens_before_order, hazards,
 )
@@ -139,7 +140,7 @@ def test_tasks_name_their_kernels_and_rows():
     for k, (kernel, task) in enumerate(zip(chip.kernels, tasks(name, "fifo"))):
         assert task.reads == {int(rows_of[b]) for b in kernel.reads()}
         assert task.writes == {int(rows_of[b]) for b in kernel.writes()}
-        assert task.deps == chip.deps[k] and task.cost == max(1, kernel.size) and task.stream is None
+        assert task.deps == chip.deps[k] and task.cost == task_cost(kernel) and task.stream is None
         assert task.name.startswith(f"kernel {k} ({kernel.kind.value}")
 
 

@@ -1,0 +1,76 @@
+"""Estimated GPU time of a plan kernel: the cost that the stream schedule balances.
+
+:func:`caramel.plan.streams.assign_streams` puts each task on the stream where it could start earliest by these
+estimates, so they decide how a chip's independent branches share its streams. A kernel's time is modelled per
+*family* (:func:`family`: its kind, with half NTTs and NTT epilogues apart) as a line in its traffic:
+
+    t = base + per_limb * traffic * N / 65536 + per_pass * rows * F * N / 65536
+
+``traffic`` in limbs (:meth:`~caramel.plan.kernel.Kernel.traffic`, each input read and each output written
+once), ``base`` the launch and the latency of one block's chain, ``per_pass`` the row passes of an NTT epilogue
+(F transformed operands a row: work beyond its traffic). The coefficients (:data:`COSTS`) are a least-squares fit
+of the one-stream kernel times of BootstrapLike_51L_1c on one H200 at N = 65536 (``scripts/gpu_roofline.py
+--json``; R^2 0.98 to 0.999 per family; docs/PERFORMANCE.md, session 15, has the replay with these costs and with
+the rows as costs). They rank kernels for the scheduler; they do not predict a run.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from caramel.plan.kernel import Kernel
+
+
+class Cost(NamedTuple):
+    """One family's line: microseconds a launch, a limb of traffic and a row pass (NTT epilogues), at N = 65536."""
+
+    base_us: float
+    per_limb_us: float
+    per_pass_us: float = 0.0
+
+
+#: Family -> its line (see the module docstring); families not listed cost as ``elementwise``.
+COSTS = {
+    "elementwise": Cost(1.36, 0.068),
+    "epilogue": Cost(9.15, 0.062, 0.097),
+    "ntt": Cost(10.67, 0.157),
+    "ntt-half": Cost(5.87, 0.080),
+    "intt": Cost(10.49, 0.168),
+    "baseconv": Cost(5.31, 0.104),
+    "automorphism": Cost(1.87, 0.070),
+}
+
+#: A communication step: microseconds per collective (a rough figure for one limb over NVLink, not fitted).
+COMM_US = 10.0
+
+
+def family(kernel: Kernel) -> str:
+    """The family a kernel's time and its profile record go under: its :class:`~caramel.plan.kernel.Kind`'s name,
+    but ``ntt-half`` for a half NTT (its first pass only on the GPU) and ``epilogue`` for an elementwise kernel with
+    transformed operands (the second pass of those NTTs, then the program)."""
+    if kernel.half:
+        return "ntt-half"
+    if kernel.expr is not None and kernel.expr.transformed:
+        return "epilogue"
+    return kernel.kind.value
+
+
+def estimate_us(kernel: Kernel, n: int = 65536) -> float:
+    """The estimated time of ``kernel`` at ring dimension ``n`` in microseconds (module docstring)."""
+    c = COSTS.get(family(kernel), COSTS["elementwise"])
+    passes = len(kernel.rows) * len(kernel.expr.transformed) if kernel.expr is not None else 0
+    return c.base_us + (c.per_limb_us * kernel.traffic() + c.per_pass_us * passes) * n / 65536
+
+
+def task_cost(kernel: Kernel, n: int = 65536) -> int:
+    """:func:`estimate_us` as a stream-schedule cost (:class:`~caramel.plan.streams.Task`): whole nanoseconds, at
+    least 1."""
+    return max(1, round(1000 * estimate_us(kernel, n)))
+
+
+def comm_cost(collectives: int) -> int:
+    """The stream-schedule cost of a communication step of ``collectives`` collectives (and its local copies)."""
+    return max(1, round(1000 * COMM_US * (collectives + 1)))
+
+
+__all__ = ["COMM_US", "COSTS", "Cost", "comm_cost", "estimate_us", "family", "task_cost"]

@@ -1,0 +1,55 @@
+"""The kernels' estimated GPU times (caramel.plan.cost): the families, the lines, and the costs a device's tasks take."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from caramel.plan.cost import COSTS, comm_cost, estimate_us, family, task_cost
+from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Row
+
+
+def rows(count: int, ins: int, outs: int) -> tuple[Row, ...]:
+    return tuple(Row(r % 3, tuple(range(ins * r, ins * r + ins)), tuple(range(1000 + outs * r, 1000 + outs * r + outs)))
+                 for r in range(count))
+
+
+def elementwise(count: int, n_vec: int, transformed: tuple[int, ...] = ()) -> Kernel:
+    ops = tuple(ExprOp("add", (k, k + 1)) for k in range(n_vec - 1))
+    return Kernel(Kind.ELEMENTWISE, rows(count, n_vec, 1), Expr(n_vec, 0, ops, (n_vec + len(ops) - 1,),
+                                                                transformed=transformed))
+
+
+def test_families():
+    """Half NTTs and NTT epilogues apart; every other kernel under its kind's name."""
+    ntt = Kernel(Kind.NTT, rows(4, 1, 1))
+    assert family(ntt) == "ntt" and family(dataclasses.replace(ntt, half=True)) == "ntt-half"
+    assert family(elementwise(4, 3)) == "elementwise" and family(elementwise(4, 3, (0, 2))) == "epilogue"
+    assert family(Kernel(Kind.BASECONV, rows(2, 3, 5))) == "baseconv"
+
+
+@pytest.mark.parametrize("kind", [Kind.NTT, Kind.INTT, Kind.BASECONV, Kind.AUTOMORPHISM, Kind.SUD_LIFT])
+def test_a_line_in_the_traffic(kind):
+    """base + per_limb * traffic, the traffic scaled to N; kinds without a line of their own cost as elementwise."""
+    k = Kernel(kind, rows(10, 2, 1))
+    c = COSTS.get(kind.value, COSTS["elementwise"])
+    assert estimate_us(k) == pytest.approx(c.base_us + c.per_limb_us * 30)
+    assert estimate_us(k, 4096) == pytest.approx(c.base_us + c.per_limb_us * 30 / 16)
+    assert task_cost(k) == round(1000 * estimate_us(k))
+
+
+def test_an_epilogue_pays_for_its_row_passes():
+    """Of two elementwise kernels with the same traffic, the one that runs the row passes of 3 transformed operands a
+    row costs per_pass for each, on top of the epilogue family's own line."""
+    plain, epi = elementwise(15, 4), elementwise(15, 4, (0, 1, 3))
+    assert plain.traffic() == epi.traffic() == 15 * 5
+    c = COSTS["epilogue"]
+    assert estimate_us(epi) == pytest.approx(c.base_us + c.per_limb_us * 75 + c.per_pass_us * 45)
+    assert estimate_us(epi) > estimate_us(plain)
+
+
+def test_communication_and_the_smallest_cost():
+    assert comm_cost(0) < comm_cost(3) and comm_cost(0) >= 1
+    assert task_cost(Kernel(Kind.ELEMENTWISE, (), elementwise(1, 2).expr)) >= 1
+
