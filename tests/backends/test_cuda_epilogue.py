@@ -27,7 +27,8 @@ pytestmark = pytest.mark.gpu
 SETTINGS = {"default": [], "groups-together": [(dntt, "EPILOGUE_APART", False)],
             "two-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (2,))], "eager-sums": [(dew, "LAZY_SUMS", False)],
             "unstaged": [(dntt, "EPILOGUE_STAGE", False)], "words": [(dntt, "EPILOGUE_SCALAR_FROM", 99)],
-            "unbalanced": [(dntt, "EPILOGUE_BALANCE", False)]}
+            "unbalanced": [(dntt, "EPILOGUE_BALANCE", False)], "padded-tiles": [(dntt, "TILE_SWIZZLE", False)],
+            "four-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (4, 3, 2))]}
 
 
 @pytest.fixture(params=list(SETTINGS))

@@ -161,12 +161,15 @@ def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy):
 @pytest.mark.parametrize("warps,split_from,lazy", [(1, (5, 5), True), (2, (6, 4), True), (8, (8, 7), False),
                                                    (4, 8, True), (4, (0, 3), False), (4, (7, 6), True)],
                          ids=lambda v: str(v))
-def test_ntt_row_warp(pair, rng, warps, split_from, lazy):
+@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "padded"])
+def test_ntt_row_warp(pair, rng, warps, split_from, lazy, swizzle, monkeypatch):
     """The row kernels with warp tiles (4 rows a warp, ``warps`` warps a block; split twiddles from
-    stage split_from clamped to 4 .. 8, the one-product stages below 6 from the warp's table),
-    forward and inverse, with two rows in place (N = 4096 runs the one-block kernels)."""
-    check_ntt_launch(pair, rng, f"warps={warps} from={split_from}", rows=7, in_place=(0, 5), warps=warps,
-                     split_from=split_from, lazy=lazy)
+    stage split_from clamped to 4 .. 8, the one-product stages below 6 from the warp's table), in either
+    layout of the tiles (ntt.TILE_SWIZZLE), forward and inverse, with two rows in place (N = 4096 runs the
+    one-block kernels)."""
+    monkeypatch.setattr(dntt, "TILE_SWIZZLE", swizzle)
+    check_ntt_launch(pair, rng, f"warps={warps} from={split_from} swizzle={swizzle}", rows=7, in_place=(0, 5),
+                     warps=warps, split_from=split_from, lazy=lazy)
 
 
 @pytest.mark.parametrize("load_cg,first_cs,second_reversed", [(True, True, True), (False, False, False),

@@ -59,7 +59,9 @@ ROW_LOG = 8  # log2 of the row length
 SPLIT_FROM = (5, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
-WPITCH = 336  # words between two rows of a warp tile (16 mod 32; see wsidx)
+#: The warp tiles' layout (see wsidx): 16-byte chunks XOR-swizzled within each row, rows 272 words apart (on), or
+#: 4 words of padding after every 16 points, rows 336 words apart (off: session 8's layout, a fifth larger).
+TILE_SWIZZLE = True
 LOAD_CG = True  # data loads of the column and row kernels through L2 only (ld.global.cg; see LOAD16)
 FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see LOAD_FIRST)
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
@@ -215,16 +217,28 @@ __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
     return csub(csub(x, two_q), q);
 }}
 
-// Row kernels with warp tiles: warp w of the block owns 4 rows of 256 points in shared
-// memory, point p of row x (x < 4) at word wsidx(x, p) = WPITCH x + p + 4 (p / 16): 4 words of padding
-// after every 16 points, rows WPITCH = 336 words apart (16 mod 32). Pass A (stages 0-3): item (x, u),
-// u < 16, owns points u + 16 k (words base(x, u) + 20 k); a half-warp is one row, the two rows of a warp
-// land on the two halves of the banks. Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15,
-// four 16-byte chunks at base(x) + 20 g + 4 c: the 8 lanes of a quarter-warp hit 8 distinct 16-byte
-// bank groups (5 g mod 8). Every address is a base plus a constant: no swizzle instruction per access.
+// Row kernels with warp tiles: warp w of the block owns 4 rows of 256 points in shared memory, point p of row x
+// (x < 4) at word wsidx(x, p), rows WPITCH words apart (16 mod 32: the two rows a warp reads at once land on the two
+// halves of the banks). Pass A (stages 0-3): item (x, u), u < 16, owns points u + 16 k; a half-warp reads or writes
+// the 16 points of group k of its row at once. Pass B (stages 4-7): item (x, g) owns points 16 g .. 16 g + 15, four
+// 16-byte chunks c (points 16 g + 4 c ..); a quarter-warp (8 lanes) reads or writes chunk c of 8 groups at once.
+// SWIZZLE (TILE_SWIZZLE, WPITCH = 272): chunk c of group g at chunk c ^ h, h = (g / 2) mod 4, i.e. wsidx(x, p) =
+// WPITCH x + (p ^ 4 ((p >> 5) & 3)): a group's 16 points stay in its 16 words (pass A: conflict-free), and the 8
+// groups of a quarter-warp take 8 distinct 16-byte bank groups (16 (g mod 2) + 4 (c ^ h)). Else 4 words of padding
+// after every 16 points (WPITCH = 336): wsidx(x, p) = WPITCH x + p + 4 (p / 16), bank groups 5 g mod 8. A 16-byte
+// chunk stays whole in both (p a multiple of 4 maps to one).
 #define WPITCH {wpitch}
+#define SWIZZLE {swizzle}
 __device__ __forceinline__ int wsidx(int x, int p) {{
-    return x * WPITCH + p + ((p >> 4) << 2);
+    return x * WPITCH + (SWIZZLE ? p ^ (((p >> 5) & 3) << 2) : p + ((p >> 4) << 2));
+}}
+// wsidx of the passes' own points, written so that k and c (unrolled) stay constants: pass A's point u + 16 k
+// (u < 16: its group is k) and pass B's chunk c of group g (point 16 g + 4 c).
+__device__ __forceinline__ int wsidx_a(int x, int u, int k) {{
+    return x * WPITCH + 16 * k + (SWIZZLE ? u ^ (((k >> 1) & 3) << 2) : u + 4 * k);
+}}
+__device__ __forceinline__ int wsidx_b(int x, int g, int c) {{
+    return x * WPITCH + (SWIZZLE ? 16 * g + 4 * (c ^ ((g >> 1) & 3)) : 20 * g + 4 * c);
 }}
 
 // Pass A (S0 = 0) or B (S0 = 4) of the warp's 4 rows x = 0..3 (rows bt0 + x of the table's numbering,
@@ -243,12 +257,12 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
         if (S0 == 4) {{
 #pragma unroll
             for (int c = 0; c < 4; ++c) {{
-                const uint4 y = *(const uint4*)(sm + wsidx(x, 16 * u + 4 * c));
+                const uint4 y = *(const uint4*)(sm + wsidx_b(x, u, c));
                 v[4 * c] = y.x; v[4 * c + 1] = y.y; v[4 * c + 2] = y.z; v[4 * c + 3] = y.w;
             }}
         }} else {{
 #pragma unroll
-            for (int k = 0; k < 16; ++k) v[k] = sm[wsidx(x, u + 16 * k)];
+            for (int k = 0; k < 16; ++k) v[k] = sm[wsidx_a(x, u, k)];
         }}
 #pragma unroll
         for (int dd = 0; dd < 4; ++dd) {{
@@ -286,11 +300,11 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
         if (S0 == 4) {{
 #pragma unroll
             for (int c = 0; c < 4; ++c)
-                *(uint4*)(sm + wsidx(x, 16 * u + 4 * c)) =
+                *(uint4*)(sm + wsidx_b(x, u, c)) =
                     make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
         }} else {{
 #pragma unroll
-            for (int k = 0; k < 16; ++k) sm[wsidx(x, u + 16 * k)] = v[k];
+            for (int k = 0; k < 16; ++k) sm[wsidx_a(x, u, k)] = v[k];
         }}
     }}
 }}
@@ -325,7 +339,7 @@ __device__ __forceinline__ void wtile_store(u32* sm, const uint4 (&y)[8], int la
 }}
 
 {kernels}
-""".replace("{wpitch}", str(WPITCH))
+"""
 
 _SMALL = r"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
@@ -463,10 +477,10 @@ def warp_table_entries(sf: int) -> int:
     return 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
 
 
-def warp_smem(warps: int, sf: int) -> int:
+def warp_smem(warps: int, sf: int, swizzle: bool | None = None) -> int:
     """Dynamic shared memory of a warp-tile row kernel: the table tl (240 entries of 8 bytes), then per
-    warp its 4 rows (4 WPITCH words) and its table wt (WT entries, see _ROWW)."""
-    return 8 * 240 + warps * (4 * 4 * WPITCH + 8 * warp_table_entries(sf))
+    warp its 4 rows (4 WPITCH words, :func:`wpitch`) and its table wt (WT entries, see _ROWW)."""
+    return 8 * 240 + warps * (4 * 4 * wpitch(swizzle) + 8 * warp_table_entries(sf))
 
 
 def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) -> str:
@@ -486,23 +500,30 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
     return "\n    __syncthreads();\n".join(calls)
 
 
+def wpitch(swizzle: bool | None = None) -> int:
+    """WPITCH: words between two rows of a warp tile in the layout ``swizzle`` (default: TILE_SWIZZLE; see wsidx)."""
+    return 272 if (TILE_SWIZZLE if swizzle is None else swizzle) else 336
+
+
 def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS,
-            load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS, second_reversed: bool = SECOND_REVERSED) -> str:
-    """_SRC around ``kernels``."""
+            load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS, second_reversed: bool = SECOND_REVERSED,
+            swizzle: bool | None = None) -> str:
+    """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now)."""
+    swizzle = TILE_SWIZZLE if swizzle is None else swizzle
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
-                       second_reversed=int(second_reversed))
+                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
-            second_reversed: bool = SECOND_REVERSED) -> str:
+            second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
     warps a block; split twiddles from warp_split_from(split_from)). lazy: forward butterflies reduce
     once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
     out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs, second_reversed: see
-    LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC."""
+    LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
@@ -512,7 +533,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
             _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
         return _header(logn, logn, kernels, lazy, tw_fake, load_cg=load_cg, first_cs=first_cs,
-                       second_reversed=second_reversed)
+                       second_reversed=second_reversed, swizzle=swizzle)
     a = logn - ROW_LOG
     if (1 << a) // 4 % warps:
         raise ValueError(f"{warps} warps a block do not divide the warp tiles of a limb")
@@ -539,7 +560,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
                            second="false" if inverse else "true", first="true" if inverse else "false",
                            finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
-    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed)
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed, swizzle)
 
 
 def ring_lazy(ring: CudaRing, lazy: bool = LAZY) -> bool:
@@ -574,16 +595,17 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
-    config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed)
+    swizzle = TILE_SWIZZLE
+    config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def run(name, src, dst, blocks_per_row):
         k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
-                                             second_reversed), name)
+                                             second_reversed, swizzle), name)
         if name.endswith("_row"):  # blocks_per_row: warp tiles
-            smem = warp_smem(warps, warp_split_from(split_from, inverse))
+            smem = warp_smem(warps, warp_split_from(split_from, inverse), swizzle)
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
             k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
@@ -744,7 +766,7 @@ def epilogue_groups(operands: int) -> int:
 def epilogue_settings() -> str:
     """The module settings an epilogue kernel's source depends on besides its program, for its cache key."""
     return (f"a{int(EPILOGUE_APART)}-s{EPILOGUE_SPLIT_FROM}-st{int(EPILOGUE_STAGE)}-sc{EPILOGUE_SCALAR_FROM}"
-            f"-ba{int(EPILOGUE_BALANCE)}")
+            f"-ba{int(EPILOGUE_BALANCE)}-sw{int(TILE_SWIZZLE)}")
 
 
 def epilogue_fits(operands: int, blocks: int) -> bool:
@@ -816,7 +838,7 @@ def epilogue_smem(operands: int, staged: int = 0) -> int:
     a warp tile for each of its F G row passes) and ``staged`` staged plain operands (4 KiB each,
     :func:`epilogue_staged`)."""
     g, wt = epilogue_groups(operands), warp_table_entries(warp_split_from(EPILOGUE_SPLIT_FROM, False))
-    return 8 * 240 + g * 8 * wt + operands * g * 16 * WPITCH + 4096 * staged
+    return 8 * 240 + g * 8 * wt + operands * g * 16 * wpitch() + 4096 * staged
 
 
 # ---------------------------------------------------------------------------------------------- prologues
