@@ -67,7 +67,7 @@ FIRST_CS = True  # the first pass reads its input evict-first (ld.global.cs; see
 SECOND_REVERSED = True  # the second pass takes the limbs last-written first (see SECOND_REVERSED in _SRC)
 #: Resident blocks a multiprocessor asked of an epilogue kernel's __launch_bounds__, in order: it takes the first
 #: under which it compiles without spilling (no local memory), else the last (see elementwise.fused).
-EPILOGUE_MIN_BLOCKS = (3, 2)
+EPILOGUE_MIN_BLOCKS = (4, 3, 2)
 EPILOGUE_WARPS = 8  # warps a block of the epilogue kernels (one or two row passes each)
 EPILOGUE_MAX = 2 * EPILOGUE_WARPS  # transformed operands an epilogue kernel takes at most
 EPILOGUE_APART = True  # each group of an epilogue block evaluates its program with its own warps (see _EPILOGUE)
