@@ -243,7 +243,6 @@ def write_trace(result: ProfileResult, path) -> None:
 # measuring
 
 
-
 def _record(kernel, chip: int, index: int, start_ms: float, dur_ms: float, limb_bytes: int = 0) -> KernelRecord:
     moved = kernel.traffic() * limb_bytes  # the plan model (a converting NTT load reads each input once)
     return KernelRecord(chip, index, family(kernel), len(kernel.rows), tuple(kernel.lines), start_ms, dur_ms,

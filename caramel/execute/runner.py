@@ -228,7 +228,8 @@ class DeviceRun:
                     f"chip {c} {k.kind.value} level {k.level}", step)
                 rows = prog.rows_of[c]
                 task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
-                            cost=task_cost(k, ctx.n), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+                            cost=task_cost(k, ctx.n),
+                            name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
             self.tasks.append(task)
             self.task_calls.append(range(first, len(self.calls)))
         self.pc = -1

@@ -26,12 +26,12 @@ Then any execution consistent with happens-before computes exactly the single-st
 :func:`hazards` lists these orderings, :func:`assign_streams` builds a schedule that honours them
 with few waits, :func:`check_schedule` verifies a schedule against them by vector clocks.
 
-Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (a kernel's time,
-:mod:`caramel.plan.cost`): in task order, each task goes on the stream where it could start earliest, preferring the
-stream whose last task it must follow (a chain continues without a wait), then the lowest
-index; so independent branches spread over idle streams. A task with a fixed ``stream`` goes
-there (a device's communication steps on a stream of their own, ``reserved`` for them, so that
-kernels overlap the collectives). Redundant waits
+Stream choice (:func:`assign_streams`) is list scheduling on an estimated cost (a kernel's
+estimated GPU time, :mod:`caramel.plan.cost`): in task order, each task goes on the stream where
+it could start earliest, preferring the stream whose last task it must follow (a chain continues
+without a wait), then the lowest index; so independent branches spread over idle streams. A task
+with a fixed ``stream`` goes there (a device's communication steps on a stream of their own,
+``reserved`` for them, so that kernels overlap the collectives). Redundant waits
 are dropped with a vector clock per task: ``clock[s]`` is the latest task of stream s already
 ordered before it; a needed task j that the clock covers (``clock[stream[j]] >= j``) needs no
 wait of its own (needed tasks are taken latest first, so most earlier ones are already covered;

@@ -1,4 +1,4 @@
-"""The kernels' estimated GPU times (caramel.plan.cost): the families, the lines, and the costs a device's tasks take."""
+"""The kernels' estimated GPU times (caramel.plan.cost): their families and lines."""
 
 from __future__ import annotations
 
