@@ -11,12 +11,16 @@ once), ``base`` the launch and the latency of one block's chain, ``per_pass`` th
 (F transformed operands a row: work beyond its traffic). The coefficients (:data:`COSTS`) are a least-squares fit
 of the one-stream kernel times of BootstrapLike_51L_1c on one H200 at N = 65536 (``scripts/gpu_roofline.py
 --json``; R^2 0.98 to 0.999 per family; docs/PERFORMANCE.md, session 15, has the replay with these costs and with
-the rows as costs). They rank kernels for the scheduler; they do not predict a run.
+the rows as costs). They rank kernels for the scheduler; they do not predict a run. :func:`fit` refits them from
+measured times (``scripts/fit_costs.py`` from a roofline's ``--json``) when the kernels change.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import defaultdict
+from typing import Iterable, NamedTuple
+
+import numpy as np
 
 from caramel.plan.kernel import Kernel
 
@@ -55,11 +59,38 @@ def family(kernel: Kernel) -> str:
     return kernel.kind.value
 
 
+def _row_passes(kernel: Kernel) -> int:
+    """The row passes an NTT epilogue runs: F transformed operands a row (0 for other kernels)."""
+    return len(kernel.rows) * len(kernel.expr.transformed) if kernel.expr is not None else 0
+
+
 def estimate_us(kernel: Kernel, n: int = 65536) -> float:
     """The estimated time of ``kernel`` at ring dimension ``n`` in microseconds (module docstring)."""
     c = COSTS.get(family(kernel), COSTS["elementwise"])
-    passes = len(kernel.rows) * len(kernel.expr.transformed) if kernel.expr is not None else 0
-    return c.base_us + (c.per_limb_us * kernel.traffic() + c.per_pass_us * passes) * n / 65536
+    return c.base_us + (c.per_limb_us * kernel.traffic() + c.per_pass_us * _row_passes(kernel)) * n / 65536
+
+
+def fit(samples: Iterable[tuple[Kernel, float]], n: int = 65536) -> dict[str, tuple[Cost, float]]:
+    """Per family, the least-squares line (module docstring) through measured ``(kernel, microseconds)`` samples at
+    ring dimension ``n`` and its R^2: (Cost at N = 65536, r2). The per-pass term only for ``epilogue``; a family
+    with fewer samples than terms is left out."""
+    by: dict[str, list[tuple[Kernel, float]]] = defaultdict(list)
+    for kernel, us in samples:
+        by[family(kernel)].append((kernel, us))
+    out = {}
+    for name, group in sorted(by.items()):
+        scale = n / 65536
+        cols = [[1.0] * len(group), [k.traffic() * scale for k, _ in group]]
+        if name == "epilogue":
+            cols.append([_row_passes(k) * scale for k, _ in group])
+        if len(group) < len(cols):
+            continue
+        a, y = np.array(cols, dtype=float).T, np.array([us for _, us in group], dtype=float)
+        coef = np.linalg.lstsq(a, y, rcond=None)[0]
+        spread = float(((y - y.mean()) ** 2).sum())
+        r2 = 1.0 - float(((y - a @ coef) ** 2).sum()) / spread if spread > 0 else 1.0
+        out[name] = (Cost(*(float(c) for c in coef)), r2)
+    return out
 
 
 def task_cost(kernel: Kernel, n: int = 65536) -> int:
@@ -73,4 +104,4 @@ def comm_cost(collectives: int) -> int:
     return max(1, round(1000 * COMM_US * (collectives + 1)))
 
 
-__all__ = ["COMM_US", "COSTS", "Cost", "comm_cost", "estimate_us", "family", "task_cost"]
+__all__ = ["COMM_US", "COSTS", "Cost", "comm_cost", "estimate_us", "family", "fit", "task_cost"]

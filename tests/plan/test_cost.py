@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from caramel.plan.cost import COSTS, comm_cost, estimate_us, family, task_cost
+from caramel.plan import cost
+from caramel.plan.cost import COSTS, Cost, comm_cost, estimate_us, family, fit, task_cost
 from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Row
 
 
@@ -53,3 +54,20 @@ def test_communication_and_the_smallest_cost():
     assert comm_cost(0) < comm_cost(3) and comm_cost(0) >= 1
     assert task_cost(Kernel(Kind.ELEMENTWISE, (), elementwise(1, 2).expr)) >= 1
 
+
+
+def test_fit_recovers_the_lines(monkeypatch):
+    """Times made by known lines (varied traffic, rows and transformed operands) give those lines back, with R^2 = 1;
+    a family with fewer samples than terms is left out; at N = 4096 the per-limb terms are scaled back to 65536."""
+    want = {"elementwise": Cost(2.0, 0.05), "epilogue": Cost(8.0, 0.07, 0.1), "ntt": Cost(11.0, 0.15)}
+    kernels = [elementwise(r, v) for r, v in ((3, 2), (5, 4), (9, 3), (12, 6))]
+    kernels += [elementwise(r, v, t) for r, v, t in ((3, 4, (0,)), (7, 5, (0, 2)), (15, 6, (1, 2, 4)), (4, 3, (0, 1)))]
+    kernels += [Kernel(Kind.NTT, rows(r, 1, 1)) for r in (4, 40, 400)]
+    for n in (65536, 4096):
+        with monkeypatch.context() as m:
+            m.setattr(cost, "COSTS", want)
+            samples = [(k, estimate_us(k, n)) for k in kernels]
+        got = fit(samples + [(Kernel(Kind.BASECONV, rows(2, 3, 5)), 7.0)], n)
+        assert set(got) == set(want)  # one baseconv sample: too few for a line
+        for name, line in want.items():
+            assert got[name][0] == pytest.approx(line, abs=1e-9) and got[name][1] == pytest.approx(1.0)
