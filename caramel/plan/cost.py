@@ -77,9 +77,8 @@ def fit(samples: Iterable[tuple[Kernel, float]], n: int = 65536) -> dict[str, tu
     by: dict[str, list[tuple[Kernel, float]]] = defaultdict(list)
     for kernel, us in samples:
         by[family(kernel)].append((kernel, us))
-    out = {}
+    out, scale = {}, n / 65536
     for name, group in sorted(by.items()):
-        scale = n / 65536
         cols = [[1.0] * len(group), [k.traffic() * scale for k, _ in group]]
         if name == "epilogue":
             cols.append([_row_passes(k) * scale for k, _ in group])
