@@ -54,7 +54,8 @@ def same(want, have) -> bool:
         w.keys() == h.keys() and all(np.array_equal(w[m], h[m]) for m in w) for w, h in zip(want.stores, have.stores))
 
 
-def ntt_throughput(ctx, rows: int, repeats: int) -> float:
+def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False) -> float:
+    """Limbs a second of one batched NTT (INTT) of ``rows`` limbs at ``ctx``'s N, primes cycling, eager launches."""
     import cupy as cp
 
     from caramel.backends.cuda import ntt as dntt
@@ -69,11 +70,25 @@ def ntt_throughput(ctx, rows: int, repeats: int) -> float:
     ins = cp.arange(rows, dtype=cp.int32)
     outs = cp.arange(rows, 2 * rows, dtype=cp.int32)
     dp = cp.asarray(primes)
+    counters = cp.zeros(dntt.counter_words(rows), dtype=cp.int32)  # a fused transform's (kept zeroed by it)
+    fn = dntt.intt if inverse else dntt.ntt
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        t = time_runs(lambda: dntt.ntt(ring, arena, ins, outs, dp), stream, repeats, warmup=2)
-    log(f"batched NTT of {rows} limbs at N = {ctx.n}: {t}")
+        t = time_runs(lambda: fn(ring, arena, ins, outs, dp, counters=counters), stream, repeats, warmup=2)
+    log(f"batched {'INTT' if inverse else 'NTT'} of {rows} limbs at N = {ctx.n}: {t}")
     return rows / (t.median_ms / 1e3)
+
+
+def ntt_rates(ctx, args, ntt_sets, settings, rows: list) -> None:
+    """The batched NTT's throughput (and the INTT's with --ntt-only) per setting and size, as rows of the table."""
+    for ntt_set in ntt_sets:
+        settings.apply(ntt_set)
+        for count in map(int, args.ntt_rows.split(",")):
+            for inverse in (False, True) if args.ntt_only else (False,):
+                rate = ntt_throughput(ctx, count, args.repeats, inverse)
+                rows.append((f"{'INTT' if inverse else 'NTT'} throughput (batched {count} limbs, N={args.n}) "
+                             f"[{ntt_set}]", f"{rate:.3e} limbs/s"))
+    settings.apply("default")
 
 
 def main() -> int:
@@ -86,7 +101,8 @@ def main() -> int:
     ap.add_argument("--checks", default=",".join(CHECKS))
     ap.add_argument("--skip-reference", action="store_true", help="do not run the CPU reference of the big program")
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--ntt-rows", type=int, default=1024)
+    ap.add_argument("--ntt-rows", default="1024", help="limbs of the batched NTT and INTT timings (comma separated)")
+    ap.add_argument("--ntt-only", action="store_true", help="only the batched NTT and INTT timings")
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     ap.add_argument("--ntt-set", action="append", default=[],
@@ -103,6 +119,16 @@ def main() -> int:
     log("device:", props["name"].decode() if isinstance(props["name"], bytes) else props["name"], "date:",
         time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     rows = []
+    ntt_sets = args.ntt_set or ["default"]
+    settings = KernelSettings()
+    for ntt_set in ntt_sets:
+        settings.check(ntt_set)
+    if args.ntt_only:
+        ntt_rates(Context(n=args.n), args, ntt_sets, settings, rows)
+        print("\n| what | result |\n| --- | --- |")
+        for a, b in rows:
+            print(f"| {a} | {b} |")
+        return 0
     # 1. bit-exactness at small N
     if not args.skip_checks:
         small = Context(n=args.small_n)
@@ -130,10 +156,6 @@ def main() -> int:
     variants = (("eager per instruction", unfused, False, True, 1), ("eager unfused kernels", unfused, False, False, 1),
                 ("graph unfused", unfused, True, False, 1), ("graph fused", fused, True, False, 1),
                 ("graph fused, 4 streams", fused, True, False, 4), ("graph fused, 8 streams", fused, True, False, 8))
-    ntt_sets = args.ntt_set or ["default"]
-    settings = KernelSettings()
-    for ntt_set in ntt_sets:
-        settings.check(ntt_set)
     copy_gbs = copy_bandwidth()
     runs = [(f"{label} [{ntt_set}]" if len(ntt_sets) > 1 and label.startswith("graph fused") else label, plan, graph,
              per_row, streams, ntt_set)
@@ -167,11 +189,7 @@ def main() -> int:
     agree = len(set(digests.values())) == 1
     rows.append(("digests of the three modes agree", str(agree)))
     rows.append(("digest", next(iter(digests.values()))))
-    for ntt_set in ntt_sets:
-        settings.apply(ntt_set)
-        rate = ntt_throughput(ctx, args.ntt_rows, args.repeats)
-        rows.append((f"NTT throughput (batched {args.ntt_rows} limbs, N={args.n}) [{ntt_set}]", f"{rate:.3e} limbs/s"))
-    settings.apply("default")
+    ntt_rates(ctx, args, ntt_sets, settings, rows)
     stored = reference_digest(args.program, args.n)
     if stored is not None:
         # The CPU reference's digest for these inputs, computed once on the dev VM by

@@ -152,10 +152,13 @@ def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, 
 
 @pytest.mark.parametrize("split_from,lazy", [(0, False), (4, False), (0, True), (5, True), (8, True), ((6, 5), True),
                                              ((7, 3), False)], ids=lambda v: str(v))
-def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
+def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, fused):
     """The forward butterflies' lazy reduction (once per pass) and the row kernel's whole-table
-    twiddles for stages below split_from (clamped to 4 .. 8) compute the reference, forward and inverse."""
-    check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy}", split_from=split_from, lazy=lazy)
+    twiddles for stages below split_from (clamped to 4 .. 8) compute the reference, forward and inverse,
+    in the fused kernels and the two kernels."""
+    check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy} fused={fused}", split_from=split_from, lazy=lazy,
+                     fused=fused)
 
 
 @pytest.mark.parametrize("warps,split_from,lazy", [(1, (5, 5), True), (2, (6, 4), True), (8, (8, 7), False),
@@ -169,7 +172,10 @@ def test_ntt_row_warp(pair, rng, warps, split_from, lazy, swizzle, monkeypatch):
     one-block kernels)."""
     monkeypatch.setattr(dntt, "TILE_SWIZZLE", swizzle)
     check_ntt_launch(pair, rng, f"warps={warps} from={split_from} swizzle={swizzle}", rows=7, in_place=(0, 5),
-                     warps=warps, split_from=split_from, lazy=lazy)
+                     warps=warps, split_from=split_from, lazy=lazy, fused=False)
+    if warps == 1:  # the fused kernels' row items (8 warp tiles) in either layout
+        check_ntt_launch(pair, rng, f"fused from={split_from} swizzle={swizzle}", rows=7, in_place=(0, 5),
+                         split_from=split_from, lazy=lazy, fused=True)
 
 
 @pytest.mark.parametrize("load_cg,first_cs,second_reversed", [(True, True, True), (False, False, False),
@@ -180,7 +186,65 @@ def test_ntt_data_loads(pair, rng, load_cg, first_cs, second_reversed):
     evict-first or not) and either order of the second pass's limbs compute the reference, forward and
     inverse, with two rows in place."""
     check_ntt_launch(pair, rng, f"load_cg={load_cg} first_cs={first_cs} reversed={second_reversed}", rows=7,
-                     in_place=(0, 5), load_cg=load_cg, first_cs=first_cs, second_reversed=second_reversed)
+                     in_place=(0, 5), load_cg=load_cg, first_cs=first_cs, second_reversed=second_reversed, fused=False)
+
+
+@pytest.mark.parametrize("n", [8192, 16384, 65536])
+@pytest.mark.parametrize("rows,lag", [(1, 48), (7, 1), (7, 3), (40, 48), (40, 5), (130, 16)], ids=str)
+@pytest.mark.parametrize("cs", [True, False], ids=["cs", "plain"])
+def test_ntt_fused(rng, monkeypatch, n, rows, lag, cs):
+    """The fused transforms (both passes in one kernel, _FUSED), every lag from 1 to beyond the rows and either
+    store of the last pass, forward and inverse, against the reference, some rows in place; the counters come back
+    zeroed, so a second launch on them is right again."""
+    monkeypatch.setattr(dntt, "FUSED_LAG", lag)
+    monkeypatch.setattr(dntt, "FUSED_CS", cs)
+    ctx, ring = rings(n)
+    limbs = [int(l) for l in rng.integers(0, 64, rows)]
+    x = residues(ctx, limbs, rng)
+    counters = cp.zeros(dntt.counter_words(rows) + 3, dtype=cp.int32)
+    for inverse in (False, True):
+        want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
+        for attempt in range(2):
+            arena = Arena(n, 2 * rows + 1, rng)
+            src = arena.put(x)
+            dst = arena.take(rows)
+            dst[::3] = src[::3]
+            dev = arena.upload()
+            dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, fused=True, counters=counters)
+            have = arena.download()
+            expect_rows(have, dst, want, f"fused {'intt' if inverse else 'ntt'} N={n} launch {attempt}")
+            expect_inputs_kept(arena, have, dst)
+            assert not cp.asnumpy(counters).any(), "the counters were not reset"
+
+
+def test_ntt_fused_graph(rng):
+    """A CUDA graph of fused transforms with their counters replays right several times; captured without
+    counters, the transforms fall back to the two kernels and are right too."""
+    ctx, ring = rings(65536)
+    limbs = [0, 63, 7, 12, 12]
+    x = residues(ctx, limbs, rng)
+    arena = Arena(ctx.n, 10, rng)
+    src = arena.put(x)
+    mid = arena.take(5)
+    dev = arena.upload()
+    s, m, p = i32(src), i32(mid), i32(limbs)
+    counters = [cp.zeros(dntt.counter_words(5), dtype=cp.int32) for _ in range(2)]
+    for given in (counters, [None, None]):
+        dev[...] = cp.asarray(arena.host)
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            dntt.ntt(ring, dev, s, m, p, counters=given[0])  # warm-up: compiles, builds the tables
+            dntt.intt(ring, dev, m, m, p, counters=given[1])
+            stream.begin_capture()
+            dntt.ntt(ring, dev, s, m, p, counters=given[0])
+            dntt.intt(ring, dev, m, m, p, counters=given[1])
+            graph = stream.end_capture()
+        for replay in range(3):
+            graph.launch(stream)
+            stream.synchronize()
+            have = cp.asnumpy(dev)
+            expect_rows(have, mid, x, f"intt(ntt(x)) replay {replay} counters={given[0] is not None}")
+        assert not any(cp.asnumpy(c).any() for c in counters)
 
 
 def test_ntt_small_sizes(rng):

@@ -63,6 +63,7 @@ class CupyBackend(Backend):
         self._convs: dict = {}
         self._crt: dict = {}
         self._rsv_extra: dict[int, tuple] = {}
+        self._counters: dict[int, tuple] = {}
 
     @property
     def nbytes(self) -> int:
@@ -73,6 +74,17 @@ class CupyBackend(Backend):
         got = self._dev.get(id(x))
         if got is None or got[0] is not x:
             got = self._dev[id(x)] = (x, _cp().asarray(np.ascontiguousarray(x, dtype=np.int32)))
+        return got[1]
+
+    def counters(self, outs: np.ndarray):
+        """The fused transforms' counters of the launches that write rows ``outs`` (a host index array; see
+        :func:`caramel.backends.cuda.ntt._launch`): one zeroed array per array ``outs``, as :meth:`d`. Two launches
+        that run at once never share them: they would write the same rows."""
+        from caramel.backends.cuda import ntt as dntt
+
+        got = self._counters.get(id(outs))
+        if got is None or got[0] is not outs:
+            got = self._counters[id(outs)] = (outs, _cp().zeros(dntt.counter_words(len(outs)), dtype=np.int32))
         return got[1]
 
     def write(self, rows, data) -> None:
@@ -116,7 +128,8 @@ class CupyBackend(Backend):
     def ntt(self, ins, outs, primes, half: bool = False) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), half)
+        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), half,
+                 None if half else self.counters(outs))
 
     def ntt_prologue(self, prologue, ins, outs, primes, args, mode, half: bool = False) -> None:
         from caramel.backends.cuda import ntt as dntt
@@ -136,7 +149,7 @@ class CupyBackend(Backend):
     def intt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
+        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), self.counters(outs))
 
     def automorphism(self, ins, outs, galois) -> None:
         from caramel.backends.cuda import automorphism as dauto

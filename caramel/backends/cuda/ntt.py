@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 from caramel.backends.cuda.context import CudaRing, cupy, index_array
 
 THREADS = 256  # threads a block of the column kernels and the one-kernel transforms
@@ -84,6 +86,13 @@ EPILOGUE_SCALAR_FROM = 5
 #: passes (F = 12: 2 or 1 a warp, 4 or 2 row pairs).
 EPILOGUE_BALANCE = True
 SMEM_SM = 228 * 1024  # shared memory of a multiprocessor (H100, H200); each resident block also reserves 1 KiB
+#: N >= 8192: a whole transform is one kernel whose column tiles and row items interleave (_FUSED), not two kernels.
+FUSED = True
+#: Limbs by which a fused transform's second pass trails its first (see fused_item): the intermediates of about
+#: that many limbs wait in L2.
+FUSED_LAG = 48
+FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multiprocessor (64 registers)
+FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -210,6 +219,14 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
+
+// A 16-byte store, evict-first (st.global.cs) when CS: the last pass's output, read by no kernel soon, should not
+// push out of L2 the intermediates a fused transform still has to read (_FUSED).
+template <bool CS>
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {{
+    if (CS) __stcs(p, v);
+    else *p = v;
+}}
 
 // Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
@@ -361,19 +378,15 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 _COL = r"""
-extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ u32 sm[32 << A_BITS];
-    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
-    const int r0 = blockIdx.x / TILES;
-    const int r = {second} && SECOND_REVERSED ? gridDim.x / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
-    const int c0 = (blockIdx.x % TILES) * 32;
-    const int pi = prime_idx[r];
+// One column tile of {name}: the 32 columns c0 .. c0 + 31 of limb in_slot (prime pi) -> limb out_slot; 2^A_BITS
+// points a column, all NTHREADS threads of the block (sm: 32 << A_BITS words). CS_OUT: stores evict-first.
+template <bool CS_OUT>
+__device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, int in_slot, int out_slot, int pi, int c0,
+                                            const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
-    const u32* src = arena + (u64)in_slots[r] * NN + c0;
-    u32* dst = arena + (u64)out_slots[r] * NN + c0;
+    const u32* src = arena + (u64)in_slot * NN + c0;
+    u32* dst = arena + (u64)out_slot * NN + c0;
     // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
@@ -384,6 +397,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
 {passes}
     __syncthreads();
 {store}
+}}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+    __shared__ u32 sm[32 << A_BITS];
+    constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
+    const int r0 = blockIdx.x / TILES;
+    const int r = {second} && SECOND_REVERSED ? gridDim.x / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
+    {name}_tile<false>(sm, arena, in_slots[r], out_slots[r], prime_idx[r], (blockIdx.x % TILES) * 32, pt, tw_all);
 }}
 """
 
@@ -397,26 +420,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
 # all global reads are in flight at once; one block barrier, then the two passes and the stores with
 # only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
 _ROWW = r"""
-extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
-        const uint2* __restrict__ tl_all) {{
+// The warp tile of warp `warp` of {name}: rows hi0 .. hi0 + 3 of limb in_slot (prime pi) -> limb out_slot, the
+// block's table tl and the warp's tile at dyn (see above; every thread of the block copies tl). CS_OUT: stores
+// evict-first.
+template <bool CS_OUT>
+__device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, int out_slot, int pi, int hi0,
+                                            int warp, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
+                                            const uint2* __restrict__ tl_all) {{
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF);
-    extern __shared__ __align__(16) u32 dyn[];
     uint2* tl = (uint2*)dyn;
-    constexpr int TILES = (1 << A_BITS) / 4;
     const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int r0 = t / TILES, hi0 = (t % TILES) * 4;
-    const int r = {second} && SECOND_REVERSED ? gridDim.x * WARPS / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
     const int bt0 = (1 << A_BITS) + hi0;
-    const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const uint2* tw = tw_all + (u64)pi * NN;
-    u32* sm = dyn + 480 + (threadIdx.x >> 5) * (4 * WPITCH + 2 * WT);
+    u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
     uint2* wt = (uint2*)(sm + 4 * WPITCH);
-    const uint4* src = (const uint4*)(arena + (u64)in_slots[r] * NN + hi0 * 256);
-    uint4* dst = (uint4*)(arena + (u64)out_slots[r] * NN + hi0 * 256);
+    const uint4* src = (const uint4*)(arena + (u64)in_slot * NN + hi0 * 256);
+    uint4* dst = (uint4*)(arena + (u64)out_slot * NN + hi0 * 256);
     uint4 y[8];
     wtile_load<{first}>(src, y, lane);
     if (SF < 8)
@@ -432,10 +452,139 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
     for (int it = 0; it < 8; ++it) {{
         uint4 v = *(const uint4*)(sm + wsidx(it >> 1, ((it & 1) * 32 + lane) * 4));
 {finish}
-        dst[it * 32 + lane] = v;
+        store16<CS_OUT>(dst + it * 32 + lane, v);
+    }}
+}}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
+        const uint2* __restrict__ tl_all) {{
+    extern __shared__ __align__(16) u32 dyn[];
+    constexpr int TILES = (1 << A_BITS) / 4;
+    const int warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * WARPS + warp;
+    const int r0 = t / TILES;
+    const int r = {second} && SECOND_REVERSED ? gridDim.x * WARPS / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
+    {name}_tile<false>(dyn, arena, in_slots[r], out_slots[r], prime_idx[r], (t % TILES) * 4, warp, pt, tw_all,
+                       tl_all);
+}}
+"""
+
+
+# Both passes of a transform in one kernel (FUSED, N >= 8192), so that each limb's intermediate is read back from L2
+# soon after it was written (DRAM sees one read and one write a limb, as a one-pass transform, while each piece of
+# work stays a short independent tile as in the two kernels). A block of NTHREADS threads is one *item*: a column
+# tile (32 columns, as _COL) or a row item (NTHREADS / 32 warp tiles, 32 rows, as _ROWW). A limb has P items of its
+# first pass (forward: column tiles; inverse: row items) and Q of its second. Blocks take tickets in the order they
+# start (an atomic counter, ctr[0]), and ticket t is item fused_item(t): the first-pass items of limb k, then the
+# second-pass items of limb k - lag, for k = 0, 1, ... A second-pass item waits (thread 0 spins on ctr[1 + limb])
+# until the P first-pass items of its limb have stored their tiles; every item it waits for holds an earlier ticket,
+# so it runs or has run: no deadlock, whatever the residency. The counters reset themselves (the last ticket
+# zeroes ctr[0], the last of a limb's Q second-pass items its ctr[1 + limb]), so that a zeroed ctr serves every
+# launch on one stream, replays of a CUDA graph included. A wait longer than FUSED_SPIN_LIMIT sleeps traps (an
+# error, not a hang). Publication: the P items' stores, a block barrier, then thread 0's fence and atomic add; the
+# reader's acquire load and a block barrier, then loads through L2 (LOAD16 with LOAD_CG).
+_FUSED = r"""
+#define FUSED_CS {fused_cs}
+#define FUSED_SPIN_LIMIT (1 << 25)
+struct FusedItem {{ int first, limb, tile; }};
+__device__ __forceinline__ FusedItem fused_item(int t, int rows, int lag, int p, int q) {{
+    const int d = min(lag, rows);
+    if (t < p * d) return {{1, t / p, t % p}};
+    t -= p * d;
+    const int mid = (rows - d) * (p + q);
+    if (t < mid) {{
+        const int k = t / (p + q), w = t % (p + q);
+        return w < p ? FusedItem{{1, d + k, w}} : FusedItem{{0, k, w - p}};
+    }}
+    t -= mid;
+    return {{0, rows - d + t / q, t % q}};
+}}
+__device__ __forceinline__ void fused_wait(int* done, int p, int all) {{
+    int v = 0;
+    for (int spins = 0;; ++spins) {{
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(done) : "memory");
+        if (v >= p) break;
+        if (spins == FUSED_SPIN_LIMIT) __trap();
+        __nanosleep(100);
+    }}
+    if (atomicAdd(done, 1) == all - 1) atomicExch(done, 0);
+}}
+"""
+
+_FUSED_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(NTHREADS, {min_blocks}) {name}(
+        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
+        const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
+        const uint2* __restrict__ tl_all, int* ctr, int rows, int lag) {{
+    extern __shared__ __align__(16) u32 dyn[];
+    __shared__ int ticket;
+    constexpr int P = {p}, Q = {q};
+    if (threadIdx.x == 0) {{
+        const int t = atomicAdd(ctr, 1);
+        if (t == rows * (P + Q) - 1) atomicExch(ctr, 0);
+        ticket = t;
+    }}
+    __syncthreads();
+    const FusedItem it = fused_item(ticket, rows, lag, P, Q);
+    const int L = it.limb, pi = prime_idx[L], out = out_slots[L];
+    int* done = ctr + 1 + L;
+    if (it.first) {{
+        {first};
+        __syncthreads();
+        if (threadIdx.x == 0) {{
+            __threadfence();
+            atomicAdd(done, 1);
+        }}
+    }} else {{
+        if (threadIdx.x == 0) fused_wait(done, P, P + Q);
+        __syncthreads();
+        {second};
     }}
 }}
 """
+
+
+def fused_item(t: int, rows: int, lag: int, p: int, q: int) -> tuple[bool, int, int]:
+    """Item (first pass?, limb, tile) of ticket ``t`` in a fused transform of ``rows`` limbs with ``p`` first-pass
+    and ``q`` second-pass items a limb: step k = 0, 1, ... takes the p first-pass items of limb k (k < rows), then
+    the q second-pass items of limb k - d (k >= d), d = min(lag, rows). fused_item in _FUSED computes the same."""
+    d = min(lag, rows)
+    if t < p * d:
+        return True, t // p, t % p
+    t -= p * d
+    mid = (rows - d) * (p + q)
+    if t < mid:
+        k, w = divmod(t, p + q)
+        return (True, d + k, w) if w < p else (False, k, w - p)
+    t -= mid
+    return False, rows - d + t // q, t % q
+
+
+def fused_items(logn: int) -> tuple[int, int]:
+    """(column tiles, row items) of one limb in a fused transform of 2^logn points (see _FUSED)."""
+    return (1 << ROW_LOG) // COLS, (1 << (logn - ROW_LOG)) // 4 // (THREADS // 32)
+
+
+def fused_smem(logn: int, sf: int, swizzle: bool | None = None) -> int:
+    """Dynamic shared memory of a fused transform's block: a column tile or a row item's warp tiles and tables."""
+    return max(4 * (32 << (logn - ROW_LOG)), warp_smem(THREADS // 32, sf, swizzle))
+
+
+def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
+    """The fused kernel ntt_{fwd,inv}_fused (see _FUSED): calls of the column and row tiles of _COL and _ROWW."""
+    d = "inv" if inverse else "fwd"
+    cols, rows = fused_items(logn)
+    col_in = "out" if inverse else "in_slots[L]"
+    col = (f"ntt_{d}_col_tile<{'FUSED_CS' if inverse else 'false'}>(dyn, arena, {col_in}, out, pi, it.tile * 32, pt, "
+           "tw_all)")
+    row_in = "in_slots[L]" if inverse else "out"
+    row = (f"ntt_{d}_row_tile<{'false' if inverse else 'FUSED_CS'}>(dyn, arena, {row_in}, out, pi, "
+           f"(it.tile * (NTHREADS / 32) + (threadIdx.x >> 5)) * 4, threadIdx.x >> 5, pt, tw_all, tl_all)")
+    first, second = (row, col) if inverse else (col, row)
+    p, q = (rows, cols) if inverse else (cols, rows)
+    return _FUSED_KERNEL.format(name=f"ntt_{d}_fused", min_blocks=min_blocks, p=p, q=q, first=first, second=second)
 
 
 def _warp_passes(inverse: bool, sf: int) -> str:
@@ -517,10 +666,13 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
-            second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None) -> str:
+            second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None,
+            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
-    warps a block; split twiddles from warp_split_from(split_from)). lazy: forward butterflies reduce
+    warps a block; split twiddles from warp_split_from(split_from)) and both passes in one kernel,
+    ``ntt_{fwd,inv}_fused`` (_FUSED; ``fused_min_blocks``: its launch bound; ``fused_cs``: its last pass stores
+    evict-first). lazy: forward butterflies reduce
     once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
     out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs, second_reversed: see
     LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
@@ -545,7 +697,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         "        const int e = it * NTHREADS + threadIdx.x;\n"
         "        uint4 v = *(const uint4*)(sm + e * 4);\n"
         "{finish}"
-        "        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = v;\n"
+        "        store16<CS_OUT>((uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4), v);\n"
         "    }"
     )
     col_inv_finish = "".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
@@ -560,6 +712,8 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
                            second="false" if inverse else "true", first="true" if inverse else "false",
                            finish="" if inverse else row_fwd)
         parts += [col, row] if not inverse else [row, col]
+    parts.append(_FUSED.format(fused_cs=int(fused_cs)))
+    parts += [_fused_kernel(logn, inverse, fused_min_blocks) for inverse in (False, True)]
     return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed, swizzle)
 
 
@@ -569,15 +723,24 @@ def ring_lazy(ring: CudaRing, lazy: bool = LAZY) -> bool:
     return bool(lazy) and max(ring.primes) < 1 << 28
 
 
+def counter_words(rows: int) -> int:
+    """int32 words of the counters a fused transform of ``rows`` limbs needs (_FUSED: a ticket and one a limb)."""
+    return 1 + rows
+
+
 def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool, split_from=None,
             lazy: bool = LAZY, warps: int | None = None, body: bool = True, tw_fake: bool = False,
             only_row: bool = False, load_cg: bool | None = None, first_cs: bool | None = None,
-            second_reversed: bool | None = None, half: bool = False) -> None:
+            second_reversed: bool | None = None, half: bool = False, fused: bool | None = None,
+            counters=None) -> None:
     """Launch the NTT (or INTT) kernels of rows ``prime_idx`` with the given configuration (the
     module defaults unless told; see :func:`_source`). ``only_row`` (forward, N >= 8192): the row kernel
     alone, in place on ``out_slots`` (the column pass was done by a prologue kernel, :func:`ntt_prologue`).
     ``half`` (forward): the column kernel alone when N >= 8192 (its consumers run the row pass in their loads,
-    :data:`_EPILOGUE`), the whole transform below."""
+    :data:`_EPILOGUE`), the whole transform below. ``fused`` (N >= 8192, whole transforms, LOAD_CG): one kernel
+    for both passes (_FUSED), with ``counters`` (a zeroed int32 device array of at least counter_words(R) words
+    that no other launch uses at the same time; it is left zeroed) or, when None, fresh ones on the current stream
+    (not while it is being captured: then the two kernels run)."""
     ring.check_arena(arena)
     rows = index_array(prime_idx, name="prime_idx").shape[0]
     index_array(in_slots, rows, name="in_slots")
@@ -595,15 +758,19 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
-    swizzle = TILE_SWIZZLE
-    config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle)
+    swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
+    config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
+              fused_cs)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
+    def kernel(name):
+        return ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
+                                                second_reversed, swizzle, fused_min_blocks, fused_cs), name)
+
     def run(name, src, dst, blocks_per_row):
-        k = ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
-                                             second_reversed, swizzle), name)
+        k = kernel(name)
         if name.endswith("_row"):  # blocks_per_row: warp tiles
             smem = warp_smem(warps, warp_split_from(split_from, inverse), swizzle)
             if k.max_dynamic_shared_size_bytes < smem:
@@ -616,6 +783,25 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
         return
+    cp = cupy()
+    fused = (FUSED if fused is None else bool(fused)) and load_cg and not (half or only_row)
+    if fused and counters is None:
+        if cp.cuda.get_current_stream().is_capturing():
+            fused = False
+        else:
+            counters = cp.zeros(counter_words(rows), dtype=cp.int32)
+    if fused:
+        index_array(counters, name="counters")
+        if counters.shape[0] < counter_words(rows):
+            raise ValueError(f"counters: {counters.shape[0]} words, {counter_words(rows)} needed")
+        k = kernel(f"ntt_{'inv' if inverse else 'fwd'}_fused")
+        smem = fused_smem(ring.logn, warp_split_from(split_from, inverse), swizzle)
+        if k.max_dynamic_shared_size_bytes < smem:
+            k.max_dynamic_shared_size_bytes = smem
+        k((rows * sum(fused_items(ring.logn)),), (THREADS,),
+          (arena, in_slots, out_slots, prime_idx, pt, tw, warp_tables(ring, inverse), counters, np.int32(rows),
+           np.int32(FUSED_LAG)), shared_mem=smem)
+        return
     col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
     if inverse:
         run("ntt_inv_row", in_slots, out_slots, row_tiles)
@@ -627,18 +813,19 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             run("ntt_fwd_row", out_slots, out_slots, row_tiles)
 
 
-def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx, half: bool = False) -> None:
+def ntt(ring: CudaRing, arena, in_slots, out_slots, prime_idx, half: bool = False, counters=None) -> None:
     """Forward NTT: arena[out_slots[r]] = NTT_{q_p}(arena[in_slots[r]]) with p = prime_idx[r]; ``half``: the column
-    pass alone when N >= 8192 (its readers are epilogue kernels, :data:`_EPILOGUE`).
+    pass alone when N >= 8192 (its readers are epilogue kernels, :data:`_EPILOGUE`); ``counters``: see
+    :func:`_launch` (a fused transform's; a CUDA graph needs them).
 
     All index arguments are int32 cupy arrays of length R. Launches on the current stream.
     """
-    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=False, half=half)
+    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=False, half=half, counters=counters)
 
 
-def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx) -> None:
+def intt(ring: CudaRing, arena, in_slots, out_slots, prime_idx, counters=None) -> None:
     """Inverse NTT (exact inverse of :func:`ntt`, N^-1 included), same arguments."""
-    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=True)
+    _launch(ring, arena, in_slots, out_slots, prime_idx, inverse=True, counters=counters)
 
 
 # ---------------------------------------------------------------------------------------------- epilogues
