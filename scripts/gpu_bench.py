@@ -70,10 +70,10 @@ def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False) -> float
     ins = cp.arange(rows, dtype=cp.int32)
     outs = cp.arange(rows, 2 * rows, dtype=cp.int32)
     dp = cp.asarray(primes)
-    counters = cp.zeros(dntt.counter_words(rows), dtype=cp.int32)  # a fused transform's (kept zeroed by it)
     fn = dntt.intt if inverse else dntt.ntt
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
+        counters = cp.zeros(dntt.counter_words(rows), dtype=cp.int32)  # a fused transform's (kept zeroed by it)
         t = time_runs(lambda: fn(ring, arena, ins, outs, dp, counters=counters), stream, repeats, warmup=2)
     log(f"batched {'INTT' if inverse else 'NTT'} of {rows} limbs at N = {ctx.n}: {t}")
     return rows / (t.median_ms / 1e3)

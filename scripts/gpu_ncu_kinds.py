@@ -6,6 +6,7 @@ kernel family: what bounds each family, the memory or the multiprocessors' pipes
         --csv --page raw python3 scripts/gpu_ncu_kinds.py run > raw.csv
     python3 scripts/gpu_ncu_kinds.py summarize raw.csv
 
+``ntt ROWS`` instead profiles one batched NTT and one INTT of ROWS limbs, fused (one kernel) and in two kernels.
 ``run`` prepares the run (as scripts/gpu_roofline.py), makes one untimed pass (compiles, loads), then one pass
 between cudaProfilerStart and cudaProfilerStop, so that ncu (``--profile-from-start off``) sees each kernel of the
 plan once. ``summarize`` groups ncu's rows by family (the kernel name; an elementwise kernel with dynamic shared
@@ -40,6 +41,8 @@ FAMILIES = (
     (r"^ntt_fwd_row", "ntt row"),
     (r"^ntt_inv_row", "intt row"),
     (r"^ntt_inv_col", "intt column"),
+    (r"^ntt_fwd_fused", "ntt fused"),
+    (r"^ntt_inv_fused", "intt fused"),
     (r"^ntt_", "ntt one kernel"),
     (r"base_conv|basis|tc_", "baseconv"),
     (r"^sud_lift", "sud_lift"),
@@ -77,6 +80,33 @@ def run() -> None:
     cp.cuda.runtime.profilerStart()
     gpu.run(graph=False)
     cp.cuda.Device().synchronize()
+    cp.cuda.runtime.profilerStop()
+
+
+def ntt(rows: int) -> None:
+    import cupy as cp
+    import numpy as np
+
+    from caramel.backends.cuda import ntt as dntt
+    from caramel.backends.cuda.backend import cuda_ring
+    from caramel.ring import Context
+
+    ctx = Context(n=65536)
+    ring = cuda_ring(ctx)
+    primes = np.arange(rows, dtype=np.int32) % len(ctx.primes)
+    q = np.array([int(ctx.primes[i]) for i in primes], dtype=np.uint64)[:, None]
+    host = (np.random.default_rng(0).integers(0, 2**62, size=(rows, ctx.n), dtype=np.uint64) % q).astype(np.uint32)
+    arena = cp.asarray(np.concatenate([host, host]))
+    ins, outs = cp.arange(rows, dtype=cp.int32), cp.arange(rows, 2 * rows, dtype=cp.int32)
+    dp, counters = cp.asarray(primes), cp.zeros(dntt.counter_words(rows), dtype=cp.int32)
+    for profile in (False, True):
+        cp.cuda.Device().synchronize()
+        if profile:
+            cp.cuda.runtime.profilerStart()
+        for inverse in (False, True):
+            for fused in (True, False):
+                dntt._launch(ring, arena, ins, outs, dp, inverse, fused=fused, counters=counters)
+        cp.cuda.Device().synchronize()
     cp.cuda.runtime.profilerStop()
 
 
@@ -118,6 +148,8 @@ if __name__ == "__main__":
         print(",".join(METRICS))
     elif cmd == "run":
         run()
+    elif cmd == "ntt" and len(sys.argv) == 3:
+        ntt(int(sys.argv[2]))
     elif cmd == "summarize" and len(sys.argv) == 3:
         summarize(sys.argv[2])
     else:

@@ -524,6 +524,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, {min_blocks}) {name}(
     if (threadIdx.x == 0) {{
         const int t = atomicAdd(ctr, 1);
         if (t == rows * (P + Q) - 1) atomicExch(ctr, 0);
+        else if ((unsigned)t >= rows * (P + Q)) __trap();  // counters not zeroed: an error, not a wild limb
         ticket = t;
     }}
     __syncthreads();
