@@ -6,7 +6,7 @@ kernel family: what bounds each family, the memory or the multiprocessors' pipes
         --csv --page raw python3 scripts/gpu_ncu_kinds.py run > raw.csv
     python3 scripts/gpu_ncu_kinds.py summarize raw.csv
 
-``ntt ROWS`` instead profiles one batched NTT and one INTT of ROWS limbs, fused (one kernel) and in two kernels.
+``metrics stalls`` lists counters of why warps wait (read them with ``--page raw``). ``ntt ROWS`` instead profiles one batched NTT and one INTT of ROWS limbs, fused (one kernel) and in two kernels.
 ``run`` prepares the run (as scripts/gpu_roofline.py), makes one untimed pass (compiles, loads), then one pass
 between cudaProfilerStart and cudaProfilerStop, so that ncu (``--profile-from-start off``) sees each kernel of the
 plan once. ``summarize`` groups ncu's rows by family (the kernel name; an elementwise kernel with dynamic shared
@@ -32,6 +32,21 @@ METRICS = {
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy",
     "launch__shared_mem_per_block_dynamic": "smem",
 }
+
+#: With ``metrics stalls``: why warps wait (cycles a warp stalls per issued instruction, by reason), shared-memory
+#: wavefronts and bank conflicts, instructions.
+STALLS = ("gpu__time_duration.sum", "smsp__inst_executed.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+          "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__bytes.sum", "lts__t_sector_hit_rate.pct",
+          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+          "sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active",
+          "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+          "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active") + tuple(
+    f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
+    for r in ("long_scoreboard", "barrier", "short_scoreboard", "math_pipe_throttle", "mio_throttle", "lg_throttle",
+              "wait", "not_selected", "selected", "no_instruction", "dispatch_stall", "membar", "sleeping", "drain",
+              "branch_resolving", "misc"))
 
 #: Kernel name pattern -> family, first match.
 FAMILIES = (
@@ -145,7 +160,7 @@ def summarize(path: str) -> None:
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "metrics":
-        print(",".join(METRICS))
+        print(",".join(STALLS if sys.argv[2:] == ["stalls"] else METRICS))
     elif cmd == "run":
         run()
     elif cmd == "ntt" and len(sys.argv) == 3:
