@@ -86,11 +86,15 @@ EPILOGUE_SCALAR_FROM = 5
 #: passes (F = 12: 2 or 1 a warp, 4 or 2 row pairs).
 EPILOGUE_BALANCE = True
 SMEM_SM = 228 * 1024  # shared memory of a multiprocessor (H100, H200); each resident block also reserves 1 KiB
-#: N >= 8192: a whole transform is one kernel whose column tiles and row items interleave (_FUSED), not two kernels.
-FUSED = True
+#: N >= 8192, (forward, inverse): a whole transform is one kernel whose column tiles and row items interleave
+#: (_FUSED), not two kernels.
+FUSED = (True, True)
 #: Limbs by which a fused transform's second pass trails its first (see fused_item): the intermediates of about
 #: that many limbs wait in L2.
 FUSED_LAG = 48
+#: Resident blocks a multiprocessor asked of the column kernels' launch bounds (_COL, _COL_PRO): 6 takes 40 registers
+#: (5 by the registers they would take unbounded; 32 KiB of shared memory a block allows 6).
+COL_MIN_BLOCKS = 6
 FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multiprocessor (64 registers)
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
@@ -105,6 +109,7 @@ _SRC = r"""
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
+#define COL_MIN_BLOCKS {col_min_blocks}
 #define LOAD_CG {load_cg}
 // The data loads of the column and row kernels: through L2 only (LOAD_CG: ld.global.cg, the limb is read once,
 // so it takes no L1 lines from the twiddles), or plain.
@@ -399,7 +404,7 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, int in_slot, in
 {store}
 }}
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS, COL_MIN_BLOCKS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[32 << A_BITS];
@@ -657,18 +662,21 @@ def wpitch(swizzle: bool | None = None) -> int:
 
 def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS,
             load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS, second_reversed: bool = SECOND_REVERSED,
-            swizzle: bool | None = None) -> str:
-    """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now)."""
+            swizzle: bool | None = None, col_min_blocks: int | None = None) -> str:
+    """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now;
+    ``col_min_blocks``: the column kernels' launch bound, default COL_MIN_BLOCKS read now)."""
     swizzle = TILE_SWIZZLE if swizzle is None else swizzle
+    col_min_blocks = COL_MIN_BLOCKS if col_min_blocks is None else col_min_blocks
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
-                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle))
+                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
+                       col_min_blocks=col_min_blocks)
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
             second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None,
-            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS) -> str:
+            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS, col_min_blocks: int | None = None) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
     warps a block; split twiddles from warp_split_from(split_from)) and both passes in one kernel,
@@ -715,7 +723,8 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         parts += [col, row] if not inverse else [row, col]
     parts.append(_FUSED.format(fused_cs=int(fused_cs)))
     parts += [_fused_kernel(logn, inverse, fused_min_blocks) for inverse in (False, True)]
-    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed, swizzle)
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed, swizzle,
+                   col_min_blocks)
 
 
 def ring_lazy(ring: CudaRing, lazy: bool = LAZY) -> bool:
@@ -759,16 +768,17 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
-    swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
+    swizzle, fused_min_blocks, fused_cs, col_min_blocks = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS, COL_MIN_BLOCKS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs)
+              fused_cs, col_min_blocks)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def kernel(name):
         return ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
-                                                second_reversed, swizzle, fused_min_blocks, fused_cs), name)
+                                                second_reversed, swizzle, fused_min_blocks, fused_cs,
+                                                col_min_blocks), name)
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
@@ -785,7 +795,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
         return
     cp = cupy()
-    fused = (FUSED if fused is None else bool(fused)) and load_cg and not (half or only_row)
+    fused = (FUSED[int(inverse)] if fused is None else bool(fused)) and load_cg and not (half or only_row)
     if fused and counters is None:
         if cp.cuda.get_current_stream().is_capturing():
             fused = False
@@ -1108,7 +1118,7 @@ __device__ __forceinline__ uint4 pro_load4(const u32* __restrict__ arena, const 
 # that the blocks of one tile (every output prime of a conversion) run together and re-read the inputs
 # from L2; the load computes the input (pro_load4). The row kernel (ntt_fwd_row) follows.
 _COL_PRO = r"""
-extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
+extern "C" __global__ void __launch_bounds__(256, COL_MIN_BLOCKS) ntt_fwd_col_pro(
         u32* arena, const int* __restrict__ ins, int W, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
         const int* __restrict__ args, const u32* __restrict__ cin, const u32* __restrict__ ctab,
@@ -1162,17 +1172,19 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
 """
 
 
-def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool, limb_major: bool = False) -> str:
+def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool, limb_major: bool = False,
+                     col_min_blocks: int | None = None) -> str:
     """CUDA source of the forward NTT's first kernel with prologue ``pk`` in arithmetic mode ``pmode``
     (see _PRO_HELPERS): ``ntt_fwd_pro`` (N <= 4096, the whole transform) or ``ntt_fwd_col_pro`` (the
     column pass; the default module's ``ntt_fwd_row`` does the rest). Same stages and twiddles as
     the default kernels (:func:`_source`). limb_major: the column kernel's blocks limb by limb (LIMB_MAJOR in
-    _COL_PRO)."""
+    _COL_PRO); col_min_blocks: its launch bound (default COL_MIN_BLOCKS)."""
     if logn <= 12:
         kernel = _SMALL_PRO.format(passes=_pass_calls(logn, 1, 0, False))
         return _header(logn, logn, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
     kernel = _COL_PRO.format(passes=_pass_calls(logn - ROW_LOG, COLS, 1, False), limb_major=str(limb_major).lower())
-    return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
+    return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False,
+                   col_min_blocks=col_min_blocks)
 
 
 class PrologueTables:
@@ -1233,10 +1245,13 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     pmode = code if pk != 1 else 0
     lazy = ring_lazy(ring)
     limb_major = PRO_LIMB_MAJOR and pk != 2  # a converting load's rows share their inputs: tile by tile
-    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}"
     small = ring.logn <= 12
-    fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy, limb_major),
-                     "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
+    for bound in dict.fromkeys((COL_MIN_BLOCKS, 1)):  # the column kernels' bound, unless it spills (a conversion's)
+        key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}-b{bound}"
+        fn = ring.kernel(key, lambda b=bound: _prologue_source(ring.logn, pk, pmode, lazy, limb_major, b),
+                         "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
+        if not fn.local_size_bytes:
+            break
     pt = ring.prime_table
     if pk == 2:
         cin, ctab, recip = tables.cin, tables.factors if code == 1 else tables.qhat, tables.recip
