@@ -92,12 +92,9 @@ FUSED = (False, True)
 #: Limbs by which a fused transform's second pass trails its first (see fused_item): the intermediates of about
 #: that many limbs wait in L2.
 FUSED_LAG = 48
-#: Resident blocks a multiprocessor asked of the column kernels' launch bounds (_COL, _COL_PRO): 6 takes 40 registers
-#: (5 by the registers they would take unbounded; 32 KiB of shared memory a block allows 6).
-COL_MIN_BLOCKS = 6
-#: Resident warps a multiprocessor asked of the warp-tile row kernels' launch bounds (ROW_MIN_WARPS / WARPS blocks):
-#: 36 takes 56 registers, and 9 blocks of 4 warps fit in shared memory (32: 64 registers, 8 blocks).
-ROW_MIN_WARPS = 36
+#: Resident blocks a multiprocessor asked of the column kernels' launch bounds (_COL, _COL_PRO): 5 takes 48 registers
+#: (unbounded they take about 70: 3 blocks; 6 blocks, 40 registers, measured slower).
+COL_MIN_BLOCKS = 5
 FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multiprocessor (64 registers)
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
@@ -113,7 +110,6 @@ _SRC = r"""
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
 #define COL_MIN_BLOCKS {col_min_blocks}
-#define ROW_MIN_BLOCKS {row_min_blocks}
 #define LOAD_CG {load_cg}
 // The data loads of the column and row kernels: through L2 only (LOAD_CG: ld.global.cg, the limb is read once,
 // so it takes no L1 lines from the twiddles), or plain.
@@ -465,7 +461,7 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     }}
 }}
 
-extern "C" __global__ void __launch_bounds__(32 * WARPS, ROW_MIN_BLOCKS) {name}(
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 32 / WARPS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
         const uint2* __restrict__ tl_all) {{
@@ -668,14 +664,13 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
             load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS, second_reversed: bool = SECOND_REVERSED,
             swizzle: bool | None = None, col_min_blocks: int | None = None) -> str:
     """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now;
-    ``col_min_blocks``: the column kernels' launch bound, default COL_MIN_BLOCKS read now; the row kernels' from
-    ROW_MIN_WARPS read now)."""
+    ``col_min_blocks``: the column kernels' launch bound, default COL_MIN_BLOCKS read now)."""
     swizzle = TILE_SWIZZLE if swizzle is None else swizzle
     col_min_blocks = COL_MIN_BLOCKS if col_min_blocks is None else col_min_blocks
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
                        second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
-                       col_min_blocks=col_min_blocks, row_min_blocks=max(1, min(32, ROW_MIN_WARPS // warps)))
+                       col_min_blocks=col_min_blocks)
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
@@ -775,7 +770,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
     swizzle, fused_min_blocks, fused_cs, col_min_blocks = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS, COL_MIN_BLOCKS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, col_min_blocks, ROW_MIN_WARPS)
+              fused_cs, col_min_blocks)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
