@@ -92,9 +92,6 @@ FUSED = (False, True)
 #: Limbs by which a fused transform's second pass trails its first (see fused_item): the intermediates of about
 #: that many limbs wait in L2.
 FUSED_LAG = 48
-#: Resident blocks a multiprocessor asked of the column kernels' launch bounds (_COL, _COL_PRO): 5 takes 48 registers
-#: (unbounded they take about 70: 3 blocks; 6 blocks, 40 registers, measured slower).
-COL_MIN_BLOCKS = 5
 FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multiprocessor (64 registers)
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
@@ -109,7 +106,6 @@ _SRC = r"""
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
-#define COL_MIN_BLOCKS {col_min_blocks}
 #define LOAD_CG {load_cg}
 // The data loads of the column and row kernels: through L2 only (LOAD_CG: ld.global.cg, the limb is read once,
 // so it takes no L1 lines from the twiddles), or plain.
@@ -383,15 +379,19 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 """
 
 _COL = r"""
-// One column tile of {name}: the 32 columns c0 .. c0 + 31 of limb in_slot (prime pi) -> limb out_slot; 2^A_BITS
-// points a column, all NTHREADS threads of the block (sm: 32 << A_BITS words). CS_OUT: stores evict-first.
+// One column tile of {name}: the 32 columns c0 .. c0 + 31 of row r (limb in_slots[r] -> limb out_slots[r], prime
+// prime_idx[r]); 2^A_BITS points a column, all NTHREADS threads of the block (sm: 32 << A_BITS words). CS_OUT:
+// stores evict-first.
 template <bool CS_OUT>
-__device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, int in_slot, int out_slot, int pi, int c0,
-                                            const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
+__device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __restrict__ in_slots,
+                                            const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
+                                            int r, int c0, const u32* __restrict__ pt,
+                                            const uint2* __restrict__ tw_all) {{
+    const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
     const uint2* tw = tw_all + (u64)pi * NN;
-    const u32* src = arena + (u64)in_slot * NN + c0;
-    u32* dst = arena + (u64)out_slot * NN + c0;
+    const u32* src = arena + (u64)in_slots[r] * NN + c0;
+    u32* dst = arena + (u64)out_slots[r] * NN + c0;
     // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
@@ -404,14 +404,14 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, int in_slot, in
 {store}
 }}
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, COL_MIN_BLOCKS) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[32 << A_BITS];
     constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
     const int r0 = blockIdx.x / TILES;
     const int r = {second} && SECOND_REVERSED ? gridDim.x / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
-    {name}_tile<false>(sm, arena, in_slots[r], out_slots[r], prime_idx[r], (blockIdx.x % TILES) * 32, pt, tw_all);
+    {name}_tile<false>(sm, arena, in_slots, out_slots, prime_idx, r, (blockIdx.x % TILES) * 32, pt, tw_all);
 }}
 """
 
@@ -582,9 +582,9 @@ def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
     """The fused kernel ntt_{fwd,inv}_fused (see _FUSED): calls of the column and row tiles of _COL and _ROWW."""
     d = "inv" if inverse else "fwd"
     cols, rows = fused_items(logn)
-    col_in = "out" if inverse else "in_slots[L]"
-    col = (f"ntt_{d}_col_tile<{'FUSED_CS' if inverse else 'false'}>(dyn, arena, {col_in}, out, pi, it.tile * 32, pt, "
-           "tw_all)")
+    col_in = "out_slots" if inverse else "in_slots"
+    col = (f"ntt_{d}_col_tile<{'FUSED_CS' if inverse else 'false'}>(dyn, arena, {col_in}, out_slots, prime_idx, L, "
+           "it.tile * 32, pt, tw_all)")
     row_in = "in_slots[L]" if inverse else "out"
     row = (f"ntt_{d}_row_tile<{'false' if inverse else 'FUSED_CS'}>(dyn, arena, {row_in}, out, pi, "
            f"(it.tile * (NTHREADS / 32) + (threadIdx.x >> 5)) * 4, threadIdx.x >> 5, pt, tw_all, tl_all)")
@@ -662,21 +662,18 @@ def wpitch(swizzle: bool | None = None) -> int:
 
 def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, warps: int = WARPS,
             load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS, second_reversed: bool = SECOND_REVERSED,
-            swizzle: bool | None = None, col_min_blocks: int | None = None) -> str:
-    """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now;
-    ``col_min_blocks``: the column kernels' launch bound, default COL_MIN_BLOCKS read now)."""
+            swizzle: bool | None = None) -> str:
+    """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now)."""
     swizzle = TILE_SWIZZLE if swizzle is None else swizzle
-    col_min_blocks = COL_MIN_BLOCKS if col_min_blocks is None else col_min_blocks
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
-                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
-                       col_min_blocks=col_min_blocks)
+                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
             second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None,
-            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS, col_min_blocks: int | None = None) -> str:
+            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
     warps a block; split twiddles from warp_split_from(split_from)) and both passes in one kernel,
@@ -723,8 +720,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         parts += [col, row] if not inverse else [row, col]
     parts.append(_FUSED.format(fused_cs=int(fused_cs)))
     parts += [_fused_kernel(logn, inverse, fused_min_blocks) for inverse in (False, True)]
-    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed, swizzle,
-                   col_min_blocks)
+    return _header(logn, a, "".join(parts), lazy, tw_fake, warps, load_cg, first_cs, second_reversed, swizzle)
 
 
 def ring_lazy(ring: CudaRing, lazy: bool = LAZY) -> bool:
@@ -768,17 +764,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
-    swizzle, fused_min_blocks, fused_cs, col_min_blocks = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS, COL_MIN_BLOCKS
+    swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, col_min_blocks)
+              fused_cs)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def kernel(name):
         return ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
-                                                second_reversed, swizzle, fused_min_blocks, fused_cs,
-                                                col_min_blocks), name)
+                                                second_reversed, swizzle, fused_min_blocks, fused_cs), name)
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
@@ -1118,7 +1113,7 @@ __device__ __forceinline__ uint4 pro_load4(const u32* __restrict__ arena, const 
 # that the blocks of one tile (every output prime of a conversion) run together and re-read the inputs
 # from L2; the load computes the input (pro_load4). The row kernel (ntt_fwd_row) follows.
 _COL_PRO = r"""
-extern "C" __global__ void __launch_bounds__(256, COL_MIN_BLOCKS) ntt_fwd_col_pro(
+extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
         u32* arena, const int* __restrict__ ins, int W, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
         const int* __restrict__ args, const u32* __restrict__ cin, const u32* __restrict__ ctab,
@@ -1172,19 +1167,17 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
 """
 
 
-def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool, limb_major: bool = False,
-                     col_min_blocks: int | None = None) -> str:
+def _prologue_source(logn: int, pk: int, pmode: int, lazy: bool, limb_major: bool = False) -> str:
     """CUDA source of the forward NTT's first kernel with prologue ``pk`` in arithmetic mode ``pmode``
     (see _PRO_HELPERS): ``ntt_fwd_pro`` (N <= 4096, the whole transform) or ``ntt_fwd_col_pro`` (the
     column pass; the default module's ``ntt_fwd_row`` does the rest). Same stages and twiddles as
     the default kernels (:func:`_source`). limb_major: the column kernel's blocks limb by limb (LIMB_MAJOR in
-    _COL_PRO); col_min_blocks: its launch bound (default COL_MIN_BLOCKS)."""
+    _COL_PRO)."""
     if logn <= 12:
         kernel = _SMALL_PRO.format(passes=_pass_calls(logn, 1, 0, False))
         return _header(logn, logn, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
     kernel = _COL_PRO.format(passes=_pass_calls(logn - ROW_LOG, COLS, 1, False), limb_major=str(limb_major).lower())
-    return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False,
-                   col_min_blocks=col_min_blocks)
+    return _header(logn, logn - ROW_LOG, _PRO_HELPERS.format(pk=pk, pmode=pmode) + kernel, lazy, False)
 
 
 class PrologueTables:
@@ -1245,13 +1238,10 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     pmode = code if pk != 1 else 0
     lazy = ring_lazy(ring)
     limb_major = PRO_LIMB_MAJOR and pk != 2  # a converting load's rows share their inputs: tile by tile
+    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}"
     small = ring.logn <= 12
-    for bound in dict.fromkeys((COL_MIN_BLOCKS, 1)):  # the column kernels' bound, unless it spills (a conversion's)
-        key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}-b{bound}"
-        fn = ring.kernel(key, lambda b=bound: _prologue_source(ring.logn, pk, pmode, lazy, limb_major, b),
-                         "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
-        if not fn.local_size_bytes:
-            break
+    fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy, limb_major),
+                     "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
     pt = ring.prime_table
     if pk == 2:
         cin, ctab, recip = tables.cin, tables.factors if code == 1 else tables.qhat, tables.recip
