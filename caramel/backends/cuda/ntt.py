@@ -32,11 +32,15 @@ are an add and an unsigned min (csub); 2q is read from the prime table, so that 
 Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_CG); the first pass reads
 the transform's input evict-first (FIRST_CS), and the second pass takes the limbs in reverse order
 (SECOND_REVERSED), so that it starts on the intermediate the first pass wrote last, which L2 still holds
-(read oldest-first, an LRU cache misses throughout). A launch therefore finishes its rows last-first
-(:mod:`caramel.plan.order` counts on this).
+(read oldest-first, an LRU cache misses throughout). A two-kernel launch therefore finishes its rows last-first
+(:mod:`caramel.plan.order` counts on this); a fused one (below) finishes them first-first.
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
+
+One kernel (N >= 8192, FUSED; by default the inverse only): the two passes' pieces (column tiles, row items of 8 warp
+tiles) are the blocks of one launch, taken in the order blocks start, a limb's second pass 48 limbs (FUSED_LAG) behind
+its first and waiting on a per-limb counter (_FUSED, fused_item); the intermediate is read back from L2.
 
 Epilogues (N >= 8192): a *half* forward NTT (``_launch(half=True)``, ``ntt(half=True)``) runs the column kernel
 only; the elementwise kernel that reads its output (``FusedProgram.transformed``) runs the row pass of its tile
@@ -678,8 +682,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
     warps a block; split twiddles from warp_split_from(split_from)) and both passes in one kernel,
     ``ntt_{fwd,inv}_fused`` (_FUSED; ``fused_min_blocks``: its launch bound; ``fused_cs``: its last pass stores
-    evict-first). lazy: forward butterflies reduce
-    once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
+    evict-first). lazy: forward butterflies reduce once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
     out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs, second_reversed: see
     LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
     if logn <= 12:
