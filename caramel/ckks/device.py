@@ -296,8 +296,8 @@ def transform_rows(res, ctx, limbs, dev: ClientDevice, inverse: bool = False):
 
     On the GPU (N = 2^12 .. 2^16) through caramel's CUDA kernels, the executor's own
     (:func:`caramel.backends.cuda.ntt.ntt`, which compute the reference's transform from the
-    context's tables): one launch (the INTT) or two (the NTT) for all rows, the rows copied into the first half of a
-    (2k, N) arena and transformed into its second half. Elsewhere :mod:`caramel.ring.ntt`."""
+    context's tables): one launch (the INTT) or two (the NTT) for all rows, the rows copied into the
+    first half of a (2k, N) arena and transformed into its second half. Elsewhere :mod:`caramel.ring.ntt`."""
     from caramel.ring.ntt import intt
 
     limbs = [int(l) for l in limbs]
