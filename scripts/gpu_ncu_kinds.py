@@ -6,7 +6,8 @@ kernel family: what bounds each family, the memory or the multiprocessors' pipes
         --csv --page raw python3 scripts/gpu_ncu_kinds.py run > raw.csv
     python3 scripts/gpu_ncu_kinds.py summarize raw.csv
 
-``metrics stalls`` lists counters of why warps wait (read them with ``--page raw``). ``ntt ROWS`` instead profiles one batched NTT and one INTT of ROWS limbs, fused (one kernel) and in two kernels.
+``metrics stalls`` lists counters of why warps wait (read them with ``--page raw``). ``ntt ROWS`` instead profiles
+one batched NTT and one INTT of ROWS limbs, fused (one kernel) and in two kernels.
 ``run`` prepares the run (as scripts/gpu_roofline.py), makes one untimed pass (compiles, loads), then one pass
 between cudaProfilerStart and cudaProfilerStop, so that ncu (``--profile-from-start off``) sees each kernel of the
 plan once. ``summarize`` groups ncu's rows by family (the kernel name; an elementwise kernel with dynamic shared
@@ -39,7 +40,8 @@ STALLS = ("gpu__time_duration.sum", "smsp__inst_executed.sum", "smsp__issue_acti
           "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__bytes.sum", "lts__t_sector_hit_rate.pct",
           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
-          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
           "sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active",
           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
           "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active") + tuple(

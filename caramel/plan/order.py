@@ -6,14 +6,15 @@ last-written limbs are the ones a cache of C bytes (a GPU's L2) still holds, and
 traffic evicts them: a consumer that reads its inputs oldest-first misses throughout (an LRU cache
 scanned in the order it was filled), one that reads them newest-first hits on up to C bytes of them.
 
-:func:`recent_first` orders every kernel's rows by the *write rank* of their inputs, most recent first:
-the rank of a buffer is the position of its write in the plan's order of writes (kernel by kernel; within
-a kernel, row by row, except NTT and INTT kernels, whose second pass takes the rows last-first on the
-CUDA backend (``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse
-order; the CUDA INTT in one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them
-in order instead, which this model does not follow yet: measured as it is, docs/PERFORMANCE.md). A row's key is the highest rank among its inputs (-1 for inputs no kernel wrote: program inputs,
-keys); ties keep the plan's order. Communication kernels keep their order (every chip must issue its
-collectives alike). Results do not depend on row order: the plan computes the same values.
+:func:`recent_first` orders every kernel's rows by the *write rank* of their inputs, most recent first: the rank of
+a buffer is the position of its write in the plan's order of writes (kernel by kernel; within a kernel, row by row,
+except NTT and INTT kernels, whose second pass takes the rows last-first on the CUDA backend
+(``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse order; the CUDA INTT in
+one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them in order instead, which
+this model does not follow yet: measured as it is, docs/PERFORMANCE.md). A row's key is the highest rank among its
+inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the plan's order. Communication kernels keep
+their order (every chip must issue its collectives alike). Results do not depend on row order: the plan computes the
+same values.
 """
 
 from __future__ import annotations

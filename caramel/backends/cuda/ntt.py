@@ -678,13 +678,13 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
             second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None,
             fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS) -> str:
-    """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the
-    column kernels ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps``
-    warps a block; split twiddles from warp_split_from(split_from)) and both passes in one kernel,
-    ``ntt_{fwd,inv}_fused`` (_FUSED; ``fused_min_blocks``: its launch bound; ``fused_cs``: its last pass stores
-    evict-first). lazy: forward butterflies reduce once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the butterflies
-    out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs, second_reversed: see
-    LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
+    """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the column kernels
+    ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps`` warps a block; split
+    twiddles from warp_split_from(split_from)) and both passes in one kernel, ``ntt_{fwd,inv}_fused`` (_FUSED;
+    ``fused_min_blocks``: its launch bound; ``fused_cs``: its last pass stores evict-first). lazy: forward
+    butterflies reduce once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the
+    butterflies out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs,
+    second_reversed: see LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
     if logn <= 12:
         fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
         inv_store = (
