@@ -54,6 +54,22 @@ def same(want, have) -> bool:
         w.keys() == h.keys() and all(np.array_equal(w[m], h[m]) for m in w) for w, h in zip(want.stores, have.stores))
 
 
+def batched_limbs(ctx, rows: int):
+    """(arena, ins, outs, primes, counters) of a batched transform of ``rows`` random limbs at ``ctx``'s N, primes
+    cycling, made on the current stream: inputs in arena rows 0 .. rows - 1, outputs in the next ``rows``, zeroed
+    counters for a fused transform (which leaves them zeroed)."""
+    import cupy as cp
+
+    from caramel.backends.cuda import ntt as dntt
+
+    primes = np.arange(rows, dtype=np.int32) % len(ctx.primes)
+    q = np.array([int(ctx.primes[i]) for i in primes], dtype=np.uint64)
+    host = (np.random.default_rng(0).integers(0, 2**62, size=(rows, ctx.n), dtype=np.uint64) % q[:, None])
+    arena = cp.asarray(np.concatenate([host, host]).astype(np.uint32))
+    return (arena, cp.arange(rows, dtype=cp.int32), cp.arange(rows, 2 * rows, dtype=cp.int32), cp.asarray(primes),
+            cp.zeros(dntt.counter_words(rows), dtype=cp.int32))
+
+
 def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False) -> float:
     """Limbs a second of one batched NTT (INTT) of ``rows`` limbs at ``ctx``'s N, primes cycling, eager launches."""
     import cupy as cp
@@ -62,18 +78,10 @@ def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False) -> float
     from caramel.backends.cuda.backend import cuda_ring
 
     ring = cuda_ring(ctx)
-    rng = np.random.default_rng(0)
-    primes = np.arange(rows, dtype=np.int32) % len(ctx.primes)
-    q = np.array([int(ctx.primes[i]) for i in primes], dtype=np.uint64)
-    host = (rng.integers(0, 2**62, size=(rows, ctx.n), dtype=np.uint64) % q[:, None]).astype(np.uint32)
     fn = dntt.intt if inverse else dntt.ntt
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:  # every array made on the stream that reads it (a non-blocking stream does not wait for stream 0)
-        arena = cp.asarray(np.concatenate([host, host]))
-        ins = cp.arange(rows, dtype=cp.int32)
-        outs = cp.arange(rows, 2 * rows, dtype=cp.int32)
-        dp = cp.asarray(primes)
-        counters = cp.zeros(dntt.counter_words(rows), dtype=cp.int32)  # a fused transform's (kept zeroed by it)
+        arena, ins, outs, dp, counters = batched_limbs(ctx, rows)
         stream.synchronize()
         t = time_runs(lambda: fn(ring, arena, ins, outs, dp, counters=counters), stream, repeats, warmup=2)
     log(f"batched {'INTT' if inverse else 'NTT'} of {rows} limbs at N = {ctx.n}: {t}")
@@ -90,6 +98,13 @@ def ntt_rates(ctx, args, ntt_sets, settings, rows: list) -> None:
                 rows.append((f"{'INTT' if inverse else 'NTT'} throughput (batched {count} limbs, N={args.n}) "
                              f"[{ntt_set}]", f"{rate:.3e} limbs/s"))
     settings.apply("default")
+
+
+def print_table(rows: list) -> None:
+    """The (what, result) rows as a Markdown table."""
+    print("\n| what | result |\n| --- | --- |")
+    for a, b in rows:
+        print(f"| {a} | {b} |")
 
 
 def main() -> int:
@@ -126,9 +141,7 @@ def main() -> int:
         settings.check(ntt_set)
     if args.ntt_only:
         ntt_rates(Context(n=args.n), args, ntt_sets, settings, rows)
-        print("\n| what | result |\n| --- | --- |")
-        for a, b in rows:
-            print(f"| {a} | {b} |")
+        print_table(rows)
         return 0
     # 1. bit-exactness at small N
     if not args.skip_checks:
@@ -205,9 +218,7 @@ def main() -> int:
         log(f"CPU reference in {time.perf_counter() - t0:.1f} s: digest {ref[:16]}")
         rows.append(("CPU reference digest matches", str(ref == next(iter(digests.values())))))
     rows.append(("device copy bandwidth (256 MiB, read + write)", f"{copy_gbs:.0f} GB/s"))
-    print("\n| what | result |\n| --- | --- |")
-    for a, b in rows:
-        print(f"| {a} | {b} |")
+    print_table(rows)
     return 0 if agree and all(b != "MISMATCH" for _, b in rows) else 1
 
 

@@ -102,20 +102,15 @@ def run() -> None:
 
 def ntt(rows: int) -> None:
     import cupy as cp
-    import numpy as np
 
     from caramel.backends.cuda import ntt as dntt
     from caramel.backends.cuda.backend import cuda_ring
     from caramel.ring import Context
+    from gpu_bench import batched_limbs  # scripts/ beside this file
 
     ctx = Context(n=65536)
     ring = cuda_ring(ctx)
-    primes = np.arange(rows, dtype=np.int32) % len(ctx.primes)
-    q = np.array([int(ctx.primes[i]) for i in primes], dtype=np.uint64)[:, None]
-    host = (np.random.default_rng(0).integers(0, 2**62, size=(rows, ctx.n), dtype=np.uint64) % q).astype(np.uint32)
-    arena = cp.asarray(np.concatenate([host, host]))
-    ins, outs = cp.arange(rows, dtype=cp.int32), cp.arange(rows, 2 * rows, dtype=cp.int32)
-    dp, counters = cp.asarray(primes), cp.zeros(dntt.counter_words(rows), dtype=cp.int32)
+    arena, ins, outs, dp, counters = batched_limbs(ctx, rows)
     for profile in (False, True):
         cp.cuda.Device().synchronize()
         if profile:
