@@ -10,8 +10,7 @@ scanned in the order it was filled), one that reads them newest-first hits on up
 a buffer is the position of its write in the plan's order of writes (kernel by kernel; within a kernel, row by row,
 except NTT and INTT kernels, whose second pass takes the rows last-first on the CUDA backend
 (``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse order; the CUDA INTT in
-one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them in order instead, which
-this model does not follow yet: measured as it is, docs/PERFORMANCE.md). A row's key is the highest rank among its
+one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them in order instead). A row's key is the highest rank among its
 inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the plan's order. Communication kernels keep
 their order (every chip must issue its collectives alike). Results do not depend on row order: the plan computes the
 same values.
@@ -21,14 +20,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from caramel.plan.cache_model import TWO_PASS
 from caramel.plan.kernel import ChipPlan, Kernel, Kind, Plan
 
 
 def write_order(kernel: Kernel) -> tuple:
-    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): two-pass kinds
-    (:data:`caramel.plan.cache_model.TWO_PASS`) last-first, but a half NTT (its first pass only)."""
-    return kernel.rows[::-1] if kernel.kind in TWO_PASS and not kernel.half else kernel.rows
+    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): a whole NTT (two
+    kernels on the CUDA backend, the second reversed) last-first; an INTT (one kernel, limb by limb: FUSED) and a
+    half NTT (its first pass only) in row order."""
+    return kernel.rows[::-1] if kernel.kind is Kind.NTT and not kernel.half else kernel.rows
 
 
 def recent_first_chip(chip: ChipPlan) -> ChipPlan:

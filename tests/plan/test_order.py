@@ -37,6 +37,10 @@ def input_keys(chip):
 def chain_program():
     """Two limbs' elementwise chain: x_l = a_l * b_l for l = 0..3, then y_l = x_l + c_l, in plan order
     l = 0..3 both times: the second kernel's most recent inputs are x_3, x_2, ..."""
+    return program_from_text(chain_program_text())
+
+
+def chain_program_text() -> str:
     lines = []
     for l in range(4):
         lines += [f"load r{10 * l}: i1({l})", f"load r{10 * l + 1}: i2({l})", f"load r{10 * l + 2}: i3({l})"]
@@ -44,7 +48,7 @@ def chain_program():
         lines += [f"mul r{10 * l + 3}: r{10 * l}, r{10 * l + 1} | {l}", f"ntt r{10 * l + 4}: r{10 * l + 3} | {l}"]
     for l in range(4):
         lines += [f"add r{10 * l + 5}: r{10 * l + 4}, r{10 * l + 2} | {l}", f"store r{10 * l + 5}: v1({l})"]
-    return program_from_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def test_a_consumer_reads_the_last_written_rows_first():
@@ -65,6 +69,16 @@ def test_a_consumer_reads_the_last_written_rows_first():
     mul, ntt, add = recent_first(build_plan(chain_program(), row_order="batch")).chips[0].kernels
     assert ntt.half and add.expr.transformed
     assert [r.prime for r in ntt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
+
+
+def test_an_intt_finishes_its_rows_in_order():
+    """An INTT (one kernel on the CUDA backend, limb by limb) finishes its rows in row order, so its reader takes
+    them last-first."""
+    text = chain_program_text().replace("ntt r", "int r")
+    mul, intt, add = recent_first(build_plan(program_from_text(text), row_order="batch")).chips[0].kernels
+    assert intt.kind is Kind.INTT
+    assert [r.prime for r in intt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
+    assert write_order(intt) == intt.rows
 
 
 def test_build_plan_orders_rows_by_recency_by_default():
