@@ -97,7 +97,6 @@ FUSED = (False, True)
 #: that many limbs wait in L2.
 FUSED_LAG = 48
 FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multiprocessor (64 registers)
-COL_THREADS = 512  # threads a block of the column kernels (a column tile's 2^(log2(N) - 4) butterfly items)
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
@@ -385,9 +384,9 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 
 _COL = r"""
 // One column tile of {name}: the 32 columns c0 .. c0 + 31 of row r (limb in_slots[r] -> limb out_slots[r], prime
-// prime_idx[r]); 2^A_BITS points a column, all THR threads of the block (sm: 32 << A_BITS words). CS_OUT:
+// prime_idx[r]); 2^A_BITS points a column, all NTHREADS threads of the block (sm: 32 << A_BITS words). CS_OUT:
 // stores evict-first.
-template <bool CS_OUT, int THR>
+template <bool CS_OUT>
 __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __restrict__ in_slots,
                                             const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
                                             int r, int c0, const u32* __restrict__ pt,
@@ -397,10 +396,10 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
-    // 16-byte accesses, all issued before the first use (blockDim.x == THR).
+    // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
 #pragma unroll
-    for (int it = 0; it < (8 << A_BITS) / THR; ++it) {{
-        const int e = it * THR + threadIdx.x;
+    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
+        const int e = it * NTHREADS + threadIdx.x;
         *(uint4*)(sm + e * 4) = {load}((const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4));
     }}
     __syncthreads();
@@ -409,15 +408,14 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
 {store}
 }}
 
-extern "C" __global__ void __launch_bounds__({col_threads}) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
     __shared__ u32 sm[32 << A_BITS];
     constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
     const int r0 = blockIdx.x / TILES;
     const int r = {second} && SECOND_REVERSED ? gridDim.x / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
-    {name}_tile<false, {col_threads}>(sm, arena, in_slots, out_slots, prime_idx, r, (blockIdx.x % TILES) * 32, pt,
-                                       tw_all);
+    {name}_tile<false>(sm, arena, in_slots, out_slots, prime_idx, r, (blockIdx.x % TILES) * 32, pt, tw_all);
 }}
 """
 
@@ -589,7 +587,7 @@ def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
     d = "inv" if inverse else "fwd"
     cols, rows = fused_items(logn)
     col_in = "out_slots" if inverse else "in_slots"
-    col = (f"ntt_{d}_col_tile<{'FUSED_CS' if inverse else 'false'}, NTHREADS>(dyn, arena, {col_in}, out_slots, prime_idx, L, "
+    col = (f"ntt_{d}_col_tile<{'FUSED_CS' if inverse else 'false'}>(dyn, arena, {col_in}, out_slots, prime_idx, L, "
            "it.tile * 32, pt, tw_all)")
     row_in = "in_slots[L]" if inverse else "out"
     row = (f"ntt_{d}_row_tile<{'false' if inverse else 'FUSED_CS'}>(dyn, arena, {row_in}, out, pi, "
@@ -679,8 +677,7 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
             second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None,
-            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS,
-            col_threads: int = COL_THREADS) -> str:
+            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the column kernels
     ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps`` warps a block; split
     twiddles from warp_split_from(split_from)) and both passes in one kernel, ``ntt_{fwd,inv}_fused`` (_FUSED;
@@ -705,8 +702,8 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
         "    (void)ni; (void)nip;\n"
         "#pragma unroll\n"
-        "    for (int it = 0; it < (8 << A_BITS) / THR; ++it) {\n"
-        "        const int e = it * THR + threadIdx.x;\n"
+        "    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {\n"
+        "        const int e = it * NTHREADS + threadIdx.x;\n"
         "        uint4 v = *(const uint4*)(sm + e * 4);\n"
         "{finish}"
         "        store16<CS_OUT>((uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4), v);\n"
@@ -718,7 +715,6 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     for d, inverse in (("fwd", False), ("inv", True)):
         col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
                           second="true" if inverse else "false", load="LOAD16" if inverse else "LOAD_FIRST",
-                          col_threads=col_threads,
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
@@ -771,17 +767,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
-    swizzle, fused_min_blocks, fused_cs, col_threads = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS, COL_THREADS
+    swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, col_threads)
+              fused_cs)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def kernel(name):
         return ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
-                                                second_reversed, swizzle, fused_min_blocks, fused_cs,
-                                                col_threads), name)
+                                                second_reversed, swizzle, fused_min_blocks, fused_cs), name)
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
@@ -792,8 +787,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
                                                                  warp_tables(ring, inverse)), shared_mem=smem)
         else:
-            k((rows * blocks_per_row,), (col_threads if name.endswith("_col") else THREADS,),
-              (arena, src, dst, prime_idx, pt, tw))
+            k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
     if ring.logn <= 12:
         run("ntt_inv" if inverse else "ntt_fwd", in_slots, out_slots, 1)
