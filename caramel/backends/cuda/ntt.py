@@ -98,6 +98,8 @@ FUSED = (False, True)
 FUSED_LAG = 48
 FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multiprocessor (64 registers)
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
+#: The column and row passes' stores that are not evict-first (FUSED_CS) are evict-last in L2 (see store16).
+EVICT_LAST = True
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -225,12 +227,23 @@ __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.comm
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
 
-// A 16-byte store, evict-first (st.global.cs) when CS: the last pass's output, read by no kernel soon, should not
-// push out of L2 the intermediates a fused transform still has to read (_FUSED).
+// A 16-byte store of a column or row pass: evict-first (st.global.cs) when CS: the last pass's output, read by no
+// kernel soon, should not push out of L2 the intermediates a fused transform still has to read (_FUSED); else, with
+// EVICT_LAST, evict-last (st.global.L2::cache_hint under a createpolicy evict_last policy): the intermediate that the
+// row pass or an epilogue reads next, or a transform's output, stays in L2 against the other streams' traffic.
+#define EVICT_LAST {evict_last}
 template <bool CS>
 __device__ __forceinline__ void store16(uint4* p, uint4 v) {{
-    if (CS) __stcs(p, v);
-    else *p = v;
+    if (CS) {{
+        __stcs(p, v);
+    }} else if (EVICT_LAST) {{
+        u64 pol;
+        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {{%1, %2, %3, %4}}, %5;" :: "l"(p), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w), "l"(pol) : "memory");
+    }} else {{
+        *p = v;
+    }}
 }}
 
 // Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
@@ -671,7 +684,8 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
     swizzle = TILE_SWIZZLE if swizzle is None else swizzle
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
-                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle))
+                       second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
+                       evict_last=int(EVICT_LAST))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
@@ -769,7 +783,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
     swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs)
+              fused_cs, EVICT_LAST)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
@@ -962,7 +976,7 @@ def epilogue_groups(operands: int) -> int:
 def epilogue_settings() -> str:
     """The module settings an epilogue kernel's source depends on besides its program, for its cache key."""
     return (f"a{int(EPILOGUE_APART)}-s{EPILOGUE_SPLIT_FROM}-st{int(EPILOGUE_STAGE)}-sc{EPILOGUE_SCALAR_FROM}"
-            f"-ba{int(EPILOGUE_BALANCE)}-sw{int(TILE_SWIZZLE)}")
+            f"-ba{int(EPILOGUE_BALANCE)}-sw{int(TILE_SWIZZLE)}-el{int(EVICT_LAST)}")
 
 
 def epilogue_fits(operands: int, blocks: int) -> bool:
@@ -1141,7 +1155,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / 256; ++it) {{
         const int e = it * 256 + threadIdx.x;
-        *(uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4) = *(const uint4*)(sm + e * 4);
+        store16<false>((uint4*)(dst + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4), *(const uint4*)(sm + e * 4));
     }}
 }}
 """
@@ -1241,7 +1255,7 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     pmode = code if pk != 1 else 0
     lazy = ring_lazy(ring)
     limb_major = PRO_LIMB_MAJOR and pk != 2  # a converting load's rows share their inputs: tile by tile
-    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}"
+    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}-el{int(EVICT_LAST)}"
     small = ring.logn <= 12
     fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy, limb_major),
                      "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
