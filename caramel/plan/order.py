@@ -10,10 +10,10 @@ scanned in the order it was filled), one that reads them newest-first hits on up
 a buffer is the position of its write in the plan's order of writes (kernel by kernel; within a kernel, row by row,
 except NTT and INTT kernels, whose second pass takes the rows last-first on the CUDA backend
 (``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse order; the CUDA INTT in
-one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them in order instead). A row's key is the highest rank among its
-inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the plan's order. Communication kernels keep
-their order (every chip must issue its collectives alike). Results do not depend on row order: the plan computes the
-same values.
+one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them in order instead). A
+row's key is the highest rank among its inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the
+plan's order. Communication kernels keep their order (every chip must issue its collectives alike). Results do not
+depend on row order: the plan computes the same values.
 """
 
 from __future__ import annotations

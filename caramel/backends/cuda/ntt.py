@@ -33,7 +33,9 @@ Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_
 the transform's input evict-first (FIRST_CS), and the second pass takes the limbs in reverse order
 (SECOND_REVERSED), so that it starts on the intermediate the first pass wrote last, which L2 still holds
 (read oldest-first, an LRU cache misses throughout). A two-kernel launch therefore finishes its rows last-first
-(:mod:`caramel.plan.order` counts on this); a fused one (below) finishes them first-first.
+(:mod:`caramel.plan.order` counts on this); a fused one (below) finishes them first-first. The passes store evict-last
+(EVICT_LAST, store16; a fused transform's last pass evict-first, FUSED_CS), so that the kernel that reads their output
+next finds more of it in L2 while other streams' kernels stream through it.
 
 Rows are independent; each block reads its whole tile before writing it, so ``in_slot == out_slot``
 (in place) works. Output slots must not be read by another row of the same launch.
