@@ -1,0 +1,144 @@
+"""Where a multi-stream replay waits: BootstrapLike_51L_1c's fused graph (4 streams) captured with a timing event
+after every task, replayed, and each task's end read from its event. A task starts when its stream's previous task
+and every task it waits for have ended (launch latency and queueing for the multiprocessors are part of its span).
+
+Prints how long the replay ran with 0, 1, 2, ... tasks at once, and the tasks that ran alone the longest (the
+narrow places of the graph: there the kernels themselves must fill the GPU); writes a Chrome / Perfetto trace (one
+track a stream) and the spans as JSON.
+
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_timeline.py [--streams 4] [--repeats 5] \
+        [--trace timeline.json] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from caramel.execute.cuda_graph import GpuRun  # noqa: E402
+from caramel.outfiles import write_atomic  # noqa: E402
+from caramel.plan import build_plan  # noqa: E402
+from caramel.plan.cost import family  # noqa: E402
+from caramel.ring import Context  # noqa: E402
+from gpu_bench import find, log  # noqa: E402
+from reference_digests import bootstrap_inputs  # noqa: E402
+
+
+def spans(ends: list[float], stream: list[int], waits: list[tuple[int, ...]]) -> list[tuple[float, float]]:
+    """(start, end) of every task from its end: the later of its stream's previous task's end and the ends of the
+    tasks it waits for (0 for the first of a stream)."""
+    last: dict[int, float] = {}
+    out = []
+    for k, (end, s) in enumerate(zip(ends, stream)):
+        start = max([last.get(s, 0.0)] + [ends[j] for j in waits[k]])
+        out.append((start, max(start, end)))
+        last[s] = end
+    return out
+
+
+def concurrency(span: list[tuple[float, float]]) -> tuple[dict[int, float], list[float]]:
+    """Milliseconds with c tasks running at once (c = 0, 1, ...) up to the last end, and each task's time alone."""
+    points = sorted({t for s in span for t in s})
+    by_count: dict[int, float] = {}
+    alone = [0.0] * len(span)
+    for a, b in zip(points, points[1:]):
+        running = [k for k, (s, e) in enumerate(span) if s <= a and e >= b]
+        by_count[len(running)] = by_count.get(len(running), 0.0) + (b - a)
+        if len(running) == 1:
+            alone[running[0]] += b - a
+    if points and points[0] > 0:
+        by_count[0] = by_count.get(0, 0.0) + points[0]
+    return by_count, alone
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--program", default="BootstrapLike_51L_1c")
+    ap.add_argument("--n", type=int, default=65536)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5, help="replays before the one read (the last)")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--trace", default="timeline.trace.json", help="Chrome trace to write")
+    ap.add_argument("--json", default="timeline.json", help="the spans as JSON")
+    args = ap.parse_args()
+    import cupy as cp
+
+    program = find([ROOT / ".data", Path("/work/shared/programs")], args.program)
+    ctx = Context(n=args.n)
+    plan = build_plan(program)
+    run = GpuRun(plan, ctx, bootstrap_inputs(program, ctx), "exact", streams=args.streams)
+    d = run.local[0]
+    launcher, dev = run.launchers[d], run.runs[d]
+    sch = launcher.schedule
+    marks = [cp.cuda.Event() for _ in sch.stream]
+    origin = cp.cuda.Event()
+    plain_launch = launcher.launch
+
+    def launch(issue) -> None:  # the launcher's, with an origin event and one after each task
+        origin.record(launcher.streams[0])
+
+        def marked(k: int) -> None:
+            issue(k)
+            marks[k].record(cp.cuda.get_current_stream())
+        plain_launch(marked)
+
+    launcher.launch = launch
+    times = run.replay(args.repeats + 1)
+    replay = [t[0] for t in times]
+    ends = [cp.cuda.get_elapsed_time(origin, m) for m in marks]
+    span = spans(ends, list(sch.stream), [tuple(w) for w in sch.waits])
+    by_count, alone = concurrency(span)
+    log(f"{args.program}, {args.streams} streams: replays {', '.join(f'{t:.3f}' for t in replay)} ms; "
+        f"last task ends at {max(ends):.3f} ms")
+    total = max(e for _, e in span)
+    print("| tasks at once | ms | share |")
+    print("| --- | --- | --- |")
+    for c in sorted(by_count):
+        print(f"| {c} | {by_count[c]:.3f} | {100 * by_count[c] / total:.1f}% |")
+
+    def describe(k: int) -> dict:
+        kernel = dev.kernel_of[dev.task_calls[k][0]] if len(dev.task_calls[k]) else None
+        if kernel is None:
+            return {"task": k, "name": dev.tasks[k].name, "family": "comm", "rows": 0}
+        _, index, kern = kernel
+        return {"task": k, "name": dev.tasks[k].name, "family": family(kern), "rows": len(kern.rows),
+                "kernel": index, "level": kern.level}
+
+    rows = []
+    for k, (s, e) in enumerate(span):
+        rows.append(dict(describe(k), stream=int(sch.stream[k]), start=s, end=e, alone=alone[k]))
+    print(f"\nthe {args.top} tasks alone the longest (of {sum(alone):.3f} ms with one task running):")
+    print("| task | family | rows | level | span us | alone us | start ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted(rows, key=lambda r: -r["alone"])[: args.top]:
+        print(f"| {r['task']} | {r['family']} | {r['rows']} | {r.get('level', '')} | {1000 * (r['end'] - r['start']):.1f} "
+              f"| {1000 * r['alone']:.1f} | {r['start']:.3f} |")
+    fam: dict[str, list[float]] = {}
+    for r in rows:
+        f = fam.setdefault(r["family"], [0, 0.0, 0.0])
+        f[0] += 1
+        f[1] += r["end"] - r["start"]
+        f[2] += r["alone"]
+    print("\n| family | tasks | summed span ms | alone ms |")
+    print("| --- | --- | --- | --- |")
+    for name, (count, sp, al) in sorted(fam.items(), key=lambda kv: -kv[1][2]):
+        print(f"| {name} | {count} | {sp:.3f} | {al:.3f} |")
+    events = [{"name": f"{r['family']} x{r['rows']}", "ph": "X", "pid": 0, "tid": r["stream"],
+               "ts": 1000 * r["start"], "dur": 1000 * (r["end"] - r["start"]), "args": r} for r in rows]
+    write_atomic(args.trace, json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {
+        "program": args.program, "streams": args.streams, "replays_ms": replay}}))
+    write_atomic(args.json, json.dumps({"program": args.program, "streams": args.streams, "replays_ms": replay,
+                                        "tasks_at_once_ms": {str(c): v for c, v in by_count.items()}, "tasks": rows},
+                                       indent=1))
+    log(f"wrote {args.trace} and {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
