@@ -1,6 +1,7 @@
-"""Where a multi-stream replay waits: BootstrapLike_51L_1c's fused graph (4 streams) captured with a timing event
-after every task, replayed, and each task's end read from its event. A task starts when its stream's previous task
-and every task it waits for have ended (launch latency and queueing for the multiprocessors are part of its span).
+"""Where a multi-stream replay waits: BootstrapLike_51L_1c's fused graph (4 streams) captured with a one-thread kernel
+after every task that writes the GPU's global timer (CUDA events recorded in a graph cannot be timed), replayed,
+and each task's end read. A task starts when its stream's previous task and every task it waits for have ended
+(launch latency and queueing for the multiprocessors are part of its span; the stamps add a launch to each).
 
 Prints how long the replay ran with 0, 1, 2, ... tasks at once, and the tasks that ran alone the longest (the
 narrow places of the graph: there the kernels themselves must fill the GPU); writes a Chrome / Perfetto trace (one
@@ -16,6 +17,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -76,22 +79,28 @@ def main() -> int:
     d = run.local[0]
     launcher, dev = run.launchers[d], run.runs[d]
     sch = launcher.schedule
-    marks = [cp.cuda.Event() for _ in sch.stream]
-    origin = cp.cuda.Event()
+    stamp = cp.RawKernel(r"""extern "C" __global__ void stamp(unsigned long long* t, int k) {
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        t[k] = now;
+    }""", "stamp")
+    stamps = cp.zeros(len(sch.stream) + 1, dtype=cp.uint64)  # [k]: task k's end, [-1]: the origin
     plain_launch = launcher.launch
 
-    def launch(issue) -> None:  # the launcher's, with an origin event and one after each task
-        origin.record(launcher.streams[0])
+    def launch(issue) -> None:  # the launcher's, with a stamp at the origin and one after each task
+        with launcher.streams[0]:
+            stamp((1,), (1,), (stamps, np.int32(len(sch.stream))))
 
         def marked(k: int) -> None:
             issue(k)
-            marks[k].record(cp.cuda.get_current_stream())
+            stamp((1,), (1,), (stamps, np.int32(k)))
         plain_launch(marked)
 
     launcher.launch = launch
     times = run.replay(args.repeats + 1)
     replay = [t[0] for t in times]
-    ends = [cp.cuda.get_elapsed_time(origin, m) for m in marks]
+    got = cp.asnumpy(stamps).astype(np.int64)
+    ends = ((got[:-1] - got[-1]) / 1e6).tolist()  # ns -> ms from the origin
     span = spans(ends, list(sch.stream), [tuple(w) for w in sch.waits])
     by_count, alone = concurrency(span)
     log(f"{args.program}, {args.streams} streams: replays {', '.join(f'{t:.3f}' for t in replay)} ms; "
