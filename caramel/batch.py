@@ -203,7 +203,8 @@ class ResidentHost:
         from caramel.execute.placement import gpu_device_programs
 
         self.plan, self.ctx, self.mode, self.keep, self.timeout = plan, ctx, Mode(mode), keep, timeout
-        self.progs = gpu_device_programs(plan, max(1, devices), ctx, streams)  # the GPUs' row layout
+        # the GPUs' row layout when their memory is short (a row a buffer would take host memory several times over)
+        self.progs = gpu_device_programs(plan, max(1, devices), ctx, streams, reuse="fifo" if streams > 1 else None)
         self.streams = streams
         self.seed = np.random.SeedSequence(seed).entropy
         self.runs: list = []

@@ -7,8 +7,11 @@ Prints how long the replay ran with 0, 1, 2, ... tasks at once, and the tasks th
 narrow places of the graph: there the kernels themselves must fill the GPU); writes a Chrome / Perfetto trace (one
 track a stream) and the spans as JSON.
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_timeline.py [--streams 4] [--repeats 5] \
-        [--trace timeline.json] [--top 25]
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 scripts/gpu_timeline.py [--streams 4] [--reuse none] [--repeats 5] \
+        [--trace timeline.trace.json] [--json timeline.json] [--top 25]
+
+``--time fifo:4,none:4,auto:4`` instead times plain replays (no stamps) of each row reuse and stream count, one
+after the other in this process (``auto``: the runs' own choice).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from caramel.execute.cuda_graph import GpuRun  # noqa: E402
 from caramel.outfiles import write_atomic  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
+from caramel.plan.plan import REUSE  # noqa: E402
 from caramel.plan.cost import family  # noqa: E402
 from caramel.ring import Context  # noqa: E402
 from gpu_bench import find, log  # noqa: E402
@@ -69,13 +73,29 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--trace", default="timeline.trace.json", help="Chrome trace to write")
     ap.add_argument("--json", default="timeline.json", help="the spans as JSON")
+    ap.add_argument("--reuse", choices=REUSE, help="arena row reuse (default: the runs' choice)")
+    ap.add_argument("--time", default="", help="REUSE:STREAMS,... (e.g. fifo:4,none:64,auto:4): only time plain "
+                    "replays (no stamps) of each, in this process, and stop")
     args = ap.parse_args()
     import cupy as cp
 
     program = find([ROOT / ".data", Path("/work/shared/programs")], args.program)
     ctx = Context(n=args.n)
     plan = build_plan(program)
-    run = GpuRun(plan, ctx, bootstrap_inputs(program, ctx), "exact", streams=args.streams)
+    memory = bootstrap_inputs(program, ctx)
+    for config in filter(None, args.time.split(",")):
+        reuse, streams = config.split(":")
+        run = GpuRun(plan, ctx, memory, "exact", streams=int(streams), reuse=None if reuse == "auto" else reuse)
+        replay = [t[0] for t in run.replay(args.repeats + 1)]
+        log(f"{args.program}, {streams} streams, reuse {reuse}, arena {run.backend.nbytes / 2**30:.2f} GiB: replays "
+            f"{', '.join(f'{t:.3f}' for t in replay)} ms; median of the last {args.repeats}: "
+            f"{float(np.median(replay[1:])):.3f}")
+        run.close()
+        del run
+        cp.get_default_memory_pool().free_all_blocks()
+    if args.time:
+        return 0
+    run = GpuRun(plan, ctx, memory, "exact", streams=args.streams, reuse=args.reuse)
     d = run.local[0]
     launcher, dev = run.launchers[d], run.runs[d]
     sch = launcher.schedule

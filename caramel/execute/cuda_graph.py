@@ -19,7 +19,8 @@ unfused plan, the baseline) or as a graph. :func:`run_gpu`, :func:`run_multi_gpu
 
 Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
 (:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;
-rows reused first-in first-out, fewer hazards between branches): on a GPU with communication each
+a row for every buffer where the memory allows, else rows reused first-in first-out: few or no hazards
+between branches besides the data, :func:`~caramel.execute.placement.gpu_device_programs`): on a GPU with communication each
 communication step (local sums, copies, NCCL group, ``% q``) goes on the last stream and the
 kernels on the others, so that kernels run while a collective waits for its peers.
 :class:`StreamLauncher` starts on the origin stream, records a *fork* event that every other
@@ -102,6 +103,16 @@ def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collective
         launcher.launch(lambda t: run.run_task(t, collectives=collectives))
 
 
+def _free_bytes(device: int) -> int:
+    """Bytes that an allocation on CUDA device ``device`` can take: its free memory and CuPy's pool's free blocks."""
+    import cupy as cp
+
+    with cp.cuda.Device(device):
+        free, _ = cp.cuda.runtime.memGetInfo()
+        pool = cp.get_default_memory_pool()
+        return int(free + pool.total_bytes() - pool.used_bytes())
+
+
 class MultiGpuRun:
     """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
     per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process
@@ -110,7 +121,8 @@ class MultiGpuRun:
     seconds for every phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
     :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
     ``streams``: CUDA streams per GPU (module docstring); ``per_row``: every kernel row is its own
-    launch (:class:`~caramel.execute.runner.DeviceRun`)."""
+    launch (:class:`~caramel.execute.runner.DeviceRun`); ``reuse``: the arena rows' reuse
+    (:func:`~caramel.execute.placement.gpu_device_programs`; None: by the streams and the memory free)."""
 
     #: Whether the last stream of a device is kept for its communication steps (module docstring),
     #: and whether a capture may allocate (CuPy's relaxed mode) or is thread-local.
@@ -119,7 +131,8 @@ class MultiGpuRun:
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                  gpus: int | None = None, *, local: Sequence[int] | None = None,
                  device_ids: Sequence[int] | None = None, timeout: float = 300.0,
-                 comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False):
+                 comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False,
+                 reuse: str | None = None):
         import cupy as cp
 
         from caramel.backends.cuda.backend import CupyBackend
@@ -137,7 +150,8 @@ class MultiGpuRun:
         # On one GPU (no communicator to leave waiting) the residues are scanned there, after the upload.
         deferred = check_plan_memory(plan, ctx, memory, defer_ranges=g == 1)
         streams = DEFAULT_STREAMS if streams is None else streams
-        self.progs = gpu_device_programs(plan, g, ctx, streams)  # checks streams, then the collectives
+        free = min(_free_bytes(ids[i]) for i in range(len(self.local)))  # the rows' reuse depends on it
+        self.progs = gpu_device_programs(plan, g, ctx, streams, reuse=reuse, free_bytes=free)  # checks the collectives
         streams = int(streams)
         self.device_ids = dict(zip(self.local, ids))
         self._own_comms = comms is None  # communicators passed in stay open at close()
@@ -343,13 +357,13 @@ class MultiGpuRun:
 class GpuRun(MultiGpuRun):
     """A 1-chip plan resident on the current GPU: a :class:`MultiGpuRun` of one device whose
     kernels use every stream (``streams``, default one), launched eagerly or as one captured
-    graph; ``per_row`` as there (with an unfused plan, one launch per limb-level instruction:
-    the eager baseline). ``device`` is its :class:`~caramel.execute.runner.DeviceRun`."""
+    graph; ``per_row`` and ``reuse`` as there (``per_row`` with an unfused plan: one launch per limb-level
+    instruction, the eager baseline). ``device`` is its :class:`~caramel.execute.runner.DeviceRun`."""
 
     comm_stream, relaxed_capture = False, True
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 *, per_row: bool = False, streams: int = 1):
+                 *, per_row: bool = False, streams: int = 1, reuse: str | None = None):
         import cupy as cp
 
         if len(plan.chips) != 1:
@@ -357,7 +371,7 @@ class GpuRun(MultiGpuRun):
         if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
             raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
         super().__init__(plan, ctx, memory, mode, 1, device_ids=[cp.cuda.Device().id], streams=streams,
-                         per_row=per_row)
+                         per_row=per_row, reuse=reuse)
         self.device, self.stream, self.backend = self.runs[0], self.streams[0], self.runs[0].backend
         self.kernels = len(self.device.calls)
         self.schedule = self.launchers[0].schedule if self.launchers[0] is not None else None

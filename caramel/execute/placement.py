@@ -180,7 +180,7 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
                     keep_inputs: bool = False) -> list[DeviceProgram]:
     """The :class:`DeviceProgram` of each of min(G, K) devices (collectives checked first,
     :func:`~caramel.plan.collectives.plan_collectives`); ``reuse``, ``keep_inputs``: each chip's row
-    assignment (:func:`~caramel.plan.assign_rows`; ``"fifo"`` for runs on several streams, inputs
+    assignment (:func:`~caramel.plan.assign_rows`; ``"fifo"`` or ``"none"`` for runs on several streams, inputs
     kept for replayed graphs)."""
     cols = plan_collectives(plan, primes if devices > 1 else None)  # (one device sums mod q: no uint32 limit)
     where = placement(len(plan.chips), devices)
@@ -229,13 +229,31 @@ def device_groups(progs: Sequence[DeviceProgram]) -> list[tuple[int, ...]]:
     return sorted(groups, key=lambda g: (len(g), g))
 
 
-def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int) -> list[DeviceProgram]:
+#: With several streams, a GPU run gives every buffer its own row when the largest device's arena then takes at
+#: most this share of the device memory free (:func:`gpu_device_programs`).
+ARENA_SHARE = 0.5
+
+
+def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int, *, reuse: str | None = None,
+                        free_bytes: int | None = None) -> list[DeviceProgram]:
     """The device programs as the GPUs run them (collectives checked first): inputs in rows that
-    no kernel overwrites, so replays need no restore; with several streams, rows reused first-in
-    first-out (fewer hazards between streams)."""
+    no kernel overwrites, so replays need no restore. ``reuse`` (:func:`~caramel.plan.assign_rows`; None: by
+    the streams): with one stream rows are reused last-in first-out (the fewest rows); with several, every
+    buffer has a row of its own (``"none"``: the streams wait only for the data dependencies, no kernel for
+    another to finish reading a row it would overwrite; docs/PERFORMANCE.md, session 18) when the largest
+    device's arena then takes at most :data:`ARENA_SHARE` of ``free_bytes`` (the device memory free; None:
+    unknown, no limit), else rows are reused first-in first-out (the same rows as one stream, fewer hazards
+    between streams)."""
     if int(streams) < 1:
         raise ValueError(f"streams must be at least 1, got {streams}")
-    return device_programs(plan, gpus, ctx.primes, reuse="fifo" if streams > 1 else "lifo", keep_inputs=True)
+    if reuse is not None:
+        return device_programs(plan, gpus, ctx.primes, reuse=reuse, keep_inputs=True)
+    if streams == 1:
+        return device_programs(plan, gpus, ctx.primes, reuse="lifo", keep_inputs=True)
+    progs = device_programs(plan, gpus, ctx.primes, reuse="none", keep_inputs=True)
+    if free_bytes is None or max(p.n_rows for p in progs) * 4 * ctx.n <= ARENA_SHARE * free_bytes:
+        return progs
+    return device_programs(plan, gpus, ctx.primes, reuse="fifo", keep_inputs=True)
 
 
 __all__ = [

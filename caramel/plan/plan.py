@@ -232,6 +232,10 @@ def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = fro
 # ---------------------------------------------------------------------------------------------- rows
 
 
+#: The row reuse orders of :func:`assign_rows`.
+REUSE = ("lifo", "fifo", "none")
+
+
 def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = False) -> tuple[np.ndarray, int]:
     """Map buffers to arena rows for running ``chip.kernels`` in order: (row per buffer, -1 for
     buffers never used; number of rows). Inputs and the zero buffer get rows first; a kernel's
@@ -239,7 +243,9 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = Fals
     an input of the same kernel); a row is released after the last kernel that reads it, except
     the rows of stored buffers, which live to the end. ``reuse``: a new buffer takes the row freed
     last (``"lifo"``, default) or the one freed longest ago (``"fifo"``: the same row count, fewer
-    reuse orderings between concurrent kernels, :mod:`caramel.plan.streams`). ``keep_inputs``:
+    reuse orderings between concurrent kernels, :mod:`caramel.plan.streams`), or a row of its own
+    (``"none"``: no reuse orderings at all, only the data dependencies; a row for every input and every
+    buffer written). ``keep_inputs``:
     the rows of inputs and the zero buffer are never released either, so that a replayed run (a
     CUDA graph) finds its inputs in place (more rows)."""
     rows = np.full(chip.n_buffers, -1, dtype=np.int64)
@@ -252,15 +258,15 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = Fals
         pinned |= set(chip.inputs.values()) | ({chip.zero_buffer} if chip.zero_buffer >= 0 else set())
     for b in pinned:
         last[b] = len(chip.kernels)
-    if reuse not in ("lifo", "fifo"):
-        raise ValueError(f"reuse must be 'lifo' or 'fifo', not {reuse!r}")
+    if reuse not in REUSE:
+        raise ValueError(f"reuse must be one of {', '.join(map(repr, REUSE))}, not {reuse!r}")
     free: deque[int] = deque()
     pop = free.pop if reuse == "lifo" else free.popleft
     count = 0
 
     def take() -> int:
         nonlocal count
-        if free:
+        if free and reuse != "none":
             return pop()
         count += 1
         return count - 1

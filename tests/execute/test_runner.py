@@ -73,3 +73,34 @@ def test_one_chip_schedule_is_the_chip_schedule(streams):
     for t in happens_before_order(have, np.random.default_rng(streams)):
         run.run_task(t)
     assert not store_mismatches(run_reference(program, CTX, memory), result(run, plan, memory))
+
+
+def test_gpu_rows_a_row_a_buffer_where_the_memory_allows():
+    """gpu_device_programs: one stream reuses rows last-in first-out; several give every buffer its own row when the
+    arena takes at most ARENA_SHARE of the memory free (or when it is unknown), else reuse rows first-in first-out
+    (as few rows as one stream); an explicit ``reuse`` wins. Every layout runs to the reference."""
+    from caramel.execute import placement
+    from caramel.plan import assign_rows
+
+    program, memory = prepared("BootstrapModRaise_4L_1c")
+    plan = build_plan(program)
+    chip = plan.chips[0]
+    rows = {r: assign_rows(chip, reuse=r, keep_inputs=True)[1] for r in ("lifo", "fifo", "none")}
+    assert rows["none"] > rows["fifo"] == rows["lifo"]
+
+    def n_rows(streams, **kw):
+        return gpu_device_programs(plan, 1, CTX, streams, **kw)[0].n_rows
+
+    base = n_rows(1) - rows["lifo"]  # rows besides the chip's (scratch, zero row...)
+    none_bytes = (rows["none"] + base) * 4 * CTX.n
+    assert n_rows(4) == n_rows(4, free_bytes=none_bytes / placement.ARENA_SHARE) == rows["none"] + base
+    assert n_rows(4, free_bytes=none_bytes / placement.ARENA_SHARE - 1) == rows["fifo"] + base
+    assert n_rows(1, free_bytes=10**15) == rows["lifo"] + base
+    assert n_rows(4, reuse="fifo") == n_rows(2, reuse="lifo") == rows["fifo"] + base
+    for streams, kw in ((4, {}), (4, {"free_bytes": 1}), (1, {})):
+        prog = gpu_device_programs(plan, 1, CTX, streams, **kw)[0]
+        run = DeviceRun(prog, plan, CTX, memory, "exact", NumpyBackend)
+        sch = run.schedule(streams, comm_stream=False) if streams > 1 else None
+        for t in happens_before_order(sch, np.random.default_rng(7)) if sch else range(len(run.tasks)):
+            run.run_task(t)
+        assert not store_mismatches(run_reference(program, CTX, memory), result(run, plan, memory)), (streams, kw)

@@ -1,7 +1,7 @@
 """caramel.plan.streams: multi-stream schedules of chip plans.
 
-Schedules of corpus plans pass :func:`check_schedule` for 1, 2, 4 and 8 streams and both row
-reuse orders; one stream needs no wait; independent branches spread over streams; a schedule
+Schedules of corpus plans pass :func:`check_schedule` for 1, 2, 4 and 8 streams and every row
+reuse order (with a row a buffer, the hazards are the data dependencies alone); one stream needs no wait; independent branches spread over streams; a schedule
 missing any one of its waits (or a join) is rejected. Executing the kernels on the NumPy backend
 in random orders consistent with a schedule's happens-before gives stores bit-identical to the
 in-order run, also for the most concurrent schedule allowed (every kernel on its own stream,
@@ -33,7 +33,7 @@ ONE_CHIP = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "Relin2_10L_1c", 
             "BootstrapModRaise_10L_1c"]
 LARGE = "BootstrapLike_20L_1c"
 STREAMS = [1, 2, 4, 8]
-REUSE = ["lifo", "fifo"]
+REUSE = ["lifo", "fifo", "none"]
 
 if not PROGRAMS.is_dir():
     pytest.skip(f"corpus {PROGRAMS} not found", allow_module_level=True)
@@ -159,6 +159,17 @@ def test_independent_branches_spread(name):
         assert streams_used(sch) > 1, n_streams
         assert n_waits(sch) < len(chip.kernels)
     assert streams_used(assign_streams(tasks(LARGE, "lifo"), 8)) > 1 if name == LARGE else True
+
+
+@pytest.mark.parametrize("name", ONE_CHIP + [LARGE])
+def test_a_row_a_buffer_leaves_only_the_data_dependencies(name):
+    """reuse="none": every input and every buffer written has a row of its own, so the only hazards are the
+    plan's data dependencies (no write-after-read or write-after-write between kernels); more rows than fifo."""
+    chip = planned(name)[1].chips[0]
+    rows_of, count = rows(name, "none")
+    used = [b for b in range(chip.n_buffers) if rows_of[b] >= 0]
+    assert len({int(rows_of[b]) for b in used}) == len(used) == count > rows(name, "fifo")[1]
+    assert hazards(tasks(name, "none")) == tuple(tuple(sorted(d)) for d in chip.deps)
 
 
 def test_fifo_reuse_keeps_the_row_count_and_the_result():
