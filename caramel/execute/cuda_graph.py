@@ -20,8 +20,8 @@ unfused plan, the baseline) or as a graph. :func:`run_gpu`, :func:`run_multi_gpu
 Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
 (:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;
 a row for every buffer where the memory allows, else rows reused first-in first-out: few or no hazards
-between branches besides the data, :func:`~caramel.execute.placement.gpu_device_programs`): on a GPU with communication each
-communication step (local sums, copies, NCCL group, ``% q``) goes on the last stream and the
+between branches besides the data, :func:`~caramel.execute.placement.gpu_device_programs`): on a GPU
+with communication each communication step (local sums, copies, NCCL group, ``% q``) goes on the last stream and the
 kernels on the others, so that kernels run while a collective waits for its peers.
 :class:`StreamLauncher` starts on the origin stream, records a *fork* event that every other
 stream waits for, makes each task wait for the events of its cross-stream ``waits``, and at the

@@ -246,14 +246,16 @@ def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int, *, reuse: str 
     between streams)."""
     if int(streams) < 1:
         raise ValueError(f"streams must be at least 1, got {streams}")
-    if reuse is not None:
-        return device_programs(plan, gpus, ctx.primes, reuse=reuse, keep_inputs=True)
-    if streams == 1:
-        return device_programs(plan, gpus, ctx.primes, reuse="lifo", keep_inputs=True)
-    progs = device_programs(plan, gpus, ctx.primes, reuse="none", keep_inputs=True)
-    if free_bytes is None or max(p.n_rows for p in progs) * 4 * ctx.n <= ARENA_SHARE * free_bytes:
-        return progs
-    return device_programs(plan, gpus, ctx.primes, reuse="fifo", keep_inputs=True)
+
+    def build(rows_reuse: str) -> list[DeviceProgram]:
+        return device_programs(plan, gpus, ctx.primes, reuse=rows_reuse, keep_inputs=True)
+
+    if reuse is None and int(streams) > 1:
+        progs = build("none")
+        if free_bytes is None or max(p.n_rows for p in progs) * 4 * ctx.n <= ARENA_SHARE * free_bytes:
+            return progs
+        reuse = "fifo"
+    return build(reuse or "lifo")
 
 
 __all__ = [

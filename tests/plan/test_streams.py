@@ -1,8 +1,9 @@
 """caramel.plan.streams: multi-stream schedules of chip plans.
 
 Schedules of corpus plans pass :func:`check_schedule` for 1, 2, 4 and 8 streams and every row
-reuse order (with a row a buffer, the hazards are the data dependencies alone); one stream needs no wait; independent branches spread over streams; a schedule
-missing any one of its waits (or a join) is rejected. Executing the kernels on the NumPy backend
+reuse order (with a row a buffer, the hazards are the data dependencies alone); one stream needs
+no wait; independent branches spread over streams; a schedule missing any one of its waits (or a
+join) is rejected. Executing the kernels on the NumPy backend
 in random orders consistent with a schedule's happens-before gives stores bit-identical to the
 in-order run, also for the most concurrent schedule allowed (every kernel on its own stream,
 waiting only for its :func:`hazards`); waiting only for the data dependencies is caught."""
