@@ -81,10 +81,8 @@ def time_layouts(plan, ctx, memory, configs: list[str], repeats: int) -> None:
     for config in configs:
         reuse, streams = config.split(":")
         run = GpuRun(plan, ctx, memory, "exact", streams=int(streams), reuse=None if reuse == "auto" else reuse)
-        replay = [t[0] for t in run.replay(repeats + 1)]
-        log(f"{plan.name}, {streams} streams, reuse {reuse}, arena {run.backend.nbytes / 2**30:.2f} GiB: replays "
-            f"{', '.join(f'{t:.3f}' for t in replay)} ms; median of the last {repeats}: "
-            f"{float(np.median(replay[1:])):.3f}")
+        log(f"{plan.name}, {streams} streams, reuse {reuse}, arena {run.backend.nbytes / 2**30:.2f} GiB: "
+            f"{run.time(repeats)} ({repeats} replays after one)")
         run.close()
         del run
         cp.get_default_memory_pool().free_all_blocks()

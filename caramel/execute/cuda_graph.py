@@ -104,16 +104,6 @@ def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collective
         launcher.launch(lambda t: run.run_task(t, collectives=collectives))
 
 
-def _free_bytes(device: int) -> int:
-    """Bytes that an allocation on CUDA device ``device`` can take: its free memory and CuPy's pool's free blocks."""
-    import cupy as cp
-
-    with cp.cuda.Device(device):
-        free, _ = cp.cuda.runtime.memGetInfo()
-        pool = cp.get_default_memory_pool()
-        return int(free + pool.total_bytes() - pool.used_bytes())
-
-
 class MultiGpuRun:
     """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
     per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process
@@ -136,7 +126,7 @@ class MultiGpuRun:
                  reuse: str | None = None):
         import cupy as cp
 
-        from caramel.backends.cuda.backend import CupyBackend
+        from caramel.backends.cuda.backend import CupyBackend, available_bytes
         from caramel.backends.cuda.transfer import row_maxima
 
         self.plan, self.ctx, self.mode, self.memory = plan, ctx, Mode(mode), memory
@@ -151,8 +141,12 @@ class MultiGpuRun:
         # On one GPU (no communicator to leave waiting) the residues are scanned there, after the upload.
         deferred = check_plan_memory(plan, ctx, memory, defer_ranges=g == 1)
         streams = DEFAULT_STREAMS if streams is None else streams
-        free = min(_free_bytes(ids[i]) for i in range(len(self.local)))  # the rows' reuse depends on it
-        self.progs = gpu_device_programs(plan, g, ctx, streams, reuse=reuse, free_bytes=free)  # checks the collectives
+        free = []  # what the arena of each local device may take (the rows' reuse depends on it)
+        for i in ids[: len(self.local)]:
+            with cp.cuda.Device(i):
+                free.append(available_bytes()[0])
+        # (checks the collectives)
+        self.progs = gpu_device_programs(plan, g, ctx, streams, reuse=reuse, free_bytes=min(free))
         streams = int(streams)
         self.device_ids = dict(zip(self.local, ids))
         self._own_comms = comms is None  # communicators passed in stay open at close()

@@ -35,6 +35,15 @@ def cuda_ring(ctx):
     return ring
 
 
+def available_bytes() -> tuple[int, int]:
+    """(bytes an allocation on the current CUDA device can take: its free memory and the free blocks of CuPy's
+    pool, the device's total memory)."""
+    cp = _cp()
+    free, total = cp.cuda.runtime.memGetInfo()
+    pool = cp.get_default_memory_pool()
+    return int(free + pool.total_bytes() - pool.used_bytes()), int(total)
+
+
 class CupyBackend(Backend):
     """One chip's arena of ``rows`` limbs on the current CUDA device."""
 
@@ -44,9 +53,7 @@ class CupyBackend(Backend):
         self.ring = cuda_ring(ctx)
         rows = max(int(rows), 1)
         need = rows * ctx.n * 4
-        free, total = cp.cuda.runtime.memGetInfo()
-        pool = cp.get_default_memory_pool()
-        avail = free + (pool.total_bytes() - pool.used_bytes())
+        avail, total = available_bytes()
         if need > avail:
             raise DeviceMemoryError(
                 f"the arena of {rows} limbs x N = {ctx.n} needs {need} bytes of GPU memory; "
@@ -196,4 +203,4 @@ class CupyBackend(Backend):
         dcrt.mod(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes))
 
 
-__all__ = ["CupyBackend", "cuda_ring"]
+__all__ = ["CupyBackend", "available_bytes", "cuda_ring"]
