@@ -82,7 +82,7 @@ def time_layouts(plan, ctx, memory, configs: list[str], repeats: int) -> None:
         reuse, streams = config.split(":")
         run = GpuRun(plan, ctx, memory, "exact", streams=int(streams), reuse=None if reuse == "auto" else reuse)
         log(f"{plan.name}, {streams} streams, reuse {reuse}, arena {run.backend.nbytes / 2**30:.2f} GiB: "
-            f"{run.time(repeats)} ({repeats} replays after one)")
+            f"{run.time(repeats)}, after one replay")
         run.close()
         del run
         cp.get_default_memory_pool().free_all_blocks()
