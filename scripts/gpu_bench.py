@@ -70,21 +70,28 @@ def batched_limbs(ctx, rows: int):
             cp.zeros(dntt.counter_words(rows), dtype=cp.int32))
 
 
-def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False) -> float:
-    """Limbs a second of one batched NTT (INTT) of ``rows`` limbs at ``ctx``'s N, primes cycling, eager launches."""
+#: --ntt-floors: timing-only forms of the transforms (wrong results; keyword arguments of ntt._launch): the loads and
+#: stores alone, and constant twiddles (no twiddle loads).
+NTT_FLOORS = {"loads and stores only": dict(body=False), "constant twiddles": dict(tw_fake=True)}
+
+
+def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False, floor: dict | None = None) -> float:
+    """Limbs a second of one batched NTT (INTT) of ``rows`` limbs at ``ctx``'s N, primes cycling, eager launches
+    (``floor``: a timing-only form of NTT_FLOORS)."""
     import cupy as cp
 
     from caramel.backends.cuda import ntt as dntt
     from caramel.backends.cuda.backend import cuda_ring
 
     ring = cuda_ring(ctx)
-    fn = dntt.intt if inverse else dntt.ntt
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:  # every array made on the stream that reads it (a non-blocking stream does not wait for stream 0)
         arena, ins, outs, dp, counters = batched_limbs(ctx, rows)
         stream.synchronize()
-        t = time_runs(lambda: fn(ring, arena, ins, outs, dp, counters=counters), stream, repeats, warmup=2)
-    log(f"batched {'INTT' if inverse else 'NTT'} of {rows} limbs at N = {ctx.n}: {t}")
+        t = time_runs(lambda: dntt._launch(ring, arena, ins, outs, dp, inverse, counters=counters, **(floor or {})),
+                      stream, repeats, warmup=2)
+    log(f"batched {'INTT' if inverse else 'NTT'} of {rows} limbs at N = {ctx.n}{' ' + str(floor) if floor else ''}: "
+        f"{t}")
     return rows / (t.median_ms / 1e3)
 
 
@@ -92,11 +99,13 @@ def ntt_rates(ctx, args, ntt_sets, settings, rows: list) -> None:
     """The batched NTT's throughput (and the INTT's with --ntt-only) per setting and size, as rows of the table."""
     for ntt_set in ntt_sets:
         settings.apply(ntt_set)
+        floors = [("", None)] + (list(NTT_FLOORS.items()) if args.ntt_floors else [])
         for count in map(int, args.ntt_rows.split(",")):
             for inverse in (False, True) if args.ntt_only else (False,):
-                rate = ntt_throughput(ctx, count, args.repeats, inverse)
-                rows.append((f"{'INTT' if inverse else 'NTT'} throughput (batched {count} limbs, N={args.n}) "
-                             f"[{ntt_set}]", f"{rate:.3e} limbs/s"))
+                for name, floor in floors:
+                    rate = ntt_throughput(ctx, count, args.repeats, inverse, floor)
+                    rows.append((f"{'INTT' if inverse else 'NTT'} throughput (batched {count} limbs, N={args.n}) "
+                                 f"[{ntt_set}{', ' + name if name else ''}]", f"{rate:.3e} limbs/s"))
     settings.apply("default")
 
 
@@ -119,6 +128,8 @@ def main() -> int:
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--ntt-rows", default="1024", help="limbs of the batched NTT and INTT timings (comma separated)")
     ap.add_argument("--ntt-only", action="store_true", help="only the batched NTT and INTT timings")
+    ap.add_argument("--ntt-floors", action="store_true",
+                    help="also time the batched transforms' timing-only forms (NTT_FLOORS: wrong results)")
     ap.add_argument("--fused-only", action="store_true", help="time only the graphs of the fused plan")
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     ap.add_argument("--ntt-set", action="append", default=[],
