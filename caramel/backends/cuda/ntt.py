@@ -248,9 +248,16 @@ __device__ __forceinline__ void store16(uint4* p, uint4 v) {{
     }}
 }}
 
-// Forward output: [0, 4q) (or [0, 16q) when LAZY) -> canonical.
-__device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q) {{
-    if (LAZY) x = csub(csub(x, 4 * two_q), two_q + two_q);
+// Forward output -> canonical. Not LAZY: x in [0, 4q), two conditional subtractions. LAZY: x in [0, 16q), a 32-bit
+// Barrett step with m32 = floor(2^32 / q) (the high word of the prime table's mu): k = floor(x m32 / 2^32) is
+// floor(x / q) or one less (x < 2^32), so x - k q lies in [0, 2q); one conditional subtraction. Three instructions
+// where the four subtractions (8q, 4q, 2q, q) took about six.
+__device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q, u32 m32) {{
+    if (LAZY) {{
+        u32 r;  // x + k (-q) as one multiply-add (written plainly, the compiler negates k first: an extra instruction)
+        asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(__umulhi(x, m32)), "r"(0u - q), "r"(x));
+        return csub(r, q);
+    }}
     return csub(csub(x, two_q), q);
 }}
 
@@ -456,6 +463,8 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     const int lane = threadIdx.x & 31;
     const int bt0 = (1 << A_BITS) + hi0;
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
+    const u32 m32 = __ldg(pt + 8 * pi + 5);  // floor(2^32 / q), for fwd_final (forward)
+    (void)m32;
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
     uint2* wt = (uint2*)(sm + 4 * WPITCH);
@@ -702,7 +711,8 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     butterflies out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs,
     second_reversed: see LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
     if logn <= 12:
-        fwd_store = "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);"
+        fwd_store = ("    const u32 m32 = __ldg(pt + 8 * pi + 5);\n"
+                     "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q, m32);")
         inv_store = (
             "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
             "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = shoup(sm[i], ni, nip, q);"
@@ -726,7 +736,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
         "    }"
     )
     col_inv_finish = "".join(f"        v.{c} = shoup(v.{c}, ni, nip, q);\n" for c in "xyzw")
-    row_fwd = "\n".join(f"        v.{c} = fwd_final(v.{c}, q, two_q);" for c in "xyzw")
+    row_fwd = "\n".join(f"        v.{c} = fwd_final(v.{c}, q, two_q, m32);" for c in "xyzw")
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
         col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
@@ -893,6 +903,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const int pi = prime_idx[r];
     const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
     const u64 mu = prime_mu(pt, pi);
+    const u32 m32 = (u32)(mu >> 32);  // floor(2^32 / q), for fwd_final
     (void)mu;
     const int grp = G == 1 ? 0 : warp / F;  // this warp's group (with one group, warps past F balance its row pairs)
     const int bt0 = (1 << A_BITS) + 4 * (G * tile + grp);  // its 4 rows (every slot of it)
@@ -1030,10 +1041,10 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     scalar = epilogue_scalar(len(operands))
     for w, k in enumerate(operands):
         if scalar:
-            reads += [f"        const u32 x{k} = fwd_final(gs[{w} * TILE], q, two_q);"]
+            reads += [f"        const u32 x{k} = fwd_final(gs[{w} * TILE], q, two_q, m32);"]
             continue
         reads += [f"            uint4 x{k} = *(const uint4*)(gs + {w} * TILE);"]
-        reads += [f"            x{k}.{c} = fwd_final(x{k}.{c}, q, two_q);" for c in "xyzw"]
+        reads += [f"            x{k}.{c} = fwd_final(x{k}.{c}, q, two_q, m32);" for c in "xyzw"]
     evaluate = (_EVAL_SCALAR if scalar else _EVAL_WORDS).format(transformed="\n".join(reads), body=body)
     kernel = _EPILOGUE.format(name=name, sf=sf, sft=min(sf, 6), f=len(operands), operand_of=operand_of, nv=n_vec,
                               evaluate=evaluate, params=params,
@@ -1181,7 +1192,8 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __syncthreads();
 {passes}
     __syncthreads();
-    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q);
+    const u32 m32 = __ldg(pt + 8 * pi + 5);
+    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q, m32);
 }}
 """
 
