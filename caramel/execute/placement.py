@@ -19,7 +19,7 @@ chip (G = 1) needs no collective at all: that is how a plan runs in one process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -190,14 +190,12 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
     out = []
     for d in range(max(where) + 1):
         hosted = tuple(c for c, w in enumerate(where) if w == d)
-        rows_of, base, scalars, scalar_base = {}, 0, [], {}
+        rows_of, base = chip_rows(plan, hosted, reuse, keep_inputs)
+        scalars, scalar_base = [], {}
         kernels: list[tuple[tuple[int, int, int], Kernel]] = []  # ((level, chip, index), kernel)
         comm_levels: set[int] = set()
         for c in hosted:
             chip = plan.chips[c]
-            r, count = assign_rows(chip, reuse=reuse, keep_inputs=keep_inputs)
-            rows_of[c] = np.where(r >= 0, r + base, -1)
-            base += count
             scalar_base[c] = len(scalars)
             scalars += chip.scalars
             for j, k in enumerate(chip.kernels):
@@ -220,6 +218,26 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
         out.append(DeviceProgram(d, hosted, rows_of, base + scratch + 1 + staging, base, base + scratch,
                                  base + scratch + 1, scalars, scalar_base, steps))
     return out
+
+
+def chip_rows(plan: Plan, hosted: Sequence[int], reuse: str, keep_inputs: bool) -> tuple[dict[int, np.ndarray], int]:
+    """(rows_of, rows) of the chips ``hosted`` on one device: each chip's :func:`~caramel.plan.assign_rows` map
+    (-1: no row), shifted past the chips before it, and the rows they take together."""
+    rows_of, base = {}, 0
+    for c in hosted:
+        r, count = assign_rows(plan.chips[c], reuse=reuse, keep_inputs=keep_inputs)
+        rows_of[c] = np.where(r >= 0, r + base, -1)
+        base += count
+    return rows_of, base
+
+
+def relayout(prog: DeviceProgram, plan: Plan, reuse: str, keep_inputs: bool = False) -> DeviceProgram:
+    """``prog`` with its chips' rows assigned anew (``reuse``, ``keep_inputs`` as :func:`device_programs`): the
+    same steps, the scratch, zero and staging rows after the new chip rows."""
+    rows_of, base = chip_rows(plan, prog.chips, reuse, keep_inputs)
+    shift = base - prog.scratch_base
+    return replace(prog, rows_of=rows_of, n_rows=prog.n_rows + shift, scratch_base=base,
+                   zero_row=prog.zero_row + shift, staging_base=prog.staging_base + shift)
 
 
 def device_groups(progs: Sequence[DeviceProgram]) -> list[tuple[int, ...]]:
@@ -246,19 +264,15 @@ def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int, *, reuse: str 
     between streams)."""
     if int(streams) < 1:
         raise ValueError(f"streams must be at least 1, got {streams}")
-
-    def build(rows_reuse: str) -> list[DeviceProgram]:
-        return device_programs(plan, gpus, ctx.primes, reuse=rows_reuse, keep_inputs=True)
-
-    if reuse is None and int(streams) > 1:
-        progs = build("none")
-        if free_bytes is None or max(p.n_rows for p in progs) * 4 * ctx.n <= ARENA_SHARE * free_bytes:
-            return progs
-        reuse = "fifo"
-    return build(reuse or "lifo")
+    if reuse is not None or int(streams) == 1:
+        return device_programs(plan, gpus, ctx.primes, reuse=reuse or "lifo", keep_inputs=True)
+    progs = device_programs(plan, gpus, ctx.primes, reuse="none", keep_inputs=True)
+    if free_bytes is None or max(p.n_rows for p in progs) * 4 * ctx.n <= ARENA_SHARE * free_bytes:
+        return progs
+    return [relayout(p, plan, "fifo", keep_inputs=True) for p in progs]  # (the collectives are checked once)
 
 
 __all__ = [
-    "CommStep", "DeviceOp", "DeviceProgram", "LocalSum", "ModRows", "ZERO", "device_comm_step", "device_groups",
-    "device_programs", "gpu_device_programs", "pack", "placement", "staging_rows",
+    "CommStep", "DeviceOp", "DeviceProgram", "LocalSum", "ModRows", "ZERO", "chip_rows", "device_comm_step",
+    "device_groups", "device_programs", "gpu_device_programs", "pack", "placement", "relayout", "staging_rows",
 ]

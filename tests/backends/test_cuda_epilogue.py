@@ -140,8 +140,9 @@ def test_epilogue_with_gathered_operands(pair, rng, settings, f, gathered):
 def test_launch_bounds_without_spills(pair, monkeypatch):
     """An epilogue kernel takes the first of ntt.EPILOGUE_MIN_BLOCKS (4, 3, 2) whose blocks fit in shared memory and
     under which it needs no local memory: with the swizzled tiles a small program and one of 12 transformed operands
-    four blocks a multiprocessor, one of 14 three (four do not fit); with the padded tiles (a fifth larger), 12 three
-    and 14 two, and a program of 8 with 23 plain operands and 5 outputs not four (it spills at 64 registers)."""
+    four blocks a multiprocessor, one of 14 three (four do not fit), and a program of 8 with 40 plain operands and 8
+    outputs, which spills under four blocks (64 registers), fewer; with the padded tiles (a fifth larger), 12 three
+    and 14 two."""
     ctx, ring = pair
     if ctx.n < 8192:
         pytest.skip("no epilogue kernel below N = 8192")
@@ -149,8 +150,14 @@ def test_launch_bounds_without_spills(pair, monkeypatch):
     for shape, want in (((1, 1, 1), 4), ((12, 12, 4), 4), ((14, 18, 5), 3)):
         kernel, blocks = dew.epilogue_kernel(ring, inner_products(*shape))
         assert (blocks, kernel.local_size_bytes) == (want, 0), shape
+    big = inner_products(8, 40, 8)
+    with monkeypatch.context() as m:
+        m.setattr(dntt, "EPILOGUE_MIN_BLOCKS", (4,))
+        assert dew.epilogue_kernel(ring, big)[0].local_size_bytes > 0  # it spills under four blocks
+    kernel, blocks = dew.epilogue_kernel(ring, big)
+    assert blocks < 4 and (kernel.local_size_bytes == 0 or blocks == 2)
     monkeypatch.setattr(dntt, "TILE_SWIZZLE", False)
-    for shape, want in (((12, 12, 4), 3), ((14, 18, 5), 2), ((8, 23, 5), 3)):
+    for shape, want in (((12, 12, 4), 3), ((14, 18, 5), 2)):
         kernel, blocks = dew.epilogue_kernel(ring, inner_products(*shape))
         assert blocks == want and (kernel.local_size_bytes == 0 or blocks == 2), shape
 

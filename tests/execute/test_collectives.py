@@ -262,6 +262,23 @@ def test_gpu_device_programs_never_overwrite_their_inputs(name):
             assert not written & set(run.init_rows.tolist()), f"{name} on {g} devices, device {prog.device}"
 
 
+@pytest.mark.parametrize("chips, devices", [(4, 2), (8, 8)])
+def test_relayout_equals_a_fresh_build(chips, devices):
+    """:func:`relayout` (how a GPU run short of memory falls back from a row a buffer to first-in first-out without
+    checking the collectives again) gives the device programs that a build with the new layout gives."""
+    from caramel.execute.placement import relayout
+
+    _, plan, _ = prepared(f"MulRotate_10L_{chips}c")
+    primes = context(1024).primes
+    none = device_programs(plan, devices, primes, reuse="none", keep_inputs=True)
+    for old, want in zip(none, device_programs(plan, devices, primes, reuse="fifo", keep_inputs=True)):
+        have = relayout(old, plan, "fifo", keep_inputs=True)
+        assert have.n_rows < old.n_rows and have.scratch_base > 0
+        assert have.rows_of.keys() == want.rows_of.keys()
+        assert all(np.array_equal(have.rows_of[c], want.rows_of[c]) for c in want.rows_of)
+        assert dataclasses.replace(have, rows_of={}) == dataclasses.replace(want, rows_of={})
+
+
 def test_random_stream_orders_catch_a_missing_wait():
     """Without the waits between kernels and communication, some random order reads a limb before
     it arrives or overwrites one before it is sent: the multi-stream test above can fail."""

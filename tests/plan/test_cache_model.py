@@ -1,5 +1,5 @@
 """The cache model of a plan (caramel.plan.cache_model): an LRU cache of limbs over the plan's accesses, NTT
-and INTT as two passes."""
+and INTT as two passes (the NTT's as two kernels, the INTT's row by row)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,20 @@ def test_an_ntt_is_two_passes_over_its_outputs():
     assert seq[:8] == [x for r in kernel.rows for x in ((False, r.ins[0]), (True, r.outs[0]))]
     assert seq[8:] == [x for b in outs[::-1] for x in ((False, b), (True, b))]
     assert [b for _, b in accesses(chip, second_reversed=False)][8::2] == outs
+
+
+def test_an_intt_is_one_kernel_row_by_row():
+    """The INTT runs as one kernel (ntt.FUSED): each row's second pass follows its first, whatever second_reversed
+    says (plan.order.write_order has the INTT finish its rows in order); with a cache of one limb beyond the row's
+    input and output, every second-pass read hits."""
+    lines = [f"load r{l}: i1({l})" for l in range(4)] + [f"int r{10 + l}: r{l} | {l}" for l in range(4)]
+    chip = build_plan(program_from_text("\n".join(lines + [f"store r{10 + l}: v1({l})" for l in range(4)]))).chips[0]
+    (kernel,) = chip.kernels
+    assert kernel.kind.value == "intt"
+    want = [x for r in kernel.rows for x in ((False, r.ins[0]), (True, r.outs[0]), (False, r.outs[0]),
+                                             (True, r.outs[0]))]
+    assert list(accesses(chip, second_reversed=True)) == list(accesses(chip, second_reversed=False)) == want
+    assert chip_traffic(chip, 2).hits == 4
 
 
 def test_the_reversed_second_pass_finds_the_last_limbs_in_the_cache():
