@@ -3,10 +3,8 @@
 A :class:`CudaRing` holds, for one ring degree N, everything the kernels read besides the arena:
 
 * the prime table, one row of 8 uint32 words per prime index (0..63):
-  ``[q, 2q, N^-1 mod q, shoup(N^-1), mu_lo, mu_hi, w N^-1 mod q, shoup(w N^-1)]`` with ``mu = floor(2^64 / q)`` the
-  64-bit Barrett constant of :func:`reduce64` (CUDA source :data:`COMMON_SRC`; ``mu_hi = floor(2^32 / q)``) and
-  ``w = psi^-br(1)`` the inverse NTT's last twiddle (its last stage multiplies by N^-1 too); words 6-7 are filled
-  when the twiddle tables are built (the inverse NTT reads both);
+  ``[q, 2q, N^-1 mod q, shoup(N^-1), mu_lo, mu_hi, 0, 0]`` with ``mu = floor(2^64 / q)`` the
+  64-bit Barrett constant of :func:`reduce64` (CUDA source :data:`COMMON_SRC`);
 * the NTT twiddle tables (built on first use): for every prime, ``psi^br(k)`` and
   ``psi^-br(k)`` for k < N (SEAL order, br = bit reversal on log2 N bits), each stored as a
   ``uint2`` pair ``(w, floor(w * 2^32 / q))`` for Shoup products;
@@ -275,18 +273,7 @@ class CudaRing:
             if tables is None:  # a prime without a root: the host tables raise the reference's error
                 tables = tuple(cp.asarray(t) for t in self.host_twiddles())
             self._twiddles = tuple(tables)
-            self._fill_last_twiddle(self._twiddles[1])
         return self._twiddles
-
-    def _fill_last_twiddle(self, inverse) -> None:
-        """Words 6-7 of the prime table: w N^-1 mod q and its Shoup companion, w = inverse[p, 1] (psi^-br(1), the
-        inverse NTT's last stage's twiddle), on the host and, once made, on the device."""
-        w = cupy().asnumpy(inverse[:, 1, 0])
-        for i, q in enumerate(self.primes):
-            wn = int(w[i]) * int(self.prime_rows[i, 2]) % q
-            self.prime_rows[i, 6:8] = [wn, shoup_constant(wn, q)]
-        if self._prime_table is not None:
-            self._prime_table[:, 6:8] = cupy().asarray(self.prime_rows[:, 6:8])
 
     # ----------------------------------------------------------------- modules
     def module(self, key: str, source_fn):

@@ -102,9 +102,6 @@ FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multi
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 #: The column and row passes' stores that are not evict-first (FUSED_CS) are evict-last in L2 (see store16).
 EVICT_LAST = True
-#: The inverse's last stage multiplies by N^-1 (exact Shoup products with N^-1 and tw[1] N^-1: one product a butterfly
-#: fewer), instead of a product by N^-1 after the stage (see LASTN in ntt_pass).
-MERGE_NINV = True
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -170,13 +167,8 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle 2^s + i_local of the
 // table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
 // tw + (g << d) a stage and a constant offset each.
-// LASTN (the inverse's last pass, S0 = 0; MERGE_NINV): its last stage (s = 0, twiddle w = tw[1]) also multiplies by
-// N^-1, outputs canonical: (x + y) N^-1 and (x - y) (w N^-1), exact Shoup products with N^-1 and w N^-1 from the
-// prime row prow (words 2-3 and 6-7): one product a butterfly fewer than the stage and a pass of N^-1 after it.
-template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool LASTN = false>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q,
-                                         const u32* __restrict__ prow = nullptr) {{
-    static_assert(!LASTN || (INV && S0 == 0), "LASTN is the inverse's last pass");
+template <int LOGM, int G, int MODE, int S0, int R, bool INV>
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -203,11 +195,7 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             for (int k = 0; k < (1 << R); ++k) {{
                 if (k & half) continue;
                 const int il = k >> (R - d);
-                if (INV && LASTN && d == 0) {{
-                    const u32 x = v[k], y = v[k + half];
-                    v[k] = shoup(x + y, __ldg(prow + 2), __ldg(prow + 3), q);
-                    v[k + half] = shoup(x + two_q - y, __ldg(prow + 6), __ldg(prow + 7), q);
-                }} else if (INV) {{
+                if (INV) {{
                     u32 x = v[k], y = v[k + half];
                     u32 u2 = x + y;
                     u2 = csub(u2, two_q);
@@ -678,10 +666,9 @@ def warp_smem(warps: int, sf: int, swizzle: bool | None = None) -> int:
     return 8 * 240 + warps * (4 * 4 * wpitch(swizzle) + 8 * warp_table_entries(sf))
 
 
-def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True, merge_ninv: bool = False) -> str:
+def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) -> str:
     """The ntt_pass calls of a 2^logm-point transform of g sub-transforms in layout ``mode`` (passes of
-    RADIX_LOG stages, the last one shorter; reversed for the inverse, whose last stage also multiplies by N^-1 with
-    ``merge_ninv``: ntt_pass's LASTN, the prime's row at pt + 8 pi); none with body=False."""
+    RADIX_LOG stages, the last one shorter; reversed for the inverse); none with body=False."""
     if not body:
         return ""
     plan, s = [], 0
@@ -692,9 +679,7 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True, 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}, true>(sm, tw, q, two_q, pt + 8 * pi);"
-             if inverse and merge_ninv and s0 == 0 else
-             f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q);" for s0, r in plan]
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q);" for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
@@ -717,27 +702,23 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
             warps: int = WARPS, load_cg: bool = LOAD_CG, first_cs: bool = FIRST_CS,
             second_reversed: bool = SECOND_REVERSED, swizzle: bool | None = None,
-            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS,
-            merge_ninv: bool = MERGE_NINV) -> str:
+            fused_min_blocks: int = FUSED_MIN_BLOCKS, fused_cs: bool = FUSED_CS) -> str:
     """CUDA source of the NTT kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the column kernels
     ``ntt_{fwd,inv}_col`` and the warp-tile row kernels ``ntt_{fwd,inv}_row`` (``warps`` warps a block; split
     twiddles from warp_split_from(split_from)) and both passes in one kernel, ``ntt_{fwd,inv}_fused`` (_FUSED;
     ``fused_min_blocks``: its launch bound; ``fused_cs``: its last pass stores evict-first). lazy: forward
     butterflies reduce once per pass (see ct_bfly_lazy). Timing only (wrong results): body=False leaves the
     butterflies out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs,
-    second_reversed: see LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx);
-    merge_ninv: the inverse's last stage multiplies by N^-1 (ntt_pass's LASTN; the prime table's words 6-7, which
-    CudaRing fills with the twiddle tables), else a pass of N^-1 after it."""
+    second_reversed: see LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
     if logn <= 12:
         fwd_store = ("    const u32 m32 = __ldg(pt + 8 * pi + 5);\n"
                      "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q, m32);")
         inv_store = (
-            "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = sm[i];" if merge_ninv else
             "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
             "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = shoup(sm[i], ni, nip, q);"
         )
         kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
-            _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body, merge_ninv), store=inv_store)
+            _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
         return _header(logn, logn, kernels, lazy, tw_fake, load_cg=load_cg, first_cs=first_cs,
                        second_reversed=second_reversed, swizzle=swizzle)
     a = logn - ROW_LOG
@@ -758,9 +739,9 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     row_fwd = "\n".join(f"        v.{c} = fwd_final(v.{c}, q, two_q, m32);" for c in "xyzw")
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
-        col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body, merge_ninv),
+        col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
                           second="true" if inverse else "false", load="LOAD16" if inverse else "LOAD_FIRST",
-                          store=col_store.replace("{finish}", col_inv_finish if inverse and not merge_ninv else ""))
+                          store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
                            second="false" if inverse else "true", first="true" if inverse else "false",
@@ -812,16 +793,16 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
-    swizzle, fused_min_blocks, fused_cs, merge_ninv = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS, MERGE_NINV
+    swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, EVICT_LAST, merge_ninv)
+              fused_cs, EVICT_LAST)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
 
     def kernel(name):
         return ring.kernel(key, lambda: _source(ring.logn, split_from, lazy, body, tw_fake, warps, load_cg, first_cs,
-                                                second_reversed, swizzle, fused_min_blocks, fused_cs, merge_ninv), name)
+                                                second_reversed, swizzle, fused_min_blocks, fused_cs), name)
 
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
