@@ -12,7 +12,8 @@ LAZY and primes below 2^28 the forward butterflies reduce only at the first stag
 Data is staged in shared memory; stages run in passes of up to RADIX_LOG (4) stages held in
 registers (16 points per virtual thread; the thesis' scheme is 3 stages, 8 points), with a
 __syncthreads between passes (a __syncwarp in the warp-tile row kernels). Conditional subtractions
-are an add and an unsigned min (csub); 2q is read from the prime table, so that x + 2q - t is one add.
+are an add and an unsigned min (csub); 2q and 8q are read from the prime table, so that x + 2q - t is one add and
+the lazy reduction by 8q one fused add-and-min (built from 2q, the compiler makes it a multiply-add and a min).
 
 * N <= 4096: one kernel, one block per row, the whole transform in shared memory.
 * N >= 8192: two kernels. Write the index j = hi * 256 + lo. The "column" kernel does the first
@@ -142,8 +143,8 @@ __device__ __forceinline__ void ct_bfly(u32& x, u32& y, u32 t, u32 two_q) {{
 // stage of a pass (RED) brings x from [0, 16q) to [0, 8q); each stage adds at most 2q (t < 2q):
 // after the 4 stages of a pass, x, y < 8q + 4 * 2q = 16q. Inputs < 16q, outputs < 16q.
 template <bool RED>
-__device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q) {{
-    if (RED) x = csub(x, 4 * two_q);
+__device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q, u32 eight_q) {{
+    if (RED) x = csub(x, eight_q);  // 8q from the prime table: one fused add-and-min (4 two_q took a multiply-add)
     y = x + two_q - t;
     x = x + t;
 }}
@@ -168,7 +169,7 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
 // tw + (g << d) a stage and a constant offset each.
 template <int LOGM, int G, int MODE, int S0, int R, bool INV>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q) {{
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q, u32 eight_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -205,8 +206,8 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 }} else {{
                     const u32 t = tw_mul(v[k + half], twg, 1, s, il, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
-                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
-                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
+                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q, eight_q);
+                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q, eight_q);
                 }}
             }}
         }}
@@ -293,7 +294,7 @@ __device__ __forceinline__ int wsidx_b(int x, int g, int c) {{
 // Rows 2 it + (lane >> 4) for it0 <= it < it1 (default: all 4).
 template <int S0, bool INV, int SF, int SFT>
 __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, const uint2* wt,
-                                      int bt0, int lane, u32 q, u32 two_q, int it0 = 0, int it1 = 2) {{
+                                      int bt0, int lane, u32 q, u32 two_q, u32 eight_q, int it0 = 0, int it1 = 2) {{
 #pragma unroll
     for (int it = it0; it < it1; ++it) {{
         const int x = (lane >> 4) + 2 * it, u = lane & 15;
@@ -336,8 +337,8 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
                     u32 t = shoup_lazy(v[k + half], w1.x, w1.y, q);
                     if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
-                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q);
-                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q);
+                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q, eight_q);
+                    else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q, eight_q);
                 }}
             }}
         }}
@@ -392,7 +393,8 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     __shared__ u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
+    (void)eight_q;  // (the inverse does not read it)
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
@@ -414,7 +416,8 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
                                             int r, int c0, const u32* __restrict__ pt,
                                             const uint2* __restrict__ tw_all) {{
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
+    (void)eight_q;  // (the inverse does not read it)
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
@@ -462,7 +465,8 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     uint2* tl = (uint2*)dyn;
     const int lane = threadIdx.x & 31;
     const int bt0 = (1 << A_BITS) + hi0;
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
+    (void)eight_q;  // (the inverse does not read it)
     const u32 m32 = __ldg(pt + 8 * pi + 5);  // floor(2^32 / q), for fwd_final (forward)
     (void)m32;
     const uint2* tw = tw_all + (u64)pi * NN;
@@ -624,7 +628,7 @@ def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
 def _warp_passes(inverse: bool, sf: int) -> str:
     """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
     inv = "true" if inverse else "false"
-    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q);" for s0 in (0, 4)]
+    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);" for s0 in (0, 4)]
     return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
 
 
@@ -679,7 +683,7 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q);" for s0, r in plan]
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q, eight_q);" for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
@@ -901,7 +905,8 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
+    (void)eight_q;  // (the inverse does not read it)
     const u64 mu = prime_mu(pt, pi);
     const u32 m32 = (u32)(mu >> 32);  // floor(2^32 / q), for fwd_final
     (void)mu;
@@ -929,9 +934,9 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
 #pragma unroll 1
         for (int u = warp; u < 2 * S; u += {warps}) {{
             u32* sm = tbase + (u >> 1) * TILE;
-            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, u & 1, (u & 1) + 1);
+            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q, u & 1, (u & 1) + 1);
             __syncwarp();
-            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, u & 1, (u & 1) + 1);
+            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q, u & 1, (u & 1) + 1);
             __syncwarp();
         }}
     }} else {{
@@ -939,9 +944,9 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         for (int p = 0; p < PW; ++p) {{
             u32* sm = tbase + (warp + p * {warps}) * TILE;
             if (warp + p * {warps} < S) {{
-                wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+                wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);
                 __syncwarp();
-                wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q);
+                wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);
             }}
         }}
     }}
@@ -1156,7 +1161,8 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
     const int r = {limb_major} ? blockIdx.x / TILES : blockIdx.x % R;
     const int c0 = ({limb_major} ? blockIdx.x % TILES : blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
+    (void)eight_q;  // (the inverse does not read it)
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (8 << A_BITS); e += 256)
@@ -1184,7 +1190,8 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __shared__ __align__(16) u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1);  // 2q (see the docstring)
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
+    (void)eight_q;  // (the inverse does not read it)
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
     for (int i = threadIdx.x; i < NN / 4; i += blockDim.x)
