@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterator, NamedTuple
 
-from caramel.plan.kernel import ChipPlan, Kind, Plan
+from caramel.plan.kernel import ChipPlan, Kind, Plan, Row
 
 #: The L2 of an H100 or H200 (bytes), and in limbs of N = 65536 words of 4 bytes.
 L2_BYTES = 50 * 2**20
@@ -76,7 +76,7 @@ def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[boo
                 yield from _second_pass(row)
 
 
-def _second_pass(row) -> Iterator[tuple[bool, int]]:
+def _second_pass(row: Row) -> Iterator[tuple[bool, int]]:
     """A transform's second pass over one row: it reads and writes the row's output limb again."""
     yield from ((False, b) for b in row.outs)
     yield from ((True, b) for b in row.outs)

@@ -128,6 +128,12 @@ _SRC = r"""
 // throughout).
 #define SECOND_REVERSED {second_reversed}
 
+// The constants of prime pi that the butterflies read from the prime table pt: q, 2q and 8q (see the docstring; the
+// inverse kernels do not read 8q, the lazy forward butterflies' bound).
+#define PRIME_CONSTANTS(pt, pi) \
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * (pi) + 1), eight_q = __ldg(pt + 8 * (pi) + 6); \
+    (void)eight_q
+
 // x - c if x >= c, else x (0 < c < 2^32): min(x, x - c) as unsigned (x - c wraps above x when x < c);
 // two instructions (add, min) where the compare-and-select form takes three.
 __device__ __forceinline__ u32 csub(u32 x, u32 c) {{ return min(x, x - c); }}
@@ -393,8 +399,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
     __shared__ u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
-    (void)eight_q;  // (the inverse does not read it)
+    PRIME_CONSTANTS(pt, pi);
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
@@ -416,8 +421,7 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
                                             int r, int c0, const u32* __restrict__ pt,
                                             const uint2* __restrict__ tw_all) {{
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
-    (void)eight_q;  // (the inverse does not read it)
+    PRIME_CONSTANTS(pt, pi);
     const uint2* tw = tw_all + (u64)pi * NN;
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
@@ -465,8 +469,7 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     uint2* tl = (uint2*)dyn;
     const int lane = threadIdx.x & 31;
     const int bt0 = (1 << A_BITS) + hi0;
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
-    (void)eight_q;  // (the inverse does not read it)
+    PRIME_CONSTANTS(pt, pi);
     const u32 m32 = __ldg(pt + 8 * pi + 5);  // floor(2^32 / q), for fwd_final (forward)
     (void)m32;
     const uint2* tw = tw_all + (u64)pi * NN;
@@ -628,7 +631,8 @@ def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
 def _warp_passes(inverse: bool, sf: int) -> str:
     """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
     inv = "true" if inverse else "false"
-    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);" for s0 in (0, 4)]
+    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);"
+             for s0 in (0, 4)]
     return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
 
 
@@ -905,8 +909,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const int r = blockIdx.x / tiles, tile = blockIdx.x % tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
-    (void)eight_q;  // (the inverse does not read it)
+    PRIME_CONSTANTS(pt, pi);
     const u64 mu = prime_mu(pt, pi);
     const u32 m32 = (u32)(mu >> 32);  // floor(2^32 / q), for fwd_final
     (void)mu;
@@ -1161,8 +1164,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
     const int r = {limb_major} ? blockIdx.x / TILES : blockIdx.x % R;
     const int c0 = ({limb_major} ? blockIdx.x % TILES : blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
-    (void)eight_q;  // (the inverse does not read it)
+    PRIME_CONSTANTS(pt, pi);
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (8 << A_BITS); e += 256)
@@ -1190,8 +1192,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __shared__ __align__(16) u32 sm[NN];
     const int r = blockIdx.x;
     const int pi = prime_idx[r];
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * pi + 1), eight_q = __ldg(pt + 8 * pi + 6);  // 2q, 8q: see the docstring
-    (void)eight_q;  // (the inverse does not read it)
+    PRIME_CONSTANTS(pt, pi);
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* dst = arena + (u64)out_slots[r] * NN;
     for (int i = threadIdx.x; i < NN / 4; i += blockDim.x)
