@@ -24,13 +24,12 @@ from caramel.api import output_digest  # noqa: E402
 from caramel.ckks.check import check_path, prepare_check  # noqa: E402
 from caramel.api import gpu_available  # noqa: E402
 from caramel.execute.cuda_graph import GpuRun, run_gpu  # noqa: E402
-from caramel.execute.timing import time_runs  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
 from caramel.profile import _instrument_gpu, copy_bandwidth, render_roofline  # noqa: E402
 from caramel.ring import Context  # noqa: E402
-from gpu_kernels_check import KernelSettings  # noqa: E402  (scripts/ beside this file)
+from gpu_kernels_check import Bench, KernelSettings  # noqa: E402  (scripts/ beside this file)
 from reference_digests import bootstrap_inputs, reference_digest  # noqa: E402
 
 CHECKS = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "BootstrapModRaise_10L_1c", "Mul_10L_2c"]
@@ -73,11 +72,15 @@ def batched_limbs(ctx, rows: int):
 #: --ntt-floors: timing-only forms of the transforms (wrong results; keyword arguments of ntt._launch): the loads and
 #: stores alone, and constant twiddles (no twiddle loads).
 NTT_FLOORS = {"loads and stores only": dict(body=False), "constant twiddles": dict(tw_fake=True)}
+#: Launches of the batched transform a CUDA graph of the throughput timing holds.
+NTT_PER_REPLAY = 8
 
 
 def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False, floor: dict | None = None) -> float:
-    """Limbs a second of one batched NTT (INTT) of ``rows`` limbs at ``ctx``'s N, primes cycling, eager launches
-    (``floor``: a timing-only form of NTT_FLOORS)."""
+    """Limbs a second of one batched NTT (INTT) of ``rows`` limbs at ``ctx``'s N, primes cycling: a CUDA graph of
+    NTT_PER_REPLAY launches, replayed (``gpu_kernels_check.Bench.time``), so that the GPU's time is measured without
+    the host's launch overhead (the eager timing of sessions 15-19's first calls included it); ``floor``: a
+    timing-only form of NTT_FLOORS."""
     import cupy as cp
 
     from caramel.backends.cuda import ntt as dntt
@@ -86,13 +89,14 @@ def ntt_throughput(ctx, rows: int, repeats: int, inverse: bool = False, floor: d
     ring = cuda_ring(ctx)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:  # every array made on the stream that reads it (a non-blocking stream does not wait for stream 0)
-        arena, ins, outs, dp, counters = batched_limbs(ctx, rows)
+        arena, ins, outs, dp, counters = batched_limbs(ctx, rows)  # counters: a fused transform can be captured
         stream.synchronize()
-        t = time_runs(lambda: dntt._launch(ring, arena, ins, outs, dp, inverse, counters=counters, **(floor or {})),
-                      stream, repeats, warmup=2)
+    seconds = Bench(cp, ctx.n).time(
+        lambda _: dntt._launch(ring, arena, ins, outs, dp, inverse, counters=counters, **(floor or {})), 1,
+        per_replay=NTT_PER_REPLAY, reps=repeats)
     log(f"batched {'INTT' if inverse else 'NTT'} of {rows} limbs at N = {ctx.n}{' ' + str(floor) if floor else ''}: "
-        f"{t}")
-    return rows / (t.median_ms / 1e3)
+        f"{seconds * 1e6:.1f} us a launch (median of {repeats} replays of {NTT_PER_REPLAY})")
+    return rows / seconds
 
 
 def ntt_rates(ctx, args, ntt_sets, settings, rows: list) -> None:
