@@ -103,6 +103,12 @@ FUSED_MIN_BLOCKS = 4  # the fused kernels' launch bound: resident blocks a multi
 FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 #: The column and row passes' stores that are not evict-first (FUSED_CS) are evict-last in L2 (see store16).
 EVICT_LAST = True
+#: The column passes read their twiddles from a copy in shared memory (col_twiddles), not through L1.
+COL_SMEM_TW = True
+#: Resident blocks a multiprocessor the forward column kernel's launch bounds ask (0: none): 6 keeps it at 40 registers
+#: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (62 registers,
+#: 4 blocks as before) and the prologue column kernel keep theirs.
+COL_MIN_BLOCKS = 6
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
 _SRC = r"""
@@ -112,6 +118,7 @@ _SRC = r"""
 #define WARPS {warps}
 #define LAZY {lazy}
 #define TW_FAKE {tw_fake}
+#define COL_SMEM ((32 << A_BITS) + 2 * (1 << A_BITS))  // words of a column tile and its twiddles (col_twiddles)
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
@@ -155,10 +162,23 @@ __device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q, u
     x = x + t;
 }}
 
-// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il] (a Shoup product).
+// a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il] (a Shoup product); SMEM: tw is in shared memory.
+template <bool SMEM>
 __device__ __forceinline__ u32 tw_mul(u32 a, const uint2* __restrict__ tw, int bt, int s, int il, u32 q) {{
-    const uint2 w = TWLD(tw + (bt << s) + il);
+    const uint2 w = SMEM && !TW_FAKE ? tw[(bt << s) + il] : TWLD(tw + (bt << s) + il);
     return shoup_lazy(a, w.x, w.y, q);
+}}
+
+// The column stages' twiddles tw[0 .. 2^A_BITS) of one prime (every index a column pass reads, see ntt_pass) copied
+// to tws in shared memory, one entry a thread; the block barrier after the tile's data loads publishes them. A warp's
+// lanes are columns of one sub-transform, so every twiddle read is a broadcast from shared memory, where a read
+// through L1 took a 64-bit address and a longer wait.
+// (COL_SMEM_TW off: the table in global memory, read through L1.)
+#define COL_SMEM_TW {col_smem_tw}
+__device__ __forceinline__ const uint2* col_twiddles(uint2* tws, const uint2* __restrict__ tw) {{
+    if (!COL_SMEM_TW) return tw;
+    for (int i = threadIdx.x; i < (1 << A_BITS); i += blockDim.x) tws[i] = __ldg(tw + i);
+    return tws;
 }}
 
 // Shared-memory position of point p of sub-transform `sub`.
@@ -207,10 +227,10 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                     u32 u2 = x + y;
                     u2 = csub(u2, two_q);
                     const u32 a = x + two_q - y;
-                    v[k + half] = tw_mul(a, twg, 1, s, il, q);
+                    v[k + half] = tw_mul<MODE == 1 && COL_SMEM_TW>(a, twg, 1, s, il, q);
                     v[k] = u2;
                 }} else {{
-                    const u32 t = tw_mul(v[k + half], twg, 1, s, il, q);
+                    const u32 t = tw_mul<MODE == 1 && COL_SMEM_TW>(v[k + half], twg, 1, s, il, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
                     else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q, eight_q);
                     else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q, eight_q);
@@ -413,8 +433,8 @@ extern "C" __global__ void __launch_bounds__(256) {name}(
 
 _COL = r"""
 // One column tile of {name}: the 32 columns c0 .. c0 + 31 of row r (limb in_slots[r] -> limb out_slots[r], prime
-// prime_idx[r]); 2^A_BITS points a column, all NTHREADS threads of the block (sm: 32 << A_BITS words). CS_OUT:
-// stores evict-first.
+// prime_idx[r]); 2^A_BITS points a column, all NTHREADS threads of the block (sm: COL_SMEM words, the tile's 32 <<
+// A_BITS, then its prime's column twiddles, col_twiddles). CS_OUT: stores evict-first.
 template <bool CS_OUT>
 __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __restrict__ in_slots,
                                             const int* __restrict__ out_slots, const int* __restrict__ prime_idx,
@@ -422,7 +442,7 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
                                             const uint2* __restrict__ tw_all) {{
     const int pi = prime_idx[r];
     PRIME_CONSTANTS(pt, pi);
-    const uint2* tw = tw_all + (u64)pi * NN;
+    const uint2* tw = col_twiddles((uint2*)(sm + (32 << A_BITS)), tw_all + (u64)pi * NN);
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
@@ -437,10 +457,10 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
 {store}
 }}
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) {name}(
+extern "C" __global__ void __launch_bounds__(NTHREADS{bound}) {name}(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all) {{
-    __shared__ u32 sm[32 << A_BITS];
+    __shared__ __align__(16) u32 sm[COL_SMEM];
     constexpr int TILES = (1 << (LOGN - A_BITS)) / 32;
     const int r0 = blockIdx.x / TILES;
     const int r = {second} && SECOND_REVERSED ? gridDim.x / TILES - 1 - r0 : r0;  // see SECOND_REVERSED
@@ -610,7 +630,8 @@ def fused_items(logn: int) -> tuple[int, int]:
 
 def fused_smem(logn: int, sf: int, swizzle: bool | None = None) -> int:
     """Dynamic shared memory of a fused transform's block: a column tile or a row item's warp tiles and tables."""
-    return max(4 * (32 << (logn - ROW_LOG)), warp_smem(THREADS // 32, sf, swizzle))
+    a = logn - ROW_LOG
+    return max(4 * ((32 << a) + 2 * (1 << a)), warp_smem(THREADS // 32, sf, swizzle))  # COL_SMEM words
 
 
 def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
@@ -704,7 +725,7 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
                        second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
-                       evict_last=int(EVICT_LAST))
+                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
@@ -749,6 +770,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     for d, inverse in (("fwd", False), ("inv", True)):
         col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
                           second="true" if inverse else "false", load="LOAD16" if inverse else "LOAD_FIRST",
+                          bound=f", {COL_MIN_BLOCKS}" if COL_MIN_BLOCKS and not inverse else "",
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
         row = _ROWW.format(name=f"ntt_{d}_row", sf=sf, sft=min(sf, 6), passes=_warp_passes(inverse, sf) if body else "",
@@ -803,7 +825,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
     swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, EVICT_LAST)
+              fused_cs, EVICT_LAST, COL_SMEM_TW, COL_MIN_BLOCKS)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
@@ -1156,7 +1178,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
         const int* __restrict__ args, const u32* __restrict__ cin, const u32* __restrict__ ctab,
         const double* __restrict__ recip, int R) {{
-    __shared__ u32 sm[32 << A_BITS];
+    __shared__ __align__(16) u32 sm[COL_SMEM];
     // LIMB_MAJOR: block (limb r, tile c), limb by limb, so that the last limbs are whole in L2 when the reversed
     // row kernel starts on them; else tile by tile (the blocks of one tile of every limb together: a converting
     // load's rows read the same inputs).
@@ -1165,7 +1187,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_col_pro(
     const int c0 = ({limb_major} ? blockIdx.x % TILES : blockIdx.x / R) * 32;
     const int pi = prime_idx[r];
     PRIME_CONSTANTS(pt, pi);
-    const uint2* tw = tw_all + (u64)pi * NN;
+    const uint2* tw = col_twiddles((uint2*)(sm + (32 << A_BITS)), tw_all + (u64)pi * NN);
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     for (int e = threadIdx.x; e < (8 << A_BITS); e += 256)
         *(uint4*)(sm + e * 4) = pro_load4(arena, ins, W, r, pi, c0 + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4,
@@ -1277,7 +1299,8 @@ def ntt_prologue(ring: CudaRing, arena, kind: str, ins, out_slots, prime_idx, ar
     pmode = code if pk != 1 else 0
     lazy = ring_lazy(ring)
     limb_major = PRO_LIMB_MAJOR and pk != 2  # a converting load's rows share their inputs: tile by tile
-    key = f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}-el{int(EVICT_LAST)}"
+    key = (f"ntt{ring.n}-pro{pk}{pmode}{'-lazy' if lazy else ''}{'-limb' if limb_major else ''}-el{int(EVICT_LAST)}"
+           f"-ct{int(COL_SMEM_TW)}")
     small = ring.logn <= 12
     fn = ring.kernel(key, lambda: _prologue_source(ring.logn, pk, pmode, lazy, limb_major),
                      "ntt_fwd_pro" if small else "ntt_fwd_col_pro")
