@@ -27,7 +27,9 @@ the lazy reduction by 8q one fused add-and-min (built from 2q, the compiler make
   drift apart and overlap their loads with others' butterflies; its one-product twiddles and row
   factors come from a per-warp table and the split factors from a per-block table in shared memory
   (laid out so that lanes read consecutive entries or broadcasts), copied with cp.async beside the
-  data loads. A stage's twiddles in the other kernels are addressed from one base pointer.
+  data loads. The column passes read a stage's twiddles from one base pointer into a copy of the prime's first
+  2^(log2(N) - 8) table entries in shared memory (col_twiddles, COL_SMEM_TW), made by the tile's threads beside
+  its data loads.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 
 Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_CG); the first pass reads
