@@ -120,7 +120,7 @@ _SRC = r"""
 #define WARPS {warps}
 #define LAZY {lazy}
 #define TW_FAKE {tw_fake}
-#define COL_SMEM ((32 << A_BITS) + 2 * (1 << A_BITS))  // words of a column tile and its twiddles (col_twiddles)
+#define COL_SMEM {col_smem}  // words of a column tile and its twiddles (col_smem_words, col_twiddles)
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
 #define TWLD(p) (TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu) : __ldg(p))
 #define NTHREADS {threads}
@@ -630,10 +630,15 @@ def fused_items(logn: int) -> tuple[int, int]:
     return (1 << ROW_LOG) // COLS, (1 << (logn - ROW_LOG)) // 4 // (THREADS // 32)
 
 
+def col_smem_words(a_bits: int) -> int:
+    """COL_SMEM: the shared-memory words of a column tile of 2^a_bits-point columns, 32 of them, and of the column
+    twiddles after it (2^a_bits entries of two words, col_twiddles)."""
+    return (COLS << a_bits) + 2 * (1 << a_bits)
+
+
 def fused_smem(logn: int, sf: int, swizzle: bool | None = None) -> int:
     """Dynamic shared memory of a fused transform's block: a column tile or a row item's warp tiles and tables."""
-    a = logn - ROW_LOG
-    return max(4 * ((32 << a) + 2 * (1 << a)), warp_smem(THREADS // 32, sf, swizzle))  # COL_SMEM words
+    return max(4 * col_smem_words(logn - ROW_LOG), warp_smem(THREADS // 32, sf, swizzle))
 
 
 def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
@@ -727,7 +732,7 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
     return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
                        second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
-                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW))
+                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW), col_smem=col_smem_words(a_bits))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
