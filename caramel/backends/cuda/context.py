@@ -3,10 +3,10 @@
 A :class:`CudaRing` holds, for one ring degree N, everything the kernels read besides the arena:
 
 * the prime table, one row of 8 uint32 words per prime index (0..63):
-  ``[q, 2q, N^-1 mod q, shoup(N^-1), mu_lo, mu_hi, 8q mod 2^32, 0]`` with ``mu = floor(2^64 / q)`` the
+  ``[q, 2q, N^-1 mod q, shoup(N^-1), mu_lo, mu_hi, 8q mod 2^32, 4q mod 2^32]`` with ``mu = floor(2^64 / q)`` the
   64-bit Barrett constant of :func:`reduce64` (CUDA source :data:`COMMON_SRC`; ``mu_hi = floor(2^32 / q)``, the
-  forward NTT's final reduction) and 8q the lazy forward NTT's bound (below 2^32 for q < 2^29: only rings of primes
-  below 2^28 run lazily);
+  forward NTT's final reduction), 8q and 4q the lazy NTT butterflies' bounds (below 2^32 for q < 2^29: only rings of
+  primes below 2^28 run lazily);
 * the NTT twiddle tables (built on first use): for every prime, ``psi^br(k)`` and
   ``psi^-br(k)`` for k < N (SEAL order, br = bit reversal on log2 N bits), each stored as a
   ``uint2`` pair ``(w, floor(w * 2^32 / q))`` for Shoup products;
@@ -237,7 +237,8 @@ class CudaRing:
         for i, q in enumerate(self.primes):
             ninv = pow(self.n, q - 2, q)
             mu = (1 << 64) // q
-            rows[i, :7] = [q, 2 * q, ninv, shoup_constant(ninv, q), mu & 0xFFFFFFFF, mu >> 32, (8 * q) & 0xFFFFFFFF]
+            rows[i] = [q, 2 * q, ninv, shoup_constant(ninv, q), mu & 0xFFFFFFFF, mu >> 32, (8 * q) & 0xFFFFFFFF,
+                       (4 * q) & 0xFFFFFFFF]
         self.prime_rows = rows
         self._prime_table = None
         self._twiddles = None

@@ -69,6 +69,9 @@ ROW_LOG = 8  # log2 of the row length
 #: later ones a row factor times a factor shared by all rows (see warp_split_from).
 SPLIT_FROM = (5, 5)
 LAZY = True  # forward butterflies reduce once per pass (28-bit primes: values stay below 16q)
+#: With LAZY, the inverse butterflies reduce only where a value's bound, known at compile time, requires it (see
+#: gs_sum_diff): 12 conditional subtractions a pass of 16 values where one a butterfly took 32.
+LAZY_INV = True
 WARPS = 4  # warps a block of the warp-tile row kernels (a divisor of 2^(log2(N) - 10))
 #: The warp tiles' layout (see wsidx): 16-byte chunks XOR-swizzled within each row, rows 272 words apart (on), or
 #: 4 words of padding after every 16 points, rows 336 words apart (off: session 8's layout, a fifth larger).
@@ -119,6 +122,7 @@ _SRC = r"""
 #define A_BITS {a_bits}
 #define WARPS {warps}
 #define LAZY {lazy}
+#define LAZY_INV ({lazy_inv} && LAZY)
 #define TW_FAKE {tw_fake}
 #define COL_SMEM {col_smem}  // words of a column tile and its twiddles (col_smem_words, col_twiddles)
 // TW_FAKE (timing only, wrong results): every twiddle a constant, no twiddle loads or addresses.
@@ -137,11 +141,12 @@ _SRC = r"""
 // throughout).
 #define SECOND_REVERSED {second_reversed}
 
-// The constants of prime pi that the butterflies read from the prime table pt: q, 2q and 8q (see the docstring; the
-// inverse kernels do not read 8q, the lazy forward butterflies' bound).
+// The constants of prime pi that the butterflies read from the prime table pt: q, 2q, 4q and 8q (see the docstring;
+// 4q serves the lazy inverse butterflies alone, 8q both lazy directions).
 #define PRIME_CONSTANTS(pt, pi) \
-    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * (pi) + 1), eight_q = __ldg(pt + 8 * (pi) + 6); \
-    (void)eight_q
+    const u32 q = prime_q(pt, pi), two_q = __ldg(pt + 8 * (pi) + 1), four_q = __ldg(pt + 8 * (pi) + 7), \
+              eight_q = __ldg(pt + 8 * (pi) + 6); \
+    (void)four_q; (void)eight_q
 
 // x - c if x >= c, else x (0 < c < 2^32): min(x, x - c) as unsigned (x - c wraps above x when x < c);
 // two instructions (add, min) where the compare-and-select form takes three.
@@ -162,6 +167,49 @@ __device__ __forceinline__ void ct_bfly_lazy(u32& x, u32& y, u32 t, u32 two_q, u
     if (RED) x = csub(x, eight_q);  // 8q from the prime table: one fused add-and-min (4 two_q took a multiply-add)
     y = x + two_q - t;
     x = x + t;
+}}
+
+// Inverse (Gentleman-Sande) butterfly at stage dd of a pass (RADIX_LOG or fewer stages; the pair k, k + 2^dd):
+// x <- x + y and y <- x - y + c, the difference that the caller multiplies by the twiddle (a Shoup product: below 2q).
+// Not LAZY_INV: values below 2q, the sum reduced every stage (c = 2q). LAZY_INV (q < 2^28, so 16q < 2^32): the bound of
+// every value, in multiples of q, is known at compile time (inv_bound; k and dd are constants once unrolled): a pass's
+// inputs are below INV_IN q; after stage j, position k holds a Shoup product (below 2q) if bit j of k is set, else the
+// sum of two values with the stage's input bound b (below 2b q). Before a stage whose sum could pass 16q, its inputs
+// are brought below 8q (a conditional subtraction of 8q each); c is the inputs' bound times q, so that the difference
+// is positive and below 16q. gs_pass_end brings a pass's outputs below INV_IN q for the next pass (the INTT's last
+// pass skips it: the product by N^-1 takes any input below 2^32). A pass of 4 stages and 16 values then reduces 12
+// times (2 before its third stage, 6 at its end) instead of 32.
+#define INV_IN 4
+// That bound before stage dd (< 5): from the last stage j < dd whose product position k holds (the highest set bit of
+// k's low dd bits), 2 doubled at each later stage, or with none INV_IN doubled at each stage; at most 16 (the inputs
+// of a stage with bound 16 are brought to 8 first). A closed form, so that the compiler folds it.
+__host__ __device__ constexpr int inv_bound(int k, int dd) {{
+    const int low = k & ((1 << dd) - 1);
+    const int last = low >= 8 ? 3 : low >= 4 ? 2 : low >= 2 ? 1 : 0;  // the highest set bit of low (low > 0)
+    const int b = low == 0 ? INV_IN << dd : 2 << (dd - 1 - last);
+    return b > 16 ? 16 : b;
+}}
+__device__ __forceinline__ void gs_sum_diff(u32& x, u32& y, int k, int dd, u32 two_q, u32 four_q, u32 eight_q) {{
+    if (!LAZY_INV) {{
+        const u32 sum = csub(x + y, two_q);
+        y = x + two_q - y;
+        x = sum;
+        return;
+    }}
+    const int b = inv_bound(k, dd);
+    if (b > 8) {{
+        x = csub(x, eight_q);
+        y = csub(y, eight_q);
+    }}
+    const u32 c = b <= 2 ? two_q : b == 4 ? four_q : eight_q;
+    const u32 sum = x + y;
+    y = x + c - y;
+    x = sum;
+}}
+__device__ __forceinline__ u32 gs_pass_end(u32 x, int k, int stages, u32 four_q, u32 eight_q) {{
+    if (LAZY_INV && inv_bound(k, stages) > 8) x = csub(x, eight_q);
+    if (LAZY_INV && inv_bound(k, stages) > 4) x = csub(x, four_q);
+    return x;
 }}
 
 // a * W mod q in [0, 2q) for the twiddle W = tw[(bt << s) + il] (a Shoup product); SMEM: tw is in shared memory.
@@ -197,7 +245,8 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
 // tw + (g << d) a stage and a constant offset each.
 template <int LOGM, int G, int MODE, int S0, int R, bool INV>
-__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q, u32 eight_q) {{
+__device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q, u32 four_q,
+                                         u32 eight_q) {{
     constexpr int LOGT = LOGM - S0 - R;
     constexpr int T = 1 << LOGT;
     constexpr int NV = 1 << (LOGM - R);
@@ -226,11 +275,9 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 const int il = k >> (R - d);
                 if (INV) {{
                     u32 x = v[k], y = v[k + half];
-                    u32 u2 = x + y;
-                    u2 = csub(u2, two_q);
-                    const u32 a = x + two_q - y;
-                    v[k + half] = tw_mul<MODE == 1 && COL_SMEM_TW>(a, twg, 1, s, il, q);
-                    v[k] = u2;
+                    gs_sum_diff(x, y, k, dd, two_q, four_q, eight_q);
+                    v[k + half] = tw_mul<MODE == 1 && COL_SMEM_TW>(y, twg, 1, s, il, q);
+                    v[k] = x;
                 }} else {{
                     const u32 t = tw_mul<MODE == 1 && COL_SMEM_TW>(v[k + half], twg, 1, s, il, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
@@ -240,7 +287,8 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
             }}
         }}
 #pragma unroll
-        for (int k = 0; k < (1 << R); ++k) sm[sidx<MODE>(sub, base + k * T)] = v[k];
+        for (int k = 0; k < (1 << R); ++k)
+            sm[sidx<MODE>(sub, base + k * T)] = INV && S0 > 0 ? gs_pass_end(v[k], k, R, four_q, eight_q) : v[k];
     }}
 }}
 
@@ -322,7 +370,8 @@ __device__ __forceinline__ int wsidx_b(int x, int g, int c) {{
 // Rows 2 it + (lane >> 4) for it0 <= it < it1 (default: all 4).
 template <int S0, bool INV, int SF, int SFT>
 __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, const uint2* tl, const uint2* wt,
-                                      int bt0, int lane, u32 q, u32 two_q, u32 eight_q, int it0 = 0, int it1 = 2) {{
+                                      int bt0, int lane, u32 q, u32 two_q, u32 four_q, u32 eight_q, int it0 = 0,
+                                      int it1 = 2) {{
 #pragma unroll
     for (int it = it0; it < it1; ++it) {{
         const int x = (lane >> 4) + 2 * it, u = lane & 15;
@@ -356,10 +405,11 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
                 const uint2 w1 = TW_FAKE ? make_uint2(0x1234567u, 0x89abcdu)
                                  : split_s ? tls[16 * j] : s < SFT ? wts[j] : __ldg(tws + j);
                 if (INV) {{
-                    const u32 a = v[k], b = v[k + half];
-                    u32 t = shoup_lazy(a + two_q - b, w1.x, w1.y, q);
+                    u32 x = v[k], y = v[k + half];
+                    gs_sum_diff(x, y, k, dd, two_q, four_q, eight_q);
+                    u32 t = shoup_lazy(y, w1.x, w1.y, q);
                     if (split_s) t = shoup_lazy(t, rf.x, rf.y, q);
-                    v[k] = csub(a + b, two_q);
+                    v[k] = x;
                     v[k + half] = t;
                 }} else {{
                     u32 t = shoup_lazy(v[k + half], w1.x, w1.y, q);
@@ -369,6 +419,10 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
                     else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q, eight_q);
                 }}
             }}
+        }}
+        if (INV) {{
+#pragma unroll
+            for (int k = 0; k < 16; ++k) v[k] = gs_pass_end(v[k], k, 4, four_q, eight_q);
         }}
         if (S0 == 4) {{
 #pragma unroll
@@ -659,7 +713,7 @@ def _fused_kernel(logn: int, inverse: bool, min_blocks: int) -> str:
 def _warp_passes(inverse: bool, sf: int) -> str:
     """The two passes of a warp-tile row kernel (pass A = stages 0-3, B = 4-7; reversed for the inverse)."""
     inv = "true" if inverse else "false"
-    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);"
+    calls = [f"    wpass<{s0}, {inv}, {sf}, {min(sf, 6)}>(sm, tw, tl, wt, bt0, lane, q, two_q, four_q, eight_q);"
              for s0 in (0, 4)]
     return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
 
@@ -715,7 +769,8 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q, eight_q);" for s0, r in plan]
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q, four_q, eight_q);"
+             for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
@@ -729,7 +784,8 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
             swizzle: bool | None = None) -> str:
     """_SRC around ``kernels`` (``swizzle``: the warp tiles' layout, default TILE_SWIZZLE read now)."""
     swizzle = TILE_SWIZZLE if swizzle is None else swizzle
-    return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy), threads=THREADS,
+    return _SRC.format(logn=logn, a_bits=a_bits, warps=warps, kernels=kernels, lazy=int(lazy),
+                       lazy_inv=int(LAZY_INV), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
                        second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
                        evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW), col_smem=col_smem_words(a_bits))
@@ -832,7 +888,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
     swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, EVICT_LAST, COL_SMEM_TW, COL_MIN_BLOCKS)
+              fused_cs, EVICT_LAST, COL_SMEM_TW, COL_MIN_BLOCKS, LAZY_INV)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
@@ -966,9 +1022,9 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
 #pragma unroll 1
         for (int u = warp; u < 2 * S; u += {warps}) {{
             u32* sm = tbase + (u >> 1) * TILE;
-            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q, u & 1, (u & 1) + 1);
+            wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, four_q, eight_q, u & 1, (u & 1) + 1);
             __syncwarp();
-            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q, u & 1, (u & 1) + 1);
+            wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, four_q, eight_q, u & 1, (u & 1) + 1);
             __syncwarp();
         }}
     }} else {{
@@ -976,9 +1032,9 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         for (int p = 0; p < PW; ++p) {{
             u32* sm = tbase + (warp + p * {warps}) * TILE;
             if (warp + p * {warps} < S) {{
-                wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);
+                wpass<0, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, four_q, eight_q);
                 __syncwarp();
-                wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, eight_q);
+                wpass<4, false, SF, SFT>(sm, tw, tl, wt, bt0, lane, q, two_q, four_q, eight_q);
             }}
         }}
     }}
