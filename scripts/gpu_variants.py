@@ -267,7 +267,7 @@ def main() -> int:
                 smem = dntt.warp_smem(warps, dntt.warp_split_from(kw["split_from"], False)) if row else 0
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem
-                extra = (dntt.warp_tables(ring, False),) if row else ()
+                extra = (dntt.warp_tables(ring, False, dntt.warp_split_from(kw["split_from"], False)),) if row else ()
                 t = bench.time(lambda s: k((rows * blocks,), (32 * warps if row else dntt.THREADS,),
                                            (arena, ins[s], outs[s], primes, pt, tw) + extra, shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")

@@ -102,7 +102,8 @@ def test_shared_memory_layout(f):
     assert dntt.epilogue_fits(f, 3) == (f <= (16 if dntt.TILE_SWIZZLE else 13))
     assert dntt.epilogue_fits(f, 2)
     src = program(f, 3).source(16, True, 2)
-    assert "warp % F == 0) wtile_table" in src and "u32* tbase = dyn + 480 + G * 2 * WT" in src
+    assert "wtile_table<WT>(wt, WARP_TABLE(tl_all, pi, G * tile + grp, WT), lane)" in src
+    assert "u32* tbase = dyn + 480 + G * 2 * WT" in src
 
 
 @pytest.mark.parametrize("f", range(1, dntt.EPILOGUE_MAX + 1))

@@ -1,7 +1,8 @@
 """The warp tiles' shared-memory layouts (caramel.backends.cuda.ntt: wsidx, wsidx_a, wsidx_b, TILE_SWIZZLE), without a
 GPU: a model of the three CUDA formulas (checked against the source's text) that every point has its own word, that
 a 16-byte chunk stays whole, that the passes' forms agree with wsidx, and that the passes' shared-memory accesses are
-free of bank conflicts in both layouts (the kernels' results: test_cuda_kernels.py, test_cuda_epilogue.py)."""
+free of bank conflicts in both layouts; and that the warp tiles' twiddle tables (warp_table_index) hold what the passes
+read (the kernels' results: test_cuda_kernels.py, test_cuda_epilogue.py)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,30 @@ def test_the_swizzled_tiles_are_smaller():
     """A warp tile: 4 rows of 272 words (4352 bytes) against 336 (5376 bytes)."""
     assert dntt.wpitch(True) == 272 and dntt.wpitch(False) == 336
     assert dntt.warp_smem(4, 5, True) == dntt.warp_smem(4, 5, False) - 4 * 4 * 4 * (336 - 272)
+
+
+@pytest.mark.parametrize("a_bits", [5, 8])
+@pytest.mark.parametrize("sf", [4, 5, 6, 7, 8])
+def test_warp_tables_hold_what_the_passes_read(a_bits, sf):
+    """Every read of wpass from its warp's table wt, at the offset the kernel computes, finds the twiddle index that
+    ntt_pass's formula gives: stage s < SFT of row x (bt = bt0 + x), group g, j < 2^d (d = s - 4 in pass B, else g = 0
+    and d = s): wt[4 (2^s - 1) + (x << s) + (g << d) + j] is (bt << s) + (g << d) + j; a split stage s >= sf reads its
+    row factor bt << s at wt[4 (2^SFT - 1) + 4 (s - sf) + x]."""
+    index = dntt.warp_table_index(a_bits, sf)
+    sft = min(sf, 6)
+    assert index.shape == ((1 << a_bits) // 4, dntt.warp_table_entries(sf))
+    assert index.min() >= 1 << a_bits and index.max() < 1 << (a_bits + 8)
+    reads = 0
+    for tile, wt in enumerate(index):
+        bt0 = (1 << a_bits) + 4 * tile
+        for x in range(4):
+            for s in range(8):
+                d = s - 4 if s >= 4 else s
+                for g in range(16 if s >= 4 else 1):
+                    if s < sft:
+                        for j in range(1 << d):
+                            assert wt[4 * ((1 << s) - 1) + (x << s) + (g << d) + j] == ((bt0 + x) << s) + (g << d) + j
+                            reads += 1
+                    elif s >= sf:
+                        assert wt[4 * ((1 << sft) - 1) + 4 * (s - sf) + x] == (bt0 + x) << s
+    assert reads > 0

@@ -438,8 +438,8 @@ __device__ __forceinline__ void wpass(u32* sm, const uint2* __restrict__ tw, con
 
 // A warp tile's loads (_ROWW, _EPILOGUE): wtile_load issues the 16-byte loads of its 4 rows at src into y (FIRST:
 // LOAD_FIRST, else LOAD16); wtile_table the cp.async copies (not committed) of its table wt: the one-product
-// twiddles of stages s < SFT of rows bt0 .. bt0 + 3 (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at
-// wt[4 (2^s - 1)]) and their row factors of the split stages s >= SF; wtile_store writes y to the warp's shared
+// twiddles of stages s < SFT of rows bt0 .. bt0 + 3 (tw[(bt0 << s) .. + 4 2^s) at wt[4 (2^s - 1)]) and their row
+// factors of the split stages s >= SF (warp_table_index), from WARP_TABLE; wtile_store writes y to the warp's shared
 // memory sm (wsidx); wtile_async (_EPILOGUE) copies the tile straight to sm with cp.async (LOAD16's path, through
 // L2 only; not committed), no registers held while the copies are in flight.
 template <bool FIRST>
@@ -447,14 +447,12 @@ __device__ __forceinline__ void wtile_load(const uint4* __restrict__ src, uint4 
 #pragma unroll
     for (int it = 0; it < 8; ++it) y[it] = FIRST ? LOAD_FIRST(src + it * 32 + lane) : LOAD16(src + it * 32 + lane);
 }}
-template <int SF, int SFT>
-__device__ __forceinline__ void wtile_table(uint2* wt, const uint2* __restrict__ tw, int bt0, int lane) {{
-    for (int c = lane; c < 2 * ((1 << SFT) - 1); c += 32) {{  // 16-byte chunk c of stage s: 2 (2^s - 1) before it
-        const int s = 31 - __clz((c >> 1) + 1), off = 2 * (c - 2 * ((1 << s) - 1));
-        cp_async16(wt + 4 * ((1 << s) - 1) + off, tw + (bt0 << s) + off);
-    }}
-    for (int e = lane; e < 4 * (8 - SF); e += 32)
-        cp_async8(wt + 4 * ((1 << SFT) - 1) + e, tw + ((bt0 + (e & 3)) << (SF + (e >> 2))));
+// The table wt of warp tile `tile` (rows 2^A_BITS + 4 tile ..) of prime pi: WT entries, laid out in the prime's row of
+// tl_all after its split-factor table (see warp_tables), so that the copy is one contiguous range.
+#define WARP_TABLE(tl_all, pi, tile, WT) ((tl_all) + (u64)(pi) * (240 + ((1 << A_BITS) / 4) * (WT)) + 240 + (tile) * (WT))
+template <int WT>
+__device__ __forceinline__ void wtile_table(uint2* wt, const uint2* __restrict__ src, int lane) {{
+    for (int c = lane; c < WT / 2; c += 32) cp_async16(wt + 2 * c, src + 2 * c);
 }}
 __device__ __forceinline__ void wtile_async(u32* sm, const uint4* __restrict__ src, int lane) {{
 #pragma unroll
@@ -556,8 +554,8 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     uint4 y[8];
     wtile_load<{first}>(src, y, lane);
     if (SF < 8)
-        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
-    wtile_table<SF, SFT>(wt, tw, bt0, lane);
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, WARP_TABLE(tl_all, pi, 0, WT) - 240 + 2 * c);
+    wtile_table<WT>(wt, WARP_TABLE(tl_all, pi, hi0 / 4, WT), lane);
     cp_async_commit();
     wtile_store(sm, y, lane);
     cp_async_wait<0>();
@@ -734,15 +732,32 @@ TL_INDEX = tuple(((e - 16 * ((1 << d) - 1)) & 15) << d | (e - 16 * ((1 << d) - 1
 _TL_TABLES: "weakref.WeakKeyDictionary[CudaRing, dict]" = weakref.WeakKeyDictionary()
 
 
-def warp_tables(ring: CudaRing, inverse: bool):
-    """The device split-factor tables (P, 240, 2) of the warp-tile row kernels (forward or inverse
-    twiddles gathered at TL_INDEX), built on first use (like ``ring.twiddles``: before any graph capture)."""
+def warp_table_index(a_bits: int, sf: int) -> np.ndarray:
+    """The twiddle indices of every warp tile's table wt (tiles, WT) of a ring with 2^a_bits rows of 256 points and
+    split stages from ``sf`` (SFT = min(sf, 6)): tile t (rows bt0 = 2^a_bits + 4 t ..) holds at 4 (2^s - 1) + j the
+    one-product twiddle (bt0 << s) + j of stage s < SFT (j < 4 2^s: its 4 rows' 2^s each), then at
+    4 (2^SFT - 1) + e the row factor (bt0 + e mod 4) << (sf + e // 4) of split stage sf + e // 4."""
+    sft = min(sf, 6)
+    bt0 = (1 << a_bits) + 4 * np.arange((1 << a_bits) // 4, dtype=np.int64)[:, None]
+    parts = [(bt0 << s) + np.arange(4 << s) for s in range(sft)]
+    e = np.arange(4 * (8 - sf))
+    parts.append((bt0 + (e & 3)) << (sf + (e >> 2)))
+    return np.concatenate(parts, axis=1)
+
+
+def warp_tables(ring: CudaRing, inverse: bool, sf: int):
+    """The warp-tile row kernels' tables of ``ring`` (forward or inverse twiddles), built on first use (like
+    ``ring.twiddles``: before any graph capture): a row a prime of 240 + TILES WT entries (WT: warp_table_entries(sf),
+    TILES: the warp tiles of a limb), its split-factor table tl (the twiddles at TL_INDEX), then every warp tile's
+    table wt (warp_table_index), each a contiguous range that the kernels copy as it is (WARP_TABLE)."""
     tables = _TL_TABLES.setdefault(ring, {})
-    if inverse not in tables:
+    if (inverse, sf) not in tables:
         cp = cupy()
         tw = ring.twiddles[1 if inverse else 0]
-        tables[inverse] = cp.ascontiguousarray(tw[:, cp.asarray(TL_INDEX, dtype=cp.int64)])
-    return tables[inverse]
+        index = np.concatenate([np.asarray(TL_INDEX, dtype=np.int64),
+                                warp_table_index(ring.logn - ROW_LOG, sf).reshape(-1)])
+        tables[inverse, sf] = cp.ascontiguousarray(tw[:, cp.asarray(index)])
+    return tables[inverse, sf]
 
 
 def warp_table_entries(sf: int) -> int:
@@ -903,8 +918,9 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
             smem = warp_smem(warps, warp_split_from(split_from, inverse), swizzle)
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
-            k((rows * blocks_per_row // warps,), (32 * warps,), (arena, src, dst, prime_idx, pt, tw,
-                                                                 warp_tables(ring, inverse)), shared_mem=smem)
+            k((rows * blocks_per_row // warps,), (32 * warps,),
+              (arena, src, dst, prime_idx, pt, tw, warp_tables(ring, inverse, warp_split_from(split_from, inverse))),
+              shared_mem=smem)
         else:
             k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
@@ -927,7 +943,8 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         if k.max_dynamic_shared_size_bytes < smem:
             k.max_dynamic_shared_size_bytes = smem
         k((rows * sum(fused_items(ring.logn)),), (THREADS,),
-          (arena, in_slots, out_slots, prime_idx, pt, tw, warp_tables(ring, inverse), counters, np.int32(rows),
+          (arena, in_slots, out_slots, prime_idx, pt, tw, warp_tables(ring, inverse, warp_split_from(split_from, inverse)),
+           counters, np.int32(rows),
            np.int32(FUSED_LAG)), shared_mem=smem)
         return
     col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
@@ -1010,9 +1027,10 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
             wtile_async(tbase + (warp + p * {warps}) * TILE,
                         (const uint4*)(arena + (u64)vec_slots[r * {nv} + k] * NN + (bt0 - (1 << A_BITS)) * 256), lane);
     }}
-    if (warp < S && warp % F == 0) wtile_table<SF, SFT>(wt, tw, bt0, lane);  // one warp a group
+    if (warp < S && warp % F == 0)  // one warp a group
+        wtile_table<WT>(wt, WARP_TABLE(tl_all, pi, G * tile + grp, WT), lane);
     if (SF < 8)
-        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, tl_all + (u64)pi * 240 + 2 * c);
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, WARP_TABLE(tl_all, pi, 0, WT) - 240 + 2 * c);
     cp_async_commit();
 {stage_copy}
     cp_async_wait<{pending}>();  // the tables; the staged operands (the last group) may be in flight
