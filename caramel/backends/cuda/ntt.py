@@ -244,7 +244,9 @@ __device__ __forceinline__ int sidx(int sub, int p) {{
 // k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle 2^s + i_local of the
 // table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
 // tw + (g << d) a stage and a constant offset each.
-template <int LOGM, int G, int MODE, int S0, int R, bool INV>
+// CANON (forward, the transform's first pass): the inputs are canonical, so its first stage needs no reduction (after
+// R <= 4 stages the values stay below q + 2q R <= 9q, as the next pass's reduction expects: below 16q).
+template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool CANON = false>
 __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, u32 q, u32 two_q, u32 four_q,
                                          u32 eight_q) {{
     constexpr int LOGT = LOGM - S0 - R;
@@ -281,7 +283,7 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
                 }} else {{
                     const u32 t = tw_mul<MODE == 1 && COL_SMEM_TW>(v[k + half], twg, 1, s, il, q);
                     if (!LAZY) ct_bfly(v[k], v[k + half], t, two_q);
-                    else if (d == 0) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q, eight_q);
+                    else if (d == 0 && !CANON) ct_bfly_lazy<true>(v[k], v[k + half], t, two_q, eight_q);
                     else ct_bfly_lazy<false>(v[k], v[k + half], t, two_q, eight_q);
                 }}
             }}
@@ -771,9 +773,10 @@ def warp_smem(warps: int, sf: int, swizzle: bool | None = None) -> int:
     return 8 * 240 + warps * (4 * 4 * wpitch(swizzle) + 8 * warp_table_entries(sf))
 
 
-def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) -> str:
+def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True, canonical: bool = False) -> str:
     """The ntt_pass calls of a 2^logm-point transform of g sub-transforms in layout ``mode`` (passes of
-    RADIX_LOG stages, the last one shorter; reversed for the inverse); none with body=False."""
+    RADIX_LOG stages, the last one shorter; reversed for the inverse); none with body=False. ``canonical``
+    (forward): the first pass's inputs are canonical (ntt_pass's CANON)."""
     if not body:
         return ""
     plan, s = [], 0
@@ -784,8 +787,8 @@ def _pass_calls(logm: int, g: int, mode: int, inverse: bool, body: bool = True) 
     if inverse:
         plan.reverse()
     inv = "true" if inverse else "false"
-    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}>(sm, tw, q, two_q, four_q, eight_q);"
-             for s0, r in plan]
+    calls = [f"    ntt_pass<{logm}, {g}, {mode}, {s0}, {r}, {inv}{', true' if canonical and s0 == 0 else ''}>"
+             "(sm, tw, q, two_q, four_q, eight_q);" for s0, r in plan]
     return "\n    __syncthreads();\n".join(calls)
 
 
@@ -824,7 +827,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
             "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
             "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = shoup(sm[i], ni, nip, q);"
         )
-        kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body), store=fwd_store) + \
+        kernels = _SMALL.format(name="ntt_fwd", passes=_pass_calls(logn, 1, 0, False, body, True), store=fwd_store) + \
             _SMALL.format(name="ntt_inv", passes=_pass_calls(logn, 1, 0, True, body), store=inv_store)
         return _header(logn, logn, kernels, lazy, tw_fake, load_cg=load_cg, first_cs=first_cs,
                        second_reversed=second_reversed, swizzle=swizzle)
@@ -846,7 +849,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     row_fwd = "\n".join(f"        v.{c} = fwd_final(v.{c}, q, two_q, m32);" for c in "xyzw")
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
-        col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body),
+        col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body, not inverse),
                           second="true" if inverse else "false", load="LOAD16" if inverse else "LOAD_FIRST",
                           bound=f", {COL_MIN_BLOCKS}" if COL_MIN_BLOCKS and not inverse else "",
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
