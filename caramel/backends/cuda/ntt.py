@@ -8,12 +8,13 @@ Algorithm: the radix-2 Cooley-Tukey loop with psi powers in bit-reversed order (
 ``psi^br(m + i)`` for group i; Gentleman-Sande with the inverse powers for ``intt``), with Harvey's
 lazy butterflies (values in [0, 4q) forward, [0, 2q) inverse) and Shoup twiddle products. With
 LAZY and primes below 2^28 the forward butterflies reduce only at the first stage of each pass
-(values below 16q <= 2^32; see ct_bfly_lazy).
+(values below 16q <= 2^32; see ct_bfly_lazy), none in the transform's first pass (canonical inputs: CANON), and the
+inverse butterflies only where a value's bound, known at compile time, requires it (LAZY_INV; see gs_sum_diff).
 Data is staged in shared memory; stages run in passes of up to RADIX_LOG (4) stages held in
 registers (16 points per virtual thread; the thesis' scheme is 3 stages, 8 points), with a
 __syncthreads between passes (a __syncwarp in the warp-tile row kernels). Conditional subtractions
-are an add and an unsigned min (csub); 2q and 8q are read from the prime table, so that x + 2q - t is one add and
-the lazy reduction by 8q one fused add-and-min (built from 2q, the compiler makes it a multiply-add and a min).
+are an add and an unsigned min (csub); 2q, 4q and 8q are read from the prime table, so that x + 2q - t is one add
+and the lazy reduction by 8q one fused add-and-min (built from 2q, the compiler makes it a multiply-add and a min).
 
 * N <= 4096: one kernel, one block per row, the whole transform in shared memory.
 * N >= 8192: two kernels. Write the index j = hi * 256 + lo. The "column" kernel does the first
@@ -27,9 +28,10 @@ the lazy reduction by 8q one fused add-and-min (built from 2q, the compiler make
   drift apart and overlap their loads with others' butterflies; its one-product twiddles and row
   factors come from a per-warp table and the split factors from a per-block table in shared memory
   (laid out so that lanes read consecutive entries or broadcasts), copied with cp.async beside the
-  data loads. The column passes read a stage's twiddles from one base pointer into a copy of the prime's first
-  2^(log2(N) - 8) table entries in shared memory (col_twiddles, COL_SMEM_TW), made by the tile's threads beside
-  its data loads.
+  data loads from one device array a ring and direction (warp_tables: a prime's split factors, then every warp
+  tile's table as one contiguous range, so that the copy needs no index arithmetic). The column passes read a
+  stage's twiddles from one base pointer into a copy of the prime's first 2^(log2(N) - 8) table entries in shared
+  memory (col_twiddles, COL_SMEM_TW), made by the tile's threads beside its data loads.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 
 Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_CG); the first pass reads
@@ -449,9 +451,10 @@ __device__ __forceinline__ void wtile_load(const uint4* __restrict__ src, uint4 
 #pragma unroll
     for (int it = 0; it < 8; ++it) y[it] = FIRST ? LOAD_FIRST(src + it * 32 + lane) : LOAD16(src + it * 32 + lane);
 }}
-// The table wt of warp tile `tile` (rows 2^A_BITS + 4 tile ..) of prime pi: WT entries, laid out in the prime's row of
-// tl_all after its split-factor table (see warp_tables), so that the copy is one contiguous range.
-#define WARP_TABLE(tl_all, pi, tile, WT) ((tl_all) + (u64)(pi) * (240 + ((1 << A_BITS) / 4) * (WT)) + 240 + (tile) * (WT))
+// Prime pi's row of warp_tables (tl_all): its split-factor table tl (240 entries), then the table wt of every warp
+// tile (WT entries; tile t: rows 2^A_BITS + 4 t ..), each a contiguous range that the kernels copy as it is.
+#define TABLE_ROW(tl_all, pi, WT) ((tl_all) + (u64)(pi) * (240 + ((1 << A_BITS) / 4) * (WT)))
+#define WARP_TABLE(tl_all, pi, tile, WT) (TABLE_ROW(tl_all, pi, WT) + 240 + (tile) * (WT))
 template <int WT>
 __device__ __forceinline__ void wtile_table(uint2* wt, const uint2* __restrict__ src, int lane) {{
     for (int c = lane; c < WT / 2; c += 32) cp_async16(wt + 2 * c, src + 2 * c);
@@ -556,7 +559,7 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     uint4 y[8];
     wtile_load<{first}>(src, y, lane);
     if (SF < 8)
-        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, WARP_TABLE(tl_all, pi, 0, WT) - 240 + 2 * c);
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, TABLE_ROW(tl_all, pi, WT) + 2 * c);
     wtile_table<WT>(wt, WARP_TABLE(tl_all, pi, hi0 / 4, WT), lane);
     cp_async_commit();
     wtile_store(sm, y, lane);
@@ -900,6 +903,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     lazy = ring_lazy(ring, lazy)
     # The module settings are read at call time, so that scripts can compare them.
     split_from = SPLIT_FROM if split_from is None else split_from
+    sf = warp_split_from(split_from, inverse)  # the row passes' first split stage
     warps = WARPS if warps is None else int(warps)
     load_cg = LOAD_CG if load_cg is None else bool(load_cg)
     first_cs = FIRST_CS if first_cs is None else bool(first_cs)
@@ -918,12 +922,11 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     def run(name, src, dst, blocks_per_row):
         k = kernel(name)
         if name.endswith("_row"):  # blocks_per_row: warp tiles
-            smem = warp_smem(warps, warp_split_from(split_from, inverse), swizzle)
+            smem = warp_smem(warps, sf, swizzle)
             if k.max_dynamic_shared_size_bytes < smem:
                 k.max_dynamic_shared_size_bytes = smem
             k((rows * blocks_per_row // warps,), (32 * warps,),
-              (arena, src, dst, prime_idx, pt, tw, warp_tables(ring, inverse, warp_split_from(split_from, inverse))),
-              shared_mem=smem)
+              (arena, src, dst, prime_idx, pt, tw, warp_tables(ring, inverse, sf)), shared_mem=smem)
         else:
             k((rows * blocks_per_row,), (THREADS,), (arena, src, dst, prime_idx, pt, tw))
 
@@ -942,12 +945,11 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
         if counters.shape[0] < counter_words(rows):
             raise ValueError(f"counters: {counters.shape[0]} words, {counter_words(rows)} needed")
         k = kernel(f"ntt_{'inv' if inverse else 'fwd'}_fused")
-        smem = fused_smem(ring.logn, warp_split_from(split_from, inverse), swizzle)
+        smem = fused_smem(ring.logn, sf, swizzle)
         if k.max_dynamic_shared_size_bytes < smem:
             k.max_dynamic_shared_size_bytes = smem
         k((rows * sum(fused_items(ring.logn)),), (THREADS,),
-          (arena, in_slots, out_slots, prime_idx, pt, tw, warp_tables(ring, inverse, warp_split_from(split_from, inverse)),
-           counters, np.int32(rows),
+          (arena, in_slots, out_slots, prime_idx, pt, tw, warp_tables(ring, inverse, sf), counters, np.int32(rows),
            np.int32(FUSED_LAG)), shared_mem=smem)
         return
     col_blocks, row_tiles = (1 << ROW_LOG) // COLS, (1 << (ring.logn - ROW_LOG)) // 4
@@ -1033,7 +1035,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     if (warp < S && warp % F == 0)  // one warp a group
         wtile_table<WT>(wt, WARP_TABLE(tl_all, pi, G * tile + grp, WT), lane);
     if (SF < 8)
-        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, WARP_TABLE(tl_all, pi, 0, WT) - 240 + 2 * c);
+        for (int c = threadIdx.x; c < 120; c += blockDim.x) cp_async16(tl + 2 * c, TABLE_ROW(tl_all, pi, WT) + 2 * c);
     cp_async_commit();
 {stage_copy}
     cp_async_wait<{pending}>();  // the tables; the staged operands (the last group) may be in flight
