@@ -380,7 +380,7 @@ def fused(
 
         kernel, blocks = epilogue_kernel(ring, program)
         staged = ntt.epilogue_staged(program.transformed, program.plain(), blocks)
-        extra = (ring.twiddles[0], ntt.warp_tables(ring, False, ntt.warp_split_from(ntt.EPILOGUE_SPLIT_FROM, False)))
+        extra = (ring.twiddles[0], ntt.warp_tables(ring, False, ntt.epilogue_split_from()))
         smem = ntt.epilogue_smem(len(program.transformed), len(staged))
         tiles //= ntt.epilogue_groups(len(program.transformed))  # a block takes G groups of 4 rows
         if kernel.max_dynamic_shared_size_bytes < smem:

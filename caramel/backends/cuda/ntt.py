@@ -296,15 +296,11 @@ __device__ __forceinline__ void ntt_pass(u32* sm, const uint2* __restrict__ tw, 
     }}
 }}
 
-// 16- and 8-byte asynchronous copies global -> shared (cp.async, sm_80+), for the twiddle tables of the
-// warp-tile row kernels.
+// 16-byte asynchronous copies global -> shared (cp.async, sm_80+), for the twiddle tables of the warp-tile row
+// kernels and the epilogues' tiles.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem) : "memory");
-}}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(s), "l"(gmem) : "memory");
 }}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
@@ -765,6 +761,11 @@ def warp_tables(ring: CudaRing, inverse: bool, sf: int):
     return tables[inverse, sf]
 
 
+def epilogue_split_from() -> int:
+    """The epilogue kernels' first split stage SF: EPILOGUE_SPLIT_FROM (read now) clamped as warp_split_from."""
+    return warp_split_from(EPILOGUE_SPLIT_FROM, False)
+
+
 def warp_table_entries(sf: int) -> int:
     """WT of _ROWW: the entries of a warp tile's table wt (8 bytes each) with split stages from ``sf``."""
     return 4 * ((1 << min(sf, 6)) - 1) + 4 * (8 - sf)
@@ -1144,7 +1145,7 @@ def epilogue_source(logn: int, name: str, operands: tuple[int, ...], n_vec: int,
     1024 j``: word ``e``, or point ``pe`` one residue a thread)."""
     if logn <= 12 or not 0 < len(operands) <= EPILOGUE_MAX:
         raise ValueError(f"an epilogue kernel needs N >= 8192 and 1 to {EPILOGUE_MAX} transformed operands")
-    sf = warp_split_from(EPILOGUE_SPLIT_FROM, False)
+    sf = epilogue_split_from()
     operand_of = " : ".join(f"f == {w} ? {k}" for w, k in enumerate(operands[:-1])) + (
         " : " if len(operands) > 1 else "") + str(operands[-1])
     if staged and epilogue_groups(len(operands)) != 1:
@@ -1176,7 +1177,7 @@ def epilogue_smem(operands: int, staged: int = 0) -> int:
     """Dynamic shared memory of an epilogue kernel with ``operands`` transformed operands (tl, a table wt a group and
     a warp tile for each of its F G row passes) and ``staged`` staged plain operands (4 KiB each,
     :func:`epilogue_staged`)."""
-    g, wt = epilogue_groups(operands), warp_table_entries(warp_split_from(EPILOGUE_SPLIT_FROM, False))
+    g, wt = epilogue_groups(operands), warp_table_entries(epilogue_split_from())
     return 8 * 240 + g * 8 * wt + operands * g * 16 * wpitch() + 4096 * staged
 
 
