@@ -69,6 +69,8 @@ __device__ __forceinline__ u32 prime_q(const u32* __restrict__ pt, int p) { retu
 __device__ __forceinline__ u64 prime_mu(const u32* __restrict__ pt, int p) {
     return ((u64)__ldg(pt + 8 * p + 5) << 32) | (u64)__ldg(pt + 8 * p + 4);
 }
+// floor(2^32 / q): mu's high word (mu = floor(2^64 / q) for q < 2^32), for a 32-bit Barrett step.
+__device__ __forceinline__ u32 prime_m32(const u32* __restrict__ pt, int p) { return __ldg(pt + 8 * p + 5); }
 """
 
 

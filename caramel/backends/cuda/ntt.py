@@ -326,7 +326,7 @@ __device__ __forceinline__ void store16(uint4* p, uint4 v) {{
 }}
 
 // Forward output -> canonical. Not LAZY: x in [0, 4q), two conditional subtractions. LAZY: x in [0, 16q), a 32-bit
-// Barrett step with m32 = floor(2^32 / q) (the high word of the prime table's mu): k = floor(x m32 / 2^32) is
+// Barrett step with m32 = floor(2^32 / q) (prime_m32): k = floor(x m32 / 2^32) is
 // floor(x / q) or one less (x < 2^32), so x - k q lies in [0, 2q); one conditional subtraction. Three instructions
 // where the four subtractions (8q, 4q, 2q, q) took about six.
 __device__ __forceinline__ u32 fwd_final(u32 x, u32 q, u32 two_q, u32 m32) {{
@@ -545,7 +545,7 @@ __device__ __forceinline__ void {name}_tile(u32* dyn, u32* arena, int in_slot, i
     const int lane = threadIdx.x & 31;
     const int bt0 = (1 << A_BITS) + hi0;
     PRIME_CONSTANTS(pt, pi);
-    const u32 m32 = __ldg(pt + 8 * pi + 5);  // floor(2^32 / q), for fwd_final (forward)
+    const u32 m32 = prime_m32(pt, pi);  // for fwd_final (forward)
     (void)m32;
     const uint2* tw = tw_all + (u64)pi * NN;
     u32* sm = dyn + 480 + warp * (4 * WPITCH + 2 * WT);
@@ -825,7 +825,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     butterflies out (loads and stores alone), tw_fake makes every twiddle a constant; load_cg, first_cs,
     second_reversed: see LOAD16, LOAD_FIRST and SECOND_REVERSED in _SRC; swizzle: the warp tiles' layout (wsidx)."""
     if logn <= 12:
-        fwd_store = ("    const u32 m32 = __ldg(pt + 8 * pi + 5);\n"
+        fwd_store = ("    const u32 m32 = prime_m32(pt, pi);\n"
                      "    for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q, m32);")
         inv_store = (
             "    const u32 ni = __ldg(pt + 8 * pi + 2), nip = __ldg(pt + 8 * pi + 3);\n"
@@ -1019,7 +1019,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
     const int pi = prime_idx[r];
     PRIME_CONSTANTS(pt, pi);
     const u64 mu = prime_mu(pt, pi);
-    const u32 m32 = (u32)(mu >> 32);  // floor(2^32 / q), for fwd_final
+    const u32 m32 = (u32)(mu >> 32);  // prime_m32, for fwd_final
     (void)mu;
     const int grp = G == 1 ? 0 : warp / F;  // this warp's group (with one group, warps past F balance its row pairs)
     const int bt0 = (1 << A_BITS) + 4 * (G * tile + grp);  // its 4 rows (every slot of it)
@@ -1309,7 +1309,7 @@ extern "C" __global__ void __launch_bounds__(256) ntt_fwd_pro(
     __syncthreads();
 {passes}
     __syncthreads();
-    const u32 m32 = __ldg(pt + 8 * pi + 5);
+    const u32 m32 = prime_m32(pt, pi);
     for (int i = threadIdx.x; i < NN; i += blockDim.x) dst[i] = fwd_final(sm[i], q, two_q, m32);
 }}
 """
