@@ -138,8 +138,8 @@ def main() -> int:
     ap.add_argument("--streams", default="1,4,8", help="stream counts of the fused graphs (comma separated)")
     ap.add_argument("--ntt-set", action="append", default=[],
                     help="kernel settings NAME=V[,NAME=V] (NTT module, e.g. LOAD_CG=0; ew.NAME for the elementwise "
-                         "module), one timing of the fused graphs each, in this process (repeatable; 'default' for "
-                         "the modules' own)")
+                         "module; plan.NAME for caramel.plan.order, the fused plan then built under it), one timing "
+                         "of the fused graphs each, in this process (repeatable; 'default' for the modules' own)")
     args = ap.parse_args()
     dirs = args.programs or [ROOT / ".data", Path("/work/shared/programs")]
     if not gpu_available():
@@ -196,6 +196,8 @@ def main() -> int:
         if label.startswith("graph fused") and str(streams) not in args.streams.split(","):
             continue
         settings.apply(ntt_set)
+        if plan is fused and "plan." in ntt_set:  # a setting of caramel.plan.order: the plan built under it
+            plan = build_plan(program)
         t0 = time.perf_counter()
         run = GpuRun(plan, ctx, memory, "exact", per_row=per_row, streams=streams)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays

@@ -80,13 +80,14 @@ class Bench:
 
 class KernelSettings:
     """The CUDA kernels' module settings by name: NAME of caramel.backends.cuda.ntt, ew.NAME of
-    caramel.backends.cuda.elementwise. ``apply(spec)`` restores what earlier calls changed, then applies ``spec``
+    caramel.backends.cuda.elementwise, plan.NAME of caramel.plan.order (read when a plan is built). ``apply(spec)`` restores what earlier calls changed, then applies ``spec``
     ("NAME=INT,NAME=INT", "" or "default" for the modules' own; a tuple setting takes INT/INT/...)."""
 
     def __init__(self):
         from caramel.backends.cuda import elementwise, ntt
+        from caramel.plan import order
 
-        self.modules = {"": ntt, "ew.": elementwise}
+        self.modules = {"": ntt, "ew.": elementwise, "plan.": order}
         self.saved: dict[tuple[object, str], object] = {}
 
     def check(self, spec: str) -> None:
@@ -111,7 +112,7 @@ class KernelSettings:
                         else type(old)(int(value)))
 
     def _where(self, name: str):
-        prefix = "ew." if name.startswith("ew.") else ""
+        prefix = next((p for p in self.modules if p and name.startswith(p)), "")
         return self.modules[prefix], name[len(prefix):]
 
 

@@ -7,11 +7,12 @@ kernel is a sequence of whole-limb accesses, row by row in row order:
 
 * a single-pass kernel reads each row's inputs, then writes its outputs;
 * a forward NTT or inverse NTT at N >= 8192 is two passes (:mod:`caramel.backends.cuda.ntt`): the first reads
-  each row's input and writes its output limb, the second reads and writes the output limb again. A forward NTT
-  runs them as two kernels: the second over the rows in reverse order when ``second_reversed`` (the CUDA kernels'
-  ``SECOND_REVERSED``), else in row order; a half NTT (``Kernel.half``) only the first (its reader runs the second
-  in its load). An INTT is one kernel (the CUDA backend's ``ntt.FUSED``): each row's second pass follows its first,
-  row by row (the kernel's lag of a few dozen limbs is left out), as :func:`caramel.plan.order.write_order` has it.
+  each row's input and writes its output limb, the second reads and writes the output limb again. A transform
+  in two kernels (:data:`caramel.plan.order.FUSED`, the CUDA backend's ``ntt.FUSED``) runs the second over the rows
+  in reverse order when ``second_reversed`` (the CUDA kernels' ``SECOND_REVERSED``), else in row order; in one kernel,
+  each row's second pass follows its first, row by row (the kernel's lag of a few dozen limbs is left out), as
+  :func:`caramel.plan.order.write_order` has it. A half NTT (``Kernel.half``) runs only the first (its reader runs
+  the second in its load).
 
 The cache is LRU over limbs with write-back: a read of a cached limb is a hit, else a miss that allocates it; a
 write allocates the limb dirty; every access makes the limb the most recently used; an evicted dirty limb, and
@@ -29,14 +30,13 @@ from collections import OrderedDict
 from typing import Iterator, NamedTuple
 
 from caramel.plan.kernel import ChipPlan, Kind, Plan, Row
+from caramel.plan.order import one_kernel
 
 #: The L2 of an H100 or H200 (bytes), and in limbs of N = 65536 words of 4 bytes.
 L2_BYTES = 50 * 2**20
 L2_LIMBS = L2_BYTES // (4 * 65536)
 #: Kinds that run as two passes over their output limbs (at N >= 8192).
 TWO_PASS = frozenset({Kind.NTT, Kind.INTT})
-#: Of those, the kinds whose two passes are one kernel, row by row (see the module docstring).
-ONE_KERNEL = frozenset({Kind.INTT})
 
 
 class CacheTraffic(NamedTuple):
@@ -65,13 +65,13 @@ def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[boo
             yield from ((True, c.dst) for c in kernel.comms if c.dst >= 0)
             continue
         two_pass = kernel.kind in TWO_PASS and not kernel.half  # a half NTT's readers run its second pass
-        one_kernel = two_pass and kernel.kind in ONE_KERNEL
+        fused = two_pass and one_kernel(kernel)
         for row in kernel.rows:
             yield from ((False, b) for b in row.ins)
             yield from ((True, b) for b in row.outs)
-            if one_kernel:
+            if fused:
                 yield from _second_pass(row)
-        if two_pass and not one_kernel:
+        if two_pass and not fused:
             for row in (kernel.rows[::-1] if second_reversed else kernel.rows):
                 yield from _second_pass(row)
 

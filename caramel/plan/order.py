@@ -8,9 +8,9 @@ scanned in the order it was filled), one that reads them newest-first hits on up
 
 :func:`recent_first` orders every kernel's rows by the *write rank* of their inputs, most recent first: the rank of
 a buffer is the position of its write in the plan's order of writes (kernel by kernel; within a kernel, row by row,
-except NTT and INTT kernels, whose second pass takes the rows last-first on the CUDA backend
-(``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse order; the CUDA INTT in
-one kernel (``caramel.backends.cuda.ntt.FUSED``, the default since session 16) finishes them in order instead). A
+except NTT and INTT kernels that the CUDA backend runs as two kernels, whose second pass takes the rows last-first
+(``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse order; a transform in one
+kernel (:data:`FUSED`, ``caramel.backends.cuda.ntt.FUSED``) finishes them in order). A
 row's key is the highest rank among its inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the
 plan's order. Communication kernels keep their order (every chip must issue its collectives alike). Results do not
 depend on row order: the plan computes the same values.
@@ -23,11 +23,24 @@ from dataclasses import replace
 from caramel.plan.kernel import ChipPlan, Kernel, Kind, Plan
 
 
+#: Whether the CUDA backend runs a whole (forward, inverse) transform at N >= 8192 as one kernel
+#: (``caramel.backends.cuda.ntt.FUSED``; a test keeps the two equal): one kernel finishes its rows in row order, two
+#: kernels (the second taking the rows last-first, ``SECOND_REVERSED``) finish them last-first. Read at call time, so
+#: that scripts can compare plans (``scripts/gpu_bench.py --ntt-set plan.FUSED=1/1``).
+FUSED = (False, True)
+
+
+def one_kernel(kernel: Kernel) -> bool:
+    """Whether ``kernel`` is a whole NTT or INTT that the CUDA backend runs as one kernel (:data:`FUSED`)."""
+    return kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half and FUSED[kernel.kind is Kind.INTT]
+
+
 def write_order(kernel: Kernel) -> tuple:
-    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): a whole NTT (two
-    kernels on the CUDA backend, the second reversed) last-first; an INTT (one kernel, limb by limb: FUSED) and a
-    half NTT (its first pass only) in row order."""
-    return kernel.rows[::-1] if kernel.kind is Kind.NTT and not kernel.half else kernel.rows
+    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): a whole NTT or INTT in
+    two kernels (:data:`FUSED`) last-first; one in one kernel, a half NTT (its first pass only) and every other
+    kernel in row order."""
+    two_kernels = kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half and not one_kernel(kernel)
+    return kernel.rows[::-1] if two_kernels else kernel.rows
 
 
 def recent_first_chip(chip: ChipPlan) -> ChipPlan:

@@ -121,3 +121,23 @@ def test_reordered_plans_compute_the_same_stores(name):
     plan = build_plan(program, row_order="batch")
     for mode in ("exact", "emulator"):
         assert not store_mismatches(run_plan(plan, ctx, memory, mode), run_plan(recent_first(plan), ctx, memory, mode))
+
+
+def test_the_plans_model_of_fused_transforms_is_the_cuda_backends():
+    """write_order's model (plan.order.FUSED) is the CUDA backend's choice of one kernel or two (ntt.FUSED)."""
+    from caramel.backends.cuda import ntt
+    from caramel.plan import order
+
+    assert order.FUSED == tuple(ntt.FUSED)
+
+
+def test_a_forward_ntt_in_one_kernel_finishes_its_rows_in_order(monkeypatch):
+    """With the forward NTT in one kernel (plan.order.FUSED), its rows finish in row order, as the INTT's."""
+    from caramel.plan import order
+
+    monkeypatch.setattr(order, "FUSED", (True, True))
+    plan = build_plan(chain_program(), row_order="batch", fuse_epilogue=False)
+    mul, ntt, add = recent_first(plan).chips[0].kernels
+    assert ntt.kind is Kind.NTT and not ntt.half
+    assert write_order(ntt) == ntt.rows
+    assert [r.prime for r in ntt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
