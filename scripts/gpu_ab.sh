@@ -6,12 +6,15 @@
 #   the device: bash scripts/gpu_ab.sh run CMD ...   # CMD in .ab/ (PYTHONPATH's "." is then REV's tree), e.g.
 #               bash scripts/gpu_ab.sh run python3 scripts/gpu_bench.py --fused-only --streams 1,4
 #
+# GPU_AB_DIR (default .ab; a folder of the repository root) names the copy, so that one call can time several
+# earlier commits (GPU_AB_DIR=.ab2 bash scripts/gpu_ab.sh prepare REV2, and the same variable with run).
+#
 # Carry .ab with the call (`run`'s carry: [".ab", ".data", ".whl", ...]). The copy to the device may leave a file of
 # .ab/ that equals the working tree's as a dangling link: `run` copies the working tree's file in its place and
 # checks every file of .ab/ against the manifest first (exit 2 on a difference). .ab/.data and .ab/.whl point to the
 # working tree's.
 set -euo pipefail
-ab=.ab
+ab=${GPU_AB_DIR:-.ab}
 manifest=.manifest
 case "${1:-}" in
 prepare)
