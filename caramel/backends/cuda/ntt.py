@@ -112,6 +112,10 @@ FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 EVICT_LAST = True
 #: The column passes read their twiddles from a copy in shared memory (col_twiddles), not through L1.
 COL_SMEM_TW = True
+#: The column tiles copy their data straight into shared memory (cp.async, through L2 only, the first pass's evict-first:
+#: col_load), where 16-byte loads into registers and stores to shared memory took twice the instructions and 32
+#: registers a thread while the loads were in flight.
+COL_ASYNC = True
 #: Resident blocks a multiprocessor the forward column kernel's launch bounds ask (0: none): 6 keeps it at 40 registers
 #: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (62 registers,
 #: 4 blocks as before) and the prologue column kernel keep theirs.
@@ -305,6 +309,23 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {{
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\n" ::: "memory"); }}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
+
+// 16 bytes of a column tile from global memory g to shared memory dst: with COL_ASYNC a cp.async copy (not committed;
+// FIRST: evict-first in L2 when FIRST_CS, as LOAD_FIRST), else a 16-byte load (LOAD_FIRST or LOAD16) and a store.
+#define COL_ASYNC {col_async}
+template <bool FIRST>
+__device__ __forceinline__ void col_load(u32* dst, const u32* __restrict__ g) {{
+    if (!COL_ASYNC) {{
+        *(uint4*)dst = FIRST ? LOAD_FIRST((const uint4*)g) : LOAD16((const uint4*)g);
+    }} else if (FIRST && FIRST_CS) {{
+        u64 pol;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
+                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(g), "l"(pol) : "memory");
+    }} else {{
+        cp_async16(dst, g);
+    }}
+}}
 
 // A 16-byte store of a column or row pass: evict-first (st.global.cs) when CS: the last pass's output, read by no
 // kernel soon, should not push out of L2 the intermediates a fused transform still has to read (_FUSED); else, with
@@ -501,10 +522,14 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
     const u32* src = arena + (u64)in_slots[r] * NN + c0;
     u32* dst = arena + (u64)out_slots[r] * NN + c0;
     // 16-byte accesses, all issued before the first use (blockDim.x == NTHREADS).
+    // Element e = it NTHREADS + threadIdx.x of the tile: 16 bytes of row e / 8, at sm + 4 e.
+    const u32* g = src + ((threadIdx.x >> 3) << (LOGN - A_BITS)) + (threadIdx.x & 7) * 4;
 #pragma unroll
-    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it) {{
-        const int e = it * NTHREADS + threadIdx.x;
-        *(uint4*)(sm + e * 4) = {load}((const uint4*)(src + ((e >> 3) << (LOGN - A_BITS)) + (e & 7) * 4));
+    for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it)
+        col_load<{first}>(sm + 4 * (it * NTHREADS + threadIdx.x), g + ((it * NTHREADS / 8) << (LOGN - A_BITS)));
+    if (COL_ASYNC) {{
+        cp_async_commit();
+        cp_async_wait<0>();
     }}
     __syncthreads();
 {passes}
@@ -810,7 +835,8 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
                        lazy_inv=int(LAZY_INV), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
                        second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
-                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW), col_smem=col_smem_words(a_bits))
+                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW), col_async=int(COL_ASYNC),
+                       col_smem=col_smem_words(a_bits))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
@@ -854,7 +880,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     parts = []
     for d, inverse in (("fwd", False), ("inv", True)):
         col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body, not inverse),
-                          second="true" if inverse else "false", load="LOAD16" if inverse else "LOAD_FIRST",
+                          second="true" if inverse else "false", first="false" if inverse else "true",
                           bound=f", {COL_MIN_BLOCKS}" if COL_MIN_BLOCKS and not inverse else "",
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
@@ -911,7 +937,7 @@ def _launch(ring: CudaRing, arena, in_slots, out_slots, prime_idx, inverse: bool
     second_reversed = SECOND_REVERSED if second_reversed is None else bool(second_reversed)
     swizzle, fused_min_blocks, fused_cs = TILE_SWIZZLE, FUSED_MIN_BLOCKS, FUSED_CS
     config = (split_from, lazy, warps, body, tw_fake, load_cg, first_cs, second_reversed, swizzle, fused_min_blocks,
-              fused_cs, EVICT_LAST, COL_SMEM_TW, COL_MIN_BLOCKS, LAZY_INV)
+              fused_cs, EVICT_LAST, COL_SMEM_TW, COL_MIN_BLOCKS, LAZY_INV, COL_ASYNC)
     key = f"ntt{ring.n}-" + "-".join(map(str, config))  # the whole configuration: scripts change module settings
     tw = ring.twiddles[1 if inverse else 0]
     pt = ring.prime_table
