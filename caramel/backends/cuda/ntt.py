@@ -112,9 +112,9 @@ FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 EVICT_LAST = True
 #: The column passes read their twiddles from a copy in shared memory (col_twiddles), not through L1.
 COL_SMEM_TW = True
-#: The column tiles copy their data straight into shared memory (cp.async, through L2 only, the first pass's evict-first:
-#: col_load), where 16-byte loads into registers and stores to shared memory took twice the instructions and 32
-#: registers a thread while the loads were in flight.
+#: The column tiles copy their data straight into shared memory (cp.async through L2 only: col_load), where 16-byte loads
+#: into registers and stores to shared memory took twice the memory instructions and 32 registers a thread while the
+#: loads were in flight.
 COL_ASYNC = True
 #: Resident blocks a multiprocessor the forward column kernel's launch bounds ask (0: none): 6 keeps it at 40 registers
 #: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (62 registers,
@@ -310,21 +310,14 @@ __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.comm
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
 
-// 16 bytes of a column tile from global memory g to shared memory dst: with COL_ASYNC a cp.async copy (not committed;
-// FIRST: evict-first in L2 when FIRST_CS, as LOAD_FIRST), else a 16-byte load (LOAD_FIRST or LOAD16) and a store.
+// 16 bytes of a column tile from global memory g to shared memory dst: with COL_ASYNC a cp.async copy (through L2
+// only, not committed; the first pass's copies are not evict-first: a cache hint on them failed on the device, see
+// docs/PERFORMANCE.md), else a 16-byte load (FIRST: LOAD_FIRST, else LOAD16) and a store.
 #define COL_ASYNC {col_async}
 template <bool FIRST>
 __device__ __forceinline__ void col_load(u32* dst, const u32* __restrict__ g) {{
-    if (!COL_ASYNC) {{
-        *(uint4*)dst = FIRST ? LOAD_FIRST((const uint4*)g) : LOAD16((const uint4*)g);
-    }} else if (FIRST && FIRST_CS) {{
-        u64 pol;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
-                     :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(g), "l"(pol) : "memory");
-    }} else {{
-        cp_async16(dst, g);
-    }}
+    if (COL_ASYNC) cp_async16(dst, g);
+    else *(uint4*)dst = FIRST ? LOAD_FIRST((const uint4*)g) : LOAD16((const uint4*)g);
 }}
 
 // A 16-byte store of a column or row pass: evict-first (st.global.cs) when CS: the last pass's output, read by no
