@@ -112,10 +112,11 @@ FUSED_CS = True  # the fused kernels' last pass stores evict-first (store16)
 EVICT_LAST = True
 #: The column passes read their twiddles from a copy in shared memory (col_twiddles), not through L1.
 COL_SMEM_TW = True
-#: The column tiles copy their data straight into shared memory (cp.async through L2 only: col_load), where 16-byte loads
-#: into registers and stores to shared memory took twice the memory instructions and 32 registers a thread while the
-#: loads were in flight.
-COL_ASYNC = True
+#: (forward, inverse): the column tiles copy their data straight into shared memory (cp.async through L2 only:
+#: col_load), where 16-byte loads into registers and stores to shared memory took twice the memory instructions and 32
+#: registers a thread while the loads were in flight. The forward's column pass reads the transform's input from
+#: DRAM (+8% batched NTT on an H200); the inverse's reads the intermediate from L2, where the loads are faster (-1%).
+COL_ASYNC = (True, False)
 #: Resident blocks a multiprocessor the forward column kernel's launch bounds ask (0: none): 6 keeps it at 40 registers
 #: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (62 registers,
 #: 4 blocks as before) and the prologue column kernel keep theirs.
@@ -310,13 +311,12 @@ __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.comm
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }}
 
-// 16 bytes of a column tile from global memory g to shared memory dst: with COL_ASYNC a cp.async copy (through L2
-// only, not committed; the first pass's copies are not evict-first: a cache hint on them failed on the device, see
+// 16 bytes of a column tile from global memory g to shared memory dst: with ASYNC (COL_ASYNC) a cp.async copy (through
+// L2 only, not committed; the first pass's copies are not evict-first: a cache hint on them failed on the device, see
 // docs/PERFORMANCE.md), else a 16-byte load (FIRST: LOAD_FIRST, else LOAD16) and a store.
-#define COL_ASYNC {col_async}
-template <bool FIRST>
+template <bool ASYNC, bool FIRST>
 __device__ __forceinline__ void col_load(u32* dst, const u32* __restrict__ g) {{
-    if (COL_ASYNC) cp_async16(dst, g);
+    if (ASYNC) cp_async16(dst, g);
     else *(uint4*)dst = FIRST ? LOAD_FIRST((const uint4*)g) : LOAD16((const uint4*)g);
 }}
 
@@ -519,8 +519,8 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
     const u32* g = src + ((threadIdx.x >> 3) << (LOGN - A_BITS)) + (threadIdx.x & 7) * 4;
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it)
-        col_load<{first}>(sm + 4 * (it * NTHREADS + threadIdx.x), g + ((it * NTHREADS / 8) << (LOGN - A_BITS)));
-    if (COL_ASYNC) {{
+        col_load<{async_}, {first}>(sm + 4 * (it * NTHREADS + threadIdx.x), g + ((it * NTHREADS / 8) << (LOGN - A_BITS)));
+    if ({async_}) {{
         cp_async_commit();
         cp_async_wait<0>();
     }}
@@ -828,8 +828,7 @@ def _header(logn: int, a_bits: int, kernels: str, lazy: bool, tw_fake: bool, war
                        lazy_inv=int(LAZY_INV), threads=THREADS,
                        tw_fake=int(tw_fake), load_cg=int(load_cg), first_cs=int(first_cs),
                        second_reversed=int(second_reversed), wpitch=wpitch(swizzle), swizzle=int(swizzle),
-                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW), col_async=int(COL_ASYNC),
-                       col_smem=col_smem_words(a_bits))
+                       evict_last=int(EVICT_LAST), col_smem_tw=int(COL_SMEM_TW), col_smem=col_smem_words(a_bits))
 
 
 def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = True, tw_fake: bool = False,
@@ -874,6 +873,7 @@ def _source(logn: int, split_from=SPLIT_FROM, lazy: bool = LAZY, body: bool = Tr
     for d, inverse in (("fwd", False), ("inv", True)):
         col = _COL.format(name=f"ntt_{d}_col", passes=_pass_calls(a, COLS, 1, inverse, body, not inverse),
                           second="true" if inverse else "false", first="false" if inverse else "true",
+                          async_="true" if COL_ASYNC[int(inverse)] else "false",
                           bound=f", {COL_MIN_BLOCKS}" if COL_MIN_BLOCKS and not inverse else "",
                           store=col_store.replace("{finish}", col_inv_finish if inverse else ""))
         sf = warp_split_from(split_from, inverse)
