@@ -189,6 +189,15 @@ def test_ntt_data_loads(pair, rng, load_cg, first_cs, second_reversed):
                      in_place=(0, 5), load_cg=load_cg, first_cs=first_cs, second_reversed=second_reversed, fused=False)
 
 
+@pytest.mark.parametrize("col_async", [(True, True), (False, False), (True, False), (False, True)], ids=str)
+def test_ntt_column_copies(pair, rng, monkeypatch, col_async):
+    """The column tiles' data copied with cp.async or loaded and stored (COL_ASYNC, per direction) compute the
+    reference, in two kernels and in one, forward and inverse, with two rows in place."""
+    monkeypatch.setattr(dntt, "COL_ASYNC", col_async)
+    for fused in (False, True):
+        check_ntt_launch(pair, rng, f"col_async={col_async} fused={fused}", rows=7, in_place=(0, 5), fused=fused)
+
+
 @pytest.mark.parametrize("n", [8192, 16384, 65536])
 @pytest.mark.parametrize("rows,lag", [(1, 48), (7, 1), (7, 3), (40, 48), (40, 5), (130, 16)], ids=str)
 @pytest.mark.parametrize("cs", [True, False], ids=["cs", "plain"])

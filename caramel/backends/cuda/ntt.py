@@ -34,8 +34,9 @@ and the lazy reduction by 8q one fused add-and-min (built from 2q, the compiler 
   memory (col_twiddles, COL_SMEM_TW), made by the tile's threads beside its data loads.
   ``intt`` runs the row kernel first, then the column kernel, which also multiplies by N^-1.
 
-Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_CG); the first pass reads
-the transform's input evict-first (FIRST_CS), and the second pass takes the limbs in reverse order
+Memory order (N >= 8192): the two passes read their limbs through L2 only (LOAD_CG; a column tile copies its data
+straight into shared memory, COL_ASYNC); the first pass reads the transform's input evict-first (FIRST_CS, where it
+loads into registers), and the second pass takes the limbs in reverse order
 (SECOND_REVERSED), so that it starts on the intermediate the first pass wrote last, which L2 still holds
 (read oldest-first, an LRU cache misses throughout). A two-kernel launch therefore finishes its rows last-first
 (:mod:`caramel.plan.order` counts on this); a fused one (below) finishes them first-first. The passes store evict-last
@@ -114,9 +115,10 @@ EVICT_LAST = True
 COL_SMEM_TW = True
 #: (forward, inverse): the column tiles copy their data straight into shared memory (cp.async through L2 only:
 #: col_load), where 16-byte loads into registers and stores to shared memory took twice the memory instructions and 32
-#: registers a thread while the loads were in flight. The forward's column pass reads the transform's input from
-#: DRAM (+8% batched NTT on an H200); the inverse's reads the intermediate from L2, where the loads are faster (-1%).
-COL_ASYNC = (True, False)
+#: registers a thread while the loads were in flight: +8% batched NTT, -1.4% replay time on an H200 (session 21). The
+#: inverse's column pass, which reads the intermediate from L2, ran its batched INTT 1.6% faster without (False); the
+#: replay of that mix is not measured yet, so both directions copy (the configuration the device tests passed).
+COL_ASYNC = (True, True)
 #: Resident blocks a multiprocessor the forward column kernel's launch bounds ask (0: none): 6 keeps it at 40 registers
 #: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (62 registers,
 #: 4 blocks as before) and the prologue column kernel keep theirs.
