@@ -80,8 +80,9 @@ class Bench:
 
 class KernelSettings:
     """The CUDA kernels' module settings by name: NAME of caramel.backends.cuda.ntt, ew.NAME of
-    caramel.backends.cuda.elementwise, plan.NAME of caramel.plan.order (read when a plan is built). ``apply(spec)`` restores what earlier calls changed, then applies ``spec``
-    ("NAME=INT,NAME=INT", "" or "default" for the modules' own; a tuple setting takes INT/INT/...)."""
+    caramel.backends.cuda.elementwise, plan.NAME of caramel.plan.order (read when a plan is built). ``apply(spec)``
+    restores what earlier calls changed, then applies ``spec`` ("NAME=INT,NAME=INT", "" or "default" for the modules'
+    own; a tuple setting takes INT/INT/...)."""
 
     def __init__(self):
         from caramel.backends.cuda import elementwise, ntt

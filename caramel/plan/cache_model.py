@@ -65,7 +65,7 @@ def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[boo
             yield from ((True, c.dst) for c in kernel.comms if c.dst >= 0)
             continue
         two_pass = kernel.kind in TWO_PASS and not kernel.half  # a half NTT's readers run its second pass
-        fused = two_pass and one_kernel(kernel)
+        fused = one_kernel(kernel)  # its second pass row by row, after each row's first
         for row in kernel.rows:
             yield from ((False, b) for b in row.ins)
             yield from ((True, b) for b in row.outs)

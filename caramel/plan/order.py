@@ -31,8 +31,9 @@ FUSED = (False, True)
 
 
 def one_kernel(kernel: Kernel) -> bool:
-    """Whether ``kernel`` is a whole NTT or INTT that the CUDA backend runs as one kernel (:data:`FUSED`)."""
-    return kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half and FUSED[kernel.kind is Kind.INTT]
+    """Whether ``kernel`` is a whole NTT or INTT (not a half NTT) that the CUDA backend runs as one kernel
+    (:data:`FUSED`)."""
+    return kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half and bool(FUSED[kernel.kind is Kind.INTT])
 
 
 def write_order(kernel: Kernel) -> tuple:

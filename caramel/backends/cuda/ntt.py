@@ -120,8 +120,8 @@ COL_SMEM_TW = True
 #: replay of that mix is not measured yet, so both directions copy (the configuration the device tests passed).
 COL_ASYNC = (True, True)
 #: Resident blocks a multiprocessor the forward column kernel's launch bounds ask (0: none): 6 keeps it at 40 registers
-#: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (62 registers,
-#: 4 blocks as before) and the prologue column kernel keep theirs.
+#: (with COL_SMEM_TW the compiler otherwise holds a pass's twiddles in 62). The inverse column kernel (no bound: 40
+#: registers, 59 before the column tiles' addresses of session 21) and the prologue column kernel keep theirs.
 COL_MIN_BLOCKS = 6
 PRO_LIMB_MAJOR = True  # the prologue column kernel of a lift or mod load runs limb by limb (see LIMB_MAJOR in _COL_PRO)
 
@@ -521,7 +521,8 @@ __device__ __forceinline__ void {name}_tile(u32* sm, u32* arena, const int* __re
     const u32* g = src + ((threadIdx.x >> 3) << (LOGN - A_BITS)) + (threadIdx.x & 7) * 4;
 #pragma unroll
     for (int it = 0; it < (8 << A_BITS) / NTHREADS; ++it)
-        col_load<{async_}, {first}>(sm + 4 * (it * NTHREADS + threadIdx.x), g + ((it * NTHREADS / 8) << (LOGN - A_BITS)));
+        col_load<{async_}, {first}>(sm + 4 * (it * NTHREADS + threadIdx.x),
+                                    g + ((it * NTHREADS / 8) << (LOGN - A_BITS)));
     if ({async_}) {{
         cp_async_commit();
         cp_async_wait<0>();
@@ -548,8 +549,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS{bound}) {name}(
 # the block's table tl (a copy of the prime's split-factor table, see warp_tables), then per warp its 4 rows
 # (4 WPITCH words) and its table wt of WT entries: the one-product twiddles of stages s < SFT of its rows
 # (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s]
-# of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then the copies of both
-# tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
+# of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then
+# the copies of both tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
 # all global reads are in flight at once; one block barrier, then the two passes and the stores with
 # only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
 _ROWW = r"""
