@@ -260,14 +260,14 @@ def main() -> int:
             key = "ntt-var-" + "-".join(map(str, kw.values()))
             src_kw = {k: kw[k] for k in ("split_from", "lazy", "tw_fake", "warps", "load_cg", "first_cs",
                                           "second_reversed") if k in kw}
-            warps = kw["warps"]
+            warps, sf = kw["warps"], dntt.warp_split_from(kw["split_from"], False)
             for kname, blocks in (("ntt_fwd_col", 256 // dntt.COLS), ("ntt_fwd_row", (n >> 8) // (4 * warps))):
                 k = ring.kernel(key, lambda: dntt._source(ring.logn, **src_kw), kname)
                 row = kname.endswith("_row")
-                smem = dntt.warp_smem(warps, dntt.warp_split_from(kw["split_from"], False)) if row else 0
+                smem = dntt.warp_smem(warps, sf) if row else 0
                 if k.max_dynamic_shared_size_bytes < smem:
                     k.max_dynamic_shared_size_bytes = smem
-                extra = (dntt.warp_tables(ring, False, dntt.warp_split_from(kw["split_from"], False)),) if row else ()
+                extra = (dntt.warp_tables(ring, False, sf),) if row else ()
                 t = bench.time(lambda s: k((rows * blocks,), (32 * warps if row else dntt.THREADS,),
                                            (arena, ins[s], outs[s], primes, pt, tw) + extra, shared_mem=smem), sets)
                 bench.add(f"  {kname}", f"R={rows}", t, f"{2 * rows * limb / t / copy * 100:5.1f}% of copy")

@@ -30,13 +30,11 @@ from collections import OrderedDict
 from typing import Iterator, NamedTuple
 
 from caramel.plan.kernel import ChipPlan, Kind, Plan, Row
-from caramel.plan.order import one_kernel
+from caramel.plan.order import one_kernel, whole_transform
 
 #: The L2 of an H100 or H200 (bytes), and in limbs of N = 65536 words of 4 bytes.
 L2_BYTES = 50 * 2**20
 L2_LIMBS = L2_BYTES // (4 * 65536)
-#: Kinds that run as two passes over their output limbs (at N >= 8192).
-TWO_PASS = frozenset({Kind.NTT, Kind.INTT})
 
 
 class CacheTraffic(NamedTuple):
@@ -64,7 +62,7 @@ def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[boo
             yield from ((False, c.src) for c in kernel.comms if c.src >= 0)
             yield from ((True, c.dst) for c in kernel.comms if c.dst >= 0)
             continue
-        two_pass = kernel.kind in TWO_PASS and not kernel.half  # a half NTT's readers run its second pass
+        two_pass = whole_transform(kernel)  # a half NTT's readers run its second pass
         fused = one_kernel(kernel)  # its second pass row by row, after each row's first
         for row in kernel.rows:
             yield from ((False, b) for b in row.ins)

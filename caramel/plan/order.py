@@ -30,18 +30,22 @@ from caramel.plan.kernel import ChipPlan, Kernel, Kind, Plan
 FUSED = (False, True)
 
 
+def whole_transform(kernel: Kernel) -> bool:
+    """Whether ``kernel`` is a whole NTT or INTT: two passes over each row at N >= 8192 (a half NTT runs only the
+    first; its readers run the second in their loads)."""
+    return kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half
+
+
 def one_kernel(kernel: Kernel) -> bool:
-    """Whether ``kernel`` is a whole NTT or INTT (not a half NTT) that the CUDA backend runs as one kernel
-    (:data:`FUSED`)."""
-    return kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half and bool(FUSED[kernel.kind is Kind.INTT])
+    """Whether ``kernel`` is a whole transform that the CUDA backend runs as one kernel (:data:`FUSED`)."""
+    return whole_transform(kernel) and bool(FUSED[kernel.kind is Kind.INTT])
 
 
 def write_order(kernel: Kernel) -> tuple:
     """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): a whole NTT or INTT in
     two kernels (:data:`FUSED`) last-first; one in one kernel, a half NTT (its first pass only) and every other
     kernel in row order."""
-    two_kernels = kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half and not one_kernel(kernel)
-    return kernel.rows[::-1] if two_kernels else kernel.rows
+    return kernel.rows[::-1] if whole_transform(kernel) and not one_kernel(kernel) else kernel.rows
 
 
 def recent_first_chip(chip: ChipPlan) -> ChipPlan:
