@@ -550,8 +550,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS{bound}) {name}(
 # (4 WPITCH words) and its table wt of WT entries: the one-product twiddles of stages s < SFT of its rows
 # (tw[(bt0 << s) .. + 4 2^s), a contiguous range, at wt[4 (2^s - 1)]) and the row factors tw[(bt0 + x) << s]
 # of the split stages s >= SF (at wt[4 (2^SFT - 1) + 4 (s - SF) + x]). A warp issues its 16-byte data loads, then
-# the copies of both tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory read and
-# all global reads are in flight at once; one block barrier, then the two passes and the stores with
+# the copies of both tables (cp.async, no registers), so that every twiddle read of the passes is a shared-memory
+# read and all global reads are in flight at once; one block barrier, then the two passes and the stores with
 # only __syncwarp: the warps drift apart, so that on a multiprocessor some load while others compute.
 _ROWW = r"""
 // The warp tile of warp `warp` of {name}: rows hi0 .. hi0 + 3 of limb in_slot (prime pi) -> limb out_slot, the
