@@ -205,6 +205,13 @@ class Replay:
         return self.run.time(repeats, warmup)
 
     def result(self):
+        """The outputs of the last run (``cpu-plan``: of a run made now)."""
+        return self.run.result()
+
+    def once(self, graph: bool = True):
+        """One run (``gpu``: a graph replay, or eager), its outputs read back."""
+        if self.backend == "gpu":
+            self.run.run(graph)
         return self.run.result()
 
     @property
@@ -386,6 +393,7 @@ class Record:
         }
         self.figures: list[Figure] = []
         self.failures: list[str] = []
+        self.extra: dict[str, Any] = {}  # further sections of the JSON record (e.g. every kernel's record)
         log(f"{self.header['command']}: commit {self.header['commit']}, {self.header['device']}")
 
     def add(self, what: str, value: Any, unit: str = "", **detail: Any) -> Figure:
@@ -414,7 +422,7 @@ class Record:
 
     def document(self) -> dict[str, Any]:
         return {**self.header, "figures": [{"what": f.what, "value": f.value, "unit": f.unit, **f.detail}
-                                           for f in self.figures], "failures": self.failures}
+                                           for f in self.figures], "failures": self.failures, **self.extra}
 
     def write(self, path: str | Path) -> Path:
         from caramel.results import write_json
@@ -442,7 +450,7 @@ def default_json(command: str) -> Path:
 # command lines
 
 
-def add_common(parser: argparse.ArgumentParser, *, backend: str | None = "gpu", n: int = 65536,
+def add_common(parser: argparse.ArgumentParser, *, backend: str | None = "gpu", n: int | None = 65536,
                repeats: int = 10, configs: bool = True, ab: bool = True) -> None:
     """The options every command shares: ``--json``, ``--backend`` (``gpu`` / ``cpu-plan``), ``--n``,
     ``--repeats``, ``--config`` (repeatable: one timing per kernel configuration, in this process), and the A/B
@@ -451,7 +459,8 @@ def add_common(parser: argparse.ArgumentParser, *, backend: str | None = "gpu", 
                         "else bench-results/)")
     if backend is not None:
         parser.add_argument("--backend", default=backend, choices=BACKENDS, help=f"default {backend}")
-    parser.add_argument("--n", type=int, default=n, help=f"ring degree (default {n})")
+    if n is not None:
+        parser.add_argument("--n", type=int, default=n, help=f"ring degree (default {n})")
     parser.add_argument("--repeats", type=int, default=repeats, help=f"timed repeats (default {repeats})")
     if configs:
         parser.add_argument("--config", action="append", default=[], metavar="NAME=V[,NAME=V]",
