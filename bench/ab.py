@@ -55,7 +55,7 @@ def _sha256(path: Path) -> str:
 def prepare(rev: str, where: str | Path = ".ab", repo: Path | None = None) -> Path:
     """Put commit ``rev``'s tracked files into ``where`` (a folder of the repository ``repo``, default the current
     folder's), replacing what was there, with a manifest of their SHA-256 and a ``.rev`` file; add the folder to the
-    repository's ``info/exclude``. SystemExit (2) when ``rev`` is no commit."""
+    repository's ``info/exclude`` unless git ignores it already. SystemExit (2) when ``rev`` is no commit."""
     repo = Path(repo or Path.cwd())
     ok = subprocess.run(["git", "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"], cwd=repo, capture_output=True)
     if ok.returncode:
@@ -72,15 +72,14 @@ def prepare(rev: str, where: str | Path = ".ab", repo: Path | None = None) -> Pa
     short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=repo, capture_output=True, text=True,
                            check=True).stdout.strip()
     (target / ".rev").write_text(short + "\n")
-    exclude = Path(subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=repo, capture_output=True,
-                                  text=True, check=True).stdout.strip())
-    exclude = exclude if exclude.is_absolute() else repo / exclude
-    line = f"/{Path(where).as_posix().strip('/')}/"
-    existing = exclude.read_text().split() if exclude.exists() else []
-    if line not in existing:
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(Path(where) / MANIFEST)], cwd=repo).returncode == 0
+    if not ignored:  # (caramel's .gitignore covers /.ab*/) kept out of `git status` and of the device's copy
+        exclude = Path(subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=repo,
+                                      capture_output=True, text=True, check=True).stdout.strip())
+        exclude = exclude if exclude.is_absolute() else repo / exclude
         exclude.parent.mkdir(parents=True, exist_ok=True)
         with open(exclude, "a") as f:
-            f.write(line + "\n")
+            f.write(f"/{Path(where).as_posix().strip('/')}/\n")
     print(f"{Path(where).as_posix()}/ holds {short} ({len(lines)} files); carry it with the device call")
     return target
 

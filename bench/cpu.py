@@ -1,13 +1,14 @@
 """On the CPU: loading and validation, the plan, accuracy by decryption, the client's input preparation, and the
 reference digests that the GPU benchmarks check against.
 
-    python -m bench cpu [load] [plan] [accuracy] [client] [--program NAME ...] [--n 65536]
+    python -m bench cpu [load] [plan] [fusion] [accuracy] [client] [--program NAME ...] [--n 65536]
     python -m bench cpu digests [--program BootstrapLike_51L_1c ...] [--run-seed 1]   # writes bench/reference_digests.json
 
 ``load``: per program a cold parse (no cache), a cold parse that writes the cache (an empty cache folder), a cached
 load and ``validate``, each ``--repeats`` times, best and median (default BootstrapLike_51L_8c and _1c, unpacked from
 their archive). ``plan``: the SSA renaming, the networkx graph, the resource graph before renaming and the plan
-(wall and CPU seconds, ``--memory``: tracemalloc's retained and peak), then the plan report. ``accuracy``: precision
+(wall and CPU seconds, ``--memory``: tracemalloc's retained and peak), then the plan report. ``fusion``: what fusion
+across NTT boundaries could still remove from the plan's traffic (nothing runs). ``accuracy``: precision
 by decryption (largest and median slot error in bits) of ``--program`` (default Mul, MulRotate, PolyX8 members) in
 each mode. ``client``: the CPU client's keys and inputs (CPU seconds too), the key store written and loaded.
 ``digests``: the CPU reference's output digests of the benchmark inputs (``bench.harness.bench_inputs``; with
@@ -24,12 +25,13 @@ import tarfile
 import tempfile
 import time
 import tracemalloc
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench.harness import (DIGESTS, Record, add_common, bench_inputs, digest_key, find_program, log, program_dirs,
                            stored_digests)
 
-PARTS = ("load", "plan", "accuracy", "client", "digests")
+PARTS = ("load", "plan", "fusion", "accuracy", "client", "digests")
 ACCURACY = ["Mul_4L_1c", "Mul_10L_1c", "MulRotate_10L_4c", "PolyX8_10L_2c", "Mul_51L_8c"]
 
 
@@ -135,6 +137,72 @@ def plan(rec: Record, args) -> None:
         print(plan_report(built, program), end="")
 
 
+def fusion_estimate(plan) -> tuple[int, dict[str, Counter]]:
+    """(plan traffic in limbs, {fusion: rows by neighbouring kind}) of four fusions across NTT boundaries, each
+    removing 2 limbs of traffic where the limb between the two rows is read by one row only and not stored:
+    "K -> NTT" (a forward NTT's first pass computes the row of kind K that wrote its input), "NTT -> K" (the reader
+    of kind K runs the NTT's second pass in its load), "K -> INTT", "INTT -> K". No limb is counted twice."""
+    from caramel.plan.kernel import Kind
+
+    total = 0
+    fusions = {name: Counter() for name in ("{} -> NTT", "NTT -> {}", "{} -> INTT", "INTT -> {}")}
+    for chip in plan.chips:
+        writer: dict[int, tuple[int, int]] = {}  # buffer -> (kernel, row) that last wrote it
+        readers: dict[tuple[int, int, int], set] = defaultdict(set)  # (kernel, row, buffer) -> reading rows
+        reads_of: dict[tuple[int, int], list] = {}  # (kernel, row) -> writers of its inputs
+        for k, kernel in enumerate(chip.kernels):
+            total += len(kernel.reads()) + len(kernel.writes())
+            if kernel.kind is Kind.COMM:
+                rows = [((c.src,) if c.src >= 0 else (), (c.dst,) if c.dst >= 0 else ()) for c in kernel.comms]
+            else:
+                rows = [(r.ins, r.outs) for r in kernel.rows]
+            for i, (ins, outs) in enumerate(rows):
+                srcs = []
+                for b in dict.fromkeys(ins):
+                    if b in writer:
+                        w = (*writer[b], b)
+                        readers[w].add((k, i))
+                        srcs.append(w)
+                reads_of[(k, i)] = srcs
+                for b in outs:
+                    writer[b] = (k, i)
+        pinned = {(*writer[b], b) for b in chip.stores.values() if b in writer}
+        fused = set()  # (kernel, row, buffer) already counted
+
+        def take(w, counter: Counter, kind) -> None:
+            if w not in pinned and len(readers[w]) == 1 and w not in fused:
+                fused.add(w)
+                counter[kind.value] += 1
+
+        for k, kernel in enumerate(chip.kernels):
+            if kernel.kind in (Kind.NTT, Kind.INTT):
+                name = kernel.kind.name
+                for i, row in enumerate(kernel.rows):
+                    for w in reads_of[(k, i)]:
+                        take(w, fusions["{} -> " + name], chip.kernels[w[0]].kind)
+                    w = (k, i, row.outs[0])
+                    if len(readers[w]) == 1:
+                        (rk, _), = readers[w]
+                        take(w, fusions[name + " -> {}"], chip.kernels[rk].kind)
+    return total, fusions
+
+
+def fusion(rec: Record, args) -> None:
+    from caramel.plan import build_plan
+
+    gib = 4 * args.n / 2**30
+    for name in args.program or ["BootstrapLike_51L_1c"]:
+        program = find_program(name)
+        total, fusions = fusion_estimate(build_plan(program, fuse_ntt=False))
+        rec.add(f"{program.name} traffic of the plan without NTT loads", total * gib, "GiB")
+        saved = 0
+        for label, counts in fusions.items():
+            for kind, rows in counts.most_common():
+                rec.add(f"{program.name} fusion {label.format(kind)}", 2 * rows * gib, "GiB removed", rows=rows)
+                saved += 2 * rows
+        rec.add(f"{program.name} all of them", saved * gib, "GiB removed")
+
+
 def accuracy(rec: Record, args) -> None:
     import caramel
     from caramel.ring import Context
@@ -237,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add("load average", round(os.getloadavg()[0], 2))
     for part in args.parts:
         log(f"part {part}")
-        {"load": load, "plan": plan, "accuracy": accuracy, "client": client, "digests": digests}[part](rec, args)
+        {"load": load, "plan": plan, "fusion": fusion, "accuracy": accuracy, "client": client,
+         "digests": digests}[part](rec, args)
     if "digests" in args.parts and Path(args.store) == DIGESTS:
         log(f"{len(stored_digests())} digests in {DIGESTS}")
     return rec.finish(args.json)
