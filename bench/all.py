@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = step_commands(args)
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
-    if (ROOT / ".data" / "corpus").is_dir():
-        env.setdefault("CARAMEL_PROGRAMS", str(ROOT / ".data" / "corpus"))  # the 10L programs of the GPU tests
+    if (ROOT / ".data" / "corpus").is_dir():  # the 10L programs of the GPU test modules
+        env.setdefault("CARAMEL_PROGRAMS", str(ROOT / ".data" / "corpus"))
+        env.setdefault("CARAMEL_SHARED_PROGRAMS", str(ROOT / ".data" / "corpus"))
     summary, status = [], 0
     for name in steps:
         cmd = commands[name] + shlex.split(getattr(args, f"{name.replace('-', '_')}_args"))

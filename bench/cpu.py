@@ -2,7 +2,7 @@
 reference digests that the GPU benchmarks check against.
 
     python -m bench cpu [load] [plan] [fusion] [accuracy] [client] [--program NAME ...] [--n 65536]
-    python -m bench cpu digests [--program BootstrapLike_51L_1c ...] [--run-seed 1]   # writes bench/reference_digests.json
+    python -m bench cpu digests [--program BootstrapLike_51L_1c ...] [--run-seed 1]   # bench/reference_digests.json
 
 ``load``: per program a cold parse (no cache), a cold parse that writes the cache (an empty cache folder), a cached
 load and ``validate``, each ``--repeats`` times, best and median (default BootstrapLike_51L_8c and _1c, unpacked from
@@ -215,7 +215,8 @@ def accuracy(rec: Record, args) -> None:
             for term, r in out.report.results.items():
                 rec.add(f"{program.name} {mode} {term}: largest error", round(r.precision_bits, 1), "bits",
                         median_bits=round(r.median_bits, 1), bar=r.tolerance_bits,
-                        verdict={None: "not judged", True: "pass", False: "FAIL"}[r.passed], run_s=round(out.seconds, 1),
+                        verdict={None: "not judged", True: "pass", False: "FAIL"}[r.passed],
+                        run_s=round(out.seconds, 1),
                         secrets=str(out.report.secrets))
                 if r.passed is False:
                     rec.check(f"{program.name} {mode} {term} within its bar", False)
@@ -259,7 +260,8 @@ def client(rec: Record, args) -> None:
 
 
 def digests(rec: Record, args) -> None:
-    """The CPU reference's digests of the benchmark inputs, written to ``--store`` (default bench/reference_digests.json)."""
+    """The CPU reference's digests of the benchmark inputs, written to ``--store`` (default
+    bench/reference_digests.json)."""
     import json
 
     from caramel.api import output_digest

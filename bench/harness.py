@@ -224,8 +224,12 @@ class Replay:
         return sum(int(getattr(b, "nbytes", 0) or getattr(getattr(b, "arena", None), "nbytes", 0)) for b in backends)
 
     def close(self) -> None:
-        self.run.close()
-        free_device_memory(self.backend)
+        """Release the run and its arena (the next run's row layout depends on the memory free)."""
+        run, self.run = self.run, None
+        if run is not None:
+            run.close()
+            del run
+            free_device_memory(self.backend)
 
 
 def open_run(plan, ctx, memory, backend: str, *, streams: int = 1, per_row: bool = False, reuse: str | None = None,
@@ -251,8 +255,11 @@ def open_run(plan, ctx, memory, backend: str, *, streams: int = 1, per_row: bool
 def free_device_memory(backend: str) -> None:
     """Give CuPy's pooled blocks back (between variants, so that the next arena finds the memory free)."""
     if backend == "gpu":
+        import gc
+
         import cupy as cp
 
+        gc.collect()  # a released run's arrays may sit in reference cycles
         cp.get_default_memory_pool().free_all_blocks()
 
 

@@ -2,7 +2,7 @@
 limb, BootstrapLike_51L on 1..G GPUs (the scaling table, its PNG and trace), the compute floor of each device, and
 process mode against one process.
 
-    NCCL_NVLS_ENABLE=0 python -m bench multi [--parts probe,tests,launch,checks,bootstrap,scaling,floor] [--gpus 1,2,4,8]
+    NCCL_NVLS_ENABLE=0 python -m bench multi [--parts probe,tests,launch,checks,bootstrap,scaling,floor]
     python -m bench multi --parts sweep --sweep-streams 2,3,4    # K-chip programs on K GPUs, S streams a GPU
 
 Parts: ``probe`` NCCL between processes without caramel (broadcast and reduce, eager and in a graph); ``tests`` the
@@ -73,8 +73,10 @@ def _probe_worker(rank: int, world: int, queue, graph: bool) -> None:
     else:
         uid = queue.get(timeout=60)
     with cp.cuda.Device(rank):
-        key = uid if isinstance(uid, bytes) else bytes(x & 0xFF for x in uid)
-        comm = nccl.NcclCommunicator(world, key, rank)
+        try:  # CuPy 14 takes the id as bytes, earlier versions as a tuple
+            comm = nccl.NcclCommunicator(world, uid if isinstance(uid, bytes) else bytes(x & 0xFF for x in uid), rank)
+        except TypeError:
+            comm = nccl.NcclCommunicator(world, tuple(uid), rank)
         say("communicator created")
         n = 1 << 16
         x = cp.full(n, rank + 1, dtype=cp.uint32)
@@ -143,9 +145,13 @@ def caramel(*argv: str, timeout: float = 300) -> tuple[int, str]:
 
 
 def tests(rec: Record) -> None:
+    env = dict(os.environ)
+    if (ROOT / ".data" / "corpus").is_dir():  # the 10L programs of the test modules
+        env.setdefault("CARAMEL_PROGRAMS", str(ROOT / ".data" / "corpus"))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                         "tests/execute/test_multi_gpu.py", "tests/execute/test_rebind.py",
-                        "tests/execute/test_distributed.py"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        "tests/execute/test_distributed.py"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env=env)
     print(r.stdout[-4000:])
     rec.check("multi-GPU test modules", r.returncode == 0, r.stdout.strip().splitlines()[-1] if r.stdout else "")
 
@@ -159,10 +165,9 @@ def launch(rec: Record, args) -> None:
     digests = []
     for label, argv in (("process mode", ("launch", "--nproc", "2", "--", "run", path)),
                         ("one process", ("run", path, "--gpus", "2"))):
-        with_json = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-multi-{os.getpid()}-{len(digests)}.json"
-        rc, out = caramel(*argv, "--n", str(n), "--backend", "gpu", "--seed", "1", "--json", str(with_json))
-        digest = json.loads(with_json.read_text()).get("digest") if rc == 0 and with_json.exists() else None
-        with_json.unlink(missing_ok=True)
+        rc, out = caramel(*argv, "--n", str(n), "--backend", "gpu", "--seed", "1")
+        lines = [line.split()[-1] for line in out.splitlines() if line.startswith("output digest")]
+        digest = lines[0] if rc == 0 and lines else None
         name = Path(path.split("#")[-1]).name
         rec.add(f"{name} on 2 GPUs, {label}", digest or f"failed (status {rc})", note=None if rc == 0 else
                 out[-300:])
@@ -262,7 +267,8 @@ def bootstrap(rec: Record, args, gpus: int) -> None:
 def scaling(rec: Record, args, counts: list[int]) -> None:
     from caramel.scaling import plot_scaling, profile_scaling, render_scaling, scaling_trace
 
-    result = profile_scaling(family(args), counts, n=args.n, seed=1, repeats=args.repeats, backend=args.backend, log=log)
+    result = profile_scaling(family(args), counts, n=args.n, seed=1, repeats=args.repeats, backend=args.backend,
+                             log=log)
     text = render_scaling(result)
     print(text, flush=True)
     out = Path(args.out)
@@ -330,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m bench multi", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
-    ap.add_argument("--parts", default="probe,checks,bootstrap,scaling,floor", help=f"of {', '.join(PARTS)}")
+    ap.add_argument("--parts", default="probe,tests,launch,checks,bootstrap,scaling,floor",
+                    help=f"of {', '.join(PARTS)} (default all but sweep; split them over calls of 10 minutes)")
     ap.add_argument("--gpus", default="1,2,4,8", help="device counts of the scaling and floors (those present)")
     ap.add_argument("--corpus", help="folder of the multi-chip programs (default .data/corpus, else the corpus)")
     ap.add_argument("--pattern", nargs="*", default=["*_10L_*c"])

@@ -30,7 +30,8 @@ def parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(prog="python -m bench replay", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
-    ap.add_argument("--program", default=BIG, help=f"a name looked up in .data/ and the corpus, or a path (default {BIG})")
+    ap.add_argument("--program", default=BIG, help=f"a name looked up in .data/ and the corpus, or a path "
+                    f"(default {BIG})")
     ap.add_argument("--streams", default="1,4", help="stream counts of the fused graph (default 1,4)")
     ap.add_argument("--unfused", action="store_true", help="also eager per instruction (GPU), eager and graph of the "
                     "unfused plan")

@@ -41,7 +41,8 @@ STALLS = ("gpu__time_duration.sum", "smsp__inst_executed.sum", "smsp__issue_acti
           "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__bytes.sum", "lts__t_sector_hit_rate.pct",
           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
-          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
           "sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active",
           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
           "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active") + tuple(
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m bench roofline", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
-    ap.add_argument("--program", default=BIG, help=f"a name looked up in .data/ and the corpus, or a path (default {BIG})")
+    ap.add_argument("--program", default=BIG, help=f"a name looked up in .data/ and the corpus, or a path "
+                    f"(default {BIG})")
     ap.add_argument("--top", type=int, default=25, help="list this many of the slowest kernels")
     ap.add_argument("--fit", metavar="RECORD", help="only refit caramel.plan.cost's table from these records")
     ap.add_argument("--ncu-metrics", nargs="?", const="kinds", choices=("kinds", "stalls"),
