@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import (BIG, ROOT, Record, add_common, digest_key, find_program, log, need_gpu, program_dirs,
-                           stored_digests)
+                           program_path, stored_digests)
 
 PARTS = ("same", "big", "runs")
 
@@ -170,16 +170,7 @@ def _synchronize(device: str):
 
 def runs(rec: Record, args) -> None:
     """``caramel run`` end to end in fresh processes: phases, process wall time and digests."""
-    program = args.program
-    path = program if ("#" in program or Path(program).exists()) else None
-    if path is None:  # a name: the path of the program the harness finds
-        for d in program_dirs():
-            archive = d / f"{program.rsplit('_', 1)[0]}.tar.xz"
-            if (d / program).is_dir() or archive.is_file():
-                path = str(d / program) if (d / program).is_dir() else f"{archive}#{program}"
-                break
-    if path is None:
-        raise SystemExit(f"bench client: program {program} not found")
+    path = program_path(args.program)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"]
                                                      if os.environ.get("PYTHONPATH") else "")}
     base = ["run", path, "--n", str(args.n), "--backend", args.backend, "--seed", str(args.seed)]

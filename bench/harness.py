@@ -62,22 +62,27 @@ def program_dirs() -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
-def find_program(name: str):
-    """The program ``name``: a path (a folder, or ``ARCHIVE#MEMBER``), or a name looked up in
+def program_path(name: str) -> str:
+    """Where the program ``name`` is: a path as given (a folder, or ``ARCHIVE#MEMBER``), or a name looked up in
     :func:`program_dirs` as a folder or as the member of its family's archive (``BootstrapLike_51L_1c`` in
     ``BootstrapLike_51L.tar.xz``). SystemExit naming the folders when it is nowhere."""
-    from caramel.parse import load_program
-
     if "#" in name or Path(name).exists():
-        return load_program(name)
+        return name
     for d in program_dirs():
         if (d / name).is_dir():
-            return load_program(d / name)
+            return str(d / name)
         archive = d / f"{name.rsplit('_', 1)[0]}.tar.xz"
         if archive.is_file():
-            return load_program(f"{archive}#{name}")
+            return f"{archive}#{name}"
     raise SystemExit(f"bench: program {name} not found in {', '.join(map(str, program_dirs())) or 'no folder'} "
                      "(give its path, or carry it in .data/)")
+
+
+def find_program(name: str):
+    """The program ``name`` loaded (:func:`program_path`)."""
+    from caramel.parse import load_program
+
+    return load_program(program_path(name))
 
 
 def bench_inputs(program, ctx, seed: int | None = None, client: str = "cpu") -> dict:
@@ -556,5 +561,5 @@ def ab_table(runs: Sequence[tuple[str, dict | None]]) -> str:
 __all__ = ["BACKENDS", "BIG", "DIGESTS", "Figure", "ROOT", "Record", "Replay", "ab_runs", "ab_table", "add_common",
            "bench_inputs", "commit", "config_sets", "default_json", "device_name", "digest_key", "find_program",
            "free_device_memory", "graph_time", "kernel_config", "kernel_options", "log", "need_gpu", "open_run",
-           "plan_options", "program_dirs", "reference_digest", "same_stores", "sets_for", "stored_digests",
-           "strip_options", "wall_time"]
+           "plan_options", "program_dirs", "program_path", "reference_digest", "same_stores", "sets_for",
+           "stored_digests", "strip_options", "wall_time"]

@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from bench.corpus import reference
 from bench.harness import (ROOT, Record, add_common, bench_inputs, digest_key, find_program, log, need_gpu, open_run,
                            program_dirs, same_stores, stored_digests)
 
@@ -177,20 +176,6 @@ def launch(rec: Record, args) -> None:
               and (want is None or digests[0] == want))
 
 
-def reference(path: str, n: int, seed: int):
-    from caramel.api import default_spec, resolve_check
-    from caramel.ckks.check import prepare_check
-    from caramel.execute.reference import run_reference
-    from caramel.parse import load_program
-    from caramel.ring import Context
-
-    program = load_program(path, cache=False)
-    ctx = Context(n=n)
-    spec = resolve_check(program, "auto") or default_spec(program)
-    memory = prepare_check(spec, program, ctx, rng=np.random.default_rng(seed)).memory
-    return path, memory, run_reference(program, ctx, memory, "exact").stores
-
-
 def checks(rec: Record, args, gpus: int) -> None:
     """Every K-chip program (K > 1) of ``--corpus`` on min(K, G) devices, and for K >= 4 also on 1 and 2 (several chips
     a device), against the CPU reference (in worker processes)."""
@@ -212,8 +197,8 @@ def checks(rec: Record, args, gpus: int) -> None:
                 comms.setdefault(d, {}).update(c)
     ok, bad, start = 0, [], time.time()
     with cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for fut in cf.as_completed([pool.submit(reference, p, args.n, 7) for p in paths]):
-            path, memory, want = fut.result()
+        for fut in cf.as_completed([pool.submit(reference, p, args.n, "exact", 7) for p in paths]):
+            path, _, memory, want = fut.result()
             program = load_program(path, cache=False)
             plan = build_plan(program)
             k = program.chips

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     streams = [int(s) for s in args.streams.split(",") if s]
     reuses = [None if r == "auto" else r for r in args.reuse.split(",") if r]
     gpu = args.backend == "gpu"
+    if (args.waits or args.pair) and not gpu:
+        raise SystemExit("bench replay: --waits and --pair time CUDA graphs (--backend gpu)")
     rec = Record("replay", argv, args.backend)
     t0 = time.perf_counter()
     program = find_program(args.program)
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.unfused:
         unfused = build_plan(program, fuse=False)
         if gpu:
-            measure("eager per instruction", unfused, graph=False, per_row=True, repeats=min(args.repeats, 3), warmup=0)
+            measure("eager per instruction", unfused, graph=False, per_row=True, repeats=min(args.repeats, 3))
         measure("eager unfused", unfused, graph=False)
         measure("graph unfused", unfused)
         del unfused
@@ -108,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = build_plan(program, **options)
         stats = plan_stats(plan, n=args.n)
         tag = "" if plan_label == "default" else f" [plan {plan_label}]"
-        rec.add(f"plan traffic{tag}", round(stats["plan_bytes"] / 2**30, 2), "GiB", kernels=plan.kernels)
-        fused_plan = fused_plan or plan
+        rec.add(f"plan traffic{tag}", stats["plan_bytes"] / 2**30, "GiB", kernels=plan.kernels)
+        fused_plan = plan if fused_plan is None else fused_plan
         for config_label, config in configs:
             for reuse in reuses:
                 for s in streams:
@@ -118,8 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                     measure(what, plan, streams=s, reuse=reuse, config=config, config_label=config_label)
     if want is None and len(digests) > 1:
         rec.check("every run's digest agrees", len(set(digests)) == 1)
-    if (args.waits or args.pair) and not gpu:
-        raise SystemExit("bench replay: --waits and --pair time CUDA graphs (--backend gpu)")
     if args.waits:
         waits(rec, program, fused_plan, ctx, memory, max(streams), args)
     if args.pair:
