@@ -346,14 +346,14 @@ def need_gpu(backend: str) -> None:
 
 
 def commit(tree: Path | None = None) -> str:
-    """The commit of the caramel tree being measured: ``$BENCH_COMMIT``, a tree's ``.rev`` (a copy made by
-    ``python -m bench ab prepare``) or ``.commit`` file, else git (``-dirty`` when tracked files changed)."""
+    """The commit of the caramel tree being measured: the ``.rev`` of a copy made by ``python -m bench ab prepare``,
+    else ``$BENCH_COMMIT``, else git (``-dirty`` when tracked files changed) where the tree is a repository's root,
+    else its ``.commit`` file (a device's copy of the working tree has no ``.git``)."""
     import caramel
 
     tree = tree or Path(caramel.__file__).resolve().parents[1]
-    for name in (".rev", ".commit"):
-        if (tree / name).is_file():
-            return (tree / name).read_text().strip()
+    if (tree / ".rev").is_file():
+        return (tree / ".rev").read_text().strip()
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
@@ -366,6 +366,8 @@ def commit(tree: Path | None = None) -> str:
             return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
+    if (tree / ".commit").is_file():
+        return (tree / ".commit").read_text().strip()
     return "unknown"
 
 
