@@ -141,7 +141,7 @@ def same_stores(want, have) -> bool:
 
 
 def kernel_config(settings: Sequence[str]):
-    """The kernel configuration of ``--config`` settings (``["ntt.fused=1/1", ...]``): None for none (or
+    """The kernel configuration of ``--config`` settings (``["ntt.split_from=6/6", ...]``): None for none (or
     ``default``): the backend's own defaults, which every tree has; else
     ``caramel.backends.cuda.config.KernelConfig.with_settings(settings)``. A tree without that module (an earlier
     commit) refuses settings with SystemExit. This is the only place where a setting reaches caramel: as a frozen

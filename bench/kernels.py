@@ -1,7 +1,7 @@
 """Every kernel of the backend interface checked limb for limb against the CPU reference (the NumPy backend: the
 reference's arithmetic) on fresh random data, then timed: one command on a GPU machine.
 
-    python -m bench kernels [--check-n 4096,65536] [--n 65536] [--rows 512] [--config default --config ntt.fused=1/1]
+    python -m bench kernels [--check-n 4096,65536] [--rows 512] [--config default --config ntt.split_from=6/6]
     python -m bench kernels --only ntt --ntt-rows 1024,256,64      # the batched NTT and INTT alone
     python -m bench kernels --only epilogue --epilogues 12x12x4     # NTT epilogues against the two-pass NTT
 

@@ -2,7 +2,7 @@
 streams, each kernel configuration (``--config``) and plan (``--plan``) timed in this process, every output digest
 checked against the CPU reference's.
 
-    python -m bench replay [--streams 1,4] [--config default --config ntt.fused=1/1] [--plan "" --plan max_outputs=1]
+    python -m bench replay [--streams 1,4] [--config default --config ntt.split_from=6/6] [--plan max_outputs=1]
     python -m bench replay --unfused          # also eager per instruction, eager and graph of the unfused plan
     python -m bench replay --base .ab         # the same on an earlier commit's tree, alternating (A/B)
     python -m bench replay --waits            # where a multi-stream replay waits (a stamp after every task)

@@ -34,12 +34,12 @@ def test_kernel_settings_only_as_a_configuration():
     assert harness.config_sets([]) == [("default", None)]
     if importlib.util.find_spec("caramel.backends.cuda.config") is None:
         with pytest.raises(SystemExit, match="need caramel.backends.cuda.config"):
-            harness.config_sets(["default", "ntt.fused=1/1"])
+            harness.config_sets(["default", "ntt.split_from=6/6"])
     else:
         from caramel.backends.cuda.config import KernelConfig
 
-        (label, config), = harness.config_sets(["ntt.fused=1/1"])
-        assert label == "ntt.fused=1/1" and config == KernelConfig.with_settings(["ntt.fused=1/1"])
+        (label, config), = harness.config_sets(["ntt.split_from=6/6"])
+        assert label == "ntt.split_from=6/6" and config == KernelConfig.with_settings(["ntt.split_from=6/6"])
         assert harness.kernel_options(config) == {"kernels": config}
 
 
