@@ -57,8 +57,10 @@ def cycling(ctx, count: int, start: int = 0) -> np.ndarray:
     return i32((np.arange(count) + start) % len(ctx.primes))
 
 
-def _stack(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros((0, 0), np.uint32)
+def _sets(block: np.ndarray, sets: int) -> np.ndarray:
+    """The arena of ``sets`` input sets: one set's rows drawn, repeated (the sets differ by their rows' addresses,
+    which is what keeps a timing out of L2)."""
+    return np.tile(block, (sets, 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ def transform(ctx, rng, rows: int, sets: int, inverse: bool = False, in_place: b
         dst = ins if in_place else i32(ins + rows)
         args.append((ins, dst, primes))
         outs += [] if in_place else dst.tolist()  # (in place: the inputs are not poisoned)
-    data = _stack([residues(rng, ctx, np.tile(primes, per // rows)) for _ in range(sets)])
+    data = _sets(residues(rng, ctx, np.tile(primes, per // rows)), sets)
     call = (lambda b, a: b.intt(*a)) if inverse else (lambda b, a: b.ntt(*a))
     return Built(data, args, call, outs, rows, 2 * rows)
 
@@ -92,7 +94,7 @@ def elementwise(ctx, rng, rows: int, sets: int, expr, gathered: bool = False) ->
             else None
         args.append((expr, ins, out, primes, scal, galois))
         outs += out.ravel().tolist()
-    data = _stack([residues(rng, ctx, np.tile(primes, width)) for _ in range(sets)])
+    data = _sets(residues(rng, ctx, np.tile(primes, width)), sets)
     return Built(data, args, lambda b, a: b.elementwise(*a), outs, rows * len(expr.outputs), rows * width)
 
 
@@ -104,7 +106,7 @@ def automorphism(ctx, rng, rows: int, sets: int) -> Built:
         ins = i32(np.arange(rows) + 2 * rows * s)
         args.append((ins, i32(ins + rows), galois))
         outs += (ins + rows).tolist()
-    data = _stack([residues(rng, ctx, np.tile(primes, 2)) for _ in range(sets)])
+    data = _sets(residues(rng, ctx, np.tile(primes, 2)), sets)
     return Built(data, args, lambda b, a: b.automorphism(*a), outs, rows, 2 * rows)
 
 
@@ -116,7 +118,7 @@ def lift(ctx, rng, rows: int, sets: int, mode) -> Built:
         ins = i32(np.arange(rows) + 2 * rows * s)
         args.append((ins, i32(ins + rows), src, dst, mode))
         outs += (ins + rows).tolist()
-    data = _stack([np.concatenate([residues(rng, ctx, src), residues(rng, ctx, dst)]) for _ in range(sets)])
+    data = _sets(np.concatenate([residues(rng, ctx, src), residues(rng, ctx, dst)]), sets)
     return Built(data, args, lambda b, a: b.sud_lift(*a), outs, rows, 2 * rows)
 
 
@@ -130,27 +132,26 @@ def conversion(ctx, rng, s_in: int, d_out: int, batch: int, sets: int, mode, spr
         out = i32(np.arange(batch * d_out).reshape(batch, d_out) + per * s + batch * s_in)
         args.append((in_limbs, out_limbs, ins, out, mode))
         outs += out.ravel().tolist()
-    data = _stack([np.concatenate([residues(rng, ctx, in_limbs * batch), residues(rng, ctx, out_limbs * batch)])
-                   for _ in range(sets)])
+    data = _sets(np.concatenate([residues(rng, ctx, in_limbs * batch), residues(rng, ctx, out_limbs * batch)]),
+                 sets)
     return Built(data, args, lambda b, a: b.base_convert(*a), outs, batch * d_out, per)
 
 
 def rsv(ctx, rng, m: int, groups: int, sets: int) -> Built:
     basis = tuple(range(m))
     per = groups * (m + 1) + groups * m  # zero accumulators and a source a group, then the new words
-    args, outs, parts = [], [], []
+    primes = i32([g % m for g in range(groups)])
+    args, outs = [], []
     for s in range(sets):
         base = per * s
         ins = i32([[base + g * (m + 1) + w for w in range(m + 1)] for g in range(groups)])
         out = i32([[base + groups * (m + 1) + g * m + w for w in range(m)] for g in range(groups)])
-        primes = i32([g % m for g in range(groups)])
         args.append((basis, ins, out, primes))
         outs += out.ravel().tolist()
-        block = np.zeros((per, ctx.n), np.uint32)
-        for g in range(groups):
-            block[g * (m + 1) + m] = residues(rng, ctx, [g % m])[0]
-        parts.append(block)
-    return Built(_stack(parts), args, lambda b, a: b.rsv(*a), outs, groups * m, groups * (2 * m + 1))
+    block = np.zeros((per, ctx.n), np.uint32)
+    for g in range(groups):
+        block[g * (m + 1) + m] = residues(rng, ctx, [g % m])[0]
+    return Built(_sets(block, sets), args, lambda b, a: b.rsv(*a), outs, groups * m, groups * (2 * m + 1))
 
 
 def mod(ctx, rng, m: int, rows: int, sets: int) -> Built:
@@ -161,7 +162,7 @@ def mod(ctx, rng, m: int, rows: int, sets: int) -> Built:
         out = i32(np.arange(rows) + per * s + rows * m)
         args.append((ins, out, cycling(ctx, rows)))
         outs += out.tolist()
-    data = rng.integers(0, 1 << 32, (per * sets, ctx.n), dtype=np.uint64).astype(np.uint32)
+    data = _sets(rng.integers(0, 1 << 32, (per, ctx.n), dtype=np.uint64).astype(np.uint32), sets)
     return Built(data, args, lambda b, a: b.mod(*a), outs, rows, rows * (m + 1))
 
 
@@ -177,20 +178,20 @@ def prologue(ctx, rng, kind: str, rows: int, sets: int, mode) -> Built:
     primes = i32(np.arange(rows) % 40)  # outputs in primes the conversion does not read, none the lift's source
     per = rows * width + rows
     argv = i32(np.full(rows, last)) if kind == "sud_lift" else i32(np.zeros(rows))
-    args, outs, parts = [], [], []
+    args, outs = [], []
     for s in range(sets):
         ins = i32(np.arange(rows * width).reshape(rows, width) + per * s)
         out = i32(np.arange(rows) + per * s + rows * width)
         args.append((pro, ins, out, primes, argv, mode))
         outs += out.tolist()
-        if kind == "sud_lift":
-            block = residues(rng, ctx, [last] * rows)
-        elif kind == "mod":
-            block = rng.integers(0, 1 << 32, (rows * width, ctx.n), dtype=np.uint64).astype(np.uint32)
-        else:
-            block = residues(rng, ctx, list(in_limbs) * rows)
-        parts.append(np.concatenate([block, residues(rng, ctx, primes)]))
-    return Built(_stack(parts), args, lambda b, a: b.ntt_prologue(*a), outs, rows, rows * (width + 1))
+    if kind == "sud_lift":
+        block = residues(rng, ctx, [last] * rows)
+    elif kind == "mod":
+        block = rng.integers(0, 1 << 32, (rows * width, ctx.n), dtype=np.uint64).astype(np.uint32)
+    else:
+        block = residues(rng, ctx, list(in_limbs) * rows)
+    data = _sets(np.concatenate([block, residues(rng, ctx, primes)]), sets)
+    return Built(data, args, lambda b, a: b.ntt_prologue(*a), outs, rows, rows * (width + 1))
 
 
 def inner_product(f: int, p: int, o: int, transformed: bool):
@@ -231,8 +232,7 @@ def epilogue(ctx, rng, f: int, p: int, o: int, rows: int, sets: int, fused: bool
         tslots = i32(ins[:, list(ts)].ravel())
         args.append((tslots, i32(np.repeat(primes, f)), expr, ins, out, primes, i32(np.zeros((rows, 0)))))
         outs += out.ravel().tolist()
-    data = _stack([residues(rng, ctx, np.concatenate([np.repeat(primes, nv), np.repeat(primes, o)]))
-                   for _ in range(sets)])
+    data = _sets(residues(rng, ctx, np.concatenate([np.repeat(primes, nv), np.repeat(primes, o)])), sets)
 
     def call(b, a):
         tslots, tprimes, expr, ins, out, primes, scalars = a
