@@ -10,9 +10,9 @@ failure: another exception type, a message without its file, a case over the tim
 ``MemoryError`` under the address-space limit. Each failure is printed with its reproducer
 (``--seed S --case N`` replays it and ``--keep DIR`` writes the mutant).
 
-    python scripts/fuzz.py --cases 20000
-    python scripts/fuzz.py --seconds 600 --seed 7
-    python scripts/fuzz.py --seed 7 --case 1234 --keep /tmp/mutant   # replay one case
+    PYTHONPATH=. python scripts/fuzz.py --cases 20000       # (or with caramel installed)
+    PYTHONPATH=. python scripts/fuzz.py --seconds 600 --seed 7
+    PYTHONPATH=. python scripts/fuzz.py --seed 7 --case 1234 --keep /tmp/mutant   # replay one case
 
 ``tests/test_fuzz.py`` imports this file (one copy of the machinery) for a bounded CI run.
 """
@@ -20,6 +20,7 @@ failure: another exception type, a message without its file, a case over the tim
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import shutil
@@ -30,13 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from caramel.errors import CaramelError, LocatedError, ParseError, ValidationError  # noqa: E402
-from caramel.parse import load_program  # noqa: E402
-from caramel.validate import validate  # noqa: E402
+from caramel.errors import CaramelError, LocatedError, ParseError, ValidationError
+from caramel.parse import load_program
+from caramel.validate import validate
 
 #: Programs larger than this (bytes, all files) are left out: small ones give many more cases per second.
 MAX_PROGRAM_BYTES = 64 * 1024
@@ -603,15 +600,16 @@ def fuzz(programs: list[dict[str, bytes]], *, seed: int, cases: int | None = Non
 
 
 def main(argv=None) -> int:
-    from tests.conftest import SHARED_PROGRAMS
-
+    # the compiled corpus beside the checkout, where the tests find it
+    shared = Path(os.environ.get("CARAMEL_SHARED_PROGRAMS",
+                                 Path(__file__).resolve().parents[2] / "shared" / "programs"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=None, help="number of cases (default 1000 unless --seconds)")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--case", type=int, default=None, help="replay this one case of --seed")
     ap.add_argument("--keep", type=Path, default=None, help="with --case: write the mutant into this folder")
-    ap.add_argument("--corpus", type=Path, default=SHARED_PROGRAMS)
+    ap.add_argument("--corpus", type=Path, default=shared)
     ap.add_argument("--max-bytes", type=int, default=MAX_PROGRAM_BYTES, help="largest corpus program to mutate")
     ap.add_argument("--time-bound", type=float, default=TIME_BOUND_S, help="seconds one case may take")
     ap.add_argument("--memory-gb", type=float, default=4.0, help="address-space limit (MemoryError is a failure)")

@@ -52,7 +52,7 @@ _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
 
 #: Defaults of ``build_plan``: vector inputs of a tree or a merged row (``max_inputs``) and outputs of a
 #: merged row (``max_outputs``, :func:`merge_siblings`), chosen by timing BootstrapLike_51L_1c's
-#: graph under several caps on one H200 (``scripts/gpu_plan_bench.py``, docs/PERFORMANCE.md, session 8).
+#: graph under several caps (``python -m bench replay --plan max_outputs=...``; docs/PERFORMANCE.md).
 MAX_INPUTS = 32
 MAX_OUTPUTS = 8
 
@@ -169,9 +169,9 @@ def fuse(
 PROLOGUE_KINDS = (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
 
 #: The loads a plan fuses by default (``build_plan(fuse_ntt=True)``): the lift and ``mod``. The
-#: converting load (``BASECONV``) is built, bit-exact and tested on every backend, but measured
-#: slower on the GPU, whose NTT is arithmetic-bound (docs/PERFORMANCE.md, session 7): every output
-#: prime repeats the conversion's per-input products. ``fuse_ntt="all"`` adds it.
+#: converting load (``BASECONV``) is built, bit-exact and tested on every backend, but slower on the
+#: GPU, whose NTT is arithmetic-bound (docs/PERFORMANCE.md, alternatives): every output prime repeats
+#: the conversion's per-input products. ``fuse_ntt="all"`` adds it.
 DEFAULT_NTT_LOADS = frozenset({Kind.SUD_LIFT, Kind.MOD})
 
 

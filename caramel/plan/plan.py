@@ -160,7 +160,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
     (:func:`~caramel.plan.fusion.fuse_automorphisms`, with ``fuse`` and ``fuse_automorphism`` only),
     NTT epilogues (:func:`~caramel.plan.fusion.fuse_ntt_epilogues`, with ``fuse`` and ``fuse_epilogue`` only),
     batching (:mod:`caramel.plan.fusion`) and the rows of every kernel ordered by ``row_order``: ``"recent"``,
-    most recently written inputs first (:func:`caramel.plan.order.recent_first`; 0.9% faster replay measured,
+    most recently written inputs first (:func:`caramel.plan.order.recent_first`: the faster replay,
     docs/PERFORMANCE.md), or ``"batch"``, as batched.
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
     loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()

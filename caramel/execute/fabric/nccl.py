@@ -28,8 +28,7 @@ class NcclFabric(Fabric):
     communicator of that device group (its rank is its position in the group).
 
     ``payload_limit`` (class attribute, default None) caps every call at that many uint32: only
-    for timing experiments that separate synchronisation from bandwidth
-    (``scripts/gpu_multi_bench.py --sync-only``); the results are then wrong."""
+    for timing experiments that separate synchronisation from bandwidth; the results are then wrong."""
 
     payload_limit: int | None = None
 
