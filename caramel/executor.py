@@ -411,7 +411,7 @@ class Executor:
             if self.backend == "cpu-plan":
                 if len(g) <= 1:
                     lanes.append(HostRowLane(plan, self.ctx, mode, template, self._source, outs,
-                                             streams=opts.streams or 1, seed=opts.seed))
+                                             streams=opts.streams or 1, seed=opts.seed, devices=g))
                 else:
                     lanes.append(MemoryLane(ResidentHost(plan, self.ctx, mode, len(g), keep, streams=opts.streams or 1,
                                                          seed=opts.seed), template, outs, g))
@@ -441,7 +441,7 @@ class Executor:
                 raise RuntimeError("cannot submit to an executor after shutdown")
             index = next(self._counter)
             if seed is None:
-                seed = getattr(inputs, "seed", None)
+                seed = inputs.seed if isinstance(inputs, InstanceInputs) else None
                 seed = self.options.seed + index if seed is None else seed
             job = _Job(index, int(seed), inputs, Future())
             self._futures.append(job.future)
@@ -556,7 +556,7 @@ class Executor:
 
                     cp.cuda.get_current_stream().synchronize()
             objects.update(made)
-        given_values = getattr(job.inputs, "values", None)
+        given_values = job.inputs.values if isinstance(job.inputs, InstanceInputs) else None
         object_values = _ObjectValues({n: o for n, o in objects.items() if n not in drawn}, self.plan_inputs,
                                       self.keys.secrets)
         job.values = ChainMap(dict(values), *([given_values] if given_values is not None else []), object_values,

@@ -218,7 +218,7 @@ class HostRowLane:
 
     def __init__(self, plan, ctx: Context, mode: Mode, template: Mapping[Mem, object],
                  source: Callable[[Mem], tuple[Key, int] | None], outputs: Sequence[Mem], *, streams: int = 1,
-                 seed: int | None = None):
+                 seed: int | None = None, devices: tuple[int, ...] = ()):
         from caramel.backends.numpy_backend import NumpyBackend
         from caramel.execute.memory import check_plan_memory
         from caramel.execute.placement import gpu_device_programs
@@ -232,7 +232,7 @@ class HostRowLane:
         self.base_scalars = self.run._scalar_values(template)
         self.schedule = self.run.schedule(streams) if streams > 1 else None
         self.seed = np.random.SeedSequence(seed).entropy
-        self.devices: tuple[int, ...] = ()
+        self.devices = tuple(devices)  # the simulated device of the slot, for the records
         self.count = 0
         self._stage = np.empty((len(self.layout), ctx.n), dtype=np.uint32)
 
