@@ -33,6 +33,7 @@ a device stops the executor: the instances not yet run fail with an :class:`Exec
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -86,6 +87,29 @@ def _is_object(value) -> bool:
     from caramel.ckks.plaintext import Plaintext, Scalar
 
     return isinstance(value, (Ciphertext, Plaintext, Scalar))
+
+
+class ClientScope:
+    """Where the client arithmetic of an executor runs: its :class:`~caramel.ckks.device.ClientDevice`
+    and, on the GPU, the CUDA device (one lane's GPU: the inputs it makes are read there in place;
+    else device 0). Every thread that encrypts or decrypts for the executor enters it."""
+
+    def __init__(self, device, cuda: int | None):
+        self.device, self.cuda = device, cuda
+
+    @contextlib.contextmanager
+    def __call__(self, keep: bool = False):
+        """The client's device for the enclosed code; ``keep``: its encrypted inputs stay on the GPU."""
+        from caramel.ckks.device import keeping_inputs, using
+
+        with using(self.device), keeping_inputs(keep):
+            if self.cuda is None:
+                yield
+                return
+            import cupy as cp
+
+            with cp.cuda.Device(self.cuda):
+                yield
 
 
 class InstanceInputs(dict):
@@ -174,7 +198,7 @@ class InstanceResult:
     devices: tuple[int, ...]
     prepared: Any = field(repr=False, default=None)  # PreparedCheck: the spec, scales, secrets, messages
     objects: Mapping[str, Any] = field(repr=False, default_factory=dict)  # the instance's own inputs
-    client: Any = field(repr=False, default=None)
+    client: Any = field(repr=False, default=None)  # ClientScope: where its decryption runs
     _outputs: dict[str, np.ndarray] | None = field(repr=False, default=None)
 
     @property
@@ -192,10 +216,9 @@ class InstanceResult:
     def decrypt(self, limbs: bool = False) -> dict[str, np.ndarray]:
         """:attr:`outputs`, and with ``limbs`` the raw output ciphertexts (``<name>.c0``, ``<name>.c1``,
         ``<name>.limbs``) as :func:`caramel.userdata.decrypted_outputs` writes them."""
-        from caramel.ckks.device import using
         from caramel.userdata import decrypted_outputs
 
-        with using(self.client):
+        with self.client() if self.client is not None else contextlib.nullcontext():
             return decrypted_outputs(self.prepared, self.memory, limbs=limbs)
 
     def ciphertexts(self) -> dict:
@@ -228,8 +251,9 @@ class Executor:
     :class:`~caramel.options.RunOptions`, or its fields as keywords): ring, mode, backend, seeds, check,
     devices (``gpus``, ``device_ids``), ``streams``, ``client``, ``kernels``, ``shared``, ``depth``,
     ``workers``; ``keys``: a :class:`~caramel.ckks.keyset.KeySet` (default: generated from the key
-    seed on the client device); ``shared``: input name -> value or object, shared by every instance
-    (added to ``options.shared``); ``ctx``: the ring (default ``Context(n)``); ``decrypt``: each result's
+    seed on the client device); ``shared``: the inputs every instance shares: names (as
+    ``options.shared``: names, patterns, kinds) or a mapping input name -> value or object (those
+    inputs shared, besides ``options.shared``, with these values); ``ctx``: the ring (default ``Context(n)``); ``decrypt``: each result's
     :attr:`~InstanceResult.outputs` are decrypted by the finisher threads (``"limbs"``: with the raw
     output ciphertexts); ``log``: a function of one line, told what the setup did.
 
@@ -237,12 +261,14 @@ class Executor:
     (the plan, the resident lanes and their graphs)."""
 
     def __init__(self, program: Program, options: RunOptions | None = None, *, keys=None,
-                 shared: Mapping[str, Any] | None = None, ctx: Context | None = None, decrypt: bool | str = False,
-                 log=None, **fields):
+                 shared: Mapping[str, Any] | str | Iterable[str] | None = None, ctx: Context | None = None,
+                 decrypt: bool | str = False, log=None, **fields):
         from caramel.ckks.device import resolve as client_device
 
         if not isinstance(program, Program):
             raise ArgumentError(f"an Executor needs a Program (from caramel.load_program), got {type(program).__name__}")
+        if shared is not None and not isinstance(shared, Mapping):  # names: RunOptions.shared
+            fields["shared"], shared = shared, None
         opts = RunOptions.of(options, **fields)
         self.program, self.options = program, opts
         self.backend = resolve_backend(opts.backend)
@@ -266,15 +292,18 @@ class Executor:
         self.shared = tuple(n for n in plan.names if n in set(shared_names(opts.shared, kinds)) | set(given))
         self.varying = tuple(n for n in plan.names if n not in self.shared)
         self.groups = self._groups()
-        self._keep_on_device = (self.client.on_gpu and self.backend == "gpu" and len(self.groups) == 1
-                                and len(self._gpu_devices(self.groups[0])) == 1 and self._gpu_devices(self.groups[0])[0] == 0)
-        from caramel.ckks.device import using as using_client
-
+        lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
+        one_gpu = len(lane_gpus) == 1 and len(lane_gpus[0]) == 1
+        #: One GPU lane and the client on the GPU: the client works on that GPU and the lane reads the
+        #: inputs it makes in place (the keys too, made there).
+        self._keep_on_device = self.client.on_gpu and one_gpu
+        self.client_scope = ClientScope(self.client, (lane_gpus[0][0] if one_gpu else 0) if self.client.on_gpu
+                                        else None)
         t0 = time.perf_counter()
         if keys is None:
             from caramel.ckks.keyset import generate_keyset
 
-            with using_client(self.client):
+            with self.client_scope():
                 keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
                                        on_device=self._keep_on_device and bool(plan.req.keys))
         self.keys = keys
@@ -288,7 +317,7 @@ class Executor:
         if drawn:
             from caramel.ckks.keyset import input_rng
 
-            with using_client(self.client):
+            with self.client_scope():
                 made, values = draw_inputs(plan, keys.secrets, input_rng(opts.keys_seed), drawn,
                                            {n: v for n, v in given.items() if n not in objects})
             objects.update(made)
@@ -322,7 +351,7 @@ class Executor:
         self._ready: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
         cpus = os.cpu_count() or 1
-        workers = opts.workers or (2 if self.client.on_gpu else max(1, min(4, cpus // 2)))
+        workers = opts.workers or max(1, min(4, cpus // 2))
         depth = max(lane.depth for lane in self.lanes)
         self._permits = threading.Semaphore(len(self.lanes) * (depth + 1) + workers)
         self._threads: list[threading.Thread] = []
@@ -469,13 +498,12 @@ class Executor:
         slots or number) or drawn from ``seed`` (default ``options.seed``), encoded and encrypted on the
         client device, returned as host arrays: submit them later as they are (serving: the ciphertexts
         ready on the host)."""
-        from caramel.ckks.device import using as using_client
         from caramel.ckks.keyset import input_rng
 
         seed = self.options.seed if seed is None else seed
         values = dict(values or {})
         self._check_names(values)
-        with using_client(self.client):
+        with self.client_scope():
             objects, decoded = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(seed), self.varying, values)
         return InstanceInputs(objects, decoded, seed)
 
@@ -537,7 +565,6 @@ class Executor:
 
     def _prepare(self, job: _Job) -> None:
         """Draw, encode and encrypt the job's inputs (on the client device) into its feed."""
-        from caramel.ckks.device import keeping_inputs, using as using_client
         from caramel.ckks.keyset import input_rng
 
         given = dict(job.inputs or {})
@@ -549,7 +576,7 @@ class Executor:
         drawn = [n for n in self.varying if n not in objects]
         values: Mapping[str, Any] = {}
         if drawn:
-            with using_client(self.client), keeping_inputs(self._keep_on_device):
+            with self.client_scope(self._keep_on_device):
                 made, values = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(job.seed), drawn, supplied)
                 if self._keep_on_device:  # the rows are complete before a lane's stream reads them
                     import cupy as cp
@@ -608,8 +635,6 @@ class Executor:
         self._stage_done("drive", self._done, self._stages["finish"])
 
     def _finish_loop(self) -> None:
-        from caramel.ckks.device import using as using_client
-
         while True:
             job = self._done.get()
             if job is _STOP:
@@ -623,7 +648,7 @@ class Executor:
                 self._fail(job, exc, fatal=True)
                 continue
             try:
-                result = self._result(job, out, using_client)
+                result = self._result(job, out)
             except BaseException as exc:  # noqa: BLE001 - a check that cannot run fails its instance
                 self._fail(job, exc)
                 continue
@@ -631,7 +656,7 @@ class Executor:
             self._permits.release()
         self._stage_done("finish", None, 0)
 
-    def _result(self, job: _Job, out, using_client) -> InstanceResult:
+    def _result(self, job: _Job, out) -> InstanceResult:
         t = job.timings
         t.update(out.timings)
         t["run"] = sum(out.timings.get(k, 0.0) for k in ("upload", "replay", "download"))
@@ -653,11 +678,11 @@ class Executor:
         if self.spec is not None:
             from caramel.ckks.check import evaluate_check
 
-            with using_client(self.client):
+            with self.client_scope():
                 report = evaluate_check(prepared, memory, self.options.mode)
         t["check"] = time.perf_counter() - t0
         result = InstanceResult(job.index, job.seed, digest, memory, report, t, job.lane.devices, prepared,
-                                job.objects, self.client)
+                                job.objects, self.client_scope)
         if self.decrypt:
             t0 = time.perf_counter()
             result._outputs = result.decrypt(limbs=self.decrypt == "limbs")
@@ -706,4 +731,4 @@ class Executor:
         self._close_lanes()
 
 
-__all__ = ["Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout"]
+__all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout"]

@@ -76,7 +76,7 @@ def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
             key = Mem(entry.term, limb)
             h.update(f"output {position} limb {limb}\0".encode())
             if key in memory:
-                h.update(np.ascontiguousarray(host_array(memory[key]), dtype=np.uint32).tobytes())
+                h.update(np.ascontiguousarray(host_array(memory[key]), dtype=np.uint32))  # its bytes, not copied
     return h.hexdigest()
 
 
@@ -246,8 +246,9 @@ def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
     return InputPlan(program, ctx, spec, req, env, scales, limbs)
 
 
-#: Threads that encode vector inputs (NumPy's FFT, mostly without the GIL) for :func:`draw_inputs`.
-ENCODE_THREADS = max(1, min(4, os.cpu_count() or 1))
+#: Threads that encode vector inputs for :func:`draw_inputs` (NumPy's FFT runs without the GIL; the
+#: instances of an executor share them).
+ENCODE_THREADS = max(1, min(16, (os.cpu_count() or 1) - 1))
 _encoders: list[ThreadPoolExecutor] = []
 
 

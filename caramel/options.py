@@ -117,7 +117,7 @@ class RunOptions:
                             f"{type(self.check).__name__}")
         shared = self.shared
         if isinstance(shared, str):
-            shared = tuple(s.strip() for s in shared.split(","))
+            shared = tuple(s.strip() for s in shared.split(",")) if shared.strip() else ()
         if shared is None:
             shared = ()
         if not isinstance(shared, (tuple, list)) or any(not isinstance(s, str) or not s.strip() for s in shared):
