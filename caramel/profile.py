@@ -590,7 +590,11 @@ def render_throughput(result: ThroughputProfile) -> str:
     lines = [f"{result.program}: N = {result.n}, mode {result.mode}, backend {result.backend} ({result.device}), "
              f"{result.date}", "", _table(head, rows), ""]
     for r in result.rates:
-        what = f"shared and resident: {', '.join(r.shared)}" if r.shared else "every input drawn per instance"
+        if r.name == "serving":
+            what = (f"shared and resident: {', '.join(r.shared)}; " if r.shared else "no input shared; ") + \
+                "the other inputs encrypted ahead on the host"
+        else:
+            what = "every input drawn, encoded and encrypted per instance"
         setup = ", ".join(f"{k} {v:.2f} s" for k, v in r.setup_s.items())
         lines.append(f"{r.name}: {what}; setup {setup}")
     lines.append("phases: the mean per instance; the instances of an executor overlap (one uploads while another "
