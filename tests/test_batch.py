@@ -365,3 +365,21 @@ def test_throughput_on_simulated_devices(rot1):
     assert points[0].speedup == pytest.approx(1.0) and all(p.per_second > 0 for p in points)
     assert points[1].efficiency == pytest.approx(points[1].speedup / 2)
     assert points[0].digest == single_digest(rot1, 0, 0, check=None)  # random inputs, no check file
+
+
+def test_cli_shared_batch_equals_single_runs_with_shared(rot1, capsys):
+    """`caramel run --batch 3 --shared x`: instance i's digest is that of `caramel run --seed S+i --key-seed S
+    --shared x`; the header names the shared input."""
+    assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "3", "--seed", str(SEED),
+                 "--shared", "x", "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "shared x)" in text
+    lines = [line for line in text.splitlines() if line.startswith("instance ")]
+    for i, line in enumerate(lines):
+        assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu", "--seed", str(SEED + i), "--key-seed",
+                     str(SEED), "--shared", "x", "-q"]) == 0
+        single = capsys.readouterr().out
+        digest = next(s.split()[-1] for s in single.splitlines() if s.startswith("output digest"))
+        assert line.endswith(digest) and "PASS" in line
+    assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "2", "--shared", "w", "-q"]) == 2
+    assert "'w' names no input" in capsys.readouterr().err
