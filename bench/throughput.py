@@ -82,7 +82,8 @@ def run(cmd: Sequence[str], tree: Path, timeout: float, record: list) -> subproc
     log(f"[{tree.name or tree}] {shlex.join(cmd)}")
     done = subprocess.run(list(cmd), cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     seconds = time.perf_counter() - start
-    record.append({"tree": str(tree), "command": shlex.join(cmd), "exit": done.returncode, "seconds": round(seconds, 3)})
+    record.append({"tree": str(tree), "command": shlex.join(cmd), "exit": done.returncode,
+                   "seconds": round(seconds, 3)})
     if done.returncode not in (0, 1):  # 1: a decryption check failed, still a measurement
         log(f"failed ({done.returncode}): {done.stderr[-2000:]}")
     return done
@@ -170,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder of the record (throughput.json) and of every command's JSON")
-    p.add_argument("--base", help="a base tree (e.g. .ab/ from scripts/gpu_ab.sh prepare REV) measured in the same call")
+    p.add_argument("--base", help="a base tree (e.g. .ab/ from scripts/gpu_ab.sh prepare REV), measured in the same "
+                   "call")
     p.add_argument("--program", default=PROGRAM, help=f"program path or name (default {PROGRAM})")
     p.add_argument("--n", type=int, default=65536)
     p.add_argument("--backend", default="gpu", choices=("gpu", "cpu-plan"))
@@ -210,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = {"bench": "throughput", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "program": program, "n": args.n, "backend": args.backend, "batch": args.batch,
               "instances": args.instances, "seed": args.seed, "keys": str(keys), "trees": trees, "checks": checks,
-              "commands": commands, "command": shlex.join([sys.executable, "-m", "bench.throughput", *(argv or sys.argv[1:])]),
+              "commands": commands,
+              "command": shlex.join([sys.executable, "-m", "bench.throughput", *(argv or sys.argv[1:])]),
               "environment": environment()}
     path = out / "throughput.json"
     path.write_text(json.dumps(record, indent=2) + "\n")

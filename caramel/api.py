@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +121,8 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
     bar.close()
     t = result.timings
     timings = {"keys": ex.timings["keys"], "encrypt": ex.timings["shared"] + t.get("encrypt", 0.0),
-               "plan": ex.timings["plan"], "run": t.get("run", 0.0), "check": t.get("digest", 0.0) + t.get("check", 0.0)}
+               "plan": ex.timings["plan"], "run": t.get("run", 0.0),
+               "check": t.get("digest", 0.0) + t.get("check", 0.0)}
     prepared = result.prepared
     prepared.memory = image
     memory = {**image, **result.memory}

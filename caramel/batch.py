@@ -43,7 +43,7 @@ from caramel.errors import CaramelError
 from caramel.execute.pipeline import ResidentGpus, ResidentHost  # noqa: F401 (the slots of a K-chip instance)
 from caramel.executor import batch_layout  # noqa: F401
 from caramel.program import Mem, Program
-from caramel.ring import Context, Mode
+from caramel.ring import Context
 
 #: Seconds rank 0 waits for the other ranks' records in process mode.
 GATHER_TIMEOUT = 3600.0
@@ -133,7 +133,8 @@ class BatchResult:
                 "shared": list(self.shared),
                 "digest": digests[0] if len(digests) == 1 and not self.failed else None, "passed": self.summary.passed,
                 "timings_s": {k: round(v, 6) for k, v in self.timings.items()},
-                "instances": self.records, "failed": [{"instance": i, "error": e} for i, e in sorted(self.failed.items())],
+                "instances": self.records,
+                "failed": [{"instance": i, "error": e} for i, e in sorted(self.failed.items())],
                 "interrupted": self.interrupted, "summary": asdict(self.summary)}
 
 
@@ -367,7 +368,8 @@ def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, r
 
     log = log or (lambda s: None)
     opts = RunOptions.of(options, **fields)
-    backend = "cpu-plan" if opts.backend == "auto" and resolve_backend("auto") == "cpu" else resolve_backend(opts.backend)
+    backend = resolve_backend(opts.backend)
+    backend = "cpu-plan" if opts.backend == "auto" and backend == "cpu" else backend
     opts = opts.with_(backend=backend, check=None)
     ctx = Context(n=opts.n)
     with using_client(client_device(opts.client, backend)):

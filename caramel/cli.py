@@ -705,10 +705,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "over --gpus devices; one line per instance and a summary")
     p.add_argument("--inputs", metavar="FILE", help="encrypt these values (.npz or .json, one vector or scalar per "
                    "input name; (B, N/2) stacked for --batch) instead of random ones")
-    p.add_argument("--shared", metavar="INPUTS", help="inputs every instance of a --batch shares (a model's constants): "
-                   "comma-separated input names, fnmatch patterns ('cts*,stc*') or the kinds plaintexts, scalars, "
-                   "ciphertexts; drawn once from the key seed (or --inputs' unstacked values) and written once into "
-                   "each device")
+    p.add_argument("--shared", metavar="INPUTS", help="inputs every instance of a --batch shares (a model's "
+                   "constants): comma-separated input names, fnmatch patterns ('cts*,stc*') or the kinds plaintexts, "
+                   "scalars, ciphertexts; drawn once from the key seed (or --inputs' unstacked values) and written "
+                   "once into each device (a single run with --seed S+i equals instance i of such a batch)")
     p.add_argument("--save-outputs", metavar="FILE.npz", help="write the decrypted output vectors to FILE.npz")
     p.add_argument("--save-limbs", action="store_true", help="with --save-outputs: also the raw output limbs "
                    "(<name>.c0, <name>.c1, <name>.limbs)")

@@ -253,9 +253,10 @@ class Executor:
     ``workers``; ``keys``: a :class:`~caramel.ckks.keyset.KeySet` (default: generated from the key
     seed on the client device); ``shared``: the inputs every instance shares: names (as
     ``options.shared``: names, patterns, kinds) or a mapping input name -> value or object (those
-    inputs shared, besides ``options.shared``, with these values); ``ctx``: the ring (default ``Context(n)``); ``decrypt``: each result's
-    :attr:`~InstanceResult.outputs` are decrypted by the finisher threads (``"limbs"``: with the raw
-    output ciphertexts); ``log``: a function of one line, told what the setup did.
+    inputs shared, besides ``options.shared``, with these values); ``ctx``: the ring (default
+    ``Context(n)``); ``decrypt``: each result's :attr:`~InstanceResult.outputs` are decrypted by the
+    finisher threads (``"limbs"``: with the raw output ciphertexts); ``log``: a function of one line,
+    told what the setup did.
 
     ``timings`` holds the setup's seconds: ``keys``, ``shared`` (drawing the shared inputs) and ``plan``
     (the plan, the resident lanes and their graphs)."""
@@ -266,7 +267,8 @@ class Executor:
         from caramel.ckks.device import resolve as client_device
 
         if not isinstance(program, Program):
-            raise ArgumentError(f"an Executor needs a Program (from caramel.load_program), got {type(program).__name__}")
+            raise ArgumentError(f"an Executor needs a Program (from caramel.load_program), got "
+                                f"{type(program).__name__}")
         if shared is not None and not isinstance(shared, Mapping):  # names: RunOptions.shared
             fields["shared"], shared = shared, None
         opts = RunOptions.of(options, **fields)
@@ -328,7 +330,6 @@ class Executor:
         getattr(keys.keys, "wait", lambda: None)()  # keys read in the background: all there, or the error now
         self.timings["shared"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._fixed = fixed
         #: The limbs every instance shares (keys, shared inputs), as the lanes were built from them.
         self.shared_image: Mapping[Mem, Any] = fixed
         self._outputs = self._output_mems()
@@ -346,7 +347,6 @@ class Executor:
         self._lock = threading.Lock()
         self._closed = False
         self._broken: BaseException | None = None
-        self._futures: list[Future] = []
         self._todo: queue.Queue = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
@@ -462,7 +462,8 @@ class Executor:
         :class:`InstanceResult`. ``inputs``: name -> value or object (module docstring; the inputs
         not given are drawn from ``seed``, default ``options.seed`` + the submission's index)."""
         if inputs is not None and not isinstance(inputs, Mapping):
-            raise ArgumentError(f"an instance's inputs are a mapping of input name to value, not {type(inputs).__name__}")
+            raise ArgumentError(f"an instance's inputs are a mapping of input name to value, not "
+                                f"{type(inputs).__name__}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
         with self._lock:
@@ -473,7 +474,6 @@ class Executor:
                 seed = inputs.seed if isinstance(inputs, InstanceInputs) else None
                 seed = self.options.seed + index if seed is None else seed
             job = _Job(index, int(seed), inputs, Future())
-            self._futures.append(job.future)
             if self._broken is not None:
                 job.future.set_running_or_notify_cancel()
                 job.future.set_exception(self._stopped(self._broken))
@@ -481,7 +481,8 @@ class Executor:
             self._todo.put(job)
         return job.future
 
-    def map(self, inputs: Iterable[Mapping[str, Any] | None], *, timeout: float | None = None) -> Iterator[InstanceResult]:
+    def map(self, inputs: Iterable[Mapping[str, Any] | None], *,
+            timeout: float | None = None) -> Iterator[InstanceResult]:
         """Submit every element of ``inputs`` (all at once, as :meth:`concurrent.futures.Executor.map`),
         then yield their results in that order as they finish; an instance's error is raised when its
         turn comes. ``timeout``: seconds from this call for all of them (a TimeoutError after)."""
@@ -665,7 +666,7 @@ class Executor:
         if missing:  # outputs that are inputs left unchanged: the instance's, else the shared ones
             from caramel.ckks.device import host_array
 
-            image = ChainMap(job.feed.image(), self._fixed)
+            image = ChainMap(job.feed.image(), self.shared_image)
             for m in missing:
                 if m in image:
                     memory[m] = np.asarray(host_array(image[m]), dtype=np.uint32)
@@ -691,7 +692,7 @@ class Executor:
 
     def _fail(self, job: _Job, exc: BaseException, fatal: bool = False) -> None:
         if fatal:
-            self._break(job, exc)
+            self._break(exc)
         if not job.future.done():
             job.future.set_exception(exc)
         self._permits.release()
@@ -699,7 +700,7 @@ class Executor:
     def _stopped(self, cause: BaseException) -> ExecutionError:
         return ExecutionError(f"not run: the executor stopped after an error ({type(cause).__name__}: {cause})")
 
-    def _break(self, job: _Job, exc: BaseException) -> None:
+    def _break(self, exc: BaseException) -> None:
         """A device failed: no instance runs after this one (those waiting fail as they come)."""
         with self._lock:
             if self._broken is None:

@@ -325,7 +325,8 @@ def input_image(req: Requirements, objects: Mapping[str, Any]) -> dict[Mem, Any]
         if obj is None:
             continue
         for l in req.term_limbs[term]:
-            out[Mem(term, l)] = _readonly(obj.limb(l) if isinstance(obj, (Plaintext, Scalar)) else obj.limb(src.part, l))
+            row = obj.limb(l) if isinstance(obj, (Plaintext, Scalar)) else obj.limb(src.part, l)
+            out[Mem(term, l)] = _readonly(row)
     return out
 
 

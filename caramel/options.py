@@ -137,7 +137,8 @@ class RunOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ArgumentError(f"unknown option(s) {', '.join(unknown)} (RunOptions fields: {', '.join(sorted(known))})")
+            raise ArgumentError(f"unknown option(s) {', '.join(unknown)} (RunOptions fields: "
+                                f"{', '.join(sorted(known))})")
         base = options if options is not None else cls()
         return dataclasses.replace(base, **fields) if fields else base
 

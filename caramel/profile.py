@@ -39,7 +39,7 @@ import numpy as np
 from caramel.errors import ExecutionError
 from caramel.plan.cost import family
 from caramel.program import Mem, Program
-from caramel.ring import Context, Mode
+from caramel.ring import Context
 
 VARIANTS = ("eager", "graph", "graph+fusion")
 PROFILE_BACKENDS = ("auto", "gpu", "cpu-plan")

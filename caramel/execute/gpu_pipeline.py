@@ -45,7 +45,8 @@ extern "C" __global__ void copy_rows(const unsigned long long* __restrict__ src,
     const uint4* s = (const uint4*)src[blockIdx.y];
     uint4* d = (uint4*)dst[blockIdx.y];
     unsigned m = 0;
-    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n4; j += (long long)gridDim.x * blockDim.x) {
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n4; j += step) {
         const uint4 v = s[j];
         d[j] = v;
         m = max(m, max(max(v.x, v.y), max(v.z, v.w)));

@@ -122,7 +122,8 @@ class RowLayout:
                 sca.setdefault(got[0], []).append((j, got[1], ctx.q(s.prime), ctx.q(s.mem.limb)))
         self.scalar_groups: dict[Key, ScalarGroup] = {
             key: ScalarGroup(tuple(e[1] for e in es), np.array([e[0] for e in es], dtype=np.int64),
-                             np.array([e[2] for e in es], dtype=np.uint64), np.array([e[3] for e in es], dtype=np.uint64))
+                             np.array([e[2] for e in es], dtype=np.uint64),
+                             np.array([e[3] for e in es], dtype=np.uint64))
             for key, es in sca.items()}
         wanted = set(outputs)
         where: dict[Mem, int] = {}
