@@ -285,7 +285,7 @@ def _gpu_device() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
+def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log, kernels=None):
     import cupy as cp
 
     from caramel.api import output_digest
@@ -299,7 +299,8 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
     for name in VARIANTS:
         graph, per_row = name != "eager", name == "eager"
         t0 = time.perf_counter()
-        run = GpuRun(plans[name], ctx, memory, mode, per_row=per_row)
+        extra = {} if kernels is None else {"kernels": kernels}  # the CUDA kernels' configuration
+        run = GpuRun(plans[name], ctx, memory, mode, per_row=per_row, **extra)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
         if graph:
             run.capture()
@@ -465,7 +466,7 @@ def profile_program(program: Program, options=None, *, repeats: int = 10, warmup
     log(f"plans in {time.perf_counter() - t0:.1f} s")
     repeats, warmup = max(1, int(repeats)), max(0, int(warmup))
     if backend == "gpu":
-        variants, kernels, setup = _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log)
+        variants, kernels, setup = _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log, opts.kernels)
         device, clock = _gpu_device(), "cuda events"
         copy_gbs = copy_bandwidth()
     else:
