@@ -114,11 +114,11 @@ class ClientScope:
 
 class InstanceInputs(dict):
     """Ready inputs of one instance (:meth:`Executor.encrypt`): name -> Ciphertext, Plaintext or Scalar,
-    with ``values`` (the exact messages, for a check) and the ``seed`` they were drawn from."""
+    with ``messages`` (the exact messages, for a check) and the ``seed`` they were drawn from."""
 
-    def __init__(self, objects: Mapping[str, Any], values: Mapping[str, Any], seed: int | None):
+    def __init__(self, objects: Mapping[str, Any], messages: Mapping[str, Any], seed: int | None):
         super().__init__(objects)
-        self.values, self.seed = values, seed
+        self.messages, self.seed = messages, seed
 
 
 class _ObjectValues(Mapping):
@@ -584,7 +584,7 @@ class Executor:
 
                     cp.cuda.get_current_stream().synchronize()
             objects.update(made)
-        given_values = job.inputs.values if isinstance(job.inputs, InstanceInputs) else None
+        given_values = job.inputs.messages if isinstance(job.inputs, InstanceInputs) else None
         object_values = _ObjectValues({n: o for n, o in objects.items() if n not in drawn}, self.plan_inputs,
                                       self.keys.secrets)
         job.values = ChainMap(dict(values), *([given_values] if given_values is not None else []), object_values,

@@ -53,6 +53,7 @@ def test_ready_inputs_and_decrypted_outputs(rot1):
     with Executor(rot1, n=N, backend="cpu-plan", seed=SEED) as ex:
         ready = ex.encrypt(seed=SEED + 7)
         assert set(ready) == {"x", "y"} and isinstance(ready["x"].c0, np.ndarray)
+        assert all(isinstance(v.c1, np.ndarray) for v in ready.values()) and set(ready.messages) == {"x", "y"}
         result = ex.submit(ready).result()
     want = single(rot1, SEED + 7)
     assert result.seed == SEED + 7 and result.digest == want.digest and result.passed is True

@@ -151,6 +151,9 @@ class GpuRowLane:
             self.dst = cp.asarray(_addresses(base, self.layout.rows, self.row_bytes))
             self.out_src = cp.asarray(_addresses(base, self.layout.out_rows, self.row_bytes))
             self.slots = [_Slot(self) for _ in range(self.depth)]
+            if len(self.layout.out_rows):  # compiles and loads copy_rows now, not in the first instance
+                slot = self.slots[0]
+                self._copy(self.out_src[:1], slot.out_dst[:1], slot.out_max[:1], 1)
             self.compute.synchronize()
         self.free: queue.Queue[_Slot] = queue.Queue()
         for s in self.slots:
