@@ -211,6 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_batch(args, program, check, load_s)
     if args.distributed and (args.inputs or args.save_outputs or args.json):
         raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
+    if args.distributed and args.shared:
+        raise CaramelError("--shared goes with --batch in process mode")
     if args.distributed:
         return _run_distributed(args, program, check)
     from caramel.api import check_devices, devices_used, resolve_backend

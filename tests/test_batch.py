@@ -383,3 +383,8 @@ def test_cli_shared_batch_equals_single_runs_with_shared(rot1, capsys):
         assert line.endswith(digest) and "PASS" in line
     assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "2", "--shared", "w", "-q"]) == 2
     assert "'w' names no input" in capsys.readouterr().err
+
+
+def test_shared_without_batch_in_process_mode_is_refused(capsys):
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--shared", "x", "-q"])
+    assert code == 2 and "--shared goes with --batch in process mode" in capsys.readouterr().err
