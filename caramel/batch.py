@@ -199,7 +199,7 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
         for name in shared_names(opts.shared, kinds):
             if name in data.arrays:
                 a = data.arrays[name]
-                if a.ndim == (1 if str(kinds[name]) != "scalar" else 0) + 1:
+                if a.ndim == (1 if kinds[name] == "scalar" else 2):  # one value per instance
                     raise BatchError(f"input {name} is shared by every instance, but {data.source} gives one value "
                                      "per instance")
                 shared_values[name] = instance_values(data, program, 0)[name]
