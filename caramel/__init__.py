@@ -1,7 +1,9 @@
 """caramel: interpreter and multi-GPU runtime for the Cinnamon limb-level FHE ISA.
 
 The flow is one way: text -> :class:`Program` (:func:`load_program`) -> :func:`validate` ->
-executor (:func:`run_reference`, or :func:`run_program` for the whole encrypt/run/decrypt chain).
+executor (:func:`run_reference`, or :func:`run_program` for the whole encrypt/run/decrypt chain, and
+:class:`Executor` for many instances, in the shape of :mod:`concurrent.futures`; how a program runs is
+one :class:`RunOptions`).
 
 The names below are imported on first use (PEP 562 ``__getattr__``), so that ``import caramel.cli``
 costs only the command line's own imports: ``caramel run --backend gpu`` starts the GPU before the
@@ -19,6 +21,8 @@ from caramel.version import __version__
 _LAZY = {
     "RunOutcome": "caramel.api", "output_digest": "caramel.api", "run_program": "caramel.api",
     "run_batch": "caramel.batch",
+    "Executor": "caramel.executor", "InstanceResult": "caramel.executor",
+    "RunOptions": "caramel.options",
     "load_keys": "caramel.ckks.keystore", "save_keys": "caramel.ckks.keystore",
     "CaramelError": "caramel.errors", "ExecutionError": "caramel.errors", "ParseError": "caramel.errors",
     "ValidationError": "caramel.errors",
@@ -32,9 +36,9 @@ _LAZY = {
 }
 
 __all__ = [
-    "CaramelError", "Context", "ExecutionError", "Instruction", "Mode", "Opcode", "ParseError", "Program",
-    "RunOutcome", "RunResult", "Stream", "ValidationError", "load_program", "output_digest", "run_program",
-    "run_reference", "validate", "run_batch", "load_keys", "save_keys", "__version__",
+    "CaramelError", "Context", "ExecutionError", "Executor", "InstanceResult", "Instruction", "Mode", "Opcode",
+    "ParseError", "Program", "RunOptions", "RunOutcome", "RunResult", "Stream", "ValidationError", "load_program",
+    "output_digest", "run_program", "run_reference", "validate", "run_batch", "load_keys", "save_keys", "__version__",
 ]
 
 

@@ -1,32 +1,25 @@
 """Program-level parallelism: B independent instances of one program over G devices.
 
-Instance i of a batch with seed S uses ONE set of keys for the whole batch (from the key seed K,
-default S, or a :class:`~caramel.ckks.keyset.KeySet` given, e.g. from a key store) and inputs from
-seed S + i (or entry i of the user's stacked inputs, :mod:`caramel.userdata`); so its output
-digest equals that of ``caramel run --seed S+i --key-seed K`` (:func:`caramel.api.run_program`).
+A batch is an :class:`caramel.executor.Executor` fed B instances. Instance i of a batch with seed S
+uses ONE set of keys for the whole batch (from the key seed K, default S, or a
+:class:`~caramel.ckks.keyset.KeySet` given, e.g. from a key store) and inputs from seed S + i (or
+entry i of the user's stacked inputs, :mod:`caramel.userdata`); so its output digest equals that of
+``caramel run --seed S+i --key-seed K`` (:func:`caramel.api.run_program`). Inputs named by
+``options.shared`` are the same in every instance (drawn once from K, or the user's unstacked
+values): written once into each device, and instance i then equals ``caramel run --seed S+i
+--key-seed K --shared ...``.
 
-Layout (:func:`batch_layout`): a K-chip program on G >= K devices runs G // K instances at once,
-each on K devices of its own (devices jK .. jK+K-1); with G < K one instance at a time on all G
-devices (several chips per device); a 1-chip program runs one instance per device. Each *slot*
-(a device group) is a host thread that takes the next instance from a shared queue: it encrypts
-the instance's inputs, runs it, decrypts and checks it. Without ``gpus`` there is one slot on the
-executor's default devices.
+Layout (:func:`caramel.executor.batch_layout`): a K-chip program on G >= K devices runs G // K
+instances at once, each on K devices of its own (devices jK .. jK+K-1); with G < K one instance at a
+time on all G devices (several chips per device); a 1-chip program runs one instance per device.
+Each slot is a resident lane of the executor (:mod:`caramel.execute.pipeline`): the keys and shared
+inputs written once, every instance writing only its own rows; on a GPU several instances are in
+flight (upload, replay, download overlapped). Without ``gpus`` there is one slot on the executor's
+default devices.
 
-What is shared, and what is not:
-
-* the keys are generated (or loaded) once for all instances (on the GPU client for ``gpu``);
-* on GPUs a 1-chip program stays resident on each device (:func:`slot_runners`): the device's
-  first instance uploads its whole image, evaluation keys included, and captures the graph; every
-  later instance on that device rewrites only its own input rows and the scalar table, in place
-  (:meth:`caramel.execute.cuda_graph.GpuRun.rebind`), and replays the same graph, so the keys
-  are uploaded once per device;
-* a K-chip slot stays resident the same way on its devices (:class:`ResidentGpus`: one
-  :class:`~caramel.execute.cuda_graph.MultiGpuRun` per slot, its graphs captured on the first
-  instance; later instances rewrite the non-key input rows and scalar tables of every device,
-  :meth:`~caramel.execute.cuda_graph.MultiGpuRun.rebind`), closed after the batch;
-* ``cpu-plan`` slots stay resident on their simulated devices in the same way
-  (:class:`ResidentHost`: one set of device runs per slot whose key rows are written once), so
-  that CI covers the logic of the GPU slots; ``cpu`` slots share the reference interpreter.
+A batch reports every instance that finished: one whose inputs are bad fails alone (``failed``),
+and an interrupted batch (Ctrl-C) lets the instances already started finish, cancels the others and
+returns what finished (``interrupted``), outputs included.
 
 Backends: ``gpu`` (slots on CUDA devices), ``cpu-plan`` (slots on simulated devices: a K-chip
 instance runs on K host-thread devices over the fake fabric), ``cpu`` (the reference, slots as
@@ -39,10 +32,7 @@ writes their records (JSON) beside ``CARAMEL_RENDEZVOUS``, and rank 0 gathers an
 from __future__ import annotations
 
 import json
-import queue
-import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -50,8 +40,10 @@ import numpy as np
 
 from caramel.ckks.bind import requirements
 from caramel.errors import CaramelError
+from caramel.execute.pipeline import ResidentGpus, ResidentHost  # noqa: F401 (the slots of a K-chip instance)
+from caramel.executor import batch_layout  # noqa: F401
 from caramel.program import Mem, Program
-from caramel.ring import Context, Mode
+from caramel.ring import Context
 
 #: Seconds rank 0 waits for the other ranks' records in process mode.
 GATHER_TIMEOUT = 3600.0
@@ -59,19 +51,6 @@ GATHER_TIMEOUT = 3600.0
 
 class BatchError(CaramelError):
     """A batch that cannot run as asked (sizes, layout, process mode)."""
-
-
-def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
-    """The device groups (slots) of a batch: ``gpus`` None -> one slot on the executor's default
-    devices (``()``); K = ``chips`` = 1 -> one slot per device; G >= K -> G // K slots of K
-    consecutive devices; G < K -> one slot of all G devices."""
-    if gpus is None:
-        return [()]
-    if gpus < 1 or chips < 1:
-        raise BatchError(f"a batch needs at least one device and one chip, got {gpus} and {chips}")
-    if gpus < chips:
-        return [tuple(range(gpus))]
-    return [tuple(range(j * chips, (j + 1) * chips)) for j in range(gpus // chips)]
 
 
 @dataclass
@@ -121,7 +100,9 @@ class BatchSummary:
 
 @dataclass
 class BatchResult:
-    """What :func:`run_batch` returns: per-instance records (sorted by index) and a summary."""
+    """What :func:`run_batch` returns: per-instance records of the instances that finished (sorted
+    by index), a summary, the instances that failed (index -> error) and whether the batch was
+    interrupted (the instances not started then are neither finished nor failed)."""
 
     program: str
     n: int
@@ -131,12 +112,15 @@ class BatchResult:
     key_seed: int | None
     records: list[dict[str, Any]]
     summary: BatchSummary
-    timings: dict[str, float] = field(default_factory=dict)  # shared phases: keys, plan
+    timings: dict[str, float] = field(default_factory=dict)  # shared phases: keys, shared, plan
     instances: list[Instance] = field(default_factory=list)  # this process's instances
+    failed: dict[int, str] = field(default_factory=dict)
+    interrupted: bool = False
+    shared: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
-        return self.summary.passed is not False
+        return self.summary.passed is not False and not self.failed and not self.interrupted
 
     def body(self) -> dict[str, Any]:
         """The JSON body (:func:`caramel.results.document` adds the environment)."""
@@ -145,10 +129,13 @@ class BatchResult:
         digests = [r["digest"] for r in self.records]
         return {"program": self.program, "n": self.n, "mode": self.mode, "backend": self.backend,
                 "devices": self.summary.slots * self.summary.devices_per_instance * self.summary.processes,
-                "seed": self.seed, "key_seed": self.key_seed, "batch": len(self.records),
-                "digest": digests[0] if len(digests) == 1 else None, "passed": self.summary.passed,
+                "seed": self.seed, "key_seed": self.key_seed, "batch": len(self.records) + len(self.failed),
+                "shared": list(self.shared),
+                "digest": digests[0] if len(digests) == 1 and not self.failed else None, "passed": self.summary.passed,
                 "timings_s": {k: round(v, 6) for k, v in self.timings.items()},
-                "instances": self.records, "summary": asdict(self.summary)}
+                "instances": self.records,
+                "failed": [{"instance": i, "error": e} for i, e in sorted(self.failed.items())],
+                "interrupted": self.interrupted, "summary": asdict(self.summary)}
 
 
 def instance_line(record: Mapping[str, Any]) -> str:
@@ -169,16 +156,6 @@ def _batch_verdict(verdicts: Sequence[bool | None]) -> bool | None:
     return None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
 
 
-def _slot_context(devices: tuple[int, ...]):
-    """``cupy.cuda.Device(d)`` of a 1-device GPU slot (so that everything the call allocates lands
-    there); a no-op for a slot of the default device (``()``)."""
-    if len(devices) != 1:
-        return nullcontext()
-    import cupy as cp
-
-    return cp.cuda.Device(devices[0])
-
-
 def key_mems(program: Program) -> frozenset[Mem]:
     """The limbs of the memory image that hold evaluation keys: the same in every instance of a
     batch (one key set), so that a device keeps them in place from one instance to the next."""
@@ -187,332 +164,124 @@ def key_mems(program: Program) -> frozenset[Mem]:
                      for l in req.term_limbs[term])
 
 
-class ResidentHost:
-    """A slot of simulated devices (``cpu-plan``) that stays resident, the CPU twin of
-    :class:`ResidentGpus`: the plan's device programs on ``devices`` NumPy devices (host threads,
-    a fresh :class:`~caramel.execute.fabric.threads.FakeNetwork` per instance, under the
-    watchdog), with the inputs in rows that no kernel overwrites (the GPU's ``keep_inputs``
-    placement). The first instance writes its whole image; every later one rewrites only the
-    input rows outside ``keep`` and the scalar table (:meth:`DeviceRun.rebind
-    <caramel.execute.runner.DeviceRun.rebind>`), so the key rows are written once per device.
-    ``streams`` > 1: each run executes a random order that that many streams allow (as
-    :class:`~caramel.execute.drive.HostRun`). One instance at a time (one slot thread)."""
+def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inputs: Any = None,
+              ctx: Context | None = None, indices: Sequence[int] | None = None, outputs: bool = False,
+              limbs: bool = False, rank: int = 0, log: Callable[[str], None] | None = None, **fields) -> BatchResult:
+    """Run ``batch`` instances of ``program`` (module docstring) as ``options`` says
+    (:class:`~caramel.options.RunOptions`, or its fields as keywords: ``gpus`` devices of
+    ``backend``, ``device_ids`` instead of 0 .. G-1, ``shared`` inputs, ...) and check each by
+    decryption. ``keys``: the key set (default: generated from the key seed); ``inputs``: the user's
+    values (a file or a mapping, :mod:`caramel.userdata`; stacked values feed one instance each, and
+    a shared input's value must be unstacked); ``indices``: the instances this call runs (default all;
+    process mode passes its share); ``outputs``/``limbs``: keep each instance's decrypted outputs (and
+    raw output limbs) in :attr:`Instance.outputs`; ``log``: a function of one line per event.
 
-    def __init__(self, plan, ctx: Context, mode: Mode, devices: int, keep: frozenset[Mem], *, streams: int = 1,
-                 timeout: float = 120.0, seed: int | None = None):
-        from caramel.execute.placement import gpu_device_programs
+    Never raises for one instance: a failed instance is in ``failed``, a Ctrl-C (KeyboardInterrupt)
+    ends the batch with the instances that finished (``interrupted``); the setup's errors (keys,
+    plan, devices) are raised."""
+    from concurrent.futures import FIRST_COMPLETED, wait
 
-        self.plan, self.ctx, self.mode, self.keep, self.timeout = plan, ctx, Mode(mode), keep, timeout
-        # the GPUs' row layout when their memory is short (a row a buffer would take host memory several times over)
-        self.progs = gpu_device_programs(plan, max(1, devices), ctx, streams, reuse="fifo" if streams > 1 else None)
-        self.streams = streams
-        self.seed = np.random.SeedSequence(seed).entropy
-        self.runs: list = []
-        self.schedules: list | None = None
-        self.instances = 0  # instances run so far
+    from caramel.executor import Executor
+    from caramel.instance import run_setup
+    from caramel.options import RunOptions, shared_names
 
-    def __call__(self, memory: Mapping[Mem, np.ndarray]):
-        from caramel.backends.numpy_backend import NumpyBackend
-        from caramel.execute.drive import run_threads
-        from caramel.execute.fabric.threads import FakeNetwork
-        from caramel.execute.memory import check_plan_memory
-        from caramel.execute.result import merge_results
-        from caramel.execute.runner import DeviceRun
-
-        if self.runs:
-            check_plan_memory(self.plan, self.ctx, memory, kept=self.keep)
-            for r in self.runs:
-                r.rebind(memory, self.keep)
-        else:
-            check_plan_memory(self.plan, self.ctx, memory)
-            self.runs = [DeviceRun(p, self.plan, self.ctx, memory, self.mode, NumpyBackend) for p in self.progs]
-            for r in self.runs:
-                r.init_data = None  # the inputs stay in their rows: no host copy to restore from
-            if self.streams > 1:
-                self.schedules = [r.schedule(self.streams) for r in self.runs]
-        net = FakeNetwork(len(self.runs), self.timeout)
-        count, self.instances = self.instances, self.instances + 1
-
-        def body(r):
-            r.fabric = net.fabric(r.prog.device)
-            if self.schedules is None:
-                r.run()
-            else:
-                from caramel.plan.streams import happens_before_order
-
-                rng = np.random.default_rng((self.seed, count, r.prog.device))
-                for t in happens_before_order(self.schedules[r.prog.device], rng):
-                    r.run_task(t)
-                r.pc = len(r.calls)
-            return r.prog.chips, r.stores()
-        if len(self.runs) == 1:  # one device hosting every chip: no collectives, no watchdog
-            out = [body(self.runs[0])]
-        else:
-            out = run_threads([lambda r=r: body(r) for r in self.runs], self.timeout, net.abort,
-                              lambda d: self.runs[d].position)
-        return merge_results(self.plan, memory, out)
-
-    def close(self, failed: bool = False) -> None:
-        """Nothing to release (the interface of :class:`ResidentGpus`)."""
-
-
-class ResidentGpus:
-    """A K-chip slot resident on its CUDA devices: ONE :class:`~caramel.execute.cuda_graph.MultiGpuRun`
-    (``devices``: the slot's CUDA devices, several chips per GPU when fewer than K; empty: one
-    per chip on devices 0, 1, ... up to those present). The first instance uploads its whole
-    image (keys included), runs eagerly and captures one graph per GPU; every later instance
-    rewrites only the input rows outside ``keep`` and the scalar tables of every GPU
-    (:meth:`MultiGpuRun.rebind <caramel.execute.cuda_graph.MultiGpuRun.rebind>`) and replays the
-    same graphs. :meth:`close` releases the graphs and communicators (after the batch)."""
-
-    def __init__(self, plan, ctx: Context, mode: Mode, devices: tuple[int, ...], keep: frozenset[Mem],
-                 streams: int | None = None):
-        self.plan, self.ctx, self.mode, self.keep, self.streams = plan, ctx, Mode(mode), keep, streams
-        self.devices = devices
-        self.run = None
-
-    def __call__(self, memory: Mapping[Mem, np.ndarray]):
-        from caramel.execute.cuda_graph import MultiGpuRun
-
-        if self.run is None:
-            devices = self.devices
-            if not devices:
-                import cupy as cp
-
-                devices = tuple(range(min(len(self.plan.chips), cp.cuda.runtime.getDeviceCount())))
-            self.run = MultiGpuRun(self.plan, self.ctx, memory, self.mode, len(devices), device_ids=list(devices),
-                                   streams=self.streams)
-        else:
-            self.run.rebind(memory, self.keep)
-        self.run.replay(1)
-        return self.run.result()
-
-    def close(self, failed: bool = False) -> None:
-        """Drop the graphs and communicators (abort them first after a failed instance)."""
-        run, self.run = self.run, None
-        if run is not None:
-            run.close(failed)
-
-
-def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layout: Sequence[tuple[int, ...]],
-                 streams: int | None = None) -> list[Callable[[Mapping], Any]]:
-    """One ``memory -> RunResult`` per slot (see the module docstring for what is shared). On
-    GPUs and simulated devices every slot stays resident: the first instance writes its image
-    (keys included), the later ones rewrite only their own inputs (a 1-chip program on a GPU:
-    :func:`caramel.execute.cuda_graph.resident_executor`; K chips: :class:`ResidentGpus`;
-    ``cpu-plan``: :class:`ResidentHost`). Runners with a ``close(failed)`` method are closed by
-    :func:`run_batch` after the batch."""
-    from caramel.api import executor
-
-    chips = len(program.streams)
-    if backend not in ("gpu", "cpu-plan"):  # the reference: one shared function, slots as host threads
-        shared = executor(program, ctx, mode, backend, None, streams)
-        return [shared for _ in layout]
-    from caramel.plan_cache import cached_plan
-
-    plan, keep = cached_plan(program), key_mems(program)  # build_plan(program), or its plan-cache entry
-    if backend == "cpu-plan":
-        return [ResidentHost(plan, ctx, mode, len(g), keep, streams=streams or 1) for g in layout]
-    from caramel.api import gpu_available
-    from caramel.execute.cuda_graph import GRAPH_STREAMS, resident_executor
-
-    if not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or "
-                           "'caramel-fhe[cuda13]')")
-    if chips > 1 or any(len(g) > 1 for g in layout):
-        return [ResidentGpus(plan, ctx, mode, g, keep, streams) for g in layout]
-
-    def resident(devices):
-        run = resident_executor(plan, ctx, mode, streams=streams or GRAPH_STREAMS, keep=keep)
-
-        def on_device(memory):
-            with _slot_context(devices):
-                return run(memory)
-        return on_device
-    return [resident(g) for g in layout]
-
-
-def _run_slots(layout, work: Callable[[int, tuple[int, ...]], None], indices: Sequence[int]) -> float:
-    """Run ``work(index, devices)`` for every index, one host thread per slot taking the next
-    index from a queue; the first error is raised after every thread stopped. Returns the wall
-    time in seconds."""
-    todo: queue.Queue[int] = queue.Queue()
-    for i in indices:
-        todo.put(i)
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def body(devices):
-        while not stop.is_set():
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                work(i, devices)
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
-                stop.set()
-                return
-
-    start = time.perf_counter()
-    if len(layout) == 1:
-        body(layout[0])
-    else:
-        threads = [threading.Thread(target=body, args=(g,), name=f"caramel-slot-{k}", daemon=True)
-                   for k, g in enumerate(layout)]
-        for t in threads:
-            t.start()
-        try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
-        except KeyboardInterrupt:
-            stop.set()
-            raise
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return wall
-
-
-def _close(runners: Sequence[Any], failed: bool) -> None:
-    """Close the resident slots that have a ``close(failed)`` (:class:`ResidentGpus`)."""
-    for r in runners:
-        close = getattr(r, "close", None)
-        if close is not None:
-            close(failed)
-
-
-def run_batch(
-    program: Program,
-    *,
-    n: int = 65536,
-    mode: Mode | str = Mode.EXACT,
-    backend: str = "auto",
-    seed: int = 0,
-    key_seed: int | None = None,
-    keys=None,
-    check: Any = "auto",
-    batch: int = 1,
-    gpus: int | None = None,
-    streams: int | None = None,
-    inputs: Any = None,
-    ctx: Context | None = None,
-    indices: Sequence[int] | None = None,
-    outputs: bool = False,
-    limbs: bool = False,
-    rank: int = 0,
-    devices: Sequence[int] | None = None,
-    log: Callable[[str], None] | None = None,
-    device: str | None = None,
-) -> BatchResult:
-    """Run ``batch`` instances of ``program`` (module docstring) on ``gpus`` devices of ``backend``
-    and check each by decryption. ``indices``: the instances this call runs (default all; process
-    mode passes its share); ``devices``: the CUDA devices to use instead of 0 .. G-1 (process mode:
-    ``[LOCAL_RANK]``). ``device``: where the client arithmetic runs (as :func:`caramel.api.run_program`;
-    default the GPU for the ``gpu`` backend). ``outputs``/``limbs``: keep each instance's decrypted outputs (and raw
-    output limbs) in :attr:`Instance.outputs`. Other arguments as :func:`caramel.api.run_program`."""
-    from caramel.api import default_spec, key_seed_for, output_digest, prepare_inputs, resolve_backend, run_setup
-    from caramel.ckks.check import evaluate_check
-    from caramel.ckks.keyset import generate_keyset
-
+    opts = RunOptions.of(options, **fields)
     if batch < 1:
         raise BatchError(f"--batch must be at least 1, got {batch}")
     log = log or (lambda s: None)
-    mode = Mode(mode)
-    ctx, spec, data = run_setup(program, n, ctx, check, inputs, batch)
-    from caramel.ckks.device import resolve as client_device, using as using_client
-
-    backend = resolve_backend(backend)
-    client = client_device(device, backend)  # by default the arithmetic on the GPU when the backend is the GPU
+    ctx, _, data = run_setup(program, opts.n, ctx, opts.check, inputs, batch)
     indices = list(range(batch)) if indices is None else list(indices)
-    shared: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if keys is None:
-        with using_client(client):
-            keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed))
-    shared["keys"] = time.perf_counter() - t0
-    layout = batch_layout(program.chips, gpus)
-    if devices is not None:  # renumber the slots' devices onto the given CUDA devices
-        devices = list(devices)
-        if max((d for g in layout for d in g), default=-1) >= len(devices):
-            raise BatchError(f"{gpus} device(s) asked for, {len(devices)} given ({devices})")
-        layout = [tuple(devices[d] for d in g) for g in layout]
-    t0 = time.perf_counter()
-    slots = slot_runners(program, ctx, mode, backend, layout, streams)
-    runners = dict(zip(layout, slots))
-    shared["plan"] = time.perf_counter() - t0
-    log(f"{len(indices)} instance(s) on {len(layout)} slot(s) of {max(1, len(layout[0]))} device(s); keys in "
-        f"{shared['keys']:.2f} s")
-    done: dict[int, Instance] = {}
-    the_spec = spec or default_spec(program)
+    shared_values: dict[str, Any] = {}
+    if data is not None:
+        from caramel.userdata import instance_values
 
-    def work(i: int, group: tuple[int, ...]) -> None:
-        times: dict[str, float] = {}
-        t = time.perf_counter()
-        supplied = None
-        if data is not None:
-            from caramel.userdata import instance_values
-
-            supplied = instance_values(data, program, i)
-        with using_client(client):
-            prepared = prepare_inputs(program, ctx, keys, seed + i, the_spec, supplied)
-        times["encrypt"] = time.perf_counter() - t
-        t = time.perf_counter()
-        result = runners[group](prepared.memory)
-        times["run"] = time.perf_counter() - t
-        t = time.perf_counter()
-        kept = None
-        if outputs or limbs:
-            from caramel.userdata import decrypted_outputs
-
-            kept = decrypted_outputs(prepared, result.memory, limbs=limbs)
-            times["decrypt"] = time.perf_counter() - t
-            t = time.perf_counter()
-        with using_client(client):
-            report = evaluate_check(prepared, result.memory, mode) if spec is not None else None
-        digest = output_digest(program, result.memory)
-        times["check"] = time.perf_counter() - t
-        done[i] = Instance(i, seed + i, digest, report, group, times, kept, rank)
-        log(f"instance {i}: {'checked' if report is not None else 'ran'}, digest {digest[:16]}")
-
-    failed = True
+        kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
+        for name in shared_names(opts.shared, kinds):
+            if name in data.arrays:
+                a = data.arrays[name]
+                if a.ndim == (1 if kinds[name] == "scalar" else 2):  # one value per instance
+                    raise BatchError(f"input {name} is shared by every instance, but {data.source} gives one value "
+                                     "per instance")
+                shared_values[name] = instance_values(data, program, 0)[name]
+    executor = Executor(program, opts, keys=keys, ctx=ctx, shared=shared_values, decrypt="limbs" if limbs else outputs,
+                        log=log)
+    slots, per_slot, shared = len(executor.lanes), max(1, len(executor.groups[0])), executor.shared
+    log(f"{len(indices)} instance(s) on {slots} slot(s) of {per_slot} device(s); keys in "
+        f"{executor.timings['keys']:.2f} s")
+    futures: dict[int, Any] = {}
+    interrupted = False
+    start = time.perf_counter()
     try:
-        wall = _run_slots(layout, work, indices)
-        failed = False
+        for i in indices:
+            given = None
+            if data is not None:
+                from caramel.userdata import instance_values
+
+                given = {k: v for k, v in instance_values(data, program, i).items() if k not in shared}
+            futures[i] = executor.submit(given, seed=opts.seed + i)
+        index_of = {f: i for i, f in futures.items()}
+        pending = set(futures.values())
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=index_of.get):
+                i, exc = index_of[f], f.exception()
+                log(f"instance {i}: failed: {exc}" if exc is not None else
+                    f"instance {i}: {'checked' if f.result().report is not None else 'ran'}, digest "
+                    f"{f.result().digest[:16]}")
+    except KeyboardInterrupt:
+        interrupted = True
+        log("interrupted: the instances started finish, the others are cancelled")
+        executor.shutdown(wait=True, cancel_futures=True)
     finally:
-        _close(slots, failed)
-    instances = [done[i] for i in sorted(done)]
-    passed = _batch_verdict([x.passed for x in instances])
-    summary = BatchSummary(len(instances), wall, len(instances) / wall if wall > 0 else 0.0, len(layout),
-                           max(1, len(layout[0])), 1, passed)
-    return BatchResult(program.name, int(ctx.n), mode.value, backend, seed, key_seed, [x.record() for x in instances],
-                       summary, shared, instances)
+        executor.shutdown(wait=True, cancel_futures=True)
+    wall = time.perf_counter() - start
+    done_instances, failed = [], {}
+    for i in sorted(futures):
+        f = futures[i]
+        if f.cancelled() or not f.done():
+            continue
+        exc = f.exception()
+        if exc is not None:
+            failed[i] = f"{type(exc).__name__}: {exc}"
+            continue
+        x = f.result()
+        kept = x._outputs if (outputs or limbs) else None
+        done_instances.append(Instance(i, x.seed, x.digest, x.report, x.devices, x.timings, kept, rank))
+    passed = _batch_verdict([x.passed for x in done_instances])
+    count = len(done_instances)
+    summary = BatchSummary(count, wall, count / wall if wall > 0 else 0.0, slots, per_slot, 1, passed)
+    return BatchResult(program.name, int(ctx.n), opts.mode.value, executor.backend, opts.seed, opts.key_seed,
+                       [x.record() for x in done_instances], summary, dict(executor.timings), done_instances, failed,
+                       interrupted, shared)
 
 
 # --------------------------------------------------------------------------------- process mode
 
-def run_batch_distributed(program: Program, place, *, batch: int, backend: str = "auto", outputs: bool = False,
-                          limbs: bool = False, timeout: float = GATHER_TIMEOUT, **kwargs) -> BatchResult | None:
+def run_batch_distributed(program: Program, place, options=None, *, batch: int, outputs: bool = False,
+                          limbs: bool = False, timeout: float = GATHER_TIMEOUT, inputs: Any = None,
+                          **fields) -> BatchResult | None:
     """This process's share of a batch in process mode: instances i with i % world == rank, on
     its own device (``place``: :func:`caramel.execute.distributed.launch_env`; on the GPU the CUDA
     device ``place.local_rank``, a K-chip program with its chips merged there; on the CPU the NumPy
     plan engine). Each rank writes its records (and with ``outputs`` its decrypted outputs, .npz)
     beside the rendezvous file; rank 0 waits for all ranks and returns the whole batch (the other
-    ranks return None)."""
-    from caramel.api import resolve_backend
+    ranks return None). A rank with a failed instance raises :class:`BatchError` naming it."""
     from caramel.execute.distributed import _wait_for
+    from caramel.options import RunOptions, resolve_backend
     from caramel.outfiles import write_atomic
     from caramel.results import write_json
 
+    opts = RunOptions.of(options, **fields)
     start = time.perf_counter()
-    backend = "gpu" if resolve_backend(backend) == "gpu" else "cpu-plan"
+    backend = "gpu" if resolve_backend(opts.backend) == "gpu" else "cpu-plan"
     mine = [i for i in range(batch) if i % place.world == place.rank]
     gpu = backend == "gpu"
-    result = run_batch(program, batch=batch, backend=backend, indices=mine, gpus=1 if gpu else None,
-                       devices=[place.local_rank] if gpu else None, outputs=outputs, limbs=limbs, rank=place.rank,
-                       **kwargs)
+    opts = opts.with_(backend=backend, gpus=1 if gpu else None, device_ids=(place.local_rank,) if gpu else None)
+    result = run_batch(program, opts, batch=batch, indices=mine, outputs=outputs, limbs=limbs, rank=place.rank,
+                       inputs=inputs)
+    if result.failed or result.interrupted:
+        what = "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())) or "interrupted"
+        raise BatchError(f"rank {place.rank}: {what}")
     if outputs or limbs:  # written before the records, which tell rank 0 that this rank is done
         from caramel.userdata import stack_outputs
 
@@ -584,51 +353,39 @@ class ThroughputPoint:
     digest: str = ""
 
 
-def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536, mode: Mode | str = Mode.EXACT,
-                       backend: str = "auto", seed: int = 0, rounds: int = 2, streams: int | None = None,
-                       log: Callable[[str], None] | None = None) -> list[ThroughputPoint]:
-    """Instances per second of ``program`` on each device count of ``gpus`` (one instance per
-    device at a time; G input images prepared once from seeds ``seed .. seed+G-1``, each device
-    runs its own ``rounds`` times). Speedup = rate(G) / rate(smallest G) * smallest G;
-    efficiency = speedup / G. Every run's outputs must have the digest of its image's first run."""
-    from caramel.api import default_spec, output_digest, prepare_inputs, resolve_backend
+def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, rounds: int = 2,
+                       log: Callable[[str], None] | None = None, **fields) -> list[ThroughputPoint]:
+    """Instances per second of ``program`` on each device count of ``gpus`` (an
+    :class:`~caramel.executor.Executor` on G devices; G instances' inputs encrypted before timing, from
+    seeds ``seed .. seed+G-1``, each submitted ``rounds`` times after one untimed round; inputs named by
+    ``options.shared`` resident). ``options``: :class:`~caramel.options.RunOptions` or its fields (the
+    check is off). Speedup = rate(G) / rate(smallest G) * smallest G; efficiency = speedup / G. Every
+    run of one input must have the digest of its first run."""
+    from caramel.ckks.device import resolve as client_device, using as using_client
     from caramel.ckks.keyset import generate_keyset
+    from caramel.executor import Executor
+    from caramel.options import RunOptions, resolve_backend
 
     log = log or (lambda s: None)
-    mode = Mode(mode)
-    backend = "cpu-plan" if backend == "auto" and resolve_backend("auto") == "cpu" else resolve_backend(backend)
-    from caramel.ckks.device import resolve as client_device, using as using_client
-
-    ctx = Context(n=n)
-    spec = default_spec(program)
-    with using_client(client_device(None, backend)):
-        keys = generate_keyset(program, ctx, seed)
-        images = [prepare_inputs(program, ctx, keys, seed + d, spec).memory for d in range(max(gpus))]
+    opts = RunOptions.of(options, **fields)
+    backend = resolve_backend(opts.backend)
+    backend = "cpu-plan" if opts.backend == "auto" and backend == "cpu" else backend
+    opts = opts.with_(backend=backend, check=None)
+    ctx = Context(n=opts.n)
+    with using_client(client_device(opts.client, backend)):
+        keys = generate_keyset(program, ctx, opts.keys_seed)
     points: list[ThroughputPoint] = []
     for g in gpus:
-        layout = batch_layout(1, g)
-        runners = dict(zip(layout, slot_runners(program, ctx, mode, backend, layout, streams)))
-        digests: dict[int, set[str]] = {}
-        lock = threading.Lock()
-
-        def work(k: int, group: tuple[int, ...]) -> None:
-            d = group[0] if group else 0
-            result = runners[group](images[d])
-            with lock:
-                digests.setdefault(d, set()).add(output_digest(program, result.memory))
-
-        # one warm-up round (compiles kernels per device), then the timed rounds
-        try:
-            _run_slots(layout, work, list(range(g)))
-            digests.clear()
-            wall = _run_slots(layout, work, list(range(g * rounds)))
-        finally:
-            _close(list(runners.values()), False)
-        if any(len(s) != 1 for s in digests.values()):
+        with Executor(program, opts.with_(gpus=g), keys=keys, ctx=ctx) as ex:
+            images = [ex.encrypt(seed=opts.seed + d) for d in range(g)]
+            first = [r.digest for r in ex.map(images)]  # untimed: every lane's first instance
+            start = time.perf_counter()
+            digests = [r.digest for r in ex.map([images[k % g] for k in range(g * rounds)])]
+            wall = time.perf_counter() - start
+        if any(d != first[k % g] for k, d in enumerate(digests)):
             raise BatchError(f"{program.name} on {g} device(s): repeated runs of one input gave different digests")
         count = g * rounds
-        points.append(ThroughputPoint(program.name, g, count, wall, count / wall if wall > 0 else 0.0,
-                                      digest=sorted(digests.get(0, {""}))[0]))
+        points.append(ThroughputPoint(program.name, g, count, wall, count / wall if wall > 0 else 0.0, digest=first[0]))
         log(f"throughput on {g} device(s): {count} instances in {wall:.2f} s ({count / wall:.2f}/s)")
     base = points[0]
     for p in points:
@@ -638,6 +395,5 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
 
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "Instance", "ResidentGpus", "ResidentHost", "ThroughputPoint",
-           "batch_layout",
-           "gathered_outputs", "instance_line", "key_mems", "measure_throughput", "run_batch", "run_batch_distributed",
-           "slot_runners"]
+           "batch_layout", "gathered_outputs", "instance_line", "key_mems", "measure_throughput", "run_batch",
+           "run_batch_distributed"]

@@ -211,6 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_batch(args, program, check, load_s)
     if args.distributed and (args.inputs or args.save_outputs or args.json):
         raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
+    if args.distributed and args.shared:
+        raise CaramelError("--shared goes with --batch in process mode")
     if args.distributed:
         return _run_distributed(args, program, check)
     from caramel.api import check_devices, devices_used, resolve_backend
@@ -219,9 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     keys_s = time.perf_counter()
     keys, ctx = _stored_keys(args, program, background=True)  # key files read on while the inputs are encrypted
     keys_s = time.perf_counter() - keys_s
-    outcome = run_program(program, n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, check=check,
-                          gpus=args.gpus, streams=args.streams, key_seed=args.key_seed, inputs=args.inputs,
-                          ctx=ctx, keys=keys)
+    outcome = run_program(program, _run_options(args, check), inputs=args.inputs, ctx=ctx, keys=keys)
     if keys is not None:
         outcome.timings["keys"] += keys_s  # loading the key store (--keys DIR) is the keys phase
         getattr(keys.keys, "wait", lambda: None)()  # a damaged file of a key the program did not read still fails
@@ -258,49 +258,79 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int)
         _write_results(args, document('run', record))
 
 
+def _run_options(args: argparse.Namespace, check, **fields):
+    """The :class:`~caramel.options.RunOptions` of ``caramel run`` (``fields`` replace its own)."""
+    from caramel.options import RunOptions
+
+    values = dict(n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, key_seed=args.key_seed,
+                  check=check, gpus=args.gpus, streams=args.streams, shared=getattr(args, "shared", None) or ())
+    return RunOptions(**{**values, **fields})
+
+
+#: Phases of an instance of a batch, in the order they happen (printed after :data:`caramel.results.PHASES`).
+INSTANCE_PHASES = ("upload", "replay", "download", "digest")
+
+
 def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     """``caramel run --batch B``: B instances (:mod:`caramel.batch`), one line each and a summary;
-    with ``--distributed`` this process's share, rank 0 gathering and printing."""
+    with ``--distributed`` this process's share, rank 0 gathering and printing. The instances that
+    finished are printed (and their outputs saved) even when others failed (exit 2) or the batch was
+    interrupted (exit 130)."""
     from caramel.batch import gathered_outputs, instance_line, run_batch, run_batch_distributed
     from caramel.results import PHASES, document, timings_line
     from caramel.userdata import save_outputs, stack_outputs
 
     keep = bool(args.save_outputs or args.save_limbs)
-    kwargs = dict(n=args.n, mode=args.mode, seed=args.seed, key_seed=args.key_seed, check=check,
-                  streams=args.streams, inputs=args.inputs, outputs=keep, limbs=args.save_limbs)
+    options = _run_options(args, check)
     if args.distributed:
         from caramel.execute.distributed import clean_up, launch_env
 
         place = launch_env()
         if place is None:
             raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-        result = run_batch_distributed(program, place, batch=args.batch, backend=args.backend, **kwargs)
+        result = run_batch_distributed(program, place, options.with_(gpus=None), batch=args.batch, inputs=args.inputs,
+                                       outputs=keep, limbs=args.save_limbs)
         if result is None:
             return EXIT_OK
         arrays = gathered_outputs(place, args.batch) if keep else None
         clean_up(place)  # rank 0 has read every rank's records and outputs
     else:
         keys, _ = _stored_keys(args, program)
-        result = run_batch(program, batch=args.batch, backend=args.backend, gpus=args.gpus, keys=keys, **kwargs)
-        arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
+        result = run_batch(program, options, batch=args.batch, keys=keys, inputs=args.inputs, outputs=keep,
+                           limbs=args.save_limbs)
+        arrays = stack_outputs([x.outputs for x in result.instances]) if keep and result.instances else None
+    shared = f", shared {', '.join(result.shared)}" if result.shared else ""
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, key seed "
-          f"{key_seed_for(args.seed, args.key_seed)})")
-    for record in result.records:
-        print(instance_line(record))
+          f"{key_seed_for(args.seed, args.key_seed)}{shared})")
+    lines = [(r["instance"], instance_line(r)) for r in result.records]
+    lines += [(i, f"instance {i}: FAILED: {error}") for i, error in result.failed.items()]
+    for _, line in sorted(lines):
+        print(line)
     print(result.summary.line())
     totals = {"load": load_s, **result.timings}
     for record in result.records:  # per-instance phases, summed over the instances
         for phase, seconds in record["timings_s"].items():
             totals[phase] = totals.get(phase, 0.0) + seconds
-    print(timings_line({k: totals[k] for k in PHASES if k in totals}) + " (instances' phases summed)")
+    order = [k for k in (*PHASES, *INSTANCE_PHASES) if k in totals]
+    print(timings_line({k: totals[k] for k in order}) + " (instances' phases summed)")
     if arrays is not None and args.save_outputs:
-        print(f"outputs: {', '.join(sorted(arrays))} written to {save_outputs(args.save_outputs, arrays)}")
+        print(f"outputs: {', '.join(sorted(arrays))} of {len(result.instances)} instance(s) written to "
+              f"{save_outputs(args.save_outputs, arrays)}")
     if args.json:
         body = result.body()
         body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
         body["inputs"] = args.inputs
         _write_results(args, document('batch', body))
+    if result.interrupted:
+        done = ", ".join(str(r["instance"]) for r in result.records) or "none"
+        print(f"caramel: interrupted: {len(result.records)} of {args.batch} instance(s) finished ({done})",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if result.failed:
+        print(f"caramel: error: {len(result.failed)} instance(s) failed: "
+              + "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())), file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK if result.passed else EXIT_INVALID
 
 
@@ -488,12 +518,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """``caramel profile PROGRAM``: eager / graph / graph+fusion timings, time per kernel kind, trace."""
     if args.json == "-" and not hasattr(args, "json_out"):
         return _json_on_stdout(cmd_profile, args)
+    from caramel.options import RunOptions
     from caramel.profile import profile_program, render, write_trace
     from caramel.validate import validate
 
     log = logging.getLogger("caramel.profile").info
-    if args.throughput and not args.gpus:
-        raise CaramelError("--throughput goes with --gpus 1,2,4,8 (and a family)")
     if args.plot and not args.gpus:
         raise CaramelError("--plot draws the scaling curve of --gpus 1,2,...: give --gpus too")
     if args.gpus:
@@ -502,12 +531,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     validate(program)
     memory = None
     keys, ctx = _stored_keys(args, program)
-    if keys is not None:
+    if keys is not None and not args.throughput:
         from caramel.api import prepare_inputs
 
         memory = prepare_inputs(program, ctx, keys, args.seed).memory
-    result = profile_program(program, n=args.n, mode=args.mode, seed=args.seed, repeats=args.repeats,
-                             warmup=args.warmup, backend=args.backend, log=log, memory=memory)
+    options = RunOptions(n=args.n, mode=args.mode, seed=args.seed, backend=args.backend)
+    if args.throughput:
+        return _profile_throughput(args, program, options.with_(shared=getattr(args, "shared", None) or ()), keys,
+                                   log)
+    result = profile_program(program, options, repeats=args.repeats, warmup=args.warmup, log=log, memory=memory)
     print(render(result))
     if args.trace:
         write_trace(result, args.trace)
@@ -516,6 +548,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         from caramel.results import profile_document
 
         _write_results(args, profile_document(result))
+    return EXIT_OK
+
+
+def _profile_throughput(args: argparse.Namespace, program, options, keys, log) -> int:
+    """``caramel profile PROGRAM --throughput``: instances per second served (shared inputs resident) and
+    end to end (every input drawn per instance), and where an instance's time goes."""
+    from caramel.profile import profile_throughput, render_throughput
+
+    result = profile_throughput(program, options, instances=args.repeats, keys=keys, log=log)
+    print(render_throughput(result))
+    if args.json:
+        from caramel.results import document
+
+        _write_results(args, document("throughput", result.body()))
     return EXIT_OK
 
 
@@ -531,17 +577,17 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
         plot_format(args.plot)
         if importlib.util.find_spec("matplotlib") is None:
             raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'")
-    result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
-                             repeats=args.repeats, warmup=args.warmup, backend=args.backend,
-                             streams=args.streams, log=log)
+    from caramel.options import RunOptions
+
+    options = RunOptions(n=args.n, mode=args.mode, seed=args.seed, backend=args.backend, streams=args.streams)
+    result = profile_scaling(args.program, args.gpus, options, repeats=args.repeats, warmup=args.warmup, log=log)
     if args.throughput:
         from caramel.batch import measure_throughput
         from caramel.parse import load_program
         from caramel.scaling import family_member
 
-        result.throughput = measure_throughput(load_program(family_member(args.program, 1)), args.gpus, n=args.n,
-                                               mode=args.mode, backend=result.backend, seed=args.seed,
-                                               rounds=args.repeats, streams=args.streams, log=log)
+        result.throughput = measure_throughput(load_program(family_member(args.program, 1)), args.gpus,
+                                               options.with_(backend=result.backend), rounds=args.repeats, log=log)
     print(render_scaling(result))
     if args.json:
         from caramel.results import scaling_document
@@ -661,6 +707,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "over --gpus devices; one line per instance and a summary")
     p.add_argument("--inputs", metavar="FILE", help="encrypt these values (.npz or .json, one vector or scalar per "
                    "input name; (B, N/2) stacked for --batch) instead of random ones")
+    p.add_argument("--shared", metavar="INPUTS", help="inputs every instance of a --batch shares (a model's "
+                   "constants): comma-separated input names, fnmatch patterns ('cts*,stc*') or the kinds plaintexts, "
+                   "scalars, ciphertexts; drawn once from the key seed (or --inputs' unstacked values) and written "
+                   "once into each device (a single run with --seed S+i equals instance i of such a batch)")
     p.add_argument("--save-outputs", metavar="FILE.npz", help="write the decrypted output vectors to FILE.npz")
     p.add_argument("--save-limbs", action="store_true", help="with --save-outputs: also the raw output limbs "
                    "(<name>.c0, <name>.c1, <name>.limbs)")
@@ -726,8 +776,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "file's extension; needs matplotlib: pip install 'caramel-fhe[plot]')")
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
-    p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
-                   "devices, one instance per device (instances/s, speedup, efficiency)")
+    p.add_argument("--throughput", action="store_true", help="instances per second: served (ciphertexts encrypted "
+                   "ahead, plaintexts and scalars shared and resident) and end to end (every input drawn per "
+                   "instance), --repeats instances each, and where an instance's time goes; with --gpus: the "
+                   "family's 1-chip program on G devices (instances/s, speedup, efficiency)")
+    p.add_argument("--shared", metavar="INPUTS", help="with --throughput: the inputs shared when serving (default "
+                   "plaintexts,scalars; see `caramel run --shared`)")
     p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE ('-': on "
                    "stdout, the text then on stderr)")
     _add_keys(p)

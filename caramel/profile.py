@@ -19,6 +19,11 @@ around each kernel): :func:`kind_table` aggregates it by :class:`~caramel.plan.p
 "X" complete events, microseconds). Communication kernels of multi-chip programs (``cpu-plan``
 only) go through the in-process transport and are not timed.
 
+:func:`profile_throughput` (``caramel profile PROGRAM --throughput``) measures instances per second
+through an :class:`~caramel.executor.Executor`, served (shared inputs resident, the others encrypted
+ahead) and end to end (every input drawn per instance), with the mean time of each phase of an
+instance (encrypt, upload, replay, download, digest, check).
+
 Everything here is a pure function of its inputs; ``caramel.cli`` only parses and prints.
 """
 
@@ -34,7 +39,7 @@ import numpy as np
 from caramel.errors import ExecutionError
 from caramel.plan.cost import family
 from caramel.program import Mem, Program
-from caramel.ring import Context, Mode
+from caramel.ring import Context
 
 VARIANTS = ("eager", "graph", "graph+fusion")
 PROFILE_BACKENDS = ("auto", "gpu", "cpu-plan")
@@ -280,7 +285,7 @@ def _gpu_device() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
+def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log, kernels=None):
     import cupy as cp
 
     from caramel.api import output_digest
@@ -294,7 +299,8 @@ def _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log):
     for name in VARIANTS:
         graph, per_row = name != "eager", name == "eager"
         t0 = time.perf_counter()
-        run = GpuRun(plans[name], ctx, memory, mode, per_row=per_row)
+        extra = {} if kernels is None else {"kernels": kernels}  # the CUDA kernels' configuration
+        run = GpuRun(plans[name], ctx, memory, mode, per_row=per_row, **extra)
         run.run(graph=False)  # warm-up: compiles kernels, uploads index arrays
         if graph:
             run.capture()
@@ -430,35 +436,29 @@ def resolve_profile_backend(backend: str) -> str:
     return backend
 
 
-def profile_program(
-    program: Program,
-    *,
-    n: int = 65536,
-    mode: Mode | str = Mode.EXACT,
-    seed: int = 0,
-    repeats: int = 10,
-    warmup: int = 1,
-    backend: str = "auto",
-    memory: Mapping[Mem, np.ndarray] | None = None,
-    log: Callable[[str], None] | None = None,
-) -> ProfileResult:
+def profile_program(program: Program, options=None, *, repeats: int = 10, warmup: int = 1,
+                    memory: Mapping[Mem, np.ndarray] | None = None, log: Callable[[str], None] | None = None,
+                    **fields) -> ProfileResult:
     """Time ``program`` (eager / graph / graph+fusion) and one instrumented run of its fused plan.
 
-    Inputs are random unless ``memory`` (an input image at ring dimension ``n``) is given: those of
-    ``caramel run --seed S --no-check`` (``caramel.api.default_spec``, keys from key seed ``seed``,
-    inputs from :func:`~caramel.ckks.keyset.input_rng`), so the digests agree with that run's. ``backend``: ``gpu``,
-    ``cpu-plan`` or ``auto`` (the GPU when usable)."""
+    ``options``: a :class:`~caramel.options.RunOptions` or its fields (``n``, ``mode``, ``seed``,
+    ``backend``: ``gpu``, ``cpu-plan`` or ``auto``, the GPU when usable). Inputs are random unless
+    ``memory`` (an input image at ring dimension ``n``) is given: those of ``caramel run --seed S
+    --no-check`` (``caramel.api.default_spec``, keys from key seed ``seed``, inputs from
+    :func:`~caramel.ckks.keyset.input_rng`), so the digests agree with that run's."""
     from caramel.api import prepare_inputs
     from caramel.ckks.keyset import generate_keyset
+    from caramel.options import RunOptions
     from caramel.plan import build_plan
 
+    opts = RunOptions.of(options, **fields)
     log = log or (lambda s: None)
-    mode = Mode(mode)
-    backend = resolve_profile_backend(backend)
+    mode, seed, n = opts.mode, opts.seed, opts.n
+    backend = resolve_profile_backend(opts.backend)
     ctx = Context(n=n)
     if memory is None:
         t0 = time.perf_counter()
-        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, seed), seed).memory
+        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, opts.keys_seed), seed).memory
         log(f"keys and inputs at N = {n} in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     unfused = build_plan(program, fuse=False)
@@ -466,7 +466,7 @@ def profile_program(
     log(f"plans in {time.perf_counter() - t0:.1f} s")
     repeats, warmup = max(1, int(repeats)), max(0, int(warmup))
     if backend == "gpu":
-        variants, kernels, setup = _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log)
+        variants, kernels, setup = _profile_gpu(program, plans, ctx, memory, mode, repeats, warmup, log, opts.kernels)
         device, clock = _gpu_device(), "cuda events"
         copy_gbs = copy_bandwidth()
     else:
@@ -478,6 +478,131 @@ def profile_program(
                          critical_path_ms(kernels, plans["graph+fusion"]))
 
 
-__all__ = ["KernelRecord", "ProfileResult", "RooflineRow", "VariantTiming", "chrome_trace", "copy_bandwidth",
-           "critical_path_ms", "kind_table", "profile_program", "render", "render_roofline", "roofline_table",
-           "write_trace"]
+# ----------------------------------------------------------------------------------------------
+# throughput: many instances through one executor
+
+#: The phases of an instance, in the order they happen (:class:`caramel.executor.InstanceResult`).
+INSTANCE_PHASES = ("encrypt", "upload", "replay", "download", "digest", "check")
+#: The inputs shared when serving, unless ``options.shared`` names others.
+SERVING_SHARED = ("plaintexts", "scalars")
+
+
+@dataclass
+class RatePoint:
+    """One rate of :func:`profile_throughput`: ``instances`` timed from the first submission to the
+    last result (setup and one untimed instance before), their ``per_second``, the inputs ``shared``
+    (resident), the mean seconds of each phase of an instance (``phases_s``; instances overlap, so
+    the rate is not one over their sum), and the digests of the instances (in order)."""
+
+    name: str
+    instances: int
+    wall_s: float
+    per_second: float
+    shared: tuple[str, ...]
+    phases_s: dict[str, float]
+    setup_s: dict[str, float]
+    digests: list[str]
+
+
+@dataclass
+class ThroughputProfile:
+    """What :func:`profile_throughput` measured: the ``serving`` and ``end to end`` rates."""
+
+    program: str
+    n: int
+    mode: str
+    backend: str
+    device: str
+    date: str
+    rates: list[RatePoint]
+
+    def body(self) -> dict:
+        """The JSON body (``caramel profile --throughput --json``; :func:`caramel.results.document`
+        adds the environment)."""
+        from dataclasses import asdict
+
+        return {"program": self.program, "n": self.n, "mode": self.mode, "backend": self.backend,
+                "device": self.device, "date": self.date, "rates": [asdict(r) for r in self.rates],
+                "per_second": {r.name: r.per_second for r in self.rates}}
+
+
+def _rate(name: str, executor, jobs, *, shared) -> RatePoint:
+    """Time ``jobs`` (each ``(inputs, seed)``) through ``executor`` after one untimed instance."""
+    first = jobs[0]
+    executor.submit(first[0], seed=first[1]).result()  # untimed: the lanes' first instance
+    start = time.perf_counter()
+    futures = [executor.submit(inputs, seed=seed) for inputs, seed in jobs]
+    results = [f.result() for f in futures]
+    wall = time.perf_counter() - start
+    phases = {p: float(np.mean([r.timings.get(p, 0.0) for r in results])) for p in INSTANCE_PHASES}
+    return RatePoint(name, len(results), wall, len(results) / wall if wall > 0 else 0.0, tuple(shared), phases,
+                     dict(executor.timings), [r.digest for r in results])
+
+
+def profile_throughput(program: Program, options=None, *, instances: int = 16, keys=None,
+                       log: Callable[[str], None] | None = None, **fields) -> ThroughputProfile:
+    """Instances per second of ``program``, two ways, on one executor setup each:
+
+    * ``serving``: the inputs ``options.shared`` names (default :data:`SERVING_SHARED`, a model's
+      constants) shared and resident, every other input encrypted ahead on the host (ready
+      ciphertexts), ``instances`` of them submitted at once; no check: upload, replay, outputs back
+      and their digests;
+    * ``end to end``: every input drawn per instance (seeds ``seed .. seed + instances - 1``),
+      encoded and encrypted on the client device, run, digested and checked (``options.check``), as
+      ``caramel run --batch``.
+
+    ``options``: :class:`~caramel.options.RunOptions` or its fields (``backend``: ``gpu``, ``cpu-plan``
+    or ``auto``); ``keys``: the key set (default: generated from the key seed, once for both)."""
+    from caramel.ckks.device import resolve as client_device, using as using_client
+    from caramel.ckks.keyset import generate_keyset
+    from caramel.executor import Executor
+    from caramel.options import RunOptions
+
+    opts = RunOptions.of(options, **fields)
+    log = log or (lambda s: None)
+    backend = resolve_profile_backend(opts.backend)
+    opts = opts.with_(backend=backend)
+    instances = max(1, int(instances))
+    ctx = Context(n=opts.n)
+    if keys is None:
+        t0 = time.perf_counter()
+        with using_client(client_device(opts.client, backend)):
+            keys = generate_keyset(program, ctx, opts.keys_seed)
+        log(f"keys at N = {opts.n} in {time.perf_counter() - t0:.1f} s")
+    rates = []
+    shared = opts.shared or SERVING_SHARED
+    with Executor(program, opts.with_(shared=shared, check=None), keys=keys, ctx=ctx, log=log) as ex:
+        ready = [(ex.encrypt(seed=opts.seed + i), opts.seed + i) for i in range(instances)]
+        rates.append(_rate("serving", ex, ready, shared=ex.shared))
+    log(f"serving: {rates[-1].per_second:.2f} instances/s")
+    with Executor(program, opts.with_(shared=()), keys=keys, ctx=ctx, log=log) as ex:
+        rates.append(_rate("end to end", ex, [(None, opts.seed + i) for i in range(instances)], shared=()))
+    log(f"end to end: {rates[-1].per_second:.2f} instances/s")
+    device = _gpu_device() if backend == "gpu" else "NumPy plan engine"
+    return ThroughputProfile(program.name, opts.n, opts.mode.value, backend, device,
+                             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), rates)
+
+
+def render_throughput(result: ThroughputProfile) -> str:
+    """The rates and the mean time of each phase of an instance, as a table."""
+    head = ("rate", "instances", "wall s", "instances/s", *(f"{p} ms" for p in INSTANCE_PHASES))
+    rows = [(r.name, str(r.instances), f"{r.wall_s:.3f}", f"{r.per_second:.2f}",
+             *(f"{1e3 * r.phases_s.get(p, 0.0):.2f}" for p in INSTANCE_PHASES)) for r in result.rates]
+    lines = [f"{result.program}: N = {result.n}, mode {result.mode}, backend {result.backend} ({result.device}), "
+             f"{result.date}", "", _table(head, rows), ""]
+    for r in result.rates:
+        if r.name == "serving":
+            what = (f"shared and resident: {', '.join(r.shared)}; " if r.shared else "no input shared; ") + \
+                "the other inputs encrypted ahead on the host"
+        else:
+            what = "every input drawn, encoded and encrypted per instance"
+        setup = ", ".join(f"{k} {v:.2f} s" for k, v in r.setup_s.items())
+        lines.append(f"{r.name}: {what}; setup {setup}")
+    lines.append("phases: the mean per instance; the instances of an executor overlap (one uploads while another "
+                 "replays), so a rate is not one over their sum")
+    return "\n".join(lines)
+
+
+__all__ = ["KernelRecord", "ProfileResult", "RatePoint", "RooflineRow", "ThroughputProfile", "VariantTiming",
+           "chrome_trace", "copy_bandwidth", "critical_path_ms", "kind_table", "profile_program", "profile_throughput",
+           "render", "render_roofline", "render_throughput", "roofline_table", "write_trace"]

@@ -272,11 +272,17 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     return out
 
 
-def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: Mode | str = Mode.EXACT,
-                    seed: int = 1, repeats: int = 10, warmup: int = 1, backend: str = "auto",
-                    streams: int | None = None, log: Callable[[str], None] = lambda s: None) -> ScalingResult:
-    """Run and time ``family`` on each device count of ``gpus`` (see the module docstring) with
-    ``streams`` streams per device (default: the multi-GPU executor's)."""
+def profile_scaling(family: str, gpus: Sequence[int], options=None, *, repeats: int = 10, warmup: int = 1,
+                    log: Callable[[str], None] = lambda s: None, **fields) -> ScalingResult:
+    """Run and time ``family`` on each device count of ``gpus`` (see the module docstring).
+    ``options``: a :class:`~caramel.options.RunOptions` or its fields (``n``, ``mode``, ``seed``,
+    ``backend``: ``gpu``, ``cpu-plan`` or ``auto``; ``streams`` per device, default the multi-GPU
+    executor's; ``kernels``)."""
+    from caramel.options import RunOptions
+
+    opts = RunOptions.of(options, **fields)
+    n, mode, seed, backend, streams = opts.n, opts.mode, opts.seed, opts.backend, opts.streams
+    extra = {} if opts.kernels is None else {"kernels": opts.kernels}
     from caramel.api import output_digest, prepare_inputs
     from caramel.ckks.keyset import generate_keyset
     from caramel.execute.drive import HostRun
@@ -315,14 +321,14 @@ def profile_scaling(family: str, gpus: Sequence[int], *, n: int = 65536, mode: M
             raise CaramelError(f"{path} is compiled for {program.chips} chips, expected {g}")
     for g in progress(gpus, desc=f"scaling {Path(family).name}", unit="G"):
         program = programs.pop(g)
-        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, seed), seed).memory
+        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, opts.keys_seed), seed).memory
         plan = build_plan(program)
         t0 = time.perf_counter()
         with nvtx_range(f"caramel {g} devices: setup and capture"):
             if backend == "gpu":
                 from caramel.execute.cuda_graph import MultiGpuRun
 
-                run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams)
+                run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams, **extra)
                 run.capture()
             else:
                 run = HostRun(plan, ctx, memory, mode, g, timeout=600.0, streams=streams, seed=seed)

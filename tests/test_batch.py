@@ -1,5 +1,6 @@
 """Program-level parallelism on the CPU (:mod:`caramel.batch`): a batch on simulated devices, in
-processes, and the throughput profile; instance i equals a single run with seed S + i and key seed S."""
+processes, and the throughput profile; instance i equals a single run with seed S + i and key seed S.
+A batch with a bad instance or interrupted keeps every instance that finished."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 import pytest
 
 from caramel.api import run_program
-from caramel.batch import BatchError, batch_layout, instance_line, key_mems, measure_throughput, run_batch
+from caramel.batch import batch_layout, instance_line, key_mems, measure_throughput, run_batch
 from caramel.cli import main
+from caramel.errors import ArgumentError
 from caramel.parse import load_program
 
 from tests.conftest import REPO, caramel_cli
@@ -47,7 +49,7 @@ def test_layout(chips, gpus, want):
 
 
 def test_layout_refuses_no_devices():
-    with pytest.raises(BatchError):
+    with pytest.raises(ArgumentError, match="at least one device"):
         batch_layout(1, 0)
 
 
@@ -66,7 +68,7 @@ def test_batch_on_simulated_devices_equals_single_runs(request, fixture, gpus, s
     assert (s.instances, s.slots, s.devices_per_instance, s.passed) == (4, slots, per, True)
     assert s.per_second > 0 and s.wall_s > 0
     assert {"keys", "plan"} <= set(result.timings)
-    assert all({"encrypt", "run", "check"} <= set(r["timings_s"]) for r in result.records)
+    assert all({"encrypt", "run", "replay", "digest", "check"} <= set(r["timings_s"]) for r in result.records)
     assert all(len(r["devices"]) == per for r in result.records)
 
 
@@ -80,29 +82,28 @@ def test_a_k_chip_slot_stays_resident_and_writes_its_key_rows_once(mul2, monkeyp
 
     import numpy as np
 
-    import caramel.batch as batch_mod
     from caramel.backends.numpy_backend import NumpyBackend
-    from caramel.batch import ResidentHost
+    from caramel.execute import pipeline
+    from caramel.execute.pipeline import ResidentHost
 
     writes: dict[int, Counter] = {}
-    real_write, real_slots, made = NumpyBackend.write, batch_mod.slot_runners, []
+    real_write, real_init, made = NumpyBackend.write, ResidentHost.__init__, []
 
     def counting(self, rows, data):
         writes.setdefault(id(self), Counter()).update(int(r) for r in np.asarray(rows).ravel())
         return real_write(self, rows, data)
 
-    def slot_runners(*a, **k):
-        made.extend(real_slots(*a, **k))
-        return list(made)
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
     monkeypatch.setattr(NumpyBackend, "write", counting)
-    monkeypatch.setattr(batch_mod, "slot_runners", slot_runners)
+    monkeypatch.setattr(pipeline.ResidentHost, "__init__", init)
     result = run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, gpus=gpus)
     monkeypatch.undo()
     digests = [r["digest"] for r in result.records]
     assert digests == [single_digest(mul2, SEED + i, SEED) for i in range(4)] and len(set(digests)) == 4
     assert all(r["passed"] is True for r in result.records)
-    assert len(made) == slots and all(isinstance(m, ResidentHost) for m in made)
-    assert sum(m.instances for m in made) == 4
+    assert len(made) == slots and sum(m.instances for m in made) == 4
     keep = key_mems(mul2)
     for slot in made:
         assert len(slot.runs) == 2  # one device per chip
@@ -113,6 +114,44 @@ def test_a_k_chip_slot_stays_resident_and_writes_its_key_rows_once(mul2, monkeyp
             assert key_rows and other
             assert {counts[r] for r in key_rows} == {1}, "a key row was written again"
             assert {counts[r] for r in other} == {slot.instances}
+
+
+def test_a_one_device_lane_writes_only_the_instance_rows(rot1, monkeypatch):
+    """cpu-plan on one device (HostRowLane): the template (keys, the shared input x) is written once,
+    each instance writes y's rows and nothing else; instance i equals a single run with x shared."""
+    from collections import Counter
+
+    import numpy as np
+
+    from caramel.backends.numpy_backend import NumpyBackend
+    from caramel.ckks.bind import requirements
+    from caramel.execute import pipeline
+
+    writes, lanes = Counter(), []
+    real_write, real_init = NumpyBackend.write, pipeline.HostRowLane.__init__
+
+    def counting(self, rows, data):
+        writes.update(int(r) for r in np.asarray(rows).ravel())
+        return real_write(self, rows, data)
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        lanes.append(self)
+    monkeypatch.setattr(NumpyBackend, "write", counting)
+    monkeypatch.setattr(pipeline.HostRowLane, "__init__", init)
+    result = run_batch(rot1, n=N, backend="cpu-plan", seed=SEED, batch=3, shared="x")
+    monkeypatch.undo()
+    (lane,) = lanes
+    rows = dict(zip(lane.run.input_mems, lane.run.init_rows))
+    fed = {int(r) for r in lane.layout.rows}
+    terms = requirements(rot1).terms
+    assert {terms[m.term].name for m in lane.layout.mems} == {"y"}  # x is shared: not an instance row
+    assert fed and {writes[r] for r in fed} == {1 + 3}  # the template's zeros, then once per instance
+    assert {writes[int(r)] for m, r in rows.items() if m is not None and int(r) not in fed} == {1}
+    assert result.shared == ("x",)
+    for r in result.records:
+        assert r["digest"] == run_program(rot1, n=N, backend="cpu", seed=SEED + r["instance"], key_seed=SEED,
+                                          shared="x").digest
 
 
 def test_keys_are_shared_and_key_seed_is_separate(rot1):
@@ -134,21 +173,102 @@ def test_reference_backend_runs_slots_as_threads(rot1):
     assert [r["digest"] for r in result.records] == [single_digest(rot1, SEED + i, SEED) for i in range(3)]
 
 
-def test_an_error_in_one_instance_is_raised(mul2, monkeypatch):
-    import caramel.api as api
-    import caramel.ckks.check as check
+def test_an_instance_with_a_bad_input_fails_alone(mul2):
+    """Stacked user inputs where instance 1's x does not fit its modulus: instance 1 fails (named, with
+    the reason), the three others finish with their outputs and their single runs' digests."""
+    import numpy as np
 
-    real = api.prepare_inputs  # where each instance's inputs are prepared
-    calls = []
+    rng = np.random.default_rng(1)
+    x, y = rng.uniform(-1, 1, (4, N // 2)), rng.uniform(-1, 1, (4, N // 2))
+    x[1, 3] = 1e30
+    result = run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, inputs={"x": x, "y": y}, outputs=True)
+    assert list(result.failed) == [1] and "does not fit" in result.failed[1]
+    assert [r["instance"] for r in result.records] == [0, 2, 3] and not result.passed
+    for inst in result.instances:
+        single = run_program(mul2, n=N, backend="cpu", seed=SEED + inst.index, key_seed=SEED,
+                             inputs={"x": x[inst.index], "y": y[inst.index]})
+        assert inst.digest == single.digest and inst.outputs["z"].shape == (N // 2,)
 
-    def failing(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise check.CheckError("boom")
-        return real(*a, **k)
-    monkeypatch.setattr(api, "prepare_inputs", failing)
-    with pytest.raises(check.CheckError, match="boom"):
-        run_batch(mul2, n=N, backend="cpu-plan", seed=SEED, batch=4, gpus=2)
+
+def _interrupt_after(monkeypatch, finished: int):
+    """Make run_batch's wait for its instances raise KeyboardInterrupt (a Ctrl-C) once ``finished``
+    instances are done; until then the preparation of any later instance waits (so that some are
+    still to start when the interrupt comes)."""
+    import concurrent.futures as cf
+    import threading
+
+    import caramel.executor as executor_mod
+
+    real, seen, go = cf.wait, set(), threading.Event()
+    real_draw = executor_mod.draw_inputs
+
+    def wait(fs, timeout=None, return_when=cf.ALL_COMPLETED):
+        done, pending = real(fs, timeout, return_when)
+        seen.update(done)
+        if len(seen) >= finished:
+            go.set()
+            raise KeyboardInterrupt
+        return done, pending
+
+    calls, lock = [], threading.Lock()
+
+    def draw(plan, secrets, rng, names, supplied=None):
+        with lock:
+            calls.append(1)
+            later = len(calls) > finished
+        if later:
+            go.wait(60)
+        return real_draw(plan, secrets, rng, names, supplied)
+    monkeypatch.setattr(cf, "wait", wait)
+    monkeypatch.setattr(executor_mod, "draw_inputs", draw)
+
+
+def test_an_interrupted_batch_keeps_what_finished(rot1, monkeypatch):
+    """Ctrl-C while a batch of 6 runs (one instance prepared at a time): the instances that finished
+    (and those started, which finish) are returned with their outputs; the others are cancelled."""
+    _interrupt_after(monkeypatch, 2)
+    result = run_batch(rot1, n=N, backend="cpu-plan", seed=SEED, batch=6, outputs=True, workers=1)
+    monkeypatch.undo()
+    done = [x.index for x in result.instances]
+    assert result.interrupted and not result.passed and not result.failed
+    assert 2 <= len(done) < 6 and done[:2] == [0, 1]
+    for x in result.instances:
+        assert x.digest == single_digest(rot1, SEED + x.index, SEED) and x.outputs["z"].shape == (N // 2,)
+
+
+def test_cli_interrupted_batch_prints_and_saves_what_finished(tmp_path, rot1, monkeypatch, capsys):
+    import numpy as np
+
+    _interrupt_after(monkeypatch, 2)
+    out = tmp_path / "o.npz"
+    code = main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "6", "--seed", str(SEED), "-q",
+                 "--save-outputs", str(out)])
+    monkeypatch.undo()
+    text = capsys.readouterr()
+    assert code == 130 and "caramel: interrupted:" in text.err and "instance(s) finished" in text.err
+    lines = [line for line in text.out.splitlines() if line.startswith("instance ")]
+    assert 2 <= len(lines) < 6
+    with np.load(out) as data:
+        assert data["z"].shape[-1] == N // 2 and (data["z"].ndim == 1 or data["z"].shape[0] == len(lines))
+
+
+def test_cli_batch_with_a_bad_instance_exits_2_and_keeps_the_others(tmp_path, mul2, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    x, y = rng.uniform(-1, 1, (3, N // 2)), rng.uniform(-1, 1, (3, N // 2))
+    x[2, 0] = 1e30
+    np.savez(tmp_path / "in.npz", x=x, y=y)
+    out, record = tmp_path / "o.npz", tmp_path / "r.json"
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--batch", "3", "-q", "--inputs",
+                 str(tmp_path / "in.npz"), "--save-outputs", str(out), "--json", str(record)])
+    text = capsys.readouterr()
+    assert code == 2 and "instance 2: FAILED: CheckError" in text.out and "1 instance(s) failed" in text.err
+    assert sum(line.startswith("instance ") and "PASS" in line for line in text.out.splitlines()) == 2
+    with np.load(out) as data:
+        assert data["z"].shape == (2, N // 2)
+    doc = json.loads(record.read_text())
+    assert [f["instance"] for f in doc["failed"]] == [2] and len(doc["instances"]) == 2
 
 
 def test_instance_line_names_verdicts_and_digest(mul2):
@@ -237,8 +357,6 @@ def test_batch_of_one_process_mode_without_launcher_is_refused(capsys):
 def test_user_data_options_need_batch_in_process_mode(capsys):
     code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--json", "x.json", "-q"])
     assert code == 2 and "go with --batch in process mode" in capsys.readouterr().err
-    assert main(["profile", str(ROT1), "--n", "256", "--throughput", "-q"]) == 2
-    assert "--throughput goes with --gpus" in capsys.readouterr().err
 
 
 def test_throughput_on_simulated_devices(rot1):
@@ -249,155 +367,24 @@ def test_throughput_on_simulated_devices(rot1):
     assert points[0].digest == single_digest(rot1, 0, 0, check=None)  # random inputs, no check file
 
 
-class _FakeCupy:
-    """Just enough of CuPy for the GPU slot logic: ``cuda.Device(d)`` as a per-thread current device."""
-
-    def __init__(self):
-        import threading
-        import types
-
-        current = self.current = threading.local()
-
-        class Device:
-            def __init__(self, d):
-                self.d = d
-
-            def __enter__(self):
-                self.prev = getattr(current, "d", 0)
-                current.d = self.d
-
-            def __exit__(self, *exc):
-                current.d = self.prev
-
-        self.module = types.ModuleType("cupy")
-        self.module.cuda = types.SimpleNamespace(Device=Device)
-
-    def device(self) -> int:
-        return getattr(self.current, "d", 0)
+def test_cli_shared_batch_equals_single_runs_with_shared(rot1, capsys):
+    """`caramel run --batch 3 --shared x`: instance i's digest is that of `caramel run --seed S+i --key-seed S
+    --shared x`; the header names the shared input."""
+    assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "3", "--seed", str(SEED),
+                 "--shared", "x", "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "shared x)" in text
+    lines = [line for line in text.splitlines() if line.startswith("instance ")]
+    for i, line in enumerate(lines):
+        assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu", "--seed", str(SEED + i), "--key-seed",
+                     str(SEED), "--shared", "x", "-q"]) == 0
+        single = capsys.readouterr().out
+        digest = next(s.split()[-1] for s in single.splitlines() if s.startswith("output digest"))
+        assert line.endswith(digest) and "PASS" in line
+    assert main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "2", "--shared", "w", "-q"]) == 2
+    assert "'w' names no input" in capsys.readouterr().err
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """The GPU paths of caramel.batch and caramel.api.executor with CuPy faked: the 1-chip executor
-    and MultiGpuRun are replaced by the plan engine / simulated devices, recording the CUDA devices
-    each instance runs on."""
-    import sys
-
-    import caramel.api as api
-    import caramel.execute.cuda_graph as gpu
-    from caramel.execute.drive import run_on_devices, run_plan
-    from caramel.plan import Plan, build_plan
-
-    fake = _FakeCupy()
-    seen: _Seen = _Seen()
-    monkeypatch.setitem(sys.modules, "cupy", fake.module)
-    monkeypatch.setattr(api, "gpu_available", lambda: True)
-
-    def gpu_executor(program, ctx, mode, *, graph=True, streams=4):
-        plan = program if isinstance(program, Plan) else build_plan(program)
-
-        def run(memory):
-            seen.append((fake.device(),))
-            return run_plan(plan, ctx, memory, mode)
-        return run
-
-    class MultiGpuRun:
-        """Resident on ``device_ids``: built once per slot, rebound for every later instance."""
-
-        made: list["MultiGpuRun"] = []
-
-        def __init__(self, plan, ctx, memory, mode, gpus=None, *, device_ids=None, streams=None, **kw):
-            assert device_ids is not None and len(device_ids) == gpus
-            self.plan, self.ctx, self.memory, self.mode, self.gpus = plan, ctx, memory, mode, gpus
-            self.device_ids, self.rebinds, self.closed = tuple(device_ids), [], False
-            MultiGpuRun.made.append(self)
-
-        def rebind(self, memory, keep=frozenset()):
-            self.rebinds.append(keep)
-            self.memory = memory
-
-        def replay(self, repeats=1):
-            seen.append(self.device_ids)
-            self.result_ = run_on_devices(self.plan, self.ctx, self.memory, self.mode, self.gpus)
-
-        def result(self):
-            return self.result_
-
-        def close(self, failed=False):
-            self.closed = True
-
-    monkeypatch.setattr(gpu, "gpu_executor", gpu_executor)
-    monkeypatch.setattr(gpu, "resident_executor",
-                        lambda plan, ctx, mode, *, streams=4, keep=frozenset(): gpu_executor(plan, ctx, mode))
-    monkeypatch.setattr(gpu, "MultiGpuRun", MultiGpuRun)
-    seen.multi = MultiGpuRun.made
-    return seen
-
-
-class _Seen(list):
-    """The CUDA devices of each instance (and ``multi``: the fake MultiGpuRuns made)."""
-
-
-def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
-    """1-chip: one instance per device, each under cupy.cuda.Device(d); 2-chip on 4 GPUs: two
-    instances at once on devices (0, 1) and (2, 3). Digests as the CPU's single runs."""
-    result = run_batch(rot1, n=N, backend="gpu", seed=SEED, batch=4, gpus=3, device="cpu")  # fake CuPy: client on the host
-    assert set(fake_gpu) <= {(0,), (1,), (2,)}
-    # every instance ran under the CUDA device of its slot
-    assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
-    for r in result.records:
-        assert tuple(r["devices"]) in {(0,), (1,), (2,)}
-        assert r["digest"] == single_digest(rot1, SEED + r["instance"], SEED)
-    assert len(fake_gpu) == 4
-    fake_gpu.clear()
-    result = run_batch(mul2, n=N, backend="gpu", seed=SEED, batch=4, gpus=4, device="cpu")
-    assert set(fake_gpu) <= {(0, 1), (2, 3)} and len(fake_gpu) == 4
-    assert sorted(fake_gpu) == sorted(tuple(r["devices"]) for r in result.records)
-    assert all(tuple(r["devices"]) in {(0, 1), (2, 3)} for r in result.records)
-    assert [r["digest"] for r in result.records] == [single_digest(mul2, SEED + i, SEED) for i in range(4)]
-    # resident: one MultiGpuRun per slot, rebound (keys kept) for its later instances, closed at the end
-    made = fake_gpu.multi
-    assert sorted(m.device_ids for m in made) == [(0, 1), (2, 3)]
-    assert sum(1 + len(m.rebinds) for m in made) == 4 and all(m.closed for m in made)
-    assert all(keep == key_mems(mul2) and keep for m in made for keep in m.rebinds)
-
-
-def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
-    """Process mode on the GPU: the rank's instances on its CUDA device LOCAL_RANK (a K-chip program
-    with its chips merged there)."""
-    for program, want in ((rot1, (3,)), (mul2, (3,))):
-        fake_gpu.clear()
-        result = run_batch(program, n=N, backend="gpu", seed=SEED, batch=4, gpus=1, devices=[3], indices=[1, 3],
-                           device="cpu")
-        assert set(fake_gpu) == {want} and [r["instance"] for r in result.records] == [1, 3]
-        assert [r["digest"] for r in result.records] == [single_digest(program, SEED + i, SEED) for i in (1, 3)]
-
-
-def test_key_seed_for():
-    from caramel.api import key_seed_for
-
-    assert key_seed_for(5, None) == 5 and key_seed_for(5, 11) == 11 and key_seed_for(5, 0) == 0
-
-
-@pytest.mark.parametrize("extra", [[], ["--batch", "2", "--gpus", "2"]], ids=["run", "batch"])
-def test_cli_json_dash_writes_the_record_alone_on_stdout(extra, mul2, capsys):
-    """`run --json -`: stdout is the JSON record alone (parseable), the text goes to stderr."""
-    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--seed", str(SEED), "-q", "--json", "-",
-                 *extra])
-    out, err = capsys.readouterr()
-    assert code == 0
-    doc = json.loads(out)
-    assert doc["kind"] == ("batch" if extra else "run") and "environment" in doc
-    assert "output digest" in err or "batch: 2 instances" in err
-    want = single_digest(mul2, SEED, SEED)
-    assert (doc["instances"][0]["digest"] if extra else doc["digest"]) == want
-    assert "results:" not in out + err
-
-
-def test_cli_profile_json_dash(capsys):
-    code = main(["profile", str(ROT1), "--n", "256", "--backend", "cpu-plan", "--repeats", "1", "--warmup", "0", "-q",
-                 "--json", "-"])
-    out, err = capsys.readouterr()
-    assert code == 0
-    doc = json.loads(out)
-    assert doc["program"] == "MulRotate_4L_1c" and doc["variants"] and "eager" in err
+def test_shared_without_batch_in_process_mode_is_refused(capsys):
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--shared", "x", "-q"])
+    assert code == 2 and "--shared goes with --batch in process mode" in capsys.readouterr().err

@@ -15,7 +15,8 @@ then destroys the communicators. A GPU that does not finish a phase in time make
 its communicators and raise a :class:`~caramel.errors.DeadlockError`. :class:`GpuRun` is the same
 run of a 1-chip plan on the current GPU, eager (``per_row``: one launch per instruction with an
 unfused plan, the baseline) or as a graph. :func:`run_gpu`, :func:`run_multi_gpu`,
-:func:`gpu_executor` and :func:`resident_executor` run them.
+:func:`gpu_executor` run them; a resident run serving many instances is
+:class:`caramel.execute.gpu_pipeline.GpuRowLane`.
 
 Streams. ``streams`` > 1 spreads a device's tasks over that many CUDA streams
 (:meth:`DeviceRun.schedule <caramel.execute.runner.DeviceRun.schedule>`, :mod:`caramel.plan.streams`;
@@ -411,25 +412,6 @@ def run_gpu(plan_or_program, ctx: Context, memory: Mapping[Mem, np.ndarray], mod
     return _run_once(GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams), graph, repeats)
 
 
-def resident_executor(program_or_plan, ctx: Context, mode: Mode | str, *, streams: int = GRAPH_STREAMS,
-                      keep: frozenset[Mem] = frozenset()) -> Callable[[Mapping], RunResult]:
-    """``memory -> RunResult`` for many instances of one 1-chip program on the current GPU: the
-    first call uploads its image and captures the graph, every later call rewrites only the inputs
-    outside ``keep`` (the limbs that are the same in every image, such as shared evaluation keys)
-    and replays. One resident run per executor: call it from one thread at a time."""
-    plan = _plan_of(program_or_plan, fuse=True)
-    resident: list[GpuRun] = []
-
-    def run(memory: Mapping[Mem, np.ndarray]) -> RunResult:
-        if resident:
-            resident[0].rebind(memory, keep)
-        else:
-            resident.append(GpuRun(plan, ctx, memory, mode, streams=streams))
-        resident[0].run(graph=True)
-        return resident[0].result()
-    return run
-
-
 def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: bool = True,
                  streams: int = GRAPH_STREAMS) -> Callable[[Mapping], RunResult]:
     """``memory -> RunResult`` running ``program`` on the GPU (the plan is built once) on
@@ -439,4 +421,4 @@ def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: boo
 
 
 __all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_executor",
-           "launch_device", "resident_executor", "run_gpu", "run_multi_gpu"]
+           "launch_device", "run_gpu", "run_multi_gpu"]

@@ -271,11 +271,11 @@ class DeviceRun:
         no call overwrites (``keep_inputs`` placement, as on the GPU) or a :meth:`restore` copy."""
         idx = [i for i, m in enumerate(self.input_mems) if m is not None and m not in keep]
         if idx:
-            data = np.stack([memory[self.input_mems[i]] for i in idx]).astype(np.uint32)
-            self.backend.write(self.init_rows[idx], data)
+            rows = [memory[self.input_mems[i]] for i in idx]  # as given: backend.write copies them (no host image)
+            self.backend.write(self.init_rows[idx], rows)
             if self.init_data is not None:
                 for j, i in enumerate(idx):
-                    self.init_data[i] = data[j]
+                    self.init_data[i] = rows[j]
         self.backend.set_scalars(self._scalar_values(memory))
 
     def restore(self) -> None:

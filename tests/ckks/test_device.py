@@ -140,8 +140,8 @@ def test_gpu_client_equals_cpu_client():
     b = encrypt(ctx, sec.s, coeffs, (0, 1, 2), 3, device="gpu")
     assert np.array_equal(a.c0, b.c0) and np.array_equal(a.c1, b.c1)
     assert np.array_equal(decrypt(ctx, sec.s, a, device="cpu"), decrypt(ctx, sec.s, a, device="gpu"))
-    c1 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, device="cpu")
-    c2 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, device="gpu")
+    c1 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, client="cpu")
+    c2 = caramel.run_program(program, ctx=ctx, backend="cpu", seed=2, client="gpu")
     assert c1.digest == c2.digest
 
 
@@ -379,7 +379,7 @@ def test_inputs_kept_on_the_gpu_equal_the_host_client():
     assert np.array_equal(a.c0, b.c0.get()) and np.array_equal(a.c1, b.c1.get())
     assert np.array_equal(to_ntt(coeffs, ctx, (0, 1)), p.data.get())
     program = caramel.load_program(Path(__file__).resolve().parents[2] / "programs" / "Mul_4L_1c")
-    host = caramel.run_program(program, n=4096, backend="cpu", seed=2, device="cpu")
+    host = caramel.run_program(program, n=4096, backend="cpu", seed=2, client="cpu")
     gpu = caramel.run_program(program, n=4096, backend="gpu", seed=2)
     assert gpu.digest == host.digest and gpu.report.summary() == host.report.summary()
 

@@ -136,27 +136,6 @@ def test_multi_stream_eager_per_row_and_executor():
     assert not mismatches(want, have)
 
 
-@pytest.mark.parametrize("name", ["MulRotate_10L_1c", "BootstrapModRaise_10L_1c"])
-def test_resident_graph_replays_other_instances_with_keys_kept(name):
-    """A batch's resident run (caramel.batch on GPUs): capture on instance 0, then rebind to other
-    instances' inputs with the shared key rows kept in place and replay the same graph; every
-    instance's outputs equal the reference's on its own inputs."""
-    from caramel.api import default_spec
-    from caramel.batch import key_mems
-    from caramel.ckks.keyset import generate_keyset, input_rng
-    from caramel.execute.cuda_graph import resident_executor
-
-    program = find_program(name)
-    ctx = Context(n=4096)
-    keys = generate_keyset(program, ctx, 5)
-    images = [prepare_check(default_spec(program), program, ctx, rng=input_rng(s), secrets=keys.secrets,
-                            keys=dict(keys.keys)).memory for s in (1, 2, 3, 1)]
-    run = resident_executor(program, ctx, "exact", keep=key_mems(program))
-    for i, memory in enumerate(images):
-        problems = mismatches(run_reference(program, ctx, memory, "exact"), run(memory))
-        assert not problems, f"{name} image {i}: " + "; ".join(problems[:4])
-
-
 def test_residue_out_of_range_found_on_the_device_is_the_host_error():
     """A 1-GPU run scans the residues of uint32 limbs on the device after the upload: a residue
     >= q raises the host check's :class:`BindingError`, word for word."""

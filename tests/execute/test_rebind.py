@@ -208,4 +208,4 @@ def test_gpu_batch_of_a_two_chip_program_on_one_gpu_equals_single_runs():
     digests = [r["digest"] for r in result.records]
     assert len(set(digests)) == 4 and result.summary.passed is not False
     for i, digest in enumerate(digests):
-        assert digest == run_program(program, n=4096, backend="cpu", seed=5 + i, key_seed=5, device="cpu").digest, i
+        assert digest == run_program(program, n=4096, backend="cpu", seed=5 + i, key_seed=5, client="cpu").digest, i

@@ -1,0 +1,735 @@
+"""``caramel.Executor``: many instances of one program, in the shape of :mod:`concurrent.futures`.
+
+    >>> import caramel
+    >>> program = caramel.load_program("programs/MulRotate_4L_1c")
+    >>> with caramel.Executor(program, n=1024, backend="cpu-plan", check="auto") as ex:
+    ...     results = list(ex.map([{"x": x, "y": y} for x, y in pairs]))   # doctest: +SKIP
+    >>> results[0].outputs["z"]       # the decrypted output slots, at the output's true scale  # doctest: +SKIP
+
+An executor holds a program, its keys (generated from the key seed, or given), the inputs every
+instance shares (``shared``: a model's plaintexts and scalars, written once into each device) and
+one resident *lane* per device slot (:mod:`caramel.execute.pipeline`: on a GPU the captured graph,
+with instances double-buffered). ``submit(inputs)`` returns a :class:`concurrent.futures.Future` of
+an :class:`InstanceResult`; ``map`` yields results in submission order; the futures work with
+:func:`concurrent.futures.as_completed` and :func:`concurrent.futures.wait`.
+
+Inputs of an instance (``submit``): a mapping from input names to values (a vector of N/2 slots or a
+real number, encoded and encrypted at the check's scales), or to ready objects (a
+:class:`~caramel.ckks.encrypt.Ciphertext`, :class:`~caramel.ckks.plaintext.Plaintext` or
+:class:`~caramel.ckks.plaintext.Scalar`, used as they are: :meth:`Executor.encrypt` makes them); every
+input not given and not shared is drawn from the instance's seed (default ``options.seed + i`` for the
+i-th submission), exactly as ``caramel run --seed`` draws it (:func:`caramel.instance.draw_inputs`).
+
+Shared inputs are drawn once from the key seed (``options.keys_seed``) in the spec's order, the other
+inputs drawing nothing, unless given as values or objects in ``shared=``. So instance i of an executor
+with seed S and key seed K has the digest of ``run_program(seed=S + i, key_seed=K, shared=...)``.
+
+Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device), one
+driver thread per lane issues them, and finisher threads wait for each, compute its digest
+(:func:`caramel.instance.output_digest`), check it and resolve its future. An instance whose inputs
+are bad (a missing limb, a residue out of range, a value that does not fit) fails alone; an error of
+a device stops the executor: the instances not yet run fail with an :class:`ExecutionError` naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import queue
+import threading
+import time
+from collections import ChainMap
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from caramel.ckks.bind import InputKind
+from caramel.ckks.check import CheckError
+from caramel.errors import ArgumentError, BindingError, CaramelError, ExecutionError, MissingLimbError
+from caramel.instance import (
+    InputPlan,
+    check_prime_count,
+    default_spec,
+    draw_inputs,
+    input_image,
+    input_plan,
+    key_image,
+    output_digest,
+    resolve_check,
+)
+from caramel import options as run_options
+from caramel.options import RunOptions, resolve_backend, shared_names
+from caramel.program import Mem, Program
+from caramel.ring import Context
+
+#: Errors that belong to one instance's inputs: the instance fails, the executor goes on.
+INPUT_ERRORS = (BindingError, CheckError, ArgumentError, MissingLimbError)
+
+
+def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
+    """The device groups (slots) of an executor: ``gpus`` None -> one slot on the executor's default
+    devices (``()``); K = ``chips`` = 1 -> one slot per device; G >= K -> G // K slots of K
+    consecutive devices; G < K -> one slot of all G devices."""
+    if gpus is None:
+        return [()]
+    if gpus < 1 or chips < 1:
+        raise ArgumentError(f"an executor needs at least one device and one chip, got {gpus} and {chips}")
+    if gpus < chips:
+        return [tuple(range(gpus))]
+    return [tuple(range(j * chips, (j + 1) * chips)) for j in range(gpus // chips)]
+
+
+def _is_object(value) -> bool:
+    from caramel.ckks.encrypt import Ciphertext
+    from caramel.ckks.plaintext import Plaintext, Scalar
+
+    return isinstance(value, (Ciphertext, Plaintext, Scalar))
+
+
+class ClientScope:
+    """Where the client arithmetic of an executor runs: its :class:`~caramel.ckks.device.ClientDevice`
+    and, on the GPU, the CUDA device (one lane's GPU: the inputs it makes are read there in place;
+    else device 0). Every thread that encrypts or decrypts for the executor enters it."""
+
+    def __init__(self, device, cuda: int | None):
+        self.device, self.cuda = device, cuda
+
+    @contextlib.contextmanager
+    def __call__(self, keep: bool = False):
+        """The client's device for the enclosed code; ``keep``: its encrypted inputs stay on the GPU."""
+        from caramel.ckks.device import keeping_inputs, using
+
+        with using(self.device), keeping_inputs(keep):
+            if self.cuda is None:
+                yield
+                return
+            import cupy as cp
+
+            with cp.cuda.Device(self.cuda):
+                yield
+
+
+class InstanceInputs(dict):
+    """Ready inputs of one instance (:meth:`Executor.encrypt`): name -> Ciphertext, Plaintext or Scalar,
+    with ``messages`` (the exact messages, for a check) and the ``seed`` they were drawn from."""
+
+    def __init__(self, objects: Mapping[str, Any], messages: Mapping[str, Any], seed: int | None):
+        super().__init__(objects)
+        self.messages, self.seed = messages, seed
+
+
+class _ObjectValues(Mapping):
+    """The messages of inputs given as objects, decoded when a check first reads them (a ciphertext
+    decrypted under the executor's secret, a plaintext decoded, a scalar divided by its scale)."""
+
+    def __init__(self, objects: Mapping[str, Any], plan: InputPlan, secrets):
+        self.objects, self.plan, self.secrets, self._done = objects, plan, secrets, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._done:
+            self._done[name] = _decode_object(self.objects[name], self.plan, name, self.secrets)
+        return self._done[name]
+
+    def __iter__(self):
+        return iter(self.objects)
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+
+def _decode_object(obj, plan: InputPlan, name: str, secrets):
+    from caramel.ckks.encoding import decode
+    from caramel.ckks.encrypt import Ciphertext, decrypt_values
+    from caramel.ckks.plaintext import Scalar
+    from caramel.ckks.rns import from_residues
+
+    scale = obj.scale or plan.scales[name]
+    if isinstance(obj, Scalar):
+        return obj.value / scale
+    if isinstance(obj, Ciphertext):
+        return decrypt_values(plan.ctx, secrets.s, obj, scale)
+    from caramel.ckks.device import host_array
+
+    data = host_array(obj.data)
+    coeffs = np.stack([plan.ctx.intt(np.asarray(data[r], dtype=np.uint32), l) for r, l in enumerate(obj.limbs)])
+    return decode(from_residues(coeffs, plan.ctx, obj.limbs), scale, plan.ctx.n)
+
+
+class _Feed:
+    """One instance's inputs as a lane reads them (:class:`caramel.execute.pipeline.Feed`)."""
+
+    def __init__(self, objects: Mapping[str, Any], plan: InputPlan):
+        from caramel.ckks.encrypt import Ciphertext
+        from caramel.ckks.plaintext import Plaintext
+
+        self.objects, self.plan = objects, plan
+        rows: dict = {}
+        for name, obj in objects.items():
+            if isinstance(obj, Ciphertext):
+                rows[(name, "c0")], rows[(name, "c1")] = (obj.c0, obj.limbs), (obj.c1, obj.limbs)
+            elif isinstance(obj, Plaintext):
+                rows[(name, "p")] = (obj.data, obj.limbs)
+            else:
+                rows[(name, "s")] = (obj.residues, obj.limbs)
+        self.rows = rows
+
+    def image(self) -> dict[Mem, Any]:
+        return input_image(self.plan.req, self.objects)
+
+
+@dataclass
+class InstanceResult:
+    """One finished instance: ``index`` (submission order), ``seed`` (of its drawn inputs; None when
+    every input was given), ``digest`` (SHA-256 of its output limbs), ``memory`` (its output limbs,
+    ``Mem -> (N,) uint32``), ``report`` (the check's verdicts, or None), ``timings`` (seconds per phase:
+    ``encrypt``, ``upload``, ``replay``, ``download``, ``run`` = the three, ``digest``, ``check``,
+    ``decrypt``), ``devices`` (the lane's CUDA devices; empty for the default). :attr:`outputs`
+    decrypts the outputs."""
+
+    index: int
+    seed: int | None
+    digest: str
+    memory: dict[Mem, np.ndarray]
+    report: Any
+    timings: dict[str, float]
+    devices: tuple[int, ...]
+    prepared: Any = field(repr=False, default=None)  # PreparedCheck: the spec, scales, secrets, messages
+    objects: Mapping[str, Any] = field(repr=False, default_factory=dict)  # the instance's own inputs
+    client: Any = field(repr=False, default=None)  # ClientScope: where its decryption runs
+    _outputs: dict[str, np.ndarray] | None = field(repr=False, default=None)
+
+    @property
+    def passed(self) -> bool | None:
+        return None if self.report is None else bool(self.report.passed)
+
+    @property
+    def outputs(self) -> dict[str, np.ndarray]:
+        """Output name -> its N/2 decrypted slots (complex128), decoded at the output's true scale
+        (the check file's; without one, 2^28). Decrypted on first use and kept."""
+        if self._outputs is None:
+            self._outputs = self.decrypt()
+        return self._outputs
+
+    def decrypt(self, limbs: bool = False) -> dict[str, np.ndarray]:
+        """:attr:`outputs`, and with ``limbs`` the raw output ciphertexts (``<name>.c0``, ``<name>.c1``,
+        ``<name>.limbs``) as :func:`caramel.userdata.decrypted_outputs` writes them."""
+        from caramel.userdata import decrypted_outputs
+
+        with self.client() if self.client is not None else contextlib.nullcontext():
+            return decrypted_outputs(self.prepared, self.memory, limbs=limbs)
+
+    def ciphertexts(self) -> dict:
+        """Output name -> its :class:`~caramel.ckks.encrypt.Ciphertext` (scale None), undecrypted."""
+        from caramel.ckks.bind import read_outputs
+
+        return read_outputs(self.prepared.manifest, self.memory)
+
+
+@dataclass(eq=False)
+class _Job:
+    index: int
+    seed: int | None
+    inputs: Mapping[str, Any] | None
+    future: Future
+    start: float = 0.0
+    timings: dict = field(default_factory=dict)
+    objects: Mapping[str, Any] | None = None
+    values: Mapping[str, Any] | None = None
+    feed: Any = None
+    lane: Any = None
+    ticket: Any = None
+
+
+_STOP = object()
+
+
+class Executor:
+    """Runs instances of ``program`` (see the module docstring). ``options`` (a
+    :class:`~caramel.options.RunOptions`, or its fields as keywords): ring, mode, backend, seeds, check,
+    devices (``gpus``, ``device_ids``), ``streams``, ``client``, ``kernels``, ``shared``, ``depth``,
+    ``workers``; ``keys``: a :class:`~caramel.ckks.keyset.KeySet` (default: generated from the key
+    seed on the client device); ``shared``: the inputs every instance shares: names (as
+    ``options.shared``: names, patterns, kinds) or a mapping input name -> value or object (those
+    inputs shared, besides ``options.shared``, with these values); ``ctx``: the ring (default
+    ``Context(n)``); ``decrypt``: each result's :attr:`~InstanceResult.outputs` are decrypted by the
+    finisher threads (``"limbs"``: with the raw output ciphertexts); ``log``: a function of one line,
+    told what the setup did.
+
+    ``timings`` holds the setup's seconds: ``keys``, ``shared`` (drawing the shared inputs) and ``plan``
+    (the plan, the resident lanes and their graphs)."""
+
+    def __init__(self, program: Program, options: RunOptions | None = None, *, keys=None,
+                 shared: Mapping[str, Any] | str | Iterable[str] | None = None, ctx: Context | None = None,
+                 decrypt: bool | str = False, log=None, **fields):
+        from caramel.ckks.device import resolve as client_device
+
+        if not isinstance(program, Program):
+            raise ArgumentError(f"an Executor needs a Program (from caramel.load_program), got "
+                                f"{type(program).__name__}")
+        if shared is not None and not isinstance(shared, Mapping):  # names: RunOptions.shared
+            fields["shared"], shared = shared, None
+        opts = RunOptions.of(options, **fields)
+        self.program, self.options = program, opts
+        self.backend = resolve_backend(opts.backend)
+        if self.backend == "gpu" and not run_options.gpu_available():
+            raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or "
+                               "'caramel-fhe[cuda13]')")
+        self.ctx = ctx or Context(n=opts.n)
+        check_prime_count(program, self.ctx)
+        self.spec = resolve_check(program, opts.check)
+        self.plan_inputs = plan = input_plan(program, self.ctx, self.spec or default_spec(program))
+        self.client = client_device(opts.client, self.backend)
+        self.decrypt = decrypt
+        self.timings: dict[str, float] = {}
+        log = log or (lambda line: None)
+        kinds = {n: str(need.kind) for n, need in plan.req.inputs.items()}
+        given = dict(shared or {})
+        unknown = sorted(set(given) - set(kinds))
+        if unknown:
+            raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
+                                f"{', '.join(kinds)})")
+        self.shared = tuple(n for n in plan.names if n in set(shared_names(opts.shared, kinds)) | set(given))
+        self.varying = tuple(n for n in plan.names if n not in self.shared)
+        self.groups = self._groups()
+        lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
+        one_gpu = len(lane_gpus) == 1 and len(lane_gpus[0]) == 1
+        #: One GPU lane and the client on the GPU: the client works on that GPU and the lane reads the
+        #: inputs it makes in place (the keys too, made there).
+        self._keep_on_device = self.client.on_gpu and one_gpu
+        self.client_scope = ClientScope(self.client, (lane_gpus[0][0] if one_gpu else 0) if self.client.on_gpu
+                                        else None)
+        t0 = time.perf_counter()
+        if keys is None:
+            from caramel.ckks.keyset import generate_keyset
+
+            with self.client_scope():
+                keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
+                                       on_device=self._keep_on_device and bool(plan.req.keys))
+        self.keys = keys
+        self.timings["keys"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        objects = {n: v for n, v in given.items() if _is_object(v)}
+        for name, obj in objects.items():
+            plan.check_object(name, obj)
+        drawn = [n for n in self.shared if n not in objects]
+        values: Mapping[str, Any] = {}
+        if drawn:
+            from caramel.ckks.keyset import input_rng
+
+            with self.client_scope():
+                made, values = draw_inputs(plan, keys.secrets, input_rng(opts.keys_seed), drawn,
+                                           {n: v for n, v in given.items() if n not in objects})
+            objects.update(made)
+        self.shared_objects = objects
+        self.shared_values = ChainMap(dict(values), _ObjectValues({n: o for n, o in objects.items() if n not in drawn},
+                                                                   plan, keys.secrets))
+        fixed = {**key_image(plan.req, keys.keys), **input_image(plan.req, objects)}
+        getattr(keys.keys, "wait", lambda: None)()  # keys read in the background: all there, or the error now
+        self.timings["shared"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        #: The limbs every instance shares (keys, shared inputs), as the lanes were built from them.
+        self.shared_image: Mapping[Mem, Any] = fixed
+        self._outputs = self._output_mems()
+        self.lanes: list = []
+        try:
+            self._make_lanes(fixed)
+        except BaseException:
+            self._close_lanes(failed=True)
+            raise
+        self.timings["plan"] = time.perf_counter() - t0
+        log(f"{program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
+            f"inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
+            f"{self.timings['plan']:.2f} s")
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._todo: queue.Queue = queue.Queue()
+        self._ready: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+        cpus = os.cpu_count() or 1
+        workers = opts.workers or max(1, min(4, cpus // 2))
+        depth = max(lane.depth for lane in self.lanes)
+        self._permits = threading.Semaphore(len(self.lanes) * (depth + 1) + workers)
+        self._threads: list[threading.Thread] = []
+        self._stages = {"prepare": workers, "drive": len(self.lanes), "finish": max(1, min(4, cpus // 2))}
+        self._left = dict(self._stages)
+        for k in range(workers):
+            self._spawn(self._prepare_loop, f"caramel-prepare-{k}")
+        for k, lane in enumerate(self.lanes):
+            self._spawn(lambda lane=lane: self._drive_loop(lane), f"caramel-lane-{k}")
+        for k in range(self._stages["finish"]):
+            self._spawn(self._finish_loop, f"caramel-finish-{k}")
+
+    # ------------------------------------------------------------------ setup
+
+    def _gpu_devices(self, group: tuple[int, ...]) -> tuple[int, ...]:
+        """The CUDA devices of a slot: the group renumbered onto ``device_ids``; the default slot: one
+        device (the first of ``device_ids``, else 0) for a 1-chip program, else one per chip up to those
+        present."""
+        ids = self.options.device_ids
+        if group:
+            return tuple(ids[d] for d in group) if ids else group
+        if self.program.chips == 1:
+            return (ids[0] if ids else 0,)
+        if ids:
+            return tuple(ids[: self.program.chips])
+        import cupy as cp
+
+        return tuple(range(min(self.program.chips, cp.cuda.runtime.getDeviceCount())))
+
+    def _groups(self) -> list[tuple[int, ...]]:
+        layout = batch_layout(self.program.chips, self.options.gpus)
+        ids = self.options.device_ids
+        if ids is not None and max((d for g in layout for d in g), default=-1) >= len(ids):
+            raise ArgumentError(f"{self.options.gpus} device(s) asked for, {len(ids)} device_ids given {list(ids)}")
+        return layout
+
+    def _output_mems(self) -> tuple[Mem, ...]:
+        """Every limb a result needs: the manifest's output limbs (in digest order), then the input
+        limbs that aliased output parts read (ISA.md 8.6)."""
+        req = self.plan_inputs.req
+        outs = [Mem(e.term, l) for e in self.program.manifest.outputs for l in e.limbs]
+        seen = set(outs)
+        for need in req.outputs.values():
+            for terms in need.terms.values():
+                for t in terms:
+                    if t in req.terms:
+                        for l in need.limbs:
+                            if Mem(t, l) not in seen:
+                                seen.add(Mem(t, l))
+                                outs.append(Mem(t, l))
+        return tuple(outs)
+
+    def _source(self, mem: Mem):
+        """The feed key and limb of an input limb that instances bring; None for a key or shared limb."""
+        src = self.plan_inputs.req.terms.get(mem.term)
+        if src is None or src.key is not None or src.name in self.shared:
+            return None
+        return (src.name, src.part), mem.limb
+
+    def _make_lanes(self, fixed: Mapping[Mem, Any]) -> None:
+        """One lane per slot into :attr:`lanes` (see :mod:`caramel.execute.pipeline`)."""
+        from caramel.execute.pipeline import HostRowLane, MemoryLane, Template
+
+        req, opts, mode = self.plan_inputs.req, self.options, self.options.mode
+        vectors, scalars = set(), set()
+        for term, src in req.terms.items():
+            if src.key is None and src.name not in self.shared:
+                target = scalars if src.kind == InputKind.SCALAR else vectors
+                target.update(Mem(term, l) for l in req.term_limbs[term])
+        template = Template(fixed, frozenset(vectors), frozenset(scalars), self.ctx.n)
+        outs = self._outputs
+        if self.backend == "cpu":
+            from caramel.execute.reference import run_reference
+
+            for g in self.groups:
+                self.lanes.append(MemoryLane(lambda memory: run_reference(self.program, self.ctx, memory, mode),
+                                             template, outs, g))
+            return
+        from caramel.execute.pipeline import ResidentGpus, ResidentHost
+        from caramel.plan_cache import cached_plan
+
+        plan = cached_plan(self.program)
+        keep = frozenset(fixed)
+        lanes = self.lanes
+        for g in self.groups:
+            if self.backend == "cpu-plan":
+                if len(g) <= 1:
+                    lanes.append(HostRowLane(plan, self.ctx, mode, template, self._source, outs,
+                                             streams=opts.streams or 1, seed=opts.seed, devices=g))
+                else:
+                    lanes.append(MemoryLane(ResidentHost(plan, self.ctx, mode, len(g), keep, streams=opts.streams or 1,
+                                                         seed=opts.seed), template, outs, g))
+                continue
+            devices = self._gpu_devices(g)
+            if len(devices) == 1:
+                from caramel.execute.gpu_pipeline import GpuRowLane
+
+                lanes.append(GpuRowLane(plan, self.ctx, mode, template, self._source, outs, device_id=devices[0],
+                                        streams=opts.streams, depth=opts.depth, kernels=opts.kernels))
+            else:
+                lanes.append(MemoryLane(ResidentGpus(plan, self.ctx, mode, devices, keep, opts.streams,
+                                                     kernels=opts.kernels), template, outs, devices))
+
+    # ------------------------------------------------------------------ the API
+
+    def submit(self, inputs: Mapping[str, Any] | None = None, *, seed: int | None = None) -> Future:
+        """Schedule one instance; returns a :class:`~concurrent.futures.Future` of its
+        :class:`InstanceResult`. ``inputs``: name -> value or object (module docstring; the inputs
+        not given are drawn from ``seed``, default ``options.seed`` + the submission's index)."""
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise ArgumentError(f"an instance's inputs are a mapping of input name to value, not "
+                                f"{type(inputs).__name__}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot submit to an executor after shutdown")
+            index = next(self._counter)
+            if seed is None:
+                seed = inputs.seed if isinstance(inputs, InstanceInputs) else None
+                seed = self.options.seed + index if seed is None else seed
+            job = _Job(index, int(seed), inputs, Future())
+            if self._broken is not None:
+                job.future.set_running_or_notify_cancel()
+                job.future.set_exception(self._stopped(self._broken))
+                return job.future
+            self._todo.put(job)
+        return job.future
+
+    def map(self, inputs: Iterable[Mapping[str, Any] | None], *,
+            timeout: float | None = None) -> Iterator[InstanceResult]:
+        """Submit every element of ``inputs`` (all at once, as :meth:`concurrent.futures.Executor.map`),
+        then yield their results in that order as they finish; an instance's error is raised when its
+        turn comes. ``timeout``: seconds from this call for all of them (a TimeoutError after)."""
+        futures = [self.submit(x) for x in inputs]
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def results():
+            for f in futures:
+                yield f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return results()
+
+    def encrypt(self, values: Mapping[str, Any] | None = None, *, seed: int | None = None) -> InstanceInputs:
+        """The inputs of one instance made ahead (every input that is not shared): ``values`` (name ->
+        slots or number) or drawn from ``seed`` (default ``options.seed``), encoded and encrypted on the
+        client device, returned as host arrays: submit them later as they are (serving: the ciphertexts
+        ready on the host)."""
+        from caramel.ckks.keyset import input_rng
+
+        seed = self.options.seed if seed is None else seed
+        values = dict(values or {})
+        self._check_names(values)
+        with self.client_scope():
+            objects, decoded = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(seed), self.varying, values)
+        return InstanceInputs(objects, decoded, seed)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more instances; ``cancel_futures``: cancel those not started; ``wait``: return when
+        every started instance has finished and the devices are released (else that happens in the
+        background)."""
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+        if cancel_futures:
+            self._cancel_pending()
+        if first:
+            self._todo.put(_STOP)
+        if wait:
+            for t in list(self._threads):
+                while t.is_alive():
+                    t.join(0.2)
+            self._close_lanes()
+        elif first:
+            threading.Thread(target=self._close_when_done, name="caramel-shutdown", daemon=True).start()
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.shutdown(wait=True, cancel_futures=exc_type is not None)
+
+    @property
+    def devices(self) -> list[tuple[int, ...]]:
+        """The devices of each lane."""
+        return [lane.devices for lane in self.lanes]
+
+    # ------------------------------------------------------------------ threads
+
+    def _spawn(self, target, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _stage_done(self, stage: str, then: queue.Queue | None, count: int) -> None:
+        """A thread of ``stage`` stopped: the last one passes the stop on to the next stage's threads."""
+        with self._lock:
+            self._left[stage] -= 1
+            last = self._left[stage] == 0
+        if last and then is not None:
+            for _ in range(count):
+                then.put(_STOP)
+
+    def _check_names(self, given: Mapping[str, Any]) -> None:
+        shared = [n for n in given if n in self.shared]
+        if shared:
+            raise ArgumentError(f"input(s) {', '.join(shared)} are shared by every instance (given to the executor); "
+                                "an instance cannot give them")
+        unknown = [n for n in given if n not in self.varying]
+        if unknown:
+            raise ArgumentError(f"{', '.join(map(str, unknown))} is not an input of {self.program.name} (its inputs: "
+                                f"{', '.join(self.plan_inputs.names)})")
+
+    def _prepare(self, job: _Job) -> None:
+        """Draw, encode and encrypt the job's inputs (on the client device) into its feed."""
+        from caramel.ckks.keyset import input_rng
+
+        given = dict(job.inputs or {})
+        self._check_names(given)
+        objects = {n: v for n, v in given.items() if _is_object(v)}
+        for name, obj in objects.items():
+            self.plan_inputs.check_object(name, obj)
+        supplied = {n: v for n, v in given.items() if n not in objects}
+        drawn = [n for n in self.varying if n not in objects]
+        values: Mapping[str, Any] = {}
+        if drawn:
+            with self.client_scope(self._keep_on_device):
+                made, values = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(job.seed), drawn, supplied)
+                if self._keep_on_device:  # the rows are complete before a lane's stream reads them
+                    import cupy as cp
+
+                    cp.cuda.get_current_stream().synchronize()
+            objects.update(made)
+        given_values = job.inputs.messages if isinstance(job.inputs, InstanceInputs) else None
+        object_values = _ObjectValues({n: o for n, o in objects.items() if n not in drawn}, self.plan_inputs,
+                                      self.keys.secrets)
+        job.values = ChainMap(dict(values), *([given_values] if given_values is not None else []), object_values,
+                              self.shared_values)
+        job.objects = objects
+        job.feed = _Feed(objects, self.plan_inputs)
+
+    def _prepare_loop(self) -> None:
+        while True:
+            job = self._todo.get()
+            if job is _STOP:
+                self._todo.put(_STOP)  # for the other preparers
+                break
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            self._permits.acquire()
+            job.start = time.perf_counter()
+            try:
+                if self._broken is not None:
+                    raise self._stopped(self._broken)
+                self._prepare(job)
+            except BaseException as exc:  # noqa: BLE001 - the instance's error, handed to its future
+                self._fail(job, exc)
+                continue
+            job.timings["encrypt"] = time.perf_counter() - job.start
+            self._ready.put(job)
+        self._stage_done("prepare", self._ready, self._stages["drive"])
+
+    def _drive_loop(self, lane) -> None:
+        if lane.devices and self.backend == "gpu":
+            import cupy as cp
+
+            cp.cuda.runtime.setDevice(lane.devices[0])
+        while True:
+            job = self._ready.get()
+            if job is _STOP:
+                break
+            try:
+                if self._broken is not None:
+                    raise self._stopped(self._broken)
+                job.lane, job.ticket = lane, lane.start(job.feed)
+            except INPUT_ERRORS as exc:
+                self._fail(job, exc)
+                continue
+            except BaseException as exc:  # noqa: BLE001 - a device's error stops the executor
+                self._fail(job, exc, fatal=True)
+                continue
+            self._done.put(job)
+        self._stage_done("drive", self._done, self._stages["finish"])
+
+    def _finish_loop(self) -> None:
+        while True:
+            job = self._done.get()
+            if job is _STOP:
+                break
+            try:
+                out = job.lane.finish(job.ticket)
+            except INPUT_ERRORS as exc:
+                self._fail(job, exc)
+                continue
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(job, exc, fatal=True)
+                continue
+            try:
+                result = self._result(job, out)
+            except BaseException as exc:  # noqa: BLE001 - a check that cannot run fails its instance
+                self._fail(job, exc)
+                continue
+            job.future.set_result(result)
+            self._permits.release()
+        self._stage_done("finish", None, 0)
+
+    def _result(self, job: _Job, out) -> InstanceResult:
+        t = job.timings
+        t.update(out.timings)
+        t["run"] = sum(out.timings.get(k, 0.0) for k in ("upload", "replay", "download"))
+        memory = dict(out.outputs)
+        missing = [m for m in self._outputs if m not in memory]
+        if missing:  # outputs that are inputs left unchanged: the instance's, else the shared ones
+            from caramel.ckks.device import host_array
+
+            image = ChainMap(job.feed.image(), self.shared_image)
+            for m in missing:
+                if m in image:
+                    memory[m] = np.asarray(host_array(image[m]), dtype=np.uint32)
+        t0 = time.perf_counter()
+        digest = output_digest(self.program, memory)
+        t["digest"] = time.perf_counter() - t0
+        prepared = self.plan_inputs.prepared(self.keys.secrets, job.values, job.objects, {}, self.keys.keys)
+        t0 = time.perf_counter()
+        report = None
+        if self.spec is not None:
+            from caramel.ckks.check import evaluate_check
+
+            with self.client_scope():
+                report = evaluate_check(prepared, memory, self.options.mode)
+        t["check"] = time.perf_counter() - t0
+        result = InstanceResult(job.index, job.seed, digest, memory, report, t, job.lane.devices, prepared,
+                                job.objects, self.client_scope)
+        if self.decrypt:
+            t0 = time.perf_counter()
+            result._outputs = result.decrypt(limbs=self.decrypt == "limbs")
+            t["decrypt"] = time.perf_counter() - t0
+        return result
+
+    def _fail(self, job: _Job, exc: BaseException, fatal: bool = False) -> None:
+        if fatal:
+            self._break(exc)
+        if not job.future.done():
+            job.future.set_exception(exc)
+        self._permits.release()
+
+    def _stopped(self, cause: BaseException) -> ExecutionError:
+        return ExecutionError(f"not run: the executor stopped after an error ({type(cause).__name__}: {cause})")
+
+    def _break(self, exc: BaseException) -> None:
+        """A device failed: no instance runs after this one (those waiting fail as they come)."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = exc
+
+    def _cancel_pending(self) -> None:
+        """Cancel every instance not yet taken by a preparer."""
+        held = []
+        while True:
+            try:
+                job = self._todo.get_nowait()
+            except queue.Empty:
+                break
+            if job is _STOP:
+                held.append(job)
+            else:
+                job.future.cancel()
+        for job in held:
+            self._todo.put(job)
+
+    def _close_lanes(self, failed: bool | None = None) -> None:
+        lanes, self.lanes = self.lanes, []
+        for lane in lanes:
+            lane.close(self._broken is not None if failed is None else failed)
+
+    def _close_when_done(self) -> None:
+        for t in list(self._threads):
+            t.join()
+        self._close_lanes()
+
+
+__all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout"]

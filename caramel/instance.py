@@ -1,0 +1,363 @@
+"""One instance of a program: its check spec, its inputs drawn and encrypted, its output digest.
+
+:func:`prepare_inputs` is the input image of one whole run (every input drawn from one seed, keys
+bound). The executor (:mod:`caramel.executor`) prepares instances by parts instead: an
+:class:`InputPlan` (built once: each input's scale and limbs) and :func:`draw_inputs`, which draws,
+encodes and encrypts only the inputs it is asked for, consuming the instance's random generator
+exactly as :func:`~caramel.ckks.check.prepare_check` does when the other inputs are supplied (a
+supplied value draws nothing). So an instance with no shared inputs has the image of
+``prepare_inputs(seed)``, bit for bit, and an instance whose shared inputs are given has the image
+that ``prepare_inputs(seed, supplied=those values)`` would have.
+
+:func:`output_digest` is SHA-256 over the output limbs: equal digests mean bit-identical outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from caramel.ckks.bind import InputKind, Requirements, requirements
+from caramel.ckks.check import (
+    CheckError,
+    CheckSpec,
+    DecodedInputs,
+    InputSpec,
+    OutputSpec,
+    PreparedCheck,
+    check_path,
+    default_limb_count,
+    fit_problems,
+    load_check,
+    prepare_check,
+)
+from caramel.ckks.device import host_array
+from caramel.ckks.keyset import KeySet, input_rng
+from caramel.errors import BindingError
+from caramel.program import Mem, Program
+from caramel.ring import Context
+
+
+def default_spec(program: Program) -> CheckSpec:
+    """Random inputs for any program: every input at the fresh scale 2^28, outputs not judged."""
+    req = requirements(program)
+    inputs = {name: InputSpec(name, need.kind, "S", magnitude=0.5) for name, need in req.inputs.items()}
+    outputs = {name: OutputSpec(name, "0", "S") for name in req.outputs}
+    return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs)
+
+
+def prepare_inputs(program: Program, ctx: Context, keys: KeySet, seed: int, spec: CheckSpec | None = None,
+                   supplied: Mapping | None = None) -> PreparedCheck:
+    """The input image of one run: ``spec``'s inputs (default :func:`default_spec`), drawn from
+    :func:`~caramel.ckks.keyset.input_rng` (``seed``) or the user's ``supplied`` values, encrypted
+    under ``keys``, with ``keys``' evaluation keys bound (the client's current device does the
+    arithmetic)."""
+    from collections import ChainMap  # keys added by binding go to the first map; the key set is read lazily
+
+    return prepare_check(spec or default_spec(program), program, ctx, rng=input_rng(seed), secrets=keys.secrets,
+                         keys=ChainMap({}, keys.keys), supplied=supplied)
+
+
+def output_digest(program: Program, memory: Mapping[Mem, np.ndarray]) -> str:
+    """SHA-256 over every output limb (manifest order): equal digests mean bit-identical outputs.
+
+    Outputs are named by their position in the manifest, not by the compiler's term names, so that
+    two compilations of one program (1 and 2 chips) with bit-identical outputs print the same digest.
+    """
+    h = hashlib.sha256()
+    for position, entry in enumerate(program.manifest.outputs):
+        for limb in entry.limbs:
+            key = Mem(entry.term, limb)
+            h.update(f"output {position} limb {limb}\0".encode())
+            if key in memory:
+                h.update(np.ascontiguousarray(host_array(memory[key]), dtype=np.uint32))  # its bytes, not copied
+    return h.hexdigest()
+
+
+def resolve_check(program: Program, check: str | Path | CheckSpec | None) -> CheckSpec | None:
+    """The check of a run: ``"auto"`` is ``programs/checks/<Family>.toml`` when it exists (else
+    none), a path is loaded, a :class:`CheckSpec` or None is used as is."""
+    if check == "auto":
+        path = check_path(program.name)
+        return load_check(path) if path.exists() else None
+    if check is None or isinstance(check, CheckSpec):
+        return check
+    return load_check(check)
+
+
+def check_prime_count(program: Program, ctx: Context) -> None:
+    """Raise :class:`BindingError` when ``program`` uses a limb index (a base, a sync id's limb, a
+    memory limb or a ``bci`` list entry) beyond the context's prime list, naming the first place."""
+    count = len(ctx.primes)
+    if max_limb(program) < count:  # the usual case: one cheap pass (it runs before the first GPU work)
+        return
+    for stream in program.streams:
+        for ins in stream.instructions:
+            limbs = [ins.limb] if ins.limb is not None else []
+            limbs += list(ins.in_limbs) + list(ins.out_limbs)
+            limbs += [op.limb for op in (ins.dst, *ins.srcs) if isinstance(op, Mem)]
+            bad = [l for l in limbs if l >= count]
+            if bad:
+                raise BindingError(f"{stream.path}:{ins.line}: limb {max(bad)} is beyond the context's {count} "
+                                   f"primes (the program needs at least {max(bad) + 1}; ISA.md section 7 has 64)")
+
+
+def max_limb(program: Program) -> int:
+    """The largest limb index that ``program`` uses (-1 for none): the maximum over every instruction's
+    base, sync id limb (low 16 bits, communication), ``bci``/``rsv`` limb lists and memory operands'
+    limbs, in one pass. Never below the largest limb that :func:`check_prime_count` collects
+    (``Instruction.limb`` is one of these; a communication instruction with a base counts both), so
+    ``max_limb(p) < len(ctx.primes)`` proves that check passes."""
+    from caramel.program import OPCODES
+
+    sync_ops = frozenset(op for op, info in OPCODES.items() if info.limb == "sync")
+    top = -1
+    for stream in program.streams:
+        for ins in stream.instructions:
+            base, op = ins.base, ins.op
+            if base is not None and base > top:
+                top = base
+            if op in sync_ops and (ins.sync & 0xFFFF) > top:
+                top = ins.sync & 0xFFFF
+            if ins.in_limbs and max(ins.in_limbs) > top:
+                top = max(ins.in_limbs)
+            if ins.out_limbs and max(ins.out_limbs) > top:
+                top = max(ins.out_limbs)
+            dst = ins.dst
+            if isinstance(dst, Mem) and dst.limb > top:
+                top = dst.limb
+            for src in ins.srcs:
+                if isinstance(src, Mem) and src.limb > top:
+                    top = src.limb
+    return top
+
+
+def run_setup(program: Program, n: int, ctx: Context | None, check, inputs: Any, batch: int | None = None):
+    """What a run (or a batch of ``batch`` instances) needs before its keys: the ring ``ctx``
+    (default ``Context(n=n)``, checked against the program's primes), the check spec
+    (:func:`resolve_check`) and the user's inputs (:class:`caramel.userdata.InputData`, checked
+    against the manifest; None without ``inputs``)."""
+    ctx = ctx or Context(n=n)
+    check_prime_count(program, ctx)
+    spec = resolve_check(program, check)
+    data = None
+    if inputs is not None:
+        from caramel.userdata import as_input_data, check_inputs
+
+        data = as_input_data(inputs)
+        check_inputs(data, program, ctx.n // 2, batch=batch)
+    return ctx, spec, data
+
+
+def load_keyset(directory: str | Path, program: Program, ctx: Context) -> KeySet:
+    """The key store ``directory`` (:mod:`caramel.ckks.keystore`) for ``program`` at ``ctx``: raises
+    :class:`~caramel.ckks.keystore.KeyStoreError` when it is no key store, was made for another N or
+    other primes, is damaged, or lacks a key the program needs."""
+    from caramel.ckks.keystore import load_keys, require_keys
+
+    keyset = load_keys(directory, ctx)
+    require_keys(keyset, requirements(program).keys, directory)
+    return keyset
+
+
+# ------------------------------------------------------------------------------------------ by parts
+
+#: The class of the object that feeds each input kind.
+_OBJECT = {InputKind.CIPHERTEXT: "Ciphertext", InputKind.PLAINTEXT: "Plaintext", InputKind.SCALAR: "Scalar"}
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """How a program's inputs are made at ``ctx`` under ``spec`` (computed once, as
+    :func:`~caramel.ckks.check.prepare_check` computes it per run): the requirements of the
+    manifest, the spec's scale environment ``env``, and per input (in the spec's order) its
+    encoding ``scales`` and ``limbs``."""
+
+    program: Program
+    ctx: Context
+    spec: CheckSpec
+    req: Requirements
+    env: dict[str, Any]
+    scales: dict[str, float]
+    limbs: dict[str, tuple[int, ...]]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Input names in the spec's order (the order of the random draws)."""
+        return tuple(self.spec.inputs)
+
+    def kind(self, name: str) -> InputKind:
+        return self.req.inputs[name].kind
+
+    def prepared(self, secrets, values, objects, memory, keys) -> PreparedCheck:
+        """A :class:`PreparedCheck` of one instance (what a check or a decryption of its outputs reads)."""
+        return PreparedCheck(self.spec, self.program.manifest, self.ctx, secrets, self.env, values, objects, memory,
+                             keys)
+
+    def check_object(self, name: str, obj) -> None:
+        """Raise :class:`BindingError` unless ``obj`` can feed input ``name``: a Ciphertext, Plaintext or
+        Scalar as its kind wants, of ring degree N, holding every limb the program reads."""
+        from caramel.ckks.encrypt import Ciphertext
+        from caramel.ckks.plaintext import Plaintext, Scalar
+
+        need = self.req.inputs[name]
+        want = {InputKind.CIPHERTEXT: Ciphertext, InputKind.PLAINTEXT: Plaintext, InputKind.SCALAR: Scalar}[need.kind]
+        if not isinstance(obj, want):
+            raise BindingError(f"input {name} is a {need.kind}: give a {want.__name__} or its values, not a "
+                               f"{type(obj).__name__}")
+        width = obj.data.shape[-1] if isinstance(obj, Plaintext) else (obj.n if isinstance(obj, Ciphertext) else None)
+        if width is not None and width != self.ctx.n:
+            raise BindingError(f"input {name} has ring degree {width}, the run has N = {self.ctx.n}")
+        lacking = sorted(set(need.limbs) - set(obj.limbs))
+        if lacking:
+            raise BindingError(f"input {name} lacks limbs {lacking} (has {list(obj.limbs)})")
+
+
+def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
+    """The :class:`InputPlan` of ``program`` at ``ctx`` under ``spec``: raises :class:`CheckError`
+    when the spec does not fit the manifest or its expressions do not evaluate."""
+    from caramel.ckks.check import _limb_count, _number, _scale_env  # prepare_check's own evaluation
+    from caramel.ckks.expr import ExprError, evaluate
+
+    req = requirements(program)
+    problems = fit_problems(spec, req)
+    if problems:
+        raise CheckError(f"{spec.path} does not fit {program.manifest.path}:\n  " + "\n  ".join(problems))
+    L = default_limb_count(req)
+    try:
+        env = _scale_env(ctx, L, spec.params)
+    except ExprError as exc:
+        raise CheckError(f"{spec.path}: params: {exc}") from None
+    scales, limbs = {}, {}
+    for name, ins in spec.inputs.items():
+        where = f"{spec.path}: inputs.{name}"
+        try:
+            scales[name] = _number(evaluate(ins.scale, env), f"{where}.scale")
+            limbs[name] = (req.inputs[name].limbs if ins.limbs is None else
+                           tuple(range(_limb_count(evaluate(ins.limbs, env), len(ctx.primes), f"{where}.limbs"))))
+        except ExprError as exc:
+            raise CheckError(f"{where}: {exc}") from None
+    return InputPlan(program, ctx, spec, req, env, scales, limbs)
+
+
+#: Threads that encode vector inputs for :func:`draw_inputs` (NumPy's FFT runs without the GIL; the
+#: instances of an executor share them).
+ENCODE_THREADS = max(1, min(16, (os.cpu_count() or 1) - 1))
+_encoders: list[ThreadPoolExecutor] = []
+
+
+def _encoder() -> ThreadPoolExecutor:
+    if not _encoders:
+        _encoders.append(ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="caramel-encode"))
+    return _encoders[0]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_encoders.clear)  # a forked child has none of the parent's threads
+
+
+def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any] | None = None):
+    """The inputs ``names`` of one instance as ``(objects, values)``: per name a Ciphertext, Plaintext or
+    Scalar (the client's current device does the arithmetic; GPU arrays inside
+    :func:`~caramel.ckks.device.keeping_inputs`) and the exact messages (:class:`DecodedInputs`).
+    Values come from ``supplied`` (checked against the modulus of their limbs) or are drawn from ``rng``
+    in the spec's order, as :func:`~caramel.ckks.check.prepare_check` draws them: the inputs not in
+    ``names`` draw nothing, as supplied inputs there draw nothing."""
+    from caramel.ckks.check import _supplied_fits
+    from caramel.ckks.encoding import encode
+    from caramel.ckks.encrypt import encrypt
+    from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
+
+    ctx, spec = plan.ctx, plan.spec
+    wanted = set(names)
+    supplied = supplied or {}
+    slots = ctx.n // 2
+    objects: dict[str, Any] = {}
+    encoded: dict[str, Any] = {}  # per input in order: a vector's encoding (future), a scalar's value
+    for name, ins in spec.inputs.items():
+        if name not in wanted:
+            continue
+        scale, limbs, m = plan.scales[name], plan.limbs[name], ins.magnitude
+        given = supplied.get(name)
+        where = f"{spec.path}: inputs.{name}"
+        if ins.kind == InputKind.SCALAR:
+            c = float(rng.uniform(-m, m)) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
+            objects[name] = encode_scalar(ctx, c, scale, limbs)
+            encoded[name] = objects[name].value / scale
+            continue
+        if given is None:
+            v = rng.uniform(-m, m, slots)
+            if not ins.real:
+                v = v + 1j * rng.uniform(-m, m, slots)
+        else:
+            v = _supplied_fits(where, given, scale, ctx, limbs)
+        encoded[name] = _encoder().submit(encode, v, scale, ctx.n)
+        objects[name] = None  # a plaintext below; a ciphertext now (its encryption draws from rng, in input order)
+        if ins.kind == InputKind.CIPHERTEXT:
+            objects[name] = encrypt(ctx, secrets.s, encoded[name].result(), limbs, rng, scale)
+    values = DecodedInputs()
+    for name, enc in encoded.items():  # in input order
+        if isinstance(enc, float):
+            values.put(name, enc)
+            continue
+        scale = plan.scales[name]
+        values.put_decoded(name, enc.result(), scale, ctx.n)
+        if objects[name] is None:
+            objects[name] = plaintext_from_coeffs(ctx, enc.result(), plan.limbs[name], scale)
+    return objects, values
+
+
+def input_image(req: Requirements, objects: Mapping[str, Any]) -> dict[Mem, Any]:
+    """The memory image limbs of the inputs in ``objects`` (name -> Ciphertext, Plaintext or Scalar):
+    every term of the manifest that one of them feeds, on every limb the program reads (read-only
+    views; rows on the GPU as they are), as :func:`~caramel.ckks.bind.bind_inputs` binds them."""
+    from caramel.ckks.plaintext import Plaintext, Scalar
+
+    out: dict[Mem, Any] = {}
+    for term, src in req.terms.items():
+        obj = objects.get(src.name) if src.key is None else None
+        if obj is None:
+            continue
+        for l in req.term_limbs[term]:
+            row = obj.limb(l) if isinstance(obj, (Plaintext, Scalar)) else obj.limb(src.part, l)
+            out[Mem(term, l)] = _readonly(row)
+    return out
+
+
+def key_image(req: Requirements, keys: Mapping) -> dict[Mem, Any]:
+    """The memory image limbs of the evaluation keys (``keys``: key id -> EvalKey); a key the manifest
+    names but ``keys`` lacks is a :class:`BindingError`."""
+    out: dict[Mem, Any] = {}
+    missing = [str(k) for k in req.keys if k not in keys]
+    if missing:
+        raise BindingError(f"the key set lacks {len(missing)} evaluation key(s) the program needs: "
+                           f"{', '.join(missing[:8])}{'...' if len(missing) > 8 else ''}")
+    for term, src in req.terms.items():
+        if src.key is None:
+            continue
+        key = keys[src.key]
+        for l in req.term_limbs[term]:
+            if l not in key.limbs:
+                raise BindingError(f"key {src.key} has no limb {l} (term {term})")
+            out[Mem(term, l)] = _readonly(key.limb(src.part, l))
+    return out
+
+
+def _readonly(a):
+    from caramel.execute.memory import is_device_array
+
+    if is_device_array(a):
+        return a
+    v = np.asarray(a, dtype=np.uint32).view()
+    v.setflags(write=False)
+    return v
+
+
+__all__ = ["InputPlan", "check_prime_count", "default_spec", "draw_inputs", "input_image", "input_plan", "key_image",
+           "load_keyset", "max_limb", "output_digest", "prepare_inputs", "resolve_check", "run_setup"]

@@ -1,0 +1,93 @@
+"""The GPU lane (:mod:`caramel.execute.gpu_pipeline`) through caramel.Executor: every instance's digest
+equal to the reference's single run, with the client on the host (rows uploaded from pinned slots) and
+on the GPU (rows copied from the client's arrays), shared inputs resident, a K-chip program on one GPU,
+and a residue out of range found on the device failing its instance alone. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from caramel.options import gpu_available  # noqa: E402
+
+if not gpu_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from caramel.api import run_program  # noqa: E402
+from caramel.errors import BindingError  # noqa: E402
+from caramel.executor import Executor  # noqa: E402
+from caramel.parse import load_program  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+SEARCH = [ROOT / ".data", ROOT / ".data" / "corpus", Path(os.environ.get("CARAMEL_PROGRAMS", "/work/shared/programs")),
+          ROOT / "programs"]
+N = 4096
+
+
+def find_program(name: str):
+    for d in SEARCH:
+        if (d / name).is_dir():
+            return load_program(d / name, progress=False)
+    pytest.skip(f"program {name} not found")
+
+
+def single(program, seed: int, key_seed: int, **fields) -> str:
+    return run_program(program, n=N, backend="cpu", seed=seed, key_seed=key_seed, client="cpu", check=None,
+                       **fields).digest
+
+
+@pytest.mark.parametrize("client", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["MulRotate_10L_1c", "BootstrapModRaise_10L_1c", "MulAdd_10L_1c"])
+def test_gpu_lane_instances_equal_single_runs(name, client):
+    program = find_program(name)
+    with Executor(program, n=N, backend="gpu", seed=3, check=None, client=client, depth=2) as ex:
+        results = list(ex.map([None] * 5))
+    assert [r.devices for r in results] == [(0,)] * 5
+    for i, r in enumerate(results):
+        assert r.digest == single(program, 3 + i, 3), f"{name} instance {i}"
+        assert r.timings["replay"] > 0 and r.timings["download"] >= 0
+
+
+@pytest.mark.parametrize("name", ["MulAdd_10L_1c", "AddScalar_10L_1c"])
+def test_gpu_lane_serving_shared_plaintexts_and_scalars(name):
+    """Serving: plaintexts and scalars shared and resident, ciphertexts encrypted ahead on the host."""
+    program = find_program(name)
+    shared = "plaintexts,scalars"
+    with Executor(program, n=N, backend="gpu", seed=4, check=None, shared=shared) as ex:
+        ready = [ex.encrypt(seed=4 + i) for i in range(4)]
+        assert all(isinstance(v.c0, np.ndarray) for x in ready for v in x.values())
+        results = list(ex.map(ready))
+    for i, r in enumerate(results):
+        assert r.digest == single(program, 4 + i, 4, shared=shared), f"{name} instance {i}"
+
+
+def test_a_k_chip_program_on_one_gpu_lane():
+    program = load_program(ROOT / "programs" / "Mul_4L_2c", progress=False)
+    with Executor(program, n=N, backend="gpu", seed=2, check="auto", gpus=1, client="cpu") as ex:
+        results = list(ex.map([None] * 3))
+    for i, r in enumerate(results):
+        assert r.passed is True and r.digest == run_program(program, n=N, backend="cpu", seed=2 + i, key_seed=2,
+                                                            client="cpu").digest
+
+
+def test_a_residue_out_of_range_found_on_the_device_fails_alone():
+    from caramel.ckks.encrypt import Ciphertext
+
+    program = find_program("MulRotate_10L_1c")
+    with Executor(program, n=N, backend="gpu", seed=6, check=None, client="cpu") as ex:
+        good = ex.encrypt(seed=6)
+        x = good["x"]
+        c1 = np.array(x.c1)
+        c1[2, 9] = ex.ctx.q(x.limbs[2])
+        bad = dict(good, x=Ciphertext(x.c0, c1, x.limbs, x.scale))
+        futures = [ex.submit(good), ex.submit(bad), ex.submit(good)]
+        with pytest.raises(BindingError, match="found on the device"):
+            futures[1].result()
+        digests = {futures[k].result().digest for k in (0, 2)}
+    assert digests == {single(program, 6, 6)}

@@ -1,0 +1,29 @@
+"""bench/throughput.py at a small N on cpu-plan, with this tree as its own base: every figure taken, the
+batch's digests equal to single runs' and the same in both trees, one JSON record."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import REPO
+
+
+def test_throughput_bench_runs_both_trees_and_checks_digests(tmp_path, capsys):
+    from bench.throughput import main
+
+    out = tmp_path / "tp"
+    code = main(["--out", str(out), "--program", str(REPO / "programs" / "MulRotate_4L_1c"), "--n", "1024",
+                 "--backend", "cpu-plan", "--batch", "3", "--instances", "3", "--rounds", "1", "--singles", "2",
+                 "--base", str(REPO)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    record = json.loads((out / "throughput.json").read_text())
+    assert set(record["trees"]) == {"before", "after"} and record["checks"]["singles_equal"] is True
+    assert record["checks"]["before_equal_after"] is True and len(record["checks"]["singles"]) == 2
+    after = record["trees"]["after"]
+    for key in ("serving_per_second", "end_to_end_per_second", "batch_per_second", "every_input_per_second"):
+        assert after[key] > 0, key
+    assert record["trees"]["before"]["batch_per_second"] > 0 and len(after["batch_digests"]) == 3
+    assert set(after["phases_s"]["serving"]) >= {"encrypt", "upload", "replay", "download", "digest", "check"}
+    assert all(c["exit"] == 0 for c in record["commands"]) and "environment" in record
+    assert "serving instances/s" in text and "batch == single runs: yes" in text

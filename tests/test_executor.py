@@ -1,0 +1,229 @@
+"""caramel.Executor (:mod:`caramel.executor`) on the CPU: futures in the shape of concurrent.futures,
+ready and user inputs, shared inputs written once, instance errors that stay with their instance.
+Every digest is compared with a single run's (the reference interpreter on its own image)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError, as_completed
+
+import numpy as np
+import pytest
+
+from caramel.api import run_program
+from caramel.errors import BindingError, ExecutionError
+from caramel.executor import Executor, InstanceResult
+from caramel.parse import load_program
+
+from tests.conftest import REPO, SHARED_PROGRAMS
+
+ROT1 = REPO / "programs" / "MulRotate_4L_1c"  # x, y ciphertexts; rotation keys
+N = 1024
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def rot1():
+    return load_program(ROT1, progress=False)
+
+
+def single(program, seed: int, key_seed: int = SEED, **fields):
+    return run_program(program, n=N, backend="cpu", seed=seed, key_seed=key_seed, **fields)
+
+
+def test_submit_map_and_as_completed(rot1):
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED) as ex:
+        futures = [ex.submit() for _ in range(3)]
+        done = {f.result().index for f in as_completed(futures)}
+        mapped = list(ex.map([None, None]))
+    assert done == {0, 1, 2} and [r.index for r in mapped] == [3, 4]
+    results = [f.result() for f in futures] + mapped
+    assert all(isinstance(r, InstanceResult) and r.passed is True for r in results)
+    assert [r.seed for r in results] == [SEED + i for i in range(5)]
+    for r in results:
+        assert r.digest == single(rot1, r.seed).digest
+        assert {"encrypt", "upload", "replay", "download", "run", "digest", "check"} <= set(r.timings)
+    assert ex.timings.keys() >= {"keys", "shared", "plan"}
+
+
+def test_ready_inputs_and_decrypted_outputs(rot1):
+    """Inputs encrypted ahead (host arrays) run as drawn ones; outputs decrypt at the check's scale."""
+    from caramel.userdata import decrypted_outputs
+
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED) as ex:
+        ready = ex.encrypt(seed=SEED + 7)
+        assert set(ready) == {"x", "y"} and isinstance(ready["x"].c0, np.ndarray)
+        assert all(isinstance(v.c1, np.ndarray) for v in ready.values()) and set(ready.messages) == {"x", "y"}
+        result = ex.submit(ready).result()
+    want = single(rot1, SEED + 7)
+    assert result.seed == SEED + 7 and result.digest == want.digest and result.passed is True
+    expected = decrypted_outputs(want.prepared, want.result.memory)
+    assert result.outputs.keys() == expected.keys() == {"z"}
+    assert np.array_equal(result.outputs["z"], expected["z"])
+    assert set(result.ciphertexts()) == {"z"}
+
+
+def test_user_values_per_instance_and_shared(rot1):
+    """x shared as values given to the executor, y given per instance: as a single run given both
+    with x shared."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, N // 2)
+    ys = [rng.uniform(-1, 1, N // 2) for _ in range(2)]
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, shared={"x": x}) as ex:
+        assert ex.shared == ("x",) and ex.varying == ("y",)
+        results = list(ex.map([{"y": y} for y in ys]))
+        with pytest.raises(Exception, match="shared by every instance"):
+            ex.submit({"x": x}).result()
+    for i, (y, r) in enumerate(zip(ys, results)):  # x encrypted once (key seed's randomness), y per instance
+        assert r.digest == single(rot1, SEED + i, inputs={"x": x, "y": y}, shared="x").digest
+        assert np.allclose(r.prepared.values["x"], x, atol=1e-6)
+    assert results[0].digest != single(rot1, SEED, inputs={"x": x, "y": ys[0]}).digest  # x encrypted per run
+
+
+def test_shared_inputs_come_from_the_key_seed(rot1):
+    """``shared="y"``: y drawn once from the key seed K, x per instance from S + i, as x is drawn in the
+    S + i single run (x comes first: a later input never changes an earlier one's draws). Checked
+    against an image assembled independently (x from ``prepare_inputs(S + i)``, y the executor's shared
+    object) and run by the reference; the instances pass their decryption checks."""
+    from caramel.api import output_digest, prepare_inputs, resolve_check
+    from caramel.ckks.bind import requirements
+    from caramel.ckks.keyset import generate_keyset
+    from caramel.execute.reference import run_reference
+    from caramel.instance import input_image
+    from caramel.ring import Context
+
+    key_seed = 11
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, key_seed=key_seed, shared="y") as ex:
+        results = list(ex.map([None, None]))
+        y = ex.shared_objects["y"]
+    ctx = Context(n=N)
+    keys = generate_keyset(rot1, ctx, key_seed)
+    for i, r in enumerate(results):
+        own = prepare_inputs(rot1, ctx, keys, SEED + i, resolve_check(rot1, "auto"))
+        assert np.array_equal(r.objects["x"].c0, own.objects["x"].c0) and set(r.objects) == {"x"}
+        image = {**own.memory, **input_image(requirements(rot1), {"y": y})}
+        assert r.digest == output_digest(rot1, run_reference(rot1, ctx, image).memory)
+        assert r.passed is True
+        assert r.digest == single(rot1, SEED + i, key_seed, shared="y").digest  # the single run with --shared
+    assert results[0].digest != single(rot1, SEED, key_seed).digest  # sharing changes the instance
+    assert np.array_equal(results[0].prepared.values["y"], results[1].prepared.values["y"])
+
+
+def test_a_bad_instance_fails_alone(rot1):
+    """A ready ciphertext lacking a limb, and one with a residue at its prime: each fails with a
+    BindingError naming it; the instances around them run."""
+    from caramel.ckks.encrypt import Ciphertext
+
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED) as ex:
+        good = ex.encrypt(seed=SEED)
+        y = good["y"]
+        short = dict(good, y=Ciphertext(y.c0[:-1], y.c1[:-1], y.limbs[:-1], y.scale))
+        c0 = np.array(y.c0)
+        c0[1, 7] = ex.ctx.q(y.limbs[1])
+        high = dict(good, y=Ciphertext(c0, y.c1, y.limbs, y.scale))
+        futures = [ex.submit(good), ex.submit(short), ex.submit(high), ex.submit(good)]
+        with pytest.raises(BindingError, match=r"input y lacks limbs \[3\]"):
+            futures[1].result()
+        with pytest.raises(BindingError, match="residues must lie in"):
+            futures[2].result()
+        digests = [futures[k].result().digest for k in (0, 3)]
+    assert digests[0] == digests[1] == single(rot1, SEED).digest
+
+
+def test_a_device_error_stops_the_executor(rot1, monkeypatch):
+    """A lane that fails (not an input's fault): that instance has the error, every later one fails
+    with an ExecutionError naming it, and shutdown returns."""
+    from caramel.execute import pipeline
+
+    real, calls = pipeline.HostRowLane.start, []
+
+    def start(self, feed):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ExecutionError("device lost")
+        return real(self, feed)
+    monkeypatch.setattr(pipeline.HostRowLane, "start", start)
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, workers=1) as ex:
+        first = ex.submit().result()
+        second, third = ex.submit(), ex.submit()
+        with pytest.raises(ExecutionError, match="device lost"):
+            second.result()
+        with pytest.raises(ExecutionError, match="not run: the executor stopped after an error.*device lost"):
+            third.result()
+        with pytest.raises(ExecutionError, match="executor stopped"):
+            ex.submit().result()
+    assert first.digest == single(rot1, SEED).digest
+
+
+def test_shutdown_cancels_what_has_not_started(rot1, monkeypatch):
+    import caramel.executor as executor_mod
+
+    go, real = threading.Event(), executor_mod.draw_inputs
+
+    def draw(*a, **k):
+        go.wait(60)
+        return real(*a, **k)
+    monkeypatch.setattr(executor_mod, "draw_inputs", draw)
+    ex = Executor(rot1, n=N, backend="cpu-plan", seed=SEED, workers=1)
+    futures = [ex.submit() for _ in range(4)]
+    while not futures[0].running():
+        threading.Event().wait(0.01)
+    ex.shutdown(wait=False, cancel_futures=True)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit()
+    go.set()
+    assert futures[0].result().digest == single(rot1, SEED).digest
+    assert all(f.cancelled() for f in futures[1:])
+    with pytest.raises(CancelledError):
+        futures[1].result()
+    ex.shutdown(wait=True)
+
+
+def test_the_executor_refuses_what_it_cannot_run(rot1):
+    from caramel.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="not an input"):
+        Executor(rot1, n=N, backend="cpu-plan", shared={"w": 1.0})
+    with pytest.raises(ArgumentError, match="'w' names no input"):
+        Executor(rot1, n=N, backend="cpu-plan", shared="w")
+    with pytest.raises(ArgumentError, match="needs a Program"):
+        Executor("programs/MulRotate_4L_1c", n=N)
+    with Executor(rot1, n=N, backend="cpu-plan") as ex:
+        with pytest.raises(ArgumentError, match="a mapping of input name"):
+            ex.submit([1, 2])
+        with pytest.raises(ArgumentError, match="z is not an input"):
+            ex.submit({"z": 1.0}).result()
+
+
+def _corpus(name: str):
+    path = SHARED_PROGRAMS / name
+    if not path.is_dir():
+        pytest.skip(f"{name} not found in the corpus")
+    return load_program(path, progress=False)
+
+
+@pytest.mark.parametrize(("name", "shared", "fed"), [
+    ("MulAdd_4L_1c", "plaintexts", {"x", "y"}),  # a plaintext shared, resident
+    ("AddScalar_4L_1c", "", {"x", "s"}),  # a scalar per instance: the lane writes the scalar table
+    ("AddScalar_4L_1c", "scalars", {"x"}),
+])
+def test_plaintexts_and_scalars_shared_or_per_instance(name, shared, fed, monkeypatch):
+    """Each instance of a cpu-plan batch equals the reference's single run with the same options; the
+    lane's instance rows and scalar entries are those of the inputs not shared."""
+    from caramel.execute import pipeline
+
+    program = _corpus(name)
+    lanes, real = [], pipeline.HostRowLane.__init__
+
+    def init(self, *a, **k):
+        real(self, *a, **k)
+        lanes.append(self)
+    monkeypatch.setattr(pipeline.HostRowLane, "__init__", init)
+    with Executor(program, n=N, backend="cpu-plan", seed=SEED, shared=shared) as ex:
+        results = list(ex.map([None] * 3))
+    (lane,) = lanes
+    written = {k[0] for k in (*lane.layout.groups, *lane.layout.scalar_groups)}
+    assert written == fed
+    for i, r in enumerate(results):
+        assert r.digest == single(program, SEED + i, shared=shared).digest, i
+    assert len({r.digest for r in results}) == 3
