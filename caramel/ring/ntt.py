@@ -169,9 +169,9 @@ class NttTable:
     ``n_inv`` = n^-1 mod q, ``psi_powers[k]`` = psi^br(k) and ``psi_inv_powers[k]`` = psi^-br(k) mod q
     (bit-reversed powers, the twiddles of stage m, group i being entry m + i), both gathered from the
     powers of the root psi was found from (:func:`_root_and_powers`), and ``n_inv_shoup`` =
-    floor(n_inv * 2^32 / q). The kernels' tables (:meth:`kernel_tables`)
-    (kernel layout, Shoup quotients) are built on their first use, so a GPU client, which reads only
-    the powers, never builds them.
+    floor(n_inv * 2^32 / q). The array kernels' tables (:meth:`kernel_tables`: kernel layout, Shoup
+    quotients) are built on their first use, so a user of the powers alone (caramel's CUDA NTT)
+    never builds them.
     """
 
     def __init__(self, q: int, n: int):
@@ -364,8 +364,7 @@ def _stage(butterfly, data, tables: RowTables, m: int, t: int, r: int, s1, s2, x
     if t >= r:
         shape, w, wp, q = (c, m, t), w[:, :, None], wp[:, :, None], tables.q.reshape(-1, 1, 1)
     else:
-        nblk = s1.size * 2 // (c * r)
-        g = r // (2 * t)
+        nblk, g = data.shape[-1], r // (2 * t)
         shape, q = (c, g, t, nblk), tables.q.reshape(-1, 1, 1, 1)
         w, wp = w.reshape(rows, g, 1, nblk), wp.reshape(rows, g, 1, nblk)
     blocks = data.reshape(shape[0], shape[1], 2, *shape[2:])
