@@ -1,10 +1,10 @@
 """The interface of the client's arithmetic and its formulas, each written once against an array module.
 
-A :class:`ClientArith` supplies a few primitives: its array module ``xp``, copies to and from the
-host (:meth:`~ClientArith.put`, :meth:`~ClientArith.get`), a map over slices of rows
-(:meth:`~ClientArith.rows`), the NTT of rows (:meth:`~ClientArith.transform`) and the draws
-(:meth:`~ClientArith.uniform`, :meth:`~ClientArith.error`). The formulas below are written on those
-primitives only, so that the host (:class:`~caramel.ckks.arith.host.HostArith`) and the GPU
+A :class:`ClientArith` supplies three primitives: its array module ``xp``, a map over slices of
+rows (:meth:`~ClientArith.rows`) and the NTT of rows (:meth:`~ClientArith.transform`); copies to
+and from the host and the draws (:meth:`~ClientArith.uniform`, :meth:`~ClientArith.error`,
+replayed on the device for the GPU) follow from ``xp``. The formulas below are written on those
+only, so that the host (:class:`~caramel.ckks.arith.host.HostArith`) and the GPU
 (:class:`~caramel.ckks.arith.gpu.GpuArith`) compute them with the same code. Rows r of a (k, N)
 array belong to limbs l_r, q = q_{l_r}; polynomials are in NTT form unless said otherwise:
 
@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from caramel.ckks.rns import mulmod, prime_column, to_residues
+from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.errors import ArgumentError, CaramelError
 
 _U64 = np.uint64
@@ -73,18 +74,19 @@ class ClientArith(abc.ABC):
         """NTT (INTT with ``inverse``) of canonical residues ``res`` (k, N) uint32, row r modulo
         q_{limbs[r]}: :func:`caramel.ring.ntt.ntt` (``intt``), bit for bit."""
 
-    @abc.abstractmethod
-    def uniform(self, ctx, limbs, rng: np.random.Generator):
-        """a: (k, N) uint32, row r uniform in [0, q_{limbs[r]}), exactly
-        :func:`caramel.ckks.sampling.uniform_residues`' draw from ``rng``."""
-
-    @abc.abstractmethod
-    def error(self, n: int, rng: np.random.Generator):
-        """e: N centred-binomial coefficients (int64), exactly :func:`caramel.ckks.sampling.cbd`'s draw."""
-
     @property
     def on_gpu(self) -> bool:
         return self.kind == DeviceKind.GPU
+
+    def uniform(self, ctx, limbs, rng: np.random.Generator):
+        """a: (k, N) uint32, row r uniform in [0, q_{limbs[r]}): the draw of
+        :func:`~caramel.ckks.sampling.uniform_residues` (replayed on the device for the GPU)."""
+        return uniform_residues(ctx, limbs, rng, self.xp, on_device=self.on_gpu)
+
+    def error(self, n: int, rng: np.random.Generator):
+        """e: N centred-binomial coefficients (int64): the draw of :func:`~caramel.ckks.sampling.cbd`
+        (replayed on the device for the GPU)."""
+        return cbd(n, rng, xp=self.xp, on_device=self.on_gpu)
 
     def put(self, a, dtype=None):
         """``a`` as an array of :attr:`xp` (a copy to the device when needed)."""

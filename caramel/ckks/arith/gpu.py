@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from caramel.ckks.arith.base import ClientArith, ClientDeviceError, DeviceKind
-from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.ring.ntt import forward_rows, inverse_rows, row_tables
 
 #: log2 of the ring degrees whose NTT runs on caramel's CUDA kernels (:mod:`caramel.backends.cuda.ntt`).
@@ -102,12 +101,6 @@ class GpuArith(ClientArith):
         if got is None:
             got = per_table[key] = tuple(xp.asarray(w.astype(np.uint64)) for w in table.kernel_tables(forward))
         return got
-
-    def uniform(self, ctx, limbs, rng: np.random.Generator):
-        return uniform_residues(ctx, limbs, rng, self.xp, on_device=True)
-
-    def error(self, n: int, rng: np.random.Generator):
-        return cbd(n, rng, xp=self.xp, on_device=True)
 
     def get_in_background(self, arrays) -> list[Future]:
         """Futures of ``arrays`` (device arrays) copied to the host (read-only) by

@@ -16,7 +16,6 @@ import numpy as np
 
 from caramel.ckks.arith import jit
 from caramel.ckks.arith.base import ClientArith, DeviceKind
-from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.ring.ntt import intt, map_chunks, ntt
 
 
@@ -49,12 +48,6 @@ class HostArith(ClientArith):
 
         self.rows(run, len(tabs), ctx.n)
         return out
-
-    def uniform(self, ctx, limbs, rng: np.random.Generator):
-        return uniform_residues(ctx, limbs, rng)
-
-    def error(self, n: int, rng: np.random.Generator):
-        return cbd(n, rng)
 
     def rlwe_c0(self, ctx, limbs, a, s, e, m, factor=None, perm=None):
         """:meth:`ClientArith.rlwe_c0`, row by row in one compiled kernel (:func:`jit.c0_row`: the
