@@ -2,14 +2,15 @@
 
 Modules (one concept each): :mod:`~caramel.ckks.encoding` (slot <-> coefficient FFT encoding),
 :mod:`~caramel.ckks.sampling` (random polynomials), :mod:`~caramel.ckks.rns` (residues <-> integers),
-:mod:`~caramel.ckks.keys` (secrets and evaluation keys, ISA.md 5.3),
-:mod:`~caramel.ckks.plaintext` (plaintexts and scalars), :mod:`~caramel.ckks.encrypt`
+:mod:`~caramel.ckks.arith` (the client's arithmetic, host and GPU behind one interface),
+:mod:`~caramel.ckks.device` (which of them runs), :mod:`~caramel.ckks.keys` (secrets and evaluation
+keys, ISA.md 5.3), :mod:`~caramel.ckks.plaintext` (plaintexts and scalars), :mod:`~caramel.ckks.encrypt`
 (ciphertexts), :mod:`~caramel.ckks.bind` (memory image and outputs), :mod:`~caramel.ckks.expr`
 (safe expression evaluator), :mod:`~caramel.ckks.check` (check files).
 
 Every function takes the ring context (``caramel.ring.Context``) as a parameter and uses only its
-public API (``n``, ``primes``, ``q``, ``ntt``, ``intt``, ``galois_element``,
-``conjugation_element``, ``automorphism``, ``crt``).
+public API (``n``, ``primes``, ``q``, ``ntt``, ``intt``, ``ntt_table``, ``galois_element``,
+``conjugation_element``, ``permutation``, ``automorphism``, ``crt``).
 """
 
 from caramel.ckks.bind import (

@@ -74,14 +74,14 @@ def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = N
     """Encrypt integer plaintext coefficients (int64 or object) on ``limbs`` under ``sk``.
 
     Draws ``a`` (uniform on every limb) then ``e`` on the host; the products run on ``device``
-    (:mod:`caramel.ckks.device`, default the current client device). Returns host arrays (GPU
+    (:func:`caramel.ckks.device.chosen`, default the current client device). Returns host arrays (GPU
     arrays inside :func:`caramel.ckks.device.keeping_inputs`)."""
-    dev = devmod.resolve(device) if device is not None else devmod.current()
+    dev = devmod.chosen(device)
     rng = rng_of(rng)
     limbs = tuple(int(l) for l in limbs)
-    m = devmod.to_ntt_rows(coeffs, ctx, limbs, dev)
-    s = devmod.secret_rows(sk, ctx, dev).take(limbs)
-    c0, a = devmod.encrypt_rows(ctx, limbs, m, s, rng, dev)  # draws a, then e
+    m = dev.to_ntt_rows(coeffs, ctx, limbs)
+    s = dev.secret_rows(sk, ctx).take(limbs)
+    c0, a = dev.encrypt_rows(ctx, limbs, m, s, rng)  # draws a, then e
     return Ciphertext(devmod.client_array(c0, dev), devmod.client_array(a, dev), limbs, scale)
 
 
@@ -92,9 +92,9 @@ def encrypt_values(ctx, sk: SecretKey, values, scale: float, limbs, rng=None) ->
 
 def decrypt(ctx, sk: SecretKey, ct: Ciphertext, modulus: int | None = None, device=None) -> np.ndarray:
     """Centred integer coefficients of c0 + c1*s (object array of Python ints), see module docstring."""
-    dev = devmod.resolve(device) if device is not None else devmod.current()
-    s = devmod.secret_rows(sk, ctx, dev).take(ct.limbs)
-    coeff = dev.get(devmod.decrypt_rows(ctx, ct.limbs, dev.put(ct.c0), dev.put(ct.c1), s, dev))
+    dev = devmod.chosen(device)
+    s = dev.secret_rows(sk, ctx).take(ct.limbs)
+    coeff = dev.get(dev.decrypt_rows(ctx, ct.limbs, dev.put(ct.c0), dev.put(ct.c1), s))
     return from_residues(coeff, ctx, ct.limbs, modulus)
 
 

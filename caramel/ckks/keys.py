@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from caramel.ckks.device import to_ntt
-from caramel.ckks.rns import mulmod, prime_column
-from caramel.ckks.sampling import PcgState, cbd, dense_ternary, rng_of, sparse_ternary, uniform_residues
+from caramel.ckks import device as devmod
+from caramel.ckks.arith import HOST, ClientArith
+from caramel.ckks.sampling import PcgState, dense_ternary, rng_of, sparse_ternary, uniform_residues
 from caramel.program import EvalKeyId, KeyType
 from caramel.errors import ArgumentError, MissingLimbError
 
@@ -96,7 +96,7 @@ class SecretKey:
             self._ctx = ctx
         limb = int(limb)
         if limb not in self._ntt:
-            row = to_ntt(self.coeffs, ctx, [limb])[0]
+            row = devmod.to_ntt(self.coeffs, ctx, [limb])[0]
             row.setflags(write=False)
             self._ntt[limb] = row
         return self._ntt[limb]
@@ -205,28 +205,11 @@ def extension_modulus(ctx, ext: int) -> int:
 
 
 def key_secrets(ctx, key_id: EvalKeyId, secrets: Secrets, limbs) -> tuple[np.ndarray, np.ndarray]:
-    """(s_old, s_new) in NTT form on ``limbs``, each (len(limbs), N) uint32, per the table above."""
-    limbs = list(limbs)
-    s, eph = secrets.s, secrets.s_eph
-    t = KeyType(key_id.type)
-    old = (eph if t == KeyType.EPHEMERAL else s).ntt_limbs(ctx, limbs)
-    qcol = prime_column(ctx, limbs)
-    s_ntt = s.ntt_limbs(ctx, limbs)
-    if t == KeyType.RELIN:
-        new = mulmod(s_ntt, s_ntt, qcol)
-    elif t == KeyType.ROTATION:
-        new = ctx.automorphism(s_ntt, ctx.galois_element(key_id.rot))
-    elif t == KeyType.CONJUGATION:
-        new = ctx.automorphism(s_ntt, ctx.conjugation_element)
-    elif t == KeyType.EPHEMERAL:
-        new = s_ntt
-    else:  # BOOTSTRAP, BOOTSTRAP2: q_{level-1} * (s or s_eph)
-        if key_id.level < 1:
-            raise ArgumentError(f"bootstrap key {key_id} needs level >= 1")
-        base = s_ntt if t == KeyType.BOOTSTRAP else eph.ntt_limbs(ctx, limbs)
-        factor = np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None]
-        new = mulmod(base, factor, qcol)
-    return np.asarray(old, dtype=np.uint32), np.asarray(new, dtype=np.uint32)
+    """(s_old, s_new) in NTT form on ``limbs``, each (len(limbs), N) uint32, per the table above (on
+    the host)."""
+    _check_key_id(key_id, key_limbs(key_id))
+    old, new, perm = key_secret_rows(ctx, key_id, secrets, list(limbs), HOST)
+    return old, (new if perm is None else new[:, perm])
 
 
 def _check_key_id(key_id: EvalKeyId, limbs: tuple[int, ...]) -> None:
@@ -240,31 +223,25 @@ def _check_key_id(key_id: EvalKeyId, limbs: tuple[int, ...]) -> None:
         raise ArgumentError(f"bootstrap key {key_id} needs level >= 1")
 
 
-def _new_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, dev, defer_permutation: bool = False):
-    """(s_old, s_new, perm) rows on ``dev`` per the table of the module docstring (batched form of
-    key_secrets); perm is None, or with ``defer_permutation`` for a rotation or conjugation the index
-    array with s_new = s_new[:, perm] left to the caller (the compiled host kernel gathers as it goes)."""
-    from caramel.ckks.device import mulmod as dev_mulmod, prime_column as dev_primes, secret_rows
-
+def key_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, arith: ClientArith):
+    """(s_old, s_new, perm): the secrets of key ``key_id`` per the table of the module docstring, in
+    NTT form on ``limbs``, (len(limbs), N) uint32 arrays of ``arith``. For a rotation or conjugation
+    ``s_new`` is s and ``perm`` the index array of the automorphism (s(X^g) = s[:, perm]), left to
+    :meth:`~caramel.ckks.arith.ClientArith.rlwe_c0` (the compiled host kernel gathers as it goes);
+    else ``perm`` is None."""
     t = KeyType(key_id.type)
-    s_rows = secret_rows(secrets.s, ctx, dev).take(limbs)
-    old = secret_rows(secrets.s_eph, ctx, dev).take(limbs) if t == KeyType.EPHEMERAL else s_rows
-    qcol = dev_primes(ctx, limbs, dev)
-    if t == KeyType.RELIN:
-        new = dev_mulmod(s_rows, s_rows, qcol, dev.xp).astype(np.uint32)
-    elif t in (KeyType.ROTATION, KeyType.CONJUGATION):
+    s = arith.secret_rows(secrets.s, ctx).take(limbs)
+    eph = arith.secret_rows(secrets.s_eph, ctx).take(limbs) if t in (KeyType.EPHEMERAL, KeyType.BOOTSTRAP2) else None
+    if t in (KeyType.ROTATION, KeyType.CONJUGATION):
         g = ctx.galois_element(key_id.rot) if t == KeyType.ROTATION else ctx.conjugation_element
-        perm = dev.put(ctx.permutation(g))
-        if defer_permutation:
-            return old, s_rows, perm
-        new = dev.xp.take(s_rows, perm, axis=1)  # C-contiguous rows
-    elif t == KeyType.EPHEMERAL:
-        new = s_rows
-    else:  # BOOTSTRAP, BOOTSTRAP2: q_{level-1} * (s or s_eph)
-        base = s_rows if t == KeyType.BOOTSTRAP else secret_rows(secrets.s_eph, ctx, dev).take(limbs)
-        factor = dev.put(np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None])
-        new = dev_mulmod(base, factor, qcol, dev.xp).astype(np.uint32)
-    return old, new, None
+        return s, s, ctx.permutation(g)
+    if t == KeyType.EPHEMERAL:
+        return eph, s, None
+    qcol = arith.prime_column(ctx, limbs)
+    if t == KeyType.RELIN:
+        return s, arith.mulmod(s, s, qcol).astype(np.uint32), None
+    factor = arith.put(np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None])
+    return s, arith.mulmod(s if t == KeyType.BOOTSTRAP else eph, factor, qcol).astype(np.uint32), None  # BOOTSTRAP(2)
 
 
 def redraw_a(ctx, limbs, a_state: PcgState, xp=None):
@@ -275,22 +252,21 @@ def redraw_a(ctx, limbs, a_state: PcgState, xp=None):
 
 
 def generate_evalkey_on(ctx, key_id: EvalKeyId, secrets: Secrets, rng, device=None):
-    """Draw key ``key_id``'s randomness on the host (``a`` then ``e``) and compute c0 on ``device``.
+    """Draw key ``key_id``'s randomness on the host (``a`` then ``e``) and compute c0 on ``device``
+    (:func:`caramel.ckks.device.chosen`).
 
     Returns (limbs, c0, c1, a_state): c0 and c1 on the device (not yet copied back), a_state the
     generator's state before ``a`` (:class:`~caramel.ckks.sampling.PcgState`, or None)."""
-    from caramel.ckks import device as devmod
-
-    dev = devmod.resolve(device) if device is not None else devmod.current()
+    dev = devmod.chosen(device)
     limbs = key_limbs(key_id)
     _check_key_id(key_id, limbs)
     a_state = PcgState.of(rng)
-    a = uniform_residues(ctx, limbs, rng, dev.xp)
-    e = cbd(ctx.n, rng, xp=dev.xp)
-    s_old, s_new, perm = _new_secret_rows(ctx, key_id, secrets, limbs, dev, defer_permutation=not dev.on_gpu)
+    a = dev.uniform(ctx, limbs, rng)
+    e = dev.error(ctx.n, rng)
+    s_old, s_new, perm = key_secret_rows(ctx, key_id, secrets, limbs, dev)
     big_p = extension_modulus(ctx, key_id.ext)
     p_mod = np.array([big_p % ctx.q(l) if l in key_id.digits else 0 for l in limbs], dtype=np.uint64)[:, None]
-    c0 = devmod.evalkey_c0(ctx, limbs, a, dev.put(e), s_old, s_new, p_mod, dev, perm)
+    c0 = dev.rlwe_c0(ctx, limbs, a, s_old, e, s_new, p_mod, perm)
     return limbs, c0, a, a_state
 
 
@@ -305,9 +281,7 @@ def generate_evalkey(ctx, key_id: EvalKeyId, secrets: Secrets, rng=None, device=
 
     The draws (``a`` uniform on every limb, then ``e``) come from ``rng`` on the host; the products
     run on ``device`` (see :mod:`caramel.ckks.device`; default: the current client device)."""
-    from caramel.ckks import device as devmod
-
-    dev = devmod.resolve(device) if device is not None else devmod.current()
+    dev = devmod.chosen(device)
     limbs, c0, a, a_state = generate_evalkey_on(ctx, key_id, secrets, rng_of(rng), dev)
     return _finish(key_id, limbs, dev.get(c0), dev.get(a), a_state)
 
@@ -322,49 +296,12 @@ def generate_evalkeys(ctx, key_ids, secrets: Secrets, rng=None, device=None, *,
     what the caller queues next (encrypting the inputs); else a dict of finished keys.
     ``on_device`` (GPU only): the keys' halves stay on the GPU (CuPy arrays, never copied back), for
     a GPU executor that copies them into its arena there."""
-    from caramel.ckks import device as devmod
-
     rng = rng_of(rng)
-    dev = devmod.resolve(device) if device is not None else devmod.current()
+    dev = devmod.chosen(device)
     made = [(k, *generate_evalkey_on(ctx, k, secrets, rng, dev)) for k in key_ids]
     if on_device and dev.on_gpu:
         return {k: EvalKey(k, limbs, c0, a, st) for k, limbs, c0, a, st in made}
-    if background and dev.on_gpu:
-        return _download_in_background(made)
+    if background and dev.on_gpu:  # the copies overlap what the caller queues next
+        futures = dev.get_in_background([arr for _, _, c0, c1, _ in made for arr in (c0, c1)])
+        return PendingKeys([(k, limbs) for k, limbs, *_ in made], futures, [st for *_, st in made])
     return {k: _finish(k, limbs, dev.get(c0), dev.get(a), st) for k, limbs, c0, a, st in made}
-
-
-#: Host threads that copy a GPU client's keys back in the background (each its own stream and
-#: pinned buffers; the host side of a copy, writing fresh pages, is the slow part).
-DOWNLOAD_THREADS = 3
-
-
-def _download_in_background(made) -> PendingKeys:
-    """:class:`PendingKeys` of ``made`` ((id, limbs, c0, c1, a_state), c0 and c1 on the GPU), copied to the host by
-    :data:`DOWNLOAD_THREADS` threads, each on a non-blocking stream that first waits for the work
-    queued so far (the keys' products)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import cupy as cp
-
-    from caramel.backends.cuda.transfer import download
-
-    ready = cp.cuda.Event(disable_timing=True)
-    ready.record()
-    local = threading.local()
-
-    def fetch(arr) -> np.ndarray:
-        stream = getattr(local, "stream", None)
-        if stream is None:  # the thread's stream, created in the thread, after the keys' products
-            stream = local.stream = cp.cuda.Stream(non_blocking=True)
-            stream.wait_event(ready)
-        with stream:
-            host = download(arr)
-        host.setflags(write=False)
-        return host
-
-    pool = ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="caramel-key-download")
-    futures = [pool.submit(fetch, arr) for _, _, c0, c1, _ in made for arr in (c0, c1)]
-    pool.shutdown(wait=False)
-    return PendingKeys([(k, limbs) for k, limbs, *_ in made], futures, [st for *_, st in made])

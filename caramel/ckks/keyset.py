@@ -62,7 +62,7 @@ def generate_keyset(
 ) -> KeySet:
     """Secrets and every evaluation key ``source`` needs, all drawn from :func:`key_rng`.
 
-    ``device`` ("cpu", "gpu" or a :class:`caramel.ckks.device.ClientDevice`; default the current
+    ``device`` ("cpu", "gpu" or a :class:`caramel.ckks.arith.ClientArith`; default the current
     client device) is where the products and transforms run; the keys are the same bit for bit.
     ``background``: on a GPU, the keys are copied back by a host thread while the caller goes on
     (``keys`` is then a :class:`~caramel.ckks.keys.PendingKeys`); ``on_device``: on a GPU, the keys stay

@@ -22,21 +22,21 @@ def modulus(ctx, limbs) -> int:
     return out
 
 
-def to_residues(coeffs, ctx, limbs) -> np.ndarray:
-    """Coefficient-form residues [c mod q_l], shape (len(limbs), N) uint32.
+def to_residues(coeffs, ctx, limbs, xp=np):
+    """Coefficient-form residues [c mod q_l], shape (len(limbs), N) uint32, an array of module ``xp``.
 
-    ``coeffs``: int64 (fast path, vectorised) or object array of Python ints (one object-array
-    ``%`` per limb).
+    ``coeffs`` (host): int64 (fast path, vectorised, computed with ``xp``) or object array of
+    Python ints (on the host, :func:`_object_residues`).
     """
     c = np.asarray(coeffs)
     if c.shape != (ctx.n,):
         raise ArgumentError(f"expected {ctx.n} coefficients, got shape {c.shape}")
     if c.dtype == object:
-        return _object_residues(c, [ctx.q(int(l)) for l in limbs])
+        return xp.asarray(_object_residues(c, [ctx.q(int(l)) for l in limbs]))
     if not np.issubdtype(c.dtype, np.integer):
         raise ArgumentError(f"coefficients must be integers, got dtype {c.dtype}")
-    qs = np.array([ctx.q(int(l)) for l in limbs], dtype=np.int64)
-    return np.mod(c.astype(np.int64)[None, :], qs[:, None]).astype(np.uint32)
+    qs = prime_column(ctx, limbs, xp).astype(np.int64)
+    return xp.mod(xp.asarray(c, dtype=np.int64)[None, :], qs).astype(np.uint32)
 
 
 #: Bits per word when a big integer is cut into words (word * (2^(30 i) mod q) < 2^60 fits uint64).
@@ -72,8 +72,8 @@ def _object_residues(c: np.ndarray, qs: list[int]) -> np.ndarray:
 
 
 def to_ntt(coeffs, ctx, limbs) -> np.ndarray:
-    """NTT-form residues of integer coefficients on the host, shape (len(limbs), N) uint32
-    (:func:`caramel.ckks.device.to_ntt` runs it on the current client device)."""
+    """NTT-form residues of integer coefficients by the ring's NTT, shape (len(limbs), N) uint32
+    (:func:`caramel.ckks.device.to_ntt` computes the same on the current client device)."""
     limbs = list(limbs)
     return np.asarray(ctx.ntt(to_residues(coeffs, ctx, limbs), limbs), dtype=np.uint32)
 
@@ -98,11 +98,14 @@ def from_residues(residues, ctx, limbs, reduce_modulus: int | None = None) -> np
     return out
 
 
-def mulmod(a: np.ndarray, b, q) -> np.ndarray:
-    """(a * b) mod q for residues < 2^32 (uint64 products; q may broadcast, e.g. shape (k, 1))."""
-    return (np.asarray(a, dtype=np.uint64) * np.asarray(b, dtype=np.uint64)) % np.asarray(q, dtype=np.uint64)
+def mulmod(a, b, q, xp=np):
+    """(a * b) mod q for residues < 2^32 (uint64 products; q may broadcast, e.g. shape (k, 1)), with
+    array module ``xp``; uint64 result."""
+    t = xp.multiply(a, b, dtype=np.uint64)
+    return xp.remainder(t, xp.asarray(q, dtype=np.uint64), out=t)
 
 
-def prime_column(ctx, limbs) -> np.ndarray:
-    """The primes of ``limbs`` as a (k, 1) uint64 column, for broadcasting against (k, N) rows."""
-    return np.array([ctx.q(int(l)) for l in limbs], dtype=np.uint64)[:, None]
+def prime_column(ctx, limbs, xp=np):
+    """The primes of ``limbs`` as a (k, 1) uint64 column of module ``xp``, for broadcasting against
+    (k, N) rows."""
+    return xp.asarray(np.array([ctx.q(int(l)) for l in limbs], dtype=np.uint64)[:, None])

@@ -26,19 +26,20 @@ def rng_of(rng: np.random.Generator | int | None) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
 
-def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None):
+def uniform_residues(ctx, limbs, rng: np.random.Generator, xp=None, on_device: bool | None = None):
     """Uniform residues, shape (len(limbs), N) uint32, row r uniform in [0, q_{limbs[r]}).
 
     Exactly ``rng.integers(0, q[:, None], size=(k, N), dtype=int64)`` (same values, same generator
-    state afterwards), as an array of module ``xp`` (NumPy by default). For CuPy (the GPU client) and
-    NumPy's PCG64 the draw is replayed on the device from raw 64-bit outputs of ``rng``
-    (:func:`lemire_rows`); otherwise, or when a replay runs out of raw words, ``rng.integers`` draws it.
+    state afterwards), as an array of module ``xp`` (NumPy by default). For NumPy's PCG64 the draw
+    is replayed from raw 64-bit outputs of ``rng``: for a device (``on_device``, default when ``xp``
+    is not NumPy: the GPU client) on the device (:func:`lemire_device`), else by the compiled host
+    replay (:func:`lemire_host`, faster than NumPy's own loop); otherwise, or when a replay runs out
+    of raw words, ``rng.integers`` draws it.
     """
     qs = [ctx.q(int(l)) for l in limbs]
     xp = np if xp is None else xp
-    # On the host: the compiled replay when Numba is there (NumPy's own loop is faster than the
-    # array replay); the array replay serves the GPU client.
-    out = lemire_host(qs, ctx.n, rng) if xp is np else lemire_device(qs, ctx.n, rng, xp)
+    device = (xp is not np) if on_device is None else on_device
+    out = lemire_device(qs, ctx.n, rng, xp) if device else lemire_host(qs, ctx.n, rng)
     if out is None:
         q_arr = np.array(qs, dtype=np.int64)
         out = rng.integers(0, q_arr[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
@@ -360,17 +361,17 @@ def _advance_raw(bg, count: int) -> None:
 
 def lemire_host(qs, n: int, rng: np.random.Generator):
     """The draw of :func:`uniform_residues` on the host by the compiled replay
-    (:func:`caramel.ring.ntt_jit.lemire_fill`: the same acceptance test as :func:`lemire_rows`, word
+    (:func:`caramel.ckks.arith.jit.lemire_fill`: the same acceptance test as :func:`lemire_rows`, word
     by word in order), or None (the generator untouched) when the compiled kernels are not ready
-    (:func:`caramel.ring.ntt_jit.ready`), for a generator other than PCG64, or when the words drawn
+    (:func:`caramel.ckks.arith.jit.ready`), for a generator other than PCG64, or when the words drawn
     ahead run out."""
-    from caramel.ring import ntt_jit
+    from caramel.ckks.arith import jit
 
     bg = rng.bit_generator
     state = bg.state
     if not _replayable(state, qs):
         return None
-    if not ntt_jit.ready(n):
+    if not jit.ready(n):
         return None
     k = len(qs)
     if k == 0:
@@ -380,8 +381,7 @@ def lemire_host(qs, n: int, rng: np.random.Generator):
     need = k * n + int(math.ceil(expected + 10 * math.sqrt(expected + 1))) + 256
     words = _next_words(bg, state, need)
     out = np.empty((k, n), dtype=np.uint32)
-    pos = ntt_jit.lemire_fill(words, np.array(qs, dtype=np.uint64), np.array([2**32 % q for q in qs], dtype=np.uint64),
-                              out)
+    pos = jit.lemire_fill(words, np.array(qs, dtype=np.uint64), np.array([2**32 % q for q in qs], dtype=np.uint64), out)
     if pos < 0:
         bg.state = state
         return None
@@ -455,17 +455,19 @@ def sparse_ternary(n: int, h: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def cbd(n: int, rng: np.random.Generator, k: int = CBD_K, xp=None):
-    """N centred-binomial coefficients Bin(k,1/2) - Bin(k,1/2) (int64), in [-k, k].
+def cbd(n: int, rng: np.random.Generator, k: int = CBD_K, xp=None, on_device: bool | None = None):
+    """N centred-binomial coefficients Bin(k,1/2) - Bin(k,1/2) (int64), in [-k, k], an array of
+    module ``xp`` (NumPy by default).
 
-    Exactly ``rng.binomial(k, 0.5, n) - rng.binomial(k, 0.5, n)``; with ``xp`` CuPy (the GPU client) and
-    a PCG64 generator it is replayed on the device (:func:`binomial_replay`), else drawn by NumPy."""
-    if xp is not None and xp is not np:
+    Exactly ``rng.binomial(k, 0.5, n) - rng.binomial(k, 0.5, n)``; for a device (``on_device``,
+    default when ``xp`` is not NumPy: the GPU client) and a PCG64 generator it is replayed there
+    (:func:`binomial_replay`), else drawn by NumPy."""
+    xp = np if xp is None else xp
+    if (xp is not np) if on_device is None else on_device:
         out = binomial_replay(n, k, rng, xp)
         if out is not None:
             return out
-        return xp.asarray(cbd(n, rng, k))
-    return rng.binomial(k, 0.5, size=n).astype(np.int64) - rng.binomial(k, 0.5, size=n).astype(np.int64)
+    return xp.asarray(rng.binomial(k, 0.5, size=n).astype(np.int64) - rng.binomial(k, 0.5, size=n).astype(np.int64))
 
 
 def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):

@@ -14,10 +14,11 @@ forward values stay in [0, 4q), inverse values in [0, 2q), and the last step red
 Stages whose butterflies span fewer than R points run on a transposed (R, N/R) view so that every
 NumPy operation has a long contiguous inner loop; twiddles for those stages are stored in that layout.
 
-Array modules. The kernels are written against an array module ``xp``: NumPy arrays run them on the
-host (chunks of rows that fit a core's L2 cache, spread over a small thread pool, see
-:func:`client_threads`), CuPy arrays run the same operations on the GPU (large chunks of rows, the
-tables copied to the device once). Results are bit-identical: every step is exact integer arithmetic.
+Array modules. The kernels (:func:`forward_rows`, :func:`inverse_rows`) take their array module
+``xp`` and their constants (:class:`RowTables`) explicitly: :func:`ntt` and :func:`intt` run them
+on NumPy, in chunks of rows that fit a core's L2 cache, spread over a small thread pool (see
+:func:`client_threads`); the GPU client (:mod:`caramel.ckks.arith.gpu`) runs the same kernels on
+CuPy with device copies of the tables. This module imports neither CuPy nor Numba.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from caramel.ring import ntt_jit
 from caramel.ring.modular import inv_mod
 from caramel.errors import ArgumentError
 
@@ -39,8 +40,6 @@ _SHIFT32 = np.uint64(32)
 # Rows of a batched transform are processed in chunks of about this many residues, which keeps the
 # working set (data and two scratch buffers) inside a core's L2 cache.
 _CHUNK_RESIDUES = 1 << 16
-# On a GPU, rows are processed in chunks of about this many residues (eight bytes each, three buffers).
-_GPU_CHUNK_RESIDUES = 1 << 24
 #: Environment variable: worker threads of the host kernels (default: the machine's CPU count, at most 8).
 THREADS_ENV = "CARAMEL_CLIENT_THREADS"
 
@@ -84,15 +83,6 @@ def map_chunks(fn, total: int, chunk: int) -> None:
     else:
         for c0, c1 in spans:
             fn(c0, c1)
-
-
-def array_module(a):
-    """array_module returns the array module of ``a``: CuPy for CuPy arrays, else NumPy (no CuPy import)."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
 
 
 @functools.lru_cache(maxsize=8)
@@ -178,9 +168,10 @@ class NttTable:
     Attributes: ``q``, ``n``, ``psi`` (see primitive_root_2n), ``psi_inv`` = psi^-1 mod q,
     ``n_inv`` = n^-1 mod q, ``psi_powers[k]`` = psi^br(k) and ``psi_inv_powers[k]`` = psi^-br(k) mod q
     (bit-reversed powers, the twiddles of stage m, group i being entry m + i), both gathered from the
-    powers of the root psi was found from (:func:`_root_and_powers`). The host kernels' tables
-    (kernel layout, Shoup quotients) are built on their first use, so a GPU client, which reads only
-    the powers, never builds them.
+    powers of the root psi was found from (:func:`_root_and_powers`), and ``n_inv_shoup`` =
+    floor(n_inv * 2^32 / q). The array kernels' tables (:meth:`kernel_tables`: kernel layout, Shoup
+    quotients) are built on their first use, so a user of the powers alone (caramel's CUDA NTT)
+    never builds them.
     """
 
     def __init__(self, q: int, n: int):
@@ -199,7 +190,7 @@ class NttTable:
         self.psi_powers = r_pow[kbr & (2 * n - 1)].astype(np.uint32)
         self.psi_inv_powers = r_pow[-kbr & (2 * n - 1)].astype(np.uint32)
         self._r = _split(self.log_n)
-        self._n_inv_shoup = (self.n_inv << 32) // q
+        self.n_inv_shoup = (self.n_inv << 32) // q
         for arr in (self.psi_powers, self.psi_inv_powers):
             arr.flags.writeable = False  # tables are shared through the Context cache
 
@@ -224,25 +215,10 @@ class NttTable:
     def __repr__(self) -> str:
         return f"NttTable(q={self.q}, n={self.n}, psi={self.psi})"
 
-    def jit_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """Shoup companions of ``psi_powers`` and ``psi_inv_powers`` (natural order), for the compiled
-        host kernels (:mod:`caramel.ring.ntt_jit`); computed once."""
-        got = self.__dict__.get("_jit")
-        if got is None:
-            from caramel.ring.ntt_jit import shoup_table
-
-            got = self.__dict__["_jit"] = (shoup_table(self.psi_powers, self.q), shoup_table(self.psi_inv_powers, self.q))
-        return got
-
-    def device_array(self, name: str, xp):
-        """device_array returns the kernel table ``name`` (e.g. ``"_fw"``) as uint64 on the device of
-        array module ``xp`` (CuPy), copied once per table, name and device."""
-        cache = self.__dict__.setdefault("_device", {})
-        key = (name, int(xp.cuda.Device().id))
-        arr = cache.get(key)
-        if arr is None:
-            arr = cache[key] = xp.asarray(getattr(self, name).astype(_U64))
-        return arr
+    def kernel_tables(self, forward: bool) -> tuple[np.ndarray, np.ndarray]:
+        """kernel_tables returns (w, w') of the forward (or inverse) kernels: the twiddles in kernel
+        layout and their Shoup quotients floor(w * 2^32 / q), uint32, read-only (see :func:`row_tables`)."""
+        return (self._fw, self._fwp) if forward else (self._iw, self._iwp)
 
     def forward(self, a) -> np.ndarray:
         """forward returns NTT_q(a) along the last axis (any leading shape), uint32."""
@@ -271,164 +247,148 @@ def intt(a, tables: NttTable | Sequence[NttTable]) -> np.ndarray:
 
 
 def _transform(a, tables, forward: bool) -> np.ndarray:
-    xp = array_module(a)
-    a = xp.asarray(a)
+    a = np.asarray(a)
     if isinstance(tables, NttTable):
         n = tables.n
         if a.ndim == 0 or a.shape[-1] != n:
             raise ArgumentError(f"last axis has length {a.shape[-1] if a.ndim else 0}, want N = {n}")
         rows = a.reshape(-1, n)
-        row_tables: list[NttTable] | None = None
+        per_row: list[NttTable] | None = None
     else:
-        row_tables = list(tables)
-        if not row_tables:
+        per_row = list(tables)
+        if not per_row:
             if a.ndim == 2 and a.shape[0] == 0:
-                return xp.empty(a.shape, dtype=np.uint32)
+                return np.empty(a.shape, dtype=np.uint32)
             raise ArgumentError(f"no NTT tables given for an array of shape {a.shape}")
-        n = row_tables[0].n
-        if a.ndim != 2 or a.shape != (len(row_tables), n):
-            raise ArgumentError(f"array of shape {a.shape} does not match {len(row_tables)} tables of N = {n}")
-        if any(t.n != n for t in row_tables):
+        n = per_row[0].n
+        if a.ndim != 2 or a.shape != (len(per_row), n):
+            raise ArgumentError(f"array of shape {a.shape} does not match {len(per_row)} tables of N = {n}")
+        if any(t.n != n for t in per_row):
             raise ArgumentError("NTT tables of different ring degrees")
         rows = a
-    out = xp.empty(rows.shape, dtype=np.uint32)
-    chunk = max(1, (_CHUNK_RESIDUES if xp is np else _GPU_CHUNK_RESIDUES) // n)
-    if xp is np and ntt_jit.ready(n):  # compiled host kernels (Numba), row by row: the same bits
-        jit_kernel = ntt_jit.forward_rows if forward else ntt_jit.inverse_rows
+    out = np.empty(rows.shape, dtype=np.uint32)
+    kernel = forward_rows if forward else inverse_rows
 
-        def run(c0: int, c1: int) -> None:
-            if row_tables is None:
-                jit_kernel(rows[c0:c1], out[c0:c1], tables)
-            else:
-                for r in range(c0, c1):
-                    jit_kernel(rows[r : r + 1], out[r : r + 1], row_tables[r])
-    else:
-        kernel = _forward_rows if forward else _inverse_rows
+    def run(c0: int, c1: int) -> None:
+        kernel(rows[c0:c1], out[c0:c1], row_tables([tables] if per_row is None else per_row[c0:c1], forward))
 
-        def run(c0: int, c1: int) -> None:
-            if row_tables is None:
-                tabs = [tables]
-            else:
-                tabs = row_tables[c0:c1]
-                if all(t is tabs[0] for t in tabs):
-                    tabs = tabs[:1]
-            kernel(rows[c0:c1], out[c0:c1], tabs, xp)
-
-    if xp is np:
-        map_chunks(run, rows.shape[0], chunk)
-    else:
-        for c0 in range(0, rows.shape[0], chunk):
-            run(c0, min(c0 + chunk, rows.shape[0]))
+    map_chunks(run, rows.shape[0], max(1, _CHUNK_RESIDUES // n))
     return out.reshape(a.shape)
 
 
-def _stack(tabs: list[NttTable], names: tuple[str, str], xp=np) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """_stack returns (w, w', q) for the rows: twiddles (c, N) uint64, Shoup quotients, moduli (c, 1)."""
-    if xp is not np:
-        w = xp.stack([tab.device_array(names[0], xp) for tab in tabs])
-        wp = xp.stack([tab.device_array(names[1], xp) for tab in tabs])
-        return w, wp, xp.asarray(np.array([[t.q] for t in tabs], dtype=_U64))
-    if len(tabs) == 1:
-        w = getattr(tabs[0], names[0]).astype(_U64)[None]
-        wp = getattr(tabs[0], names[1]).astype(_U64)[None]
-    else:
-        w = np.stack([getattr(t, names[0]) for t in tabs]).astype(_U64)
-        wp = np.stack([getattr(t, names[1]) for t in tabs]).astype(_U64)
-    q = np.array([[t.q] for t in tabs], dtype=_U64)
-    return w, wp, q
+class RowTables(NamedTuple):
+    """RowTables holds the constants of the transforms of c rows, uint64 arrays of one array module:
+    ``w``, ``wp`` (c, N) the twiddles in kernel layout and their Shoup quotients, ``q``, ``n_inv``,
+    ``n_inv_shoup`` (c, 1) (see :class:`NttTable`). With c = 1 they serve every row."""
+
+    w: Any
+    wp: Any
+    q: Any
+    n_inv: Any
+    n_inv_shoup: Any
 
 
-def _forward_rows(src, dst, tabs: list[NttTable], xp=np) -> None:
-    """_forward_rows writes NTT(src) into dst (c rows); lazy Cooley-Tukey with values in [0, 4q)."""
+def row_tables(tabs: Sequence[NttTable], forward: bool, xp=np,
+               twiddles: Callable[[NttTable, bool], tuple[Any, Any]] | None = None) -> RowTables:
+    """row_tables returns the :class:`RowTables` of rows modulo tabs[r].q as arrays of module ``xp``
+    (one row when every table is the same); ``twiddles(tab, forward)`` gives (w, w') of one table
+    as arrays of ``xp`` (default: :meth:`NttTable.kernel_tables`, host arrays)."""
+    if all(t is tabs[0] for t in tabs):
+        tabs = tabs[:1]
+    ws, wps = zip(*((twiddles or NttTable.kernel_tables)(t, forward) for t in tabs))
+
+    def stack(arrays):
+        return (arrays[0][None] if len(arrays) == 1 else xp.stack(arrays)).astype(_U64, copy=False)
+
+    def column(values):
+        return xp.asarray(np.array(values, dtype=_U64)[:, None])
+
+    return RowTables(stack(ws), stack(wps), column([t.q for t in tabs]), column([t.n_inv for t in tabs]),
+                     column([t.n_inv_shoup for t in tabs]))
+
+
+def forward_rows(src, dst, tables: RowTables, xp=np) -> None:
+    """forward_rows writes NTT(src) into dst (c rows of N, arrays of ``xp``); lazy Cooley-Tukey with
+    values in [0, 4q)."""
     c, n = src.shape
-    r = tabs[0]._r
-    nblk = n // r
-    w, wp, q = _stack(tabs, ("_fw", "_fwp"), xp)
-    q3, q4 = q.reshape(-1, 1, 1), q.reshape(-1, 1, 1, 1)
-    tq3, tq4 = q3 * _U64(2), q4 * _U64(2)
-    rows = w.shape[0]
-    s1 = xp.empty(c * n // 2, dtype=_U64)
-    s2 = xp.empty(c * n // 2, dtype=_U64)
+    r = _split(n.bit_length() - 1)
+    s1, s2 = xp.empty(c * n // 2, dtype=_U64), xp.empty(c * n // 2, dtype=_U64)
     x = src.astype(_U64)  # a private copy, transformed in place
     m, t = 1, n // 2
-    while t >= r:  # stages with butterfly distance t >= r: natural layout (c, m, 2, t)
-        blocks = x.reshape(c, m, 2, t)
-        _ct_butterfly(blocks[:, :, 0], blocks[:, :, 1], w[:, m : 2 * m, None], wp[:, m : 2 * m, None],
-                      q3, tq3, s1.reshape(c, m, t), s2.reshape(c, m, t), xp)
+    while t >= r:  # stages with butterfly distance t >= r: natural layout
+        _stage(_ct_butterfly, x, tables, m, t, r, s1, s2, xp)
         m, t = m * 2, t // 2
-    z = xp.ascontiguousarray(x.reshape(c, nblk, r).transpose(0, 2, 1))  # z[:, s, blk] = x[:, blk*r + s]
-    while m < n:  # stages with 2t <= r: transposed layout (c, r/2t, 2, t, nblk)
-        g = r // (2 * t)
-        blocks = z.reshape(c, g, 2, t, nblk)
-        tw = w[:, m : 2 * m].reshape(rows, g, 1, nblk)
-        twp = wp[:, m : 2 * m].reshape(rows, g, 1, nblk)
-        _ct_butterfly(blocks[:, :, 0], blocks[:, :, 1], tw, twp, q4, tq4,
-                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk), xp)
+    z = xp.ascontiguousarray(x.reshape(c, n // r, r).transpose(0, 2, 1))  # z[:, s, blk] = x[:, blk*r + s]
+    while m < n:  # stages with 2t <= r: transposed layout
+        _stage(_ct_butterfly, z, tables, m, t, r, s1, s2, xp)
         m, t = m * 2, t // 2
-    zz = z.reshape(c, r, nblk)
-    s = xp.empty_like(zz)
-    xp.subtract(zz, tq3, out=s)
-    xp.minimum(zz, s, out=zz)  # [0, 2q)
-    xp.subtract(zz, q3, out=s)
-    xp.minimum(zz, s, out=zz)  # [0, q)
-    dst.reshape(c, nblk, r)[...] = zz.transpose(0, 2, 1)
+    q = tables.q.reshape(-1, 1, 1)
+    s = xp.empty_like(z)
+    xp.subtract(z, q * _U64(2), out=s)
+    xp.minimum(z, s, out=z)  # [0, 2q)
+    xp.subtract(z, q, out=s)
+    xp.minimum(z, s, out=z)  # [0, q)
+    dst.reshape(c, n // r, r)[...] = z.transpose(0, 2, 1)
+
+
+def inverse_rows(src, dst, tables: RowTables, xp=np) -> None:
+    """inverse_rows writes INTT(src) into dst (c rows of N, arrays of ``xp``); lazy Gentleman-Sande
+    with values in [0, 2q)."""
+    c, n = src.shape
+    r = _split(n.bit_length() - 1)
+    s1, s2 = xp.empty(c * n // 2, dtype=_U64), xp.empty(c * n // 2, dtype=_U64)
+    z = xp.empty((c, r, n // r), dtype=_U64)
+    z[...] = src.reshape(c, n // r, r).transpose(0, 2, 1)  # z[:, s, blk] = a[:, blk*r + s]
+    h, t = n // 2, 1
+    while t < r:  # stages with 2t <= r: transposed layout
+        _stage(_gs_butterfly, z, tables, h, t, r, s1, s2, xp)
+        h, t = h // 2, t * 2
+    x = xp.ascontiguousarray(z.transpose(0, 2, 1)).reshape(c, n)
+    while h >= 1:  # stages with t >= r: natural layout
+        _stage(_gs_butterfly, x, tables, h, t, r, s1, s2, xp)
+        h, t = h // 2, t * 2
+    q = tables.q.reshape(-1, 1)
+    s = xp.empty_like(x)
+    _shoup(x, tables.n_inv, tables.n_inv_shoup, q, x, s, xp)  # x N^-1 in [0, 2q)
+    xp.subtract(x, q, out=s)
+    xp.minimum(x, s, out=x)  # [0, q)
+    dst[...] = x
+
+
+def _stage(butterfly, data, tables: RowTables, m: int, t: int, r: int, s1, s2, xp) -> None:
+    """_stage runs ``butterfly`` on the m groups of one stage (distance t, twiddles w[m : 2m]) of c
+    rows: ``data`` in natural layout (c, N) viewed as (c, m, 2, t) when t >= r, else in the
+    transposed layout (c, r, N/r) viewed as (c, r/2t, 2, t, N/r); s1, s2 are c N/2 scratch words."""
+    c, rows = data.shape[0], tables.w.shape[0]
+    w, wp = tables.w[:, m : 2 * m], tables.wp[:, m : 2 * m]
+    if t >= r:
+        shape, w, wp, q = (c, m, t), w[:, :, None], wp[:, :, None], tables.q.reshape(-1, 1, 1)
+    else:
+        nblk, g = data.shape[-1], r // (2 * t)
+        shape, q = (c, g, t, nblk), tables.q.reshape(-1, 1, 1, 1)
+        w, wp = w.reshape(rows, g, 1, nblk), wp.reshape(rows, g, 1, nblk)
+    blocks = data.reshape(shape[0], shape[1], 2, *shape[2:])
+    butterfly(blocks[:, :, 0], blocks[:, :, 1], w, wp, q, q * _U64(2), s1.reshape(shape), s2.reshape(shape), xp)
+
+
+def _shoup(y, w, wp, q, out, tmp, xp) -> None:
+    """_shoup: out = y*w mod q in [0, 2q) by Shoup's product y*w - floor(y*w' / 2^32) * q (modulo 2^64),
+    for y < 2^32, w < q < 2^30, w' = floor(w * 2^32 / q); ``tmp`` is scratch (``out`` may be ``y``)."""
+    xp.multiply(y, wp, out=tmp)
+    xp.right_shift(tmp, _SHIFT32, out=tmp)
+    xp.multiply(tmp, q, out=tmp)
+    xp.multiply(y, w, out=out)
+    xp.subtract(out, tmp, out=out)
 
 
 def _ct_butterfly(x, y, w, wp, q, tq, s1, s2, xp=np) -> None:
     """_ct_butterfly: (x, y) <- (x + y*w, x - y*w) mod q, lazily: inputs and outputs in [0, 4q)."""
-    xp.multiply(y, wp, out=s1)
-    xp.right_shift(s1, _SHIFT32, out=s1)
-    xp.multiply(s1, q, out=s1)
-    xp.multiply(y, w, out=s2)
-    xp.subtract(s2, s1, out=s2)  # v = y*w mod q in [0, 2q) (Shoup)
+    _shoup(y, w, wp, q, s2, s1, xp)  # v = y*w mod q in [0, 2q)
     xp.subtract(x, tq, out=s1)
     xp.minimum(x, s1, out=x)  # x in [0, 2q)
     xp.subtract(x, s2, out=y)
     xp.add(y, tq, out=y)  # x - v + 2q in (0, 4q)
     xp.add(x, s2, out=x)  # x + v in [0, 4q)
-
-
-def _inverse_rows(src, dst, tabs: list[NttTable], xp=np) -> None:
-    """_inverse_rows writes INTT(src) into dst (c rows); lazy Gentleman-Sande with values in [0, 2q)."""
-    c, n = src.shape
-    r = tabs[0]._r
-    nblk = n // r
-    w, wp, q = _stack(tabs, ("_iw", "_iwp"), xp)
-    q3, q4 = q.reshape(-1, 1, 1), q.reshape(-1, 1, 1, 1)
-    tq3, tq4 = q3 * _U64(2), q4 * _U64(2)
-    rows = w.shape[0]
-    s1 = xp.empty(c * n // 2, dtype=_U64)
-    s2 = xp.empty(c * n // 2, dtype=_U64)
-    z = xp.empty((c, r, nblk), dtype=_U64)
-    z[...] = src.reshape(c, nblk, r).transpose(0, 2, 1)  # z[:, s, blk] = a[:, blk*r + s]
-    h, t = n // 2, 1
-    while t < r:  # stages with 2t <= r: transposed layout
-        g = r // (2 * t)
-        blocks = z.reshape(c, g, 2, t, nblk)
-        tw = w[:, h : 2 * h].reshape(rows, g, 1, nblk)
-        twp = wp[:, h : 2 * h].reshape(rows, g, 1, nblk)
-        _gs_butterfly(blocks[:, :, 0], blocks[:, :, 1], tw, twp, q4, tq4,
-                      s1.reshape(c, g, t, nblk), s2.reshape(c, g, t, nblk), xp)
-        h, t = h // 2, t * 2
-    x = xp.ascontiguousarray(z.transpose(0, 2, 1)).reshape(c, n)
-    while h >= 1:  # stages with t >= r: natural layout (c, h, 2, t)
-        blocks = x.reshape(c, h, 2, t)
-        _gs_butterfly(blocks[:, :, 0], blocks[:, :, 1], w[:, h : 2 * h, None], wp[:, h : 2 * h, None],
-                      q3, tq3, s1.reshape(c, h, t), s2.reshape(c, h, t), xp)
-        h, t = h // 2, t * 2
-    # Multiply by N^-1 (Shoup) and reduce to [0, q).
-    q2 = q.reshape(-1, 1)
-    ninv = xp.asarray(np.array([[tab.n_inv] for tab in tabs], dtype=_U64))
-    ninvp = xp.asarray(np.array([[tab._n_inv_shoup] for tab in tabs], dtype=_U64))
-    s = xp.empty_like(x)
-    xp.multiply(x, ninvp, out=s)
-    xp.right_shift(s, _SHIFT32, out=s)
-    xp.multiply(s, q2, out=s)
-    xp.multiply(x, ninv, out=x)
-    xp.subtract(x, s, out=x)  # [0, 2q)
-    xp.subtract(x, q2, out=s)
-    xp.minimum(x, s, out=x)
-    dst[...] = x
 
 
 def _gs_butterfly(x, y, w, wp, q, tq, s1, s2, xp=np) -> None:
@@ -438,8 +398,4 @@ def _gs_butterfly(x, y, w, wp, q, tq, s1, s2, xp=np) -> None:
     xp.add(x, y, out=x)
     xp.subtract(x, tq, out=s1)
     xp.minimum(x, s1, out=x)  # x + y in [0, 2q)
-    xp.multiply(s2, wp, out=s1)
-    xp.right_shift(s1, _SHIFT32, out=s1)
-    xp.multiply(s1, q, out=s1)
-    xp.multiply(s2, w, out=y)
-    xp.subtract(y, s1, out=y)  # (x - y)*w mod q in [0, 2q) (Shoup)
+    _shoup(s2, w, wp, q, y, s1, xp)  # (x - y)*w mod q in [0, 2q)

@@ -12,6 +12,8 @@ from caramel.ckks import sampling
 from caramel.ckks.sampling import PcgState, lemire_state_rows
 from caramel.ring import Context
 
+from ckks_helpers import context
+
 
 def _generator(seed, kept: bool) -> np.random.Generator:
     """A PCG64 generator; ``kept``: after one bounded 32-bit draw, so that it keeps the other half of
@@ -270,3 +272,92 @@ def test_gpu_client_and_run_import_no_cupyx():
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["client"] is None, "the client imported cupyx:\n" + got["client"]
     assert got["code"] == 0 and got["run"] is None, "the run imported cupyx:\n" + str(got["run"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_lemire_replay_equals_numpy(seed, buffered):
+    """The device replay of bounded integers: same values and same generator state as rng.integers."""
+    from caramel.ckks.sampling import lemire_rows
+
+    ctx = context(2048)
+    limbs = list(range(9)) + [62, 63]
+    qs = np.array([ctx.q(l) for l in limbs], dtype=np.int64)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    if buffered:  # leave half a 64-bit word in the generator's buffer
+        r1.integers(0, 5), r2.integers(0, 5)
+    want = r1.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+    got = lemire_rows([int(q) for q in qs], ctx.n, r2, np)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+    assert np.array_equal(r1.integers(0, qs[:3, None], size=(3, 40)), r2.integers(0, qs[:3, None], size=(3, 40)))
+
+
+def test_lemire_replay_declines_other_generators():
+    from caramel.ckks.sampling import lemire_rows
+
+    rng = np.random.Generator(np.random.MT19937(1))
+    assert lemire_rows([268369921], 16, rng, np) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binomial_replay_equals_numpy(seed):
+    """The device replay of the centred binomial error: same values and same generator state."""
+    from caramel.ckks.sampling import binomial_replay
+
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    r1.integers(0, 5), r2.integers(0, 5)
+    want = sampling.cbd(4096, r1)
+    got = binomial_replay(4096, 21, r2, np)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lemire_replay_serves_all_limbs(seed):
+    """The replay's windows hold every row of a key on all 64 limbs (no fallback)."""
+    from caramel.ckks.sampling import lemire_rows
+
+    ctx = context(4096)
+    assert lemire_rows([ctx.q(l) for l in range(64)], ctx.n, np.random.default_rng(seed), np) is not None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffered", [False, True])
+def test_compiled_host_replay_equals_numpy(seed, buffered):
+    """The compiled host replay (Numba) of bounded integers: same values and generator state as
+    rng.integers, also after a partial draw left half a word in the generator's buffer."""
+    pytest.importorskip("numba")
+    from caramel.ckks.arith import jit as ntt_jit
+    from caramel.ckks.sampling import lemire_host
+
+    assert ntt_jit.enabled()  # compiled now (else the replay waits for a background compilation)
+
+    ctx = context(2048)
+    limbs = list(range(9)) + [62, 63]
+    qs = np.array([ctx.q(l) for l in limbs], dtype=np.int64)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    if buffered:
+        r1.integers(0, 5), r2.integers(0, 5)
+    want = r1.integers(0, qs[:, None], size=(len(qs), ctx.n), dtype=np.int64).astype(np.uint32)
+    got = lemire_host([int(q) for q in qs], ctx.n, r2)
+    assert np.array_equal(got, want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+    assert np.array_equal(r1.integers(0, qs[:3, None], size=(3, 40)), r2.integers(0, qs[:3, None], size=(3, 40)))
+
+
+def test_compiled_host_replay_declines(monkeypatch):
+    """No replay (generator untouched) for another generator, when disabled, or when words run out."""
+    pytest.importorskip("numba")
+    from caramel.ckks.arith import jit as ntt_jit
+
+    assert sampling.lemire_host([268369921], 16, np.random.Generator(np.random.MT19937(1))) is None
+    rng = np.random.default_rng(5)
+    before = rng.bit_generator.state
+    monkeypatch.setenv(ntt_jit.ENV, "0")
+    assert sampling.lemire_host([268369921], 16, rng) is None
+    monkeypatch.delenv(ntt_jit.ENV)
+    assert ntt_jit.enabled()
+    monkeypatch.setattr(ntt_jit, "lemire_fill", lambda *a: -1)
+    assert sampling.lemire_host([268369921], 16, rng) is None
+    assert rng.bit_generator.state == before

@@ -1,9 +1,11 @@
-"""The host client's negacyclic NTT compiled with Numba (optional: ``pip install 'caramel-fhe[fast]'``).
+"""The host client's kernels compiled with Numba (optional: ``pip install 'caramel-fhe[fast]'``).
 
 The same transforms as :func:`caramel.ring.ntt.ntt` / :func:`~caramel.ring.ntt.intt`, one row at a
 time in compiled loops instead of whole-stage NumPy operations (which make about ten passes over
-memory per stage). Both are exact integer arithmetic with fully reduced outputs, so the results are
-the same bits (tests/ring/test_ntt_jit.py compares them on random data).
+memory per stage); the c0 of an RLWE sample with its error's NTT (:func:`c0_row`); NumPy's bounded
+draws replayed (:func:`lemire_fill`). All are exact integer arithmetic with fully reduced outputs,
+so the results are the same bits as the NumPy code (tests/ckks/arith/test_jit.py compares them on
+random data). :class:`caramel.ckks.arith.host.HostArith` uses them when :func:`ready`.
 
 Forward (Cooley-Tukey, SEAL order): for stage m = 1, 2, 4, ..., N/2 with t = N/2m, group i < m,
 twiddle W = psi^br(m+i), and j in [2it, 2it + t):
@@ -32,6 +34,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -284,19 +287,32 @@ def shoup_table(w: np.ndarray, q: int) -> np.ndarray:
     return out
 
 
+_shoup: "weakref.WeakKeyDictionary[object, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()
+
+
+def shoup_tables(table) -> tuple[np.ndarray, np.ndarray]:
+    """The Shoup companions of ``table.psi_powers`` and ``table.psi_inv_powers`` (natural order) of an
+    :class:`~caramel.ring.NttTable`, computed once per table (two threads may both compute them: the
+    same values)."""
+    got = _shoup.get(table)
+    if got is None:
+        got = _shoup[table] = (shoup_table(table.psi_powers, table.q), shoup_table(table.psi_inv_powers, table.q))
+    return got
+
+
 def forward_rows(src: np.ndarray, dst: np.ndarray, table) -> None:
     """dst = NTT(src) row by row modulo ``table.q`` (src, dst (c, N) uint32; dst C-contiguous)."""
     fwd = _kernels()[0]
     dst[...] = src
-    fwd(dst, table.psi_powers, table.jit_tables()[0], np.uint64(table.q))
+    fwd(dst, table.psi_powers, shoup_tables(table)[0], np.uint64(table.q))
 
 
 def inverse_rows(src: np.ndarray, dst: np.ndarray, table) -> None:
     """dst = INTT(src) row by row modulo ``table.q``."""
     inv = _kernels()[1]
     dst[...] = src
-    inv(dst, table.psi_inv_powers, table.jit_tables()[1], np.uint64(table.q), np.uint64(table.n_inv),
-        np.uint64(table._n_inv_shoup))
+    inv(dst, table.psi_inv_powers, shoup_tables(table)[1], np.uint64(table.q), np.uint64(table.n_inv),
+        np.uint64(table.n_inv_shoup))
 
 
 def c0_row(e: np.ndarray, a: np.ndarray, s: np.ndarray, extra: np.ndarray, factor: int, table, out: np.ndarray,
@@ -306,7 +322,7 @@ def c0_row(e: np.ndarray, a: np.ndarray, s: np.ndarray, extra: np.ndarray, facto
     with ``perm`` (int64, non-empty), extra[perm] stands for extra (an automorphism's gather);
     e (N,) small int64, a, s, extra (N,) uint32 residues, out (N,) uint32 C-contiguous.
     (x y mod q: quotient estimated in float64, then corrected by one q: exact.)"""
-    w, wp = table.psi_powers, table.jit_tables()[0]
+    w, wp = table.psi_powers, shoup_tables(table)[0]
     e, perm = _ro(e, np.int64), _ro(_NO_PERM if perm is None else perm, np.int64)
     a, s, extra = (_ro(x, np.uint32) for x in (a, s, extra))
     _kernels()[3](e, a, s, extra, np.uint64(factor), w, wp, np.uint64(table.q), out, perm)
@@ -321,4 +337,5 @@ def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: 
     return int(_kernels()[2](words, qs, thresholds, out))
 
 
-__all__ = ["ENV", "c0_row", "enabled", "forward_rows", "inverse_rows", "lemire_fill", "shoup_table"]
+__all__ = ["ENV", "MIN_N", "c0_row", "enabled", "forward_rows", "inverse_rows", "lemire_fill", "ready",
+           "shoup_table", "shoup_tables"]

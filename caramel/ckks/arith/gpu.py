@@ -1,0 +1,133 @@
+"""The client's arithmetic on a GPU: CuPy arrays, caramel's CUDA NTT, the draws replayed on the device.
+
+The random words are NumPy's generator's own, computed on the device (:mod:`caramel.ckks.pcg`,
+:func:`caramel.ckks.sampling.lemire_device`, :func:`~caramel.ckks.sampling.binomial_replay`), so
+the draws, and everything after them, are the host client's bits. Rows are not chunked: the
+device's kernels are parallel already. The NTT of N = 2^12 .. 2^16 runs on caramel's CUDA kernels
+(the executor's); other N run the array kernels of :mod:`caramel.ring.ntt` on CuPy.
+
+CuPy is imported on first use only, so this module imports without it. Checkable without a GPU:
+``GpuArith(array_module=numpy, cuda_ntt=False)`` runs every formula, draw and transform of this
+class on NumPy arrays (tests/ckks/arith/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+
+from caramel.ckks.arith.base import ClientArith, ClientDeviceError, DeviceKind
+from caramel.ring.ntt import forward_rows, inverse_rows, row_tables
+
+#: log2 of the ring degrees whose NTT runs on caramel's CUDA kernels (:mod:`caramel.backends.cuda.ntt`).
+CUDA_NTT_SIZES = range(12, 17)
+#: Host threads that copy a GPU client's arrays back in the background (:meth:`GpuArith.get_in_background`:
+#: each its own stream and pinned buffers; the host side of a copy, writing fresh pages, is the slow part).
+DOWNLOAD_THREADS = 3
+
+_tables: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise ClientDeviceError("the GPU client needs CuPy and a CUDA GPU (pip install "
+                                "'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')") from None
+    return cupy
+
+
+@dataclass(frozen=True)
+class GpuArith(ClientArith):
+    """The GPU implementation of :class:`~caramel.ckks.arith.base.ClientArith`.
+
+    ``array_module``: the array module (None: CuPy, imported on first use); ``cuda_ntt``: N = 2^12
+    .. 2^16 transform on caramel's CUDA kernels (needs CuPy); ``chunk_residues``: the array NTT
+    (other N) transforms rows in chunks of about this many residues (eight bytes each, three buffers)."""
+
+    array_module: Any = None
+    cuda_ntt: bool = True
+    chunk_residues: int = 1 << 24
+    kind: ClassVar[DeviceKind] = DeviceKind.GPU
+
+    @cached_property
+    def xp(self):
+        return _import_cupy() if self.array_module is None else self.array_module
+
+    def rows(self, fn, total: int, n: int) -> None:
+        fn(0, total)
+
+    def transform(self, res, ctx, limbs, inverse: bool = False):
+        """On caramel's CUDA kernels (N = 2^12 .. 2^16, :attr:`cuda_ntt`), the executor's own
+        (:func:`caramel.backends.cuda.ntt.ntt`, which compute the reference's transform from the
+        context's tables): one launch (the INTT) or two (the NTT) for all rows, the rows copied
+        into the first half of a (2k, N) arena and transformed into its second half. Else the
+        array kernels of :mod:`caramel.ring.ntt` on :attr:`xp`."""
+        limbs = [int(l) for l in limbs]
+        xp = self.xp
+        if self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES and limbs:
+            from caramel.backends.cuda import ntt as cuda_ntt
+            from caramel.backends.cuda.backend import cuda_ring
+
+            k = len(limbs)
+            arena = xp.empty((2 * k, ctx.n), dtype=np.uint32)
+            arena[:k] = res
+            slots = xp.arange(2 * k, dtype=np.int32)
+            primes = xp.asarray(np.asarray(limbs, dtype=np.int32))
+            (cuda_ntt.intt if inverse else cuda_ntt.ntt)(cuda_ring(ctx), arena, slots[:k], slots[k:], primes)
+            return arena[k:]
+        tabs = [ctx.ntt_table(l) for l in limbs]
+        out = xp.empty((len(limbs), ctx.n), dtype=np.uint32)
+        kernel = inverse_rows if inverse else forward_rows
+        chunk = max(1, self.chunk_residues // ctx.n)
+        for r0 in range(0, len(limbs), chunk):
+            r1 = min(r0 + chunk, len(limbs))
+            kernel(res[r0:r1], out[r0:r1], row_tables(tabs[r0:r1], not inverse, xp, self._twiddles), xp)
+        return out
+
+    def _twiddles(self, table, forward: bool):
+        """(w, w') of ``table`` (:meth:`caramel.ring.NttTable.kernel_tables`) as uint64 arrays of
+        :attr:`xp`, copied once per table, direction and device."""
+        xp = self.xp
+        key = (forward, id(xp), int(xp.cuda.Device().id) if hasattr(xp, "cuda") else -1)
+        per_table = _tables.setdefault(table, {})
+        got = per_table.get(key)
+        if got is None:
+            got = per_table[key] = tuple(xp.asarray(w.astype(np.uint64)) for w in table.kernel_tables(forward))
+        return got
+
+    def get_in_background(self, arrays) -> list[Future]:
+        """Futures of ``arrays`` (device arrays) copied to the host (read-only) by
+        :data:`DOWNLOAD_THREADS` threads, each on a non-blocking stream that first waits for the
+        work queued so far, so that the copies overlap what the caller queues next."""
+        from caramel.backends.cuda.transfer import download
+
+        cp = self.xp
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record()
+        local = threading.local()
+
+        def fetch(arr) -> np.ndarray:
+            stream = getattr(local, "stream", None)
+            if stream is None:  # the thread's stream, created in the thread, after the work queued so far
+                stream = local.stream = cp.cuda.Stream(non_blocking=True)
+                stream.wait_event(ready)
+            with stream:
+                host = download(arr)
+            host.setflags(write=False)
+            return host
+
+        pool = ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="caramel-key-download")
+        futures = [pool.submit(fetch, arr) for arr in arrays]
+        pool.shutdown(wait=False)
+        return futures
+
+
+#: The GPU client (CuPy, the current device).
+GPU = GpuArith()
