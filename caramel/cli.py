@@ -533,7 +533,7 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
             raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'")
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
-                             streams=args.streams, log=log)
+                             streams=args.streams, log=log, predict_only=args.predict_only)
     if args.throughput:
         from caramel.batch import measure_throughput
         from caramel.parse import load_program
@@ -726,6 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "file's extension; needs matplotlib: pip install 'caramel-fhe[plot]')")
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
+    p.add_argument("--predict-only", action="store_true", help="with --gpus: no run on G devices, only the timeline "
+                   "model's prediction (docs/MULTI_GPU.md)")
     p.add_argument("--throughput", action="store_true", help="with --gpus: also the family's 1-chip program on G "
                    "devices, one instance per device (instances/s, speedup, efficiency)")
     p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE ('-': on "

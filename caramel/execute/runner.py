@@ -186,7 +186,8 @@ class CommWork:
 def comm_work(prog: DeviceProgram, step: CommStep) -> CommWork:
     """The :class:`CommWork` of ``step`` on ``prog``'s device (the calls :class:`DeviceRun` makes of it)."""
     gather, ops, scatter, _ = _packed(prog, step.ops) if step.ops else ([], [], [], [])
-    return CommWork(_local_limbs(step.before) + 2 * len(gather), tuple(ops), 2 * len(scatter) + _local_limbs(step.after))
+    return CommWork(_local_limbs(step.before) + 2 * len(gather), tuple(ops),
+                    2 * len(scatter) + _local_limbs(step.after))
 
 
 def step_task(prog: DeviceProgram, step: tuple[int, int, Kernel] | CommStep, n: int) -> Task:
@@ -200,6 +201,24 @@ def step_task(prog: DeviceProgram, step: tuple[int, int, Kernel] | CommStep, n: 
     rows = prog.rows_of[c]
     return Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
                 cost=task_cost(k, n), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+
+
+def schedule_tasks(tasks: Sequence[Task], streams: int, *, comm_stream: bool = True, device: int = 0) -> StreamSchedule:
+    """A device's ``tasks`` (:func:`step_task`) on ``streams`` streams, checked: with more than one (and
+    ``comm_stream``), the communication steps go on the last stream, in order, and the kernels are spread over the
+    others, so that kernels run while collectives wait for their peers; without ``comm_stream`` (a device without
+    communication) the kernels use every stream. Read from the plan cache folder when built before."""
+    reserved = 1 if streams > 1 and comm_stream else 0
+    if reserved:
+        tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
+    from caramel.plan_cache import cached_schedule  # checked once, then read from the plan cache folder
+
+    def build():
+        sch = assign_streams(tasks, streams, reserved=reserved)
+        check_schedule(tasks, sch, what=f"stream schedule of device {device}")
+        return sch
+
+    return cached_schedule(tasks, streams, reserved, build)
 
 
 class DeviceRun:
@@ -269,22 +288,8 @@ class DeviceRun:
         self.pc = -1
 
     def schedule(self, streams: int, *, comm_stream: bool = True) -> StreamSchedule:
-        """The tasks on ``streams`` streams, checked: with more than one (and ``comm_stream``), the
-        communication steps go on the last stream, in order, and the kernels are spread over the
-        others, so that kernels run while collectives wait for their peers; without
-        ``comm_stream`` (a device without communication) the kernels use every stream."""
-        tasks = self.tasks
-        reserved = 1 if streams > 1 and comm_stream else 0
-        if reserved:
-            tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
-        from caramel.plan_cache import cached_schedule  # checked once, then read from the plan cache folder
-
-        def build():
-            sch = assign_streams(tasks, streams, reserved=reserved)
-            check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
-            return sch
-
-        return cached_schedule(tasks, streams, reserved, build)
+        """:func:`schedule_tasks` of this device's tasks."""
+        return schedule_tasks(self.tasks, streams, comm_stream=comm_stream, device=self.prog.device)
 
     def run_task(self, t: int, *, collectives: bool = True) -> None:
         """The calls of task ``t``, in order (on the backend's current stream); ``collectives``
@@ -351,4 +356,4 @@ class DeviceRun:
         return out
 
 
-__all__ = ["CommWork", "DeviceRun", "comm_work", "lower_kernel", "step_task"]
+__all__ = ["CommWork", "DeviceRun", "comm_work", "lower_kernel", "schedule_tasks", "step_task"]
