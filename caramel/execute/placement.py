@@ -3,8 +3,8 @@
 Chips map onto G <= K devices in contiguous blocks (:func:`placement`). A device runs its chips'
 kernels merged by level; a communication among chips of ONE device is a local copy or a local
 modular sum; otherwise the device-level collective (:class:`DeviceOp`) runs among the devices
-involved, after local partial sums, and is followed by local copies and ``% q``
-(:func:`device_comm_step`). The collectives themselves and their global order come from
+involved, after local partial sums, and is followed by local copies and ``% q`` (of a sum of two
+contributions or more: one arrives as it was sent, as the reference copies it) (:func:`device_comm_step`). The collectives themselves and their global order come from
 :func:`caramel.plan.collectives.plan_collectives`.
 
 A device's :class:`DeviceProgram` has one arena: the rows of each hosted chip (its own
@@ -134,7 +134,9 @@ def device_comm_step(level: int, collectives: Sequence[Collective], device: int,
             partial = contributions[0] if contributions else ZERO
         recv = (col.root, dst[col.root]) if device == root_dev else None
         ops.append(DeviceOp(col.sync, col.kind, group, root_dev, partial, recv, col.prime))
-        if recv is not None:
+        if recv is not None and sum(b >= 0 for _, b in col.src) > 1:
+            # A sum of two limbs or more is reduced mod q; a single contribution (the others sourceless) arrives
+            # as it was sent, as the reference's joi copies its first contribution.
             mods.append(ModRows((recv,), col.prime))
     ops.sort(key=lambda o: (len(o.group), o.group, o.sync))
     # Scratch rows renumbered in the order of the calls (pack): the partial sums of one call are contiguous.
@@ -282,7 +284,7 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
     kept for replayed graphs; with ``"none"``, the rows laid out for the calls, :func:`contiguous_rows`)."""
     cols = plan_collectives(plan, primes if devices > 1 else None)  # (one device sums mod q: no uint32 limit)
     where = placement(len(plan.chips), devices)
-    parts = comm_parts(plan, cols)
+    parts = comm_parts(plan, cols, MIN_PART_LIMBS)
     out = []
     for d in range(max(where) + 1):
         hosted = tuple(c for c, w in enumerate(where) if w == d)
