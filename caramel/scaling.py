@@ -333,11 +333,14 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     return out
 
 
-def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, streams: int = 1):
+def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, streams: int = 1, *,
+                    comm_stream: bool = True):
     """Each device program of a ``devices``-device run, alone on the current GPU, one after another, without its
     collectives: per device (its floor in ms: its program replayed as a graph on ``streams`` streams like the run,
     as :func:`compute_only_ms`; its :class:`~caramel.timeline.DeviceTimeline`: every call timed by clock stamps in a
-    one-stream graph, on the run's stream schedule). The inputs of the timeline model's prediction."""
+    one-stream graph, on the run's stream schedule). The inputs of the timeline model's prediction.
+    ``comm_stream``: whether the schedule keeps a stream for communication (False: as a 1-chip
+    :class:`~caramel.execute.cuda_graph.GpuRun`)."""
     import cupy as cp
 
     from caramel.backends.cuda.backend import CupyBackend
@@ -354,7 +357,7 @@ def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
         with stream:
             run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend)
             run.run(collectives=False)  # compiles kernels, uploads index arrays
-            schedule = run.schedule(streams)
+            schedule = run.schedule(streams, comm_stream=comm_stream)
             launcher = StreamLauncher(schedule, stream) if streams > 1 else None
             stream.synchronize()
             stream.begin_capture()

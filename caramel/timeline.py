@@ -312,6 +312,36 @@ def measured_timeline(run, schedule, call_us: Sequence[float], n: int) -> Device
     return DeviceTimeline(run.prog.device, tuple(out))
 
 
+def timeline_json(tl: DeviceTimeline) -> dict:
+    """``tl`` as JSON data (:func:`timeline_from_json` reads it back)."""
+    return {"device": tl.device, "tasks": [
+        {"stream": t.stream, "waits": list(t.waits), "before_us": t.before_us, "after_us": t.after_us, "comm": t.comm,
+         "calls": [{"key": list(c.key), "group": list(c.group), "bytes": c.nbytes} for c in t.calls]}
+        for t in tl.tasks]}
+
+
+def timeline_from_json(data: Mapping) -> DeviceTimeline:
+    """The :class:`DeviceTimeline` of :func:`timeline_json`'s data."""
+    return DeviceTimeline(int(data["device"]), tuple(
+        ModelTask(int(t["stream"]), tuple(int(j) for j in t["waits"]), float(t["before_us"]),
+                  tuple(Call(tuple(c["key"]), tuple(int(d) for d in c["group"]), int(c["bytes"])) for c in t["calls"]),
+                  float(t["after_us"]), bool(t["comm"]))
+        for t in data["tasks"]))
+
+
+def model_json(model: CollectiveModel) -> dict:
+    """``model`` as JSON data (:func:`model_from_json` reads it back)."""
+    return {"name": model.name, "costs": [{"gpus": c.gpus, "group_us": c.group_us, "call_us": c.call_us,
+                                           "us_per_mib": c.us_per_mib, "gbps": c.gbps} for c in model.costs]}
+
+
+def model_from_json(data: Mapping) -> CollectiveModel:
+    """The :class:`CollectiveModel` of :func:`model_json`'s data."""
+    return CollectiveModel(str(data["name"]), tuple(
+        CollectiveCost(int(c["gpus"]), float(c["group_us"]), float(c["call_us"]), float(c["us_per_mib"]))
+        for c in data["costs"]))
+
+
 # ---------------------------------------------------------------------------------------------- simulation
 
 
@@ -540,5 +570,6 @@ def fit_overlap(timeline: DeviceTimeline, measured_us: float, lo: float = 0.0, h
 __all__ = [
     "Call", "CollectiveCost", "CollectiveModel", "CollectiveSample", "DeviceReplay", "DeviceTimeline", "FIRST_FIT",
     "FIRST_SAMPLES", "ModelTask", "OVERLAP", "Replay", "device_timelines", "estimated_timeline", "fit", "fit_overlap",
-    "local_us", "measured_timeline", "simulate",
+    "local_us", "measured_timeline", "model_from_json", "model_json", "simulate", "timeline_from_json",
+    "timeline_json",
 ]

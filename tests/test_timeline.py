@@ -181,3 +181,13 @@ def test_estimated_timelines_of_a_program_follow_its_device_programs():
     r = simulate(tls)
     assert r.predicted_ms >= r.compute_floor_ms > 0 and math.isfinite(r.predicted_ms)
     assert r.collectives == max(sum(len(t.calls) for t in tl.tasks) for tl in tls)
+
+
+def test_timelines_and_models_go_through_json():
+    import json
+
+    from caramel.timeline import model_from_json, model_json, timeline_from_json, timeline_json
+
+    tl = DeviceTimeline(1, (_kernel(2.5, 0), _comm(1.0, (65537, "broadcast", 0), after=0.5, waits=(0,))))
+    assert timeline_from_json(json.loads(json.dumps(timeline_json(tl)))) == tl
+    assert model_from_json(json.loads(json.dumps(model_json(FIRST_FIT)))) == FIRST_FIT

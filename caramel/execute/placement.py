@@ -277,14 +277,17 @@ def comm_parts(plan: Plan, collectives: Sequence[Collective],
 
 
 def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: str = "lifo",
-                    keep_inputs: bool = False) -> list[DeviceProgram]:
+                    keep_inputs: bool = False, part_limbs: int = MIN_PART_LIMBS,
+                    lay_out: bool = True) -> list[DeviceProgram]:
     """The :class:`DeviceProgram` of each of min(G, K) devices (collectives checked first,
     :func:`~caramel.plan.collectives.plan_collectives`); ``reuse``, ``keep_inputs``: each chip's row
     assignment (:func:`~caramel.plan.assign_rows`; ``"fifo"`` or ``"none"`` for runs on several streams, inputs
-    kept for replayed graphs; with ``"none"``, the rows laid out for the calls, :func:`contiguous_rows`)."""
+    kept for replayed graphs; with ``"none"`` and ``lay_out``, the rows laid out for the calls,
+    :func:`contiguous_rows`); ``part_limbs``: the least size of a communication part (:func:`comm_parts`; a very
+    large one: a level's communication in one step). The timeline model compares the layouts and parts with them."""
     cols = plan_collectives(plan, primes if devices > 1 else None)  # (one device sums mod q: no uint32 limit)
     where = placement(len(plan.chips), devices)
-    parts = comm_parts(plan, cols, MIN_PART_LIMBS)
+    parts = comm_parts(plan, cols, part_limbs)
     out = []
     for d in range(max(where) + 1):
         hosted = tuple(c for c, w in enumerate(where) if w == d)
@@ -312,7 +315,7 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
                     steps.append(step)
             else:
                 steps.append(item)
-        if reuse == "none":
+        if reuse == "none" and lay_out:
             rows_of = contiguous_rows(rows_of, base, steps)
         out.append(_assemble(d, hosted, rows_of, base, scalars, scalar_base, steps))
     return out

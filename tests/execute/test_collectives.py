@@ -487,16 +487,14 @@ def test_comm_parts_split_each_level_by_first_readers_in_one_order_for_all():
     assert all(len(p) >= 4 for ps in mid.values() if len(ps) > 1 for p in ps)
 
 
-def test_a_kernel_waits_for_the_part_it_reads_not_for_the_whole_level(monkeypatch):
-    """With every part apart (no least size), some kernel follows one part of a level and not another (its
-    stream schedule does not order it after that part either), and the devices still match the reference."""
-    import caramel.execute.placement as placement_module
+def test_a_kernel_waits_for_the_part_it_reads_not_for_the_whole_level():
+    """With every part apart (no least size), some kernel follows one part of a level and not another, and the
+    devices still match the reference."""
     from caramel.execute.placement import CommStep
     from caramel.plan.streams import hazards
 
-    monkeypatch.setattr(placement_module, "MIN_PART_LIMBS", 1)
     program, plan, memory = prepared("BootstrapModRaise_10L_4c")
-    progs = device_programs(plan, 2, context(1024).primes, reuse="none", keep_inputs=True)
+    progs = device_programs(plan, 2, context(1024).primes, reuse="none", keep_inputs=True, part_limbs=1)
     found = False
     for prog in progs:
         run = DeviceRun(prog, plan, context(1024), memory, "exact", NumpyBackend)
@@ -515,3 +513,16 @@ def test_a_kernel_waits_for_the_part_it_reads_not_for_the_whole_level(monkeypatc
     assert found
     have, _ = run_device_programs(progs, plan, context(1024), memory, streams=3, seed=1)
     assert not store_mismatches(run_reference(program, context(1024), memory), have)
+
+
+@pytest.mark.parametrize("name", ["MulRotate_10L_1c", "BootstrapModRaise_10L_1c"])
+def test_a_one_chip_program_keeps_its_rows_and_steps(name):
+    """A 1-chip program has no collective: its device program is the chip's kernels in order on assign_rows' rows,
+    as before the calls were laid out (its replay and stream schedule do not change)."""
+    from caramel.execute.placement import chip_rows
+
+    _, plan, _ = prepared(name)
+    (prog,) = device_programs(plan, 1, context(1024).primes, reuse="none", keep_inputs=True)
+    rows, base = chip_rows(plan, (0,), "none", True)
+    assert np.array_equal(prog.rows_of[0], rows[0]) and prog.scratch_base == base
+    assert [s[1] for s in prog.steps] == list(range(len(plan.chips[0].kernels)))
