@@ -145,7 +145,7 @@ def predict_file(path: Path, model=None) -> dict:
     return {"program": data["program"], "gpus": data["chips"], "kind": "prediction", "inputs": inputs_note,
             "predicted_ms": r.predicted_ms,
             "compute_floor_ms": r.compute_floor_ms, "comm_wait_ms": r.comm_wait_ms, "collectives": r.collectives,
-            "bytes": sum(d.nbytes for d in r.devices), "overlap": overlap, "collective_model": r.model,
+            "payload_bytes": sum(d.nbytes for d in r.devices), "overlap": overlap, "collective_model": r.model,
             "measured_floors_ms": [d["floor_ms"] for d in data["devices"]],
             "predicted_floors_ms": [d.floor_us / 1e3 for d in r.devices]}
 
@@ -564,7 +564,7 @@ def compare(archive: str, chips: Sequence[int] = (2, 4, 8), streams: Sequence[in
                              "kind": "prediction", "predicted_ms": r.predicted_ms,
                              "compute_floor_ms": r.compute_floor_ms, "comm_wait_ms": r.comm_wait_ms,
                              "collectives": r.collectives, "groups": max(d.groups for d in r.devices),
-                             "bytes": sum(d.nbytes for d in r.devices), "overlap": overlap})
+                             "payload_bytes": sum(d.nbytes for d in r.devices), "overlap": overlap})
                 log(f"compare: {k} GPUs, {label}, {s} streams: PREDICTED {r.predicted_ms:.2f} ms (floor "
                     f"{r.compute_floor_ms:.2f}, communication and waiting {r.comm_wait_ms:.2f}, "
                     f"{rows[-1]['collectives']} calls in {rows[-1]['groups']} groups)")
