@@ -46,7 +46,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The default archive: in $CARAMEL_SHARED_PROGRAMS (as the tests), else ../shared/programs beside the checkout.
-ARCHIVE = Path(os.environ.get("CARAMEL_SHARED_PROGRAMS", ROOT.parent / "shared" / "programs")) / "BootstrapLike_51L.tar.xz"
+ARCHIVE = Path(os.environ.get("CARAMEL_SHARED_PROGRAMS", ROOT.parent / "shared" / "programs"),
+               "BootstrapLike_51L.tar.xz")
 LIMB = 4  # bytes per residue
 
 
@@ -349,10 +350,7 @@ def time_peer(n: int, repeats: int) -> list[dict]:
     rt = cp.cuda.runtime
     for a, b in ((0, 1), (1, 0)):
         with cp.cuda.Device(a):
-            try:
-                rt.deviceEnablePeerAccess(b)
-            except rt.CUDARuntimeError:
-                pass  # already enabled
+            rt._deviceEnsurePeerAccess(b)  # enabled, or already
     size = max(TRANSPORT_LIMBS) * n
     buf = []
     for d in (0, 1):
@@ -389,7 +387,10 @@ def time_peer(n: int, repeats: int) -> list[dict]:
                         with cp.cuda.Device(d):
                             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
                             e0.record(streams[d])
-                            graphs[d].launch(streams[d]) if graph else issue(d)
+                            if graph:
+                                graphs[d].launch(streams[d])
+                            else:
+                                issue(d)
                             e1.record(streams[d])
                             ev[d] = (e0, e1)
                     for d, (e0, e1) in ev.items():

@@ -366,7 +366,7 @@ def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
             finally:
                 graph = stream.end_capture()
         floor = time_runs(lambda: graph.launch(stream), stream, repeats).median_ms
-        del graph
+        graph = None  # (its memory back before the stamped graphs)
         gap = float(np.median(np.diff(_graph_stamps(stream, lambda mark: [mark() for _ in range(65)], 65))))
 
         def body(mark):
@@ -376,7 +376,7 @@ def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
         at = _graph_stamps(stream, body, len(run.calls) + 1)
         call_us = [1e3 * max(at[i + 1] - at[i] - gap, 0.0) for i in range(len(run.calls))]
         out.append((floor, measured_timeline(run, schedule, call_us, ctx.n)))
-        del run
+        run = None  # the arena back before the next device's
         cp.get_default_memory_pool().free_all_blocks()
     return out
 

@@ -71,7 +71,8 @@ class StreamLauncher:
         import cupy as cp
 
         self.schedule = schedule
-        last, top = schedule.n_streams - 1, cp.cuda.runtime.deviceGetStreamPriorityRange()[1] if comm_first else None
+        # cudaStreamCreateWithPriority clamps a priority beyond the device's range to its greatest (lowest number).
+        last, top = schedule.n_streams - 1, -(1 << 20) if comm_first else None
         self.streams = [origin] + [cp.cuda.Stream(non_blocking=True, priority=top if s == last else None)
                                    for s in range(1, schedule.n_streams)]
         self.events = [cp.cuda.Event(disable_timing=True) for _ in range(schedule.n_events)]

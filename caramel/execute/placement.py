@@ -3,8 +3,9 @@
 Chips map onto G <= K devices in contiguous blocks (:func:`placement`). A device runs its chips'
 kernels merged by level; a communication among chips of ONE device is a local copy or a local
 modular sum; otherwise the device-level collective (:class:`DeviceOp`) runs among the devices
-involved, after local partial sums, and is followed by local copies and ``% q`` (of a sum of two
-contributions or more: one arrives as it was sent, as the reference copies it) (:func:`device_comm_step`). The collectives themselves and their global order come from
+involved, after local partial sums, and is followed by local copies and ``% q`` of a sum of two
+contributions or more (one arrives as it was sent, as the reference copies it; :func:`device_comm_step`).
+The collectives themselves and their global order come from
 :func:`caramel.plan.collectives.plan_collectives`.
 
 A device's :class:`DeviceProgram` has one arena: the rows of each hosted chip (its own
