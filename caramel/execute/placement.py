@@ -201,8 +201,7 @@ def contiguous_rows(rows_of: dict[int, np.ndarray], base: int, steps) -> dict[in
                         continue
                     for r in side:
                         new[r] = len(new)
-    rest = (r for r in range(base) if r not in new)
-    for r in rest:
+    for r in [r for r in range(base) if r not in new]:
         new[r] = len(new)
     perm = np.array([new[r] for r in range(base)], dtype=np.int64)
     return {c: np.where(r >= 0, perm[np.maximum(r, 0)], -1) for c, r in rows_of.items()}

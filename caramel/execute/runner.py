@@ -3,11 +3,13 @@
 :class:`DeviceRun` takes one device's :class:`~caramel.execute.placement.DeviceProgram` (the chips
 it hosts, merged by level, with their communication steps), writes the inputs, zero rows and
 scalar table into the backend's arena and lowers every kernel to one backend call
-(:func:`lower_kernel`) and every communication step to local sums, copies through staging rows,
-ONE fabric group call and ``% q``. The same object runs in order on one stream (:meth:`run`),
-task by task for several streams (:meth:`schedule`, :meth:`run_task`, :mod:`caramel.plan.streams`)
-or captured into a CUDA graph; the drivers (``drive``, ``cuda_graph``, ``distributed``) decide how
-many devices and which fabric.
+(:func:`lower_kernel`) and every communication step to local sums, copies through staging rows
+(only for calls whose rows are not laid out contiguously), ONE fabric group call and ``% q``. The same
+object runs in order on one stream (:meth:`run`), task by task for several streams (:meth:`schedule`,
+:meth:`run_task`, :mod:`caramel.plan.streams`) or captured into a CUDA graph; the drivers (``drive``,
+``cuda_graph``, ``distributed``) decide how many devices and which fabric. :func:`step_task`,
+:func:`schedule_tasks` and :func:`comm_work` give the same tasks, schedule and communication without a
+backend (:mod:`caramel.timeline`).
 """
 
 from __future__ import annotations
