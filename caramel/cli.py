@@ -580,7 +580,8 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     from caramel.options import RunOptions
 
     options = RunOptions(n=args.n, mode=args.mode, seed=args.seed, backend=args.backend, streams=args.streams)
-    result = profile_scaling(args.program, args.gpus, options, repeats=args.repeats, warmup=args.warmup, log=log)
+    result = profile_scaling(args.program, args.gpus, options, repeats=args.repeats, warmup=args.warmup, log=log,
+                             predict_only=args.predict_only)
     if args.throughput:
         from caramel.batch import measure_throughput
         from caramel.parse import load_program
@@ -776,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "file's extension; needs matplotlib: pip install 'caramel-fhe[plot]')")
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
+    p.add_argument("--predict-only", action="store_true", help="with --gpus: no run on G devices, only the timeline "
+                   "model's prediction (docs/MULTI_GPU.md)")
     p.add_argument("--throughput", action="store_true", help="instances per second: served (ciphertexts encrypted "
                    "ahead, plaintexts and scalars shared and resident) and end to end (every input drawn per "
                    "instance), --repeats instances each, and where an instance's time goes; with --gpus: the "

@@ -183,14 +183,14 @@ def scaling_document(result) -> dict[str, Any]:
     """``caramel profile FAMILY --gpus ... --json``: one entry per device count (the table's
     figures), the throughput points when measured, ``timings_s`` (median run per G) and the environment."""
     points = []
-    for p in result.points:
+    for p in result.points:  # a point not measured (a prediction alone): speedup and efficiency None
         s = result.speedup(p)
-        points.append({**asdict(p), "speedup": s, "efficiency": s / p.gpus})
+        points.append({**asdict(p), "speedup": s, "efficiency": None if s is None else s / p.gpus})
     body = {"family": result.family, "n": result.n, "mode": result.mode, "backend": result.backend,
             "devices": [p.gpus for p in result.points], "device": result.device, "clock": result.clock,
             "date": result.date, "points": points,
             "throughput": [asdict(t) for t in getattr(result, "throughput", [])],
-            "timings_s": {f"{p.gpus} devices": p.median_ms / 1e3 for p in result.points}}
+            "timings_s": {f"{p.gpus} devices": p.median_ms / 1e3 for p in result.points if p.median_ms is not None}}
     return document("scaling", body)
 
 

@@ -1,14 +1,23 @@
 """``caramel profile FAMILY --gpus 1,2,4,8``: one program family compiled for 1, 2, 4 and 8 chips,
-each run on as many devices; a table, a PNG plot of the scaling curve and a Chrome trace.
+each run on as many devices; a table, a PNG plot of the scaling curve and a Chrome trace, with the
+timeline model's prediction (:mod:`caramel.timeline`) beside every measured replay.
 
 For every G: the G-chip program runs on G devices (``gpu``: :class:`~caramel.execute.cuda_graph.MultiGpuRun`,
 one CUDA graph per GPU, timed with CUDA events, the slowest GPU per replay; ``cpu-plan``: the
 same device programs on NumPy in host threads over the fake fabric, wall clock, which checks the
 machinery but shows no speedup). Then one instrumented eager run records every call per device,
 for the trace. The busiest device's time splits into compute and communication: on the GPU,
-compute is its program replayed as a graph without collectives (:func:`compute_only_ms`) and
+compute is its program replayed as a graph without collectives (:func:`device_profiles`) and
 communication the replay minus that; on the CPU, the instrumented run's collectives (including
 waiting for peers). Speedup = t(1) / t(G), efficiency = speedup / G.
+
+The prediction: on the GPU, each device's program alone on the current GPU (one after another, no
+collectives): its kernels timed one by one (clock stamps in a one-stream graph) and its floor on the
+run's streams (the compute sharing of :func:`caramel.timeline.simulate` fitted to it); the collectives
+priced by :data:`caramel.timeline.FIRST_FIT`. So a G larger than the GPUs present (or every G with
+``predict_only``) still gets its prediction and its devices' floors, and no replay: it is marked as a
+prediction, never as a measurement. On ``cpu-plan`` the prediction is for an H200 from the kernel cost
+estimates (:func:`caramel.plan.cost.estimate_us`), beside a wall clock it does not predict.
 
 A family is a path prefix: ``programs/Mul_10L`` names ``programs/Mul_10L_<G>c``; an archive
 ``BootstrapLike_51L.tar.xz`` names its members ``BootstrapLike_51L_<G>c``.
@@ -30,20 +39,35 @@ from caramel.ring import Context, Mode
 
 @dataclass
 class ScalingPoint:
-    """One G: the G-chip program on G devices."""
+    """One G: the G-chip program on G devices. The measured fields are None where the G-device run did not
+    run (fewer devices present, or ``predict_only``); the ``predicted_*`` ones are the timeline model's."""
 
     program: str
     gpus: int
-    median_ms: float
-    min_ms: float
-    max_ms: float
+    replay_ms: float | None  # the median replay
+    min_ms: float | None
+    max_ms: float | None
     repeats: int
-    collectives: int  # the most device collectives that one device issues
-    comm_bytes: int  # bytes sent by all devices (N residues of 4 bytes per limb)
-    compute_ms: float  # busiest device (see the module docstring)
-    comm_ms: float
+    collectives: int  # the most collective calls that one device issues
+    bytes: int  # sent by all devices (N residues of 4 bytes per limb)
+    compute_floor_ms: float | None  # busiest device (see the module docstring)
+    comm_wait_ms: float | None  # the replay minus that: communication and waiting
     digest: str = ""
     setup_s: float = 0.0
+    predicted_ms: float | None = None
+    predicted_floor_ms: float | None = None
+    predicted_comm_wait_ms: float | None = None
+    prediction: str = ""  # what the prediction was made from
+
+    @property
+    def measured(self) -> bool:
+        return self.replay_ms is not None
+
+    # The names of the table's columns before the model (scripts and reports use them).
+    median_ms = property(lambda self: self.replay_ms)
+    compute_ms = property(lambda self: self.compute_floor_ms)
+    comm_ms = property(lambda self: self.comm_wait_ms)
+    comm_bytes = property(lambda self: self.bytes)
 
 
 @dataclass
@@ -61,9 +85,19 @@ class ScalingResult:
     trace: list[tuple] = field(default_factory=list)
     throughput: list = field(default_factory=list)  # caramel.batch.ThroughputPoint per G (--throughput)
 
-    def speedup(self, p: ScalingPoint) -> float:
-        base = next((q for q in self.points if q.gpus == 1), self.points[0])
-        return base.median_ms * base.gpus / p.median_ms if p.median_ms else 0.0
+    def speedup(self, p: ScalingPoint) -> float | None:
+        """Measured speedup over the fewest devices measured (None: ``p`` or every point not measured)."""
+        base = next((q for q in self.points if q.measured), None)
+        if base is None or not p.measured or not p.replay_ms:
+            return None
+        return base.replay_ms * base.gpus / p.replay_ms
+
+    def predicted_speedup(self, p: ScalingPoint) -> float | None:
+        """The model's speedup over its own prediction for the fewest devices (a prediction)."""
+        base = next((q for q in self.points if q.predicted_ms), None)
+        if base is None or not p.predicted_ms:
+            return None
+        return base.predicted_ms * base.gpus / p.predicted_ms
 
 
 def family_member(family: str, chips: int) -> str:
@@ -78,21 +112,34 @@ def family_member(family: str, chips: int) -> str:
 def render_scaling(result: ScalingResult) -> str:
     from caramel.profile import _table
 
-    head = ("GPUs", "program", "median ms", "min ms", "max ms", "speedup", "efficiency", "MiB sent",
-            "collectives", "compute ms", "comm ms")
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    head = ("GPUs", "program", "median ms", "min ms", "max ms", "speedup", "efficiency", "predicted ms",
+            "MiB sent", "collectives", "compute ms", "comm ms")
     rows = []
     for p in result.points:
         s = result.speedup(p)
-        rows.append((str(p.gpus), p.program, f"{p.median_ms:.2f}", f"{p.min_ms:.2f}", f"{p.max_ms:.2f}",
-                     f"{s:.2f}x", f"{s / p.gpus:.0%}", f"{p.comm_bytes / 2**20:.1f}", str(p.collectives),
-                     f"{p.compute_ms:.2f}", f"{p.comm_ms:.2f}"))
+        rows.append((str(p.gpus), p.program + ("" if p.measured else " (not run)"), ms(p.replay_ms), ms(p.min_ms),
+                     ms(p.max_ms), "-" if s is None else f"{s:.2f}x", "-" if s is None else f"{s / p.gpus:.0%}",
+                     ms(p.predicted_ms), f"{p.bytes / 2**20:.1f}", str(p.collectives),
+                     ms(p.compute_floor_ms if p.compute_floor_ms is not None else p.predicted_floor_ms),
+                     ms(p.comm_wait_ms if p.comm_wait_ms is not None else p.predicted_comm_wait_ms)))
     title = (f"{result.family}: N = {result.n}, mode {result.mode}, backend {result.backend} ({result.device}), "
              f"{result.clock}, {result.date}")
     notes = ("compute ms: " + ("the busiest device's program replayed as a graph without its collectives; comm ms: "
                                "the replay minus that (communication and waiting)" if result.backend == "gpu" else
                                "the busiest device in one instrumented run; comm ms: its collectives, including "
-                               "waiting for its peers") + "; collectives: the most that one device issues")
+                               "waiting for its peers") + "; collectives: the most calls that one device issues")
     lines = [title, "", _table(head, rows), "", notes]
+    predicted = [p for p in result.points if p.predicted_ms is not None]
+    if predicted:
+        lines.append("predicted ms: a PREDICTION of the timeline model (caramel.timeline), not a measurement; "
+                     f"{predicted[0].prediction}")
+        if any(not p.measured for p in result.points):
+            lines.append("rows marked (not run): no replay on that many devices here; their compute ms and comm ms "
+                         "are the model's" + (" (the floors are measured, each device alone on this GPU)"
+                                              if result.backend == "gpu" else ""))
     if result.throughput:  # program-level parallelism: the 1-chip program, one instance per device
         trows = [(str(t.gpus), t.program, str(t.instances), f"{t.wall_s:.3f}", f"{t.per_second:.2f}",
                   f"{t.speedup:.2f}x", f"{t.efficiency:.0%}") for t in result.throughput]
@@ -116,20 +163,23 @@ def plot_format(path) -> str:
 def bar_split(p: ScalingPoint) -> tuple[float, float]:
     """(compute, communication) of the busiest device, scaled so that they add up to the replay's
     median: the proportion compute : communication as measured (see the module docstring),
-    applied to the replay time it explains."""
-    total = p.compute_ms + p.comm_ms
+    applied to the replay time it explains (a point not measured: (0, 0))."""
+    if not p.measured:
+        return 0.0, 0.0
+    total = (p.compute_floor_ms or 0.0) + (p.comm_wait_ms or 0.0)
     if total <= 0:
-        return p.median_ms, 0.0
-    compute = p.median_ms * p.compute_ms / total
-    return compute, p.median_ms - compute
+        return p.replay_ms, 0.0
+    compute = p.replay_ms * p.compute_floor_ms / total
+    return compute, p.replay_ms - compute
 
 
 def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ()) -> None:
     """Save the scaling curve to ``path`` (PNG, PDF or SVG by extension) with matplotlib's object
     API (a :class:`~matplotlib.figure.Figure`, never the global backend): left, the replay time per
     device count as stacked compute + communication bars that add up to the replay (median, with
-    its min-max range); right, the speedup on log2 axes, where the ideal line (speedup = G) is
-    straight. ``targets``: optional (G, speedup) points drawn as a target line."""
+    its min-max range; none where not measured) and the timeline model's prediction as open markers;
+    right, the speedup on log2 axes, where the ideal line (speedup = G) is straight, measured and
+    predicted (dashed). ``targets``: optional (G, speedup) points drawn as a target line."""
     fmt = plot_format(path)
     from matplotlib.figure import Figure
 
@@ -140,12 +190,22 @@ def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float
     split = [bar_split(p) for p in result.points]
     a.bar(x, [c for c, _ in split], 0.6, label="compute (busiest device)")
     a.bar(x, [m for _, m in split], 0.6, bottom=[c for c, _ in split], label="communication and waiting")
-    a.errorbar(x, [p.median_ms for p in result.points],
-               yerr=[[p.median_ms - p.min_ms for p in result.points], [p.max_ms - p.median_ms for p in result.points]],
-               fmt="none", ecolor="black", capsize=4, label="replay min-max")
+    run = [(i, p) for i, p in enumerate(result.points) if p.measured]
+    if run:
+        a.errorbar([i for i, _ in run], [p.replay_ms for _, p in run],
+                   yerr=[[p.replay_ms - p.min_ms for _, p in run], [p.max_ms - p.replay_ms for _, p in run]],
+                   fmt="none", ecolor="black", capsize=4, label="replay min-max")
+    pred = [(i, p) for i, p in enumerate(result.points) if p.predicted_ms is not None]
+    if pred:
+        a.plot([i for i, _ in pred], [p.predicted_ms for _, p in pred], "D", mfc="none", color="black",
+               label="predicted (timeline model)")
     a.set(xlabel="devices", ylabel="ms per run", xticks=x, xticklabels=[str(v) for v in g], title="time per run")
     a.legend(fontsize=7)
-    b.plot(g, [result.speedup(p) for p in result.points], "o-", label="latency (G-chip program)")
+    if run:
+        b.plot([p.gpus for _, p in run], [result.speedup(p) for _, p in run], "o-", label="latency (G-chip program)")
+    if pred:
+        b.plot([p.gpus for _, p in pred], [result.predicted_speedup(p) for _, p in pred], "D--", mfc="none",
+               label="latency, predicted")
     if result.throughput:
         b.plot([t.gpus for t in result.throughput], [t.speedup for t in result.throughput], "D-",
                label="throughput (1-chip program)")
@@ -187,15 +247,16 @@ def call_collectives(dev_run) -> dict[int, tuple[tuple[int, int], ...]]:
 
 
 def comm_figures(progs, n: int) -> tuple[int, int]:
-    """The most device collectives that one device program issues, and the bytes that all of them
-    send (a BROADCAST from its root, a REDUCE contribution from every other member: N residues of
-    4 bytes per limb)."""
-    from caramel.execute.placement import CommStep
+    """The most collective calls that one device program issues (the limbs that one root sends in a step go in one
+    call, :func:`~caramel.execute.placement.pack`), and the bytes that all devices send (a BROADCAST from its root,
+    a REDUCE contribution from every other member: N residues of 4 bytes per limb)."""
+    from caramel.execute.placement import CommStep, pack
     from caramel.plan.collectives import CollectiveKind
 
+    calls = [sum(len(pack(s.ops)) for s in p.steps if isinstance(s, CommStep)) for p in progs]
     ops = [[o for s in p.steps if isinstance(s, CommStep) for o in s.ops] for p in progs]
     sent = sum((o.kind is CollectiveKind.BROADCAST) == (o.root == p.device) for p, os in zip(progs, ops) for o in os)
-    return max(map(len, ops), default=0), sent * 4 * n
+    return max(calls, default=0), sent * 4 * n
 
 
 def scaling_trace(result: ScalingResult) -> dict:
@@ -272,12 +333,83 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     return out
 
 
+def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, streams: int = 1, *,
+                    comm_stream: bool = True):
+    """Each device program of a ``devices``-device run, alone on the current GPU, one after another, without its
+    collectives: per device (its floor in ms: its program replayed as a graph on ``streams`` streams like the run,
+    as :func:`compute_only_ms`; its :class:`~caramel.timeline.DeviceTimeline`: every call timed by clock stamps in a
+    one-stream graph, on the run's stream schedule). The inputs of the timeline model's prediction.
+    ``comm_stream``: whether the schedule keeps a stream for communication (False: as a 1-chip
+    :class:`~caramel.execute.cuda_graph.GpuRun`)."""
+    import cupy as cp
+
+    from caramel.backends.cuda.backend import CupyBackend
+    from caramel.execute.cuda_graph import StreamLauncher, launch_device
+    from caramel.execute.placement import gpu_device_programs
+    from caramel.execute.runner import DeviceRun
+    from caramel.execute.timing import time_runs
+    from caramel.profile import _graph_stamps
+    from caramel.timeline import measured_timeline
+
+    out = []
+    for prog in gpu_device_programs(plan, devices, ctx, streams):
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend)
+            run.run(collectives=False)  # compiles kernels, uploads index arrays
+            schedule = run.schedule(streams, comm_stream=comm_stream)
+            launcher = StreamLauncher(schedule, stream) if streams > 1 else None
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                launch_device(run, launcher, collectives=False)
+            finally:
+                graph = stream.end_capture()
+        floor = time_runs(lambda: graph.launch(stream), stream, repeats).median_ms
+        graph = None  # (its memory back before the stamped graphs)
+        gap = float(np.median(np.diff(_graph_stamps(stream, lambda mark: [mark() for _ in range(65)], 65))))
+
+        def body(mark):
+            mark()
+            run.run(lambda i: mark(), collectives=False)
+
+        at = _graph_stamps(stream, body, len(run.calls) + 1)
+        call_us = [1e3 * max(at[i + 1] - at[i] - gap, 0.0) for i in range(len(run.calls))]
+        out.append((floor, measured_timeline(run, schedule, call_us, ctx.n)))
+        run = None  # the arena back before the next device's
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def predict(progs, n: int, streams: int, measured: Sequence | None = None):
+    """The timeline model's replay of ``progs`` (the device programs of one run) on ``streams`` streams a device:
+    from ``measured`` (:func:`device_profiles`' (floor ms, timeline) per device: the compute sharing fitted to the
+    floors) or, without, from the kernel cost estimates of :mod:`caramel.plan.cost`. Returns the
+    :class:`~caramel.timeline.Replay` and a line saying what it was made from."""
+    from caramel.timeline import FIRST_FIT, OVERLAP, device_timelines, fit_overlap, simulate
+
+    if measured is None:
+        timelines = device_timelines(progs, n, streams)
+        how = "kernel times: the cost estimates of caramel.plan.cost (H200 kernels)"
+        overlap = OVERLAP
+    else:
+        timelines = [tl for _, tl in measured]
+        fits = [f for f in (fit_overlap(tl, 1e3 * floor) for floor, tl in measured) if f is not None]
+        overlap = float(np.median(fits)) if fits else OVERLAP
+        how = ("kernel times: each device's program alone on this GPU, stamped call by call; compute sharing "
+               "fitted to its floors")
+    replay = simulate(timelines, FIRST_FIT, overlap=overlap)
+    return replay, f"{how}; overlap {overlap:.2f}; collectives: {FIRST_FIT.name}"
+
+
 def profile_scaling(family: str, gpus: Sequence[int], options=None, *, repeats: int = 10, warmup: int = 1,
-                    log: Callable[[str], None] = lambda s: None, **fields) -> ScalingResult:
-    """Run and time ``family`` on each device count of ``gpus`` (see the module docstring).
-    ``options``: a :class:`~caramel.options.RunOptions` or its fields (``n``, ``mode``, ``seed``,
-    ``backend``: ``gpu``, ``cpu-plan`` or ``auto``; ``streams`` per device, default the multi-GPU
-    executor's; ``kernels``)."""
+                    log: Callable[[str], None] = lambda s: None, predict_only: bool = False,
+                    **fields) -> ScalingResult:
+    """Run and time ``family`` on each device count of ``gpus`` (see the module docstring), with the
+    timeline model's prediction of each; a G of more GPUs than present, or every G with
+    ``predict_only``, gets the prediction alone. ``options``: a :class:`~caramel.options.RunOptions`
+    or its fields (``n``, ``mode``, ``seed``, ``backend``: ``gpu``, ``cpu-plan`` or ``auto``;
+    ``streams`` per device, default the multi-GPU executor's; ``kernels``)."""
     from caramel.options import RunOptions
 
     opts = RunOptions.of(options, **fields)
@@ -286,6 +418,7 @@ def profile_scaling(family: str, gpus: Sequence[int], options=None, *, repeats: 
     from caramel.api import output_digest, prepare_inputs
     from caramel.ckks.keyset import generate_keyset
     from caramel.execute.drive import HostRun
+    from caramel.execute.placement import device_programs
     from caramel.parse import load_program
     from caramel.plan import build_plan
     from caramel.validate import validate
@@ -299,15 +432,17 @@ def profile_scaling(family: str, gpus: Sequence[int], options=None, *, repeats: 
     if backend not in ("gpu", "cpu-plan"):
         raise CaramelError(f"scaling profiles run on gpu or cpu-plan, not {backend!r}")
     device, clock = "host threads (NumPy)", "wall clock"
+    present = max(gpus)  # simulated devices: as many as asked
     if backend == "gpu":
         import cupy as cp
 
         from caramel.profile import _gpu_device
 
         present = cp.cuda.runtime.getDeviceCount()
-        if max(gpus) > present:
-            raise CaramelError(f"--gpus {','.join(map(str, gpus))} asks for {max(gpus)} GPUs; this machine has {present}")
         device, clock = f"{_gpu_device()}", "cuda events"
+        if max(gpus) > present and not predict_only:
+            log(f"--gpus {','.join(map(str, gpus))}: this machine has {present} GPU(s); larger counts are predicted, "
+                "not run")
     ctx = Context(n=n)
     mode = Mode(mode)
     points, trace = [], []
@@ -321,46 +456,59 @@ def profile_scaling(family: str, gpus: Sequence[int], options=None, *, repeats: 
             raise CaramelError(f"{path} is compiled for {program.chips} chips, expected {g}")
     for g in progress(gpus, desc=f"scaling {Path(family).name}", unit="G"):
         program = programs.pop(g)
-        memory = prepare_inputs(program, ctx, generate_keyset(program, ctx, opts.keys_seed), seed).memory
         plan = build_plan(program)
-        t0 = time.perf_counter()
-        with nvtx_range(f"caramel {g} devices: setup and capture"):
-            if backend == "gpu":
-                from caramel.execute.cuda_graph import MultiGpuRun
+        measure = not predict_only and g <= present
+        memory = (prepare_inputs(program, ctx, generate_keyset(program, ctx, opts.keys_seed), seed).memory
+                  if measure or backend == "gpu" else None)
+        progs = device_programs(plan, g, ctx.primes, reuse="none", keep_inputs=True)  # as a GPU run lays them out
+        t = digest = None
+        setup = 0.0
+        split = (None, None)  # (compute, communication) of the busiest device
+        if measure:
+            t0 = time.perf_counter()
+            with nvtx_range(f"caramel {g} devices: setup and capture"):
+                if backend == "gpu":
+                    from caramel.execute.cuda_graph import MultiGpuRun
 
-                run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams, **extra)
-                run.capture()
-            else:
-                run = HostRun(plan, ctx, memory, mode, g, timeout=600.0, streams=streams, seed=seed)
-        setup = time.perf_counter() - t0
-        try:
-            with nvtx_range(f"caramel {g} devices: {repeats} timed replays"):
-                t = run.time(repeats, warmup)
-            digest = output_digest(program, run.result().memory)
-            with nvtx_range(f"caramel {g} devices: instrumented run"):
-                marks = run.instrument()
-        finally:
-            run.close()
-        progs = run.progs
-        split = (0.0, 0.0)  # (compute, communication) of the busiest device
-        for d, (dev_run, m) in enumerate(zip(run.runs, marks)):
-            comm = sum(dur for i, _, dur in m if dev_run.is_comm(i))
-            total = sum(dur for _, _, dur in m)
-            split = max(split, (total - comm, comm), key=sum)
-            stream_of, keys_of = call_streams(dev_run, streams), call_collectives(dev_run)
-            trace += [(g, d, dev_run.labels[i], dev_run.is_comm(i), start, dur, stream_of[i], keys_of.get(i, ()))
-                      for i, start, dur in m]
-        if backend == "gpu":  # graph replays without collectives, not the eager instrumented run
+                    run = MultiGpuRun(plan, ctx, memory, mode, g, streams=streams, **extra)
+                    run.capture()
+                else:
+                    run = HostRun(plan, ctx, memory, mode, g, timeout=600.0, streams=streams, seed=seed)
+            setup = time.perf_counter() - t0
+            try:
+                with nvtx_range(f"caramel {g} devices: {repeats} timed replays"):
+                    t = run.time(repeats, warmup)
+                digest = output_digest(program, run.result().memory)
+                with nvtx_range(f"caramel {g} devices: instrumented run"):
+                    marks = run.instrument()
+            finally:
+                run.close()
+            busiest = (0.0, 0.0)
+            for d, (dev_run, m) in enumerate(zip(run.runs, marks)):
+                comm = sum(dur for i, _, dur in m if dev_run.is_comm(i))
+                total = sum(dur for _, _, dur in m)
+                busiest = max(busiest, (total - comm, comm), key=sum)
+                stream_of, keys_of = call_streams(dev_run, streams), call_collectives(dev_run)
+                trace += [(g, d, dev_run.labels[i], dev_run.is_comm(i), start, dur, stream_of[i], keys_of.get(i, ()))
+                          for i, start, dur in m]
+            split = busiest
             del run
-            floor = max(compute_only_ms(plan, ctx, memory, mode, g, repeats, streams))
-            split = (floor, max(0.0, t.median_ms - floor))
-        points.append(ScalingPoint(program.name, g, t.median_ms, t.min_ms, t.max_ms, t.repeats,
-                                   *comm_figures(progs, n),
-                                   split[0], split[1], digest, setup))
-        log(f"{g} device(s): {t}; setup {setup:.1f} s; digest {digest[:16]}")
+        profiles = None
+        if backend == "gpu":  # graph replays without collectives, not the eager instrumented run
+            with nvtx_range(f"caramel {g} devices: each device alone, for the floors and the model"):
+                profiles = device_profiles(plan, ctx, memory, mode, g, repeats, streams)
+            floor = max(f for f, _ in profiles)
+            split = (floor, max(0.0, t.median_ms - floor) if t is not None else None)
+        replay, how = predict(progs, n, streams, profiles)
+        points.append(ScalingPoint(
+            program.name, g, t.median_ms if t else None, t.min_ms if t else None, t.max_ms if t else None,
+            t.repeats if t else 0, *comm_figures(progs, n), split[0], split[1], digest or "", setup,
+            replay.predicted_ms, replay.compute_floor_ms, replay.comm_wait_ms, how))
+        log(f"{g} device(s): " + (f"{t}; setup {setup:.1f} s; digest {digest[:16]}; " if t else "not run; ")
+            + f"predicted {replay.predicted_ms:.2f} ms (a prediction)")
     return ScalingResult(family, n, mode.value, backend, device, clock,
                          time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), points, trace)
 
 
-__all__ = ["ScalingPoint", "ScalingResult", "compute_only_ms", "family_member", "plot_scaling", "profile_scaling", "render_scaling",
-           "scaling_trace"]
+__all__ = ["ScalingPoint", "ScalingResult", "compute_only_ms", "device_profiles", "family_member", "plot_scaling",
+           "predict", "profile_scaling", "render_scaling", "scaling_trace"]

@@ -27,18 +27,73 @@ def test_each_point_has_the_digest_of_run_with_the_same_seed(tmp_path):
         assert point.digest != run_program(member, n=256, backend="cpu", seed=4, check=None).digest
 
 
-@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="Mul_4L_2c not in the corpus")
-def test_comm_figures_count_the_device_collectives_and_their_limbs():
-    """On one device a plan needs no collective; on two, each of Mul_4L_2c's collectives sends one limb."""
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "MulRotate_10L_4c").is_dir(), reason="MulRotate_10L_4c not in the corpus")
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_comm_figures_count_the_calls_and_bytes_the_fabric_sees(devices):
+    """comm_figures: the most calls one device issues and the bytes all devices send, as the in-process fabric
+    logs them in a run (one device: none)."""
+    from caramel.ckks.check import check_path, prepare_check
+    from caramel.execute.drive import run_on_devices
+    from caramel.execute.fabric.threads import FakeNetwork
     from caramel.execute.placement import device_programs
     from caramel.plan import build_plan
+    from caramel.plan.collectives import CollectiveKind
     from caramel.ring import Context
     from caramel.scaling import comm_figures
 
-    plan, primes = build_plan(load_program(SHARED_PROGRAMS / "Mul_4L_2c", progress=False)), Context(n=256).primes
-    assert comm_figures(device_programs(plan, 1, primes), 256) == (0, 0)
-    count, sent = comm_figures(device_programs(plan, 2, primes), 256)
-    assert count > 0 and sent == count * 4 * 256
+    program = load_program(SHARED_PROGRAMS / "MulRotate_10L_4c", progress=False)
+    plan, ctx = build_plan(program), Context(n=1024)
+    memory = prepare_check(check_path(program.name), program, ctx, rng=3).memory
+    net = FakeNetwork(devices)
+    run_on_devices(plan, ctx, memory, devices=devices, network=net)
+    calls = max(sum(len(g) for g in log) for log in net.log)
+    sent = sum(op.rows for d, log in enumerate(net.log) for g in log for op in g
+               if (op.kind is CollectiveKind.BROADCAST) == (op.root == d))
+    assert comm_figures(device_programs(plan, devices, ctx.primes), ctx.n) == (calls, sent * 4 * ctx.n)
+    assert (calls > 0) == (devices > 1)
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="Mul_4L_1c/2c/4c not in the corpus")
+def test_every_point_has_a_prediction_beside_its_replay(tmp_path):
+    from caramel.scaling import render_scaling
+
+    for g in (1, 2, 4):
+        (tmp_path / f"Mul_4L_{g}c").symlink_to(SHARED_PROGRAMS / f"Mul_4L_{g}c")
+    result = profile_scaling(str(tmp_path / "Mul_4L"), [1, 2, 4], n=256, seed=3, repeats=1, backend="cpu-plan")
+    for p in result.points:
+        assert p.measured and p.replay_ms > 0 and p.digest
+        assert p.predicted_ms >= p.predicted_floor_ms > 0 and p.predicted_comm_wait_ms >= 0
+        assert "cost estimates" in p.prediction
+    assert result.points[0].predicted_comm_wait_ms == 0 and result.points[2].predicted_comm_wait_ms > 0
+    text = render_scaling(result)
+    assert "a PREDICTION of the timeline model" in text and "(not run)" not in text
+
+
+@pytest.mark.skipif(not (SHARED_PROGRAMS / "Mul_4L_2c").is_dir(), reason="Mul_4L_1c/2c not in the corpus")
+def test_predict_only_runs_nothing_and_says_so(tmp_path, monkeypatch):
+    """--predict-only: no keys, no inputs, no run; every point a prediction, its measured figures None (JSON null),
+    the table's measured columns '-'."""
+    import json
+
+    import caramel.api
+    from caramel.results import json_text, scaling_document
+    from caramel.scaling import render_scaling
+
+    for g in (1, 2):
+        (tmp_path / f"Mul_4L_{g}c").symlink_to(SHARED_PROGRAMS / f"Mul_4L_{g}c")
+    monkeypatch.setattr(caramel.api, "prepare_inputs", lambda *a, **k: pytest.fail("inputs prepared"))
+    result = profile_scaling(str(tmp_path / "Mul_4L"), [1, 2], n=256, repeats=1, backend="cpu-plan",
+                             predict_only=True)
+    assert [p.measured for p in result.points] == [False, False]
+    doc = json.loads(json_text(scaling_document(result)))
+    for p in doc["points"]:
+        assert p["replay_ms"] is None and p["compute_floor_ms"] is None and p["speedup"] is None
+        assert p["predicted_ms"] > 0 and p["digest"] == ""
+    assert {"replay_ms", "predicted_ms", "compute_floor_ms", "comm_wait_ms", "collectives", "bytes"} <= set(
+        doc["points"][1])
+    assert doc["points"][1]["collectives"] > 0 and doc["points"][1]["bytes"] > 0 and doc["timings_s"] == {}
+    text = render_scaling(result)
+    assert "Mul_4L_2c (not run)" in text and "not a measurement" in text
 
 
 def test_a_missing_member_fails_before_any_point_runs(tmp_path, monkeypatch):

@@ -64,13 +64,18 @@ class StreamLauncher:
     """Issues the tasks of a :class:`~caramel.plan.streams.StreamSchedule` on CUDA streams: the
     ``origin`` stream (stream 0, where the run's earlier work is) and ``n_streams - 1`` new ones,
     with one event per waited-for task, all created now (on the current device, before any
-    capture)."""
+    capture). ``comm_first``: the last stream (a device's communication) gets the device's greatest
+    priority, so that its copies and NCCL kernels go before waiting kernels (eager runs; a graph keeps
+    the nodes' priorities only when instantiated with ``cudaGraphInstantiateFlagUseNodePriority``)."""
 
-    def __init__(self, schedule, origin):
+    def __init__(self, schedule, origin, comm_first: bool = False):
         import cupy as cp
 
         self.schedule = schedule
-        self.streams = [origin] + [cp.cuda.Stream(non_blocking=True) for _ in range(schedule.n_streams - 1)]
+        # cudaStreamCreateWithPriority clamps a priority beyond the device's range to its greatest (lowest number).
+        last, top = schedule.n_streams - 1, -(1 << 20) if comm_first else None
+        self.streams = [origin] + [cp.cuda.Stream(non_blocking=True, priority=top if s == last else None)
+                                   for s in range(1, schedule.n_streams)]
         self.events = [cp.cuda.Event(disable_timing=True) for _ in range(schedule.n_events)]
         self.fork = cp.cuda.Event(disable_timing=True)
 
@@ -181,7 +186,7 @@ class MultiGpuRun:
                             run.run(collectives=False)
                         if streams > 1:
                             sch = run.schedule(streams, comm_stream=self.comm_stream)
-                            self.launchers[d] = StreamLauncher(sch, stream)
+                            self.launchers[d] = StreamLauncher(sch, stream, comm_first=self.comm_stream)
                     stream.synchronize()
             return go
 

@@ -3,18 +3,24 @@
 Chips map onto G <= K devices in contiguous blocks (:func:`placement`). A device runs its chips'
 kernels merged by level; a communication among chips of ONE device is a local copy or a local
 modular sum; otherwise the device-level collective (:class:`DeviceOp`) runs among the devices
-involved, after local partial sums, and is followed by local copies and ``% q``
-(:func:`device_comm_step`). The collectives themselves and their global order come from
+involved, after local partial sums, and is followed by local copies and ``% q`` of a sum of two
+contributions or more (one arrives as it was sent, as the reference copies it; :func:`device_comm_step`).
+The collectives themselves and their global order come from
 :func:`caramel.plan.collectives.plan_collectives`.
 
 A device's :class:`DeviceProgram` has one arena: the rows of each hosted chip (its own
 :func:`~caramel.plan.assign_rows` map, shifted), then scratch rows for partial sums, one zero
 row that is never written, and staging rows. The hosted chips' kernels run merged by plan level; at
-each level the communication comes first, as one :class:`CommStep` (local sums, ONE group of
-device collectives, ``% q`` and copies; the limbs that one root sends in the step travel as one
-call through contiguous staging rows, :func:`pack`), then the level's kernels, chip by chip.
-Each chip keeps its own kernel order, so its row reuse stays valid. One device hosting every
-chip (G = 1) needs no collective at all: that is how a plan runs in one process.
+each level the communication comes first, in *parts* (:func:`comm_parts`: by the kernels that first
+read what the collectives bring, so that a kernel waits for the part it reads, not for the whole level),
+each one :class:`CommStep` (local sums, ONE group of device collectives, ``% q`` and copies; the limbs
+that one root sends in the step travel as one call over contiguous rows, :func:`pack`), then the level's
+kernels, chip by chip. With a row for every buffer (``reuse="none"``) the rows are laid out so that the
+limbs of each such call lie in contiguous rows in the call's order (:func:`contiguous_rows`) and the call
+uses them in place; otherwise (or where a buffer takes part in two calls) it goes through staging rows,
+gathered and scattered by a copy kernel each (:func:`staging_rows`). Each chip keeps its own kernel order,
+so its row reuse stays valid. One device hosting every chip (G = 1) needs no collective at all: that is
+how a plan runs in one process.
 """
 
 from __future__ import annotations
@@ -129,9 +135,17 @@ def device_comm_step(level: int, collectives: Sequence[Collective], device: int,
             partial = contributions[0] if contributions else ZERO
         recv = (col.root, dst[col.root]) if device == root_dev else None
         ops.append(DeviceOp(col.sync, col.kind, group, root_dev, partial, recv, col.prime))
-        if recv is not None:
+        if recv is not None and sum(b >= 0 for _, b in col.src) > 1:
+            # A sum of two limbs or more is reduced mod q; a single contribution (the others sourceless) arrives
+            # as it was sent, as the reference's joi copies its first contribution.
             mods.append(ModRows((recv,), col.prime))
     ops.sort(key=lambda o: (len(o.group), o.group, o.sync))
+    # Scratch rows renumbered in the order of the calls (pack): the partial sums of one call are contiguous.
+    order = [o.send for b in pack(ops) for o in b if o.send is not None and o.send[0] == -1]
+    renum = {ref: (-1, k) for k, ref in enumerate(order)}
+    if renum:
+        ops = [replace(o, send=renum.get(o.send, o.send)) for o in ops]
+        before = [replace(a, out=renum.get(a.out, a.out)) for a in before]
     return CommStep(level, tuple(before), tuple(ops), tuple(mods) + tuple(copies), scratch)
 
 
@@ -146,9 +160,51 @@ def pack(ops: Sequence[DeviceOp]) -> list[list[DeviceOp]]:
     return [sorted(b, key=lambda o: o.sync) for _, b in sorted(buckets.items())]
 
 
-def staging_rows(ops: Sequence[DeviceOp]) -> int:
-    """Staging rows that :func:`pack` needs for one step (buckets of one use the rows in place)."""
-    return sum(len(b) for b in pack(ops) if len(b) > 1)
+def bucket_sides(bucket: Sequence[DeviceOp], row) -> tuple[list[int] | None, list[int] | None]:
+    """The arena rows (``row(ref)``) that one call of :func:`pack` sends and receives on this device, in the call's
+    order; None for a side the device has no part in (every op of a bucket has the same sides)."""
+    sends = [row(o.send) for o in bucket if o.send is not None]
+    recvs = [row(o.recv) for o in bucket if o.recv is not None]
+    return (sends or None), (recvs or None)
+
+
+def in_place(rows: Sequence[int] | None) -> bool:
+    """Whether a call can use ``rows`` directly: none (that side unused), or consecutive ascending rows."""
+    return rows is None or list(rows) == list(range(rows[0], rows[0] + len(rows)))
+
+
+def staging_rows(ops: Sequence[DeviceOp], row=None) -> int:
+    """Staging rows that the calls of :func:`pack` need for one step: a call of one limb uses its rows in place,
+    and so does a call whose sent and received rows are each contiguous in its order (``row``: ref -> arena row;
+    None: as if none were)."""
+    need = 0
+    for b in pack(ops):
+        if len(b) > 1 and (row is None or not all(in_place(side) for side in bucket_sides(b, row))):
+            need += len(b)
+    return need
+
+
+def contiguous_rows(rows_of: dict[int, np.ndarray], base: int, steps) -> dict[int, np.ndarray]:
+    """``rows_of`` (each hosted chip's row of every buffer, rows 0..base-1 a buffer each) renumbered so that the
+    limbs of each call of :func:`pack` of more than one limb lie in contiguous rows in the call's order, on each
+    side (sent, received): the calls in program order each take the next rows for their buffers when none of them
+    has a row yet (a buffer in two calls keeps the first; the later call goes through staging rows); every other
+    buffer follows in its old order. A permutation of the rows: the same row count."""
+    new: dict[int, int] = {}  # old row -> new row
+    for step in steps:
+        if isinstance(step, CommStep):
+            for b in pack(step.ops):
+                if len(b) < 2:
+                    continue
+                for side in bucket_sides(b, lambda ref: int(rows_of[ref[0]][ref[1]]) if ref[0] >= 0 else -1):
+                    if side is None or min(side) < 0 or len(set(side)) < len(side) or any(r in new for r in side):
+                        continue
+                    for r in side:
+                        new[r] = len(new)
+    for r in [r for r in range(base) if r not in new]:
+        new[r] = len(new)
+    perm = np.array([new[r] for r in range(base)], dtype=np.int64)
+    return {c: np.where(r >= 0, perm[np.maximum(r, 0)], -1) for c, r in rows_of.items()}
 
 
 @dataclass
@@ -176,17 +232,62 @@ class DeviceProgram:
         return int(self.rows_of[chip][b])
 
 
+#: A level's collectives go in parts of at least this many limbs (:func:`comm_parts`): fewer, larger parts cost
+#: fewer group calls (about 10 us each on H200s), smaller ones let more kernels start early. Chosen with the timeline
+#: model (:mod:`caramel.timeline`) on BootstrapLike_51L_2c/_4c (docs/MULTI_GPU.md).
+MIN_PART_LIMBS = 32
+
+
+def comm_parts(plan: Plan, collectives: Sequence[Collective],
+               min_limbs: int = MIN_PART_LIMBS) -> dict[int, list[tuple[Collective, ...]]]:
+    """The collectives of each level in parts, each issued as its own communication step (one group call), so that
+    a kernel waits only for the part that brings what it reads. A collective's key is the level of the earliest
+    kernel that first reads one of its destinations, then per destination (chip, buffer) the index of the first
+    kernel of that chip to read it (never read: after every kernel); parts are the collectives of one key, in key
+    order, a part of fewer than ``min_limbs`` limbs joined to the next (the last one to the part before). A
+    function of the plan alone: every device and every process issues the same parts in the same order. The
+    collectives of one level never depend on each other, so any order of them is free of deadlocks."""
+    first: list[dict[int, int]] = []
+    for chip in plan.chips:
+        reader: dict[int, int] = {}
+        for j, k in enumerate(chip.kernels):
+            if k.kind is not Kind.COMM:
+                for b in k.reads():
+                    reader.setdefault(b, j)
+        first.append(reader)
+    by_level: dict[int, dict[tuple, list[Collective]]] = {}
+    for col in collectives:
+        readers = tuple(sorted((ch, first[ch].get(b, len(plan.chips[ch].kernels))) for ch, b in col.dst))
+        level = min((plan.chips[ch].kernels[j].level for ch, j in readers if j < len(plan.chips[ch].kernels)),
+                    default=col.level)
+        by_level.setdefault(col.level, {}).setdefault((level, readers), []).append(col)
+    out: dict[int, list[tuple[Collective, ...]]] = {}
+    for level, keyed in by_level.items():
+        parts: list[list[Collective]] = []
+        for _, cols in sorted(keyed.items()):
+            if parts and len(parts[-1]) < min_limbs:
+                parts[-1] += cols
+            else:
+                parts.append(list(cols))
+        if len(parts) > 1 and len(parts[-1]) < min_limbs:
+            last = parts.pop()
+            parts[-1] += last
+        out[level] = [tuple(sorted(p, key=lambda c: c.key)) for p in parts]
+    return out
+
+
 def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: str = "lifo",
-                    keep_inputs: bool = False) -> list[DeviceProgram]:
+                    keep_inputs: bool = False, part_limbs: int = MIN_PART_LIMBS,
+                    lay_out: bool = True) -> list[DeviceProgram]:
     """The :class:`DeviceProgram` of each of min(G, K) devices (collectives checked first,
     :func:`~caramel.plan.collectives.plan_collectives`); ``reuse``, ``keep_inputs``: each chip's row
     assignment (:func:`~caramel.plan.assign_rows`; ``"fifo"`` or ``"none"`` for runs on several streams, inputs
-    kept for replayed graphs)."""
+    kept for replayed graphs; with ``"none"`` and ``lay_out``, the rows laid out for the calls,
+    :func:`contiguous_rows`); ``part_limbs``: the least size of a communication part (:func:`comm_parts`; a very
+    large one: a level's communication in one step). The timeline model compares the layouts and parts with them."""
     cols = plan_collectives(plan, primes if devices > 1 else None)  # (one device sums mod q: no uint32 limit)
     where = placement(len(plan.chips), devices)
-    by_level: dict[int, list[Collective]] = {}
-    for c in cols:
-        by_level.setdefault(c.level, []).append(c)
+    parts = comm_parts(plan, cols, part_limbs)
     out = []
     for d in range(max(where) + 1):
         hosted = tuple(c for c, w in enumerate(where) if w == d)
@@ -203,21 +304,36 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
                     comm_levels.add(k.level)
                 else:
                     kernels.append(((k.level, c, j), k))
-        # Per level: the communication step first, then the hosted chips' kernels, chip by chip.
-        order = sorted([((lv, 0, 0, 0), lv) for lv in comm_levels]
+        # Per level: the communication parts first, then the hosted chips' kernels, chip by chip.
+        order = sorted([((lv, 0, i, 0), (lv, i)) for lv in comm_levels for i in range(len(parts[lv]))]
                        + [((key[0], 1) + key[1:], key[1:] + (k,)) for key, k in kernels], key=lambda e: e[0])
-        steps, scratch, staging = [], 0, 0
+        steps: list = []
         for _, item in order:
-            if isinstance(item, int):
-                step = device_comm_step(item, by_level[item], d, where)
-                scratch = max(scratch, step.scratch)
-                staging = max(staging, staging_rows(step.ops))
-                steps.append(step)
+            if len(item) == 2:
+                step = device_comm_step(item[0], parts[item[0]][item[1]], d, where)
+                if step.ops or step.before or step.after:
+                    steps.append(step)
             else:
                 steps.append(item)
-        out.append(DeviceProgram(d, hosted, rows_of, base + scratch + 1 + staging, base, base + scratch,
-                                 base + scratch + 1, scalars, scalar_base, steps))
+        if reuse == "none" and lay_out:
+            rows_of = contiguous_rows(rows_of, base, steps)
+        out.append(_assemble(d, hosted, rows_of, base, scalars, scalar_base, steps))
     return out
+
+
+def _assemble(device: int, hosted: tuple[int, ...], rows_of: dict[int, np.ndarray], base: int, scalars, scalar_base,
+              steps) -> DeviceProgram:
+    """The :class:`DeviceProgram` with its arena: the chips' ``base`` rows, then the scratch, zero and staging rows
+    that ``steps`` need with these rows."""
+    comm = [s for s in steps if isinstance(s, CommStep)]
+    scratch = max((s.scratch for s in comm), default=0)
+
+    def row(ref: tuple[int, int]) -> int:  # as DeviceProgram.row
+        return base + scratch if ref == ZERO else base + ref[1] if ref[0] < 0 else int(rows_of[ref[0]][ref[1]])
+
+    staging = max((staging_rows(s.ops, row) for s in comm), default=0)
+    return DeviceProgram(device, hosted, rows_of, base + scratch + 1 + staging, base, base + scratch,
+                         base + scratch + 1, scalars, scalar_base, steps)
 
 
 def chip_rows(plan: Plan, hosted: Sequence[int], reuse: str, keep_inputs: bool) -> tuple[dict[int, np.ndarray], int]:
@@ -235,9 +351,9 @@ def relayout(prog: DeviceProgram, plan: Plan, reuse: str, keep_inputs: bool = Fa
     """``prog`` with its chips' rows assigned anew (``reuse``, ``keep_inputs`` as :func:`device_programs`): the
     same steps, the scratch, zero and staging rows after the new chip rows."""
     rows_of, base = chip_rows(plan, prog.chips, reuse, keep_inputs)
-    shift = base - prog.scratch_base
-    return replace(prog, rows_of=rows_of, n_rows=prog.n_rows + shift, scratch_base=base,
-                   zero_row=prog.zero_row + shift, staging_base=prog.staging_base + shift)
+    if reuse == "none":
+        rows_of = contiguous_rows(rows_of, base, prog.steps)
+    return _assemble(prog.device, prog.chips, rows_of, base, prog.scalars, prog.scalar_base, prog.steps)
 
 
 def device_groups(progs: Sequence[DeviceProgram]) -> list[tuple[int, ...]]:
@@ -273,6 +389,7 @@ def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int, *, reuse: str 
 
 
 __all__ = [
-    "CommStep", "DeviceOp", "DeviceProgram", "LocalSum", "ModRows", "ZERO", "chip_rows", "device_comm_step",
-    "device_groups", "device_programs", "gpu_device_programs", "pack", "placement", "relayout", "staging_rows",
+    "CommStep", "DeviceOp", "DeviceProgram", "LocalSum", "MIN_PART_LIMBS", "ModRows", "ZERO", "bucket_sides",
+    "chip_rows", "comm_parts", "contiguous_rows", "device_comm_step", "device_groups", "device_programs",
+    "gpu_device_programs", "in_place", "pack", "placement", "relayout", "staging_rows",
 ]

@@ -3,11 +3,13 @@
 :class:`DeviceRun` takes one device's :class:`~caramel.execute.placement.DeviceProgram` (the chips
 it hosts, merged by level, with their communication steps), writes the inputs, zero rows and
 scalar table into the backend's arena and lowers every kernel to one backend call
-(:func:`lower_kernel`) and every communication step to local sums, copies through staging rows,
-ONE fabric group call and ``% q``. The same object runs in order on one stream (:meth:`run`),
-task by task for several streams (:meth:`schedule`, :meth:`run_task`, :mod:`caramel.plan.streams`)
-or captured into a CUDA graph; the drivers (``drive``, ``cuda_graph``, ``distributed``) decide how
-many devices and which fabric.
+(:func:`lower_kernel`) and every communication step to local sums, copies through staging rows
+(only for calls whose rows are not laid out contiguously), ONE fabric group call and ``% q``. The same
+object runs in order on one stream (:meth:`run`), task by task for several streams (:meth:`schedule`,
+:meth:`run_task`, :mod:`caramel.plan.streams`) or captured into a CUDA graph; the drivers (``drive``,
+``cuda_graph``, ``distributed``) decide how many devices and which fabric. :func:`step_task`,
+:func:`schedule_tasks` and :func:`comm_work` give the same tasks, schedule and communication without a
+backend (:mod:`caramel.timeline`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import numpy as np
 from caramel.backends import Backend
 from caramel.errors import ExecutionError
 from caramel.execute.fabric import Fabric, RowOp
-from caramel.execute.placement import CommStep, DeviceOp, DeviceProgram, LocalSum, ModRows, pack, staging_rows
+from caramel.execute.placement import (
+    CommStep, DeviceOp, DeviceProgram, LocalSum, ModRows, bucket_sides, in_place, pack,
+)
 from caramel.plan.cost import comm_cost, task_cost
 from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Plan
 from caramel.plan.streams import StreamSchedule, Task, assign_streams, check_schedule
@@ -113,26 +117,30 @@ def _local_calls(prog: DeviceProgram, actions: Sequence[LocalSum | ModRows]) -> 
 
 
 def _packed(prog: DeviceProgram, ops: Sequence[DeviceOp]):
-    """The step's collectives as :class:`RowOp` s, one per bucket of :func:`pack`: a bucket of
-    m > 1 limbs goes through m contiguous staging rows (``gather``: (row, staging row) copies
-    before, ``scatter``: (staging row, row) copies after, each with its prime); a bucket of one
-    uses its rows in place."""
-    gather, out, scatter = [], [], []
+    """The step's collectives as :class:`RowOp` s, one per call of :func:`pack`, and the staging rows they use: a
+    call uses its sent and received rows in place where they are contiguous in its order (a call of one limb
+    always); a side that is not goes through m contiguous staging rows (``gather``: (row, staging row) copies
+    before, ``scatter``: (staging row, row) copies after, each with its prime)."""
+    gather, out, scatter, staged = [], [], [], []
     at = prog.staging_base
     for bucket in pack(ops):
-        o = bucket[0]
-        if len(bucket) == 1:
-            out.append(RowOp(o.sync, o.kind, o.group, o.root, prog.row(o.send) if o.send is not None else -1,
-                             prog.row(o.recv) if o.recv is not None else -1))
+        o, m = bucket[0], len(bucket)
+        sends, recvs = bucket_sides(bucket, prog.row)
+        if m == 1 or (in_place(sends) and in_place(recvs)):
+            out.append(RowOp(o.sync, o.kind, o.group, o.root, sends[0] if sends else -1, recvs[0] if recvs else -1, m))
             continue
-        rows = range(at, at + len(bucket))
-        sends = [(prog.row(x.send), r, x.prime) for x, r in zip(bucket, rows) if x.send is not None]
-        recvs = [(r, prog.row(x.recv), x.prime) for x, r in zip(bucket, rows) if x.recv is not None]
-        gather += sends
-        scatter += recvs
-        out.append(RowOp(o.sync, o.kind, o.group, o.root, at if sends else -1, at if recvs else -1, len(bucket)))
-        at += len(bucket)
-    return gather, out, scatter
+        rows = range(at, at + m)
+        send, recv = (sends[0] if sends else -1), (recvs[0] if recvs else -1)
+        if not in_place(sends):
+            gather += [(r, s, x.prime) for x, r, s in zip(bucket, sends, rows)]
+            send = at
+        if not in_place(recvs):
+            scatter += [(s, r, x.prime) for x, r, s in zip(bucket, recvs, rows)]
+            recv = at
+        out.append(RowOp(o.sync, o.kind, o.group, o.root, send, recv, m))
+        staged += rows
+        at += m
+    return gather, out, scatter, staged
 
 
 def _copy_calls(copies: Sequence[tuple[int, int, int]]) -> list[Callable]:
@@ -157,8 +165,62 @@ def _comm_rows(prog: DeviceProgram, step: CommStep) -> tuple[frozenset[int], fro
             reads.add(prog.row(o.send))
         if o.recv is not None:
             writes.add(prog.row(o.recv))
-    staging = range(prog.staging_base, prog.staging_base + staging_rows(step.ops))
+    staging = _packed(prog, step.ops)[3] if step.ops else []
     return frozenset(reads.union(staging)), frozenset(writes.union(staging))
+
+
+def _local_limbs(actions: Sequence[LocalSum | ModRows]) -> int:
+    """Limbs that local sums, copies and ``% q`` read and write (the traffic the timeline model prices)."""
+    return sum(len(a.ins) + 1 if isinstance(a, LocalSum) else 2 * len(a.rows) for a in actions)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommWork:
+    """What one communication step does, as :mod:`caramel.timeline` prices it: the limbs that its local work reads
+    and writes before the collectives (local sums, copies to staging rows) and after them (copies from staging
+    rows, ``% q``, copies to the device's other receivers), and the collectives as the fabric gets them."""
+
+    before_limbs: int
+    ops: tuple[RowOp, ...]
+    after_limbs: int
+
+
+def comm_work(prog: DeviceProgram, step: CommStep) -> CommWork:
+    """The :class:`CommWork` of ``step`` on ``prog``'s device (the calls :class:`DeviceRun` makes of it)."""
+    gather, ops, scatter, _ = _packed(prog, step.ops) if step.ops else ([], [], [], [])
+    return CommWork(_local_limbs(step.before) + 2 * len(gather), tuple(ops),
+                    2 * len(scatter) + _local_limbs(step.after))
+
+
+def step_task(prog: DeviceProgram, step: tuple[int, int, Kernel] | CommStep, n: int) -> Task:
+    """The :class:`~caramel.plan.streams.Task` of one step of ``prog`` at ring dimension ``n``: a kernel with its
+    arena rows and estimated cost, or a communication step (its rows, staging and scratch rows included) pinned to
+    stream 0 (a driver with a communication stream moves it there)."""
+    if isinstance(step, CommStep):
+        reads, writes = _comm_rows(prog, step)
+        return Task(reads, writes, cost=comm_cost(len(step.ops)), stream=0, name=f"communication at level {step.level}")
+    c, _, k = step
+    rows = prog.rows_of[c]
+    return Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
+                cost=task_cost(k, n), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+
+
+def schedule_tasks(tasks: Sequence[Task], streams: int, *, comm_stream: bool = True, device: int = 0) -> StreamSchedule:
+    """A device's ``tasks`` (:func:`step_task`) on ``streams`` streams, checked: with more than one (and
+    ``comm_stream``), the communication steps go on the last stream, in order, and the kernels are spread over the
+    others, so that kernels run while collectives wait for their peers; without ``comm_stream`` (a device without
+    communication) the kernels use every stream. Read from the plan cache folder when built before."""
+    reserved = 1 if streams > 1 and comm_stream else 0
+    if reserved:
+        tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
+    from caramel.plan_cache import cached_schedule  # checked once, then read from the plan cache folder
+
+    def build():
+        sch = assign_streams(tasks, streams, reserved=reserved)
+        check_schedule(tasks, sch, what=f"stream schedule of device {device}")
+        return sch
+
+    return cached_schedule(tasks, streams, reserved, build)
 
 
 class DeviceRun:
@@ -210,7 +272,7 @@ class DeviceRun:
             if isinstance(step, CommStep):
                 add(_local_calls(prog, step.before), "comm: local sums")
                 if step.ops:
-                    gather, ops, scatter = _packed(prog, step.ops)
+                    gather, ops, scatter, _ = _packed(prog, step.ops)
                     add(_copy_calls(gather), "comm: gather to staging")
                     self.groups.add(len(self.calls))
                     add([lambda b, ops=ops: self.fabric.group(b, ops)],
@@ -218,39 +280,18 @@ class DeviceRun:
                         f"{', '.join(str(o.sync) for o in step.ops[:4])}{'...' if len(step.ops) > 4 else ''}")
                     add(_copy_calls(scatter), "comm: scatter from staging")
                 add(_local_calls(prog, step.after), "comm: % q and copies")
-                reads, writes = _comm_rows(prog, step)
-                task = Task(reads, writes, cost=comm_cost(len(step.ops)), stream=0,
-                            name=f"communication at level {step.level}")
             else:
                 c, j, k = step
                 parts = [dataclasses.replace(k, rows=(r,)) for r in k.rows] if per_row else [k]
                 add([lower_kernel(p, prog.rows_of[c], ctx, mode, prog.scalar_base[c]) for p in parts],
                     f"chip {c} {k.kind.value} level {k.level}", step)
-                rows = prog.rows_of[c]
-                task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
-                            cost=task_cost(k, ctx.n),
-                            name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
-            self.tasks.append(task)
+            self.tasks.append(step_task(prog, step, ctx.n))
             self.task_calls.append(range(first, len(self.calls)))
         self.pc = -1
 
     def schedule(self, streams: int, *, comm_stream: bool = True) -> StreamSchedule:
-        """The tasks on ``streams`` streams, checked: with more than one (and ``comm_stream``), the
-        communication steps go on the last stream, in order, and the kernels are spread over the
-        others, so that kernels run while collectives wait for their peers; without
-        ``comm_stream`` (a device without communication) the kernels use every stream."""
-        tasks = self.tasks
-        reserved = 1 if streams > 1 and comm_stream else 0
-        if reserved:
-            tasks = [dataclasses.replace(t, stream=streams - 1) if t.stream is not None else t for t in tasks]
-        from caramel.plan_cache import cached_schedule  # checked once, then read from the plan cache folder
-
-        def build():
-            sch = assign_streams(tasks, streams, reserved=reserved)
-            check_schedule(tasks, sch, what=f"stream schedule of device {self.prog.device}")
-            return sch
-
-        return cached_schedule(tasks, streams, reserved, build)
+        """:func:`schedule_tasks` of this device's tasks."""
+        return schedule_tasks(self.tasks, streams, comm_stream=comm_stream, device=self.prog.device)
 
     def run_task(self, t: int, *, collectives: bool = True) -> None:
         """The calls of task ``t``, in order (on the backend's current stream); ``collectives``
@@ -317,4 +358,4 @@ class DeviceRun:
         return out
 
 
-__all__ = ["DeviceRun", "lower_kernel"]
+__all__ = ["CommWork", "DeviceRun", "comm_work", "lower_kernel", "schedule_tasks", "step_task"]

@@ -319,6 +319,19 @@ def test_joi_reduce_applies_mod_q_after_the_uint32_sum():
     assert {(op.kind, op.root, op.group) for calls in net.log for op in calls[0]} == {(R, 0, (0, 1, 2))}
 
 
+def test_joi_with_one_contribution_arrives_as_sent():
+    """The reference's joi copies its first contribution and adds later ones mod q: with one source (the others
+    sourceless) the destination gets that limb as it was, even a residue of another prime at or above q_base;
+    the devices' uint32 reduce then skips the ``% q``."""
+    program = program_from_text("joi @ 65537:2 r1:  | 1\nstore r1: v1(1)", "load r0: i2(2)\njoi @ 65537:2 : r0 | 1")
+    ctx = context(1024)
+    memory = {m: np.full(ctx.n, ctx.q(m.limb) - 1, dtype=np.uint32) for m in random_memory(program, ctx)}
+    assert ctx.q(2) - 1 >= ctx.q(1)
+    have = run_on_devices(build_plan(program), ctx, memory, devices=2)
+    assert np.all(have.stores[0][Mem("v1", 1)] == ctx.q(2) - 1)
+    assert not store_mismatches(run_reference(program, ctx, memory), have)
+
+
 def test_one_group_call_per_communication_step():
     _, plan, memory = prepared("MulRotate_10L_8c")
     progs = device_programs(plan, 8, context(1024).primes)
@@ -381,3 +394,135 @@ def test_watchdog_timeout_reports_every_unfinished_device():
     with pytest.raises(DeadlockError, match=r"(?s)no progress after 0.2 s.*device 0: stuck here.*device 1: stuck here"):
         run_threads([lambda: gate.wait(3.0)] * 2, 0.2, net.abort, lambda d: "stuck here")
     gate.set()
+
+
+# ---------------------------------------------------------------------------------------------- parts and rows
+
+
+def run_device_programs(progs, plan, ctx, memory, mode="exact", *, streams: int = 1, seed: int = 0):
+    """Every device program (as given: any row layout) on the fake fabric in host threads; with ``streams`` > 1
+    each device runs its tasks in a random order that its schedule allows (as :class:`HostRun`)."""
+    from caramel.execute.result import merge_results
+    from caramel.plan.streams import happens_before_order
+
+    net = FakeNetwork(len(progs), 60.0)
+    runs = [DeviceRun(p, plan, ctx, memory, mode, NumpyBackend, net.fabric(p.device)) for p in progs]
+
+    def body(r):
+        if streams > 1:
+            order = happens_before_order(r.schedule(streams), np.random.default_rng((seed, r.prog.device)))
+            for t in order:
+                r.run_task(t)
+        else:
+            r.run()
+        return r.prog.chips, r.stores()
+
+    out = run_threads([lambda r=r: body(r) for r in runs], 60.0, net.abort, lambda d: runs[d].position)
+    return merge_results(plan, memory, out), net
+
+
+@pytest.mark.parametrize("name", corpus(chips=(2, 4, 8)))
+def test_calls_in_place_over_contiguous_rows_match_the_reference(name):
+    """With a row a buffer the rows are laid out for the calls (:func:`contiguous_rows`): no call of these programs
+    needs a gather or scatter copy, and the devices, in random orders of their three-stream schedules, give the
+    reference's stores bit for bit."""
+    from caramel.execute.runner import _packed
+    from caramel.execute.placement import CommStep
+
+    program, plan, memory = prepared(name)
+    want = run_reference(program, context(1024), memory)
+    k = len(plan.chips)
+    for g in sorted({2, k}):
+        progs = device_programs(plan, g, context(1024).primes, reuse="none", keep_inputs=True)
+        for p in progs:
+            steps = [s for s in p.steps if isinstance(s, CommStep) and s.ops]
+            assert all(not _packed(p, s.ops)[0] and not _packed(p, s.ops)[2] for s in steps), f"{name}: copies"
+            assert p.n_rows == p.staging_base  # no staging row
+        have, _ = run_device_programs(progs, plan, context(1024), memory, streams=3, seed=g)
+        problems = store_mismatches(want, have)
+        assert not problems, f"{name} on {g} devices: " + "; ".join(problems[:3])
+
+
+def test_contiguous_rows_is_a_permutation_that_lays_out_every_call():
+    from caramel.execute.placement import CommStep, bucket_sides, chip_rows, contiguous_rows, in_place
+
+    _, plan, _ = prepared("BootstrapModRaise_10L_4c")
+    for prog in device_programs(plan, 2, context(1024).primes, reuse="none", keep_inputs=True):
+        old, base = chip_rows(plan, prog.chips, "none", True)
+        new = contiguous_rows(old, base, prog.steps)
+        assert sorted(r for c in prog.chips for r in new[c] if r >= 0) == list(range(base))
+        assert all(np.array_equal(new[c] < 0, old[c] < 0) for c in prog.chips)
+        calls = [b for s in prog.steps if isinstance(s, CommStep) for b in pack_of(s)]
+        assert calls and all(in_place(side) for b in calls for side in bucket_sides(b, prog.row))
+
+
+def pack_of(step):
+    from caramel.execute.placement import pack
+
+    return [b for b in pack(step.ops) if len(b) > 1]
+
+
+def test_first_in_first_out_rows_go_through_staging_and_match():
+    """Without a row a buffer the calls gather and scatter through staging rows, as before."""
+    program, plan, memory = prepared("MulRotate_10L_4c")
+    progs = device_programs(plan, 4, context(1024).primes, reuse="fifo", keep_inputs=True)
+    assert any(p.n_rows > p.staging_base for p in progs)
+    have, _ = run_device_programs(progs, plan, context(1024), memory, streams=3, seed=5)
+    assert not store_mismatches(run_reference(program, context(1024), memory), have)
+
+
+def test_comm_parts_split_each_level_by_first_readers_in_one_order_for_all():
+    from caramel.execute.placement import comm_parts
+
+    _, plan, _ = prepared("BootstrapModRaise_10L_4c")
+    cols = plan_collectives(plan, context(1024).primes)
+    fine, coarse = comm_parts(plan, cols, 1), comm_parts(plan, cols, 10**6)
+    assert all(len(parts) == 1 for parts in coarse.values())
+    assert sum(len(p) for p in fine.values()) > len(fine)  # some level splits
+    for parts in (fine, coarse, comm_parts(plan, cols)):
+        flat = [c for level, ps in sorted(parts.items()) for p in ps for c in p]
+        assert sorted(c.key for c in flat) == sorted(c.key for c in cols) and len(flat) == len(cols)
+        assert all(c.level == level for level, ps in parts.items() for p in ps for c in p)
+    mid = comm_parts(plan, cols, 4)
+    assert all(len(p) >= 4 for ps in mid.values() if len(ps) > 1 for p in ps)
+
+
+def test_a_kernel_waits_for_the_part_it_reads_not_for_the_whole_level():
+    """With every part apart (no least size), some kernel follows one part of a level and not another, and the
+    devices still match the reference."""
+    from caramel.execute.placement import CommStep
+    from caramel.plan.streams import hazards
+
+    program, plan, memory = prepared("BootstrapModRaise_10L_4c")
+    progs = device_programs(plan, 2, context(1024).primes, reuse="none", keep_inputs=True, part_limbs=1)
+    found = False
+    for prog in progs:
+        run = DeviceRun(prog, plan, context(1024), memory, "exact", NumpyBackend)
+        need: list[set[int]] = []  # every task a task follows, through any chain of hazards
+        for t, direct in enumerate(hazards(run.tasks)):
+            need.append(set(direct).union(*(need[j] for j in direct)))
+        levels: dict[int, list[int]] = {}
+        for t, s in enumerate(prog.steps):
+            if isinstance(s, CommStep):
+                levels.setdefault(s.level, []).append(t)
+        for t, s in enumerate(prog.steps):
+            if not isinstance(s, CommStep):
+                for parts in levels.values():
+                    if len(parts) > 1 and any(p in need[t] for p in parts) and not all(p in need[t] for p in parts):
+                        found = True
+    assert found
+    have, _ = run_device_programs(progs, plan, context(1024), memory, streams=3, seed=1)
+    assert not store_mismatches(run_reference(program, context(1024), memory), have)
+
+
+@pytest.mark.parametrize("name", ["MulRotate_10L_1c", "BootstrapModRaise_10L_1c"])
+def test_a_one_chip_program_keeps_its_rows_and_steps(name):
+    """A 1-chip program has no collective: its device program is the chip's kernels in order on assign_rows' rows,
+    as before the calls were laid out (its replay and stream schedule do not change)."""
+    from caramel.execute.placement import chip_rows
+
+    _, plan, _ = prepared(name)
+    (prog,) = device_programs(plan, 1, context(1024).primes, reuse="none", keep_inputs=True)
+    rows, base = chip_rows(plan, (0,), "none", True)
+    assert np.array_equal(prog.rows_of[0], rows[0]) and prog.scratch_base == base
+    assert [s[1] for s in prog.steps] == list(range(len(plan.chips[0].kernels)))
