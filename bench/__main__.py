@@ -15,6 +15,7 @@ COMMANDS = {
     "replay": "BootstrapLike_51L_1c replayed: eager, graph, fusion, streams; --config and --plan variants; digest",
     "corpus": "every program of a folder on a backend against the CPU reference, limb for limb",
     "roofline": "time per kernel kind against the copy rate, the slowest kernels; --fit refits the plan's costs",
+    "timeline": "the timeline model: per-device kernel times, predictions beside measured replays (bench/timeline.py)",
     "multi": "several GPUs: NCCL, K-chip programs against the reference, scaling, compute floors, process mode",
     "throughput": "instances per second and where an instance's time goes (bench/throughput.py)",
     "cluster": "several machines (bench/cluster.py)",

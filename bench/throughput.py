@@ -8,7 +8,7 @@
         --batch 4 --instances 4 --singles 1 --base .
 
 Every figure comes from the caramel command line of its tree, each in a fresh process (``PYTHONPATH`` and the
-working folder set to the tree), so that a base tree of an earlier commit (``scripts/gpu_ab.sh prepare REV``
+working folder set to the tree), so that a base tree of an earlier commit (``python -m bench ab prepare REV``
 makes one in ``.ab/``) needs nothing it lacks:
 
 * ``batch``: ``caramel run PROGRAM --batch B --keys DIR --json`` (every input drawn, encoded and encrypted per
@@ -97,7 +97,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def commit_of(tree: Path) -> str | None:
-    """The commit of ``tree``: ``.rev`` of a ``gpu_ab.sh`` copy, else ``git rev-parse`` there."""
+    """The commit of ``tree``: ``.rev`` of a ``bench ab`` copy, else ``git rev-parse`` there."""
     rev = tree / ".rev"
     if rev.is_file():
         return rev.read_text().strip()
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder of the record (throughput.json) and of every command's JSON")
-    p.add_argument("--base", help="a base tree (e.g. .ab/ from scripts/gpu_ab.sh prepare REV), measured in the same "
+    p.add_argument("--base", help="a base tree (e.g. .ab/ from python -m bench ab prepare REV), measured in the same "
                    "call")
     p.add_argument("--program", default=PROGRAM, help=f"program path or name (default {PROGRAM})")
     p.add_argument("--n", type=int, default=65536)

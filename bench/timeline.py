@@ -15,7 +15,7 @@ Steps:
 * ``predict``: the model's replay of each K on K GPUs from those files (collectives: ``--collectives FILE`` or
   :data:`caramel.timeline.FIRST_FIT`; compute sharing fitted to the floors) -> ``predictions.json``. PREDICTIONS.
 * ``measure`` (GPU: K <= the GPUs present; cpu-plan: simulated devices, wall clock): the K-chip program on K
-  devices, replays timed, digest against ``scripts/reference_digests.json`` -> ``measured.json``, with the
+  devices, replays timed, digest against ``bench/reference_digests.json`` -> ``measured.json``, with the
   prediction beside each.
 * ``refit`` (2 GPUs or more): NCCL group calls in CUDA graphs timed by group size, calls and payload ->
   ``collective_fit.json`` (the samples, the fitted model) and the predictions again with it.
@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from bench import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The default archive: in $CARAMEL_SHARED_PROGRAMS (as the tests), else ../shared/programs beside the checkout.
@@ -165,8 +167,7 @@ def step_predict(args, out: Path, model=None, name: str = "predictions.json") ->
 
 
 def stored_digest(program: str, n: int, seed: int) -> str | None:
-    table = json.loads((ROOT / "scripts" / "reference_digests.json").read_text())
-    return table.get(f"{program} N={n} exact run --seed {seed}")
+    return harness.stored_digests().get(harness.digest_key(program, n, seed))
 
 
 def step_measure(args, out: Path, present: int) -> list[dict]:
@@ -489,7 +490,7 @@ def validate(archive: str, records: Sequence[Record] = RECORDED, placement=None)
     from caramel.parse import load_program
     from caramel.plan import build_plan
     from caramel.ring import Context
-    from caramel.timeline import FIRST_FIT, OVERLAP, _run, device_timelines, fit_overlap, simulate
+    from caramel.timeline import FIRST_FIT, OVERLAP, alone_us, device_timelines, fit_overlap, simulate
 
     ctx = Context(n=65536)
     placement = placement or (lambda plan, g: recorded_programs(plan, g, ctx.primes))
@@ -501,7 +502,7 @@ def validate(archive: str, records: Sequence[Record] = RECORDED, placement=None)
         tls = device_timelines(placement(plans[rec.gpus], rec.gpus), ctx.n, rec.streams)
         overlap, how = OVERLAP, ""
         if rec.floors_ms:
-            alone = [_run([tl], None, OVERLAP)[0] for tl in tls]
+            alone = [alone_us(tl) for tl in tls]
             if len(rec.floors_ms) == len(tls):
                 scale = [1e3 * f / a for f, a in zip(rec.floors_ms, alone)]
             else:

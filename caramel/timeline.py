@@ -536,6 +536,11 @@ def _run(timelines: Sequence[DeviceTimeline], model: CollectiveModel | None, ove
     return [dev.end for dev in devs]
 
 
+def alone_us(timeline: DeviceTimeline, overlap: float = OVERLAP) -> float:
+    """The replay of ``timeline``'s device alone, collectives free: its compute floor in microseconds."""
+    return _run([timeline], None, overlap)[0]
+
+
 def simulate(timelines: Sequence[DeviceTimeline], model: CollectiveModel = FIRST_FIT, *,
              overlap: float = OVERLAP) -> Replay:
     """The replay of ``timelines`` (one per device) under ``model`` (module docstring), with every device's
@@ -543,7 +548,7 @@ def simulate(timelines: Sequence[DeviceTimeline], model: CollectiveModel = FIRST
     ends = _run(timelines, model, overlap)
     out = []
     for tl, end in zip(timelines, ends):
-        floor = _run([tl], None, overlap)[0]
+        floor = alone_us(tl, overlap)
         calls = [c for t in tl.tasks for c in t.calls]
         out.append(DeviceReplay(tl.device, end, floor, len(calls), sum(1 for t in tl.tasks if t.calls),
                                 sum(c.nbytes for c in calls)))
@@ -554,7 +559,7 @@ def fit_overlap(timeline: DeviceTimeline, measured_us: float, lo: float = 0.0, h
     """The ``overlap`` (:func:`simulate`) in [lo, hi] with which ``timeline`` alone replays in ``measured_us``
     (bisection: the simulated time does not grow with overlap); ``lo`` or ``hi`` when out of reach; None when the
     overlap makes no difference (one stream of kernels)."""
-    f = lambda o: _run([timeline], None, o)[0]  # noqa: E731
+    f = lambda o: alone_us(timeline, o)  # noqa: E731
     if f(lo) - f(hi) <= 1e-3 * f(lo):
         return None
     if f(lo) <= measured_us:
