@@ -16,7 +16,7 @@ launcher                       rendezvous                                   modu
 mpirun, mpiexec, srun          MPI (mpi4py), when mpi4py imports            :mod:`.mpi`
 torchrun                       torch's TCP store, when torch imports        :mod:`.store`
 ``caramel launch``, any other  a shared file (``CARAMEL_RENDEZVOUS``)       :mod:`.file`
-a Dask cluster                 Dask actors, worker to worker                :mod:`.dask_actors`
+a Dask cluster                 Dask's comms, worker to worker               :mod:`.dask_comms`
 =============================  ===========================================  ====================================
 
 Values are JSON-like (None, bool, int, float, str, lists, string-keyed dicts) with NumPy arrays
@@ -60,6 +60,9 @@ class PeerFailed(ExecutionError):
     def __init__(self, rank: int, reason: str):
         super().__init__(f"rank {rank} failed: {reason}")
         self.rank, self.reason = rank, reason
+
+    def __reduce__(self):  # crosses processes (Dask) with its fields
+        return (type(self), (self.rank, self.reason))
 
 
 @dataclass(frozen=True)
