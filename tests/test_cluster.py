@@ -109,7 +109,7 @@ def test_a_worker_killed_mid_batch_loses_no_instance_and_reports_none_twice(clie
     program = load_program(MUL1)
     want = run_batch(program, n=N, backend="cpu-plan", batch=8)
     marker = tmp_path / "killed"
-    client.register_plugin(_KillOnce("-instance-3", str(marker)), name="kill-once")
+    client.register_plugin(_KillOnce("-instance-3", str(marker), delay=0.0), name="kill-once")
     try:
         with ClusterExecutor(program, cluster=client, n=N, backend="cpu-plan") as pool:
             seen = [x.index for x in pool.map(range(8), ordered=False, timeout=DEADLINE)]
