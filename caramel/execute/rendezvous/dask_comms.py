@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from caramel.errors import ExecutionError
-from caramel.execute.rendezvous import PeerFailed, Rendezvous
+from caramel.execute.rendezvous.base import PeerFailed, Rendezvous
 
 #: The names of the worker handlers (:meth:`PostOffice.install`).
 PUT, ABORT = "caramel_put", "caramel_abort"

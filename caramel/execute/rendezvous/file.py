@@ -22,7 +22,6 @@ private folder under ``caramel launch``, a shared file system across machines). 
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from caramel.errors import ExecutionError
-from caramel.execute.rendezvous import (Disagreement, PeerFailed, Rendezvous, RunIdentity, compare, decode, disagreements, encode,
+from caramel.execute.rendezvous.base import (Disagreement, PeerFailed, Rendezvous, RunIdentity, compare, decode, disagreements, encode,
                                         hello, who)
 from caramel.infiles import NotRegularFile, open_regular
 from caramel.outfiles import replace_atomically

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from caramel.errors import ExecutionError
-from caramel.execute.rendezvous import Disagreement, Rendezvous, RunIdentity, disagreements, hello
+from caramel.execute.rendezvous.base import Disagreement, Rendezvous, RunIdentity, disagreements, hello
 
 #: The exit status of a job that :meth:`MpiRendezvous.fail` aborts (caramel's "error" status).
 ABORT_STATUS = 2

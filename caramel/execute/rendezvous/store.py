@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any, Mapping
 
 from caramel.errors import ExecutionError
-from caramel.execute.rendezvous import Disagreement, Rendezvous, decode, encode
+from caramel.execute.rendezvous.base import Disagreement, Rendezvous, decode, encode
 
 #: Seconds between two looks at the failure counter while waiting.
 CHECK = 0.5
