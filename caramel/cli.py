@@ -306,7 +306,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
 
         keys, _ = _stored_keys(args, program)
         with ClusterExecutor(program, cluster=args.cluster, gpus=args.gpus, backend=args.backend, keys=keys,
-                             **kwargs) as pool:
+                             batch=args.batch, **kwargs) as pool:
             result = pool.run_batch(args.batch)
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
     else:

@@ -397,9 +397,9 @@ class PartitionedRun:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def run_rank(job: Job, rank: int, addresses: Sequence[str]) -> PartitionedRun | None:
-    """The task of rank ``rank`` of a partitioned run (on its worker): meet the others, make the
-    keys and inputs of ``caramel run --seed S``, run this rank's chips
+def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> PartitionedRun | None:
+    """The task of rank ``rank`` of a partitioned run (on its worker, on its CUDA ``device``): meet
+    the others, make the keys and inputs of ``caramel run --seed S``, run this rank's chips
     (:func:`caramel.execute.distributed.run_distributed`); rank 0 returns the checked result."""
     from caramel.api import key_seed_for, output_digest, prepare_inputs
     from caramel.ckks.check import evaluate_check
@@ -415,7 +415,7 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str]) -> PartitionedRun | 
     _check_here(job)
     worker = get_worker()
     world = len(addresses)
-    place = Place(rank, world, 0, None, job.token)
+    place = Place(rank, world, device, None, job.token)
     backend = "gpu" if job.backend == "gpu" else "cpu-plan"
     identity = RunIdentity(job.fingerprint, job.n, job.mode, job.seed, world, backend, None, job.key_seed)
     timings: dict[str, float] = {}
@@ -623,9 +623,10 @@ class ClusterExecutor:
         self._plugin()
         job = replace(self.job, token=uuid.uuid4().hex)
         workers = [w.address for w in self.infos[:ranks]]
+        devices = rank_devices(self.infos[:ranks])
         start = time.perf_counter()
         shipped = self.client.scatter(job, workers=workers, broadcast=True, hash=False)
-        futures = [self.client.submit(run_rank, shipped, r, workers, workers=[w], allow_other_workers=False,
+        futures = [self.client.submit(run_rank, shipped, r, workers, devices[r], workers=[w], allow_other_workers=False,
                                       key=f"caramel-{job.token}-rank-{r}") for r, w in enumerate(workers)]
         try:
             self._watch(job.token, futures, workers, None if timeout is None else time.monotonic() + timeout)
@@ -709,6 +710,19 @@ class ClusterExecutor:
         self.close()
 
 
+def rank_devices(workers: Sequence[WorkerInfo]) -> list[int]:
+    """The CUDA device of each rank (rank r on ``workers[r]``): 0 on a worker that sees one GPU (one
+    worker per GPU, the layout to use); on workers that see several, the ranks on one host take
+    their devices in turn (0, 1, ...), so that two workers of one host never share a GPU."""
+    seen: dict[str, int] = {}
+    out = []
+    for w in workers:
+        k = seen.get(w.host, 0)
+        seen[w.host] = k + 1
+        out.append(k % w.gpus if w.gpus > 1 else 0)
+    return out
+
+
 def _completed(distributed, futures, timeout: float | None):
     """``distributed.as_completed`` with a clear error when ``timeout`` seconds pass."""
     try:
@@ -726,4 +740,5 @@ def _slots_of(info: WorkerInfo, job: Job) -> list[tuple[int, ...]]:
 
 
 __all__ = ["CaramelPlugin", "ClusterError", "ClusterExecutor", "InstanceRunner", "Job", "PartitionedRun", "WorkerInfo",
-           "check_workers", "fingerprint", "local_cluster", "make_runner", "run_instance", "run_rank", "worker_info"]
+           "check_workers", "fingerprint", "local_cluster", "make_runner", "rank_devices", "run_instance", "run_rank",
+           "worker_info"]

@@ -206,3 +206,30 @@ def test_the_command_runs_a_batch_on_a_local_cluster(tmp_path):
 def test_the_command_refuses_cluster_with_distributed():
     r = caramel_cli("run", str(MUL2), "--n", str(N), "--cluster", "local", "--distributed")
     assert r.returncode == 2 and "--cluster and --distributed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_benchmark_runs_on_the_cpu_at_small_n(client, tmp_path):
+    """``bench/cluster.py`` on simulated devices (its path, not its figures: the target is 0 here)."""
+    import json
+
+    bench = pytest.importorskip("bench.cluster")
+    record = tmp_path / "cluster.json"
+    code = bench.main(["--backend", "cpu-plan", "--n", str(N), "--gpus", "3", "--batch", "4", "--program", "Mul_4L_1c",
+                       "--partitioned", "Mul_4L_2c", "--cluster", client.scheduler.address, "--target", "0",
+                       "--json", str(record)])
+    data = json.loads(record.read_text())
+    assert code == 0 and data["failures"] == [], data
+    checks = {f["what"]: f["value"] for f in data["figures"] if f["value"] in ("ok", "FAIL")}
+    assert checks == {"cluster throughput >= 0 x one process": "ok",
+                      "cluster digests = one-process digests, instance for instance": "ok",
+                      "Mul_4L_2c on the cluster has the reference digest (a run in this process)": "ok"}
+    assert data["commit"] and data["device"].startswith("3 simulated device(s)") and data["date"]
+
+
+def test_ranks_on_workers_that_see_several_gpus_take_their_devices_in_turn():
+    from caramel.cluster import rank_devices
+
+    one = [WorkerInfo(f"tcp://h{i}:1", f"h{i}", "1", "f", 1) for i in range(3)]
+    assert rank_devices(one) == [0, 0, 0]  # one worker per GPU: each its only device
+    shared = [WorkerInfo(f"tcp://a:{i}", "a", "1", "f", 4) for i in range(3)] + [WorkerInfo("tcp://b:1", "b", "1", "f", 4)]
+    assert rank_devices(shared) == [0, 1, 2, 0]
