@@ -102,7 +102,8 @@ def _start_gpu(argv: Sequence[str]) -> None:
     (NumPy, the client, the planner), start the steps of :data:`GPU_START` in threads: the CUDA
     driver and the GPU's context, and CuPy's import; :func:`caramel.ckks.device.warm_up` goes on from
     there (its ``import cupy`` waits for this one). Off when ``$CARAMEL_GPU_WARMUP`` is "0"."""
-    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv:
+    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv or any(
+            a == "--cluster" or a.startswith("--cluster=") for a in argv):
         return
     if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
         return
@@ -194,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.save_limbs and not args.save_outputs:
         raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
-    if args.backend == "gpu" and not args.distributed:
+    if args.backend == "gpu" and not args.distributed and not args.cluster:  # (a cluster's workers compute)
         from caramel.ckks.device import warm_up
 
         warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning

@@ -186,9 +186,9 @@ class Job:
     timeout: float = 300.0
 
 
-def _check_here(job: Job) -> None:
+def _check_here(job: Job, plugin: "CaramelPlugin") -> None:
     """The worker runs the client's caramel (a worker that joined after the check)."""
-    mine = fingerprint()
+    mine = plugin.fingerprint
     if mine != job.fingerprint:
         raise ClusterError(f"this worker runs caramel {_version()} with files {mine[:12]}, the client "
                            f"{job.fingerprint[:12]}: install the same caramel on every worker")
@@ -324,6 +324,7 @@ class CaramelPlugin(_WorkerPlugin):
         from caramel.execute.rendezvous.dask_comms import PostOffice
 
         self.worker = worker
+        self.fingerprint = fingerprint()  # this worker's caramel, compared with each job's
         self.pools: dict[str, _Pool] = {}
         self.lock = threading.Lock()
         self.office = PostOffice()
@@ -359,8 +360,9 @@ def run_instance(job: Job, index: int):
     from distributed import get_worker
 
     worker = get_worker()
-    _check_here(job)
-    return worker.address, _plugin(worker).pool(job).run(index)
+    plugin = _plugin(worker)
+    _check_here(job, plugin)
+    return worker.address, plugin.pool(job).run(index)
 
 
 def _abort_rank(token: str, rank: int, origin: int | None, reason: str, dask_worker=None) -> None:
@@ -412,14 +414,15 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
     from caramel.plan_cache import cached_plan
     from caramel.ring import Context, Mode
 
-    _check_here(job)
     worker = get_worker()
+    plugin = _plugin(worker)
+    _check_here(job, plugin)
     world = len(addresses)
     place = Place(rank, world, device, None, job.token)
     backend = "gpu" if job.backend == "gpu" else "cpu-plan"
     identity = RunIdentity(job.fingerprint, job.n, job.mode, job.seed, world, backend, None, job.key_seed)
     timings: dict[str, float] = {}
-    with DaskRendezvous(rank, addresses, job.token, worker, _plugin(worker).office, job.timeout) as rdv:
+    with DaskRendezvous(rank, addresses, job.token, worker, plugin.office, job.timeout) as rdv:
         # (a failure in this block aborts the other ranks)
         t = time.perf_counter()
         rdv.meet(identity, job.timeout)
@@ -456,8 +459,9 @@ class ClusterExecutor:
     :meth:`map` (instances -> their results as they complete, or in order), plus
     :meth:`run_batch` and :meth:`run_partitioned`; a context manager (:meth:`close`).
 
-    ``cluster``: ``"local"`` (:func:`local_cluster` of ``gpus`` workers: default one per GPU on the
-    ``gpu`` backend, else one per CPU core, at most the batch's size), a scheduler address, a
+    ``cluster``: ``"local"`` (:func:`local_cluster` of ``gpus`` workers: default, for a ``batch``, one
+    per GPU on the ``gpu`` backend, else one per CPU core, at most ``batch``; without a batch one per
+    chip, at most one per GPU), a scheduler address, a
     ``distributed.Client`` or a Dask cluster object (dask-jobqueue's ``SLURMCluster``, say); with an
     address or a cluster, ``gpus`` uses the first ``gpus`` workers (by address) of a partitioned
     run. The other options are :func:`caramel.batch.run_batch`'s; ``keys``: a KeySet shipped to
@@ -513,11 +517,17 @@ class ClusterExecutor:
     def _local_workers(self, batch: int | None) -> int:
         if self.gpus is not None:
             return self.gpus
+        if batch is None:  # a partitioned run: one worker per chip, at most one per GPU
+            if self.backend != "gpu":
+                return self.program.chips
+            import cupy as cp
+
+            return max(1, min(self.program.chips, int(cp.cuda.runtime.getDeviceCount())))
         if self.backend == "gpu":
             import cupy as cp
 
             return int(cp.cuda.runtime.getDeviceCount())
-        return max(1, min(os.cpu_count() or 1, batch or self.program.chips))
+        return max(1, min(os.cpu_count() or 1, batch))
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker of the cluster now (sorted by address), as it describes itself."""
@@ -610,11 +620,11 @@ class ClusterExecutor:
 
     def run_partitioned(self, *, timeout: float | None = None) -> PartitionedRun:
         """One run of the program as ranks on distinct workers (module docstring): ``gpus`` ranks
-        (default one per chip), rank r on the r-th worker. Fails within seconds, naming the rank,
+        (default one per chip, at most one per worker), rank r on the r-th worker. Fails within seconds, naming the rank,
         when a rank fails or its worker is lost, after aborting the other ranks; ``timeout``:
         seconds for the whole run (None: no limit beyond each rank's waits)."""
         chips = self.program.chips
-        ranks = self.gpus or chips
+        ranks = self.gpus or min(chips, len(self.infos))  # fewer workers than chips: several chips per rank
         if ranks > chips:
             raise ClusterError(f"{ranks} ranks for {self.program.name}, a {chips}-chip program: use at most {chips}")
         if ranks > len(self.infos):

@@ -180,9 +180,15 @@ def test_check_workers_names_other_files_and_missing_gpus():
         check_workers([], "cpu", "1.0", "f" * 64)
 
 
-def test_too_many_ranks_for_the_workers_is_refused(client):
-    with ClusterExecutor(load_program(REPO / "programs" / "Mul_4L_4c"), cluster=client, n=N,
-                         backend="cpu-plan") as pool:
+def test_a_program_of_more_chips_than_workers_runs_several_chips_per_rank(client):
+    from caramel.api import run_program
+
+    program = load_program(REPO / "programs" / "Mul_4L_4c")
+    want = run_program(program, n=N, backend="cpu", check=None)
+    with ClusterExecutor(program, cluster=client, n=N, backend="cpu-plan", check=None) as pool:
+        have = pool.run_partitioned(timeout=DEADLINE)
+    assert have.ranks == 3 and have.digest == want.digest
+    with ClusterExecutor(program, cluster=client, n=N, backend="cpu-plan", gpus=4) as pool:
         with pytest.raises(ClusterError, match="as 4 ranks needs 4 workers; the cluster has 3"):
             pool.run_partitioned(timeout=DEADLINE)
 
