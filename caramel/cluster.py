@@ -481,18 +481,18 @@ class ClusterExecutor:
         if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
             raise ClusterError(f"gpus must be a positive integer, got {gpus!r}")
         self.program, self.gpus = program, gpus
-        self.backend = resolve_backend(backend)
+        # "auto" on a local cluster is this machine's choice; on another cluster its workers' (below)
+        local = isinstance(cluster, str) and cluster == "local"
+        self.backend = resolve_backend(backend) if backend != "auto" or local else "auto"
         ctx, spec, data = run_setup(program, n, None, check, inputs, batch)
         if keys is not None:
             from caramel.ckks.keyset import KeySet
 
             keys = KeySet(keys.secrets, dict(keys.keys))  # every key read now: the whole set is shipped
         self._fingerprint = fingerprint()
-        self.job = Job(uuid.uuid4().hex, program, int(ctx.n), Mode(mode).value, self.backend, seed, key_seed, keys,
-                       spec, data, streams, outputs, limbs, self._fingerprint, timeout)
         self._cluster = None
         self._own_client = True
-        if isinstance(cluster, str) and cluster == "local":
+        if local:
             self._cluster = local_cluster(self._local_workers(batch), self.backend)
             self.client = distributed.Client(self._cluster)
         elif isinstance(cluster, distributed.Client):
@@ -505,14 +505,19 @@ class ClusterExecutor:
         else:
             self.client = distributed.Client(cluster)
         self._job = None
+        self.job = None
         self._closed = False
         self.where: dict[int, str] = {}  # instance index -> the address of the worker that ran it
         try:
             self.infos = self.workers()
+            if self.backend == "auto":  # the GPU when every worker has one, as `caramel run` on one machine
+                self.backend = "gpu" if self.infos and all(w.gpus > 0 for w in self.infos) else "cpu"
             check_workers(self.infos, self.backend, _version(), self._fingerprint)
         except BaseException:
             self.close()
             raise
+        self.job = Job(uuid.uuid4().hex, program, int(ctx.n), Mode(mode).value, self.backend, seed, key_seed, keys,
+                       spec, data, streams, outputs, limbs, self._fingerprint, timeout)
 
     def _local_workers(self, batch: int | None) -> int:
         if self.gpus is not None:
@@ -701,7 +706,7 @@ class ClusterExecutor:
             return
         self._closed = True
         try:
-            if self._job is not None:
+            if self._job is not None and self.job is not None:
                 try:
                     self.client.run(_close_job, self.job.token)
                 except Exception:  # noqa: BLE001 (a worker going away has nothing left to close)

@@ -239,3 +239,9 @@ def test_ranks_on_workers_that_see_several_gpus_take_their_devices_in_turn():
     assert rank_devices(one) == [0, 0, 0]  # one worker per GPU: each its only device
     shared = [WorkerInfo(f"tcp://a:{i}", "a", "1", "f", 4) for i in range(3)] + [WorkerInfo("tcp://b:1", "b", "1", "f", 4)]
     assert rank_devices(shared) == [0, 1, 2, 0]
+
+
+@pytest.mark.skipif(gpu_available(), reason="the workers here have a GPU")
+def test_auto_is_the_workers_choice(client):
+    with ClusterExecutor(load_program(MUL1), cluster=client, n=N) as pool:
+        assert pool.backend == "cpu" and pool.job.backend == "cpu"

@@ -168,7 +168,7 @@ def test_a_rank_that_goes_silent_is_named(tmp_path):
         rdv.meet(IDENT, 20)
         if r == 1:
             rdv._stop.set()  # as a stopped process: no more heartbeats, nothing sent
-            time.sleep(5)
+            time.sleep(3)
             return None
         with pytest.raises(ExecutionError, match=r"rank 1 \(pid .*\) stopped: its heartbeat .* has not changed for 1 s"):
             rdv.receive(1, "never", 30)
@@ -177,11 +177,13 @@ def test_a_rank_that_goes_silent_is_named(tmp_path):
     assert not errors
 
 
-def test_a_failed_rank_stops_the_one_waiting_for_it(tmp_path):
+@pytest.mark.parametrize("run_id", ["run1", None])  # None: no launcher's run id (rank 0's token names the run)
+def test_a_failed_rank_stops_the_one_waiting_for_it(tmp_path, run_id):
     def rank(r):
-        with _file(tmp_path, r) as rdv:
+        with _file(tmp_path, r, run_id=run_id) as rdv:
             rdv.meet(IDENT, 20)
             if r == 1:
+                time.sleep(0.5)  # rank 0 waits in receive by now
                 raise ExecutionError("out of disk")
             rdv.receive(1, "stores", 30)
     _, errors = _ranks(rank, 2)

@@ -67,13 +67,15 @@ def _read(path: Path, limit: int) -> bytes | None:
 
 
 class _Watch:
-    """What this rank saw of one peer's hello: its bytes, when they last changed, whether they
-    changed while watched (live), and the tokens of the live processes seen writing it."""
+    """What this rank saw of one peer's hello: its bytes, when they last changed, whether it is live
+    (``moved``: it changed while watched, ``changed_here``, or was fresh at first sight), and the
+    tokens of the live processes seen writing it."""
 
     def __init__(self) -> None:
         self.data: bytes | None = None
         self.changed = time.monotonic()
         self.moved = False
+        self.changed_here = False
         self.hello: dict | None = None
         self.tokens: dict[str, dict] = {}
 
@@ -133,9 +135,9 @@ class FileRendezvous(Rendezvous):
             w.data, w.hello = data, _parse(data)
             w.moved = w.hello is not None and _age(w.hello) < FRESH * self.beat
         elif data != w.data:
-            w.moved = True
+            w.moved = w.changed_here = True
             w.data, w.changed, w.hello = data, time.monotonic(), _parse(data)
-        if w.moved and w.hello is not None:
+        if w.moved and w.hello is not None and not w.hello.get("failed"):  # (a failed one no longer writes)
             w.tokens[str(w.hello.get("token"))] = w.hello
         return w
 
@@ -143,13 +145,13 @@ class FileRendezvous(Rendezvous):
         return w.moved and w.hello is not None and time.monotonic() - w.changed < self.stale
 
     def _failure(self, r: int, w: _Watch) -> None:
-        """Stop when rank r's hello says it failed in this run: live, or naming this rank's process
-        among those it saw (a hello that no longer beats may be an earlier run's)."""
+        """Stop when rank r's hello says it failed in this run: written while this rank watched, or
+        naming this rank's process among those it saw (one found failed may be an earlier run's)."""
         h = w.hello
-        if h is None or not h.get("failed") or not (self._live(w) or self._hello["token"] in (h.get("seen") or ())):
+        if h is None or not h.get("failed") or not (w.changed_here or self._hello["token"] in (h.get("seen") or ())):
             return
         origin = h.get("failed_rank", r)
-        if h.get("run_id") != self.run_id or h.get("world") != self.world:
+        if h.get("run_id") != self._hello["run_id"] or h.get("world") != self.world:
             problem = compare({**self._hello, "identity": None}, {**h, "identity": None})
             raise Disagreement(f"the ranks disagree: {problem}")
         raise PeerFailed(origin if isinstance(origin, int) else r, str(h["failed"]))
