@@ -90,13 +90,18 @@ def test_a_failed_check_passes_status_1(tmp_path):
 
 
 def _launcher(tmp_path: Path, nproc: int, heartbeat: float = 20.0, env: dict | None = None) -> subprocess.Popen:
+    """A launcher of ``nproc`` sleepers writing their pids into ``tmp_path``; its rendezvous folder in a
+    temporary folder beside it (a launcher killed by SIGKILL leaves it there, not in /tmp)."""
+    tmp = tmp_path.with_name(tmp_path.name + "-tmp")
+    tmp.mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp), **(env or {})}
     script = ("import sys; from caramel.launch import launch; from caramel.errors import CaramelError\n"
               f"try:\n    sys.exit(launch({nproc}, [], command=[sys.executable, '-c', {SLEEPER!r}], grace=2, "
               f"heartbeat_timeout={heartbeat}))\n"
               "except CaramelError as e:\n    print('caramel: error:', e, file=sys.stderr); sys.exit(2)\n"
               "except KeyboardInterrupt:\n    sys.exit(130)\n")
     return subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "PIDS": str(tmp_path), **(env or {})})
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PIDS": str(tmp_path), **env})
 
 
 def test_kill_9_of_a_rank_ends_the_launcher_promptly(tmp_path):
