@@ -637,7 +637,7 @@ def measure_throughput(program: Program, gpus: Sequence[int], *, n: int = 65536,
     return points
 
 
-__all__ = ["BatchError", "BatchResult", "BatchSummary", "GatheredBatch", "Instance", "ResidentGpus", "ResidentHost", "ThroughputPoint",
-           "batch_layout",
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "GatheredBatch", "Instance", "ResidentGpus", "ResidentHost",
+           "ThroughputPoint", "batch_layout",
            "gathered_outputs", "instance_line", "key_mems", "measure_throughput", "run_batch", "run_batch_distributed",
            "slot_runners"]

@@ -559,7 +559,8 @@ class ClusterExecutor:
         """Instance ``index`` as a Dask future of (worker address, :class:`caramel.batch.Instance`)."""
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ClusterError(f"an instance index is an integer >= 0, got {index!r}")
-        return self.client.submit(run_instance, self._shipped(), index, key=f"caramel-{self.job.token}-instance-{index}")
+        return self.client.submit(run_instance, self._shipped(), index,
+                                  key=f"caramel-{self.job.token}-instance-{index}")
 
     def map(self, indices: Iterable[int], *, ordered: bool = True, timeout: float | None = None) -> Iterator:
         """The :class:`caramel.batch.Instance` of every index, each once: in index order
@@ -612,7 +613,8 @@ class ClusterExecutor:
         wall = time.perf_counter() - start
         instances.sort(key=lambda x: x.index)
         if [x.index for x in instances] != list(range(batch)):
-            raise ClusterError(f"the cluster returned instances {[x.index for x in instances]}, expected 0..{batch - 1}")
+            raise ClusterError(f"the cluster returned instances {[x.index for x in instances]}, "
+                               f"expected 0..{batch - 1}")
         layouts = [_slots_of(w, self.job) for w in self.infos]
         summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, sum(len(l) for l in layouts),
                                max(1, max(len(l[0]) for l in layouts)), len(self.infos),
@@ -625,8 +627,8 @@ class ClusterExecutor:
 
     def run_partitioned(self, *, timeout: float | None = None) -> PartitionedRun:
         """One run of the program as ranks on distinct workers (module docstring): ``gpus`` ranks
-        (default one per chip, at most one per worker), rank r on the r-th worker. Fails within seconds, naming the rank,
-        when a rank fails or its worker is lost, after aborting the other ranks; ``timeout``:
+        (default one per chip, at most one per worker), rank r on the r-th worker. Fails within
+        seconds, naming the rank, when a rank fails or its worker is lost, after aborting the other ranks; ``timeout``:
         seconds for the whole run (None: no limit beyond each rank's waits)."""
         chips = self.program.chips
         ranks = self.gpus or min(chips, len(self.infos))  # fewer workers than chips: several chips per rank

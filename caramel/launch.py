@@ -185,11 +185,13 @@ def silent_rank(procs: Sequence[subprocess.Popen], heartbeat: str, started: floa
             age = now - os.stat(f"{heartbeat}.{rank}", follow_symlinks=False).st_mtime
         except OSError:
             if now - started > startup:
-                return f"rank {rank} showed no heartbeat in {startup:g} s after its start ({_state(p.pid) or 'running'})"
+                state = _state(p.pid) or "running"
+                return f"rank {rank} showed no heartbeat in {startup:g} s after its start ({state})"
             continue
         if age > timeout:
             state = _state(p.pid)
-            return f"rank {rank} stopped making progress: no heartbeat for {age:.0f} s" + (f" ({state})" if state else "")
+            more = f" ({state})" if state else ""
+            return f"rank {rank} stopped making progress: no heartbeat for {age:.0f} s{more}"
     return None
 
 

@@ -133,7 +133,8 @@ def test_a_lost_rank_fails_the_run_naming_it_and_frees_the_other(client, tmp_pat
             rank0 = pool.infos[0].address
             start = time.monotonic()
             rank1 = pool.infos[1].address
-            with pytest.raises(ClusterError, match=rf"rank 1 was lost with its worker {rank1} .*stopped the other 1 rank"):
+            lost = rf"rank 1 was lost with its worker {rank1} .*stopped the other 1 rank"
+            with pytest.raises(ClusterError, match=lost):
                 pool.run_partitioned(timeout=DEADLINE)
             elapsed = time.monotonic() - start
     finally:
@@ -237,7 +238,8 @@ def test_ranks_on_workers_that_see_several_gpus_take_their_devices_in_turn():
 
     one = [WorkerInfo(f"tcp://h{i}:1", f"h{i}", "1", "f", 1) for i in range(3)]
     assert rank_devices(one) == [0, 0, 0]  # one worker per GPU: each its only device
-    shared = [WorkerInfo(f"tcp://a:{i}", "a", "1", "f", 4) for i in range(3)] + [WorkerInfo("tcp://b:1", "b", "1", "f", 4)]
+    shared = [WorkerInfo(f"tcp://a:{i}", "a", "1", "f", 4) for i in range(3)]
+    shared.append(WorkerInfo("tcp://b:1", "b", "1", "f", 4))
     assert rank_devices(shared) == [0, 1, 2, 0]
 
 

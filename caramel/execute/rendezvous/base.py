@@ -58,8 +58,9 @@ class RunIdentity:
 
 def hello(rank: int, world: int, run_id: str | None, identity: RunIdentity | None, token: str | None = None) -> dict:
     """What a rank says when it meets the others: its place, its run and its identity, and who it is."""
-    return {"rank": rank, "world": world, "run_id": run_id, "identity": None if identity is None else identity.to_json(),
-            "host": socket.gethostname(), "pid": os.getpid(), "token": token or uuid.uuid4().hex}
+    return {"rank": rank, "world": world, "run_id": run_id,
+            "identity": None if identity is None else identity.to_json(), "host": socket.gethostname(),
+            "pid": os.getpid(), "token": token or uuid.uuid4().hex}
 
 
 def who(h: Mapping) -> str:

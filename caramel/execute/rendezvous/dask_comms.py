@@ -158,7 +158,8 @@ class DaskRendezvous(Rendezvous):
             self.box.raise_aborted()
             if time.monotonic() > deadline:
                 done.cancel()
-                raise ExecutionError(f"waited {self.timeout:g} s to send {tag} to rank {dest} at {self.addresses[dest]}")
+                raise ExecutionError(f"waited {self.timeout:g} s to send {tag} to rank {dest} at "
+                                     f"{self.addresses[dest]}")
 
     def receive(self, source: int, tag: str, timeout: float) -> Any:
         return self.box.take(source, tag, timeout)

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from caramel.errors import ExecutionError
-from caramel.execute.rendezvous.base import (Disagreement, PeerFailed, Rendezvous, RunIdentity, compare, decode, disagreements, encode,
-                                        hello, who)
+from caramel.execute.rendezvous.base import (Disagreement, PeerFailed, Rendezvous, RunIdentity, compare, decode,
+                                             disagreements, encode, hello, who)
 from caramel.infiles import NotRegularFile, open_regular
 from caramel.outfiles import replace_atomically
 
@@ -194,8 +194,8 @@ class FileRendezvous(Rendezvous):
             if time.monotonic() > deadline:
                 stale = [r for r in waiting if self._watch[r].data is not None and not self._live(self._watch[r])]
                 more = f" (the hello of rank(s) {stale} is stale: of an earlier run?)" if stale else ""
-                raise ExecutionError(f"waited {timeout:g} s at {self.base} for rank(s) {waiting} of {self.world}{more}; "
-                                     "did every process start, with the same CARAMEL_RENDEZVOUS?")
+                raise ExecutionError(f"waited {timeout:g} s at {self.base} for rank(s) {waiting} of {self.world}"
+                                     f"{more}; did every process start, with the same CARAMEL_RENDEZVOUS?")
             time.sleep(_POLL)
         with self._lock:
             self._hello["phase"] = "met"

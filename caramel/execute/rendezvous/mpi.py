@@ -37,7 +37,8 @@ class MpiRendezvous(Rendezvous):
         if (world.Get_rank(), world.Get_size()) != (place.rank, place.world):
             raise ExecutionError(f"MPI says rank {world.Get_rank()} of {world.Get_size()}, the launcher's variables "
                                  f"rank {place.rank} of {place.world}: is mpi4py's MPI the launcher's? (under srun: "
-                                 "srun --mpi=pmix or pmi2; or set CARAMEL_RENDEZVOUS_BACKEND=file and CARAMEL_RENDEZVOUS)")
+                                 "srun --mpi=pmix or pmi2; or set CARAMEL_RENDEZVOUS_BACKEND=file and "
+                                 "CARAMEL_RENDEZVOUS)")
         self.comm = world.Dup()
         self.rank, self.world, self.run_id = place.rank, place.world, place.run_id
         self._pending: list = []  # sends not known to be complete (isend: two ranks may send to each other at once)
