@@ -24,14 +24,13 @@ returns what finished (``interrupted``), outputs included.
 Backends: ``gpu`` (slots on CUDA devices), ``cpu-plan`` (slots on simulated devices: a K-chip
 instance runs on K host-thread devices over the fake fabric), ``cpu`` (the reference, slots as
 host threads). In process mode (``caramel launch --nproc P -- run ... --batch B``) process r takes
-the instances i with i % P == r on its own device (LOCAL_RANK on the GPU, chips merged there),
-writes their records (JSON) beside ``CARAMEL_RENDEZVOUS``, and rank 0 gathers and prints them
-(:func:`run_batch_distributed`).
+the instances i with i % P == r on its own device (LOCAL_RANK on the GPU, chips merged there) and
+sends their records to rank 0 through the run's rendezvous (MPI, a store or a file), which prints
+them all (:func:`run_batch_distributed`). On a Dask cluster, :mod:`caramel.cluster`.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -257,19 +256,26 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
 
 # --------------------------------------------------------------------------------- process mode
 
-def run_batch_distributed(program: Program, place, options=None, *, batch: int, outputs: bool = False,
+@dataclass
+class GatheredBatch:
+    """What rank 0 of a process-mode batch holds at the end: the whole batch, and with ``outputs``
+    every instance's decrypted outputs stacked in instance order (:func:`gathered_outputs`)."""
+
+    result: BatchResult
+    outputs: dict[str, np.ndarray] | None = None
+
+
+def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: int, outputs: bool = False,
                           limbs: bool = False, timeout: float = GATHER_TIMEOUT, inputs: Any = None,
-                          **fields) -> BatchResult | None:
+                          **fields) -> GatheredBatch | None:
     """This process's share of a batch in process mode: instances i with i % world == rank, on
     its own device (``place``: :func:`caramel.execute.distributed.launch_env`; on the GPU the CUDA
     device ``place.local_rank``, a K-chip program with its chips merged there; on the CPU the NumPy
-    plan engine). Each rank writes its records (and with ``outputs`` its decrypted outputs, .npz)
-    beside the rendezvous file; rank 0 waits for all ranks and returns the whole batch (the other
-    ranks return None). A rank with a failed instance raises :class:`BatchError` naming it."""
-    from caramel.execute.distributed import _wait_for
+    plan engine). ``rdv``: the run's :class:`~caramel.execute.rendezvous.Rendezvous`, met already
+    (:meth:`~caramel.execute.rendezvous.Rendezvous.meet`); each rank sends its records (and with
+    ``outputs`` its decrypted outputs) through it to rank 0, which returns the whole batch (the
+    other ranks return None). A rank with a failed instance raises :class:`BatchError` naming it."""
     from caramel.options import RunOptions, resolve_backend
-    from caramel.outfiles import write_atomic
-    from caramel.results import write_json
 
     opts = RunOptions.of(options, **fields)
     start = time.perf_counter()
@@ -282,7 +288,8 @@ def run_batch_distributed(program: Program, place, options=None, *, batch: int, 
     if result.failed or result.interrupted:
         what = "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())) or "interrupted"
         raise BatchError(f"rank {place.rank}: {what}")
-    if outputs or limbs:  # written before the records, which tell rank 0 that this rank is done
+    part: dict[str, Any] = {"world": place.world, "records": result.records}
+    if outputs or limbs:
         from caramel.userdata import stack_outputs
 
         arrays = {"instances": np.asarray([x.index for x in result.instances], dtype=np.int64)}
@@ -290,19 +297,15 @@ def run_batch_distributed(program: Program, place, options=None, *, batch: int, 
             per = [x.outputs for x in result.instances]
             arrays.update({k: (v[None] if len(per) == 1 and not k.endswith(".limbs") else v)
                            for k, v in stack_outputs(per).items()})
-        write_atomic(place.data_path(f"batch{place.rank}.npz"), lambda f: np.savez(f, **arrays))
-    write_json(place.data_path(f"batch{place.rank}.json"),
-               {"world": place.world, "records": result.records, "timings_s": result.timings})
-    if place.rank != 0:
+        part["outputs"] = arrays
+    parts = rdv.gather("batch", part, timeout)
+    if parts is None:
         return None
     records: list[dict] = []
-    for r in range(place.world):
-        path = place.data_path(f"batch{r}.json")
-        _wait_for(path, timeout, f"the records of rank {r}", place)  # stops early when a rank reported a failure
-        data = json.loads(path.read_text())
-        if data.get("world") != place.world:
-            raise BatchError(f"{path} was written for {data.get('world')} processes, this run has {place.world}")
-        records += data["records"]
+    for r, p in enumerate(parts):
+        if p.get("world") != place.world:
+            raise BatchError(f"rank {r} ran a batch of {p.get('world')} processes, this run has {place.world}")
+        records += p["records"]
     records.sort(key=lambda r: r["instance"])
     if [r["instance"] for r in records] != list(range(batch)):
         raise BatchError(f"the ranks returned instances {[r['instance'] for r in records]}, expected 0..{batch - 1}")
@@ -310,18 +313,15 @@ def run_batch_distributed(program: Program, place, options=None, *, batch: int, 
     passed = _batch_verdict([r["passed"] for r in records])
     result.records = records
     result.summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, place.world, 1, place.world, passed)
-    return result
+    merged = gathered_outputs([p["outputs"] for p in parts], batch) if outputs or limbs else None
+    return GatheredBatch(result, merged)
 
 
-def gathered_outputs(place, batch: int) -> dict[str, np.ndarray]:
-    """Rank 0, after :func:`run_batch_distributed` with ``outputs``: every rank's outputs merged
-    into one array per name, stacked in instance order."""
-    parts = []
-    for r in range(place.world):
-        with np.load(place.data_path(f"batch{r}.npz"), allow_pickle=False) as data:
-            parts.append({k: data[k] for k in data.files})
+def gathered_outputs(parts: Sequence[Mapping[str, np.ndarray]], batch: int) -> dict[str, np.ndarray]:
+    """Every rank's outputs (``parts[r]``: rank r's arrays, with ``instances``, the indices of its
+    instances) merged into one array per name, stacked in instance order."""
     merged: dict[str, np.ndarray] = {}
-    order = np.concatenate([p["instances"] for p in parts])
+    order = np.concatenate([np.asarray(p["instances"], dtype=np.int64) for p in parts])
     if sorted(order.tolist()) != list(range(batch)):
         raise BatchError(f"the ranks' outputs hold instances {sorted(order.tolist())}, expected 0..{batch - 1}")
     keys = next((p.keys() for p in parts if len(p["instances"])), {})
@@ -394,6 +394,6 @@ def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, r
     return points
 
 
-__all__ = ["BatchError", "BatchResult", "BatchSummary", "Instance", "ResidentGpus", "ResidentHost", "ThroughputPoint",
-           "batch_layout", "gathered_outputs", "instance_line", "key_mems", "measure_throughput", "run_batch",
-           "run_batch_distributed"]
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "GatheredBatch", "Instance", "ResidentGpus", "ResidentHost",
+           "ThroughputPoint", "batch_layout", "gathered_outputs", "instance_line", "key_mems", "measure_throughput",
+           "run_batch", "run_batch_distributed"]

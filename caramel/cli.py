@@ -102,7 +102,8 @@ def _start_gpu(argv: Sequence[str]) -> None:
     (NumPy, the client, the planner), start the steps of :data:`GPU_START` in threads: the CUDA
     driver and the GPU's context, and CuPy's import; :func:`caramel.ckks.device.warm_up` goes on from
     there (its ``import cupy`` waits for this one). Off when ``$CARAMEL_GPU_WARMUP`` is "0"."""
-    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv:
+    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv or any(
+            a == "--cluster" or a.startswith("--cluster=") for a in argv):
         return
     if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
         return
@@ -194,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.save_limbs and not args.save_outputs:
         raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
-    if args.backend == "gpu" and not args.distributed:
+    if args.backend == "gpu" and not args.distributed and not args.cluster:  # (a cluster's workers compute)
         from caramel.ckks.device import warm_up
 
         warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning
@@ -205,16 +206,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     validate_once(program, validate)  # a program that passed once is not validated again
     load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
-    if args.distributed and args.keys:
-        raise CaramelError("--keys is not supported with --distributed yet (each process generates its keys)")
+    if args.distributed:
+        _check_process_mode(args)
     if args.batch is not None:
         return _run_batch(args, program, check, load_s)
-    if args.distributed and (args.inputs or args.save_outputs or args.json):
-        raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
-    if args.distributed and args.shared:
-        raise CaramelError("--shared goes with --batch in process mode")
     if args.distributed:
         return _run_distributed(args, program, check)
+    if args.cluster:
+        return _run_cluster(args, program, check)
     from caramel.api import check_devices, devices_used, resolve_backend
 
     check_devices(program, resolve_backend(args.backend), args.gpus)  # before keys and inputs are made
@@ -235,6 +234,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_INVALID
+
+
+def _run_cluster(args: argparse.Namespace, program, check) -> int:
+    """``caramel run PROGRAM --cluster ADDRESS`` without ``--batch``: one run of a K-chip program,
+    one chip per worker (:meth:`caramel.cluster.ClusterExecutor.run_partitioned`)."""
+    from caramel.cluster import ClusterExecutor
+
+    if args.keys or args.inputs or args.save_outputs or args.json:
+        raise CaramelError("--keys, --inputs, --save-outputs and --json go with --batch on a cluster")
+    with ClusterExecutor(program, cluster=args.cluster, gpus=args.gpus, n=args.n, mode=args.mode, backend=args.backend,
+                         seed=args.seed, key_seed=args.key_seed, check=check, streams=args.streams) as pool:
+        run = pool.run_partitioned()
+    print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
+          f"mode {args.mode}, backend {run.backend}, {run.ranks} rank(s) on {run.ranks} Dask worker(s): ran in "
+          f"{run.seconds:.2f} s")
+    print(f"output digest (sha256): {run.digest}")
+    if run.report is None:
+        print(_NOT_CHECKED)
+        return EXIT_OK
+    print(run.report.summary())
+    return EXIT_OK if run.report.passed else EXIT_INVALID
 
 
 def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int) -> None:
@@ -273,27 +293,39 @@ INSTANCE_PHASES = ("upload", "replay", "download", "digest")
 
 def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     """``caramel run --batch B``: B instances (:mod:`caramel.batch`), one line each and a summary;
-    with ``--distributed`` this process's share, rank 0 gathering and printing. The instances that
-    finished are printed (and their outputs saved) even when others failed (exit 2) or the batch was
-    interrupted (exit 130)."""
-    from caramel.batch import gathered_outputs, instance_line, run_batch, run_batch_distributed
+    with ``--distributed`` this process's share, rank 0 gathering and printing; with ``--cluster``
+    on a Dask cluster. The instances that finished are printed (and their outputs saved) even when
+    others failed (exit 2) or the batch was interrupted (exit 130)."""
+    from caramel.batch import instance_line, run_batch, run_batch_distributed
     from caramel.results import PHASES, document, timings_line
     from caramel.userdata import save_outputs, stack_outputs
 
     keep = bool(args.save_outputs or args.save_limbs)
     options = _run_options(args, check)
     if args.distributed:
-        from caramel.execute.distributed import clean_up, launch_env
+        from caramel.api import resolve_backend
+        from caramel.execute.rendezvous import open_rendezvous
 
-        place = launch_env()
-        if place is None:
-            raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-        result = run_batch_distributed(program, place, options.with_(gpus=None), batch=args.batch, inputs=args.inputs,
-                                       outputs=keep, limbs=args.save_limbs)
-        if result is None:
+        place = _place()
+        backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
+        with open_rendezvous(place) as rdv:  # the others hear of a failure here (Rendezvous.fail)
+            rdv.meet(_identity(args, program, check, place.world, backend, args.batch), MEET_SECONDS)
+            gathered = run_batch_distributed(program, place, rdv, options.with_(gpus=None, backend=backend),
+                                             batch=args.batch, inputs=args.inputs, outputs=keep,
+                                             limbs=args.save_limbs)
+        if gathered is None:
             return EXIT_OK
-        arrays = gathered_outputs(place, args.batch) if keep else None
-        clean_up(place)  # rank 0 has read every rank's records and outputs
+        result, arrays = gathered.result, gathered.outputs
+    elif args.cluster:
+        from caramel.cluster import ClusterExecutor
+
+        keys, _ = _stored_keys(args, program)
+        with ClusterExecutor(program, cluster=args.cluster, gpus=args.gpus, backend=args.backend, keys=keys,
+                             batch=args.batch, n=args.n, mode=args.mode, seed=args.seed, key_seed=args.key_seed,
+                             check=check, streams=args.streams, inputs=args.inputs, outputs=keep,
+                             limbs=args.save_limbs) as pool:
+            result = pool.run_batch(args.batch)
+        arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
     else:
         keys, _ = _stored_keys(args, program)
         result = run_batch(program, options, batch=args.batch, keys=keys, inputs=args.inputs, outputs=keep,
@@ -379,32 +411,52 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: Seconds the ranks of a process-mode run wait for each other to meet.
+MEET_SECONDS = 300.0
+
+
+def _place():
+    """This process's place in a process-mode run (launcher variables), or a clear error."""
+    from caramel.execute.distributed import launch_env
+
+    place = launch_env()
+    if place is None:
+        raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
+    return place
+
+
+def _identity(args: argparse.Namespace, program, check, world: int, backend: str, batch: int | None = None):
+    """What every rank of a process-mode run must agree on (:class:`caramel.execute.rendezvous.RunIdentity`)."""
+    from caramel.api import resolve_check
+    from caramel.execute.distributed import RunIdentity, check_digest
+    from caramel.parse import read_source, source_digest
+
+    return RunIdentity(source_digest(read_source(args.program)), args.n, args.mode, args.seed, world, backend,
+                       check_digest(resolve_check(program, check)), args.key_seed, batch)
+
+
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
     """``caramel run --distributed``: this process's GPU of a multi-process run (launcher
     variables, :mod:`caramel.execute.distributed`); rank 0 gathers, checks and prints."""
     from caramel.api import output_digest, prepare_inputs, resolve_backend, run_setup
     from caramel.ckks.check import evaluate_check
     from caramel.ckks.keyset import generate_keyset
-    from caramel.errors import CaramelError
-    from caramel.execute.distributed import RunIdentity, check_digest, launch_env, run_distributed
+    from caramel.execute.distributed import run_distributed
+    from caramel.execute.rendezvous import open_rendezvous
     from caramel.plan import build_plan
     from caramel.ring import Mode
 
-    place = launch_env()
-    if place is None:
-        raise CaramelError("--distributed needs a launcher's RANK/WORLD_SIZE variables (see `caramel launch`)")
-    ctx, spec, _ = run_setup(program, args.n, None, check, None)
-    # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
-    keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
-    prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
+    place = _place()
     # Processes run the plan: on their GPU, or (cpu, cpu-plan, auto without a GPU) on NumPy.
     backend = "gpu" if resolve_backend(args.backend) == "gpu" else "cpu-plan"
-    from caramel.parse import read_source, source_digest
-
-    identity = RunIdentity(source_digest(read_source(args.program)), args.n, args.mode, args.seed, place.world,
-                           backend, check_digest(spec), args.key_seed)
-    result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, backend=backend,
-                             streams=args.streams, identity=identity)
+    with open_rendezvous(place) as rdv:  # the others hear of a failure here (Rendezvous.fail)
+        rdv.meet(_identity(args, program, check, place.world, backend), MEET_SECONDS)  # before the keys: seconds
+        ctx, spec, _ = run_setup(program, args.n, None, check, None)
+        # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
+        keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
+        prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
+        result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, rdv,
+                                 backend=backend, streams=args.streams)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
@@ -426,7 +478,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     """``caramel launch --nproc G -- ARGS``: G local processes of ``caramel ARGS --distributed``.
 
     Before any process starts: the command must be one of :data:`LAUNCHABLE` and parse (with
-    ``--distributed``), and the program must have at least G chips."""
+    ``--distributed``), the program must have at least G chips, the options must suit process
+    mode, every output path must be writable, and ``--backend gpu`` needs CuPy and G GPUs."""
     from caramel.launch import launch
 
     rest = [a for a in args.args if a != "--"]
@@ -445,6 +498,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
         child_args = child.parse_args([*rest, "--distributed"])
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) and exc.code else EXIT_ERROR
+    _check_process_mode(child_args)
+    _check_outputs(child_args)
+    backend = getattr(child_args, "backend", "auto")
+    if backend == "gpu":
+        _check_gpus(args.nproc)
     program = _load(child_args)
     batch = getattr(child_args, "batch", None)
     if batch is not None and args.nproc > batch:  # program-level: each process runs whole instances
@@ -453,7 +511,66 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if batch is None and args.nproc > program.chips:
         raise CaramelError(f"--nproc {args.nproc} for {program.name}, a {program.chips}-chip program: use at most "
                            f"{program.chips} processes (one per chip)")
-    return launch(args.nproc, rest)
+    return launch(args.nproc, rest, heartbeat_timeout=args.heartbeat_timeout)
+
+
+def _check_process_mode(args: argparse.Namespace) -> None:
+    """Refuse the options that process mode does not take (before any process starts)."""
+    if getattr(args, "cluster", None):
+        raise CaramelError("--cluster and --distributed are two ways to spread a run: give one")
+    if getattr(args, "keys", None):
+        raise CaramelError("--keys is not supported with --distributed yet (each process generates its keys)")
+    if getattr(args, "batch", None) is None and any(getattr(args, o, None) for o in ("inputs", "save_outputs", "json")):
+        raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
+    if getattr(args, "batch", None) is None and getattr(args, "shared", None):
+        raise CaramelError("--shared goes with --batch in process mode")
+
+
+#: The options that name a file a command writes.
+OUTPUT_OPTIONS = ("json", "save_outputs", "trace", "plot", "dag_json", "dot")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path of ``args`` can be written, and no two share a path: refused before any
+    work (a process started, keys made) with the user's path named. ``-`` is standard output."""
+    seen: dict[str, str] = {}
+    for option in OUTPUT_OPTIONS:
+        value = getattr(args, option, None)
+        if not isinstance(value, str) or value == "-":
+            continue
+        flag = "--" + option.replace("_", "-")
+        path = os.path.abspath(value)
+        if path in seen:
+            raise CaramelError(f"{flag} and {seen[path]} name one file, {value}: give each output its own path")
+        seen[path] = flag
+        if os.path.lexists(value):
+            import stat
+
+            st = os.lstat(value)
+            if stat.S_ISLNK(st.st_mode):
+                raise CaramelError(f"{flag} {value}: a symbolic link; refusing to write through it")
+            if not stat.S_ISREG(st.st_mode):
+                raise CaramelError(f"{flag} {value}: not a regular file (a folder, device or FIFO); caramel writes "
+                                   "only regular files")
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            raise CaramelError(f"{flag} {value}: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise CaramelError(f"{flag} {value}: the folder {folder} is not writable")
+
+
+def _check_gpus(count: int) -> None:
+    """``--backend gpu`` for ``count`` processes: CuPy and at least ``count`` CUDA GPUs here."""
+    from caramel.api import gpu_available
+
+    if not gpu_available():
+        raise CaramelError("--backend gpu needs CuPy and a CUDA GPU on this machine (pip install 'caramel-fhe[cuda12]' "
+                           "or 'caramel-fhe[cuda13]'); --backend cpu-plan runs the same processes on the CPU")
+    import cupy as cp
+
+    present = cp.cuda.runtime.getDeviceCount()
+    if present < count:
+        raise CaramelError(f"--nproc {count} processes on the GPU, this machine has {present} GPU(s)")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -625,6 +742,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < 1e9:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _ring_dimension(text: str) -> int:
     from caramel.ring.context import MIN_N
 
@@ -701,6 +828,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed", action="store_true",
                    help="process mode: this process is one GPU of a run started by a launcher (RANK, WORLD_SIZE, "
                         "LOCAL_RANK, CARAMEL_RENDEZVOUS; see `caramel launch`)")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run on a Dask cluster (pip install 'caramel-fhe[cluster]'): "
+                   "a scheduler address (tcp://host:8786) or 'local' (one worker process per GPU, or per simulated "
+                   "device on the CPU; --gpus picks how many). With --batch B the instances spread over every worker; "
+                   "without, a K-chip program runs one chip per worker (docs/CLUSTER.md)")
     p.add_argument("--key-seed", type=int, metavar="K", help="seed of the secrets and evaluation keys (default: "
                    "--seed); inputs always come from --seed")
     p.add_argument("--batch", type=_positive, metavar="B",
@@ -731,11 +862,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", required=True, help="key store folder (created mode 0700; it holds "
                    "the secret key)")
 
+    from caramel.launch import HEARTBEAT_SECONDS
+
     p = sub.add_parser("launch", help="start G local processes of a caramel command in process mode (one per GPU)",
                        description="start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, "
                                    "LOCAL_RANK, CARAMEL_RENDEZVOUS set), one per GPU, like torchrun")
     p.set_defaults(func=cmd_launch)
     p.add_argument("--nproc", type=_positive, required=True, help="number of processes (GPUs)")
+    p.add_argument("--heartbeat-timeout", type=_seconds, default=HEARTBEAT_SECONDS, metavar="S",
+                   help=f"end the run when a process shows no heartbeat for S seconds (stopped, frozen; default "
+                        f"{HEARTBEAT_SECONDS:g})")
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the caramel command, e.g. -- run PROGRAM --backend gpu")
 
     p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
@@ -850,6 +986,10 @@ def _interrupted() -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     _start_gpu(sys.argv[1:] if argv is None else list(argv))  # before build_parser imports the API
+    if "--distributed" in (sys.argv[1:] if argv is None else argv):
+        from caramel.launch import start_heartbeat
+
+        start_heartbeat()  # a rank of `caramel launch` beats from its start (the launcher watches it)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -1,31 +1,33 @@
-"""The process-mode launcher and rendezvous on the CPU: a dead rank ends the run promptly and is named,
-nothing outlives a killed launcher, stale or foreign rendezvous data is never used as this run's."""
+"""The process-mode launcher on the CPU: a dead or stopped rank ends the run promptly and is named,
+nothing outlives a killed launcher and the next launch removes the folder it left (and nothing
+else), ranks that disagree fail within seconds saying what differs, and what can be checked before
+starting processes is (GPU, output paths)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from caramel.errors import ExecutionError
-from caramel.execute.distributed import Place, RunIdentity, clean_up, rendezvous
-from caramel.launch import Ending, launch
+from caramel.launch import MARKER, Ending, clean_stale_folders, launch
 
-from tests.conftest import REPO, SHARED_PROGRAMS, caramel_cli
+from tests.conftest import REPO, caramel_cli
 
-MUL = SHARED_PROGRAMS / "Mul_4L_2c"
-needs_corpus = pytest.mark.skipif(not MUL.is_dir(), reason="shared corpus not found")
+MUL = REPO / "programs" / "Mul_4L_2c"
 
-# A rank that writes its pid to $PIDS/<rank> and sleeps (or exits with $EXIT_<rank>).
+# A rank that beats, writes its pid to $PIDS/<rank> and sleeps (or exits with $EXIT_<rank>).
 SLEEPER = """
 import os, sys, time
+from caramel.launch import start_heartbeat
+start_heartbeat()
 rank = os.environ["RANK"]
 open(os.path.join(os.environ["PIDS"], rank), "w").write(str(os.getpid()))
 code = os.environ.get("EXIT_" + rank)
@@ -87,13 +89,19 @@ def test_a_failed_check_passes_status_1(tmp_path):
     assert launch(2, [], env=env, command=[sys.executable, "-c", SLEEPER]) == 1
 
 
-def _launcher(tmp_path: Path, nproc: int) -> subprocess.Popen:
+def _launcher(tmp_path: Path, nproc: int, heartbeat: float = 20.0, env: dict | None = None) -> subprocess.Popen:
+    """A launcher of ``nproc`` sleepers writing their pids into ``tmp_path``; its rendezvous folder in a
+    temporary folder beside it (a launcher killed by SIGKILL leaves it there, not in /tmp)."""
+    tmp = tmp_path.with_name(tmp_path.name + "-tmp")
+    tmp.mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp), **(env or {})}
     script = ("import sys; from caramel.launch import launch; from caramel.errors import CaramelError\n"
-              f"try:\n    sys.exit(launch({nproc}, [], command=[sys.executable, '-c', {SLEEPER!r}], grace=2))\n"
+              f"try:\n    sys.exit(launch({nproc}, [], command=[sys.executable, '-c', {SLEEPER!r}], grace=2, "
+              f"heartbeat_timeout={heartbeat}))\n"
               "except CaramelError as e:\n    print('caramel: error:', e, file=sys.stderr); sys.exit(2)\n"
               "except KeyboardInterrupt:\n    sys.exit(130)\n")
     return subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "PIDS": str(tmp_path)})
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PIDS": str(tmp_path), **env})
 
 
 def test_kill_9_of_a_rank_ends_the_launcher_promptly(tmp_path):
@@ -116,54 +124,81 @@ def test_nothing_outlives_the_launcher(tmp_path, sig):
     assert _wait_dead(pids.values())
 
 
-# ----------------------------------------------------------------------------------------------
-# Rendezvous data
-# ----------------------------------------------------------------------------------------------
-
-IDENT = RunIdentity("digest", 1024, "exact", 0, 2, "cpu-plan")
-
-
-def test_a_stale_rendezvous_file_of_another_run_is_never_read(tmp_path):
-    rdv = tmp_path / "rdv.json"
-    rdv.write_text(json.dumps({"run_id": "old", "world": 2, "identity": IDENT.to_json()}))
-    got = {}
-
-    def rank1():
-        got["place"], got["data"] = rendezvous(Place(1, 2, 1, rdv, "new"), IDENT, timeout=20)
-
-    t = threading.Thread(target=rank1)
-    t.start()
-    time.sleep(0.3)
-    assert t.is_alive()  # still waiting: the file is of another run
-    rendezvous(Place(0, 2, 0, rdv, "new"), IDENT, {"x": 1})
-    t.join(20)
-    assert got["place"].run_id == "new" and got["data"]["x"] == 1
+def test_a_stopped_rank_ends_the_run_through_its_heartbeat(tmp_path):
+    launcher = _launcher(tmp_path, 2, heartbeat=2.0)
+    pids = _pids(tmp_path, 2)
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert launcher.returncode == 2
+    assert re.search(r"rank 1 stopped making progress: no heartbeat for \d+ s \(stopped by a signal such as SIGSTOP\); "
+                     r"stopped all 2 processes", err), err
+    assert _wait_dead(pids.values())
 
 
-def test_a_stale_file_times_out_with_a_clear_error(tmp_path):
-    rdv = tmp_path / "rdv.json"
-    rdv.write_text(json.dumps({"run_id": "old", "world": 2, "identity": IDENT.to_json()}))
-    with pytest.raises(ExecutionError, match="holds run old, not this run new"):
-        rendezvous(Place(1, 2, 1, rdv, "new"), IDENT, timeout=0.3)
+def _stale_folder(where: Path, name: str, pid: int, host: str | None = None) -> Path:
+    import socket
+
+    folder = where / f"caramel-rdv-{name}"
+    folder.mkdir(mode=0o700)
+    (folder / MARKER).write_text(json.dumps({"pid": pid, "start": None, "host": host or socket.gethostname(),
+                                            "uid": os.getuid()}))
+    (folder / "rendezvous.json.hello0").write_text("{}")
+    (folder / "heartbeat.0").write_text("")
+    return folder
 
 
-def test_a_mismatching_rank_is_refused(tmp_path):
-    rdv = tmp_path / "rdv.json"
-    rendezvous(Place(0, 2, 0, rdv), IDENT)
-    other = RunIdentity("digest", 1024, "exact", 5, 2, "cpu-plan")
-    with pytest.raises(ExecutionError, match="seed 5 here, 0 at rank 0"):
-        rendezvous(Place(1, 2, 1, rdv), other, timeout=5)
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
 
 
-def test_clean_up_removes_the_run_files_only(tmp_path):
-    rdv = tmp_path / "rdv.json"
-    place, _ = rendezvous(Place(0, 2, 0, rdv, "abc"), IDENT)
-    mine = place.data_path("stores1.npz")
-    mine.write_bytes(b"x")
-    other = tmp_path / "rdv.json.zzz.stores1.npz"
-    other.write_bytes(b"x")
-    assert set(clean_up(place)) == {rdv, mine}
-    assert other.exists()
+def test_kill_9_of_the_launcher_leaves_a_folder_that_the_next_launch_removes(tmp_path):
+    tmp, where = tmp_path / "tmp", tmp_path / "pids"
+    tmp.mkdir()
+    where.mkdir()
+    launcher = _launcher(where, 2, env={"TMPDIR": str(tmp)})
+    pids = _pids(where, 2)
+    folders = list(tmp.glob("caramel-rdv-*"))
+    launcher.kill()
+    launcher.communicate(timeout=30)
+    assert _wait_dead(pids.values())
+    assert [f for f in folders if f.exists()] == folders and (folders[0] / MARKER).exists()  # left behind
+    assert clean_stale_folders(tmp) == folders
+    assert list(tmp.iterdir()) == []
+
+
+def test_the_next_launch_removes_only_stale_folders_it_owns_and_only_its_files(tmp_path, monkeypatch):
+    gone = _stale_folder(tmp_path, "gone", _dead_pid())
+    live = _stale_folder(tmp_path, "live", os.getpid())  # a launch still running
+    elsewhere = _stale_folder(tmp_path, "elsewhere", _dead_pid(), host="another-machine")
+    kept = _stale_folder(tmp_path, "kept", _dead_pid())
+    (kept / "notes.txt").write_text("mine")  # a file caramel did not write
+    unmarked = tmp_path / "caramel-rdv-unmarked"
+    unmarked.mkdir()
+    (unmarked / "rendezvous.json").write_text("{}")
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "caramel-rdv-link").symlink_to(target)
+    assert clean_stale_folders(tmp_path) == [gone]
+    assert not gone.exists() and live.exists() and elsewhere.exists() and unmarked.exists() and target.exists()
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]  # caramel's files gone, the user's kept
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    env = {"PIDS": str(tmp_path / "p"), "EXIT_0": "0", "EXIT_1": "0"}
+    (tmp_path / "p").mkdir()
+    _stale_folder(tmp_path, "gone2", _dead_pid())
+    assert launch(2, [], env=env, command=[sys.executable, "-c", SLEEPER]) == 0
+    assert not (tmp_path / "caramel-rdv-gone2").exists()  # a launch cleans before it starts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,38 +212,57 @@ def _digest(result) -> str:
     return lines[0]
 
 
-def _ranks(rdv: Path, seeds, world: int = 2, extra=()):
+def _ranks(rdv: Path, ranks=(0, 1), worlds=(2, 2), seeds=(0, 0), run_ids=(None, None), extra=()):
+    """``caramel run MUL --distributed`` as processes with these RANK, WORLD_SIZE, --seed and CARAMEL_RUN_ID
+    (file rendezvous at ``rdv``); each one's ((stdout, stderr), exit status)."""
     procs = []
-    for r, seed in enumerate(seeds):
+    for r, world, seed, run_id in zip(ranks, worlds, seeds, run_ids):
         env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": str(r), "WORLD_SIZE": str(world),
-               "LOCAL_RANK": str(r), "CARAMEL_RENDEZVOUS": str(rdv), "CARAMEL_PROGRESS": "0"}
+               "LOCAL_RANK": str(r), "CARAMEL_RENDEZVOUS": str(rdv), "CARAMEL_PROGRESS": "0",
+               "CARAMEL_RENDEZVOUS_BACKEND": "file"}
         env.pop("CARAMEL_RUN_ID", None)
+        if run_id is not None:
+            env["CARAMEL_RUN_ID"] = run_id
         procs.append(subprocess.Popen([sys.executable, "-m", "caramel.cli", "run", str(MUL), "--n", "1024",
                                        "--backend", "cpu-plan", "--seed", str(seed), "-q", "--distributed", *extra],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return [(p.communicate(timeout=300), p.returncode) for p in procs]
+    try:
+        return [(p.communicate(timeout=120), p.returncode) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
-@needs_corpus
 def test_reusing_a_rendezvous_path_with_another_seed_gives_that_seeds_digest(tmp_path):
     rdv = tmp_path / "rdv.json"
     for seed in (0, 1):
-        (out0, err0), rc0 = _ranks(rdv, [seed, seed])[0]
+        (out0, err0), rc0 = _ranks(rdv, seeds=(seed, seed))[0]
         want = caramel_cli("run", str(MUL), "--n", "1024", "--backend", "cpu", "--seed", str(seed), "-q")
         assert rc0 == 0, err0[-2000:]
         assert _digest(want) in out0
     assert list(tmp_path.iterdir()) == []  # the run's files are removed
 
 
-@needs_corpus
-def test_ranks_with_different_seeds_are_refused(tmp_path):
-    ((out0, err0), rc0), ((out1, err1), rc1) = _ranks(tmp_path / "rdv.json", [0, 1])
-    assert rc1 == 2 and "seed 1 here, 0 at rank 0" in err1
-    assert rc0 == 2 and "rank 1 failed" in err0
-    assert "output digest" not in out0
+@pytest.mark.parametrize("case, ranks, worlds, seeds, run_ids, message", [
+    ("seeds", (0, 1), (2, 2), (0, 1), (None, None), r"rank 1 does not match rank 0 \(seed 1 at rank 1, 0 at rank 0\)"),
+    ("both rank 0", (0, 0), (2, 2), (0, 0), (None, None), r"two processes are rank 0 of 2: .*pid \d+ on host"),
+    ("world sizes", (0, 1), (2, 3), (0, 0), (None, None), r"rank 1 \(pid \d+ .*\) has WORLD_SIZE 3, rank 0 .* has 2"),
+    ("run ids", (0, 1), (2, 2), (0, 0), ("a", "b"), r"rank 1 .* is in run 'b', rank 0 .* in run 'a'"),
+])
+def test_ranks_that_disagree_fail_within_seconds_saying_what(tmp_path, case, ranks, worlds, seeds, run_ids, message):
+    """Each of these waited for the 300 s limit with no message before."""
+    start = time.monotonic()
+    results = _ranks(tmp_path / "rdv.json", ranks, worlds, seeds, run_ids)
+    assert time.monotonic() - start < 100  # the processes' own limit is 300 s
+    assert [rc for _, rc in results] == [2, 2], results
+    errors = "".join(err for (_, err), _ in results)
+    assert re.search(message, errors), errors
+    assert all("caramel: error:" in err and "Traceback" not in err for (_, err), _ in results)
+    assert not any("output digest" in out for (out, _), _ in results)
 
 
-@needs_corpus
 def test_launch_refuses_other_commands_and_too_many_processes():
     r = caramel_cli("launch", "--nproc", "2", "--", "validate", str(MUL))
     assert r.returncode == 2 and "starts run or profile in process mode, not 'validate'" in r.stderr
@@ -217,7 +271,34 @@ def test_launch_refuses_other_commands_and_too_many_processes():
     assert "Traceback" not in r.stderr
 
 
-@needs_corpus
 def test_launch_refuses_a_command_without_process_mode_before_starting():
     r = caramel_cli("launch", "--nproc", "2", "--", "profile", str(MUL))
     assert r.returncode == 2 and "has no process mode" in r.stderr and "caramel rank" not in r.stderr
+
+
+@pytest.mark.skipif(__import__("caramel.api", fromlist=["gpu_available"]).gpu_available(), reason="CuPy and a GPU here")
+def test_launch_on_the_gpu_without_cupy_is_one_clear_error_before_any_process():
+    r = caramel_cli("launch", "--nproc", "2", "--", "run", str(MUL), "--n", "1024", "--backend", "gpu", "-v")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "ModuleNotFoundError" not in r.stderr
+    assert "--backend gpu needs CuPy and a CUDA GPU on this machine" in r.stderr
+    assert "rank" not in r.stderr  # no process started (each logs its rank)
+
+
+@pytest.mark.parametrize("outputs, message", [
+    (["--json", "{tmp}/missing/r.json"], r"--json {tmp}/missing/r.json: the folder {tmp}/missing does not exist"),
+    (["--json", "{tmp}"], r"--json {tmp}: not a regular file"),
+    (["--json", "{tmp}/r.npz", "--save-outputs", "{tmp}/r.npz"], r"--save-outputs and --json name one file"),
+])
+def test_launch_checks_every_output_path_before_starting(tmp_path, outputs, message):
+    outputs = [o.format(tmp=tmp_path) for o in outputs]
+    r = caramel_cli("launch", "--nproc", "2", "--", "run", str(MUL), "--n", "1024", "--backend", "cpu-plan", "-v",
+                    "--batch", "2", *outputs)
+    assert r.returncode == 2 and re.search(message.format(tmp=re.escape(str(tmp_path))), r.stderr), r.stderr
+    assert "rank" not in r.stderr and list(p.name for p in tmp_path.iterdir() if p.is_file()) == []
+
+
+def test_launch_refuses_process_mode_options_before_starting(tmp_path):
+    r = caramel_cli("launch", "--nproc", "2", "--", "run", str(MUL), "--n", "1024", "--backend", "cpu-plan", "-v",
+                    "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 2 and "--inputs, --save-outputs and --json go with --batch in process mode" in r.stderr
+    assert "rank" not in r.stderr
