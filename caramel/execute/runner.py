@@ -26,6 +26,7 @@ from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Plan
 from caramel.plan.streams import StreamSchedule, Task, assign_streams, check_schedule
 from caramel.program import Mem
 from caramel.ring import Context, Mode
+from caramel.target import NEUTRAL
 
 _I32 = np.int32
 
@@ -177,6 +178,7 @@ class DeviceRun:
         limb-level instruction: the eager baseline)."""
         self.prog, self.plan, self.fabric = prog, plan, fabric
         self.backend = backend_factory(ctx, prog.n_rows)
+        target = getattr(self.backend, "target", NEUTRAL)  # its kernel costs (Backend.target)
         init_rows, init, self.input_mems = [], [], []
         for c in prog.chips:
             chip = plan.chips[c]
@@ -228,7 +230,7 @@ class DeviceRun:
                     f"chip {c} {k.kind.value} level {k.level}", step)
                 rows = prog.rows_of[c]
                 task = Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
-                            cost=task_cost(k, ctx.n),
+                            cost=task_cost(k, ctx.n, target),
                             name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
             self.tasks.append(task)
             self.task_calls.append(range(first, len(self.calls)))

@@ -7,13 +7,18 @@ prime. Input and output slots of a row must differ (the kernel gathers from the 
 
 from __future__ import annotations
 
-from caramel.backends.cuda.context import CudaRing, cupy, index_array
+from functools import lru_cache
+
+from caramel.backends.cuda.compiler import function
+from caramel.backends.cuda.context import COMMON_SRC, CudaRing, cupy, index_array
 
 THREADS = 256
 
 
-def _source() -> str:
-    return r"""
+@lru_cache(maxsize=None)
+def source() -> str:
+    """The CUDA source of ``automorphism``."""
+    return COMMON_SRC + r"""
 // A block of B = min(1024, N) consecutive outputs reads exactly one aligned block of B inputs (the
 // varying low bits of j become the high bits of g (2 br(j) + 1) mod 2N, hence the low bits of the
 // source index), so the block stages that input block in shared memory with 16-byte loads, then
@@ -68,5 +73,5 @@ def automorphism(ring: CudaRing, arena, in_slots, out_slots, galois) -> None:
     cp = cupy()
     tiles = max(1, ring.n // 1024)
     threads = min(THREADS, ring.n // 4)
-    kernel = ring.kernel("automorphism", _source, "automorphism")
+    kernel = function(source(), "automorphism")
     kernel((rows * tiles,), (threads,), (arena, in_slots, out_slots, galois, cp.int32(ring.logn), cp.int32(tiles)))

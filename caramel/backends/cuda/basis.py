@@ -23,9 +23,12 @@ ciphertext): in_slots (B, S), out_slots (B, D).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_constant
+from caramel.backends.cuda.compiler import function
+from caramel.backends.cuda.context import COMMON_SRC, CudaRing, cupy, index_array, shoup_constant
 
 MODES = {"textbook": 0, "emulator": 1, "exact": 2}
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
@@ -46,6 +49,27 @@ def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
     return (2, 4) if blocks <= 8 * multiprocessors else (1, 6)
 
 
+def tensor_fits(n: int, outputs: int) -> bool:
+    """Whether the tensor-core kernel converts to ``outputs`` primes at N = ``n`` (its shared tables hold 64
+    outputs); where it does, it is the default."""
+    return n % TC_ROWS == 0 and outputs <= 64
+
+
+def conversion_kernel(n: int, s: int, batch: int, code: int, tensor: bool, multiprocessors: int = 0,
+                      build: tuple[int, int] | None = None) -> tuple[str, str]:
+    """(source, kernel name) of a conversion of ``batch`` inputs of ``s`` limbs at N = ``n`` in mode ``code``
+    (:func:`mode_code`): the tensor-core kernel (``tensor``; ``build`` its (unroll, minb), None: :func:`tc_build`'s
+    for a device of ``multiprocessors``) or the tiled one."""
+    mode_name = ("textbook", "emulator", "exact")[code]
+    if not tensor:
+        return source(), "base_convert_tiled_" + mode_name
+    kc = tc_layout(s)[1]
+    unroll, minb = (int(v) for v in (build or tc_build(kc, batch * (n // TC_ROWS), multiprocessors)))
+    if unroll not in (1, 2) or not 1 <= minb <= 16:
+        raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
+    return tc_source(kc, unroll, minb), "base_convert_tc_" + mode_name
+
+
 def mode_code(mode) -> int:
     """Kernel code of a :class:`caramel.ring.Mode` (or its value string)."""
     name = getattr(mode, "value", mode)
@@ -54,9 +78,10 @@ def mode_code(mode) -> int:
     return MODES[name]
 
 
-def _source() -> str:
-    """The module's CUDA source: the tiled base conversion and the ``sud`` lift."""
-    return _SOURCE
+@lru_cache(maxsize=None)
+def source() -> str:
+    """The CUDA source of the tiled base conversion and the ``sud`` lift."""
+    return COMMON_SRC + _SOURCE
 
 
 _SOURCE = r"""
@@ -456,14 +481,15 @@ BC_TC(2, exact)
 """
 
 
-def _tc_source(kc: int, unroll: int, minb: int) -> str:
+@lru_cache(maxsize=None)
+def tc_source(kc: int, unroll: int, minb: int) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout) with ``unroll`` output tiles a loop
     iteration and __launch_bounds__'s ``minb`` resident blocks. Input loads in flight a thread:
     min(8 KC, TC_PF_MAX), a multiple of 4 that covers SP <= 8 KC, so that up to 23 inputs load in one
     round. The epilogue is tc_reduce's."""
     defines = dict(TC_KC=kc, TC_PF=min(8 * kc, TC_PF_MAX), TC_MINB=int(minb))
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
+    return COMMON_SRC + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
 def conversion_constants(conv, what: str) -> tuple[np.ndarray, list[int]]:
@@ -497,7 +523,7 @@ class BaseConversion:
         self.ring = ring
         self.in_limbs = tuple(int(l) for l in in_limbs)
         self.out_limbs = tuple(int(l) for l in out_limbs)
-        fits = ring.n % TC_ROWS == 0 and len(self.out_limbs) <= 64  # its shared tables hold 64 outputs
+        fits = tensor_fits(ring.n, len(self.out_limbs))
         self.tensor = fits if tensor is None else bool(tensor)
         if self.tensor and not fits:
             raise ValueError(f"the tensor-core base conversion needs N a multiple of {TC_ROWS} and at most 64 "
@@ -507,11 +533,11 @@ class BaseConversion:
         in_consts, neg_q = conversion_constants(conv, "accumulator of base conversion")
         recip = conv.reciprocals.astype(np.float64)
         cp = cupy()
+        self._sms = cp.cuda.Device().attributes["MultiProcessorCount"] if self.tensor else 0
         if self.tensor:
             # B fragments (tc_table, tc_fragments), one table a mode family; input constants and
             # reciprocals zero padded to SP rows, output constants to 8 DT (tc_out_constants).
-            sp, self._kc = tc_layout(s)
-            self._sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+            sp = tc_layout(s)[0]
             self._in = cp.asarray(np.concatenate([in_consts, np.zeros((sp - s, 4), np.uint32)]))
             self._recip = cp.asarray(np.concatenate([recip, np.zeros(sp - s)]))
             self._out = cp.asarray(tc_out_constants(conv.out_primes))
@@ -539,7 +565,7 @@ class BaseConversion:
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
-        ``build``: the tensor-core kernel's (unroll, minb) (see _tc_source; None: :func:`tc_build`'s).
+        ``build``: the tensor-core kernel's (unroll, minb) (see tc_source; None: :func:`tc_build`'s).
         Outputs may overwrite inputs with the tensor-core kernel.
         """
         ring = self.ring
@@ -552,17 +578,9 @@ class BaseConversion:
         code = mode_code(mode)
         cp = cupy()
         table = self._factors if code == 1 else self._qhat
-        mode_name = ("textbook", "emulator", "exact")[code]
+        kernel = function(*conversion_kernel(ring.n, s, batch, code, self.tensor, self._sms, build))
         if self.tensor:
             tiles = ring.n // TC_ROWS
-            if build is None:
-                build = tc_build(self._kc, batch * tiles, self._sms)
-            unroll, minb = (int(v) for v in build)
-            if unroll not in (1, 2) or not 1 <= minb <= 16:
-                raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
-            opts = (self._kc, unroll, minb)
-            kernel = ring.kernel("basis-tc-" + "-".join(map(str, opts)), lambda: _tc_source(*opts),
-                                 "base_convert_tc_" + mode_name)
             kernel(
                 (batch * tiles,),
                 (TC_ROWS,),
@@ -571,7 +589,7 @@ class BaseConversion:
             )
             return
         tiles = -(-ring.n // 256)
-        ring.kernel("basis", _source, "base_convert_tiled_" + mode_name)(
+        kernel(
             (batch * tiles * self._chunks,),
             (128,),
             (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in, self._out, table, self._recip,
@@ -596,7 +614,7 @@ def sud_lift(ring: CudaRing, arena, in_slots, out_slots, src_prime_idx, dst_prim
     n4 = ring.n // 4
     threads = min(256, n4)
     tiles = n4 // threads
-    kernel = ring.kernel("basis", _source, "sud_lift")
+    kernel = function(source(), "sud_lift")
     kernel(
         (rows * tiles,),
         (threads,),

@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import math
 
+from functools import lru_cache
+
 import numpy as np
 
-from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_constant
+from caramel.backends.cuda.compiler import function
+from caramel.backends.cuda.context import COMMON_SRC, CudaRing, cupy, index_array, shoup_constant
 
 THREADS = 256
 MAX_WORDS = 8
 
 
-def _source() -> str:
+@lru_cache(maxsize=None)
+def source() -> str:
+    """The CUDA source of ``rsv_M`` and ``mod_M`` (M words)."""
     body = r"""
 // X += c * Qhat (c < q_l, so the product is < Q_B), then X -= Q_B if X >= Q_B.
 // consts for basis position j: [q_l, inv, inv_shoup, Qhat words (M)]; QB words follow all positions.
@@ -90,7 +95,7 @@ __device__ __forceinline__ void mod_body(u32* arena, const int* __restrict__ acc
             f"const int* out_slots, const int* prime_idx, const u32* pt, int n, int tiles) "
             f"{{ mod_body<{m}>(arena, acc_slots, out_slots, prime_idx, pt, n, tiles); }}\n"
         )
-    return body + "".join(wrappers)
+    return COMMON_SRC + body + "".join(wrappers)
 
 
 def _words(value: int, m: int) -> list[int]:
@@ -148,7 +153,7 @@ class CrtBasis:
             return
         cp = cupy()
         grid, block, tiles = _launch_shape(ring, groups)
-        kernel = ring.kernel("crt", _source, f"rsv_{m}")
+        kernel = function(source(), f"rsv_{m}")
         kernel(
             grid,
             block,
@@ -171,5 +176,5 @@ def mod(ring: CudaRing, arena, acc_slots, out_slots, prime_idx) -> None:
         return
     cp = cupy()
     grid, block, tiles = _launch_shape(ring, rows)
-    kernel = ring.kernel("crt", _source, f"mod_{m}")
+    kernel = function(source(), f"mod_{m}")
     kernel(grid, block, (arena, acc_slots, out_slots, prime_idx, ring.prime_table, cp.int32(ring.n), cp.int32(tiles)))
