@@ -24,13 +24,14 @@ ciphertext): in_slots (B, S), out_slots (B, D).
 from __future__ import annotations
 
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
 from caramel.backends.cuda.compiler import function
 from caramel.backends.cuda.context import COMMON_SRC, CudaRing, cupy, index_array, shoup_constant
 
-MODES = {"textbook": 0, "emulator": 1, "exact": 2}
+MODES = MappingProxyType({"textbook": 0, "emulator": 1, "exact": 2})
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
 TC_PF_MAX = 24  # input loads in flight a thread of the tensor-core kernel: min(8 KC, TC_PF_MAX)
 TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds (nearly) fit (ptxas)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from types import MappingProxyType
 
 from caramel.backends.cuda.compiler import function
 from caramel.backends.cuda.config import EpilogueConfig, KernelConfig
@@ -36,12 +37,12 @@ from caramel.expr import Expr, ExprOp
 LAZY_TERMS = 15
 
 #: Operation name -> C expression template over a, b, q, mu.
-OPS = {
+OPS = MappingProxyType({
     "add": "add_mod({a}, {b}, q)",
     "sub": "sub_mod({a}, {b}, q)",
     "mul": "mul_mod({a}, {b}, q, mu)",
     "neg": "neg_mod({a}, q)",
-}
+})
 
 
 def kernel_name(expr: Expr) -> str:

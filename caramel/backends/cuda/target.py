@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from caramel.target import Cost, Target
 
 #: Kernel family (:func:`caramel.plan.cost.family`) -> its line.
-COSTS = {
+COSTS = MappingProxyType({
     "elementwise": Cost(1.36, 0.068),
     "epilogue": Cost(9.15, 0.062, 0.097),
     "ntt": Cost(10.67, 0.157),
@@ -22,7 +24,7 @@ COSTS = {
     "intt": Cost(10.49, 0.168),
     "baseconv": Cost(5.31, 0.104),
     "automorphism": Cost(1.87, 0.070),
-}
+})
 
 CUDA_TARGET = Target("cuda", one_kernel=(False, True), l2_bytes=50 * 2**20, copy_gbs=4202.0,
                      costs=tuple(COSTS.items()))

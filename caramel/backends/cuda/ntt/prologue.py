@@ -9,6 +9,7 @@ row pass in their loads, :mod:`.epilogue`).
 from __future__ import annotations
 
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from caramel.backends.cuda.ntt.tables import col_smem_words
 from caramel.backends.cuda.ntt.transform import launch
 
 #: Prologue kinds of :func:`ntt_prologue` (the value of the producer's ``Kind``) -> kernel code PK.
-PROLOGUE_CODES = {"sud_lift": 0, "mod": 1, "baseconv": 2}
+PROLOGUE_CODES = MappingProxyType({"sud_lift": 0, "mod": 1, "baseconv": 2})
 
 # The value a fused NTT's load computes at 4 consecutive positions pos.. of row r (instead of reading
 # one limb), bit-identical to the kernels it replaces (basis.sud_lift, crt.mod, basis.BaseConversion):
