@@ -4,7 +4,8 @@
 (:class:`~caramel.execute.runner.DeviceRun`) over a :class:`~caramel.backends.cuda.backend.CupyBackend`
 arena, driven by one host thread under the watchdog of :func:`~caramel.execute.drive.run_threads`,
 collectives over NCCL (:mod:`caramel.execute.fabric.nccl`). Life of a run: the collectives are
-derived and checked and the device programs built before any GPU work; one communicator per device
+derived and checked and the device programs built before any GPU work; every kernel the run loads is
+compiled at once, in parallel (:mod:`caramel.execute.precompile`); one communicator per device
 group (``ncclCommInitAll``; in process mode ``ncclCommInitRank`` with ids shared through a file,
 :mod:`caramel.execute.distributed`); per GPU: the inputs uploaded once into rows that no kernel
 writes (``keep_inputs``: a replay needs no restore), with several GPUs a dry run without
