@@ -37,7 +37,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) {name}(
         const u32* __restrict__ scalars, const u32* __restrict__ pt, int n4, int tiles{params},
         const uint2* __restrict__ tw_all, const uint2* __restrict__ tl_all) {
     constexpr int SF = {sf}, SFT = {sft}, WT = 4 * ((1 << SFT) - 1) + 4 * (8 - SF), F = {f};
-    constexpr int G = {g}, S = F * G, PW = (S + {warps} - 1) / {warps};  // see the module's doc (G: epilogue_groups)
+    constexpr int G = {g}, S = F * G, PW = (S + {warps} - 1) / {warps};  // see _EPILOGUE's doc (G: epilogue_groups)
     constexpr bool APART = G > 1;  // each group's warps evaluate it on their own (with one group, all warps)
     constexpr bool BALANCE = G == 1 && S % {warps} != 0;  // the row pairs dealt over the warps
     constexpr int TILE = 4 * WPITCH;  // words of a slot's warp tile

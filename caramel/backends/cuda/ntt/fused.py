@@ -17,37 +17,13 @@ output should not push out of L2 the intermediates still to be read. A launch fi
 
 from __future__ import annotations
 
+from caramel.backends.cuda.compiler import read_cuh
 from caramel.backends.cuda.config import NttConfig
 from caramel.backends.cuda.ntt.common import COLS, ROW_LOG, THREADS, fill
 from caramel.backends.cuda.ntt.tables import col_smem_words, warp_smem
 
-_FUSED = r"""
-#define FUSED_SPIN_LIMIT (1 << 25)
-struct FusedItem { int first, limb, tile; };
-__device__ __forceinline__ FusedItem fused_item(int t, int rows, int lag, int p, int q) {
-    const int d = min(lag, rows);
-    if (t < p * d) return {1, t / p, t % p};
-    t -= p * d;
-    const int mid = (rows - d) * (p + q);
-    if (t < mid) {
-        const int k = t / (p + q), w = t % (p + q);
-        return w < p ? FusedItem{1, d + k, w} : FusedItem{0, k, w - p};
-    }
-    t -= mid;
-    return {0, rows - d + t / q, t % q};
-}
-__device__ __forceinline__ void fused_wait(int* done, int p, int all) {
-    int v = 0;
-    for (int spins = 0;; ++spins) {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(done) : "memory");
-        if (v >= p) break;
-        if (spins == FUSED_SPIN_LIMIT) __trap();
-        __nanosleep(100);
-    }
-    if (atomicAdd(done, 1) == all - 1) atomicExch(done, 0);
-}
-
-extern "C" __global__ void __launch_bounds__(NTHREADS, {min_blocks}) ntt_inv_fused(
+# The tickets and waits (fused.cuh), then the kernel.
+_FUSED = "\n" + read_cuh(__package__, "fused.cuh") + r"""extern "C" __global__ void __launch_bounds__(NTHREADS, {min_blocks}) ntt_inv_fused(
         u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
         const int* __restrict__ prime_idx, const u32* __restrict__ pt, const uint2* __restrict__ tw_all,
         const uint2* __restrict__ tl_all, int* ctr, int rows, int lag) {
