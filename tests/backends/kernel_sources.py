@@ -20,7 +20,7 @@ import sys
 from caramel.backends.cuda import basis, crt, elementwise
 from caramel.backends.cuda.config import KernelConfig
 from caramel.backends.cuda.ntt.prologue import prologue_source
-from caramel.backends.cuda.ntt.transform import transform_source
+from caramel.backends.cuda.ntt.transform import kernel_names, transform_source
 from caramel.backends.cuda.target import CUDA_TARGET
 from caramel.execute.placement import device_programs
 from caramel.execute.precompile import needed_modules
@@ -91,9 +91,7 @@ def test_modules(config: KernelConfig) -> dict:
     for n in (16, 32, 256, 2048, 4096, 8192, 16384, 32768, 65536):
         logn = n.bit_length() - 1
         for lazy in (True, False):
-            names = ("ntt_fwd", "ntt_inv") if n <= 4096 else (
-                "ntt_fwd_col", "ntt_fwd_row", "ntt_inv_col", "ntt_inv_row", "ntt_inv_fused")
-            put(f"ntt/N={n}/lazy={int(lazy)}", transform_source(logn, lazy, config.ntt), names)
+            put(f"ntt/N={n}/lazy={int(lazy)}", transform_source(logn, lazy, config.ntt), kernel_names(logn))
             if n >= 4096:
                 for pk in (0, 1, 2):
                     for pmode in ((0,) if pk == 1 else (0, 1, 2)):

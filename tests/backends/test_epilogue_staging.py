@@ -121,6 +121,13 @@ def test_row_pairs_dealt_over_the_warps(f):
     assert f"constexpr int G = {epi.epilogue_groups(f)}, S = F * G" in src and f"F = {f};" in src
 
 
+def test_the_planners_limit_is_the_kernels():
+    """The planner fuses at most MAX_TRANSFORMED operands into an epilogue: the kernel's two row passes a warp."""
+    from caramel.expr import MAX_TRANSFORMED
+
+    assert epi.EPILOGUE_MAX == MAX_TRANSFORMED == 2 * epi.EPILOGUE_WARPS
+
+
 def test_launch_bounds_to_try():
     """An epilogue kernel tries the launch bounds whose blocks fit in shared memory, in order, and the last."""
     assert [b for b, _ in epilogue_sources(program(4, 3), 16, True)] == [4, 3, 2]

@@ -30,6 +30,9 @@ from types import MappingProxyType
 from caramel.backends.cuda.compiler import function
 from caramel.backends.cuda.config import EpilogueConfig, KernelConfig
 from caramel.backends.cuda.context import COMMON_SRC, CudaRing, cupy, index_array
+from caramel.backends.cuda.ntt import epilogue as epi
+from caramel.backends.cuda.ntt.common import ring_lazy
+from caramel.backends.cuda.ntt.tables import split_stage, warp_tables
 from caramel.expr import Expr, ExprOp
 
 #: Terms a 64-bit accumulator takes between two reductions: a term is a product of two residues (< 2^60, as the
@@ -227,8 +230,6 @@ def epilogue_sources(expr: Expr, logn: int, lazy: bool, config: EpilogueConfig =
     """(min blocks, CUDA source) of ``expr``'s epilogue kernel (N = 2^logn >= 8192) under each launch bound of
     ``config.min_blocks`` that :func:`epilogue_kernel` may take, in its order: those whose blocks fit in shared
     memory, and the last."""
-    from caramel.backends.cuda.ntt import epilogue as epi
-
     out = []
     for blocks in config.min_blocks:
         if blocks != config.min_blocks[-1] and not epi.epilogue_fits(len(expr.transformed), blocks, config):
@@ -245,8 +246,6 @@ def epilogue_sources(expr: Expr, logn: int, lazy: bool, config: EpilogueConfig =
 def epilogue_kernel(ring: CudaRing, expr: Expr, config: EpilogueConfig = EpilogueConfig()):
     """(kernel, min blocks) of ``expr``'s epilogue kernel (transformed operands, N >= 8192): the first of
     :func:`epilogue_sources` that needs no local memory (spills), else the last."""
-    from caramel.backends.cuda.ntt.common import ring_lazy
-
     for blocks, source in epilogue_sources(expr, ring.logn, ring_lazy(ring), config):
         kernel = function(source, kernel_name(expr))
         if not kernel.local_size_bytes:
@@ -283,9 +282,6 @@ def fused(ring: CudaRing, expr: Expr, arena, out_slots, vec_slots, prime_idx, sc
     n4 = ring.n // 4
     extra, smem = (), 0
     if expr.transformed and ring.logn > 12:  # the epilogue kernel: 256 threads, G groups of 4 rows (1024 residues)
-        from caramel.backends.cuda.ntt import epilogue as epi
-        from caramel.backends.cuda.ntt.tables import split_stage, warp_tables
-
         kernel, blocks = epilogue_kernel(ring, expr, config.epilogue)
         f = len(expr.transformed)
         staged = epi.epilogue_staged(expr.transformed, expr.plain(), blocks, config.epilogue)

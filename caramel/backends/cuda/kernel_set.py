@@ -21,7 +21,7 @@ from caramel.backends.cuda.config import KernelConfig
 from caramel.backends.cuda.context import COMMON_SRC, TWIDDLE_SRC
 from caramel.backends.cuda.ntt.common import ring_lazy
 from caramel.backends.cuda.ntt.prologue import PROLOGUE_CODES, prologue_kernel
-from caramel.backends.cuda.ntt.transform import transform_source
+from caramel.backends.cuda.ntt.transform import kernel_names, transform_source
 from caramel.backends.cuda.target import CUDA_TARGET
 from caramel.backends.cuda.transfer import GATHER_SRC
 
@@ -67,9 +67,8 @@ class KernelSet(Backend):
             self.modules[key] = Module(key, ((code, tuple(sorted(set(known) | set(names))), options),))
 
     def _transform(self) -> None:
-        names = ("ntt_fwd", "ntt_inv") if self.logn <= 12 else (
-            "ntt_fwd_col", "ntt_fwd_row", "ntt_inv_fused", "ntt_inv_row", "ntt_inv_col")
-        self._add(("ntt", self.n, self.lazy), transform_source(self.logn, self.lazy, self.kernels.ntt), names)
+        self._add(("ntt", self.n, self.lazy), transform_source(self.logn, self.lazy, self.kernels.ntt),
+                  kernel_names(self.logn))
 
     # ------------------------------------------------------------------ the Backend interface
 

@@ -182,6 +182,13 @@ def row_passes(inverse: bool, sf: int) -> str:
     return "\n    __syncwarp();\n".join(calls[::-1] if inverse else calls)
 
 
+def kernel_names(logn: int) -> tuple[str, ...]:
+    """The kernels of :func:`transform_source`'s module for N = 2^logn."""
+    if logn <= 12:
+        return "ntt_fwd", "ntt_inv"
+    return "ntt_fwd_col", "ntt_fwd_row", "ntt_inv_row", "ntt_inv_col", "ntt_inv_fused"
+
+
 @lru_cache(maxsize=None)
 def transform_source(logn: int, lazy: bool, config: NttConfig = NttConfig()) -> str:
     """CUDA source of the transform kernels for N = 2^logn: ``ntt_fwd`` and ``ntt_inv`` (N <= 4096), else the column
