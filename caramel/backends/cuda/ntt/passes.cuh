@@ -26,11 +26,11 @@ __device__ __forceinline__ int sidx(int sub, int p) {
 }
 
 // Stages S0 .. S0+R-1 of G independent 2^LOGM-point sub-transforms held in shared memory (the
-// one-kernel transform: G = 1, MODE 0; the column kernel: G = 32 columns, MODE 1).
+// small transform, N <= 4096: G = 1, MODE 0; the column kernels: G = 32 columns, MODE 1).
 // Virtual thread u of a sub-transform owns points base + k*T (k < 2^R); stage S0+d pairs k and
 // k + 2^(R-1-d) with group index i_local = g*2^d + (k >> (R-d)) and twiddle 2^s + i_local of the
-// table tw, read through L1 (a warp reads one or a few contiguous twiddles) from one base pointer
-// tw + (g << d) a stage and a constant offset each.
+// table tw (MODE 0: through L1, a warp reading one or a few contiguous twiddles; MODE 1: the copy in shared
+// memory, col_twiddles) from one base pointer tw + (g << d) a stage and a constant offset each.
 // CANON (forward, the transform's first pass): the inputs are canonical, so its first stage needs no reduction (after
 // R <= 4 stages the values stay below q + 2q R <= 9q, as the next pass's reduction expects: below 16q).
 template <int LOGM, int G, int MODE, int S0, int R, bool INV, bool CANON = false>
