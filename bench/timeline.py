@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from bench import harness
+from caramel.backends.cuda.target import CUDA_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The default archive: in $CARAMEL_SHARED_PROGRAMS (as the tests), else ../shared/programs beside the checkout.
@@ -499,7 +500,7 @@ def validate(archive: str, records: Sequence[Record] = RECORDED, placement=None)
     for rec in records:
         if rec.gpus not in plans:
             plans[rec.gpus] = build_plan(load_program(member(archive, rec.gpus), progress=False))
-        tls = device_timelines(placement(plans[rec.gpus], rec.gpus), ctx.n, rec.streams)
+        tls = device_timelines(placement(plans[rec.gpus], rec.gpus), ctx.n, rec.streams, target=CUDA_TARGET)
         overlap, how = OVERLAP, ""
         if rec.floors_ms:
             alone = [alone_us(tl) for tl in tls]
@@ -513,8 +514,8 @@ def validate(archive: str, records: Sequence[Record] = RECORDED, placement=None)
                 plans[1] = build_plan(load_program(member(archive, 1), progress=False))
             for s in (1, rec.one_multi[0]) if rec.one_multi else (1,):
                 if s not in one:
-                    one[s] = device_timelines(device_programs(plans[1], 1, ctx.primes, reuse="none", keep_inputs=True),
-                                              ctx.n, s, comm_stream=False)[0]
+                    progs1 = device_programs(plans[1], 1, ctx.primes, reuse="none", keep_inputs=True)
+                    one[s] = device_timelines(progs1, ctx.n, s, comm_stream=False, target=CUDA_TARGET)[0]
             scale = [1e3 * rec.one_stream_1c_ms / one[1].compute_us()] * len(tls)
             if rec.one_multi:
                 fitted = fit_overlap(one[rec.one_multi[0]].scaled(scale[0]), 1e3 * rec.one_multi[1])
@@ -549,10 +550,11 @@ def compare(archive: str, chips: Sequence[int] = (2, 4, 8), streams: Sequence[in
     ctx = Context(n=65536)
     plan1 = build_plan(load_program(member(archive, 1), progress=False))
     prog1 = device_programs(plan1, 1, ctx.primes, reuse="none", keep_inputs=True)
-    one = device_timelines(prog1, ctx.n, 1, comm_stream=False)[0]
+    one = device_timelines(prog1, ctx.n, 1, comm_stream=False, target=CUDA_TARGET)[0]
     scale = 1e3 * one_c[0] / one.compute_us()
     s1, ms1 = one_c[1]
-    fitted = fit_overlap(device_timelines(prog1, ctx.n, s1, comm_stream=False)[0].scaled(scale), 1e3 * ms1)
+    fitted = fit_overlap(device_timelines(prog1, ctx.n, s1, comm_stream=False, target=CUDA_TARGET)[0].scaled(scale),
+                         1e3 * ms1)
     overlap = OVERLAP if fitted is None else fitted
     rows = []
     for k in chips:
@@ -560,7 +562,8 @@ def compare(archive: str, chips: Sequence[int] = (2, 4, 8), streams: Sequence[in
         for label, progs in (("before", recorded_programs(plan, k, ctx.primes)),
                              ("after", device_programs(plan, k, ctx.primes, reuse="none", keep_inputs=True))):
             for s in streams:
-                r = simulate([tl.scaled(scale) for tl in device_timelines(progs, ctx.n, s)], FIRST_FIT,
+                tls = device_timelines(progs, ctx.n, s, target=CUDA_TARGET)
+                r = simulate([tl.scaled(scale) for tl in tls], FIRST_FIT,
                              overlap=overlap)
                 rows.append({"program": f"BootstrapLike_51L_{k}c", "gpus": k, "code": label, "streams": s,
                              "kind": "prediction", "predicted_ms": r.predicted_ms,

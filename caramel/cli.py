@@ -616,6 +616,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    """``caramel compile PROGRAM``: warm every cache a GPU run of PROGRAM needs, ahead of it: the load cache, the plan
+    cache (the plan for the CUDA backend) and, where a GPU is, every kernel the run loads at N = ``--n`` in mode
+    ``--mode`` on ``--gpus`` devices, compiled in parallel into CuPy's kernel cache. Without a GPU the kernels are
+    skipped (exit 0)."""
+    from caramel.api import check_devices, gpu_available
+    from caramel.backends.cuda.target import CUDA_TARGET
+    from caramel.execute.placement import device_programs
+    from caramel.plan_cache import cached_plan
+    from caramel.ring import Context, Mode
+    from caramel.validate import validate
+
+    t0 = time.perf_counter()
+    program = _load(args)
+    validate(program)
+    check_devices(program, "gpu", args.gpus)
+    plan = cached_plan(program, target=CUDA_TARGET, cache=not args.no_cache)
+    print(f"{program.name}: load and plan caches ready ({plan.kernels} kernels on {len(plan.chips)} chip(s)) in "
+          f"{time.perf_counter() - t0:.1f} s")
+    if not gpu_available():
+        print("kernels skipped: no CUDA GPU here (compiling them needs CuPy and a device)")
+        return EXIT_OK
+    from caramel.execute.precompile import precompile
+
+    t0 = time.perf_counter()
+    ctx = Context(args.n)
+    progs = device_programs(plan, args.gpus or program.chips, ctx.primes, keep_inputs=True)
+    modules = precompile(progs, plan, ctx, [Mode(args.mode)], progress=False if args.quiet else None)
+    print(f"{modules} kernel modules compiled for N = {args.n}, mode {args.mode}, {len(progs)} device(s) in "
+          f"{time.perf_counter() - t0:.1f} s")
+    return EXIT_OK
+
+
 def dag_node_link(graph, program) -> dict:
     """The dependency DAG as :func:`networkx.node_link_data` (``edges="edges"``): nodes ``"chip:index"``
     with ``chip``, ``index``, ``line`` and ``text``; edges with ``dep`` (raw, comm, ...). Reload it with
@@ -893,6 +926,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "node-link JSON (networkx.node_link_graph(json.load(f), edges='edges') reloads it)")
     p.add_argument("--dot", metavar="FILE", help=f"write the dependency DAG as Graphviz DOT to FILE (programs of at "
                    f"most {DOT_MAX_NODES} instructions)")
+
+    p = command("compile", "warm every cache a GPU run needs: the load and plan caches and (on a GPU) every kernel, "
+                "compiled in parallel", cmd_compile)
+    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
+                   help="arithmetic of base conversion and rescale (default exact)")
+    p.add_argument("--gpus", type=_positive, metavar="G", help="devices of the run (default one per chip)")
 
     p = command("profile", "time a program (eager, graph, graph+fusion), per kernel kind, and write a trace",
                 cmd_profile)

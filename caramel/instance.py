@@ -350,7 +350,7 @@ def key_image(req: Requirements, keys: Mapping) -> dict[Mem, Any]:
 
 
 def _readonly(a):
-    from caramel.execute.memory import is_device_array
+    from caramel.arrays import is_device_array
 
     if is_device_array(a):
         return a

@@ -9,9 +9,10 @@ the load cache (:mod:`caramel.cache`) and read back in a fraction of that.
 the program's files and the parser, with :func:`caramel.cache.remember`); any other program (built in memory,
 or changed with ``dataclasses.replace``) is planned as before. The entry name is the SHA-256 of
 that key, the planner's fingerprint (:func:`planner_fingerprint`: the source of
-``caramel/plan/*.py``, ``caramel/program.py`` and this module) and the build options (``fuse``,
-``max_inputs``, ``fuse_ntt``, ``max_outputs``, ``fuse_automorphism``); the entry's header repeats all of them (and :data:`FORMAT_VERSION`, the caramel
-version), and an entry whose header differs is rebuilt, never used.
+``caramel/plan/*.py``, ``caramel/program.py``, ``caramel/expr.py``, ``caramel/target.py`` and this module), the build
+options (``fuse``, ``max_inputs``, ``fuse_ntt``, ``max_outputs``, ``fuse_automorphism``) and the target the rows are
+ordered for (:class:`caramel.target.Target`); the entry's header repeats all of them (and :data:`FORMAT_VERSION`,
+the caramel version), and an entry whose header differs is rebuilt, never used.
 
 **Entry format** (one file ``<key>.plan``)::
 
@@ -33,6 +34,7 @@ owned by the user, entries opened without following symlinks, written atomically
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -47,6 +49,7 @@ from caramel.cache import program_key, remember
 from caramel.parse import no_gc
 from caramel.program import Mem, Program
 from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
+from caramel.target import NEUTRAL, Target
 
 logger = logging.getLogger(__name__)
 
@@ -63,22 +66,24 @@ class PlanEntryError(store.CacheEntryError):
 
 @lru_cache(maxsize=1)
 def planner_fingerprint() -> str:
-    """SHA-256 of the planner's source: ``caramel/plan/*.py``, ``caramel/program.py``, this module."""
+    """SHA-256 of the planner's source: ``caramel/plan/*.py``, ``caramel/program.py``, ``caramel/expr.py``,
+    ``caramel/target.py``, this module."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for p in [*sorted((root / "plan").glob("*.py")), root / "program.py", Path(__file__).resolve()]:
+    for p in [*sorted((root / "plan").glob("*.py")), root / "program.py", root / "expr.py", root / "target.py",
+              Path(__file__).resolve()]:
         h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
 
 
 def _meta(key: str, fuse: bool, max_inputs: int, fuse_ntt=True, max_outputs: int = MAX_OUTPUTS,
-          fuse_automorphism: bool = True) -> dict:
+          fuse_automorphism: bool = True, target: Target = NEUTRAL) -> dict:
     from caramel.plan.fusion import ntt_load_kinds
     from caramel.version import __version__
 
     return {"format": FORMAT_VERSION, "caramel": __version__, "program": key, "planner": planner_fingerprint(),
             "fuse": bool(fuse), "max_inputs": int(max_inputs), "fuse_ntt": sorted(k.value for k in ntt_load_kinds(fuse_ntt)),
-            "max_outputs": int(max_outputs), "fuse_automorphism": bool(fuse_automorphism)}
+            "max_outputs": int(max_outputs), "fuse_automorphism": bool(fuse_automorphism), "target": target.key()}
 
 
 def entry_path(folder: Path, meta: dict) -> Path:
@@ -197,13 +202,12 @@ def decode(arrays, header: dict, name: str):
         raise PlanEntryError("tuple table inconsistent")
     tuples = [tuple(val[a:b]) for a, b in zip(off, off[1:])]
     nt = len(tuples)
-    exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
-                  tuple(int(x) for x in out), tuple(int(x) for x in g), tuple(int(x) for x in t))
-             for n, s, ops, out, g, t in header["exprs"]]
-    for what in ("gathered", "transformed"):
-        if any(list(getattr(e, what)) != sorted(set(getattr(e, what))) or any(not 0 <= x < e.n_vec for x in getattr(e, what))
-               for e in exprs):
-            raise PlanEntryError(f"{what} operands inconsistent")
+    try:  # (an Expr checks itself)
+        exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
+                      tuple(int(x) for x in out), tuple(int(x) for x in g), tuple(int(x) for x in t))
+                 for n, s, ops, out, g, t in header["exprs"]]
+    except ValueError as exc:
+        raise PlanEntryError(f"expression inconsistent: {exc}") from None
     r = {c: arrays[f"r_{c}"] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg", "gather")}
     k = {c: arrays[f"k_{c}"] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
                                        "pro_kind", "pro_width", "pro_in", "half")}
@@ -272,9 +276,10 @@ def from_bytes(data: bytes, meta: dict, name: str):
 
 
 def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_INPUTS, cache: bool = True,
-                fuse_ntt=True, max_outputs: int = MAX_OUTPUTS, fuse_automorphism: bool = True):
+                fuse_ntt=True, max_outputs: int = MAX_OUTPUTS, fuse_automorphism: bool = True,
+                target: Target = NEUTRAL):
     """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
-    fuse_automorphism=fuse_automorphism)``, read from the plan cache when
+    fuse_automorphism=fuse_automorphism, target=target)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
     ``timings`` then has one phase, ``cache``."""
@@ -283,23 +288,23 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_IN
     key = program_key(program) if cache else None
     if key is None:
         return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
-                          fuse_automorphism=fuse_automorphism)
+                          fuse_automorphism=fuse_automorphism, target=target)
     folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
-    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs, fuse_automorphism)
+    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs, fuse_automorphism, target)
     path = entry_path(folder, meta)
     data = store.read_entry(path) if usable else None
     if data is not None:
         t0 = time.perf_counter()
         try:
             with no_gc():
-                plan = from_bytes(data, meta, program.name)
+                plan = dataclasses.replace(from_bytes(data, meta, program.name), target=target)
             plan.timings["cache"] = time.perf_counter() - t0
             return plan
         except PlanEntryError as exc:
             logger.info("rebuilding plan cache entry %s: %s", path, exc)
     plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
-                      fuse_automorphism=fuse_automorphism)
+                      fuse_automorphism=fuse_automorphism, target=target)
     if usable:
         try:
             with no_gc():

@@ -389,7 +389,9 @@ def predict(progs, n: int, streams: int, measured: Sequence | None = None):
     from caramel.timeline import FIRST_FIT, OVERLAP, device_timelines, fit_overlap, simulate
 
     if measured is None:
-        timelines = device_timelines(progs, n, streams)
+        from caramel.backends.cuda.target import CUDA_TARGET  # no CuPy: the H200's kernel costs
+
+        timelines = device_timelines(progs, n, streams, target=CUDA_TARGET)
         how = "kernel times: the cost estimates of caramel.plan.cost (H200 kernels)"
         overlap = OVERLAP
     else:

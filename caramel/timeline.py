@@ -46,6 +46,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from caramel.target import NEUTRAL, Target
+
 #: The default share of a second concurrent kernel's speed that a device keeps (:func:`simulate`).
 #: Fitted (:func:`fit_overlap`) so that BootstrapLike_51L_1c's estimated kernels, scaled to its one-stream
 #: replay on an H200 (15.3 ms), replay in its measured four-stream time (13.20 ms); docs/MULTI_GPU.md.
@@ -249,17 +251,17 @@ def local_us(limbs: int, n: int) -> float:
 
 
 def estimated_timeline(prog, tasks, schedule, n: int, kernel_us: Callable | None = None,
-                       copy_us: Callable[[int, int], float] = local_us) -> DeviceTimeline:
+                       copy_us: Callable[[int, int], float] = local_us, target: Target = NEUTRAL) -> DeviceTimeline:
     """The :class:`DeviceTimeline` of a device program (:class:`~caramel.execute.placement.DeviceProgram`) with
     its ``tasks`` and ``schedule`` (:meth:`~caramel.execute.runner.DeviceRun.schedule`, or the same built from
     :func:`~caramel.execute.runner.step_task`), compute times estimated: ``kernel_us(kernel)`` (default
-    :func:`caramel.plan.cost.estimate_us` at ``n``) and ``copy_us(limbs, n)`` for the local work of a
+    :func:`caramel.plan.cost.estimate_us` at ``n`` on ``target``) and ``copy_us(limbs, n)`` for the local work of a
     communication step."""
     from caramel.execute.placement import CommStep
     from caramel.execute.runner import comm_work
     from caramel.plan.cost import estimate_us
 
-    kernel_us = kernel_us or (lambda k: estimate_us(k, n))
+    kernel_us = kernel_us or (lambda k: estimate_us(k, n, target))
     out = []
     for k, step in enumerate(prog.steps):
         stream, waits = schedule.stream[k], schedule.waits[k]
@@ -273,18 +275,19 @@ def estimated_timeline(prog, tasks, schedule, n: int, kernel_us: Callable | None
 
 
 def device_timelines(progs, n: int, streams: int, *, comm_stream: bool = True,
-                     kernel_us: Callable | None = None) -> list[DeviceTimeline]:
+                     kernel_us: Callable | None = None, target: Target = NEUTRAL) -> list[DeviceTimeline]:
     """The estimated :class:`DeviceTimeline` of each device program (:func:`estimated_timeline`), on the stream
     schedule that a run with ``streams`` streams a device uses (:func:`~caramel.execute.runner.schedule_tasks`:
     ``comm_stream`` as :class:`~caramel.execute.cuda_graph.MultiGpuRun` and :class:`~caramel.execute.drive.HostRun`
-    keep one); no backend, no arena: any ring dimension ``n`` on any machine."""
+    keep one), with ``target``'s kernel costs (a backend's :class:`~caramel.target.Target`, e.g. the CUDA
+    backend's for an H200); no backend, no arena: any ring dimension ``n`` on any machine."""
     from caramel.execute.runner import schedule_tasks, step_task
 
     out = []
     for p in progs:
-        tasks = [step_task(p, s, n) for s in p.steps]
+        tasks = [step_task(p, s, n, target) for s in p.steps]
         out.append(estimated_timeline(p, tasks, schedule_tasks(tasks, streams, comm_stream=comm_stream,
-                                                               device=p.device), n, kernel_us))
+                                                               device=p.device), n, kernel_us, target=target))
     return out
 
 

@@ -52,3 +52,28 @@ def test_reference_imports_no_plan_or_backend():
     bad = [m for m in nx.descendants(g, "caramel.execute.reference")
            if m.startswith(("caramel.plan", "caramel.backends"))]
     assert bad == [], f"caramel.execute.reference reaches {sorted(bad)}"
+
+
+#: Each layer imports only its own and lower ones (modules not named here, caramel's own small modules such as
+#: ``caramel.program``, ``caramel.expr`` and ``caramel.target``, are the lowest); ``plan`` and ``backends`` share a
+#: layer and never import each other.
+LAYERS = {"caramel.ring": 1, "caramel.plan": 2, "caramel.plan_cache": 2, "caramel.backends": 2, "caramel.ckks": 3,
+          "caramel.execute": 3, "caramel.api": 4, "caramel.batch": 4, "caramel.cli": 4, "caramel.profile": 4,
+          "caramel.scaling": 4, "caramel.results": 4, "caramel.userdata": 4, "caramel.__main__": 4}
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(rank, name) of the layer of ``module`` (see :data:`LAYERS`)."""
+    for name, rank in LAYERS.items():
+        if module == name or module.startswith(name + "."):
+            return rank, name
+    return 0, "caramel"
+
+
+def test_no_import_runs_up_a_layer():
+    bad = []
+    for a, b in import_graph().edges():
+        (ra, la), (rb, lb) = layer_of(a), layer_of(b)
+        if rb > ra or ({la, lb} == {"caramel.plan", "caramel.backends"}):
+            bad.append(f"{a} -> {b}")
+    assert bad == [], f"imports running up a layer: {bad}"

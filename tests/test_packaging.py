@@ -62,3 +62,36 @@ def test_programs_holds_one_family_for_1_2_and_4_chips():
         folder = REPO / "programs" / f"Mul_4L_{chips}c"
         assert (folder / "program_inputs").is_file()
         assert sum(f.stat().st_size for f in folder.iterdir()) < 64 * 1024
+
+
+def test_the_cuda_headers_ship_in_the_wheel(tmp_path):
+    """The CUDA kernels' shared C (``.cuh`` files beside their modules) is package data: a wheel built from the
+    tree holds every one, and the package unpacked from it (not this tree) reads the same texts."""
+    import zipfile
+
+    import shutil
+
+    headers = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "caramel").rglob("*.cuh"))
+    assert len(headers) >= 4
+    source = tmp_path / "source"  # a copy: the build writes beside its sources
+    shutil.copytree(REPO / "caramel", source / "caramel", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w",
+                            str(tmp_path / "wheel")], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert set(headers) <= set(z.namelist())
+        z.extractall(tmp_path / "site")
+    probe = ("import caramel.backends.cuda.context as c, caramel.backends.cuda.ntt.common as n; "
+             "print(c.__file__); print(len(c.COMMON_SRC), len(n.header(16, 8, True)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    where, sizes = out.stdout.splitlines()
+    from caramel.backends.cuda import context
+    from caramel.backends.cuda.ntt import common
+
+    assert where.startswith(str(tmp_path / "site"))
+    assert sizes == f"{len(context.COMMON_SRC)} {len(common.header(16, 8, True))}"

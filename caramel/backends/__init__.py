@@ -8,13 +8,12 @@ are read; results are canonical residues. The same calls, with the same arrays, 
 reference backend (:mod:`caramel.backends.numpy_backend`) and a device backend (the CUDA kernels
 of :mod:`caramel.backends.cuda` take exactly these arrays). This package does not import CuPy.
 
-Expressions (``elementwise``) are duck-typed: ``n_vec``, ``n_scalar``, ``ops`` (each with ``op``
-in ``add``/``sub``/``mul``/``neg`` and ``args``) and ``outputs``, numbered like
-:class:`caramel.plan.plan.Expr` and the CUDA ``FusedProgram``.
+Expressions (``elementwise``) are :class:`caramel.expr.Expr` values. Each backend publishes a
+:class:`caramel.target.Target` (:attr:`Backend.target`): what the planner may know of its device.
 
 On CUDA each method is one call of :mod:`caramel.backends.cuda` with the same arrays uploaded
-as int32: ``ntt_prologue`` -> ``ntt.ntt_prologue``, ``elementwise`` -> ``elementwise.fused`` (``FusedProgram(n_vec, n_scalar, ops,
-outputs)``), ``ntt``/``intt`` -> ``ntt.ntt``/``ntt.intt``, ``automorphism`` ->
+as int32: ``ntt_prologue`` -> ``ntt.ntt_prologue``, ``elementwise`` -> ``elementwise.fused``,
+``ntt``/``intt`` -> ``ntt.ntt``/``ntt.intt``, ``automorphism`` ->
 ``automorphism.automorphism``, ``base_convert`` -> ``BaseConversion(in, out).convert``,
 ``sud_lift`` -> ``basis.sud_lift``, ``rsv`` -> a copy of the words then ``CrtBasis.rsv`` (which
 accumulates in place), ``mod`` -> ``crt.mod``. ``tests/plan/test_cuda_plan.py`` holds such an
@@ -27,6 +26,8 @@ import abc
 
 import numpy as np
 
+from caramel.target import NEUTRAL, Target
+
 
 class Backend(abc.ABC):
     """One device's arena and kernels. Index arguments are int32 arrays: ``ins``/``outs`` hold
@@ -34,6 +35,8 @@ class Backend(abc.ABC):
 
     #: The context (ring degree N and primes) the backend computes in.
     ctx: object
+    #: What the planner may know of the device (:mod:`caramel.target`).
+    target: Target = NEUTRAL
 
     @abc.abstractmethod
     def write(self, rows: np.ndarray, data: np.ndarray) -> None:

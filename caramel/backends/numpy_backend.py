@@ -6,6 +6,8 @@ formulas), so a plan run here is bit-identical to :func:`caramel.execute.referen
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 
 from caramel.backends import Backend
@@ -121,7 +123,7 @@ def _conv_rows(ctx: Context, arena, prologue, ins, primes, args, mode) -> np.nda
 
 #: The prologue of a fused NTT by producer kind (its value, ``Kind.value``): (ctx, arena,
 #: prologue, ins, primes, args, mode) -> the (R, N) limbs the NTT transforms.
-PROLOGUES = {"sud_lift": _lift_rows, "mod": _mod_rows, "baseconv": _conv_rows}
+PROLOGUES = MappingProxyType({"sud_lift": _lift_rows, "mod": _mod_rows, "baseconv": _conv_rows})
 
 
 def prologue_limbs(ctx: Context, arena, prologue, ins, primes, args, mode) -> np.ndarray:

@@ -47,7 +47,7 @@ from caramel.ckks.keys import EvalKey, Secrets, generate_evalkey
 from caramel.ckks.plaintext import Plaintext, Scalar
 from caramel.ckks.sampling import rng_of
 from caramel.errors import BindingError
-from caramel.execute.memory import is_device_array
+from caramel.arrays import is_device_array
 from caramel.program import EvalKeyId, Manifest, Mem, Program, Section
 
 

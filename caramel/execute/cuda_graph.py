@@ -4,7 +4,8 @@
 (:class:`~caramel.execute.runner.DeviceRun`) over a :class:`~caramel.backends.cuda.backend.CupyBackend`
 arena, driven by one host thread under the watchdog of :func:`~caramel.execute.drive.run_threads`,
 collectives over NCCL (:mod:`caramel.execute.fabric.nccl`). Life of a run: the collectives are
-derived and checked and the device programs built before any GPU work; one communicator per device
+derived and checked and the device programs built before any GPU work; every kernel the run loads is
+compiled at once, in parallel (:mod:`caramel.execute.precompile`); one communicator per device
 group (``ncclCommInitAll``; in process mode ``ncclCommInitRank`` with ids shared through a file,
 :mod:`caramel.execute.distributed`); per GPU: the inputs uploaded once into rows that no kernel
 writes (``keep_inputs``: a replay needs no restore), with several GPUs a dry run without
@@ -34,9 +35,10 @@ CuPy is imported lazily.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -45,12 +47,17 @@ from caramel.execute.drive import run_threads
 from caramel.execute.fabric.nccl import NcclFabric, nccl_communicators
 from caramel.execute.memory import check_plan_memory, check_ranges
 from caramel.execute.placement import device_groups, gpu_device_programs
+from caramel.execute.precompile import precompile
 from caramel.execute.result import RunResult, merge_results
 from caramel.execute.runner import DeviceRun
 from caramel.execute.timing import Timing
 from caramel.plan.kernel import Kind, Plan
+from caramel.plan.order import for_target
 from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
+
+if TYPE_CHECKING:
+    from caramel.backends.cuda.config import KernelConfig
 
 #: CUDA streams of a 1-chip graph by default (its kernel DAG spread over all of them).
 GRAPH_STREAMS = 4
@@ -119,7 +126,10 @@ class MultiGpuRun:
     :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
     ``streams``: CUDA streams per GPU (module docstring); ``per_row``: every kernel row is its own
     launch (:class:`~caramel.execute.runner.DeviceRun`); ``reuse``: the arena rows' reuse
-    (:func:`~caramel.execute.placement.gpu_device_programs`; None: by the streams and the memory free)."""
+    (:func:`~caramel.execute.placement.gpu_device_programs`; None: by the streams and the memory free); ``kernels``:
+    the CUDA kernels' settings (:class:`~caramel.backends.cuda.config.KernelConfig`; None: the defaults). A plan
+    ordered for another target (``plan.target``) is re-ordered for the CUDA backend's
+    (:func:`caramel.plan.order.for_target`)."""
 
     #: Whether the last stream of a device is kept for its communication steps (module docstring),
     #: and whether a capture may allocate (CuPy's relaxed mode) or is thread-local.
@@ -129,12 +139,13 @@ class MultiGpuRun:
                  gpus: int | None = None, *, local: Sequence[int] | None = None,
                  device_ids: Sequence[int] | None = None, timeout: float = 300.0,
                  comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False,
-                 reuse: str | None = None):
+                 reuse: str | None = None, kernels: KernelConfig | None = None):
         import cupy as cp
 
         from caramel.backends.cuda.backend import CupyBackend, available_bytes
         from caramel.backends.cuda.transfer import row_maxima
 
+        plan = for_target(plan, CupyBackend.target)
         self.plan, self.ctx, self.mode, self.memory = plan, ctx, Mode(mode), memory
         self.timeout = timeout
         present = cp.cuda.runtime.getDeviceCount()
@@ -171,7 +182,8 @@ class MultiGpuRun:
                 with cp.cuda.Device(self.device_ids[d]):
                     stream = self.streams[d] = cp.cuda.Stream(non_blocking=True)
                     with stream:
-                        run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode, CupyBackend,
+                        run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode,
+                                        functools.partial(CupyBackend, kernels=kernels),
                                         NcclFabric(d, self.comms.get(d, {})), per_row=per_row)
                         self.runs[d] = run
                         run.init_data = None  # the inputs stay in their rows: no host copy to restore from
@@ -190,6 +202,8 @@ class MultiGpuRun:
                     stream.synchronize()
             return go
 
+        with cp.cuda.Device(self.device_ids[self.local[0]]):  # every kernel compiled now, in parallel
+            precompile([self.progs[d] for d in self.local], plan, ctx, [self.mode], kernels)
         self._each(setup, "setup")
 
     # ------------------------------------------------------------------ phases
@@ -364,7 +378,8 @@ class GpuRun(MultiGpuRun):
     comm_stream, relaxed_capture = False, True
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 *, per_row: bool = False, streams: int = 1, reuse: str | None = None):
+                 *, per_row: bool = False, streams: int = 1, reuse: str | None = None,
+                 kernels: KernelConfig | None = None):
         import cupy as cp
 
         if len(plan.chips) != 1:
@@ -372,7 +387,7 @@ class GpuRun(MultiGpuRun):
         if any(k.kind is Kind.COMM for k in plan.chips[0].kernels):
             raise ExecutionError("a 1-chip plan with communication kernels cannot run as a graph")
         super().__init__(plan, ctx, memory, mode, 1, device_ids=[cp.cuda.Device().id], streams=streams,
-                         per_row=per_row, reuse=reuse)
+                         per_row=per_row, reuse=reuse, kernels=kernels)
         self.device, self.stream, self.backend = self.runs[0], self.streams[0], self.runs[0].backend
         self.kernels = len(self.device.calls)
         self.schedule = self.launchers[0].schedule if self.launchers[0] is not None else None
@@ -387,42 +402,46 @@ def _run_once(run: MultiGpuRun, graph: bool, repeats: int) -> RunResult:
 
 def run_multi_gpu(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
                   gpus: int | None = None, *, graph: bool = True, repeats: int = 0,
-                  streams: int | None = None) -> RunResult:
+                  streams: int | None = None, kernels: KernelConfig | None = None) -> RunResult:
     """Run ``plan`` on ``gpus`` GPUs (:class:`MultiGpuRun`), as one CUDA graph per GPU (``graph``)
     or eagerly, on ``streams`` streams per GPU (default :data:`DEFAULT_STREAMS`); ``repeats`` > 0
     also times that many runs."""
-    with MultiGpuRun(plan, ctx, memory, mode, gpus, streams=streams) as run:
+    with MultiGpuRun(plan, ctx, memory, mode, gpus, streams=streams, kernels=kernels) as run:
         return _run_once(run, graph, repeats)
 
 
 def _plan_of(plan_or_program, fuse: bool):
+    """The plan of a program, built for the CUDA backend's target; a plan as it is."""
+    from caramel.backends.cuda.target import CUDA_TARGET
     from caramel.plan import build_plan
 
     if isinstance(plan_or_program, Program):
-        return build_plan(plan_or_program, fuse=fuse)
+        return build_plan(plan_or_program, fuse=fuse, target=CUDA_TARGET)
     return plan_or_program
 
 
 def run_gpu(plan_or_program, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT, *,
-            graph: bool = True, repeats: int = 0, per_row: bool | None = None, streams: int = 1) -> RunResult:
+            graph: bool = True, repeats: int = 0, per_row: bool | None = None, streams: int = 1,
+            kernels: KernelConfig | None = None) -> RunResult:
     """Run on one GPU. ``graph=True``: the (fused) plan as one CUDA graph; ``graph=False``: eager,
     one launch per instruction (unfused plan, ``per_row``, default: when not ``graph``) when given
     a program. ``streams``: CUDA streams for a 1-chip plan (:class:`GpuRun`); a multi-chip plan runs
     all its chips on this GPU (:func:`run_multi_gpu`). ``repeats`` > 0: that many more runs timed."""
     plan = _plan_of(plan_or_program, fuse=graph)
     if len(plan.chips) != 1:
-        return run_multi_gpu(plan, ctx, memory, mode, 1, graph=graph, repeats=repeats)
+        return run_multi_gpu(plan, ctx, memory, mode, 1, graph=graph, repeats=repeats, kernels=kernels)
     if per_row is None:
         per_row = not graph and isinstance(plan_or_program, Program)
-    return _run_once(GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams), graph, repeats)
+    return _run_once(GpuRun(plan, ctx, memory, mode, per_row=per_row, streams=streams, kernels=kernels), graph,
+                     repeats)
 
 
 def gpu_executor(program: Program, ctx: Context, mode: Mode | str, *, graph: bool = True,
-                 streams: int = GRAPH_STREAMS) -> Callable[[Mapping], RunResult]:
+                 streams: int = GRAPH_STREAMS, kernels: KernelConfig | None = None) -> Callable[[Mapping], RunResult]:
     """``memory -> RunResult`` running ``program`` on the GPU (the plan is built once) on
     ``streams`` CUDA streams."""
     plan = _plan_of(program, fuse=graph)
-    return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams)
+    return lambda memory: run_gpu(plan, ctx, memory, mode, graph=graph, streams=streams, kernels=kernels)
 
 
 __all__ = ["DEFAULT_STREAMS", "GRAPH_STREAMS", "GpuRun", "MultiGpuRun", "StreamLauncher", "gpu_executor",

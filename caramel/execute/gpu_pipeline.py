@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from caramel.errors import BindingError
-from caramel.execute.memory import is_device_array
+from caramel.arrays import is_device_array
 from caramel.execute.pipeline import Feed, Key, LaneOutput, RowLayout, check_host_rows
 from caramel.program import Mem
 from caramel.ring import Context, Mode

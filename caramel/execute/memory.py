@@ -10,11 +10,11 @@ nothing from the plan: the oracle stays independent of it.
 
 from __future__ import annotations
 
-import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from caramel.arrays import is_device_array
 from caramel.errors import BindingError
 from caramel.program import LOADS, STORES, Mem, Opcode, Program
 from caramel.ring import Context
@@ -23,16 +23,6 @@ _LIMIT = 20
 #: Types whose values an upload to a ``uint32`` arena keeps exactly (no wrap-around), so that the
 #: range of the uploaded row is the range of the input (:func:`check_ranges`).
 _DEVICE_EXACT = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))
-
-
-def is_device_array(a) -> bool:
-    """Whether ``a`` is a GPU array: a CuPy array, known by its type (its ``__cuda_array_interface__``
-    builds a dict on every look: thousands of key rows), or anything else exporting that interface.
-    CuPy is not imported here: an array of it exists only once something imported it."""
-    if isinstance(a, np.ndarray):
-        return False
-    cp = sys.modules.get("cupy")
-    return (cp is not None and isinstance(a, cp.ndarray)) or hasattr(a, "__cuda_array_interface__")
 
 
 def check_image(ctx: Context, memory: Mapping[Mem, np.ndarray], needed: Mapping[Mem, str], scalars: set[Mem],

@@ -294,7 +294,7 @@ class MemoryLane:
         from collections import ChainMap
         from contextlib import nullcontext
 
-        from caramel.execute.memory import is_device_array
+        from caramel.arrays import is_device_array
 
         t0 = time.perf_counter()
         memory = ChainMap(dict(feed.image()), self.template)

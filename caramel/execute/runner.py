@@ -30,6 +30,7 @@ from caramel.plan.kernel import Expr, ExprOp, Kernel, Kind, Plan
 from caramel.plan.streams import StreamSchedule, Task, assign_streams, check_schedule
 from caramel.program import Mem
 from caramel.ring import Context, Mode
+from caramel.target import NEUTRAL, Target
 
 _I32 = np.int32
 
@@ -192,17 +193,18 @@ def comm_work(prog: DeviceProgram, step: CommStep) -> CommWork:
                     2 * len(scatter) + _local_limbs(step.after))
 
 
-def step_task(prog: DeviceProgram, step: tuple[int, int, Kernel] | CommStep, n: int) -> Task:
+def step_task(prog: DeviceProgram, step: tuple[int, int, Kernel] | CommStep, n: int,
+              target: Target = NEUTRAL) -> Task:
     """The :class:`~caramel.plan.streams.Task` of one step of ``prog`` at ring dimension ``n``: a kernel with its
-    arena rows and estimated cost, or a communication step (its rows, staging and scratch rows included) pinned to
-    stream 0 (a driver with a communication stream moves it there)."""
+    arena rows and cost estimated on ``target`` (the backend's), or a communication step (its rows, staging and
+    scratch rows included) pinned to stream 0 (a driver with a communication stream moves it there)."""
     if isinstance(step, CommStep):
         reads, writes = _comm_rows(prog, step)
         return Task(reads, writes, cost=comm_cost(len(step.ops)), stream=0, name=f"communication at level {step.level}")
     c, _, k = step
     rows = prog.rows_of[c]
     return Task(frozenset(int(rows[b]) for b in k.reads()), frozenset(int(rows[b]) for b in k.writes()),
-                cost=task_cost(k, n), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
+                cost=task_cost(k, n, target), name=f"chip {c} {k.kind.value} level {k.level} (lines {list(k.lines[:3])})")
 
 
 def schedule_tasks(tasks: Sequence[Task], streams: int, *, comm_stream: bool = True, device: int = 0) -> StreamSchedule:
@@ -239,6 +241,7 @@ class DeviceRun:
         limb-level instruction: the eager baseline)."""
         self.prog, self.plan, self.fabric = prog, plan, fabric
         self.backend = backend_factory(ctx, prog.n_rows)
+        target = getattr(self.backend, "target", NEUTRAL)  # its kernel costs (Backend.target)
         init_rows, init, self.input_mems = [], [], []
         for c in prog.chips:
             chip = plan.chips[c]
@@ -285,7 +288,7 @@ class DeviceRun:
                 parts = [dataclasses.replace(k, rows=(r,)) for r in k.rows] if per_row else [k]
                 add([lower_kernel(p, prog.rows_of[c], ctx, mode, prog.scalar_base[c]) for p in parts],
                     f"chip {c} {k.kind.value} level {k.level}", step)
-            self.tasks.append(step_task(prog, step, ctx.n))
+            self.tasks.append(step_task(prog, step, ctx.n, target))
             self.task_calls.append(range(first, len(self.calls)))
         self.pc = -1
 

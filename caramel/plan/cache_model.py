@@ -1,18 +1,17 @@
 """A model of a GPU's last-level cache under a plan: which limb reads an LRU cache of C limbs serves.
 
 The plan's traffic model (:meth:`caramel.plan.kernel.Kernel.traffic`) charges every read and write to device
-memory. A GPU's L2 (50 MB on an H100 or H200: about 190 limbs at N = 65536) serves the reads of limbs written or
-read shortly before; this module counts them. Each chip's kernels run in plan order, one after the other; a
+memory. A device's last-level cache (a GPU's L2: the target's ``l2_bytes``, :mod:`caramel.target`) serves the reads of limbs
+written or read shortly before; this module counts them. Each chip's kernels run in plan order, one after the other; a
 kernel is a sequence of whole-limb accesses, row by row in row order:
 
 * a single-pass kernel reads each row's inputs, then writes its outputs;
 * a forward NTT or inverse NTT at N >= 8192 is two passes (:mod:`caramel.backends.cuda.ntt`): the first reads
   each row's input and writes its output limb, the second reads and writes the output limb again. A transform
-  in two kernels (:data:`caramel.plan.order.FUSED`, the CUDA backend's ``ntt.FUSED``) runs the second over the rows
-  in reverse order when ``second_reversed`` (the CUDA kernels' ``SECOND_REVERSED``), else in row order; in one kernel,
-  each row's second pass follows its first, row by row (the kernel's lag of a few dozen limbs is left out), as
-  :func:`caramel.plan.order.write_order` has it. A half NTT (``Kernel.half``) runs only the first (its reader runs
-  the second in its load).
+  that the target runs in two kernels (:attr:`caramel.target.Target.one_kernel`) runs the second over the rows in
+  reverse order; in one kernel, each row's second pass follows its first, row by row (the kernel's lag of a few dozen
+  limbs is left out), as :func:`caramel.plan.order.write_order` has it. A half NTT (``Kernel.half``) runs only the
+  first (its reader runs the second in its load).
 
 The cache is LRU over limbs with write-back: a read of a cached limb is a hit, else a miss that allocates it; a
 write allocates the limb dirty; every access makes the limb the most recently used; an evicted dirty limb, and
@@ -31,10 +30,7 @@ from typing import Iterator, NamedTuple
 
 from caramel.plan.kernel import ChipPlan, Kind, Plan, Row
 from caramel.plan.order import one_kernel, whole_transform
-
-#: The L2 of an H100 or H200 (bytes), and in limbs of N = 65536 words of 4 bytes.
-L2_BYTES = 50 * 2**20
-L2_LIMBS = L2_BYTES // (4 * 65536)
+from caramel.target import Target
 
 
 class CacheTraffic(NamedTuple):
@@ -55,22 +51,22 @@ class CacheTraffic(NamedTuple):
         return CacheTraffic(*(a + b for a, b in zip(self, other)))
 
 
-def accesses(chip: ChipPlan, second_reversed: bool = True) -> Iterator[tuple[bool, int]]:
-    """The chip's limb accesses in model order: (is_write, buffer) (see the module docstring)."""
+def accesses(chip: ChipPlan, target: Target) -> Iterator[tuple[bool, int]]:
+    """The chip's limb accesses on ``target`` in model order: (is_write, buffer) (see the module docstring)."""
     for kernel in chip.kernels:
         if kernel.kind is Kind.COMM:
             yield from ((False, c.src) for c in kernel.comms if c.src >= 0)
             yield from ((True, c.dst) for c in kernel.comms if c.dst >= 0)
             continue
         two_pass = whole_transform(kernel)  # a half NTT's readers run its second pass
-        fused = one_kernel(kernel)  # its second pass row by row, after each row's first
+        fused = one_kernel(kernel, target)  # its second pass row by row, after each row's first
         for row in kernel.rows:
             yield from ((False, b) for b in row.ins)
             yield from ((True, b) for b in row.outs)
             if fused:
                 yield from _second_pass(row)
         if two_pass and not fused:
-            for row in (kernel.rows[::-1] if second_reversed else kernel.rows):
+            for row in kernel.rows[::-1]:
                 yield from _second_pass(row)
 
 
@@ -80,11 +76,11 @@ def _second_pass(row: Row) -> Iterator[tuple[bool, int]]:
     yield from ((True, b) for b in row.outs)
 
 
-def chip_traffic(chip: ChipPlan, capacity: int = L2_LIMBS, second_reversed: bool = True) -> CacheTraffic:
-    """:class:`CacheTraffic` of one chip's plan with an LRU cache of ``capacity`` limbs."""
+def chip_traffic(chip: ChipPlan, capacity: int, target: Target) -> CacheTraffic:
+    """:class:`CacheTraffic` of one chip's plan on ``target`` with an LRU cache of ``capacity`` limbs."""
     cache: OrderedDict[int, bool] = OrderedDict()  # buffer -> dirty, least recently used first
     reads = hits = writes = writebacks = 0
-    for write, b in accesses(chip, second_reversed):
+    for write, b in accesses(chip, target):
         if write:
             writes += 1
         else:
@@ -101,9 +97,9 @@ def chip_traffic(chip: ChipPlan, capacity: int = L2_LIMBS, second_reversed: bool
     return CacheTraffic(reads, hits, writes, writebacks)
 
 
-def plan_traffic(plan: Plan, capacity: int = L2_LIMBS, second_reversed: bool = True) -> CacheTraffic:
+def plan_traffic(plan: Plan, capacity: int, target: Target) -> CacheTraffic:
     """:func:`chip_traffic` summed over the chips of ``plan``."""
     total = CacheTraffic(0, 0, 0, 0)
     for chip in plan.chips:
-        total = total + chip_traffic(chip, capacity, second_reversed)
+        total = total + chip_traffic(chip, capacity, target)
     return total

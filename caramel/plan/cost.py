@@ -1,4 +1,4 @@
-"""Estimated GPU time of a plan kernel: the cost that the stream schedule balances.
+"""Estimated device time of a plan kernel: the cost that the stream schedule balances.
 
 :func:`caramel.plan.streams.assign_streams` puts each task on the stream where it could start earliest by these
 estimates, so they decide how a chip's independent branches share its streams. A kernel's time is modelled per
@@ -8,41 +8,21 @@ estimates, so they decide how a chip's independent branches share its streams. A
 
 ``traffic`` in limbs (:meth:`~caramel.plan.kernel.Kernel.traffic`, each input read and each output written
 once), ``base`` the launch and the latency of one block's chain, ``per_pass`` the row passes of an NTT epilogue
-(F transformed operands a row: work beyond its traffic). The coefficients (:data:`COSTS`) are a least-squares fit
-of the one-stream kernel times of BootstrapLike_51L_1c on one H200 at N = 65536 (``scripts/gpu_roofline.py
---json``; R^2 0.98 to 0.999 per family; docs/PERFORMANCE.md, session 15, has the replay with these costs and with
-the rows as costs). They rank kernels for the scheduler; they do not predict a run. :func:`fit` refits them from
-measured times (``scripts/fit_costs.py`` from a roofline's ``--json``) when the kernels change.
+(F transformed operands a row: work beyond its traffic). The coefficients are the backend's
+(:attr:`caramel.target.Target.costs`; the CUDA backend's are fitted on an H200,
+:mod:`caramel.backends.cuda.target`). They rank kernels for the scheduler; they do not predict a run. :func:`fit`
+refits them from measured times (a roofline's ``--json``) when the kernels change.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import numpy as np
 
 from caramel.plan.kernel import Kernel
-
-
-class Cost(NamedTuple):
-    """One family's line: microseconds a launch, a limb of traffic and a row pass (NTT epilogues), at N = 65536."""
-
-    base_us: float
-    per_limb_us: float
-    per_pass_us: float = 0.0
-
-
-#: Family -> its line (see the module docstring); families not listed cost as ``elementwise``.
-COSTS = {
-    "elementwise": Cost(1.36, 0.068),
-    "epilogue": Cost(9.15, 0.062, 0.097),
-    "ntt": Cost(10.67, 0.157),
-    "ntt-half": Cost(5.87, 0.080),
-    "intt": Cost(10.49, 0.168),
-    "baseconv": Cost(5.31, 0.104),
-    "automorphism": Cost(1.87, 0.070),
-}
+from caramel.target import NEUTRAL, Cost, Target
 
 #: A communication step: microseconds per collective (a rough figure for one limb over NVLink, not fitted).
 COMM_US = 10.0
@@ -64,9 +44,9 @@ def _row_passes(kernel: Kernel) -> int:
     return len(kernel.rows) * len(kernel.expr.transformed) if kernel.expr is not None else 0
 
 
-def estimate_us(kernel: Kernel, n: int = 65536) -> float:
-    """The estimated time of ``kernel`` at ring dimension ``n`` in microseconds (module docstring)."""
-    c = COSTS.get(family(kernel), COSTS["elementwise"])
+def estimate_us(kernel: Kernel, n: int = 65536, target: Target = NEUTRAL) -> float:
+    """The estimated time of ``kernel`` on ``target`` at ring dimension ``n`` in microseconds (module docstring)."""
+    c = target.cost(family(kernel))
     return c.base_us + (c.per_limb_us * kernel.traffic() + c.per_pass_us * _row_passes(kernel)) * n / 65536
 
 
@@ -92,10 +72,10 @@ def fit(samples: Iterable[tuple[Kernel, float]], n: int = 65536) -> dict[str, tu
     return out
 
 
-def task_cost(kernel: Kernel, n: int = 65536) -> int:
+def task_cost(kernel: Kernel, n: int = 65536, target: Target = NEUTRAL) -> int:
     """:func:`estimate_us` as a stream-schedule cost (:class:`~caramel.plan.streams.Task`): whole nanoseconds, at
     least 1."""
-    return max(1, round(1000 * estimate_us(kernel, n)))
+    return max(1, round(1000 * estimate_us(kernel, n, target)))
 
 
 def comm_cost(collectives: int) -> int:
@@ -103,4 +83,4 @@ def comm_cost(collectives: int) -> int:
     return max(1, round(1000 * COMM_US * (collectives + 1)))
 
 
-__all__ = ["COMM_US", "COSTS", "Cost", "comm_cost", "estimate_us", "family", "fit", "task_cost"]
+__all__ = ["COMM_US", "Cost", "comm_cost", "estimate_us", "family", "fit", "task_cost"]

@@ -1,4 +1,4 @@
-"""The plan's types: kernel kinds, fused expressions, kernels, chip plans and plans.
+"""The plan's types: kernel kinds, kernels, chip plans and plans (and the fused expressions, :mod:`caramel.expr`).
 
 The rules these types follow (what each :class:`Kind` reads and writes, how an :class:`Expr` reduces
 modulo q) are in :mod:`caramel.plan.plan`, which builds them; :mod:`caramel.plan.fusion` groups
@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
+from caramel.expr import MAX_TRANSFORMED, Expr, ExprOp
 from caramel.program import Mem, Opcode
+from caramel.target import Target
 
 
 class Kind(enum.Enum):
@@ -27,56 +29,6 @@ class Kind(enum.Enum):
     SUD_LIFT = "sud_lift"
     RSV = "rsv"
     MOD = "mod"
-
-
-class ExprOp(NamedTuple):
-    """One operation of an :class:`Expr`: ``op`` in ``add``, ``sub``, ``mul``, ``neg`` applied to
-    the values ``args``."""
-
-    op: str
-    args: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Expr:
-    """A tiny SSA program over ``n_vec`` vector and ``n_scalar`` scalar operands.
-
-    Values 0..n_vec-1 are the vector operands, n_vec..n_vec+n_scalar-1 the scalar operands, then
-    one value per entry of ``ops``; ``outputs`` are the values written (same layout as the CUDA
-    ``FusedProgram``, so lowering is field by field). ``gathered`` (ascending vector operand
-    indices) are the operands read through an automorphism (:func:`caramel.plan.fusion.fuse_automorphisms`):
-    operand k of row r is then arena[ins[k]][perm_g(j)] for the Galois element g of ``Row.gather``,
-    i.e. the limb the folded ``AUTOMORPHISM`` row would have written. ``transformed`` (ascending, at most
-    :data:`MAX_TRANSFORMED`, none gathered) are the operands that a forward NTT of the kernel's prime wrote
-    as a *half* NTT (``Kernel.half``, :func:`caramel.plan.fusion.fuse_ntt_epilogues`): the value is the NTT's
-    output all the same; a backend that splits the transform in two passes runs the second in this load.
-    """
-
-    n_vec: int
-    n_scalar: int
-    ops: tuple[ExprOp, ...]
-    outputs: tuple[int, ...]
-    gathered: tuple[int, ...] = ()
-    transformed: tuple[int, ...] = ()
-
-    def text(self) -> str:
-        """e.g. ``v3s1: t4=mul(v0,v1) t5=add(t4,v2) -> t5``; a gathered operand is ``v0@``, a transformed one
-        ``v0^``."""
-        def name(v: int) -> str:
-            if v < self.n_vec:
-                return f"v{v}@" if v in self.gathered else f"v{v}^" if v in self.transformed else f"v{v}"
-            if v < self.n_vec + self.n_scalar:
-                return f"s{v - self.n_vec}"
-            return f"t{v}"
-
-        base = self.n_vec + self.n_scalar
-        body = " ".join(f"t{base + i}={o.op}({','.join(map(name, o.args))})" for i, o in enumerate(self.ops))
-        return f"v{self.n_vec}s{self.n_scalar}: {body} -> {','.join(map(name, self.outputs))}"
-
-
-#: Transformed operands of an expression at most (the GPU's epilogue kernel runs one or two warps' row passes each,
-#: caramel.backends.cuda.ntt.EPILOGUE_MAX).
-MAX_TRANSFORMED = 16
 
 
 class Row(NamedTuple):
@@ -227,12 +179,13 @@ class ChipPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """The plan of a program: one :class:`ChipPlan` per chip, and the build ``timings`` (seconds
-    per phase)."""
+    """The plan of a program: one :class:`ChipPlan` per chip, the build ``timings`` (seconds per phase) and the
+    ``target`` its kernels' rows are ordered for (:func:`caramel.plan.order.recent_first`; None: as batched)."""
 
     name: str
     chips: tuple[ChipPlan, ...]
     timings: dict[str, float] = field(default_factory=dict)
+    target: Target | None = None
 
     @property
     def kernels(self) -> int:

@@ -8,12 +8,11 @@ scanned in the order it was filled), one that reads them newest-first hits on up
 
 :func:`recent_first` orders every kernel's rows by the *write rank* of their inputs, most recent first: the rank of
 a buffer is the position of its write in the plan's order of writes (kernel by kernel; within a kernel, row by row,
-except NTT and INTT kernels that the CUDA backend runs as two kernels, whose second pass takes the rows last-first
-(``caramel.backends.cuda.ntt.SECOND_REVERSED``), so that they finish their rows in reverse order; a transform in one
-kernel (:data:`FUSED`, ``caramel.backends.cuda.ntt.FUSED``) finishes them in order). A
-row's key is the highest rank among its inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the
-plan's order. Communication kernels keep their order (every chip must issue its collectives alike). Results do not
-depend on row order: the plan computes the same values.
+except whole NTT and INTT kernels that the target runs as two kernels, whose second pass takes the rows last-first,
+so that they finish their rows in reverse order; :attr:`caramel.target.Target.one_kernel`). A row's key is the
+highest rank among its inputs (-1 for inputs no kernel wrote: program inputs, keys); ties keep the plan's order.
+Communication kernels keep their order (every chip must issue its collectives alike). Results do not depend on row
+order: the plan computes the same values.
 """
 
 from __future__ import annotations
@@ -21,13 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from caramel.plan.kernel import ChipPlan, Kernel, Kind, Plan
-
-
-#: Whether the CUDA backend runs a whole (forward, inverse) transform at N >= 8192 as one kernel
-#: (``caramel.backends.cuda.ntt.FUSED``; a test keeps the two equal): one kernel finishes its rows in row order, two
-#: kernels (the second taking the rows last-first, ``SECOND_REVERSED``) finish them last-first. Read at call time, so
-#: that scripts can compare plans (``scripts/gpu_bench.py --ntt-set plan.FUSED=1/1``).
-FUSED = (False, True)
+from caramel.target import NEUTRAL, Target
 
 
 def whole_transform(kernel: Kernel) -> bool:
@@ -36,20 +29,20 @@ def whole_transform(kernel: Kernel) -> bool:
     return kernel.kind in (Kind.NTT, Kind.INTT) and not kernel.half
 
 
-def one_kernel(kernel: Kernel) -> bool:
-    """Whether ``kernel`` is a whole transform that the CUDA backend runs as one kernel (:data:`FUSED`)."""
-    return whole_transform(kernel) and bool(FUSED[kernel.kind is Kind.INTT])
+def one_kernel(kernel: Kernel, target: Target) -> bool:
+    """Whether ``kernel`` is a whole transform that ``target`` runs as one kernel (:attr:`Target.one_kernel`)."""
+    return whole_transform(kernel) and bool(target.one_kernel[kernel.kind is Kind.INTT])
 
 
-def write_order(kernel: Kernel) -> tuple:
-    """The rows of ``kernel`` in the order it finishes writing them (see the module docstring): a whole NTT or INTT in
-    two kernels (:data:`FUSED`) last-first; one in one kernel, a half NTT (its first pass only) and every other
-    kernel in row order."""
-    return kernel.rows[::-1] if whole_transform(kernel) and not one_kernel(kernel) else kernel.rows
+def write_order(kernel: Kernel, target: Target) -> tuple:
+    """The rows of ``kernel`` in the order it finishes writing them on ``target`` (see the module docstring): a whole
+    NTT or INTT in two kernels last-first; one in one kernel, a half NTT (its first pass only) and every other kernel
+    in row order."""
+    return kernel.rows[::-1] if whole_transform(kernel) and not one_kernel(kernel, target) else kernel.rows
 
 
-def recent_first_chip(chip: ChipPlan) -> ChipPlan:
-    """``chip`` with every non-communication kernel's rows sorted by the write rank of their inputs,
+def recent_first_chip(chip: ChipPlan, target: Target) -> ChipPlan:
+    """``chip`` with every non-communication kernel's rows sorted by the write rank of their inputs on ``target``,
     most recent first (stable)."""
     rank: dict[int, int] = {}  # buffer -> position of its latest write
     seq = 0
@@ -64,13 +57,20 @@ def recent_first_chip(chip: ChipPlan) -> ChipPlan:
         if kernel.kind is Kind.COMM:
             written = [c.dst for c in kernel.comms if c.dst >= 0]
         else:
-            written = [b for row in write_order(kernel) for b in row.outs]
+            written = [b for row in write_order(kernel, target) for b in row.outs]
         for b in written:
             rank[b] = seq
             seq += 1
     return replace(chip, kernels=tuple(kernels))
 
 
-def recent_first(plan: Plan) -> Plan:
-    """``plan`` with :func:`recent_first_chip` applied to every chip."""
-    return replace(plan, chips=tuple(recent_first_chip(c) for c in plan.chips))
+def recent_first(plan: Plan, target: Target = NEUTRAL) -> Plan:
+    """``plan`` with :func:`recent_first_chip` applied to every chip for ``target``, which it then records."""
+    return replace(plan, chips=tuple(recent_first_chip(c, target) for c in plan.chips), target=target)
+
+
+def for_target(plan: Plan, target: Target) -> Plan:
+    """``plan`` with its rows ordered for ``target``: as it is when it was ordered for it or not ordered at all
+    (``plan.target`` None: built with ``row_order="batch"``), else re-sorted by :func:`recent_first` (a plan built for
+    another backend, e.g. the neutral one, run on this one)."""
+    return plan if plan.target is None or plan.target == target else recent_first(plan, target)

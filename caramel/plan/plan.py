@@ -53,6 +53,7 @@ from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
 from caramel.plan.order import recent_first
 from caramel.parse import no_gc
 from caramel.program import COMMUNICATION, ELEMENTWISE_OP, BcuSlot, Opcode, Program
+from caramel.target import NEUTRAL, Target
 
 # ---------------------------------------------------------------------------------------------- lowering
 
@@ -148,7 +149,7 @@ ROW_ORDERS = ("recent", "batch")
 
 def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.MAX_INPUTS, fuse_ntt=True,
                max_outputs: int = fusion.MAX_OUTPUTS, fuse_automorphism: bool = True, row_order: str = "recent",
-               fuse_epilogue: bool = True) -> Plan:
+               fuse_epilogue: bool = True, target: Target = NEUTRAL) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
@@ -160,8 +161,9 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
     (:func:`~caramel.plan.fusion.fuse_automorphisms`, with ``fuse`` and ``fuse_automorphism`` only),
     NTT epilogues (:func:`~caramel.plan.fusion.fuse_ntt_epilogues`, with ``fuse`` and ``fuse_epilogue`` only),
     batching (:mod:`caramel.plan.fusion`) and the rows of every kernel ordered by ``row_order``: ``"recent"``,
-    most recently written inputs first (:func:`caramel.plan.order.recent_first`: the faster replay,
-    docs/PERFORMANCE.md), or ``"batch"``, as batched.
+    most recently written inputs first on ``target`` (the backend's :class:`~caramel.target.Target`, which the plan
+    records; :func:`caramel.plan.order.recent_first`: the faster replay, docs/PERFORMANCE.md), or ``"batch"``, as
+    batched.
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
     loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
     if max_inputs < 1 or max_outputs < 1:
@@ -173,7 +175,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
                       bool(fuse and fuse_epilogue))
         if row_order == "recent":
             t0 = time.perf_counter()
-            plan = recent_first(plan)
+            plan = recent_first(plan, target)
             plan.timings["order"] = time.perf_counter() - t0
             plan.timings["total"] += plan.timings["order"]
         return plan

@@ -13,9 +13,13 @@ Traffic model (bytes of device memory read and written, 4 bytes per residue, N r
   (:meth:`~caramel.plan.kernel.Kernel.traffic`): the limb between them is never written or read;
   an elementwise operand read through an automorphism (a gathered operand) is charged as one read
   of the automorphism's input;
-* cache model: the plan's limb accesses, NTT and INTT as their two passes, through an LRU cache of a GPU's
-  L2 (:mod:`caramel.plan.cache_model`): the reads it serves, and what still goes to and from memory, in
-  the plan's row order (by recency, :func:`caramel.plan.order.recent_first`, unless built otherwise).
+* cache model: the plan's limb accesses, NTT and INTT as their two passes, through an LRU cache of the target's
+  last-level cache (:mod:`caramel.plan.cache_model`; a target without one has no such figures): the reads it
+  serves, and what still goes to and from memory, in the plan's row order (by recency,
+  :func:`caramel.plan.order.recent_first`, unless built otherwise).
+
+The target (:class:`caramel.target.Target`, default the plan's own) also gives the copy bandwidth at which the
+traffic floor is priced.
 
 The "instructions" of a kind are the source instructions its kernels execute (a ``sud`` counts
 in each kind it lowers to; a ``ntt`` or ``sud`` that first reads a unit also counts as baseconv).
@@ -30,10 +34,7 @@ from caramel.plan.kernel import Kind, Plan
 from caramel.plan.plan import assign_rows
 from caramel.stats import instruction_limbs
 from caramel.program import Opcode, Program
-
-#: Device-to-device copy bandwidth (bytes read plus written) measured on one H200 (GB/s), the
-#: rate at which ``caramel plan`` prices its traffic floor (scripts/gpu_variants.py, 2026-11-23).
-COPY_GBS = 4202.0
+from caramel.target import NEUTRAL, Target
 
 #: Instructions that never become a kernel (aliases, bindings, unit setup, scalar loads).
 ALIASES = frozenset(
@@ -113,13 +114,13 @@ def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> di
     return stats
 
 
-def cache_model_stats(plan: Plan, n: int = 65536) -> dict:
-    """The cache model's figures (bytes at ring degree ``n``) for an L2 of
-    :data:`caramel.plan.cache_model.L2_BYTES`, in the plan's row order. Only the report prints them:
-    :func:`plan_stats` leaves them out (its other callers need not simulate the cache)."""
-    limb, capacity = 4 * n, cache_model.L2_BYTES // (4 * n)
-    have = cache_model.plan_traffic(plan, capacity)
-    return {"cache_bytes": cache_model.L2_BYTES, "read_bytes": have.reads * limb, "hit_bytes": have.hits * limb,
+def cache_model_stats(plan: Plan, target: Target, n: int = 65536) -> dict:
+    """The cache model's figures (bytes at ring degree ``n``) for ``target``'s last-level cache, in the plan's row
+    order. Only the report prints them: :func:`plan_stats` leaves them out (its other callers need not simulate the
+    cache)."""
+    limb, capacity = 4 * n, target.l2_bytes // (4 * n)
+    have = cache_model.plan_traffic(plan, capacity, target)
+    return {"cache_bytes": target.l2_bytes, "read_bytes": have.reads * limb, "hit_bytes": have.hits * limb,
             "writeback_bytes": have.writebacks * limb, "memory_bytes": have.memory * limb}
 
 
@@ -131,25 +132,31 @@ def _bytes(x: float) -> str:
     return ""
 
 
-def traffic_floor_lines(stats: dict, bandwidth_gbs: float = COPY_GBS) -> list[str]:
+def traffic_floor_lines(stats: dict, bandwidth_gbs: float = 0.0) -> list[str]:
     """The plan model's traffic floor per kernel kind (each kernel reads its inputs and writes its
-    outputs once): bytes, share of the plan's bytes, and the time those bytes take at
-    ``bandwidth_gbs`` (default: the device-to-device copy rate measured on one H200)."""
+    outputs once): bytes, share of the plan's bytes, and (``bandwidth_gbs`` > 0: a target's copy bandwidth) the time
+    those bytes take at that rate."""
     total = max(stats["plan_bytes"], 1)
-    out = [f"  traffic floor per kind (the model above; time at {bandwidth_gbs:.0f} GB/s copy bandwidth):",
-           f"    {'kind':<14}{'bytes':>12}{'share':>8}{'floor ms':>10}"]
+
+    def ms(b: int) -> str:
+        return f"{b / bandwidth_gbs / 1e6:>10.3f}" if bandwidth_gbs > 0 else ""
+
+    at = f"; time at {bandwidth_gbs:.0f} GB/s copy bandwidth" if bandwidth_gbs > 0 else ""
+    out = [f"  traffic floor per kind (the model above{at}):",
+           f"    {'kind':<14}{'bytes':>12}{'share':>8}" + (f"{'floor ms':>10}" if bandwidth_gbs > 0 else "")]
     for kind, b in sorted(stats["bytes_by_kind"].items(), key=lambda kv: -kv[1]):
         if b:
-            out.append(f"    {kind:<14}{_bytes(b):>12}{100 * b / total:>7.1f}%{b / bandwidth_gbs / 1e6:>10.3f}")
-    out.append(f"    {'total':<14}{_bytes(stats['plan_bytes']):>12}{'100.0%':>8}"
-               f"{stats['plan_bytes'] / bandwidth_gbs / 1e6:>10.3f}")
+            out.append(f"    {kind:<14}{_bytes(b):>12}{100 * b / total:>7.1f}%{ms(b)}")
+    out.append(f"    {'total':<14}{_bytes(stats['plan_bytes']):>12}{'100.0%':>8}{ms(stats['plan_bytes'])}")
     return out
 
 
-def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> str:
+def plan_report(plan: Plan, program: Program | None = None, n: int = 65536, target: Target | None = None) -> str:
     """A text report of ``plan``: instructions -> kernels by kind, bytes moved per instruction
     vs by the plan (at ring degree ``n``; the per-instruction figure needs ``program``), critical
-    path, parallel width, arena rows and build times."""
+    path, parallel width, arena rows and build times; the traffic priced and cached on ``target`` (default: the
+    one the plan was ordered for, else :data:`~caramel.target.NEUTRAL`)."""
+    target = target or plan.target or NEUTRAL
     s = plan_stats(plan, program, n)
     out = [
         f"plan of {s['program']}: {s['chips']} chip(s), {s['instructions']} instructions -> {s['kernels']} kernels"
@@ -184,10 +191,12 @@ def plan_report(plan: Plan, program: Program | None = None, n: int = 65536) -> s
                    f" {pb / ib:.2f}x of per instruction")
     else:
         out.append(f"  plan: {_bytes(s['plan_bytes'])} (busiest chip {_bytes(s['plan_bytes_busiest_chip'])})")
-    out.extend(traffic_floor_lines(s))
-    c = cache_model_stats(plan, n)
-    out.append(f"  cache model (LRU of {_bytes(c['cache_bytes'])}, NTT/INTT as two passes): {_bytes(c['memory_bytes'])}"
-               f" to and from memory, {_bytes(c['hit_bytes'])} of {_bytes(c['read_bytes'])} read from the cache")
+    out.extend(traffic_floor_lines(s, target.copy_gbs))
+    if target.l2_bytes:
+        c = cache_model_stats(plan, target, n)
+        out.append(f"  cache model (LRU of {_bytes(c['cache_bytes'])}, NTT/INTT as two passes): "
+                   f"{_bytes(c['memory_bytes'])} to and from memory, {_bytes(c['hit_bytes'])} of "
+                   f"{_bytes(c['read_bytes'])} read from the cache")
     out += ["", f"critical path: {s['critical_path']} kernels (levels of the whole program;"
                 f" longest chain inside one chip {s['critical_path_per_chip']})",
             f"parallel width: {s['parallel_width_mean']:.1f} kernels per level on average,"

@@ -161,10 +161,23 @@ def test_tc_build(kc, blocks, want):
 def test_tc_source_defines(kc, pf):
     """The build's defines: KC, the input loads in flight min(8 KC, TC_PF_MAX) (a multiple of 4 that
     covers SP) and the launch bound; the unroll pragma replaced."""
-    src = dbasis._tc_source(kc, 2, 6)
+    src = dbasis.tc_source(kc, 2, 6)
     assert f"#define TC_KC {kc}\n" in src and f"#define TC_PF {pf}\n" in src and "#define TC_MINB 6\n" in src
     assert "#pragma unroll 2\n" in src and "#pragma unroll TC_UNROLL" not in src
     assert pf % 4 == 0 and pf >= min(8 * kc, dbasis.TC_PF_MAX)
+
+
+def test_the_kernel_of_a_conversion():
+    """The tensor-core kernel where it fits (N a multiple of TC_ROWS, at most 64 outputs) in the build tc_build
+    picks for the device, or the one asked; else the tiled kernel; the mode names the kernel."""
+    assert dbasis.tensor_fits(4096, 64) and not dbasis.tensor_fits(4096, 65) and not dbasis.tensor_fits(64, 3)
+    kc = dbasis.tc_layout(13)[1]
+    src, name = dbasis.conversion_kernel(65536, 13, 2, 2, True, 132)
+    assert name == "base_convert_tc_exact" and src == dbasis.tc_source(kc, *dbasis.tc_build(kc, 1024, 132))
+    assert dbasis.conversion_kernel(65536, 13, 2, 0, True, 132, (2, 1))[0] == dbasis.tc_source(kc, 2, 1)
+    assert dbasis.conversion_kernel(64, 13, 2, 1, False) == (dbasis.source(), "base_convert_tiled_emulator")
+    with pytest.raises(ValueError, match="unroll 3"):
+        dbasis.conversion_kernel(65536, 13, 2, 0, True, 132, (3, 4))
 
 
 def test_conversion_constants():

@@ -1,4 +1,4 @@
-"""NTT epilogues (caramel.backends.cuda.ntt: ``_launch(half=True)`` and the epilogue kernel of an elementwise
+"""NTT epilogues (caramel.backends.cuda.ntt: ``ntt(half=True)`` and the epilogue kernel of an elementwise
 program with ``transformed`` operands): the forward transform's column pass, then the program reading those
 operands through the row pass, against the CPU reference (``ctx.ntt``, then the program in 64-bit NumPy) on fresh
 random data at N = 4096 (the transform runs whole, the operands are plain) and 65536. Output rows are poisoned
@@ -18,26 +18,24 @@ if not available():
 
 from caramel.backends.cuda import elementwise as dew  # noqa: E402
 from caramel.backends.cuda import ntt as dntt  # noqa: E402
-from caramel.backends.cuda.elementwise import FusedOp, FusedProgram  # noqa: E402
+from caramel.backends.cuda.config import EpilogueConfig, KernelConfig  # noqa: E402
+from caramel.expr import Expr, ExprOp  # noqa: E402
 from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F401 (pair, rng: fixtures)
 
 pytestmark = pytest.mark.gpu
 
-#: Epilogue kernel settings (caramel.backends.cuda.ntt.EPILOGUE_*) every test runs under.
-SETTINGS = {"default": [], "groups-together": [(dntt, "EPILOGUE_APART", False)],
-            "two-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (2,))], "eager-sums": [(dew, "LAZY_SUMS", False)],
-            "unstaged": [(dntt, "EPILOGUE_STAGE", False)], "words": [(dntt, "EPILOGUE_SCALAR_FROM", 99)],
-            "unbalanced": [(dntt, "EPILOGUE_BALANCE", False)], "padded-tiles": [(dntt, "TILE_SWIZZLE", False)],
-            "three-blocks": [(dntt, "EPILOGUE_MIN_BLOCKS", (3, 2))]}
+#: Epilogue kernel settings (KernelConfig.with_settings) every test runs under: the defaults, other launch bounds,
+#: 16-byte words where the defaults take one residue a thread, another first split stage.
+SETTINGS = {"default": [], "two-blocks": ["epilogue.min_blocks=2"], "three-blocks": ["epilogue.min_blocks=3/2"],
+            "words": ["epilogue.scalar_from=17"], "split-6": ["epilogue.split_from=6"]}
 
 
 @pytest.fixture(params=list(SETTINGS))
-def settings(request, monkeypatch):
-    for module, name, value in SETTINGS[request.param]:
-        monkeypatch.setattr(module, name, value)
+def kernels(request) -> KernelConfig:
+    return KernelConfig().with_settings(SETTINGS[request.param])
 
 
-def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> FusedProgram:
+def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> Expr:
     """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
     (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1) (each read):
     the shape of a key-switching inner product. ``gathered``: plain operands read through an automorphism."""
@@ -48,20 +46,20 @@ def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> Fu
     for j in range(o):
         acc = None
         for m, t in enumerate(transformed):
-            ops.append(FusedOp("mul", (t, plain[(m * o + j) % p])))
+            ops.append(ExprOp("mul", (t, plain[(m * o + j) % p])))
             prod, values = values, values + 1
             if acc is not None:
-                ops.append(FusedOp("add", (acc, prod)))
+                ops.append(ExprOp("add", (acc, prod)))
                 prod, values = values, values + 1
             acc = prod
         for k in range(j % p, p, o):
-            ops.append(FusedOp("add", (acc, plain[k])))
+            ops.append(ExprOp("add", (acc, plain[k])))
             acc, values = values, values + 1
         outputs.append(acc)
-    return FusedProgram(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), transformed=transformed)
+    return Expr(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), transformed=transformed)
 
 
-def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[np.ndarray]:
+def evaluate(program: Expr, operands: list[np.ndarray], q: int) -> list[np.ndarray]:
     vals = [v.astype(np.uint64) for v in operands]
     for op in program.ops:
         a, b = vals[op.args[0]], vals[op.args[-1]]
@@ -71,7 +69,7 @@ def evaluate(program: FusedProgram, operands: list[np.ndarray], q: int) -> list[
 
 @pytest.mark.parametrize("f,p,o", [(1, 1, 1), (2, 13, 2), (3, 2, 4), (5, 7, 2), (8, 8, 3), (9, 4, 2), (12, 12, 4),
                                    (14, 18, 5), (16, 1, 1)], ids=str)
-def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
+def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, kernels, f, p, o):
     ctx, ring = pair
     program = inner_products(f, p, o)
     rows = 3
@@ -90,8 +88,8 @@ def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
     arena = cp.asarray(host)
     t_slots = np.array([[vec[r, k] for k in program.transformed] for r in range(rows)])
     t_primes = np.repeat(primes, len(program.transformed))
-    dntt._launch(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(t_primes), False, half=True)
-    dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes))
+    dntt.ntt(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(t_primes), half=True)
+    dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes), kernels=kernels)
     have = cp.asnumpy(arena)
     for r, l in enumerate(primes):
         operands = [ctx.ntt(coeff[r, k], l) if k in program.transformed else coeff[r, k] for k in range(nv)]
@@ -103,7 +101,7 @@ def test_epilogue_runs_the_row_pass_in_its_load(pair, rng, settings, f, p, o):
 
 
 @pytest.mark.parametrize("f,gathered", [(2, (1, 5)), (6, (7, 9))], ids=str)
-def test_epilogue_with_gathered_operands(pair, rng, settings, f, gathered):
+def test_epilogue_with_gathered_operands(pair, rng, kernels, f, gathered):
     """Transformed operands beside operands read through an automorphism (the epilogue kernel's body gathers as the
     plain kernel does; with one group a block (F = 6), one residue a thread)."""
     ctx, ring = pair
@@ -121,8 +119,8 @@ def test_epilogue_with_gathered_operands(pair, rng, settings, f, gathered):
     coeff = host.copy()
     arena = cp.asarray(host)
     t_slots = np.array([[vec[r, k] for k in program.transformed] for r in range(rows)])
-    dntt._launch(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(np.repeat(primes, f)), False, half=True)
-    dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes), galois=i32(galois))
+    dntt.ntt(ring, arena, i32(t_slots.ravel()), i32(t_slots.ravel()), i32(np.repeat(primes, f)), half=True)
+    dew.fused(ring, program, arena, i32(out), i32(vec), i32(primes), galois=i32(galois), kernels=kernels)
     have = cp.asnumpy(arena)
     for r, l in enumerate(primes):
         operands = []
@@ -137,37 +135,30 @@ def test_epilogue_with_gathered_operands(pair, rng, settings, f, gathered):
             assert np.array_equal(have[out[r, j]], want), f"row {r} output {j}"
 
 
-def test_launch_bounds_without_spills(pair, monkeypatch):
-    """An epilogue kernel takes the first of ntt.EPILOGUE_MIN_BLOCKS (4, 3, 2) whose blocks fit in shared memory and
-    under which it needs no local memory: with the swizzled tiles a small program and one of 12 transformed operands
-    four blocks a multiprocessor, one of 14 three (four do not fit), and a program of 8 with 40 plain operands and 8
-    outputs, which spills under four blocks (64 registers), fewer; with the padded tiles (a fifth larger), 12 three
-    and 14 two."""
+def test_launch_bounds_without_spills(pair):
+    """An epilogue kernel takes the first of EpilogueConfig.min_blocks (4, 3, 2) whose blocks fit in shared memory
+    and under which it needs no local memory: a small program and one of 12 transformed operands four blocks a
+    multiprocessor, one of 14 three (four do not fit), and a program of 8 with 40 plain operands and 8 outputs, which
+    spills under four blocks (64 registers), fewer."""
     ctx, ring = pair
     if ctx.n < 8192:
         pytest.skip("no epilogue kernel below N = 8192")
-    assert dntt.EPILOGUE_MIN_BLOCKS == (4, 3, 2) and dntt.TILE_SWIZZLE
+    assert EpilogueConfig().min_blocks == (4, 3, 2)
     for shape, want in (((1, 1, 1), 4), ((12, 12, 4), 4), ((14, 18, 5), 3)):
         kernel, blocks = dew.epilogue_kernel(ring, inner_products(*shape))
         assert (blocks, kernel.local_size_bytes) == (want, 0), shape
     big = inner_products(8, 40, 8)
-    with monkeypatch.context() as m:
-        m.setattr(dntt, "EPILOGUE_MIN_BLOCKS", (4,))
-        assert dew.epilogue_kernel(ring, big)[0].local_size_bytes > 0  # it spills under four blocks
+    assert dew.epilogue_kernel(ring, big, EpilogueConfig(min_blocks=(4,)))[0].local_size_bytes > 0  # it spills
     kernel, blocks = dew.epilogue_kernel(ring, big)
     assert blocks < 4 and (kernel.local_size_bytes == 0 or blocks == 2)
-    monkeypatch.setattr(dntt, "TILE_SWIZZLE", False)
-    for shape, want in (((12, 12, 4), 3), ((14, 18, 5), 2)):
-        kernel, blocks = dew.epilogue_kernel(ring, inner_products(*shape))
-        assert blocks == want and (kernel.local_size_bytes == 0 or blocks == 2), shape
 
 
 def test_program_checks(pair):
     ctx, ring = pair
     with pytest.raises(ValueError, match="transformed"):
-        FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), transformed=(1, 0))
+        Expr(2, 0, (ExprOp("add", (0, 1)),), (2,), transformed=(1, 0))
     with pytest.raises(ValueError, match="transformed"):
-        FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,), gathered=(0,), transformed=(0,))
+        Expr(2, 0, (ExprOp("add", (0, 1)),), (2,), gathered=(0,), transformed=(0,))
     arena = cp.zeros((1, ctx.n), dtype=cp.uint32)
     with pytest.raises(ValueError, match="first pass"):
-        dntt._launch(ring, arena, i32([0]), i32([0]), i32([0]), True, half=True)
+        dntt.launch(ring, arena, i32([0]), i32([0]), i32([0]), True, half=True)

@@ -10,7 +10,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.backends.cuda import FusedProgram, available  # noqa: E402
+from caramel.backends.cuda import available  # noqa: E402
 
 if not available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -18,6 +18,7 @@ if not available():
 from caramel.backends.cuda import elementwise as ew  # noqa: E402
 from caramel.backends.cuda.backend import CupyBackend  # noqa: E402
 from caramel.execute.drive import run_plan  # noqa: E402
+from caramel.expr import Expr  # noqa: E402
 from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.plan import build_plan, plan_stats  # noqa: E402
 from tests.backends.cuda_support import i32, pair, rng  # noqa: E402,F401 (pair, rng: fixtures)
@@ -27,15 +28,13 @@ from tests.backends.test_cuda_kernels import Arena, _ref_op, expect_inputs_kept,
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("vector", [True, False], ids=["vector-load", "scalar-loads"])
 @pytest.mark.parametrize("trial", range(3))
-def test_fused_program_with_gathered_operands(pair, rng, trial, vector, monkeypatch):
-    monkeypatch.setattr(ew, "GATHER_VECTOR", vector)
+def test_fused_program_with_gathered_operands(pair, rng, trial):
     ctx, ring = pair
     base = random_program(rng)
     k = int(rng.integers(1, base.n_vec + 1))
     gathered = tuple(sorted(int(v) for v in rng.choice(base.n_vec, k, replace=False)))
-    prog = FusedProgram(base.n_vec, base.n_scalar, base.ops, base.outputs, gathered)
+    prog = Expr(base.n_vec, base.n_scalar, base.ops, base.outputs, gathered)
     rows = 5
     limbs = limb_choice(rng, rows)
     steps = [1, -1, 7, ctx.n // 4 - 3, None]
@@ -60,19 +59,8 @@ def test_fused_program_with_gathered_operands(pair, rng, trial, vector, monkeypa
     have = arena.download()
     for o_k, o in enumerate(prog.outputs):
         want = np.broadcast_to(values[o], (rows, ctx.n)).astype(np.uint32)
-        expect_rows(have, oslots[:, o_k], want, f"fused {prog.signature()} output {o_k}")
+        expect_rows(have, oslots[:, o_k], want, f"fused {prog.text()} output {o_k}")
     expect_inputs_kept(arena, have, oslots.reshape(-1))
-
-
-def test_gathered_programs_are_other_kernels():
-    plain = FusedProgram(2, 0, ew.ADD.ops, (2,))
-    gathered = FusedProgram(2, 0, ew.ADD.ops, (2,), (1,))
-    assert plain.source() == ew.ADD.source() and plain.kernel_name() == ew.ADD.kernel_name()
-    assert gathered.signature() == "v2s0|add(0,1)|2|g1" + ("|v4" if ew.GATHER_VECTOR else "")
-    assert gathered.kernel_name() != plain.kernel_name()
-    assert "__brev" in gathered.source() and "__brev" not in plain.source()
-    with pytest.raises(ValueError):
-        FusedProgram(2, 0, ew.ADD.ops, (2,), (2,))
 
 
 @pytest.mark.parametrize("name,n,mode", [("MulRotate_4L_1c", 4096, "exact"), ("MulRotate_4L_1c", 4096, "textbook"),

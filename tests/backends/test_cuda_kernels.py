@@ -16,7 +16,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from caramel.backends.cuda import FusedOp, FusedProgram, available  # noqa: E402
+from caramel.backends.cuda import CudaRing, available  # noqa: E402
 
 if not available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -26,7 +26,11 @@ from caramel.backends.cuda import basis as dbasis  # noqa: E402
 from caramel.backends.cuda import crt as dcrt  # noqa: E402
 from caramel.backends.cuda import elementwise as ew  # noqa: E402
 from caramel.backends.cuda import ntt as dntt  # noqa: E402
+from caramel.backends.cuda.config import KernelConfig  # noqa: E402
+from caramel.backends.cuda.ntt import fused as dfused  # noqa: E402
+from caramel.expr import Expr, ExprOp  # noqa: E402
 from caramel.ring import Context, Mode  # noqa: E402
+from caramel.ring.primes import is_prime  # noqa: E402
 from caramel.ring import crt as rcrt  # noqa: E402
 from caramel.ring import modular as rmod  # noqa: E402
 from tests.backends.cuda_support import POISON, i32, pair, rings, rng  # noqa: E402,F401 (pair, rng: fixtures)
@@ -130,10 +134,13 @@ def test_ntt_roundtrip_all_primes(pair, rng):
     expect_rows(arena.download(), slots, x, "intt(ntt(x))")
 
 
-def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, ...] = (), **options) -> None:
-    """``rows`` random limbs through ``dntt._launch(..., **options)``, forward and inverse, against the
-    reference; the rows of ``in_place`` written over their inputs, the other inputs checked kept."""
+def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, ...] = (), settings=(),
+                     **options) -> None:
+    """``rows`` random limbs through ``dntt.launch(..., **options)`` under the defaults with ``settings``
+    (KernelConfig.with_settings), forward and inverse, against the reference; the rows of ``in_place`` written over
+    their inputs, the other inputs checked kept."""
     ctx, ring = pair
+    kernels = KernelConfig().with_settings(settings)
     limbs = limb_choice(rng, rows)
     x = residues(ctx, limbs, rng)
     for inverse in (False, True):
@@ -143,92 +150,76 @@ def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, 
         for i in in_place:
             dst[i] = src[i]
         dev = arena.upload()
-        dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, **options)
+        dntt.launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, kernels, **options)
         have = arena.download()
         expect_rows(have, dst, (ctx.intt if inverse else ctx.ntt)(x, limbs), f"{'intt' if inverse else 'ntt'} {label}")
         if in_place:
             expect_inputs_kept(arena, have, dst)
 
 
-@pytest.mark.parametrize("split_from,lazy", [(0, False), (4, False), (0, True), (5, True), (8, True), ((6, 5), True),
-                                             ((7, 3), False)], ids=lambda v: str(v))
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
-def test_ntt_lazy_and_split_from(pair, rng, split_from, lazy, fused):
-    """The forward butterflies' lazy reduction (once per pass) and the row kernel's whole-table
-    twiddles for stages below split_from (clamped to 4 .. 8) compute the reference, forward and inverse,
-    in the fused kernels and the two kernels."""
-    check_ntt_launch(pair, rng, f"from={split_from} lazy={lazy} fused={fused}", split_from=split_from, lazy=lazy,
-                     fused=fused)
+@pytest.mark.parametrize("split_from", ["0/0", "4/4", "5/5", "8/8", "6/5", "7/3"])
+def test_ntt_split_from(pair, rng, split_from):
+    """The row passes' whole-table twiddles for stages below split_from (clamped to 4 .. 8), forward and inverse,
+    the inverse in one kernel, compute the reference."""
+    check_ntt_launch(pair, rng, f"split_from={split_from}", settings=[f"ntt.split_from={split_from}"])
 
 
-@pytest.mark.parametrize("warps,split_from,lazy", [(1, (5, 5), True), (2, (6, 4), True), (8, (8, 7), False),
-                                                   (4, 8, True), (4, (0, 3), False), (4, (7, 6), True)],
-                         ids=lambda v: str(v))
-@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "padded"])
-def test_ntt_row_warp(pair, rng, warps, split_from, lazy, swizzle, monkeypatch):
-    """The row kernels with warp tiles (4 rows a warp, ``warps`` warps a block; split twiddles from
-    stage split_from clamped to 4 .. 8, the one-product stages below 6 from the warp's table), in either
-    layout of the tiles (ntt.TILE_SWIZZLE), forward and inverse, with two rows in place (N = 4096 runs the
-    one-block kernels)."""
-    monkeypatch.setattr(dntt, "TILE_SWIZZLE", swizzle)
-    check_ntt_launch(pair, rng, f"warps={warps} from={split_from} swizzle={swizzle}", rows=7, in_place=(0, 5),
-                     warps=warps, split_from=split_from, lazy=lazy, fused=False)
-    if warps == 1:  # the fused kernels' row items (8 warp tiles) in either layout
-        check_ntt_launch(pair, rng, f"fused from={split_from} swizzle={swizzle}", rows=7, in_place=(0, 5),
-                         split_from=split_from, lazy=lazy, fused=True)
+@pytest.mark.parametrize("warps,split_from", [(1, "5/5"), (2, "6/4"), (8, "8/7"), (4, "8/8"), (4, "0/3"), (4, "7/6")],
+                         ids=str)
+def test_ntt_row_warp(pair, rng, warps, split_from):
+    """The row kernels with warp tiles (4 rows a warp, ``warps`` warps a block; split twiddles from stage split_from
+    clamped to 4 .. 8, the one-product stages below 6 from the warp's table), forward and inverse, with two rows in
+    place (N = 4096 runs the small kernels)."""
+    check_ntt_launch(pair, rng, f"warps={warps} from={split_from}", rows=7, in_place=(0, 5),
+                     settings=[f"ntt.warps={warps}", f"ntt.split_from={split_from}"])
 
 
-@pytest.mark.parametrize("load_cg,first_cs,second_reversed", [(True, True, True), (False, False, False),
-                                                             (True, False, True), (False, True, False)],
-                         ids=lambda v: str(v))
-def test_ntt_data_loads(pair, rng, load_cg, first_cs, second_reversed):
-    """Every form of the column and row kernels' data loads (through L2 only or plain; the first pass's
-    evict-first or not) and either order of the second pass's limbs compute the reference, forward and
-    inverse, with two rows in place."""
-    check_ntt_launch(pair, rng, f"load_cg={load_cg} first_cs={first_cs} reversed={second_reversed}", rows=7,
-                     in_place=(0, 5), load_cg=load_cg, first_cs=first_cs, second_reversed=second_reversed, fused=False)
+def wide_primes(n: int, count: int) -> list[int]:
+    """``count`` primes between 2^28 and 2^30, 1 mod 2N: a ring whose transforms reduce every stage (not lazily)."""
+    out, q = [], (1 << 30) - 2 * n + 1
+    while len(out) < count:
+        if is_prime(q):
+            out.append(q)
+        q -= 2 * n
+    return out
 
 
-@pytest.mark.parametrize("col_async", [(True, True), (False, False), (True, False), (False, True)], ids=str)
-def test_ntt_column_copies(pair, rng, monkeypatch, col_async):
-    """The column tiles' data copied with cp.async or loaded and stored (COL_ASYNC, per direction) compute the
-    reference, in two kernels and in one, forward and inverse, with two rows in place."""
-    monkeypatch.setattr(dntt, "COL_ASYNC", col_async)
-    for fused in (False, True):
-        check_ntt_launch(pair, rng, f"col_async={col_async} fused={fused}", rows=7, in_place=(0, 5), fused=fused)
+@pytest.mark.parametrize("n", [4096, 65536])
+def test_ntt_with_primes_above_2_28(rng, n):
+    """Primes of 29 and 30 bits: the butterflies reduce every stage (ring_lazy is False), forward and inverse."""
+    ctx = Context(n, wide_primes(n, 6))
+    ring = CudaRing(ctx)
+    assert not dntt.ring_lazy(ring)
+    check_ntt_launch((ctx, ring), rng, "29-30 bit primes", rows=6, in_place=(1,))
 
 
 @pytest.mark.parametrize("n", [8192, 16384, 65536])
 @pytest.mark.parametrize("rows,lag", [(1, 48), (7, 1), (7, 3), (40, 48), (40, 5), (130, 16)], ids=str)
-@pytest.mark.parametrize("cs", [True, False], ids=["cs", "plain"])
-def test_ntt_fused(rng, monkeypatch, n, rows, lag, cs):
-    """The fused transforms (both passes in one kernel, _FUSED), every lag from 1 to beyond the rows and either
-    store of the last pass, forward and inverse, against the reference, some rows in place; the counters come back
-    zeroed, so a second launch on them is right again."""
-    monkeypatch.setattr(dntt, "FUSED_LAG", lag)
-    monkeypatch.setattr(dntt, "FUSED_CS", cs)
+def test_ntt_fused(rng, n, rows, lag):
+    """The inverse in one kernel (both passes' items interleaved), every lag from 1 to beyond the rows, against the
+    reference, some rows in place; the counters come back zeroed, so a second launch on them is right again."""
+    kernels = KernelConfig().with_settings([f"ntt.fused_lag={lag}"])
     ctx, ring = rings(n)
     limbs = [int(l) for l in rng.integers(0, 64, rows)]
     x = residues(ctx, limbs, rng)
-    counters = cp.zeros(dntt.counter_words(rows) + 3, dtype=cp.int32)
-    for inverse in (False, True):
-        want = (ctx.intt if inverse else ctx.ntt)(x, limbs)
-        for attempt in range(2):
-            arena = Arena(n, 2 * rows + 1, rng)
-            src = arena.put(x)
-            dst = arena.take(rows)
-            dst[::3] = src[::3]
-            dev = arena.upload()
-            dntt._launch(ring, dev, i32(src), i32(dst), i32(limbs), inverse, fused=True, counters=counters)
-            have = arena.download()
-            expect_rows(have, dst, want, f"fused {'intt' if inverse else 'ntt'} N={n} launch {attempt}")
-            expect_inputs_kept(arena, have, dst)
-            assert not cp.asnumpy(counters).any(), "the counters were not reset"
+    counters = cp.zeros(dfused.counter_words(rows) + 3, dtype=cp.int32)
+    want = ctx.intt(x, limbs)
+    for attempt in range(2):
+        arena = Arena(n, 2 * rows + 1, rng)
+        src = arena.put(x)
+        dst = arena.take(rows)
+        dst[::3] = src[::3]
+        dev = arena.upload()
+        dntt.intt(ring, dev, i32(src), i32(dst), i32(limbs), counters, kernels)
+        have = arena.download()
+        expect_rows(have, dst, want, f"one-kernel intt N={n} launch {attempt}")
+        expect_inputs_kept(arena, have, dst)
+        assert not cp.asnumpy(counters).any(), "the counters were not reset"
 
 
 def test_ntt_fused_graph(rng):
-    """A CUDA graph of fused transforms with their counters replays right several times; captured without
-    counters, the transforms fall back to the two kernels and are right too."""
+    """A CUDA graph of a forward transform and a one-kernel inverse with its counters replays right several times;
+    captured without counters, the inverse falls back to the two kernels and is right too."""
     ctx, ring = rings(65536)
     limbs = [0, 63, 7, 12, 12]
     x = residues(ctx, limbs, rng)
@@ -237,23 +228,23 @@ def test_ntt_fused_graph(rng):
     mid = arena.take(5)
     dev = arena.upload()
     s, m, p = i32(src), i32(mid), i32(limbs)
-    counters = [cp.zeros(dntt.counter_words(5), dtype=cp.int32) for _ in range(2)]
-    for given in (counters, [None, None]):
+    counters = cp.zeros(dntt.counter_words(5), dtype=cp.int32)
+    for given in (counters, None):
         dev[...] = cp.asarray(arena.host)
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
-            dntt.ntt(ring, dev, s, m, p, counters=given[0])  # warm-up: compiles, builds the tables
-            dntt.intt(ring, dev, m, m, p, counters=given[1])
+            dntt.ntt(ring, dev, s, m, p)  # warm-up: compiles, builds the tables
+            dntt.intt(ring, dev, m, m, p, counters=given)
             stream.begin_capture()
-            dntt.ntt(ring, dev, s, m, p, counters=given[0])
-            dntt.intt(ring, dev, m, m, p, counters=given[1])
+            dntt.ntt(ring, dev, s, m, p)
+            dntt.intt(ring, dev, m, m, p, counters=given)
             graph = stream.end_capture()
         for replay in range(3):
             graph.launch(stream)
             stream.synchronize()
             have = cp.asnumpy(dev)
-            expect_rows(have, mid, x, f"intt(ntt(x)) replay {replay} counters={given[0] is not None}")
-        assert not any(cp.asnumpy(c).any() for c in counters)
+            expect_rows(have, mid, x, f"intt(ntt(x)) replay {replay} counters={given is not None}")
+        assert not cp.asnumpy(counters).any()
 
 
 def test_ntt_small_sizes(rng):
@@ -326,26 +317,26 @@ def test_elementwise_scalar(pair, rng, op):
     expect_rows(arena.download(), dst, want, f"{op}_scalar")
 
 
-def random_program(rng, n_vec=3, n_scalar=2, n_ops=9) -> FusedProgram:
+def random_program(rng, n_vec=3, n_scalar=2, n_ops=9) -> Expr:
     kinds = [True] * n_vec + [False] * n_scalar
     ops = []
     for _ in range(n_ops):
         op = str(rng.choice(["add", "sub", "mul", "neg"]))
         args = tuple(int(rng.integers(0, len(kinds))) for _ in range(1 if op == "neg" else 2))
-        ops.append(FusedOp(op, args))
+        ops.append(ExprOp(op, args))
         kinds.append(any(kinds[a] for a in args))
     vec_values = [v for v, k in enumerate(kinds) if k]
     outputs = tuple(int(v) for v in rng.choice(vec_values[n_vec:] or vec_values, 3))
-    return FusedProgram(n_vec, n_scalar, tuple(ops), outputs + (0,))
+    return Expr(n_vec, n_scalar, tuple(ops), outputs + (0,))
 
 
-@pytest.mark.parametrize("lazy", [True, False], ids=["lazy-sums", "eager"])
+@pytest.mark.parametrize("threads", [256, 64])
 @pytest.mark.parametrize("shape", ["random", "sums"])
-def test_fused_program(pair, rng, monkeypatch, lazy, shape):
-    """A random program (``sums``: one leaning to sums of products, test_lazy_sums.random_sums) with sums reduced
-    once (``ew.LAZY_SUMS``) or every operation reduced, against the reference's operations."""
+def test_fused_program(pair, rng, shape, threads):
+    """A random program (``sums``: one leaning to sums of products, test_lazy_sums.random_sums; its sums reduced
+    once) against the reference's operations, in blocks of ``threads`` (ElementwiseConfig)."""
     ctx, ring = pair
-    monkeypatch.setattr(ew, "LAZY_SUMS", lazy)
+    kernels = KernelConfig().with_settings([f"elementwise.threads={threads}"])
     prog = random_program(rng) if shape == "random" else random_sums(rng)
     rows = 4
     limbs = limb_choice(rng, rows)
@@ -359,7 +350,7 @@ def test_fused_program(pair, rng, monkeypatch, lazy, shape):
     scal = np.stack(svals, axis=1).reshape(-1)  # row r, scalar j at r * n_scalar + j
     sidx = np.arange(rows * prog.n_scalar).reshape(rows, prog.n_scalar)
     dev = arena.upload()
-    ew.fused(ring, prog, dev, i32(oslots), i32(vslots), i32(limbs), cp.asarray(scal), i32(sidx))
+    ew.fused(ring, prog, dev, i32(oslots), i32(vslots), i32(limbs), cp.asarray(scal), i32(sidx), kernels=kernels)
     q = ctx.moduli(limbs)
     values = list(vecs) + [s[:, None] for s in svals]
     for op in prog.ops:
@@ -369,17 +360,17 @@ def test_fused_program(pair, rng, monkeypatch, lazy, shape):
     have = arena.download()
     for k, o in enumerate(prog.outputs):
         want = np.broadcast_to(values[o], (rows, ctx.n))
-        expect_rows(have, oslots[:, k], want, f"fused {prog.signature()} output {k}")
+        expect_rows(have, oslots[:, k], want, f"fused {prog.text()} output {k}")
 
 
 def test_fused_signature_cache(pair):
     _, ring = pair
-    p1 = FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,))
-    p2 = FusedProgram(2, 0, (FusedOp("add", (0, 1)),), (2,))
-    assert p1.signature() == p2.signature() == "v2s0|add(0,1)|2"
-    assert p1.kernel_name() == ew.ADD.kernel_name()
-    with pytest.raises(ValueError):
-        FusedProgram(1, 1, (FusedOp("add", (1, 1)),), (2,))  # a scalar output
+    p1 = Expr(2, 0, (ExprOp("add", (0, 1)),), (2,))
+    p2 = Expr(2, 0, (ExprOp("add", (0, 1)),), (2,))
+    assert p1.text() == p2.text() == "v2s0: t2=add(v0,v1) -> t2"
+    assert ew.kernel_name(p1) == ew.kernel_name(ew.ADD) and ew.plain_source(p1) is ew.plain_source(ew.ADD)
+    with pytest.raises(ValueError, match="not a vector"):
+        Expr(1, 1, (ExprOp("add", (1, 1)),), (2,))  # a scalar output
 
 
 # --------------------------------------------------------------------------- automorphism

@@ -46,15 +46,8 @@ def expect(have, want, what):
                                  f"want {w[bad[0]]}, have {h[bad[0]]}" + (" (never written)" if h[bad[0]] == POISON else ""))
 
 
-@pytest.fixture(params=[True, False], ids=["limb-major", "tile-major"])
-def block_order(request, monkeypatch):
-    """Both block orders of the lift and mod loads' column kernel (``PRO_LIMB_MAJOR``)."""
-    monkeypatch.setattr(dntt, "PRO_LIMB_MAJOR", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("mode", list(Mode), ids=lambda m: m.value)
-def test_lift_in_the_load(pair, rng, mode, block_order):
+def test_lift_in_the_load(pair, rng, mode):
     ctx, ring = pair
     pairs = [(63, 0), (0, 63), (5, 4), (40, 2), (1, 0), (7, 7)]
     ts, ls = [t for t, _ in pairs], [l for _, l in pairs]
@@ -67,7 +60,7 @@ def test_lift_in_the_load(pair, rng, mode, block_order):
 
 
 @pytest.mark.parametrize("m", [1, 2, 4])
-def test_mod_in_the_load(pair, rng, m, block_order):
+def test_mod_in_the_load(pair, rng, m):
     ctx, ring = pair
     words = rng.integers(0, 1 << 32, (2 * m, ctx.n), dtype=np.uint64).astype(np.uint32)
     limbs = [0, 63, int(rng.integers(0, 64))]

@@ -1,4 +1,4 @@
-"""The lazy inverse butterflies' bounds (caramel.backends.cuda.ntt: inv_bound, gs_sum_diff, gs_pass_end, LAZY_INV),
+"""The lazy inverse butterflies' bounds (caramel.backends.cuda.ntt: butterflies.cuh's inv_bound, gs_sum_diff, gs_pass_end),
 without a GPU: a model of the CUDA closed form (checked against the source's text) equals the recurrence it stands
 for, and a pass run on worst-case values (every input at its bound, exact integers) never reaches 2^32 with the
 largest prime below 2^28 and hands the next pass values below INV_IN q (the kernels' results: test_cuda_kernels.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from caramel.backends.cuda import ntt as dntt
+from caramel.backends.cuda.ntt.transform import transform_source
 
 INV_IN = 4
 Q = (1 << 28) - 57  # the bounds are multiples of q: the largest 28-bit q is the tightest case
@@ -31,7 +31,7 @@ def recurrence(k: int, dd: int) -> int:
 
 
 def test_the_model_is_the_source():
-    src = dntt._source(16)
+    src = transform_source(16, True)
     assert "#define INV_IN 4\n" in src
     for line in ("const int low = k & ((1 << dd) - 1);",
                  "const int last = low >= 8 ? 3 : low >= 4 ? 2 : low >= 2 ? 1 : 0;",

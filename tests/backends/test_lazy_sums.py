@@ -1,5 +1,5 @@
-"""Sums of products that reduce once (caramel.backends.cuda.elementwise: ``FusedProgram.lazy_sums`` and
-``lazy_sum``), on the CPU: which values a sum absorbs, that the sums compute the program's values, and that the
+"""Sums of products that reduce once (caramel.backends.cuda.elementwise: ``lazy_sums`` and ``lazy_sum``), on the
+CPU: which values a sum absorbs, that the sums compute the program's values, and that the
 64-bit accumulator's C expression never overflows. The GPU runs them in tests/backends/test_cuda_kernels.py."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 
 from caramel.backends.cuda import elementwise as ew
-from caramel.backends.cuda.elementwise import FusedOp, FusedProgram, lazy_sum
+from caramel.backends.cuda.elementwise import lazy_sum, lazy_sums
+from caramel.expr import Expr, ExprOp
 
 
-def program(n_vec: int, n_scalar: int, ops, outputs) -> FusedProgram:
-    return FusedProgram(n_vec, n_scalar, tuple(FusedOp(o, tuple(a)) for o, a in ops), tuple(outputs))
+def program(n_vec: int, n_scalar: int, ops, outputs) -> Expr:
+    return Expr(n_vec, n_scalar, tuple(ExprOp(o, tuple(a)) for o, a in ops), tuple(outputs))
 
 
 def test_inner_product_is_one_sum():
     # v0 v1 + v2 v3 + v4: values 5 = mul(0,1), 6 = mul(2,3), 7 = add(5,6), 8 = add(7,4)
     p = program(5, 0, [("mul", (0, 1)), ("mul", (2, 3)), ("add", (5, 6)), ("add", (7, 4))], [8])
-    sums, hidden = p.lazy_sums()
+    sums, hidden = lazy_sums(p)
     assert sums == {8: ((0, 1), (2, 3), (4,))}
     assert hidden == {5, 6, 7}
 
@@ -27,23 +28,23 @@ def test_shared_values_outputs_and_plain_sums_stay():
     # 3 = mul(0,1) read twice; 4 = add(3,2) an output; 5 = add(4,3); 6 = add(0,1) and 7 = add(6,2): residues alone
     p = program(3, 0, [("mul", (0, 1)), ("add", (3, 2)), ("add", (4, 3)), ("add", (0, 1)), ("add", (6, 2))],
                 [4, 5, 7])
-    assert p.lazy_sums() == ({}, frozenset())
+    assert lazy_sums(p) == ({}, frozenset())
     # once read only by an add, the product joins it
     p = program(3, 0, [("mul", (0, 1)), ("add", (3, 2)), ("add", (4, 0))], [5])
-    assert p.lazy_sums() == ({5: ((0, 1), (2,), (0,))}, frozenset({3, 4}))
+    assert lazy_sums(p) == ({5: ((0, 1), (2,), (0,))}, frozenset({3, 4}))
 
 
 def test_scalar_products_and_subtractions():
     # 3 = mul(0, s2) (vector times scalar), 4 = sub(1, 0), 5 = add(3, 4)
     p = program(2, 1, [("mul", (0, 2)), ("sub", (1, 0)), ("add", (3, 4))], [5])
-    sums, hidden = p.lazy_sums()
+    sums, hidden = lazy_sums(p)
     assert sums == {5: ((0, 2), (4,))} and hidden == {3}
 
 
-def evaluate(p: FusedProgram, inputs: list[int], q: int, lazy: bool) -> list[int]:
+def evaluate(p: Expr, inputs: list[int], q: int, lazy: bool) -> list[int]:
     """The program's outputs with Python integers: every operation reduced (lazy=False), or the sums of
     ``lazy_sums`` as their terms' exact sum, reduced once, and their hidden values never computed."""
-    sums, hidden = p.lazy_sums() if lazy else ({}, frozenset())
+    sums, hidden = lazy_sums(p) if lazy else ({}, frozenset())
     values = list(inputs) + [None] * len(p.ops)
     base = p.n_vec + p.n_scalar
     for i, op in enumerate(p.ops):
@@ -58,7 +59,7 @@ def evaluate(p: FusedProgram, inputs: list[int], q: int, lazy: bool) -> list[int
     return [values[o] for o in p.outputs]
 
 
-def random_sums(rng, n_vec: int = 6, n_scalar: int = 2, n_ops: int = 30) -> FusedProgram:
+def random_sums(rng, n_vec: int = 6, n_scalar: int = 2, n_ops: int = 30) -> Expr:
     """Random programs leaning to sums of products (adds of fresh products, some values read twice)."""
     ops, kinds = [], [True] * n_vec + [False] * n_scalar
     for _ in range(n_ops):
@@ -82,7 +83,7 @@ def test_sums_compute_the_program(seed):
 
 
 def test_some_random_programs_have_sums():
-    found = [random_sums(np.random.default_rng(seed)).lazy_sums()[0] for seed in range(40)]
+    found = [lazy_sums(random_sums(np.random.default_rng(seed)))[0] for seed in range(40)]
     assert sum(bool(s) for s in found) >= 20
 
 

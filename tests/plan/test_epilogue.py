@@ -119,10 +119,11 @@ def test_the_bootstrap_half_ntts():
     plan = build_plan(load_corpus("BootstrapLike_51L_1c"))
     assert epilogue_rules(plan) == 13599  # every NTT output that one elementwise row reads (at most 14 a row)
     # a half NTT has no second pass in the cache model: 2 limbs less a row without a cache
+    from caramel.backends.cuda.target import CUDA_TARGET
     from caramel.plan.cache_model import plan_traffic
 
     off = build_plan(load_corpus("BootstrapLike_51L_1c"), fuse_epilogue=False)
-    assert plan_traffic(off, 0).memory - plan_traffic(plan, 0).memory == 2 * 13599
+    assert plan_traffic(off, 0, CUDA_TARGET).memory - plan_traffic(plan, 0, CUDA_TARGET).memory == 2 * 13599
 
 
 @pytest.mark.parametrize("name", [n for n in corpus(limbs=(4,), chips=(1, 2)) if n.split("_")[0] in

@@ -8,11 +8,13 @@ from functools import lru_cache
 
 import pytest
 
+from caramel.backends.cuda.target import CUDA_TARGET
 from caramel.errors import ArgumentError
 from caramel.execute.drive import run_plan
 from caramel.plan import Kind, build_plan
-from caramel.plan.order import recent_first, write_order
+from caramel.plan.order import for_target, recent_first, write_order
 from caramel.ring import Context
+from caramel.target import NEUTRAL
 
 from plan_helpers import check_plan, corpus, load_corpus, program_from_text, random_memory, store_mismatches
 
@@ -22,13 +24,13 @@ def context(n: int) -> Context:
     return Context(n=n)
 
 
-def input_keys(chip):
-    """Per kernel, the write rank of each row's most recent input, as recent_first defines it."""
+def input_keys(chip, target=NEUTRAL):
+    """Per kernel, the write rank of each row's most recent input on ``target``, as recent_first defines it."""
     rank, seq, keys = {}, 0, []
     for kernel in chip.kernels:
         keys.append([max((rank.get(b, -1) for b in row.ins), default=-1) for row in kernel.rows])
         written = ([c.dst for c in kernel.comms if c.dst >= 0] if kernel.kind is Kind.COMM
-                   else [b for row in write_order(kernel) for b in row.outs])
+                   else [b for row in write_order(kernel, target) for b in row.outs])
         for b in written:
             rank[b], seq = seq, seq + 1
     return keys
@@ -52,10 +54,10 @@ def chain_program_text() -> str:
 
 
 def test_a_consumer_reads_the_last_written_rows_first():
-    """After an elementwise kernel (rows written in row order) and an NTT (rows finished in reverse row
-    order), each kernel takes its rows most-recent-input first."""
+    """After an elementwise kernel (rows written in row order) and an NTT (two kernels on the CUDA backend: rows
+    finished in reverse row order), each kernel takes its rows most-recent-input first."""
     plan = build_plan(chain_program(), row_order="batch", fuse_epilogue=False)
-    ordered = recent_first(plan)
+    ordered = recent_first(plan, CUDA_TARGET)
     kinds = [k.kind for k in ordered.chips[0].kernels]
     assert kinds == [Kind.ELEMENTWISE, Kind.NTT, Kind.ELEMENTWISE]
     mul, ntt, add = ordered.chips[0].kernels
@@ -66,7 +68,7 @@ def test_a_consumer_reads_the_last_written_rows_first():
     assert [r.prime for r in add.rows] == [3, 2, 1, 0]
     assert [r.prime for r in mul.rows] == [0, 1, 2, 3]  # program inputs only: plan order kept
     # a half NTT (its reader runs the second pass) finishes its rows in row order
-    mul, ntt, add = recent_first(build_plan(chain_program(), row_order="batch")).chips[0].kernels
+    mul, ntt, add = recent_first(build_plan(chain_program(), row_order="batch"), CUDA_TARGET).chips[0].kernels
     assert ntt.half and add.expr.transformed
     assert [r.prime for r in ntt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
 
@@ -75,10 +77,11 @@ def test_an_intt_finishes_its_rows_in_order():
     """An INTT (one kernel on the CUDA backend, limb by limb) finishes its rows in row order, so its reader takes
     them last-first."""
     text = chain_program_text().replace("ntt r", "int r")
-    mul, intt, add = recent_first(build_plan(program_from_text(text), row_order="batch")).chips[0].kernels
+    plan = build_plan(program_from_text(text), row_order="batch")
+    mul, intt, add = recent_first(plan, CUDA_TARGET).chips[0].kernels
     assert intt.kind is Kind.INTT
     assert [r.prime for r in intt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
-    assert write_order(intt) == intt.rows
+    assert write_order(intt, CUDA_TARGET) == intt.rows
 
 
 def test_build_plan_orders_rows_by_recency_by_default():
@@ -123,21 +126,24 @@ def test_reordered_plans_compute_the_same_stores(name):
         assert not store_mismatches(run_plan(plan, ctx, memory, mode), run_plan(recent_first(plan), ctx, memory, mode))
 
 
-def test_the_plans_model_of_fused_transforms_is_the_cuda_backends():
-    """write_order's model (plan.order.FUSED) is the CUDA backend's choice of one kernel or two (ntt.FUSED)."""
-    from caramel.backends.cuda import ntt
-    from caramel.plan import order
-
-    assert order.FUSED == tuple(ntt.FUSED)
-
-
-def test_a_forward_ntt_in_one_kernel_finishes_its_rows_in_order(monkeypatch):
-    """With the forward NTT in one kernel (plan.order.FUSED), its rows finish in row order, as the INTT's."""
-    from caramel.plan import order
-
-    monkeypatch.setattr(order, "FUSED", (True, True))
+def test_on_the_neutral_target_every_transform_finishes_its_rows_in_order():
+    """The NumPy backend's target runs every kernel's rows in order: the NTT's rows finish in row order, as the
+    INTT's."""
     plan = build_plan(chain_program(), row_order="batch", fuse_epilogue=False)
-    mul, ntt, add = recent_first(plan).chips[0].kernels
+    mul, ntt, add = recent_first(plan, NEUTRAL).chips[0].kernels
     assert ntt.kind is Kind.NTT and not ntt.half
-    assert write_order(ntt) == ntt.rows
+    assert write_order(ntt, NEUTRAL) == ntt.rows
     assert [r.prime for r in ntt.rows] == [3, 2, 1, 0] and [r.prime for r in add.rows] == [0, 1, 2, 3]
+
+
+def test_a_plan_is_ordered_for_its_target():
+    """build_plan records the target it ordered the rows for; a plan ordered for another target (the neutral one of
+    the plan cache's default) re-sorted for the CUDA backend's (what the GPU executors do) is the plan built for it;
+    a plan in batch order is left as it is."""
+    program = load_corpus("BootstrapLike_51L_1c")
+    neutral, cuda = build_plan(program), build_plan(program, target=CUDA_TARGET)
+    batch = build_plan(program, row_order="batch")
+    assert (neutral.target, cuda.target, batch.target) == (NEUTRAL, CUDA_TARGET, None)
+    assert cuda.chips == recent_first(batch, CUDA_TARGET).chips != neutral.chips
+    assert for_target(neutral, CUDA_TARGET).chips == cuda.chips
+    assert for_target(cuda, CUDA_TARGET) is cuda and for_target(batch, CUDA_TARGET) is batch

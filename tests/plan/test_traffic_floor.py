@@ -6,7 +6,8 @@ import pytest
 
 from caramel.parse import load_program
 from caramel.plan import build_plan
-from caramel.plan.report import COPY_GBS, plan_report, plan_stats, traffic_floor_lines
+from caramel.backends.cuda.target import CUDA_TARGET
+from caramel.plan.report import plan_report, plan_stats, traffic_floor_lines
 
 from tests.conftest import REPO
 
@@ -25,12 +26,18 @@ def test_bytes_by_kind_add_up_to_the_plan():
 
 
 def test_floor_lines_in_the_report():
+    """Priced at the target's copy bandwidth (the CUDA backend's); a target that gives none (the neutral one) gets
+    the bytes and shares alone."""
     program = load_program(PROGRAM, progress=False)
-    plan = build_plan(program)
+    plan = build_plan(program, target=CUDA_TARGET)
     stats = plan_stats(plan, program, n=65536)
-    lines = traffic_floor_lines(stats)
-    assert f"{COPY_GBS:.0f} GB/s" in lines[0]
+    gbs = CUDA_TARGET.copy_gbs
+    lines = traffic_floor_lines(stats, gbs)
+    assert f"{gbs:.0f} GB/s" in lines[0]
     assert lines[-1].split()[0] == "total"
     total_ms = float(lines[-1].split()[-1])
-    assert total_ms == pytest.approx(stats["plan_bytes"] / COPY_GBS / 1e6, abs=1e-3)
-    assert "traffic floor per kind" in plan_report(plan, program)
+    assert total_ms == pytest.approx(stats["plan_bytes"] / gbs / 1e6, abs=1e-3)
+    assert "traffic floor per kind" in plan_report(plan, program) and "GB/s" in plan_report(plan, program)
+    plain = traffic_floor_lines(stats)
+    assert "GB/s" not in plain[0] and plain[-1].split()[-1] == "100.0%"
+    assert "GB/s" not in plan_report(build_plan(program), program)

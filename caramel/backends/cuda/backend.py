@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from caramel.backends import Backend
+from caramel.backends.cuda.config import KernelConfig
+from caramel.backends.cuda.target import CUDA_TARGET
 from caramel.errors import DeviceMemoryError
 
 _RINGS: dict = {}
@@ -45,11 +47,15 @@ def available_bytes() -> tuple[int, int]:
 
 
 class CupyBackend(Backend):
-    """One chip's arena of ``rows`` limbs on the current CUDA device."""
+    """One chip's arena of ``rows`` limbs on the current CUDA device, its kernels built under ``kernels`` (default
+    ``KernelConfig()``, :mod:`caramel.backends.cuda.config`); :attr:`target` describes them to the planner."""
 
-    def __init__(self, ctx, rows: int):
+    target = CUDA_TARGET
+
+    def __init__(self, ctx, rows: int, kernels: KernelConfig | None = None):
         cp = _cp()
         self.ctx = ctx
+        self.kernels = kernels or KernelConfig()
         self.ring = cuda_ring(ctx)
         rows = max(int(rows), 1)
         need = rows * ctx.n * 4
@@ -66,7 +72,6 @@ class CupyBackend(Backend):
                 f"{avail} bytes are available (device total {total})") from e
         self.scalars = cp.zeros(1, dtype=cp.uint32)
         self._dev: dict[int, tuple] = {}
-        self._programs: dict = {}
         self._convs: dict = {}
         self._crt: dict = {}
         self._rsv_extra: dict[int, tuple] = {}
@@ -84,8 +89,8 @@ class CupyBackend(Backend):
         return got[1]
 
     def counters(self, outs: np.ndarray):
-        """The fused transforms' counters of the launches that write rows ``outs`` (a host index array; see
-        :func:`caramel.backends.cuda.ntt._launch`): one zeroed array per array ``outs``, as :meth:`d`. Two launches
+        """The one-kernel transforms' counters of the launches that write rows ``outs`` (a host index array; see
+        :func:`caramel.backends.cuda.ntt.launch`): one zeroed array per array ``outs``, as :meth:`d`. Two launches
         that run at once never share them: they would write the same rows."""
         from caramel.backends.cuda import ntt as dntt
 
@@ -120,23 +125,15 @@ class CupyBackend(Backend):
                 self.scalars = _cp().asarray(values)
 
     def elementwise(self, expr, ins, outs, primes, scalars, galois=None) -> None:
-        from caramel.backends.cuda import FusedOp, FusedProgram
         from caramel.backends.cuda import elementwise as dew
 
-        program = self._programs.get(expr)
-        if program is None:
-            ops = tuple(FusedOp(o.op, tuple(o.args)) for o in expr.ops)
-            program = self._programs[expr] = FusedProgram(expr.n_vec, expr.n_scalar, ops, tuple(expr.outputs),
-                                                          tuple(getattr(expr, "gathered", ())),
-                                                          tuple(getattr(expr, "transformed", ())))
-        dew.fused(self.ring, program, self.arena, self.d(outs), self.d(ins), self.d(primes), self.scalars,
-                  self.d(scalars), None if galois is None else self.d(galois))
+        dew.fused(self.ring, expr, self.arena, self.d(outs), self.d(ins), self.d(primes), self.scalars,
+                  self.d(scalars), None if galois is None else self.d(galois), self.kernels)
 
     def ntt(self, ins, outs, primes, half: bool = False) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), half,
-                 None if half else self.counters(outs))
+        dntt.ntt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), half, self.kernels)
 
     def ntt_prologue(self, prologue, ins, outs, primes, args, mode, half: bool = False) -> None:
         from caramel.backends.cuda import ntt as dntt
@@ -151,12 +148,12 @@ class CupyBackend(Backend):
                 if not stream.is_capturing():  # the tables in place before a kernel of another stream reads them
                     stream.synchronize()
         dntt.ntt_prologue(self.ring, self.arena, prologue.kind.value, self.d(ins), self.d(outs), self.d(primes),
-                          self.d(args), mode, tables, half)
+                          self.d(args), mode, tables, half, self.kernels)
 
     def intt(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import ntt as dntt
 
-        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), self.counters(outs))
+        dntt.intt(self.ring, self.arena, self.d(ins), self.d(outs), self.d(primes), self.counters(outs), self.kernels)
 
     def automorphism(self, ins, outs, galois) -> None:
         from caramel.backends.cuda import automorphism as dauto

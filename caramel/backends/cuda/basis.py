@@ -23,11 +23,15 @@ ciphertext): in_slots (B, S), out_slots (B, D).
 
 from __future__ import annotations
 
+from functools import lru_cache
+from types import MappingProxyType
+
 import numpy as np
 
-from caramel.backends.cuda.context import CudaRing, cupy, index_array, shoup_constant
+from caramel.backends.cuda.compiler import function, read_cuh
+from caramel.backends.cuda.context import COMMON_SRC, CudaRing, cupy, index_array, shoup_constant
 
-MODES = {"textbook": 0, "emulator": 1, "exact": 2}
+MODES = MappingProxyType({"textbook": 0, "emulator": 1, "exact": 2})
 TC_ROWS = 128  # coefficients a block of the tensor-core kernel; N must be a multiple of it
 TC_PF_MAX = 24  # input loads in flight a thread of the tensor-core kernel: min(8 KC, TC_PF_MAX)
 TC_SMALL_KC = 3  # tc_build: k-chunks up to which the 2-tile and 80-register builds (nearly) fit (ptxas)
@@ -46,6 +50,27 @@ def tc_build(kc: int, blocks: int, multiprocessors: int) -> tuple[int, int]:
     return (2, 4) if blocks <= 8 * multiprocessors else (1, 6)
 
 
+def tensor_fits(n: int, outputs: int) -> bool:
+    """Whether the tensor-core kernel converts to ``outputs`` primes at N = ``n`` (its shared tables hold 64
+    outputs); where it does, it is the default."""
+    return n % TC_ROWS == 0 and outputs <= 64
+
+
+def conversion_kernel(n: int, s: int, batch: int, code: int, tensor: bool, multiprocessors: int = 0,
+                      build: tuple[int, int] | None = None) -> tuple[str, str]:
+    """(source, kernel name) of a conversion of ``batch`` inputs of ``s`` limbs at N = ``n`` in mode ``code``
+    (:func:`mode_code`): the tensor-core kernel (``tensor``; ``build`` its (unroll, minb), None: :func:`tc_build`'s
+    for a device of ``multiprocessors``) or the tiled one."""
+    mode_name = ("textbook", "emulator", "exact")[code]
+    if not tensor:
+        return source(), "base_convert_tiled_" + mode_name
+    kc = tc_layout(s)[1]
+    unroll, minb = (int(v) for v in (build or tc_build(kc, batch * (n // TC_ROWS), multiprocessors)))
+    if unroll not in (1, 2) or not 1 <= minb <= 16:
+        raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
+    return tc_source(kc, unroll, minb), "base_convert_tc_" + mode_name
+
+
 def mode_code(mode) -> int:
     """Kernel code of a :class:`caramel.ring.Mode` (or its value string)."""
     name = getattr(mode, "value", mode)
@@ -54,145 +79,13 @@ def mode_code(mode) -> int:
     return MODES[name]
 
 
-def _source() -> str:
-    """The module's CUDA source: the tiled base conversion and the ``sud`` lift."""
-    return _SOURCE
+@lru_cache(maxsize=None)
+def source() -> str:
+    """The CUDA source of the tiled base conversion and the ``sud`` lift."""
+    return COMMON_SRC + _SOURCE
 
 
-_SOURCE = r"""
-// Tiled base conversion: block (b, tile, chunk), chunk fastest, computes outputs d0 .. d0 + W - 1
-// (d0 = 16 chunk; W = 16, or 8 for the last chunk when D mod 16 is 1..8, so that fewer padded
-// outputs are accumulated) of 256 coefficients (2 a thread, 8-byte accesses). Its W columns of the
-// table (S x DP16, zero padded) sit in shared memory; the 2 W sums stay in 64-bit registers; each
-// input limb is read once per chunk (the chunks of a tile run together, so the re-reads of the other
-// chunks hit L2). t_k and the float sum f are recomputed per chunk.
-// EXACT adds v [-Q_S]_p to the 64-bit sum (one more multiply-add; v <= S). Then acc mod p in 32-bit
-// arithmetic: acc = hi 2^32 + lo, so the value is hi [2^32]_p + lo mod p, two Shoup products (lo =
-// lo * 1) each in [0, 2p), summed with conditional subtractions (p < 2^30). c0 = (p, [-Q_S]_p, its
-// Shoup quotient, [2^32]_p), c1 = (Shoup quotient of [2^32]_p, floor(2^32 / p), 0, 0).
-__device__ __forceinline__ u32 reduce_sum(u64 acc, uint4 c0, uint4 c1) {
-    const u32 p = c0.x, two_p = 2 * c0.x;
-    u32 r = shoup_lazy((u32)(acc >> 32), c0.w, c1.x, p) + shoup_lazy((u32)acc, 1u, c1.y, p);
-    r = r >= two_p ? r - two_p : r;
-    return r >= p ? r - p : r;
-}
-
-template <int MODE, int W>
-__device__ __forceinline__ void base_convert_tile(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
-        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table,
-        const double* __restrict__ recip, int n, int tiles, int chunks) {
-    __shared__ uint4 tab[64 * (W / 4)];
-    const int chunk = blockIdx.x % chunks;
-    const int rest = blockIdx.x / chunks;
-    const int tile = rest % tiles, b = rest / tiles;
-    const int DP = chunks * 16, d0 = chunk * 16;
-    for (int e = threadIdx.x; e < S * (W / 4); e += blockDim.x)
-        tab[e] = *(const uint4*)(table + (e / (W / 4)) * DP + d0 + (e % (W / 4)) * 4);
-    __syncthreads();
-    const int i = (tile * blockDim.x + threadIdx.x) * 2;
-    if (i >= n) return;
-    const int* __restrict__ ins = in_slots + b * S;
-    u64 acc[2][W];
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-        for (int j = 0; j < W; ++j) acc[c][j] = 0;
-    double f[2] = {0.0, 0.0};
-    // Inputs in groups of 8 limbs: the 8 loads of a group are in flight together.
-    for (int k0 = 0; k0 < S; k0 += 8) {
-        uint2 xs[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            xs[j] = k0 + j < S ? *(const uint2*)(arena + (u64)__ldg(ins + k0 + j) * n + i) : make_uint2(0u, 0u);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int k = k0 + j;
-            if (k >= S) break;
-            u32 x[2] = {xs[j].x, xs[j].y};
-            if (MODE != 1) {
-                const u32 qk = __ldg(in_consts + 4 * k), w = __ldg(in_consts + 4 * k + 1);
-                const u32 wp = __ldg(in_consts + 4 * k + 2);
-#pragma unroll
-                for (int c = 0; c < 2; ++c) x[c] = shoup(x[c], w, wp, qk);
-                if (MODE == 2) {
-                    const double r = __ldg(recip + k);
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) f[c] = __dadd_rn(f[c], __dmul_rn((double)x[c], r));
-                }
-            }
-#pragma unroll
-            for (int q4 = 0; q4 < W / 4; ++q4) {
-                const uint4 m = tab[(W / 4) * k + q4];
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    acc[c][4 * q4 + 0] += (u64)x[c] * m.x;
-                    acc[c][4 * q4 + 1] += (u64)x[c] * m.y;
-                    acc[c][4 * q4 + 2] += (u64)x[c] * m.z;
-                    acc[c][4 * q4 + 3] += (u64)x[c] * m.w;
-                }
-            }
-        }
-    }
-    u32 v[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) v[c] = MODE == 2 ? (u32)floor(__dadd_rn(f[c], 0.5)) : 0u;
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-        const int d = d0 + j;
-        if (d < D) {
-            const uint4 c0 = __ldg((const uint4*)(out8 + 8 * d)), c1 = __ldg((const uint4*)(out8 + 8 * d + 4));
-            u32* dst = arena + (u64)__ldg(out_slots + b * D + d) * n + i;
-            u32 r[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-                r[c] = reduce_sum(MODE == 2 ? acc[c][j] + (u64)v[c] * c0.y : acc[c][j], c0, c1);
-            *(uint2*)dst = make_uint2(r[0], r[1]);
-        }
-    }
-}
-// tail8: the last chunk holds 8 outputs (see base_convert_tile).
-#define BC_TILED(NAME, MODE) \
-extern "C" __global__ void __launch_bounds__(128) NAME( \
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
-        const u32* __restrict__ in_consts, const u32* __restrict__ out8, const u32* __restrict__ table, \
-        const double* __restrict__ recip, int n, int tiles, int chunks, int tail8) { \
-    if (tail8 && blockIdx.x % chunks == chunks - 1) \
-        base_convert_tile<MODE, 8>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
-    else \
-        base_convert_tile<MODE, 16>(arena, in_slots, out_slots, S, D, in_consts, out8, table, recip, n, tiles, chunks); \
-}
-BC_TILED(base_convert_tiled_textbook, 0)
-BC_TILED(base_convert_tiled_emulator, 1)
-BC_TILED(base_convert_tiled_exact, 2)
-
-// 4 residues per thread (16-byte accesses); n4 = N / 4.
-__device__ __forceinline__ u32 lift1(u32 x, u32 qt, u32 ql, u64 mu, u32 qt_mod_ql, int centred) {
-    u32 y = reduce64(x, ql, mu);
-    if (centred && x > (qt - 1u) / 2u) y = sub_mod(y, qt_mod_ql, ql);
-    return y;
-}
-extern "C" __global__ void __launch_bounds__(256) sud_lift(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots,
-        const int* __restrict__ src_prime, const int* __restrict__ dst_prime, const u32* __restrict__ pt,
-        int centred, int n4, int tiles) {
-    const int r = blockIdx.x / tiles;
-    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
-    if (i >= n4) return;
-    const int l = dst_prime[r];
-    const u32 qt = prime_q(pt, src_prime[r]);
-    const u32 ql = prime_q(pt, l);
-    const u64 mu = prime_mu(pt, l);
-    const u32 qm = reduce64(qt, ql, mu);
-    const uint4 x = ((const uint4*)arena)[(u64)in_slots[r] * n4 + i];
-    uint4 y;
-    y.x = lift1(x.x, qt, ql, mu, qm, centred);
-    y.y = lift1(x.y, qt, ql, mu, qm, centred);
-    y.z = lift1(x.z, qt, ql, mu, qm, centred);
-    y.w = lift1(x.w, qt, ql, mu, qm, centred);
-    ((uint4*)arena)[(u64)out_slots[r] * n4 + i] = y;
-}
-"""
+_SOURCE = read_cuh(__package__, "basis.cuh")
 
 
 # --------------------------------------------------------------------------- tensor-core kernel
@@ -305,165 +198,18 @@ def tc_words(t: np.ndarray, v: np.ndarray | None) -> np.ndarray:
     return words
 
 
-_TC_SOURCE = r"""
-// Base conversion on the tensor cores (see tc_layout, tc_table, tc_fragments, tc_words in basis.py).
-// Block (b, tile): 128 coefficients, a warp 32 of them (two m16 tiles). Thread r computes t_k (and
-// v) of coefficient tile 128 + r and writes its A row (KW = 8 KC words) to shared memory; the warp
-// then holds the A fragments of its 32 rows in registers for all KC k-chunks and, for each 8
-// outputs (TC_UNROLL tiles of 8 an iteration), runs 4 (byte planes b) x KC x 2 mma.m16n8k32
-// (u8 x u8 -> s32) with the B fragments read from the pre-swizzled table (L1-resident), folds
-// R_b 2^(8b) into two words and reduces (tc_reduce). The A rows are permuted within the warp
-// (tc_row): MMA row 16 m + 8 hi + g holds coefficient 4 g + 2 m + hi, so that a lane's four results
-// of one output are 4 consecutive coefficients, one 16-byte store. A warp reads all its inputs before
-// it writes and only its own 32 coefficients, so outputs may overwrite inputs.
-__device__ __forceinline__ void mma_u8(int* c, const u32* a, uint2 b) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
-}
-__device__ __forceinline__ u32 byte_plane(u32 t0, u32 t1, u32 t2, u32 t3, u32 sel) {
-    return __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
-}
-// sum_b R_b 2^(8b) mod p in 32-bit arithmetic (see tc_reduce in basis.py): z = R_0 + R_1 2^8 < 2^32,
-// y = R_2 + R_3 2^8, value z + y 2^16; c = (p, [2^16]_p, its Shoup quotient, floor(2^32 / p)), np =
-// -p mod 2^32. Two Shoup products (z 1 and y [2^16]_p, each in [0, 2p)) with one multiply-add of the
-// summed quotients by -p: [0, 4p).
-__device__ __forceinline__ u32 tc_reduce(int r0, int r1, int r2, int r3, uint4 c, u32 np) {
-    const u32 z = (u32)r0 + ((u32)r1 << 8), y = (u32)r2 + ((u32)r3 << 8);
-    const u32 r = z + y * c.y + (__umulhi(z, c.w) + __umulhi(y, c.z)) * np;
-    const u32 s = min(r, r - 2u * c.x);
-    return min(s, s - c.x);
-}
-template <int MODE, int KC>
-__device__ __forceinline__ void base_convert_tc(
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D,
-        const u32* __restrict__ in_consts, const u32* __restrict__ out4, const uint2* __restrict__ frag,
-        const double* __restrict__ recip, int n, int tiles) {
-    constexpr int KW = 8 * KC, STRIDE = KW + 4;  // STRIDE: conflict-free fragment reads
-    __shared__ u32 rows[128 * STRIDE];
-    // The block's constants, read by every thread: (q_k, w_k, w'_k, input slot) and 1/q_k for k < SP,
-    // (p_d, ..) of out4 and the output slot for d < 8 DT (slots past D repeat the last one).
-    __shared__ uint4 cin[68];
-    __shared__ double rin[68];
-    __shared__ uint4 cout[64];
-    __shared__ u32 sout[64];
-    const int tile = blockIdx.x % tiles, b = blockIdx.x / tiles;
-    const u32 base = tile * 128, row_bytes = 4u * n;  // a limb's bytes: addresses are one IMAD.WIDE.U32
-    const int G = (S + 4) >> 2;  // SP / 4: inputs 0..S-1 and t_S = v
-    const int DT = (D + 7) >> 3;
-    for (int k = threadIdx.x; k < 4 * G; k += 128) {
-        uint4 c = __ldg((const uint4*)in_consts + k);
-        c.w = k < S ? __ldg(in_slots + b * S + k) : 0;
-        cin[k] = c;
-        if (MODE == 2) rin[k] = __ldg(recip + k);
-    }
-    for (int d = threadIdx.x; d < 8 * DT; d += 128) {
-        cout[d] = __ldg((const uint4*)out4 + d);
-        sout[d] = __ldg(out_slots + b * D + min(d, D - 1));
-    }
-    __syncthreads();
-    {
-        const char* src = (const char*)(arena + base + threadIdx.x);
-        const int l = threadIdx.x & 31;  // coefficient l of the warp -> its MMA row (tc_row)
-        u32* row = rows + ((threadIdx.x & 96) + 16 * ((l >> 1) & 1) + 8 * (l & 1) + (l >> 2)) * STRIDE;
-        double f = 0.0;
-        // TC_PF inputs a chunk: their loads are in flight together, then t of each 4 in turn.
-        for (int j0 = 0; j0 < G; j0 += TC_PF / 4) {
-            u32 xs[TC_PF];
-#pragma unroll
-            for (int q = 0; q < TC_PF; ++q) {
-                const int k = 4 * j0 + q;
-                const u32 x = *(const u32*)(src + (u64)cin[min(k, S - 1)].w * row_bytes);  // no predicate
-                xs[q] = k < S ? x : 0u;
-            }
-#pragma unroll
-            for (int jj = 0; jj < TC_PF / 4; ++jj) {
-                const int j = j0 + jj;
-                if (j >= G) break;
-                u32 x[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int k = 4 * j + q;
-                    x[q] = xs[4 * jj + q];
-                    if (MODE != 1) {  // constants zero padded to SP rows: k >= S gives t = 0 and f + 0.0 = f
-                        const uint4 cq = cin[k];
-                        x[q] = shoup(x[q], cq.y, cq.z, cq.x);
-                        if (MODE == 2) f = __dadd_rn(f, __dmul_rn((double)x[q], rin[k]));
-                    }
-                    if (MODE == 2 && k == S) x[q] = (u32)floor(__dadd_rn(f, 0.5));  // f is complete: q increases
-                }
-#pragma unroll
-                for (int a = 0; a < 4; ++a) row[a * G + j] = byte_plane(x[0], x[1], x[2], x[3], a | ((a + 4) << 4));
-            }
-        }
-        for (int w = 4 * G; w < KW; ++w) row[w] = 0u;
-    }
-    __syncwarp();
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = (threadIdx.x & 96) + g;  // rows r0 (+8) of m-tile 0, r0 + 16 (+8) of m-tile 1
-    u32 af[2][KC][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int c = 0; c < KC; ++c) {
-            const u32* p = rows + (r0 + 16 * m) * STRIDE + 8 * c + t;
-            af[m][c][0] = p[0];
-            af[m][c][1] = p[8 * STRIDE];
-            af[m][c][2] = p[4];
-            af[m][c][3] = p[8 * STRIDE + 4];
-        }
-    const uint2* __restrict__ fr = frag + lane;
-#pragma unroll TC_UNROLL
-    for (int dt = 0; dt < DT; ++dt) {
-        int acc[4][2][4];
-#pragma unroll
-        for (int bp = 0; bp < 4; ++bp) {
-            uint2 bf[KC];
-#pragma unroll
-            for (int c = 0; c < KC; ++c) bf[c] = __ldg(fr + ((dt * 4 + bp) * KC + c) * 32);
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[bp][m][e] = 0;
-#pragma unroll
-                for (int c = 0; c < KC; ++c) mma_u8(acc[bp][m], af[m][c], bf[c]);
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // output d = 8 dt + 2 t + h; element 2 hi + h of m-tile m is
-            const int d = 8 * dt + 2 * t + h;  // coefficient 4 g + 2 m + hi of the warp
-            const uint4 cc = cout[d];
-            const u32 np = 0u - cc.x;
-            uint4 y;
-            y.x = tc_reduce(acc[0][0][h], acc[1][0][h], acc[2][0][h], acc[3][0][h], cc, np);
-            y.y = tc_reduce(acc[0][0][2 + h], acc[1][0][2 + h], acc[2][0][2 + h], acc[3][0][2 + h], cc, np);
-            y.z = tc_reduce(acc[0][1][h], acc[1][1][h], acc[2][1][h], acc[3][1][h], cc, np);
-            y.w = tc_reduce(acc[0][1][2 + h], acc[1][1][2 + h], acc[2][1][2 + h], acc[3][1][2 + h], cc, np);
-            if (d < D) *(uint4*)((char*)(arena + base + (threadIdx.x & 96) + 4 * g) + (u64)sout[d] * row_bytes) = y;
-        }
-    }
-}
-#define BC_TC(MODE, NAME) \
-extern "C" __global__ void __launch_bounds__(128, TC_MINB) base_convert_tc_##NAME( \
-        u32* arena, const int* __restrict__ in_slots, const int* __restrict__ out_slots, int S, int D, \
-        const u32* __restrict__ in_consts, const u32* __restrict__ out4, const uint2* __restrict__ frag, \
-        const double* __restrict__ recip, int n, int tiles) { \
-    base_convert_tc<MODE, TC_KC>(arena, in_slots, out_slots, S, D, in_consts, out4, frag, recip, n, tiles); \
-}
-BC_TC(0, textbook)
-BC_TC(1, emulator)
-BC_TC(2, exact)
-"""
+_TC_SOURCE = read_cuh(__package__, "basis_tc.cuh")
 
 
-def _tc_source(kc: int, unroll: int, minb: int) -> str:
+@lru_cache(maxsize=None)
+def tc_source(kc: int, unroll: int, minb: int) -> str:
     """The tensor-core kernels for KC k-chunks (see tc_layout) with ``unroll`` output tiles a loop
     iteration and __launch_bounds__'s ``minb`` resident blocks. Input loads in flight a thread:
     min(8 KC, TC_PF_MAX), a multiple of 4 that covers SP <= 8 KC, so that up to 23 inputs load in one
     round. The epilogue is tc_reduce's."""
     defines = dict(TC_KC=kc, TC_PF=min(8 * kc, TC_PF_MAX), TC_MINB=int(minb))
     body = _TC_SOURCE.replace("#pragma unroll TC_UNROLL", f"#pragma unroll {int(unroll)}")
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
+    return COMMON_SRC + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + body
 
 
 def conversion_constants(conv, what: str) -> tuple[np.ndarray, list[int]]:
@@ -497,7 +243,7 @@ class BaseConversion:
         self.ring = ring
         self.in_limbs = tuple(int(l) for l in in_limbs)
         self.out_limbs = tuple(int(l) for l in out_limbs)
-        fits = ring.n % TC_ROWS == 0 and len(self.out_limbs) <= 64  # its shared tables hold 64 outputs
+        fits = tensor_fits(ring.n, len(self.out_limbs))
         self.tensor = fits if tensor is None else bool(tensor)
         if self.tensor and not fits:
             raise ValueError(f"the tensor-core base conversion needs N a multiple of {TC_ROWS} and at most 64 "
@@ -507,11 +253,11 @@ class BaseConversion:
         in_consts, neg_q = conversion_constants(conv, "accumulator of base conversion")
         recip = conv.reciprocals.astype(np.float64)
         cp = cupy()
+        self._sms = cp.cuda.Device().attributes["MultiProcessorCount"] if self.tensor else 0
         if self.tensor:
             # B fragments (tc_table, tc_fragments), one table a mode family; input constants and
             # reciprocals zero padded to SP rows, output constants to 8 DT (tc_out_constants).
-            sp, self._kc = tc_layout(s)
-            self._sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+            sp = tc_layout(s)[0]
             self._in = cp.asarray(np.concatenate([in_consts, np.zeros((sp - s, 4), np.uint32)]))
             self._recip = cp.asarray(np.concatenate([recip, np.zeros(sp - s)]))
             self._out = cp.asarray(tc_out_constants(conv.out_primes))
@@ -539,7 +285,7 @@ class BaseConversion:
 
         in_slots: int32 (B, S) in the order of ``in_limbs``; out_slots: int32 (B, D) in the order of
         ``out_limbs``; inputs in coefficient form, canonical. ``mode``: a ``caramel.ring.Mode``.
-        ``build``: the tensor-core kernel's (unroll, minb) (see _tc_source; None: :func:`tc_build`'s).
+        ``build``: the tensor-core kernel's (unroll, minb) (see tc_source; None: :func:`tc_build`'s).
         Outputs may overwrite inputs with the tensor-core kernel.
         """
         ring = self.ring
@@ -552,17 +298,9 @@ class BaseConversion:
         code = mode_code(mode)
         cp = cupy()
         table = self._factors if code == 1 else self._qhat
-        mode_name = ("textbook", "emulator", "exact")[code]
+        kernel = function(*conversion_kernel(ring.n, s, batch, code, self.tensor, self._sms, build))
         if self.tensor:
             tiles = ring.n // TC_ROWS
-            if build is None:
-                build = tc_build(self._kc, batch * tiles, self._sms)
-            unroll, minb = (int(v) for v in build)
-            if unroll not in (1, 2) or not 1 <= minb <= 16:
-                raise ValueError(f"tensor-core base conversion: unroll {unroll}, minb {minb}")
-            opts = (self._kc, unroll, minb)
-            kernel = ring.kernel("basis-tc-" + "-".join(map(str, opts)), lambda: _tc_source(*opts),
-                                 "base_convert_tc_" + mode_name)
             kernel(
                 (batch * tiles,),
                 (TC_ROWS,),
@@ -571,7 +309,7 @@ class BaseConversion:
             )
             return
         tiles = -(-ring.n // 256)
-        ring.kernel("basis", _source, "base_convert_tiled_" + mode_name)(
+        kernel(
             (batch * tiles * self._chunks,),
             (128,),
             (arena, in_slots, out_slots, cp.int32(s), cp.int32(d), self._in, self._out, table, self._recip,
@@ -596,7 +334,7 @@ def sud_lift(ring: CudaRing, arena, in_slots, out_slots, src_prime_idx, dst_prim
     n4 = ring.n // 4
     threads = min(256, n4)
     tiles = n4 // threads
-    kernel = ring.kernel("basis", _source, "sud_lift")
+    kernel = function(source(), "sud_lift")
     kernel(
         (rows * tiles,),
         (threads,),

@@ -9,8 +9,7 @@ A :class:`CudaRing` holds, for one ring degree N, everything the kernels read be
   primes below 2^28 run lazily);
 * the NTT twiddle tables (built on first use): for every prime, ``psi^br(k)`` and
   ``psi^-br(k)`` for k < N (SEAL order, br = bit reversal on log2 N bits), each stored as a
-  ``uint2`` pair ``(w, floor(w * 2^32 / q))`` for Shoup products;
-* a cache of compiled ``cupy.RawModule`` objects keyed by name.
+  ``uint2`` pair ``(w, floor(w * 2^32 / q))`` for Shoup products.
 
 The arena is a C-contiguous ``cupy`` uint32 array of shape (S, N); a limb is a row (slot) index.
 Kernels take small int32 device arrays of slot and prime indices, never allocate and never
@@ -23,55 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Options passed to NVRTC for every module (CuPy adds the device's own architecture, sm_90 on
-#: Hopper). No fused multiply-add, so that the float64 sums of exact base conversion round exactly
-#: like the CPU reference (the kernels also use __dmul_rn/__dadd_rn explicitly).
-NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+from caramel.backends.cuda.compiler import function, read_cuh
 
 #: Prime table row width (uint32 words).
 PRIME_ROW = 8
 
-#: CUDA helpers included at the top of every module. Residues are canonical in [0, q) with
-#: q < 2^28 unless a name says otherwise ("lazy" values lie in [0, 2q) or [0, 4q)).
-COMMON_SRC = r"""
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-// x mod q for any 64-bit x (Barrett with mu = floor(2^64 / q); the quotient estimate is at most
-// one short, so one conditional subtraction suffices).
-__device__ __forceinline__ u32 reduce64(u64 x, u32 q, u64 mu) {
-    const u64 qh = __umul64hi(x, mu);
-    const u32 r = (u32)x - (u32)qh * q;
-    return r >= q ? r - q : r;
-}
-__device__ __forceinline__ u32 mul_mod(u32 a, u32 b, u32 q, u64 mu) {
-    return reduce64((u64)a * b, q, mu);
-}
-__device__ __forceinline__ u32 add_mod(u32 a, u32 b, u32 q) {
-    const u32 s = a + b;
-    return s >= q ? s - q : s;
-}
-__device__ __forceinline__ u32 sub_mod(u32 a, u32 b, u32 q) {
-    return a >= b ? a - b : a + q - b;
-}
-__device__ __forceinline__ u32 neg_mod(u32 a, u32 q) {
-    return a ? q - a : 0u;
-}
-// a * w mod q in [0, 2q) for any a < 2^32, with w < q and wp = floor(w * 2^32 / q) (Shoup).
-__device__ __forceinline__ u32 shoup_lazy(u32 a, u32 w, u32 wp, u32 q) {
-    return a * w - __umulhi(a, wp) * q;
-}
-__device__ __forceinline__ u32 shoup(u32 a, u32 w, u32 wp, u32 q) {
-    const u32 r = shoup_lazy(a, w, wp, q);
-    return r >= q ? r - q : r;
-}
-__device__ __forceinline__ u32 prime_q(const u32* __restrict__ pt, int p) { return __ldg(pt + 8 * p); }
-__device__ __forceinline__ u64 prime_mu(const u32* __restrict__ pt, int p) {
-    return ((u64)__ldg(pt + 8 * p + 5) << 32) | (u64)__ldg(pt + 8 * p + 4);
-}
-// floor(2^32 / q): mu's high word (mu = floor(2^64 / q) for q < 2^32), for a 32-bit Barrett step.
-__device__ __forceinline__ u32 prime_m32(const u32* __restrict__ pt, int p) { return __ldg(pt + 8 * p + 5); }
-"""
+#: CUDA helpers included at the top of every module (common.cuh, package data): the modular arithmetic of
+#: canonical residues and the prime table's fields.
+COMMON_SRC = read_cuh(__package__, "common.cuh")
 
 
 def cupy():
@@ -107,47 +65,7 @@ TWIDDLE_CHUNK = 64
 #: The CUDA ring's twiddle tables in two kernels (one module, after :data:`COMMON_SRC`'s typedefs).
 #: ``p`` holds q[0..P), then r[0..P) (a primitive 2N-th root of each prime), then psi[0..P), all ones
 #: on entry. Products of residues below 2^30 fit 64 bits; ``%`` reduces them exactly.
-TWIDDLE_SRC = r"""
-__device__ __forceinline__ u64 pow_mod(u64 b, u32 e, u64 q) {
-    u64 r = 1;
-    for (; e; e >>= 1) {
-        if (e & 1u) r = r * b % q;
-        b = b * b % q;
-    }
-    return r;
-}
-// Thread t of prime blockIdx.y: the least of r^j over its odd j = 2 (t chunk + c) + 1, c < chunk, into psi.
-extern "C" __global__ void twiddle_psi(u64* __restrict__ p, int primes, int n, int chunk) {
-    const int i = blockIdx.y;
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n / chunk) return;
-    const u64 q = p[i], r = p[primes + i];
-    const u64 r2 = r * r % q;
-    u64 x = pow_mod(r, (u32)(2 * t * chunk + 1), q);
-    u64 least = x;
-    for (int c = 1; c < chunk; ++c) {
-        x = x * r2 % q;
-        least = x < least ? x : least;
-    }
-    atomicMin(p + 2 * primes + i, least);
-}
-// Entry m of prime blockIdx.y: (psi^br(m), shoup) and (psi^(2N - br(m)) = psi^-br(m), shoup).
-extern "C" __global__ void twiddle_fill(const u64* __restrict__ p, int primes, int n, int logn,
-                                        u32* __restrict__ fwd, u32* __restrict__ inv) {
-    const int i = blockIdx.y;
-    const int m = blockIdx.x * blockDim.x + threadIdx.x;
-    if (m >= n) return;
-    const u64 q = p[i], psi = p[2 * primes + i];
-    const u32 br = __brev((u32)m) >> (32 - logn);
-    const u64 w = pow_mod(psi, br, q), wi = pow_mod(psi, 2u * (u32)n - br, q);
-    const long long at = 2 * ((long long)i * n + m);
-    fwd[at] = (u32)w;
-    fwd[at + 1] = (u32)((w << 32) / q);
-    inv[at] = (u32)wi;
-    inv[at + 1] = (u32)((wi << 32) / q);
-}
-"""
-_twiddle_modules: dict[int, object] = {}
+TWIDDLE_SRC = read_cuh(__package__, "twiddles.cuh")
 
 
 def _pow_rows(base, exps, q):
@@ -201,17 +119,14 @@ def twiddle_tables(primes, n: int, xp=np):
             out.append(np.stack([w.astype(np.uint32), ((w << u64(32)) // q).astype(np.uint32)], axis=-1))
         return out[0], out[1]
     cp = xp
-    dev = int(cp.cuda.Device().id)
-    mod = _twiddle_modules.get(dev)
-    if mod is None:
-        mod = _twiddle_modules[dev] = cp.RawModule(code=COMMON_SRC + TWIDDLE_SRC, options=NVRTC_OPTIONS)
     p = cp.asarray(np.concatenate([np.array(primes, dtype=u64), np.array(roots, dtype=u64),
                                    np.full(k, np.iinfo(u64).max, dtype=u64)]))
     fwd, inv = cp.empty((k, n, 2), dtype=np.uint32), cp.empty((k, n, 2), dtype=np.uint32)
     threads = n // chunk
-    mod.get_function("twiddle_psi")(((threads + 255) // 256, k), (256,),
+    source = COMMON_SRC + TWIDDLE_SRC
+    function(source, "twiddle_psi")(((threads + 255) // 256, k), (256,),
                                     (p, np.int32(k), np.int32(n), np.int32(chunk)))
-    mod.get_function("twiddle_fill")(((n + 255) // 256, k), (256,), (p, np.int32(k), np.int32(n), np.int32(logn),
+    function(source, "twiddle_fill")(((n + 255) // 256, k), (256,), (p, np.int32(k), np.int32(n), np.int32(logn),
                                                                       fwd, inv))
     if bool((p[2 * k:].get() == 0).any()):  # q not prime
         return None
@@ -219,7 +134,8 @@ def twiddle_tables(primes, n: int, xp=np):
 
 
 class CudaRing:
-    """Device constants and compiled-module cache for the ring of a :class:`caramel.ring.Context`.
+    """Device constants for the ring of a :class:`caramel.ring.Context` (compiled kernels:
+    :mod:`caramel.backends.cuda.compiler`).
 
     The primes, psi and the twiddles are the context's own (``ctx.ntt_table(l)``; the device twiddles
     are computed on the device, equal bit for bit, :func:`twiddle_tables`), so the kernels compute
@@ -244,8 +160,6 @@ class CudaRing:
         self.prime_rows = rows
         self._prime_table = None
         self._twiddles = None
-        self._modules: dict[str, object] = {}
-        self._functions: dict[tuple[str, str], object] = {}
 
     # ----------------------------------------------------------------- device tables
     @property
@@ -279,22 +193,6 @@ class CudaRing:
                 tables = tuple(cp.asarray(t) for t in self.host_twiddles())
             self._twiddles = tuple(tables)
         return self._twiddles
-
-    # ----------------------------------------------------------------- modules
-    def module(self, key: str, source_fn):
-        """The compiled ``cupy.RawModule`` for ``key``; ``source_fn()`` gives its source once."""
-        mod = self._modules.get(key)
-        if mod is None:
-            mod = cupy().RawModule(code=COMMON_SRC + source_fn(), options=NVRTC_OPTIONS)
-            self._modules[key] = mod
-        return mod
-
-    def kernel(self, key: str, source_fn, name: str):
-        """Function ``name`` of the module ``key`` (see :meth:`module`), cached."""
-        fn = self._functions.get((key, name))
-        if fn is None:
-            fn = self._functions[(key, name)] = self.module(key, source_fn).get_function(name)
-        return fn
 
     # ----------------------------------------------------------------- checks
     def check_arena(self, arena) -> None:

@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-from caramel.execute.memory import is_device_array
+from caramel.arrays import is_device_array
 
 #: Bytes of one pinned staging buffer (two per thread).
 STAGE_BYTES = 32 << 20
@@ -116,7 +116,7 @@ DEVICE_ROWS_PER_COPY = 256
 
 #: ``gather_rows``: row ``dst[r]`` of the (S, n) arena = the n words at device address ``src[r]``
 #: (block (x, r): a stretch of columns of row r).
-_GATHER_SRC = r"""
+GATHER_SRC = r"""
 extern "C" __global__ void gather_rows(const unsigned long long* __restrict__ src, const long long* __restrict__ dst,
                                        long long n, unsigned* __restrict__ arena) {
     const unsigned* s = (const unsigned*)src[blockIdx.y];
@@ -125,7 +125,6 @@ extern "C" __global__ void gather_rows(const unsigned long long* __restrict__ sr
         d[j] = s[j];
 }
 """
-_gather_modules: dict[int, object] = {}
 
 
 def _row_pointers(arena, data, idx: list[int]) -> np.ndarray | None:
@@ -150,12 +149,11 @@ def _row_pointers(arena, data, idx: list[int]) -> np.ndarray | None:
 def _gather_rows(arena, src: np.ndarray, dst: np.ndarray) -> None:
     """``arena[dst[r]] = the row at device address src[r]`` for every r, on the current stream (rows
     of :func:`_row_pointers`: uint32, contiguous, on the arena's device): one launch per 65535 rows."""
+    from caramel.backends.cuda.compiler import function
+
     cp = _cp()
-    dev = arena.data.device_id
-    mod = _gather_modules.get(dev)
-    if mod is None:
-        mod = _gather_modules[dev] = cp.RawModule(code=_GATHER_SRC)
-    fn = mod.get_function("gather_rows")
+    with cp.cuda.Device(arena.data.device_id):
+        fn = function(GATHER_SRC, "gather_rows", ())
     n = arena.shape[1]
     for r0 in range(0, len(src), 65535):
         s = cp.asarray(src[r0:r0 + 65535])

@@ -1,0 +1,116 @@
+"""Every kernel a plan needs, found without a GPU (caramel.execute.precompile, caramel.backends.cuda.kernel_set), and
+``caramel compile`` without a GPU: the load and plan caches warmed, the kernels skipped, exit 0."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from caramel.backends.cuda import elementwise
+from caramel.backends.cuda.config import KernelConfig
+from caramel.backends.cuda.kernel_set import KernelSet
+from caramel.backends.cuda.ntt.transform import transform_source
+from caramel.backends.cuda.target import CUDA_TARGET
+from caramel.execute.placement import device_programs
+from caramel.execute.precompile import device_calls, needed_modules
+from caramel.expr import Expr, ExprOp
+from caramel.plan import Kind, build_plan
+from caramel.ring import Context, Mode
+
+from tests.conftest import REPO, caramel_cli
+from tests.plan.plan_helpers import load_corpus
+
+
+def modules_of(name: str, n: int, modes=(Mode.EXACT,), kernels=None, gpus=None):
+    program = load_corpus(name)
+    plan = build_plan(program, target=CUDA_TARGET)
+    ctx = Context(n)
+    progs = device_programs(plan, gpus or len(plan.chips), ctx.primes, keep_inputs=True)
+    return plan, {m.key: m for m in needed_modules(progs, plan, ctx, modes, kernels)}
+
+
+def test_a_plans_modules():
+    """Mul_4L_2c at N = 65536: the ring's twiddle kernels, the row upload's gather, one transform module, the
+    elementwise programs of its kernels and of its communication's local sums and copies (2 devices), each once."""
+    plan, found = modules_of("Mul_4L_2c", 65536)
+    assert {"twiddle", "gather", "ntt", "elementwise"} <= {key[0] for key in found}
+    assert found[("ntt", 65536, True)].candidates[0][0] == transform_source(16, True, KernelConfig().ntt)
+    exprs = {k.expr for c in plan.chips for k in c.kernels if k.kind is Kind.ELEMENTWISE and not k.expr.transformed}
+    sums = {key for key in found if key[0] == "elementwise"} - {("elementwise", e) for e in exprs}
+    assert exprs and sums  # the plan's programs, and the communication's sums (not in the plan's kernels)
+    assert all(not k[1].ops or {o.op for o in k[1].ops} == {"add"} for k in sums)
+
+
+def test_epilogues_carry_their_launch_bounds():
+    """An epilogue module lists its sources under each launch bound its launch may take, in order."""
+    plan, found = modules_of("BootstrapModRaise_4L_2c", 65536)
+    epilogues = [m for k, m in found.items() if k[0] == "epilogue"]
+    assert epilogues
+    for m in epilogues:
+        expr = m.key[3]
+        want = [code for _, code in elementwise.epilogue_sources(expr, 16, True)]
+        assert [code for code, _, _ in m.candidates] == want
+        assert all(names == (elementwise.kernel_name(expr),) for _, names, _ in m.candidates)
+
+
+def test_n_4096_has_no_epilogues_and_settings_change_the_sources():
+    """Below N = 8192 the transforms run whole (no epilogue kernel); another configuration is other sources."""
+    _, small = modules_of("BootstrapModRaise_4L_2c", 4096)
+    assert not any(k[0] == "epilogue" for k in small)
+    _, default = modules_of("Mul_4L_1c", 65536)
+    _, other = modules_of("Mul_4L_1c", 65536, kernels=KernelConfig().with_settings(["ntt.warps=2"]))
+    code = {k: m.candidates[0][0] for k, m in default.items()}
+    changed = {k for k, m in other.items() if m.candidates[0][0] != code.get(k)}
+    assert changed == {k for k in default if k[0] == "ntt"}
+
+
+def test_modes_and_conversions():
+    """Every arithmetic mode's kernels: a prologue or conversion module per mode where the program has them."""
+    _, one = modules_of("BootstrapModRaise_4L_2c", 65536)
+    _, three = modules_of("BootstrapModRaise_4L_2c", 65536, modes=list(Mode))
+    assert set(one) <= set(three)
+    assert len([k for k in three if k[0] in ("prologue", "basis")]) > len([k for k in one if k[0] in
+                                                                            ("prologue", "basis")])
+
+
+def test_device_calls_skip_only_the_collectives():
+    """The calls of a device program are its kernels and its communication steps' local work, no collective."""
+    program = load_corpus("Mul_4L_2c")
+    plan = build_plan(program, target=CUDA_TARGET)
+    ctx = Context(4096)
+    (prog, *_) = device_programs(plan, 2, ctx.primes, keep_inputs=True)
+    found = KernelSet(ctx)
+    calls = device_calls(prog, plan, ctx, Mode.EXACT)
+    kernels = sum(1 for step in prog.steps if not hasattr(step, "ops"))
+    assert len(calls) >= kernels
+    for call in calls:
+        call(found)  # every call is a backend method: none needs the fabric
+
+
+def test_the_kernel_set_is_a_backend():
+    """KernelSet answers every Backend method without a device (writes and reads do nothing)."""
+    found = KernelSet(Context(4096))
+    found.write([0], [[0] * 4096])
+    found.set_scalars([1, 2])
+    assert found.read([0, 1]).shape == (2, 4096)
+    found.elementwise(Expr(2, 0, (ExprOp("add", (0, 1)),), (2,)), None, None, None, None)
+    found.rsv((0, 1, 2), None, None, None)
+    assert ("crt",) not in found.modules or found.modules[("crt",)].candidates[0][1] == ("rsv_3",)
+    assert len(found.modules) == 4  # twiddle, gather, the program, crt
+
+
+def test_caramel_compile_without_a_gpu(tmp_path):
+    """The load and plan caches warmed (a plan entry for the CUDA target), the kernels skipped, exit 0; a second
+    run reads both caches; --gpus beyond the chips is refused (exit 2)."""
+    env = {"CARAMEL_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    first = caramel_cli("compile", "programs/Mul_4L_2c", "--n", "4096", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "load and plan caches ready" in first.stdout and "kernels skipped" in first.stdout
+    entries = sorted(p.suffix for p in (tmp_path / "cache").iterdir())
+    assert entries.count(".plan") == 1 and ".entry" in entries
+    stamp = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
+    again = caramel_cli("compile", "programs/Mul_4L_2c", "--n", "4096", env=env)
+    assert again.returncode == 0 and {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()} == stamp
+    bad = caramel_cli("compile", "programs/Mul_4L_2c", "--gpus", "3", env=env)
+    assert bad.returncode == 2 and "at most 2" in bad.stderr
