@@ -154,7 +154,7 @@ def kernel_config(settings: Sequence[str]):
     except ImportError:
         raise SystemExit(f"bench: kernel settings {settings} need caramel.backends.cuda.config, which this tree "
                          "lacks") from None
-    return KernelConfig.with_settings(settings)
+    return KernelConfig().with_settings(settings)
 
 
 def kernel_options(config) -> dict[str, Any]:

@@ -137,10 +137,11 @@ def records_of(path: str) -> list[dict]:
 
 
 def fit_costs(args) -> int:
-    """Refit the kernels' estimated times (``caramel.plan.cost.COSTS``) from a roofline's measured kernel times; the
+    """Refit the kernels' estimated times (``caramel.backends.cuda.target.COSTS``) from a roofline's measured kernel times; the
     records' indices are those of ``--program``'s fused plan, rebuilt here (exit 2 on a record that does not match
     it). Prints a table to paste."""
-    from caramel.plan.cost import COSTS, family, fit
+    from caramel.backends.cuda.target import COSTS
+    from caramel.plan.cost import family, fit
     from caramel.plan_cache import cached_plan
 
     records = records_of(args.fit)

@@ -241,17 +241,16 @@ def _calls(ops, n: int) -> tuple[Call, ...]:
     return tuple(Call((o.sync, o.kind.value, o.root), o.group, o.rows * 4 * n) for o in ops)
 
 
-def local_us(limbs: int, n: int) -> float:
+def local_us(limbs: int, n: int, target: Target = NEUTRAL) -> float:
     """The estimated time of a local copy or sum kernel reading and writing ``limbs`` limbs at ring dimension
-    ``n`` (the elementwise line of :data:`caramel.plan.cost.COSTS`); 0 for none."""
-    from caramel.plan.cost import COSTS
-
-    c = COSTS["elementwise"]
+    ``n`` (the elementwise line of ``target``'s costs); 0 for none."""
+    c = target.cost("elementwise")
     return c.base_us + c.per_limb_us * limbs * n / 65536 if limbs else 0.0
 
 
 def estimated_timeline(prog, tasks, schedule, n: int, kernel_us: Callable | None = None,
-                       copy_us: Callable[[int, int], float] = local_us, target: Target = NEUTRAL) -> DeviceTimeline:
+                       copy_us: Callable[[int, int], float] | None = None,
+                       target: Target = NEUTRAL) -> DeviceTimeline:
     """The :class:`DeviceTimeline` of a device program (:class:`~caramel.execute.placement.DeviceProgram`) with
     its ``tasks`` and ``schedule`` (:meth:`~caramel.execute.runner.DeviceRun.schedule`, or the same built from
     :func:`~caramel.execute.runner.step_task`), compute times estimated: ``kernel_us(kernel)`` (default
@@ -262,6 +261,7 @@ def estimated_timeline(prog, tasks, schedule, n: int, kernel_us: Callable | None
     from caramel.plan.cost import estimate_us
 
     kernel_us = kernel_us or (lambda k: estimate_us(k, n, target))
+    copy_us = copy_us or (lambda limbs, n: local_us(limbs, n, target))
     out = []
     for k, step in enumerate(prog.steps):
         stream, waits = schedule.stream[k], schedule.waits[k]

@@ -59,7 +59,9 @@ def test_reference_imports_no_plan_or_backend():
 #: layer and never import each other.
 LAYERS = {"caramel.ring": 1, "caramel.plan": 2, "caramel.plan_cache": 2, "caramel.backends": 2, "caramel.ckks": 3,
           "caramel.execute": 3, "caramel.api": 4, "caramel.batch": 4, "caramel.cli": 4, "caramel.profile": 4,
-          "caramel.scaling": 4, "caramel.results": 4, "caramel.userdata": 4, "caramel.__main__": 4}
+          "caramel.scaling": 4, "caramel.results": 4, "caramel.userdata": 4, "caramel.__main__": 4,
+          "caramel.options": 4, "caramel.instance": 4, "caramel.executor": 4, "caramel.cluster": 4,
+          "caramel.timeline": 4, "caramel.launch": 4}
 
 
 def layer_of(module: str) -> tuple[int, str]:

@@ -39,7 +39,7 @@ def test_kernel_settings_only_as_a_configuration():
         from caramel.backends.cuda.config import KernelConfig
 
         (label, config), = harness.config_sets(["ntt.split_from=6/6"])
-        assert label == "ntt.split_from=6/6" and config == KernelConfig.with_settings(["ntt.split_from=6/6"])
+        assert label == "ntt.split_from=6/6" and config == KernelConfig().with_settings(["ntt.split_from=6/6"])
         assert harness.kernel_options(config) == {"kernels": config}
 
 

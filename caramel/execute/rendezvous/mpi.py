@@ -31,7 +31,7 @@ class MpiRendezvous(Rendezvous):
             from mpi4py import MPI
         except ImportError as exc:
             raise ExecutionError(f"the MPI rendezvous needs mpi4py (pip install mpi4py): {exc}") from None
-        self.MPI = MPI
+        self.mpi = MPI
         self._owned = owned and comm is None
         world = comm if comm is not None else MPI.COMM_WORLD
         if (world.Get_rank(), world.Get_size()) != (place.rank, place.world):
@@ -92,8 +92,8 @@ class MpiRendezvous(Rendezvous):
         for request in self._pending:  # every value sent is delivered before this end goes
             request.wait()
         self._pending = []
-        if self._owned and not self.MPI.Is_finalized():
-            self.MPI.Finalize()
+        if self._owned and not self.mpi.Is_finalized():
+            self.mpi.Finalize()
 
 
 __all__ = ["ABORT_STATUS", "MpiRendezvous"]
