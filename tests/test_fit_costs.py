@@ -12,21 +12,22 @@ from caramel.parse import load_program
 from caramel.plan.cost import estimate_us, family
 from caramel.plan_cache import cached_plan
 from tests.conftest import REPO
-from tests.plan.plan_helpers import PROGRAMS
+from tests.corpus import needs, shared
 
-PROGRAM = str(PROGRAMS / "BootstrapModRaise_4L_1c")
+pytestmark = needs("BootstrapModRaise_4L_1c")
 
 
 def fit_costs(tmp_path, records):
     path = tmp_path / "roofline.json"
     path.write_text(json.dumps(records))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "fit_costs.py"), str(path), "--program", PROGRAM],
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "fit_costs.py"), str(path), "--program",
+                           str(shared("BootstrapModRaise_4L_1c"))],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
 
 
 def test_a_table_from_matching_records_and_exit_2_on_a_stranger(tmp_path):
-    kernels = cached_plan(load_program(PROGRAM)).chips[0].kernels
+    kernels = cached_plan(load_program(shared("BootstrapModRaise_4L_1c"))).chips[0].kernels
     records = [{"index": i, "kind": family(k), "rows": len(k.rows), "dur_ms": estimate_us(k) / 1000}
                for i, k in enumerate(kernels)]
     r = fit_costs(tmp_path, records)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from caramel.ring import Context
+from tests.corpus import SHARED_PROGRAMS
 
-PROGRAMS = Path("/work/shared/programs")
+PROGRAMS = SHARED_PROGRAMS
 
 
 @lru_cache(maxsize=None)
