@@ -610,6 +610,19 @@ def _split_source(source: str | os.PathLike) -> tuple[str, str | None]:
     return text, None
 
 
+def program_files(source: str | os.PathLike) -> list[str]:
+    """The paths of the files that loading ``source`` reads (a folder's program files, or the
+    archive or single file), for refusing an output that would overwrite one; nothing is read."""
+    text, _ = _split_source(source)
+    path = Path(text)
+    try:
+        if path.is_dir():
+            return [str(p) for p in sorted(path.iterdir()) if _is_program_file(p.name)]
+    except OSError:
+        return []
+    return [text]
+
+
 def read_source(source: str | os.PathLike) -> _Files:
     """Read the raw files of a program from a folder, an archive (``a.tar.xz#member``) or one file."""
     text, member = _split_source(source)

@@ -236,7 +236,7 @@ def write_trace(result: ProfileResult, path) -> None:
     """Write :func:`chrome_trace` to ``path`` atomically."""
     from caramel.outfiles import write_atomic
 
-    write_atomic(path, json.dumps(chrome_trace(result)))
+    write_atomic(path, json.dumps(chrome_trace(result)), "trace")
 
 
 # ----------------------------------------------------------------------------------------------

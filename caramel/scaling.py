@@ -125,9 +125,17 @@ def bar_split(p: ScalingPoint) -> tuple[float, float]:
 
 
 def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ()) -> None:
-    """Save the scaling curve to ``path`` (PNG, PDF or SVG by extension) with matplotlib's object
-    API (a :class:`~matplotlib.figure.Figure`, never the global backend): left, the replay time per
-    device count as stacked compute + communication bars that add up to the replay (median, with
+    """Save the scaling curve to ``path`` (PNG, PDF or SVG by extension; :func:`plot_writer`)."""
+    from caramel.outfiles import write_atomic
+
+    write_atomic(path, plot_writer(result, path, targets), "plot")
+
+
+def plot_writer(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ()):
+    """A function that writes the scaling curve into an open binary file in the format of ``path``'s
+    extension (PNG, PDF or SVG), for :func:`caramel.outfiles.write_output`. Drawn with matplotlib's
+    object API (a :class:`~matplotlib.figure.Figure`, never the global backend): left, the replay time
+    per device count as stacked compute + communication bars that add up to the replay (median, with
     its min-max range); right, the speedup on log2 axes, where the ideal line (speedup = G) is
     straight. ``targets``: optional (G, speedup) points drawn as a target line."""
     fmt = plot_format(path)
@@ -161,9 +169,7 @@ def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float
     b.legend(fontsize=7)
     fig.suptitle(f"{Path(result.family).name}, N = {result.n}, backend {result.backend} ({result.device}), "
                  f"{result.date}", fontsize=9)
-    from caramel.outfiles import write_atomic
-
-    write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=120))
+    return lambda f: fig.savefig(f, format=fmt, dpi=120)
 
 
 def call_streams(dev_run, streams: int) -> list[int]:

@@ -220,15 +220,19 @@ def stack_outputs(per_instance: Sequence[Mapping[str, np.ndarray]]) -> dict[str,
     return {k: per_instance[0][k] if k.endswith(".limbs") else np.stack([o[k] for o in per_instance]) for k in keys}
 
 
-def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
-    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.outfiles.write_atomic`)."""
-    from caramel.outfiles import write_atomic
+def npz_writer(arrays: Mapping[str, np.ndarray]):
+    """A function writing ``arrays`` as an ``.npz`` into an open binary file (no pickles)."""
+    return lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
 
-    path = Path(path)
-    if path.suffix.lower() != ".npz":
-        raise InputDataError(f"{path}: outputs are written as .npz; give a file name ending in .npz")
-    return write_atomic(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()}))
+
+def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
+    """Write ``arrays`` as an ``.npz`` atomically (:func:`caramel.outfiles.write_atomic`: a regular
+    file only; an error names ``path``)."""
+    from caramel.outfiles import Output, check_output, write_atomic
+
+    check_output(Output("--save-outputs", str(path), stdout=False, suffixes=(".npz",)))
+    return write_atomic(path, npz_writer(arrays), "--save-outputs")
 
 
 __all__ = ["InputData", "InputDataError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
-           "load_inputs", "save_outputs", "stack_outputs"]
+           "load_inputs", "npz_writer", "save_outputs", "stack_outputs"]

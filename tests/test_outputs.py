@@ -26,8 +26,8 @@ def run(capsys, *argv):
 
 @pytest.mark.parametrize("command", ["validate", "stats", "plan"])
 def test_json_means_the_same_on_every_command(capsys, tmp_path, command):
-    code, out, _ = run(capsys, command, MUL, "-q", "--json")
-    assert code == 0
+    code, out, err = run(capsys, command, MUL, "-q", "--json", "-")
+    assert code == 0 and err.strip()  # the text on stderr
     printed = json.loads(out)
     code, out2, _ = run(capsys, command, MUL, "-q", "--json", str(tmp_path / "r.json"))
     assert code == 0 and out2.strip() and not out2.lstrip().startswith("{")  # the text, and the file
@@ -42,9 +42,9 @@ def test_validate_json_lists_the_problems(capsys, tmp_path):
     d = tmp_path / "Mul_4L_2c"
     shutil.copytree(MUL, d)
     (d / "instructions1").write_text("Instruction Stream 1:\n" + "neg r1: r0 | 1\n" * 3)
-    code, out, _ = run(capsys, "validate", str(d), "-q", "--no-cache", "--json")
+    code, out, _ = run(capsys, "validate", str(d), "-q", "--no-cache", "--json", "-")
     data = json.loads(out)
-    assert code == 1 and data["ok"] is False and data["problems"]
+    assert code == 2 and data["ok"] is False and data["problems"]
 
 
 def test_dag_json_reloads_with_networkx(capsys, tmp_path):
