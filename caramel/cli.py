@@ -125,6 +125,30 @@ def key_seed_for(seed: int, key_seed: int | None) -> int:
     return seed_for(seed, key_seed)
 
 
+def _key_seed(args: argparse.Namespace) -> int | None:
+    """The key seed a run reports: the key store's with ``--keys`` (None when it records none;
+    :func:`_store_key_seed`), else ``--key-seed`` or ``--seed``."""
+    if getattr(args, "keys", None):
+        return args.key_seed
+    return key_seed_for(args.seed, args.key_seed)
+
+
+def _store_key_seed(args: argparse.Namespace) -> None:
+    """With ``--keys DIR``: the store's key seed becomes the run's (``args.key_seed``), before any
+    work; a ``--key-seed`` that disagrees with it, or that it cannot be checked against, is refused."""
+    if not getattr(args, "keys", None):
+        return
+    from caramel.ckks.keystore import read_manifest
+
+    stored = read_manifest(args.keys).get("key_seed")
+    stored = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+    if args.key_seed is not None and args.key_seed != stored:
+        said = f"key seed {stored}" if stored is not None else "no key seed"
+        raise CaramelError(f"--key-seed {args.key_seed}: the key store {args.keys} records {said}; its keys are used "
+                           "as they are (leave --key-seed out, or make a store with `caramel keys --seed`)")
+    args.key_seed = stored
+
+
 def _cuda_driver() -> None:
     """The CUDA driver initialised and device 0's primary context made, through ctypes (no GIL held
     while the driver works); CuPy's runtime then finds the context made."""
@@ -244,6 +268,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning
     load_s = time.perf_counter()
+    _store_key_seed(args)  # a --key-seed that the key store contradicts is refused before any work
     program = _load(args)
     from caramel.cache import validate_once
 
@@ -297,8 +322,7 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int)
             _save_outputs(args, arrays)
     print(timings_line(timings))
     if args.json:
-        record = run_record(outcome, timings, devices=devices, seed=args.seed,
-                            key_seed=key_seed_for(args.seed, args.key_seed))
+        record = run_record(outcome, timings, devices=devices, seed=args.seed, key_seed=_key_seed(args))
         record["inputs"] = args.inputs
         _write_results(args, document('run', record))
 
@@ -311,6 +335,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     from caramel.userdata import save_outputs, stack_outputs
 
     keep = bool(args.save_outputs or args.save_limbs)
+    keys, _ = (None, None) if args.distributed else _stored_keys(args, program)
     kwargs = dict(n=args.n, mode=args.mode, seed=args.seed, key_seed=args.key_seed, check=check,
                   streams=args.streams, inputs=args.inputs, outputs=keep, limbs=args.save_limbs)
     if args.distributed:
@@ -325,12 +350,11 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         arrays = gathered_outputs(place, args.batch) if keep else None
         clean_up(place)  # rank 0 has read every rank's records and outputs
     else:
-        keys, _ = _stored_keys(args, program)
         result = run_batch(program, batch=args.batch, backend=args.backend, gpus=args.gpus, keys=keys, **kwargs)
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
-          f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, key seed "
-          f"{key_seed_for(args.seed, args.key_seed)})")
+          f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, "
+          f"{_key_seed_words(args)})")
     for record in result.records:
         print(instance_line(record))
     print(result.summary.line())
@@ -343,10 +367,18 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         _save_outputs(args, arrays)
     if args.json:
         body = result.body()
+        body["key_seed"] = _key_seed(args)
         body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
         body["inputs"] = args.inputs
         _write_results(args, document('batch', body))
     return EXIT_OK if result.passed else EXIT_CHECK_FAILED
+
+
+def _key_seed_words(args: argparse.Namespace) -> str:
+    """"key seed K" of a run's header, "key seed K (key store DIR)" with ``--keys``."""
+    seed = _key_seed(args)
+    said = f"key seed {seed}" if seed is not None else "key seed not recorded"
+    return f"{said} (key store {args.keys})" if getattr(args, "keys", None) else said
 
 
 def _save_outputs(args: argparse.Namespace, arrays) -> None:
@@ -380,9 +412,10 @@ def _stored_keys(args: argparse.Namespace, program, background: bool = False):
 def cmd_keys(args: argparse.Namespace) -> int:
     """``caramel keys PROGRAM --out DIR``: write the secrets and every evaluation key the program needs."""
     from caramel.ckks.keyset import generate_keyset
-    from caramel.ckks.keystore import save_keys
+    from caramel.ckks.keystore import check_target, save_keys
     from caramel.ring import Context
 
+    check_target(args.out)  # a folder that is not new, empty or caramel's store: refused before any work
     program = _load(args)
     ctx = Context(n=args.n)
     start = time.perf_counter()
