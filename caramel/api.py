@@ -124,16 +124,18 @@ def resolve_backend(backend: str) -> str:
 
 
 def executor(program: Program, ctx: Context, mode: Mode, backend: str,
-             gpus: int | None = None, streams: int | None = None) -> Callable[[Mapping], RunResult]:
+             gpus: int | None = None, streams: int | None = None, *,
+             progress: Callable[[int, int], None] | None = None) -> Callable[[Mapping], RunResult]:
     """A function ``memory -> RunResult`` running ``program`` on ``backend``. ``gpus``: devices
     for a multi-chip program (``gpu``: that many GPUs, default one per chip up to those present;
     ``cpu-plan``: that many simulated devices in host threads, default none: one process).
     ``streams``: CUDA streams per GPU (default: the executor's; ``cpu-plan`` devices: a random
-    order that that many streams allow)."""
+    order that that many streams allow). ``progress(done, total)``: called as the ``cpu``
+    (instructions) and one-device ``cpu-plan`` (calls) runs go on."""
     backend = resolve_backend(backend)
     check_devices(program, backend, gpus)
     if backend == "cpu":
-        return lambda memory: run_reference(program, ctx, memory, mode)
+        return lambda memory: run_reference(program, ctx, memory, mode, progress=progress)
     if backend == "gpu" and not gpu_available():
         raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
     from caramel.plan_cache import cached_plan
@@ -144,7 +146,7 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
 
         if gpus:
             return lambda memory: run_on_devices(plan, ctx, memory, mode, gpus, streams=streams or 1)
-        return lambda memory: run_plan(plan, ctx, memory, mode)
+        return lambda memory: run_plan(plan, ctx, memory, mode, progress=progress)
     from caramel.execute.cuda_graph import GRAPH_STREAMS, gpu_executor, run_multi_gpu
 
     if len(plan.chips) > 1 or gpus:
@@ -301,7 +303,7 @@ def run_program(
     ``device``: where the client arithmetic (keys, encoding, encryption, decryption) runs, "cpu" or
     "gpu" (default: the GPU when the backend is the GPU); the results are the same bit for bit.
     """
-    from caramel.logs import progress
+    from caramel.logs import counter, phases
 
     if not isinstance(program, Program):
         raise ArgumentError(f"run_program needs a Program (from caramel.load_program), got {type(program).__name__}")
@@ -318,13 +320,16 @@ def run_program(
 
         supplied = instance_values(data, program, 0)
     client = client_device(device, resolve_backend(backend))
-    bar = progress(total=4, desc=f"{program.name}: keys", unit="step")
+    bar = phases(4, f"{program.name}: keys")
     marks = [time.perf_counter()]
     on_device = client.on_gpu and resolve_backend(backend) == "gpu" and program.chips == 1 and gpus is None
     with using_client(client):
         if keys is None:
+            made = counter(f"{program.name}: keys", "keys")
             keys = generate_keyset(program, ctx, key_seed_for(seed, key_seed), background=True,  # GPU: copied back
-                                   on_device=on_device)  # while encrypting, or kept there for a 1-GPU executor
+                                   on_device=on_device, progress=made)  # while encrypting, or kept for a 1-GPU run
+            if made is not None:
+                made.close()
         marks.append(time.perf_counter())
         bar.set_description(f"{program.name}: encrypt")
         bar.update()
@@ -334,9 +339,14 @@ def run_program(
     backend = resolve_backend(backend)
     bar.set_description(f"{program.name}: plan and run ({backend})")
     bar.update()
-    run = executor(program, ctx, mode, backend, gpus, streams)
+    steps = counter(f"{program.name}: run", "instructions" if backend == "cpu" else "calls")
+    run = executor(program, ctx, mode, backend, gpus, streams, progress=steps)
     start = time.perf_counter()
-    result = run(prepared.memory)
+    try:
+        result = run(prepared.memory)
+    finally:
+        if steps is not None:
+            steps.close()
     seconds = time.perf_counter() - start
     bar.set_description(f"{program.name}: decrypt and check")
     bar.update()
