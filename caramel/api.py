@@ -267,9 +267,9 @@ def run_setup(program: Program, n: int, ctx: Context | None, check, inputs: Any,
     spec = resolve_check(program, check)
     data = None
     if inputs is not None:
-        from caramel.userdata import as_input_data, check_inputs
+        from caramel.userdata import as_input_data, check_inputs, value_bound
 
-        data = as_input_data(inputs)
+        data = as_input_data(inputs, value_bound(program, ctx.n // 2, batch))  # a file: bounded before it is read
         check_inputs(data, program, ctx.n // 2, batch=batch)
     return ctx, spec, data
 

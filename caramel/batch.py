@@ -38,7 +38,7 @@ writes their records (JSON) beside ``CARAMEL_RENDEZVOUS``, and rank 0 gathers an
 
 from __future__ import annotations
 
-import json
+import os
 import queue
 import threading
 import time
@@ -50,11 +50,14 @@ import numpy as np
 
 from caramel.ckks.bind import requirements
 from caramel.errors import CaramelError
+from caramel.infiles import npz_arrays, parse_json, read_bounded
 from caramel.program import Mem, Program
 from caramel.ring import Context, Mode
 
 #: Seconds rank 0 waits for the other ranks' records in process mode.
 GATHER_TIMEOUT = 3600.0
+#: Largest records file of a rank read (one record of a few hundred bytes per instance).
+RECORDS_MAX_BYTES = 64 << 20
 
 
 class BatchError(CaramelError):
@@ -530,7 +533,7 @@ def run_batch_distributed(program: Program, place, *, batch: int, backend: str =
     for r in range(place.world):
         path = place.data_path(f"batch{r}.json")
         _wait_for(path, timeout, f"the records of rank {r}", place)  # stops early when a rank reported a failure
-        data = json.loads(path.read_text())
+        data = parse_json(read_bounded(path, RECORDS_MAX_BYTES))  # written by a rank of this run; bounded still
         if data.get("world") != place.world:
             raise BatchError(f"{path} was written for {data.get('world')} processes, this run has {place.world}")
         records += data["records"]
@@ -549,8 +552,8 @@ def gathered_outputs(place, batch: int) -> dict[str, np.ndarray]:
     into one array per name, stacked in instance order."""
     parts = []
     for r in range(place.world):
-        with np.load(place.data_path(f"batch{r}.npz"), allow_pickle=False) as data:
-            parts.append({k: data[k] for k in data.files})
+        path = place.data_path(f"batch{r}.npz")  # uncompressed (np.savez): its arrays are no larger than it
+        parts.append(npz_arrays(path, max_bytes=os.path.getsize(path)))
     merged: dict[str, np.ndarray] = {}
     order = np.concatenate([p["instances"] for p in parts])
     if sorted(order.tolist()) != list(range(batch)):

@@ -34,6 +34,8 @@ JSON_MAX_DEPTH = 64
 JSON_MAX_DIGITS = 40
 #: Bytes of a ``.npy`` header read at most (NumPy writes 128; its own reader allows 10,000).
 NPY_HEADER_MAX = 10000
+#: Largest file of caramel's own package read (its sources, hashed for cache keys; the grammar).
+PACKAGE_FILE_MAX = 4 << 20
 
 
 class NotRegularFile(Exception):
@@ -48,8 +50,8 @@ class NotRegularFile(Exception):
 class TooLarge(Exception):
     """A file (or what it declares) beyond the bound its reader sets."""
 
-    def __init__(self, path, size: int, limit: int, what: str = "file"):
-        self.path, self.size, self.limit = path, size, limit
+    def __init__(self, path, size: int, limit: int, what: str = "file", grown: bool = False):
+        self.path, self.size, self.limit, self.grown = path, size, limit, grown
         super().__init__(f"{path}: {what} of {_size(size)} is larger than the {_size(limit)} this file can need")
 
 
@@ -101,8 +103,14 @@ def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True,
             raise TooLarge(path, st.st_size, limit)
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise TooLarge(path, len(data), limit, "file (grown while read)")
+        raise TooLarge(path, len(data), limit, "file (grown while read)", grown=True)
     return data
+
+
+def read_package_file(path: str | os.PathLike) -> bytes:
+    """A file of caramel's own package (a source file, the grammar): :func:`read_bounded` at
+    :data:`PACKAGE_FILE_MAX`."""
+    return read_bounded(path, PACKAGE_FILE_MAX)
 
 
 def read_text_bounded(path: str | os.PathLike, limit: int, **kwargs) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path, PurePath
 from typing import Callable, Iterable
 
 from caramel.errors import Location, ParseError
-from caramel.infiles import NotRegularFile, open_regular
+from caramel.infiles import NotRegularFile, TooLarge, read_bounded, read_package_file
 from caramel.program import (
     BcuSlot,
     EvalKeyId,
@@ -76,7 +76,7 @@ def grammar():
     from lark import Lark
 
     return Lark(
-        GRAMMAR_PATH.read_text(),
+        read_package_file(GRAMMAR_PATH).decode(),
         parser="lalr",
         start=["instr", "header", "manifest_line"],
         maybe_placeholders=True,
@@ -518,18 +518,16 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
     default :data:`MAX_FILE_BYTES`."""
     limit = MAX_FILE_BYTES if limit is None else limit
     try:
-        with open_regular(path) as (f, st):
-            if st.st_size > limit:
-                raise ParseError(Location(str(path)), f"file of {_mib(st.st_size)} is far larger than any "
-                                                      f"compiled program file (at most {_mib(limit)})")
-            data = f.read(limit + 1)
+        return read_bounded(path, limit)
+    except TooLarge as exc:
+        if not exc.grown:
+            raise ParseError(Location(str(path)), f"file of {_mib(exc.size)} is far larger than any "
+                                                  f"compiled program file (at most {_mib(limit)})") from None
+        raise ParseError(Location(str(path)), f"file grew beyond {_mib(limit)} while read") from None
     except NotRegularFile as exc:
         raise ParseError(Location(str(path)), str(exc).removeprefix(f"{path}: ")) from None
     except OSError as exc:
         raise ParseError(Location(str(path)), f"cannot read: {exc.strerror}") from None
-    if len(data) > limit:
-        raise ParseError(Location(str(path)), f"file grew beyond {_mib(limit)} while read")
-    return data
 
 
 def _is_program_file(name: str) -> bool:
@@ -645,7 +643,7 @@ def read_source(source: str | os.PathLike) -> _Files:
 def _parser_fingerprint() -> bytes:
     h = hashlib.sha256()
     for p in (Path(__file__), GRAMMAR_PATH, Path(__file__).with_name("program.py"), Path(__file__).with_name("cache.py")):
-        h.update(p.read_bytes())
+        h.update(read_package_file(p))
     return h.digest()
 
 

@@ -44,6 +44,7 @@ import numpy as np
 
 from caramel import cache as store
 from caramel.cache import program_key, remember
+from caramel.infiles import read_package_file
 from caramel.parse import no_gc
 from caramel.program import Mem, Program
 from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
@@ -67,7 +68,7 @@ def planner_fingerprint() -> str:
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for p in [*sorted((root / "plan").glob("*.py")), root / "program.py", Path(__file__).resolve()]:
-        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+        h.update(p.name.encode() + b"\0" + hashlib.sha256(read_package_file(p)).digest())
     return h.hexdigest()
 
 

@@ -9,6 +9,12 @@ or an unknown name is an error):
 * ``.json``: an object ``{name: value}`` where a value is a number (scalar), a list of numbers
   (real vector), ``{"real": [...], "imag": [...]}`` (complex vector), or a list of those (a batch).
 
+Every inputs file gets a bound before it is read (:func:`value_bound`): the values the program
+can use at most (one vector of N/2 slots per input and instance). A file larger than those values
+could be written in is refused from its size, and each ``.npz`` member from its header (dtype x
+shape) before any of its data is decompressed; a JSON file nests at most :data:`JSON_DEPTH` levels
+and its integers have at most 40 digits (:func:`caramel.infiles.parse_json`).
+
 Values must be finite; they are encoded (and ciphertexts encrypted) at the scales and on the limbs
 that the check file gives (or the default: scale 2^28 on the manifest's limbs), see
 :func:`caramel.ckks.check.prepare_check`, which also refuses values whose scaled magnitude does not
@@ -22,8 +28,6 @@ check file, at 2^28), and with ``limbs=True`` also ``<name>.c0`` and ``<name>.c1
 
 from __future__ import annotations
 
-import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,8 +37,14 @@ import numpy as np
 from caramel.ckks.bind import InputKind, read_outputs, requirements
 from caramel.errors import CaramelError
 
-#: Largest inputs file read (bytes): a guard against reading something that is not an inputs file.
+#: Largest inputs file read without a program to bound it (:func:`load_inputs` with no ``max_values``).
 MAX_BYTES = 4 << 30
+#: Deepest nesting of an inputs JSON: {name: [ {"real": [...]} ]} (a batch of complex vectors).
+JSON_DEPTH = 4
+#: Bytes of JSON text one value can take at most ("-1.2345678901234567e-123, " in a complex pair).
+_JSON_BYTES_PER_VALUE = 64
+#: Bytes an inputs file holds beyond its values (names, headers, zip directory).
+_SLACK = 64 << 10
 
 
 class InputDataError(CaramelError):
@@ -75,33 +85,59 @@ def _from_json_value(v: Any, where: str) -> np.ndarray:
     raise InputDataError(f"{where}: unsupported value of type {type(v).__name__}")
 
 
-def load_inputs(path: str | Path) -> InputData:
-    """Read an inputs file (``.npz`` or ``.json``, see the module docstring); no code is executed."""
+def value_bound(program, slots: int, batch: int | None = None) -> int:
+    """The most values an inputs file for ``program`` can hold: every input (scalar or vector) a
+    vector of ``slots`` values, for each of ``batch`` instances (one without a batch)."""
+    return max(1, len(requirements(program).inputs)) * slots * max(1, batch or 1)
+
+
+def load_inputs(path: str | Path, max_values: int | None = None) -> InputData:
+    """Read an inputs file (``.npz`` or ``.json``, see the module docstring); no code is executed.
+    ``max_values``: the most values it may hold (:func:`value_bound`); the file is refused from its
+    size, its ``.npz`` headers or its JSON text before more is read or allocated."""
+    from caramel.infiles import BadData, NotRegularFile, TooLarge, npz_arrays, parse_json, read_bounded
+
     path = Path(path)
-    if not path.is_file():
-        raise InputDataError(f"{path}: no such inputs file")
-    if path.stat().st_size > MAX_BYTES:
-        raise InputDataError(f"{path}: larger than {MAX_BYTES >> 30} GiB; not an inputs file")
     suffix = path.suffix.lower()
+    if suffix not in (".npz", ".json"):
+        raise InputDataError(f"{path}: an inputs file is .npz or .json, not {suffix or 'without a suffix'}")
+    per_value = 16 if suffix == ".npz" else _JSON_BYTES_PER_VALUE  # complex128; a number in text
+    limit = MAX_BYTES if max_values is None else min(MAX_BYTES, max_values * per_value + _SLACK)
+    try:
+        data = read_bounded(path, limit)
+    except FileNotFoundError:
+        raise InputDataError(f"{path}: no such inputs file") from None
+    except NotRegularFile as exc:
+        raise InputDataError(f"{path}: not a regular file ({'a folder' if exc.is_dir else 'a device, FIFO or socket'})")
+    except TooLarge as exc:
+        raise InputDataError(f"{path}: {exc.size} bytes, larger than the {limit} bytes an inputs file of "
+                             f"{'this program' if max_values else 'caramel'} can need; not an inputs file") from None
+    except OSError as exc:
+        raise InputDataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     arrays: dict[str, np.ndarray] = {}
     if suffix == ".npz":
+        import io
+
         try:
-            with np.load(path, allow_pickle=False) as data:
-                for name in data.files:
-                    arrays[name] = np.asarray(data[name])
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            raw = npz_arrays(io.BytesIO(data), max_bytes=limit)
+        except TooLarge as exc:
+            raise InputDataError(f"{path}: {str(exc).split(': ', 1)[1]} (values larger than the inputs of this "
+                                 f"program can be)") from None
+        except BadData as exc:
             raise InputDataError(f"{path}: not a readable .npz of numeric arrays ({exc})") from None
-        arrays = {name: _numeric(a, f"{path}: {name}") for name, a in arrays.items()}
-    elif suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputDataError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise InputDataError(f"{path}: expected a JSON object {{input name: value}}")
-        arrays = {str(k): _from_json_value(v, f"{path}: {k}") for k, v in data.items()}
+        arrays = {name: _numeric(a, f"{path}: {name}") for name, a in raw.items()}
     else:
-        raise InputDataError(f"{path}: an inputs file is .npz or .json, not {suffix or 'without a suffix'}")
+        try:
+            doc = parse_json(data, max_depth=JSON_DEPTH)
+        except BadData as exc:
+            reason = str(exc)
+            if reason.startswith("nested"):
+                reason += " (an inputs file is {name: value}, a value a number, a list of numbers, {\"real\": [...], " \
+                          "\"imag\": [...]} or a list of those)"
+            raise InputDataError(f"{path}: {reason}") from None
+        if not isinstance(doc, dict):
+            raise InputDataError(f"{path}: expected a JSON object {{input name: value}}")
+        arrays = {str(k): _from_json_value(v, f"{path}: {k}") for k, v in doc.items()}
     return InputData(str(path), arrays)
 
 
@@ -112,12 +148,13 @@ def _numeric(a: np.ndarray, where: str) -> np.ndarray:
     return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
 
 
-def as_input_data(inputs: InputData | str | Path | Mapping[str, Any]) -> InputData:
-    """An :class:`InputData` from a file path or a mapping ``{name: array-like}`` (the Python API)."""
+def as_input_data(inputs: InputData | str | Path | Mapping[str, Any], max_values: int | None = None) -> InputData:
+    """An :class:`InputData` from a file path (:func:`load_inputs`, bounded by ``max_values``) or a
+    mapping ``{name: array-like}`` (the Python API)."""
     if isinstance(inputs, InputData):
         return inputs
     if isinstance(inputs, (str, Path)):
-        return load_inputs(inputs)
+        return load_inputs(inputs, max_values)
     if not isinstance(inputs, Mapping):
         raise InputDataError(f"inputs must be a file path or a mapping of name to values, not {type(inputs).__name__}")
     arrays = {}
@@ -235,4 +272,4 @@ def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
 
 
 __all__ = ["InputData", "InputDataError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
-           "load_inputs", "npz_writer", "save_outputs", "stack_outputs"]
+           "load_inputs", "npz_writer", "save_outputs", "stack_outputs", "value_bound"]

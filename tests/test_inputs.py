@@ -191,3 +191,46 @@ def test_save_outputs_is_atomic_and_refuses_links(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with np.load(path) as data:
         assert list(data["z"]) == [0, 1, 2, 3]
+
+
+# Every inputs file gets a bound before it is read: what the program can use at most.
+
+from tests.test_infiles import declaring, zip_bomb  # noqa: E402
+
+
+@pytest.mark.parametrize("make", [lambda p: declaring(p, 10**10), lambda p: zip_bomb(p, 20 << 20)],
+                         ids=["header-declares-1e10-values", "zip-bomb"])
+def test_an_npz_beyond_what_the_program_can_use_is_refused_from_its_headers(rot, tmp_path, make):
+    """A file of a few KiB declaring 10^10 values (80 GB) or deflating to 160 MiB: refused from its
+    headers, nothing allocated (each input of this program has N/2 slots)."""
+    path = make(tmp_path / "in.npz")
+    with pytest.raises(InputDataError, match="larger than"):
+        run_program(rot, n=N, backend="cpu", inputs=path)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"x": ' + "[" * 20000 + "]" * 20000 + "}", "nested more than"),
+    ('{"x": [' + "9" * 4000 + "]}", "integer of 4000 digits"),
+    ('{"x": ' + "[" * 5 + "1" + "]" * 5 + "}", "nested more than 4 levels"),
+    ('{"x": [1e999' + ", 0" * (SLOTS - 1) + '], "y": [' + ", ".join(["0"] * SLOTS) + "]}", "non-finite"),
+])
+def test_hostile_json_inputs_are_clear_errors(rot, tmp_path, text, message):
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    with pytest.raises(InputDataError, match=message):
+        run_program(rot, n=N, backend="cpu", inputs=path)
+
+
+def test_an_inputs_file_larger_than_the_program_can_use_is_refused_before_reading(rot, tmp_path):
+    path = tmp_path / "in.json"
+    with open(path, "wb") as f:
+        f.truncate(5 << 30)
+    with pytest.raises(InputDataError, match="larger than"):
+        run_program(rot, n=N, backend="cpu", inputs=path)
+
+
+def test_cli_hostile_inputs_exit_2_without_a_traceback(tmp_path, capsys):
+    path = declaring(tmp_path / "in.npz", 10**10)
+    assert main(["run", str(ROT), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("caramel: error:") and "Traceback" not in err and str(path) in err

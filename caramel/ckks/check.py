@@ -87,7 +87,7 @@ from caramel.ckks.encoding import decode, encode, rotate_slots
 from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
 from caramel.ckks.expr import REDUCTIONS, ExprError, evaluate, parse
 from caramel.ckks.keys import EvalKey, Secrets
-from caramel.infiles import NotRegularFile, open_regular
+from caramel.infiles import NotRegularFile, TooLarge, read_bounded
 from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
 from caramel.ckks.sampling import rng_of
 from caramel.errors import CaramelError
@@ -333,10 +333,9 @@ def load_check(path: str | Path) -> CheckSpec:
     TOML, nested at most ``MAX_TOML_DEPTH`` deep (errors name the file and the reason)."""
     p = Path(path)
     try:
-        with open_regular(p) as (f, info):
-            if info.st_size > MAX_CHECK_BYTES:
-                raise CheckError(f"{p}: {info.st_size} bytes; a check file has at most {MAX_CHECK_BYTES}")
-            raw = f.read(MAX_CHECK_BYTES + 1)
+        raw = read_bounded(p, MAX_CHECK_BYTES)
+    except TooLarge as exc:
+        raise CheckError(f"{p}: {exc.size} bytes; a check file has at most {MAX_CHECK_BYTES}") from None
     except NotRegularFile:
         raise CheckError(f"{p}: not a regular file") from None
     except OSError as exc:
