@@ -61,7 +61,7 @@ def default_spec(program: Program) -> CheckSpec:
     req = requirements(program)
     inputs = {name: InputSpec(name, need.kind, "S", magnitude=0.5) for name, need in req.inputs.items()}
     outputs = {name: OutputSpec(name, "0", "S") for name in req.outputs}
-    return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs)
+    return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs, scales_known=False)
 
 
 def prepare_inputs(program: Program, ctx: Context, keys: KeySet, seed: int, spec: CheckSpec | None = None,

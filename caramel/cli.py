@@ -275,6 +275,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     validate_once(program, validate)  # a program that passed once is not validated again
     load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
+    if args.save_outputs and not args.save_limbs:  # before keys and the run: decoded at a known scale or not at all
+        from caramel.api import resolve_check
+        from caramel.userdata import scale_unknown_message
+
+        if resolve_check(program, check) is None:
+            raise CaramelError(f"--save-outputs: {scale_unknown_message(program.name)}")
     if args.distributed and args.keys:
         raise CaramelError("--keys is not supported with --distributed yet (each process generates its keys)")
     if args.batch is not None:
@@ -320,6 +326,9 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int)
         timings["decrypt"] = time.perf_counter() - t0
         if args.save_outputs:
             _save_outputs(args, arrays)
+            if outcome.report is None:
+                print("outputs: the limbs alone (no check file: the outputs' scale is unknown, their slots are not "
+                      "decoded)")
     print(timings_line(timings))
     if args.json:
         record = run_record(outcome, timings, devices=devices, seed=args.seed, key_seed=_key_seed(args))

@@ -21,9 +21,12 @@ that the check file gives (or the default: scale 2^28 on the manifest's limbs), 
 fit the modulus. An unstacked value feeds every instance of a batch.
 
 Outputs (:func:`save_outputs`): an ``.npz`` with, per output name, the decrypted slots (complex128,
-shape ``(N/2,)``, or ``(B, N/2)`` for a batch) decoded at the check file's output scale (without a
-check file, at 2^28), and with ``limbs=True`` also ``<name>.c0`` and ``<name>.c1`` (uint32
-``(k, N)``, or ``(B, k, N)``, NTT form) and ``<name>.limbs`` (the limb indices).
+shape ``(N/2,)``, or ``(B, N/2)`` for a batch) decoded at the output's true scale, which the check
+file gives (``[outputs.NAME] scale``), and with ``limbs=True`` also ``<name>.c0`` and ``<name>.c1``
+(uint32 ``(k, N)``, or ``(B, k, N)``, NTT form) and ``<name>.limbs`` (the limb indices). Without a
+check file an output's scale is unknown (a product's is not its inputs'), so its slots are not
+decoded: :func:`decrypted_outputs` raises :class:`OutputScaleError`, or with ``limbs=True`` gives
+the limbs alone.
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ _SLACK = 64 << 10
 
 class InputDataError(CaramelError):
     """An inputs file that cannot be read or does not fit the program."""
+
+
+class OutputScaleError(CaramelError):
+    """Outputs asked for as values whose scale is unknown (a run without a check file)."""
+
+
+def scale_unknown_message(program_name: str) -> str:
+    """Why the outputs of a run of ``program_name`` without a check file cannot be decoded."""
+    return (f"the outputs of {program_name} cannot be decoded: without a check file their scale is unknown (a "
+            "product's scale is not its inputs'), and decoding at a guessed scale gives wrong values; give "
+            "--check CHECK.toml (check=... in Python) with each output's scale, or --save-limbs for the raw limbs")
 
 
 @dataclass(frozen=True)
@@ -230,18 +244,23 @@ def instance_values(data: InputData, program, index: int) -> dict[str, Any]:
 def decrypted_outputs(prepared, memory, *, limbs: bool = False) -> dict[str, np.ndarray]:
     """The program's outputs decrypted (slots, complex128) at the check's output scales, and with
     ``limbs`` the raw output ciphertexts (``<name>.c0``, ``<name>.c1``, ``<name>.limbs``)."""
-    from caramel.ckks.check import FRESH_SCALE, output_scales
+    from caramel.ckks.check import output_scales
     from caramel.ckks.encrypt import decrypt_values
 
     cts = read_outputs(prepared.manifest, memory, aliases=prepared.aliases)
-    scales = output_scales(prepared.spec, prepared.ctx, prepared.env["L"])
+    known = getattr(prepared.spec, "scales_known", True)
+    if not known and not limbs:
+        raise OutputScaleError(scale_unknown_message(prepared.spec.path.removeprefix("<random inputs for ")
+                                                     .removesuffix(">")))
+    scales = output_scales(prepared.spec, prepared.ctx, prepared.env["L"]) if known else {}
     out: dict[str, np.ndarray] = {}
     for name, ct in cts.items():
         spec = prepared.spec.outputs.get(name)
-        scale, modulus = scales.get(name, (float(FRESH_SCALE), None))
-        sk = prepared.secrets.s_eph if spec is not None and spec.key == "s_eph" else prepared.secrets.s
-        with np.errstate(all="ignore"):
-            out[name] = np.asarray(decrypt_values(prepared.ctx, sk, ct, scale, modulus), dtype=np.complex128)
+        if name in scales:
+            scale, modulus = scales[name]
+            sk = prepared.secrets.s_eph if spec is not None and spec.key == "s_eph" else prepared.secrets.s
+            with np.errstate(all="ignore"):
+                out[name] = np.asarray(decrypt_values(prepared.ctx, sk, ct, scale, modulus), dtype=np.complex128)
         if limbs:
             out[f"{name}.c0"] = np.asarray(ct.c0, dtype=np.uint32)
             out[f"{name}.c1"] = np.asarray(ct.c1, dtype=np.uint32)
@@ -271,5 +290,5 @@ def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
     return write_atomic(path, npz_writer(arrays), "--save-outputs")
 
 
-__all__ = ["InputData", "InputDataError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
+__all__ = ["InputData", "InputDataError", "OutputScaleError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
            "load_inputs", "npz_writer", "save_outputs", "stack_outputs", "value_bound"]

@@ -234,3 +234,50 @@ def test_cli_hostile_inputs_exit_2_without_a_traceback(tmp_path, capsys):
     assert main(["run", str(ROT), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("caramel: error:") and "Traceback" not in err and str(path) in err
+
+
+# Outputs are decoded at their true scale, or not at all.
+
+MUL1 = REPO / "programs" / "Mul_4L_1c"
+
+
+def test_saved_outputs_are_at_the_true_scale(tmp_path, capsys):
+    """0.5 x 0.5 saved as 0.25 (the check file says the output's scale: S^2 / q[L-1])."""
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"x": [0.5] * SLOTS, "y": [0.5] * SLOTS}))
+    out = tmp_path / "o.npz"
+    assert main(["run", str(MUL1), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path), "--save-outputs",
+                 str(out)]) == 0
+    with np.load(out) as data:
+        assert np.allclose(data["z"], 0.25, atol=1e-3)
+
+
+@pytest.mark.parametrize("how", [["--no-check"], ["--check", "none"]])
+def test_without_a_check_file_outputs_are_not_decoded_at_a_guessed_scale(tmp_path, capsys, monkeypatch, how):
+    """Without a check file the output's scale is unknown: --save-outputs is refused before the run
+    (it saved 0.5 x 0.5 as 0.3228, decoded at 2^28), --save-limbs saves the limbs alone."""
+    import caramel.cli as cli
+
+    if how[-1] == "none":  # a family without a check file
+        monkeypatch.setattr("caramel.api.check_path", lambda name: tmp_path / "absent.toml")
+        how = []
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"x": [0.5] * SLOTS, "y": [0.5] * SLOTS}))
+    out = tmp_path / "o.npz"
+    base = ["run", str(MUL1), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path), *how]
+    assert main([*base, "--save-outputs", str(out)]) == 2
+    assert "scale is unknown" in capsys.readouterr().err and not out.exists()
+    assert main([*base, "--save-outputs", str(out), "--save-limbs"]) == 0
+    assert "limbs alone" in capsys.readouterr().out
+    with np.load(out) as data:
+        assert sorted(data.files) == ["z.c0", "z.c1", "z.limbs"]
+
+
+def test_the_api_refuses_to_decode_outputs_of_unknown_scale():
+    from caramel.userdata import OutputScaleError
+
+    program = load_program(MUL1, progress=False)
+    outcome = run_program(program, n=N, backend="cpu", check=None)
+    with pytest.raises(OutputScaleError, match="scale is unknown"):
+        decrypted_outputs(outcome.prepared, outcome.result.memory)
+    assert set(decrypted_outputs(outcome.prepared, outcome.result.memory, limbs=True)) == {"z.c0", "z.c1", "z.limbs"}

@@ -369,3 +369,16 @@ def test_non_regular_program_source_fails_at_once(tmp_path, source):
         os.mkfifo(source)
     with pytest.raises(ParseError, match="not a regular file"):
         load_program(source, cache=False)
+
+
+@pytest.mark.parametrize("line", ["load r\u0663: i1(0){F}", "add r1: r0, r\u0661 | 0", "load r1: i1(\u0660){F}",
+                                  "rot \u0663 r1: r0 | 0", "ntt r1: r0 | \u0663"])
+def test_digits_of_other_scripts_are_refused_on_both_paths(tmp_path, line):
+    """The fast path's regular expressions matched any script's digits (Python's \\d), the grammar
+    only ASCII: 'load r\u0663' was read as register 3 and validated."""
+    with pytest.raises(ParseError):
+        parse_instruction(line)
+    f = tmp_path / "instructions0"
+    f.write_text(f"Instruction Stream 0:\n{line}\n", encoding="utf-8")
+    with pytest.raises(ParseError, match=r"instructions0:2"):
+        load_program(f, cache=False)
