@@ -76,9 +76,10 @@ def family_member(family: str, chips: int) -> str:
 
 
 def render_scaling(result: ScalingResult) -> str:
-    from caramel.profile import _table
+    from caramel.profile import _table, words
 
-    head = ("GPUs", "program", "median ms", "min ms", "max ms", "speedup", "efficiency", "MiB sent",
+    devices = words(result.backend).devices
+    head = (devices, "program", "median ms", "min ms", "max ms", "speedup", "efficiency", "MiB sent",
             "collectives", "compute ms", "comm ms")
     rows = []
     for p in result.points:
@@ -97,7 +98,7 @@ def render_scaling(result: ScalingResult) -> str:
         trows = [(str(t.gpus), t.program, str(t.instances), f"{t.wall_s:.3f}", f"{t.per_second:.2f}",
                   f"{t.speedup:.2f}x", f"{t.efficiency:.0%}") for t in result.throughput]
         lines += ["", "throughput (the 1-chip program, one instance per device at a time; runs only):",
-                  _table(("GPUs", "program", "instances", "wall s", "instances/s", "speedup", "efficiency"), trows)]
+                  _table((devices, "program", "instances", "wall s", "instances/s", "speedup", "efficiency"), trows)]
     return "\n".join(lines)
 
 
