@@ -338,9 +338,11 @@ class _Seen(list):
     """The CUDA devices of each instance (and ``multi``: the fake MultiGpuRuns made)."""
 
 
-def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
-    """1-chip: one instance per device, each under cupy.cuda.Device(d); 2-chip on 4 GPUs: two
-    instances at once on devices (0, 1) and (2, 3). Digests as the CPU's single runs."""
+def test_batch_places_gpu_slots_on_their_devices_under_a_fake_cupy(fake_gpu, rot1, mul2):
+    """Where the GPU batch puts its instances, with a fake CuPy (the work runs on the CPU plan
+    engine; tests/execute/test_gpu.py and test_multi_gpu.py run the real thing on a GPU). 1-chip:
+    one instance per device, each under cupy.cuda.Device(d); 2-chip on 4 GPUs: two instances at
+    once on devices (0, 1) and (2, 3). Digests as the CPU's single runs."""
     result = run_batch(rot1, n=N, backend="gpu", seed=SEED, batch=4, gpus=3, device="cpu")  # fake CuPy: client on the host
     assert set(fake_gpu) <= {(0,), (1,), (2,)}
     # every instance ran under the CUDA device of its slot
@@ -362,9 +364,9 @@ def test_gpu_slots_run_on_their_devices(fake_gpu, rot1, mul2):
     assert all(keep == key_mems(mul2) and keep for m in made for keep in m.rebinds)
 
 
-def test_gpu_process_share_runs_on_local_rank(fake_gpu, mul2, rot1):
-    """Process mode on the GPU: the rank's instances on its CUDA device LOCAL_RANK (a K-chip program
-    with its chips merged there)."""
+def test_batch_process_share_picks_local_rank_under_a_fake_cupy(fake_gpu, mul2, rot1):
+    """Process mode on the GPU, with a fake CuPy (the work runs on the CPU): the rank's instances
+    under its CUDA device LOCAL_RANK (a K-chip program with its chips merged there)."""
     for program, want in ((rot1, (3,)), (mul2, (3,))):
         fake_gpu.clear()
         result = run_batch(program, n=N, backend="gpu", seed=SEED, batch=4, gpus=1, devices=[3], indices=[1, 3],

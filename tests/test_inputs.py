@@ -129,7 +129,7 @@ def test_unreadable_files(tmp_path, name, text, message):
 def test_npz_with_objects_is_refused(tmp_path):
     path = tmp_path / "o.npz"
     np.savez(path, x=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(InputDataError):
+    with pytest.raises(InputDataError, match="holds Python objects"):
         load_inputs(path)
 
 

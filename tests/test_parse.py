@@ -376,7 +376,7 @@ def test_non_regular_program_source_fails_at_once(tmp_path, source):
 def test_digits_of_other_scripts_are_refused_on_both_paths(tmp_path, line):
     """The fast path's regular expressions matched any script's digits (Python's \\d), the grammar
     only ASCII: 'load r\u0663' was read as register 3 and validated."""
-    with pytest.raises(ParseError):
+    with pytest.raises(ParseError, match="malformed"):
         parse_instruction(line)
     f = tmp_path / "instructions0"
     f.write_text(f"Instruction Stream 0:\n{line}\n", encoding="utf-8")

@@ -98,7 +98,7 @@ def test_environment_without_a_gpu_is_complete():
 
 
 def test_write_json_is_strict_atomic_and_refuses_links(tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         write_json(tmp_path / "nan.json", {"x": math.nan})
     assert not (tmp_path / "nan.json").exists() and list(tmp_path.iterdir()) == []
     target = tmp_path / "target"

@@ -182,7 +182,7 @@ def test_background_load_equals_the_load(store, ctx):
         assert k in later.keys and later.keys[k].limbs == now.keys[k].limbs
         assert np.array_equal(later.keys[k].c0, now.keys[k].c0) and np.array_equal(later.keys[k].c1, now.keys[k].c1)
     later.keys.wait()
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="object object at"):  # the id asked for, not some other lookup
         later.keys[object()]
 
 
