@@ -148,7 +148,7 @@ def executor(program: Program, ctx: Context, mode: Mode, backend: str,
     if backend == "cpu":
         return lambda memory: run_reference(program, ctx, memory, mode, progress=progress)
     if backend == "gpu" and not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')")
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (in the caramel clone: pip install -e '.[cuda12]' or '.[cuda13]')")
     from caramel.plan_cache import cached_plan
 
     plan = cached_plan(program)  # build_plan(program), or its entry in the plan cache

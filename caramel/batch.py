@@ -320,8 +320,8 @@ def slot_runners(program: Program, ctx: Context, mode: Mode, backend: str, layou
     from caramel.execute.cuda_graph import GRAPH_STREAMS, resident_executor
 
     if not gpu_available():
-        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or "
-                           "'caramel-fhe[cuda13]')")
+        raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (in the caramel clone: pip install -e "
+                           "'.[cuda12]' or '.[cuda13]')")
     if chips > 1 or any(len(g) > 1 for g in layout):
         return [ResidentGpus(plan, ctx, mode, g, keep, streams) for g in layout]
 

@@ -633,7 +633,7 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
 
         plot_format(args.plot)
         if importlib.util.find_spec("matplotlib") is None:
-            raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'")
+            raise CaramelError("--plot needs matplotlib: pip install -e '.[plot]' in the caramel clone")
     result = profile_scaling(args.program, args.gpus, n=args.n, mode=args.mode, seed=args.seed,
                              repeats=args.repeats, warmup=args.warmup, backend=args.backend,
                              streams=args.streams, log=log)
