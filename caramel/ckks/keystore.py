@@ -260,11 +260,18 @@ def save_keys(keyset: KeySet, ctx, directory: str | Path, *, key_seed: int | Non
     root = Path(directory)
     what = check_target(root)
     _remove_stale_siblings(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.{_WRITING}-{os.getpid()}-", dir=root.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.{_WRITING}-{os.getpid()}-", dir=root.parent))
+    except OSError as exc:
+        raise KeyStoreError(f"{root}: cannot write a key store here ({exc.strerror or exc})") from None
     try:
         os.chmod(tmp, _DIR_MODE)
         _write_store(tmp, keyset, ctx, key_seed, program, seeded, progress or (lambda k: None))
         _put_in_place(tmp, root, what)
+    except OSError as exc:  # named by the user's folder, never by the temporary one
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise KeyStoreError(f"{root}: cannot write the key store ({exc.strerror or exc}); nothing was "
+                            f"changed there") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -693,3 +693,21 @@ def test_cli_run_reports_the_stores_key_seed_and_refuses_another(tmp_path, capsy
     assert main([*base, "--batch", "2", "--json", str(tmp_path / "b.json")]) == 0
     assert "key seed 7 (key store" in capsys.readouterr().out
     assert json.loads((tmp_path / "b.json").read_text())["key_seed"] == 7
+
+
+def test_a_failed_write_names_the_store_not_a_temporary_file(store, program, ctx, monkeypatch):
+    import errno
+
+    import caramel.ckks.keystore as keystore
+
+    ks, path = store
+    before = _tree(path)
+
+    def full(p, data, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(p) + ".abc.tmp")
+
+    monkeypatch.setattr(keystore, "replace_atomically", full)
+    with pytest.raises(KeyStoreError, match="No space left on device") as exc:
+        save_keys(generate_keyset(program, ctx, 12), ctx, path)
+    assert str(path) in str(exc.value) and ".tmp" not in str(exc.value) and "caramel-keys-" not in str(exc.value)
+    assert _tree(path) == before and [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
