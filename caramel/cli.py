@@ -251,11 +251,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _write_results(args: argparse.Namespace, doc) -> None:
-    """The JSON record of ``run``/``profile --json FILE`` (:func:`_emit_json`)."""
-    _emit_json(args, doc)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     """``caramel run PROGRAM``: the whole chain on one backend; exit 1 when a check fails."""
     from caramel.api import run_program
@@ -333,7 +328,7 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int)
     if args.json:
         record = run_record(outcome, timings, devices=devices, seed=args.seed, key_seed=_key_seed(args))
         record["inputs"] = args.inputs
-        _write_results(args, document('run', record))
+        _emit_json(args, document('run', record))
 
 
 def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
@@ -379,7 +374,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         body["key_seed"] = _key_seed(args)
         body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
         body["inputs"] = args.inputs
-        _write_results(args, document('batch', body))
+        _emit_json(args, document('batch', body))
     return EXIT_OK if result.passed else EXIT_CHECK_FAILED
 
 
@@ -618,7 +613,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.json:
         from caramel.results import profile_document
 
-        _write_results(args, profile_document(result))
+        _emit_json(args, profile_document(result))
     return EXIT_OK
 
 
@@ -649,7 +644,7 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     if args.json:
         from caramel.results import scaling_document
 
-        _write_results(args, scaling_document(result))
+        _emit_json(args, scaling_document(result))
     if args.plot:
         _write(args, "plot", plot_writer(result, args.plot), "scaling curve")
     if args.trace:
