@@ -5,6 +5,7 @@
     >>> outcome = caramel.run_program(program, n=4096, check="auto", seed=1)
     >>> outcome.report.passed
     True
+    >>> z = outcome.outputs["z"]  # the decrypted output: N/2 complex slots at its true scale
 
 :func:`run_program` is one instance of a :class:`caramel.Executor` (many instances:
 :meth:`~caramel.executor.Executor.submit`, :func:`caramel.run_batch`); how it runs is one
@@ -18,7 +19,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import numpy as np
 
 from caramel.ckks.check import CheckReport, PreparedCheck
 from caramel.errors import ArgumentError
@@ -62,6 +66,15 @@ class RunOutcome:
     digest: str
     #: seconds per phase (``keys``, ``encrypt``, ``plan``, ``run``, ``check``; :mod:`caramel.results`)
     timings: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The run's outputs decrypted, by name: N/2 complex slots each, decoded at the output's true
+        scale (the check file's). A run without a check file raises
+        :class:`~caramel.userdata.OutputScaleError` (its outputs' scale is unknown)."""
+        from caramel.userdata import decrypted_outputs
+
+        return decrypted_outputs(self.prepared, self.result.memory)
 
     def __repr__(self) -> str:  # short: the outcome holds the program, keys and every limb of the run
         verdict = "not checked" if self.report is None else ("PASS" if self.report.passed else "FAIL")

@@ -1,7 +1,8 @@
 """The load cache: a :class:`~caramel.program.Program` as plain typed arrays, stored safely.
 
 Nothing in an entry can execute code when it is read: an entry is NumPy arrays of integers
-(``np.load(..., allow_pickle=False)``) and one JSON header, never a pickle.
+(:func:`caramel.infiles.npz_arrays`: no pickles, each array's size checked from its header) and
+one JSON header, never a pickle. An entry larger than :data:`MAX_ENTRY_BYTES` is not read.
 
 **Entry format** (one file ``<key>.entry``)::
 
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from caramel.infiles import NotRegularFile, open_regular
+from caramel.infiles import NotRegularFile, npz_arrays, open_regular, parse_json, read_package_file
 from caramel.outfiles import replace_atomically
 from caramel.program import (
     BcuSlot, EvalKeyId, Instruction, KeyType, Manifest, ManifestEntry, Mem, Opcode, Program, Section, SReg, Stream,
@@ -63,6 +64,9 @@ MAGIC = b"CARAMEL-CACHE\0"
 SUFFIX = ".entry"
 TEMP_PREFIX = ".caramel-tmp-"
 STALE_SECONDS = 600.0
+#: Largest cache entry read: twice the largest set of program files caramel parses
+#: (:data:`caramel.parse.MAX_ARCHIVE_BYTES`); an entry encodes the program in fewer bytes than its text.
+MAX_ENTRY_BYTES = 1 << 30
 _DIGEST = 32
 _OPCODES = tuple(Opcode)
 _OPCODE_INDEX = {op: i for i, op in enumerate(_OPCODES)}
@@ -306,9 +310,8 @@ def unseal(data: bytes, meta: dict, magic: bytes, decode, error: type[Exception]
     if hashlib.sha256(body).digest() != data[len(magic):head]:
         raise error("integrity digest mismatch (truncated or corrupted)")
     try:
-        with np.load(io.BytesIO(body), allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-        header = json.loads(bytes(arrays["header"]).decode())
+        arrays = npz_arrays(io.BytesIO(body), max_bytes=len(body))  # seal writes it uncompressed
+        header = parse_json(bytes(arrays["header"]))
         for key, want in meta.items():
             if header.get(key) != want:
                 raise error(f"entry is for {key} {header.get(key)!r}, not {want!r}")
@@ -377,12 +380,16 @@ def trusted_folder(folder: Path, create: bool) -> bool:
 
 def read_entry(path: Path) -> bytes | None:
     """The bytes of the entry at ``path``, or None when absent, unreadable, a symlink, not a
-    regular file, or not trusted (then with one warning)."""
+    regular file, larger than :data:`MAX_ENTRY_BYTES`, or not trusted (then with one warning)."""
     try:
         with open_regular(path, follow=False) as (f, st):
-            why = _untrusted(st)
+            why = _untrusted(st) or (f"{st.st_size} bytes, more than any entry ({MAX_ENTRY_BYTES >> 20} MiB)"
+                                     if st.st_size > MAX_ENTRY_BYTES else None)
             if not why:
-                return f.read()
+                data = f.read(MAX_ENTRY_BYTES + 1)
+                if len(data) <= MAX_ENTRY_BYTES:
+                    return data
+                why = "grew while read"
         _warn_once(path, why)
     except NotRegularFile:
         _warn_once(path, "not a regular file")
@@ -439,7 +446,7 @@ def validator_fingerprint() -> str:
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for name in ("validate.py", "program.py"):
-        h.update(name.encode() + b"\0" + hashlib.sha256((root / name).read_bytes()).digest())
+        h.update(name.encode() + b"\0" + hashlib.sha256(read_package_file(root / name)).digest())
     return h.hexdigest()
 
 

@@ -1,15 +1,21 @@
-"""The ``caramel`` command: ``validate``, ``stats``, ``run``, ``plan``, ``profile``.
+"""The ``caramel`` command: ``validate``, ``stats``, ``run``, ``keys``, ``plan``, ``profile``, ``launch``.
 
-Every subcommand takes a PROGRAM: a compiled program folder, a ``.tar.xz`` archive (``a.tar.xz#NAME``
-picks one program of several) or a single ``instructions<p>`` file. Exit codes: 0 success,
-1 the program is invalid (``validate``) or a decryption check failed (``run``), 2 usage, parse or other caramel errors (printed as
-``caramel: error: <message>``, never a traceback), 130 interrupted by Ctrl-C (SIGINT; one line
-``caramel: interrupted`` on stderr), 141 stdout closed by its reader.
+Every subcommand but ``launch`` takes a PROGRAM: a compiled program folder, a ``.tar.xz`` archive
+(``a.tar.xz#NAME`` picks one program of several) or a single ``instructions<p>`` file.
 
-``--json [FILE]`` means the same on ``validate``, ``stats`` and ``plan``: the command's result as
-JSON, written atomically to FILE, or printed on stdout instead of the text when FILE is ``-`` or
-left out. ``-q`` keeps stderr to warnings and errors (no progress bars), ``-v`` adds debug lines;
-diagnostics go through the ``caramel`` logger (:mod:`caramel.logs`).
+One grammar for every subcommand:
+
+* exit codes: 0 success; 1 a decryption check failed (``run``); 2 bad input: a usage error, a
+  program that does not parse or is invalid (``validate`` included), a bad file or option (printed
+  as ``caramel: error: <message>``, never a traceback); 130 interrupted by Ctrl-C (one line
+  ``caramel: interrupted`` on stderr); 141 stdout closed by its reader.
+* ``--json FILE`` writes the command's result as JSON to FILE; ``--json -`` prints it on stdout and
+  the command's text goes to stderr. Every output option (``--json``, ``--save-outputs``,
+  ``--trace``, ``--plot``, ``--dag-json``, ``--dot``) is checked before any work and written by
+  :mod:`caramel.outfiles` (regular files only, atomically; two outputs on one path are refused);
+  the command prints where it wrote each one.
+* ``-q`` keeps stderr to warnings and errors (no progress bars), ``-v`` adds debug lines, before or
+  after the subcommand; diagnostics go through the ``caramel`` logger (:mod:`caramel.logs`).
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 from caramel.version import __version__
 from caramel.errors import CaramelError, ValidationError
 
-EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+#: Exit codes: success; a decryption check failed; bad input (usage, program, file, option).
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_ERROR = EXIT_BAD_INPUT
 #: 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
@@ -34,24 +43,79 @@ _NOT_CHECKED = "not checked: no check file for this family (give one with --chec
 _PROGRAM_HELP = "compiled program: a folder, an archive (a.tar.xz or a.tar.xz#NAME) or one instructions file"
 
 
-def _emit_json(args: argparse.Namespace, data) -> bool:
-    """``--json [FILE]``: write ``data`` as JSON to FILE, or print it when FILE is ``-``; True when
-    it went to stdout (the command then prints no text)."""
-    if args.json is None:
-        return False
-    text = data if isinstance(data, str) else json.dumps(data, indent=2)
-    if args.json == "-":
-        print(text)
-        return True
-    from caramel.outfiles import write_atomic
+@dataclass(frozen=True)
+class OutputOption:
+    """An option that names a file the command writes (:func:`_add_output`)."""
 
-    write_atomic(args.json, text + ("" if text.endswith("\n") else "\n"))
-    return False
+    flag: str
+    dest: str
+    label: str
+    stdout: bool
+    suffixes: tuple[str, ...]
+
+
+def _add_output(p: argparse.ArgumentParser, flag: str, help_text: str, *, metavar: str = "FILE",
+                label: str | None = None, stdout: bool = True, suffixes: tuple[str, ...] = ()) -> None:
+    """An output option of subcommand ``p``: registered so that :func:`_check_outputs` checks it
+    before any work and :func:`_write` writes it (:mod:`caramel.outfiles`). ``stdout``: ``-`` is
+    accepted (the result on stdout, the text on stderr)."""
+    action = p.add_argument(flag, metavar=metavar, help=help_text + (" ('-': on stdout, the text then on stderr)"
+                                                                        if stdout else ""))
+    known = p.get_default("outputs") or ()
+    p.set_defaults(outputs=(*known, OutputOption(flag, action.dest, label or flag.lstrip("-"), stdout, suffixes)))
 
 
 def _add_json(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--json", metavar="FILE", nargs="?", const="-",
-                   help=f"write {what} as JSON to FILE (atomically), or print it instead of the text with '-' or no FILE")
+    _add_output(p, "--json", f"write {what} as JSON to FILE", label="results")
+
+
+def _outputs(args: argparse.Namespace):
+    """The :class:`caramel.outfiles.Output` of every output option given on the command line."""
+    from caramel.outfiles import Output
+
+    return [Output(o.flag, getattr(args, o.dest), o.stdout, o.suffixes) for o in getattr(args, "outputs", ())
+            if getattr(args, o.dest, None) is not None]
+
+
+def _reads(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(files, folders) the command reads: the program's files, ``--inputs``, ``--check`` and the key
+    store ``--keys`` (a folder read whole); an output may name none of them."""
+    from caramel.parse import program_files
+
+    files = [*program_files(args.program)] if getattr(args, "program", None) else []
+    files += [getattr(args, name) for name in ("inputs", "check") if getattr(args, name, None)]
+    folders = [args.keys] if getattr(args, "keys", None) else []
+    return files, folders
+
+
+def _check_outputs(args: argparse.Namespace) -> bool:
+    """Every output path checked before any work (:func:`caramel.outfiles.check_outputs`); True
+    when one of them is ``-`` (stdout)."""
+    from caramel.outfiles import check_outputs
+
+    files, folders = _reads(args)
+    outputs = check_outputs(_outputs(args), reads=files, folders=folders)
+    return any(o.to_stdout for o in outputs)
+
+
+def _write(args: argparse.Namespace, dest: str, data, what: str = "") -> None:
+    """Write output option ``dest`` (registered by :func:`_add_output`) and print where it went
+    (``what``: a short description, e.g. "12 kernels"); ``-`` writes to the real stdout."""
+    from caramel.outfiles import write_output
+
+    option = next(o for o in args.outputs if o.dest == dest)
+    path = write_output(getattr(args, dest), data, option.flag, stdout=getattr(args, "stdout", None))
+    if path != "-":
+        print(f"{option.label}: {what + ' ' if what else ''}written to {path}")
+
+
+def _emit_json(args: argparse.Namespace, data) -> None:
+    """``--json FILE``: ``data`` as strict JSON (:func:`caramel.results.json_text`) to FILE or stdout."""
+    if args.json is None:
+        return
+    from caramel.results import json_text
+
+    _write(args, "json", data if isinstance(data, str) else json_text(data) + "\n")
 
 
 def key_seed_for(seed: int, key_seed: int | None) -> int:
@@ -59,6 +123,30 @@ def key_seed_for(seed: int, key_seed: int | None) -> int:
     from caramel.api import key_seed_for as seed_for
 
     return seed_for(seed, key_seed)
+
+
+def _key_seed(args: argparse.Namespace) -> int | None:
+    """The key seed a run reports: the key store's with ``--keys`` (None when it records none;
+    :func:`_store_key_seed`), else ``--key-seed`` or ``--seed``."""
+    if getattr(args, "keys", None):
+        return args.key_seed
+    return key_seed_for(args.seed, args.key_seed)
+
+
+def _store_key_seed(args: argparse.Namespace) -> None:
+    """With ``--keys DIR``: the store's key seed becomes the run's (``args.key_seed``), before any
+    work; a ``--key-seed`` that disagrees with it, or that it cannot be checked against, is refused."""
+    if not getattr(args, "keys", None):
+        return
+    from caramel.ckks.keystore import read_manifest
+
+    stored = read_manifest(args.keys).get("key_seed")
+    stored = stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+    if args.key_seed is not None and args.key_seed != stored:
+        said = f"key seed {stored}" if stored is not None else "no key seed"
+        raise CaramelError(f"--key-seed {args.key_seed}: the key store {args.keys} records {said}; its keys are used "
+                           "as they are (leave --key-seed out, or make a store with `caramel keys --seed`)")
+    args.key_seed = stored
 
 
 def _cuda_driver() -> None:
@@ -132,7 +220,8 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """``caramel validate PROGRAM``: parse, run the static checks, print ``ok`` or every problem."""
+    """``caramel validate PROGRAM``: parse, run the static checks, print ``ok`` or every problem
+    (an invalid program is bad input: exit 2, like one that does not parse)."""
     from caramel.validate import validate
 
     program = _load(args)
@@ -142,16 +231,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validate(program, limit=args.limit)
     except ValidationError as exc:
         summary.update(ok=False, problems=[str(p) for p in exc.problems], truncated=bool(exc.truncated))
-        if _emit_json(args, summary):
-            return EXIT_INVALID
         for problem in exc.problems:
             print(problem)
         more = f" (stopped at {args.limit}; use --limit to see more)" if exc.truncated else ""
         print(f"{len(exc.problems)}{'+' if exc.truncated else ''} error(s) in {args.program}{more}")
-        return EXIT_INVALID
-    if _emit_json(args, summary):
-        return EXIT_OK
+        _emit_json(args, summary)
+        return EXIT_BAD_INPUT
     print(f"ok: {program.instruction_count} instructions on {program.chips} chip{'s' if program.chips != 1 else ''}")
+    _emit_json(args, summary)
     return EXIT_OK
 
 
@@ -160,36 +247,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from caramel.stats import program_stats, render_table
 
     stats = program_stats(_load(args), n=args.n)
-    if not _emit_json(args, stats.to_dict()):
-        print(render_table(stats))
+    print(render_table(stats))
+    _emit_json(args, stats.to_dict())
     return EXIT_OK
-
-
-def _json_on_stdout(command, args: argparse.Namespace) -> int:
-    """``run``/``profile --json -``: the command with its text on stderr, so that stdout carries
-    the JSON record alone (:func:`_write_results`)."""
-    import contextlib
-
-    args.json_out = sys.stdout
-    with contextlib.redirect_stdout(sys.stderr):
-        return command(args)
-
-
-def _write_results(args: argparse.Namespace, doc) -> None:
-    """The JSON record of ``run``/``profile --json FILE``: written atomically to FILE (its path
-    printed), or with ``-`` printed on stdout (:func:`_json_on_stdout`)."""
-    from caramel.results import json_text, write_json
-
-    if args.json == "-":
-        print(json_text(doc), file=getattr(args, "json_out", None) or sys.stdout, flush=True)
-        return
-    print(f"results: {write_json(args.json, doc)}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``caramel run PROGRAM``: the whole chain on one backend; exit 1 when a check fails."""
-    if args.json == "-" and not hasattr(args, "json_out"):
-        return _json_on_stdout(cmd_run, args)
     from caramel.api import run_program
     from caramel.validate import validate
 
@@ -200,12 +264,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning
     load_s = time.perf_counter()
+    _store_key_seed(args)  # a --key-seed that the key store contradicts is refused before any work
     program = _load(args)
     from caramel.cache import validate_once
 
     validate_once(program, validate)  # a program that passed once is not validated again
     load_s = time.perf_counter() - load_s
     check = None if args.no_check else (args.check or "auto")
+    if args.save_outputs and not args.save_limbs:  # before keys and the run: decoded at a known scale or not at all
+        from caramel.api import resolve_check
+        from caramel.userdata import scale_unknown_message
+
+        if resolve_check(program, check) is None:
+            raise CaramelError(f"--save-outputs: {scale_unknown_message(program.name)}")
     if args.distributed:
         _check_process_mode(args)
     if args.batch is not None:
@@ -233,7 +304,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(_NOT_CHECKED)
         return EXIT_OK
     print(outcome.report.summary())
-    return EXIT_OK if outcome.report.passed else EXIT_INVALID
+    return EXIT_OK if outcome.report.passed else EXIT_CHECK_FAILED
 
 
 def _run_cluster(args: argparse.Namespace, program, check) -> int:
@@ -254,7 +325,7 @@ def _run_cluster(args: argparse.Namespace, program, check) -> int:
         print(_NOT_CHECKED)
         return EXIT_OK
     print(run.report.summary())
-    return EXIT_OK if run.report.passed else EXIT_INVALID
+    return EXIT_OK if run.report.passed else EXIT_CHECK_FAILED
 
 
 def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int) -> None:
@@ -269,13 +340,15 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int)
         arrays = decrypted_outputs(outcome.prepared, outcome.result.memory, limbs=args.save_limbs)
         timings["decrypt"] = time.perf_counter() - t0
         if args.save_outputs:
-            print(f"outputs: {', '.join(sorted(arrays))} written to {save_outputs(args.save_outputs, arrays)}")
+            _save_outputs(args, arrays)
+            if outcome.report is None:
+                print("outputs: the limbs alone (no check file: the outputs' scale is unknown, their slots are not "
+                      "decoded)")
     print(timings_line(timings))
     if args.json:
-        record = run_record(outcome, timings, devices=devices, seed=args.seed,
-                            key_seed=key_seed_for(args.seed, args.key_seed))
+        record = run_record(outcome, timings, devices=devices, seed=args.seed, key_seed=_key_seed(args))
         record["inputs"] = args.inputs
-        _write_results(args, document('run', record))
+        _emit_json(args, document('run', record))
 
 
 def _run_options(args: argparse.Namespace, check, **fields):
@@ -302,6 +375,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
 
     keep = bool(args.save_outputs or args.save_limbs)
     options = _run_options(args, check)
+    keys, _ = (None, None) if args.distributed else _stored_keys(args, program)
     if args.distributed:
         from caramel.api import resolve_backend
         from caramel.execute.rendezvous import open_rendezvous
@@ -327,14 +401,13 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
             result = pool.run_batch(args.batch)
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
     else:
-        keys, _ = _stored_keys(args, program)
         result = run_batch(program, options, batch=args.batch, keys=keys, inputs=args.inputs, outputs=keep,
                            limbs=args.save_limbs)
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep and result.instances else None
     shared = f", shared {', '.join(result.shared)}" if result.shared else ""
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
-          f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, key seed "
-          f"{key_seed_for(args.seed, args.key_seed)}{shared})")
+          f"mode {args.mode}, backend {result.backend}, batch {args.batch} (seed {args.seed} + i, "
+          f"{_key_seed_words(args)}{shared})")
     lines = [(r["instance"], instance_line(r)) for r in result.records]
     lines += [(i, f"instance {i}: FAILED: {error}") for i, error in result.failed.items()]
     for _, line in sorted(lines):
@@ -347,13 +420,13 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     order = [k for k in (*PHASES, *INSTANCE_PHASES) if k in totals]
     print(timings_line({k: totals[k] for k in order}) + " (instances' phases summed)")
     if arrays is not None and args.save_outputs:
-        print(f"outputs: {', '.join(sorted(arrays))} of {len(result.instances)} instance(s) written to "
-              f"{save_outputs(args.save_outputs, arrays)}")
+        _save_outputs(args, arrays)
     if args.json:
         body = result.body()
+        body["key_seed"] = _key_seed(args)
         body["timings_s"] = {"load": round(load_s, 6), **body["timings_s"]}
         body["inputs"] = args.inputs
-        _write_results(args, document('batch', body))
+        _emit_json(args, document('batch', body))
     if result.interrupted:
         done = ", ".join(str(r["instance"]) for r in result.records) or "none"
         print(f"caramel: interrupted: {len(result.records)} of {args.batch} instance(s) finished ({done})",
@@ -363,7 +436,21 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         print(f"caramel: error: {len(result.failed)} instance(s) failed: "
               + "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())), file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_OK if result.passed else EXIT_INVALID
+    return EXIT_OK if result.passed else EXIT_CHECK_FAILED
+
+
+def _key_seed_words(args: argparse.Namespace) -> str:
+    """"key seed K" of a run's header, "key seed K (key store DIR)" with ``--keys``."""
+    seed = _key_seed(args)
+    said = f"key seed {seed}" if seed is not None else "key seed not recorded"
+    return f"{said} (key store {args.keys})" if getattr(args, "keys", None) else said
+
+
+def _save_outputs(args: argparse.Namespace, arrays) -> None:
+    """``--save-outputs FILE.npz``: the decrypted outputs (:mod:`caramel.userdata`)."""
+    from caramel.userdata import npz_writer
+
+    _write(args, "save_outputs", npz_writer(arrays), ", ".join(sorted(arrays)))
 
 
 def _stored_keys(args: argparse.Namespace, program, background: bool = False):
@@ -389,10 +476,13 @@ def _stored_keys(args: argparse.Namespace, program, background: bool = False):
 
 def cmd_keys(args: argparse.Namespace) -> int:
     """``caramel keys PROGRAM --out DIR``: write the secrets and every evaluation key the program needs."""
+    from caramel.ckks.bind import requirements
     from caramel.ckks.keyset import generate_keyset
-    from caramel.ckks.keystore import save_keys
+    from caramel.ckks.keystore import check_target, save_keys
+    from caramel.logs import counter
     from caramel.ring import Context
 
+    check_target(args.out)  # a folder that is not new, empty or caramel's store: refused before any work
     program = _load(args)
     ctx = Context(n=args.n)
     start = time.perf_counter()
@@ -401,9 +491,20 @@ def cmd_keys(args: argparse.Namespace) -> int:
         from caramel.api import gpu_available
 
         device = "gpu" if gpu_available() else "cpu"
-    keyset = generate_keyset(program, ctx, args.seed, device=device)
+    count = len(requirements(program).keys)
+    logging.getLogger("caramel.keys").info("%s: making the secrets and %d evaluation keys at N = %d on the %s",
+                                           program.name, count, args.n, device)
+    bar = counter(f"{program.name}: keys", "keys")
+    keyset = generate_keyset(program, ctx, args.seed, device=device, progress=bar)
+    if bar is not None:
+        bar.close()
     made = time.perf_counter() - start
-    save_keys(keyset, ctx, args.out, key_seed=args.seed, program=program.name)
+    logging.getLogger("caramel.keys").info("%s: made in %.1f s; writing %s", program.name, made, args.out)
+    bar = counter(f"{program.name}: write", "keys")
+    save_keys(keyset, ctx, args.out, key_seed=args.seed, program=program.name,
+              progress=None if bar is None else lambda done: bar(done, count))
+    if bar is not None:
+        bar.close()
     size = sum(k.c0.nbytes + k.c1.nbytes for k in keyset.keys.values())
     print(f"{program.name}: {len(keyset.keys)} evaluation keys ({size / 2**30:.2f} GiB) at N = {args.n}, key seed "
           f"{args.seed}: made in {made:.1f} s, written to {args.out} in {time.perf_counter() - start - made:.1f} s")
@@ -467,7 +568,7 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
         return EXIT_OK
     report = evaluate_check(prepared, result.memory, Mode(args.mode))
     print(report.summary())
-    return EXIT_OK if report.passed else EXIT_INVALID
+    return EXIT_OK if report.passed else EXIT_CHECK_FAILED
 
 
 #: The commands that ``caramel launch`` starts in process mode.
@@ -564,8 +665,8 @@ def _check_gpus(count: int) -> None:
     from caramel.api import gpu_available
 
     if not gpu_available():
-        raise CaramelError("--backend gpu needs CuPy and a CUDA GPU on this machine (pip install 'caramel-fhe[cuda12]' "
-                           "or 'caramel-fhe[cuda13]'); --backend cpu-plan runs the same processes on the CPU")
+        raise CaramelError("--backend gpu needs CuPy and a CUDA GPU on this machine (in the caramel clone: pip install "
+                           "-e '.[cuda12]' or '.[cuda13]'); --backend cpu-plan runs the same processes on the CPU")
     import cupy as cp
 
     present = cp.cuda.runtime.getDeviceCount()
@@ -579,8 +680,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from caramel.plan.report import _bytes, plan_report
     from caramel.validate import validate
 
-    from caramel.outfiles import write_atomic
-
     program = _load(args)
     validate(program)
     if args.dot and program.instruction_count > DOT_MAX_NODES:  # before any work or any file
@@ -593,7 +692,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.no_epilogue:
         options["fuse_epilogue"] = False
     plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **options)
-    if not _emit_json(args, plan.to_json()):
+    if True:  # the text (on stderr when --json -)
         print(plan_report(plan, program, n=args.n))
         if not args.no_fuse and not args.no_aut_fuse:  # what the automorphisms in the loads remove
             plain = plan_stats(build_plan(program, fuse_ntt=loads, **options, fuse_automorphism=False), n=args.n)
@@ -603,16 +702,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             every = plan_stats(build_plan(program, fuse_ntt="all", **options), n=args.n)
             print(f"with every NTT load (--ntt-loads all, the converting load too): plan traffic "
                   f"{_bytes(every['plan_bytes'])}")
+    _emit_json(args, plan.to_json())
     if args.dag_json or args.dot:
         graph = dag.program_graph(program)
         if args.dag_json:
-            write_atomic(args.dag_json, json.dumps(dag_node_link(graph, program)))
+            _write(args, "dag_json", json.dumps(dag_node_link(graph, program)), "dependency DAG")
         if args.dot:
             try:
                 text = dag.to_dot(graph, program, max_nodes=DOT_MAX_NODES)  # before the file: none left behind
             except ValueError as exc:
                 raise CaramelError(f"--dot: {exc}") from None
-            write_atomic(args.dot, text)
+            _write(args, "dot", text, "dependency DAG")
     return EXIT_OK
 
 
@@ -666,10 +766,8 @@ def dag_node_link(graph, program) -> dict:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``caramel profile PROGRAM``: eager / graph / graph+fusion timings, time per kernel kind, trace."""
-    if args.json == "-" and not hasattr(args, "json_out"):
-        return _json_on_stdout(cmd_profile, args)
     from caramel.options import RunOptions
-    from caramel.profile import profile_program, render, write_trace
+    from caramel.profile import chrome_trace, profile_program, render
     from caramel.validate import validate
 
     log = logging.getLogger("caramel.profile").info
@@ -692,12 +790,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     result = profile_program(program, options, repeats=args.repeats, warmup=args.warmup, log=log, memory=memory)
     print(render(result))
     if args.trace:
-        write_trace(result, args.trace)
-        print(f"trace: {len(result.kernels)} kernels written to {args.trace}")
+        _write(args, "trace", json.dumps(chrome_trace(result)), f"{len(result.kernels)} kernels")
     if args.json:
         from caramel.results import profile_document
 
-        _write_results(args, profile_document(result))
+        _emit_json(args, profile_document(result))
     return EXIT_OK
 
 
@@ -711,7 +808,7 @@ def _profile_throughput(args: argparse.Namespace, program, options, keys, log) -
     if args.json:
         from caramel.results import document
 
-        _write_results(args, document("throughput", result.body()))
+        _emit_json(args, document("throughput", result.body()))
     return EXIT_OK
 
 
@@ -719,14 +816,14 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     """``caramel profile FAMILY --gpus 1,2,4,8``: the scaling table, a PNG plot and a trace."""
     import json
 
-    from caramel.scaling import plot_format, plot_scaling, profile_scaling, render_scaling, scaling_trace
+    from caramel.scaling import plot_format, plot_writer, profile_scaling, render_scaling, scaling_trace
 
     if args.plot:  # before the work: a known format, and matplotlib present
         import importlib.util
 
         plot_format(args.plot)
         if importlib.util.find_spec("matplotlib") is None:
-            raise CaramelError("--plot needs matplotlib: pip install 'caramel-fhe[plot]'")
+            raise CaramelError("--plot needs matplotlib: pip install -e '.[plot]' in the caramel clone")
     from caramel.options import RunOptions
 
     options = RunOptions(n=args.n, mode=args.mode, seed=args.seed, backend=args.backend, streams=args.streams)
@@ -743,15 +840,11 @@ def _profile_scaling(args: argparse.Namespace, log) -> int:
     if args.json:
         from caramel.results import scaling_document
 
-        _write_results(args, scaling_document(result))
+        _emit_json(args, scaling_document(result))
     if args.plot:
-        plot_scaling(result, args.plot)
-        print(f"plot: {args.plot}")
+        _write(args, "plot", plot_writer(result, args.plot), "scaling curve")
     if args.trace:
-        from caramel.outfiles import write_atomic
-
-        write_atomic(args.trace, json.dumps(scaling_trace(result)))
-        print(f"trace: {len(result.trace)} calls written to {args.trace}")
+        _write(args, "trace", json.dumps(scaling_trace(result)), f"{len(result.trace)} calls")
     return EXIT_OK
 
 
@@ -785,16 +878,42 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _ring_dimension(text: str) -> int:
+#: Largest ring dimension N caramel supports (its primes, ISA.md section 7).
+MAX_N = 65536
+
+
+def _ring_dimension(text: str, least: int | None = None) -> int:
+    """``--n`` of ``stats`` and ``plan`` (byte figures only): a power of two from the ring's
+    :data:`~caramel.ring.context.MIN_N` (``least``: another floor) to :data:`MAX_N`."""
     from caramel.ring.context import MIN_N
 
+    least = MIN_N if least is None else least
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < MIN_N or value & (value - 1) or value > 65536:
-        raise argparse.ArgumentTypeError(f"N must be a power of two from {MIN_N} to 65536 (the ring degrees caramel "
-                                         f"supports), got {text!r}")
+    if value < least or value & (value - 1) or value > MAX_N:
+        raise argparse.ArgumentTypeError(f"N must be a power of two from {least} to {MAX_N} (the ring degrees caramel "
+                                         f"supports{' with keys' if least != MIN_N else ''}), got {text!r}")
+    return value
+
+
+def _key_ring_dimension(text: str) -> int:
+    """``--n`` of the commands that make keys (``run``, ``keys``, ``profile``): at least the Hamming
+    weight of the ephemeral secret (:data:`caramel.ckks.keys.EPHEMERAL_DEFAULT`), so that every N
+    that ``--help`` allows makes its secrets."""
+    from caramel.ckks.keys import EPHEMERAL_DEFAULT
+
+    return _ring_dimension(text, max(EPHEMERAL_DEFAULT.hamming_weight, 16))
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 
@@ -803,9 +922,29 @@ def _seed(text: str) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a seed >= 0, got {text!r}")
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2^63 - 1, got {text!r}")
     return value
+
+
+def _add_verbosity(p: argparse.ArgumentParser, default) -> None:
+    """``-q``/``-v`` on the top-level parser (``default`` False) and on every subcommand (``default``
+    SUPPRESS: given after the subcommand, they set the same values; not given, they leave the top
+    level's)."""
+    p.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="no progress bars, only warnings and errors on stderr")
+    p.add_argument("-v", "--verbose", action="store_true", default=default, help="debug lines on stderr")
+
+
+#: What every subcommand's ``--help`` ends with: the grammar shared by all of them.
+_EPILOG = ("exit status: 0 success, 1 a decryption check failed, 2 bad input (usage, program, file or option).\n"
+           "--json FILE writes the result as JSON ('-': on stdout, the text then on stderr); every output\n"
+           "path is checked before any work. -q/-v work before or after the subcommand.")
+
+#: What ``--help`` says the default N costs on a CPU (the reference's order of magnitude, not a
+#: measurement of any one host).
+_CPU_COST = ("on a CPU the default N = 65536 takes tens of seconds for a small program, most of it making keys, "
+             "and minutes for a bootstrapping one; --n 4096 checks the same arithmetic in seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -813,18 +952,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="caramel",
         description="Interpreter and multi-GPU runtime for the Cinnamon limb-level FHE ISA.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"caramel {__version__}")
+    _add_verbosity(parser, False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str, help_text: str, func) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("program", metavar="PROGRAM", help=_PROGRAM_HELP)
-        p.add_argument("--no-cache", action="store_true", help="parse the files even if a cached parse exists")
-        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, only warnings and errors on stderr")
-        p.add_argument("-v", "--verbose", action="store_true", help="debug lines on stderr")
-        p.set_defaults(func=func)
+    def command(name: str, help_text: str, func, program: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if program:
+            p.add_argument("program", metavar="PROGRAM", help=_PROGRAM_HELP)
+            p.add_argument("--no-cache", action="store_true", help="parse the files even if a cached parse exists")
+        _add_verbosity(p, argparse.SUPPRESS)  # after the subcommand too; the top level's default stays
+        p.set_defaults(func=func, outputs=())
         return p
+
+    def key_n(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--n", type=_key_ring_dimension, default=MAX_N,
+                       help=f"ring dimension N (default {MAX_N}; {_CPU_COST})")
 
     p = command("validate", "check a compiled program statically (def-use, memory, BCU, communication)",
                 cmd_validate)
@@ -833,12 +979,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("stats", "per-chip instruction counts, registers, limbs, communication and memory traffic",
                 cmd_stats)
-    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures "
-                   "(default 65536)")
+    p.add_argument("--n", type=_ring_dimension, default=MAX_N, help=f"ring dimension N for byte figures "
+                   f"(default {MAX_N})")
     _add_json(p, "the figures")
 
     p = command("run", "generate keys, encrypt random inputs, run the program, decrypt and check", cmd_run)
-    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    key_n(p)
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (ISA.md decision 2; default exact)")
     from caramel.api import BACKENDS  # imported here, after _start_gpu
@@ -856,17 +1002,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "those present; fewer GPUs than chips run several chips per GPU); cpu-plan backend, G "
                         "simulated devices in host threads")
     p.add_argument("--streams", type=_positive, metavar="S",
-                   help="CUDA streams per GPU (default 4 for a 1-chip graph; multi-GPU: see the README); "
+                   help="CUDA streams per GPU (default 4 for a 1-chip graph; multi-GPU: see docs/MULTI_GPU.md); "
                         "cpu-plan devices run in a random order that S streams allow")
     p.add_argument("--distributed", action="store_true",
                    help="process mode: this process is one GPU of a run started by a launcher (RANK, WORLD_SIZE, "
                         "LOCAL_RANK, CARAMEL_RENDEZVOUS; see `caramel launch`)")
-    p.add_argument("--cluster", metavar="ADDRESS", help="run on a Dask cluster (pip install 'caramel-fhe[cluster]'): "
-                   "a scheduler address (tcp://host:8786) or 'local' (one worker process per GPU, or per simulated "
-                   "device on the CPU; --gpus picks how many). With --batch B the instances spread over every worker; "
-                   "without, a K-chip program runs one chip per worker (docs/CLUSTER.md)")
-    p.add_argument("--key-seed", type=int, metavar="K", help="seed of the secrets and evaluation keys (default: "
-                   "--seed); inputs always come from --seed")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run on a Dask cluster (pip install -e '.[cluster]' in the "
+                   "clone): a scheduler address (tcp://host:8786) or 'local' (one worker process per GPU, or per "
+                   "simulated device on the CPU; --gpus picks how many). With --batch B the instances spread over "
+                   "every worker; without, a K-chip program runs one chip per worker (docs/CLUSTER.md)")
+    p.add_argument("--key-seed", type=_seed, metavar="K", help="seed of the secrets and evaluation keys (default: "
+                   "--seed; with --keys, the store's key seed); inputs always come from --seed")
     p.add_argument("--batch", type=_positive, metavar="B",
                    help="run B independent instances (inputs from seed S + i, one set of keys from the key seed) "
                         "over --gpus devices; one line per instance and a summary")
@@ -876,31 +1022,31 @@ def build_parser() -> argparse.ArgumentParser:
                    "constants): comma-separated input names, fnmatch patterns ('cts*,stc*') or the kinds plaintexts, "
                    "scalars, ciphertexts; drawn once from the key seed (or --inputs' unstacked values) and written "
                    "once into each device (a single run with --seed S+i equals instance i of such a batch)")
-    p.add_argument("--save-outputs", metavar="FILE.npz", help="write the decrypted output vectors to FILE.npz")
+    _add_output(p, "--save-outputs", "write the decrypted output vectors to FILE.npz", metavar="FILE.npz",
+                label="outputs", stdout=False, suffixes=(".npz",))
     p.add_argument("--save-limbs", action="store_true", help="with --save-outputs: also the raw output limbs "
                    "(<name>.c0, <name>.c1, <name>.limbs)")
-    p.add_argument("--json", metavar="FILE", help="write the results (digest, checks, time per phase, environment) "
-                   "as JSON to FILE ('-': on stdout, the text then on stderr)")
+    _add_json(p, "the results (digest, checks, time per phase, environment)")
     _add_keys(p)
 
     p = command("keys", "generate the secrets and every evaluation key a program needs into a key store folder",
                 cmd_keys)
-    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
-    p.add_argument("--seed", type=int, default=0, help="key seed (default 0; `run --seed S` uses key seed S)")
+    key_n(p)
+    p.add_argument("--seed", type=_seed, default=0, help="key seed (default 0; `run --seed S` uses key seed S)")
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="accepted for symmetry with run; keys do not depend on the mode")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the key arithmetic runs: auto (a GPU when usable; default), cpu or gpu (the keys "
                         "are the same bit for bit)")
-    p.add_argument("--out", metavar="DIR", required=True, help="key store folder (created mode 0700; it holds "
-                   "the secret key)")
+    p.add_argument("--out", metavar="DIR", required=True, help="key store folder: a new or empty folder, or a key "
+                   "store that caramel keys wrote (replaced whole); created mode 0700, it holds the secret key")
 
     from caramel.launch import HEARTBEAT_SECONDS
 
-    p = sub.add_parser("launch", help="start G local processes of a caramel command in process mode (one per GPU)",
-                       description="start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, "
-                                   "LOCAL_RANK, CARAMEL_RENDEZVOUS set), one per GPU, like torchrun")
-    p.set_defaults(func=cmd_launch)
+    p = command("launch", "start G local processes of a caramel command in process mode (one per GPU)", cmd_launch,
+                program=False)
+    p.description = ("start G local processes of `caramel ARGS --distributed` (RANK, WORLD_SIZE, LOCAL_RANK, "
+                     "CARAMEL_RENDEZVOUS set), one per GPU, like torchrun")
     p.add_argument("--nproc", type=_positive, required=True, help="number of processes (GPUs)")
     p.add_argument("--heartbeat-timeout", type=_seconds, default=HEARTBEAT_SECONDS, metavar="S",
                    help=f"end the run when a process shows no heartbeat for S seconds (stopped, frozen; default "
@@ -908,7 +1054,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the caramel command, e.g. -- run PROGRAM --backend gpu")
 
     p = command("plan", "build the execution plan (DAG, fusion, batching) and print what it did", cmd_plan)
-    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N for byte figures (default 65536)")
+    p.add_argument("--n", type=_ring_dimension, default=MAX_N, help=f"ring dimension N for byte figures "
+                   f"(default {MAX_N})")
     p.add_argument("--no-fuse", action="store_true", help="one kernel per instruction (the unfused baseline)")
     p.add_argument("--no-ntt-fuse", action="store_true",
                    help="no fusion across NTT boundaries (a lift, mod or base conversion computed in the NTT's load)")
@@ -922,10 +1069,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elementwise trees of one level and prime that read a common limb share a row of at most K "
                         "outputs, reading it once (default: the planner's, caramel.plan.fusion.MAX_OUTPUTS; 1: none)")
     _add_json(p, "the plan (kernels, rows, buffers)")
-    p.add_argument("--dag-json", metavar="FILE", help="write the whole-program dependency DAG to FILE as networkx "
-                   "node-link JSON (networkx.node_link_graph(json.load(f), edges='edges') reloads it)")
-    p.add_argument("--dot", metavar="FILE", help=f"write the dependency DAG as Graphviz DOT to FILE (programs of at "
-                   f"most {DOT_MAX_NODES} instructions)")
+    _add_output(p, "--dag-json", "write the whole-program dependency DAG to FILE as networkx node-link JSON "
+                "(networkx.node_link_graph(json.load(f), edges='edges') reloads it)", label="dag")
+    _add_output(p, "--dot", f"write the dependency DAG as Graphviz DOT to FILE (programs of at most {DOT_MAX_NODES} "
+                "instructions)", label="dot")
 
     p = command("compile", "warm every cache a GPU run needs: the load and plan caches and (on a GPU) every kernel, "
                 "compiled in parallel", cmd_compile)
@@ -936,21 +1083,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("profile", "time a program (eager, graph, graph+fusion), per kernel kind, and write a trace",
                 cmd_profile)
-    p.add_argument("--n", type=_ring_dimension, default=65536, help="ring dimension N (default 65536)")
+    key_n(p)
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (default exact)")
     p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--repeats", type=_positive, default=10, help="timed runs per variant (default 10)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default 1)")
+    p.add_argument("--warmup", type=_count, default=1, help="untimed runs before timing (default 1)")
     p.add_argument("--backend", choices=("auto", "gpu", "cpu-plan"), default="auto",
                    help="gpu (1-chip programs, CUDA events), cpu-plan (NumPy plan engine, wall clock) or auto "
                         "(a GPU when usable; default)")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto) of one instrumented run to FILE")
+    _add_output(p, "--trace", "write a Chrome trace (Perfetto) of one instrumented run to FILE")
     p.add_argument("--gpus", type=_gpu_list, metavar="1,2,4,8",
                    help="scaling profile: PROGRAM is a family (path prefix such as programs/Mul_10L, or an archive "
                         "such as BootstrapLike_51L.tar.xz) whose G-chip program runs on G devices for each G")
-    p.add_argument("--plot", metavar="FILE.png", help="with --gpus: save the scaling curve (PNG, PDF or SVG by the "
-                   "file's extension; needs matplotlib: pip install 'caramel-fhe[plot]')")
+    _add_output(p, "--plot", "with --gpus: save the scaling curve (PNG, PDF or SVG by the file's extension; needs "
+                "matplotlib: pip install -e '.[plot]')", metavar="FILE.png", stdout=False,
+                suffixes=(".png", ".pdf", ".svg"))
     p.add_argument("--streams", type=_positive, metavar="S", help="with --gpus: CUDA streams per device "
                    "(default: the multi-GPU executor's)")
     p.add_argument("--predict-only", action="store_true", help="with --gpus: no run on G devices, only the timeline "
@@ -961,8 +1109,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "family's 1-chip program on G devices (instances/s, speedup, efficiency)")
     p.add_argument("--shared", metavar="INPUTS", help="with --throughput: the inputs shared when serving (default "
                    "plaintexts,scalars; see `caramel run --shared`)")
-    p.add_argument("--json", metavar="FILE", help="write the figures (and the environment) as JSON to FILE ('-': on "
-                   "stdout, the text then on stderr)")
+    _add_json(p, "the figures (and the environment)")
     _add_keys(p)
     return parser
 
@@ -1024,6 +1171,16 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
+def _with_stdout_for_results(args: argparse.Namespace) -> int:
+    """The command of an output ``-``: its text goes to stderr, so that stdout carries the result
+    alone (:func:`_write` writes to ``args.stdout``)."""
+    import contextlib
+
+    args.stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return args.func(args)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     _start_gpu(sys.argv[1:] if argv is None else list(argv))  # before build_parser imports the API
     if "--distributed" in (sys.argv[1:] if argv is None else argv):
@@ -1039,6 +1196,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
     with configure(-1 if getattr(args, "quiet", False) else 1 if getattr(args, "verbose", False) else 0):
         try:
+            if _check_outputs(args):  # every output path, before any work
+                return _with_stdout_for_results(args)
             return args.func(args)
         except CaramelError as exc:
             print(f"caramel: error: {exc}", file=sys.stderr)

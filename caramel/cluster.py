@@ -1,4 +1,4 @@
-"""Instances and partitioned programs on a Dask cluster (``pip install 'caramel-fhe[cluster]'``).
+"""Instances and partitioned programs on a Dask cluster (``pip install -e '.[cluster]'`` in the clone).
 
 :class:`ClusterExecutor` runs one program on the workers of a Dask cluster (a scheduler address,
 a :class:`distributed.Client` or cluster object such as dask-jobqueue's ``SLURMCluster``, or
@@ -59,7 +59,7 @@ WATCH_SECONDS = 0.2
 STOP_SECONDS = 30.0
 #: Seconds the client waits, after a rank failed, for the scheduler to tell whether a worker was lost.
 LOSS_SECONDS = 2.0
-INSTALL = "pip install 'caramel-fhe[cluster]'"
+INSTALL = "in the caramel clone: pip install -e '.[cluster]'"
 
 
 class ClusterError(CaramelError):

@@ -275,8 +275,8 @@ class Executor:
         self.program, self.options = program, opts
         self.backend = resolve_backend(opts.backend)
         if self.backend == "gpu" and not run_options.gpu_available():
-            raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (pip install 'caramel-fhe[cuda12]' or "
-                               "'caramel-fhe[cuda13]')")
+            raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (in the caramel clone: "
+                               "pip install -e '.[cuda12]' or '.[cuda13]')")
         self.ctx = ctx or Context(n=opts.n)
         check_prime_count(program, self.ctx)
         self.spec = resolve_check(program, opts.check)

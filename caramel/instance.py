@@ -49,7 +49,7 @@ def default_spec(program: Program) -> CheckSpec:
     req = requirements(program)
     inputs = {name: InputSpec(name, need.kind, "S", magnitude=0.5) for name, need in req.inputs.items()}
     outputs = {name: OutputSpec(name, "0", "S") for name in req.outputs}
-    return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs)
+    return CheckSpec(f"<random inputs for {program.name}>", "", {}, inputs, outputs, scales_known=False)
 
 
 def prepare_inputs(program: Program, ctx: Context, keys: KeySet, seed: int, spec: CheckSpec | None = None,
@@ -148,9 +148,9 @@ def run_setup(program: Program, n: int, ctx: Context | None, check, inputs: Any,
     spec = resolve_check(program, check)
     data = None
     if inputs is not None:
-        from caramel.userdata import as_input_data, check_inputs
+        from caramel.userdata import as_input_data, check_inputs, value_bound
 
-        data = as_input_data(inputs)
+        data = as_input_data(inputs, value_bound(program, ctx.n // 2, batch))  # a file: bounded before it is read
         check_inputs(data, program, ctx.n // 2, batch=batch)
     return ctx, spec, data
 

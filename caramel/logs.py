@@ -39,12 +39,46 @@ def progress_enabled() -> bool:
 
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
-             enabled: bool | None = None) -> tqdm:
+             enabled: bool | None = None, position: int | None = None, bar_format: str | None = None) -> tqdm:
     """A tqdm bar on stderr (``enabled``: None = :func:`progress_enabled`); use it as tqdm:
     ``for x in progress(xs, desc="runs")`` or ``with progress(total=n) as bar: bar.update(k)``."""
     show = progress_enabled() if enabled is None else enabled
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False,
-                dynamic_ncols=True)
+                dynamic_ncols=True, position=position, bar_format=bar_format)
+
+
+#: The bar of a run's phases (keys, encrypt, plan and run, check): steps of very unequal length,
+#: so it shows where the run is and how long it has taken, never a rate or a time left.
+PHASE_FORMAT = "{desc} [phase {n_fmt}/{total_fmt}, {elapsed}]"
+
+
+def phases(total: int, desc: str) -> tqdm:
+    """A bar of ``total`` phases of unequal length (:data:`PHASE_FORMAT`: no rate, no ETA)."""
+    return progress(total=total, desc=desc, bar_format=PHASE_FORMAT)
+
+
+class Counter:
+    """A progress callback ``(done, total)`` for long work of many like steps (instructions run,
+    kernels called, keys made, files written): a tqdm bar, made at the first call, below the
+    phase bar, whose rate and time left come from the steps done (:func:`counter`)."""
+
+    def __init__(self, desc: str, unit: str):
+        self.desc, self.unit, self.bar = desc, unit, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = progress(total=total, desc=self.desc, unit=self.unit, enabled=True, position=1)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def counter(desc: str, unit: str) -> Counter | None:
+    """A :class:`Counter` when progress bars show (:func:`progress_enabled`), else None (the work
+    then calls nothing at all)."""
+    return Counter(desc, unit) if progress_enabled() else None
 
 
 @contextlib.contextmanager

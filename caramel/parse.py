@@ -34,7 +34,7 @@ from pathlib import Path, PurePath
 from typing import Callable, Iterable
 
 from caramel.errors import Location, ParseError
-from caramel.infiles import NotRegularFile, open_regular
+from caramel.infiles import NotRegularFile, TooLarge, read_bounded, read_package_file
 from caramel.program import (
     BcuSlot,
     EvalKeyId,
@@ -54,6 +54,14 @@ from caramel.program import (
 from caramel.logs import progress as progress_bar
 
 logger = logging.getLogger(__name__)
+
+
+def _ascii(pattern: str):
+    """A regular expression whose ``\\d`` and ``\\w`` are ASCII only, as the grammar's: Python's
+    default ``\\d`` also matches other scripts' digits (``"r\\u0663"`` would read as register 3)."""
+    return re.compile(pattern, re.ASCII)
+
+
 GRAMMAR_PATH = Path(__file__).resolve().parent / "grammar" / "cinnamon.lark"
 _PROGRAM_SECTIONS = (Section.CIPHERTEXT, Section.PLAINTEXT, Section.SCALAR, Section.OUTPUT, Section.EVALKEY)
 _CHIP_SECTIONS = (Section.INPUT, Section.OUTPUT)
@@ -76,7 +84,7 @@ def grammar():
     from lark import Lark
 
     return Lark(
-        GRAMMAR_PATH.read_text(),
+        read_package_file(GRAMMAR_PATH).decode(),
         parser="lalr",
         start=["instr", "header", "manifest_line"],
         maybe_placeholders=True,
@@ -231,25 +239,25 @@ _R = r"(r\d+(?:\[X\])?)"
 _S = r"(s\d+(?:\[X\])?)"
 _B = r" \| (\d+)"
 _FAST = {
-    "load": re.compile(r"load (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
-    "evg": re.compile(r"evg (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
-    "loas": re.compile(r"loas (s\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
-    "store": re.compile(rf"store {_R}: ([ipskvt]\d+)\((\d+)\)"),
-    "spill": re.compile(rf"spill {_R}: ([ipskvt]\d+)\((\d+)\)"),
-    "bin": re.compile(rf"(add|sub|mul|mup) (r\d+): {_R}, {_R}{_B}"),
-    "sca": re.compile(rf"(ads|sus|mus) (r\d+): {_R}, {_S}{_B}"),
-    "un": re.compile(rf"(neg|mov|con|int) (r\d+): {_R}{_B}"),
-    "rot": re.compile(rf"rot (-?\d+) (r\d+): {_R}{_B}"),
-    "ntt": re.compile(rf"ntt (r\d+): (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
-    "sud": re.compile(rf"sud (r\d+): {_R}, (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
-    "bci": re.compile(r"bci B(\d+): \[(\d+(?:,\d+)*)\], \[(\d+(?:,\d+)*)\]"),
-    "pl1": re.compile(rf"(pl1|bcw) B(\d+): {_R}{_B}"),
-    "rsi": re.compile(r"rsi \{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}"),
-    "rsv": re.compile(rf"rsv \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}: {_R}: \[(\d+(?:,\d+)*)\]{_B}"),
-    "mod": re.compile(rf"mod (r\d+): \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}{_B}"),
-    "dis": re.compile(rf"dis @ (\d+):(\d+) : {_R}"),
-    "rcv": re.compile(r"rcv @ (\d+):(\d+) (r\d+): "),
-    "joi": re.compile(rf"joi @ (\d+):(\d+) (r\d+)?: {_R}?{_B}"),
+    "load": _ascii(r"load (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
+    "evg": _ascii(r"evg (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
+    "loas": _ascii(r"loas (s\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
+    "store": _ascii(rf"store {_R}: ([ipskvt]\d+)\((\d+)\)"),
+    "spill": _ascii(rf"spill {_R}: ([ipskvt]\d+)\((\d+)\)"),
+    "bin": _ascii(rf"(add|sub|mul|mup) (r\d+): {_R}, {_R}{_B}"),
+    "sca": _ascii(rf"(ads|sus|mus) (r\d+): {_R}, {_S}{_B}"),
+    "un": _ascii(rf"(neg|mov|con|int) (r\d+): {_R}{_B}"),
+    "rot": _ascii(rf"rot (-?\d+) (r\d+): {_R}{_B}"),
+    "ntt": _ascii(rf"ntt (r\d+): (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
+    "sud": _ascii(rf"sud (r\d+): {_R}, (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
+    "bci": _ascii(r"bci B(\d+): \[(\d+(?:,\d+)*)\], \[(\d+(?:,\d+)*)\]"),
+    "pl1": _ascii(rf"(pl1|bcw) B(\d+): {_R}{_B}"),
+    "rsi": _ascii(r"rsi \{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}"),
+    "rsv": _ascii(rf"rsv \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}: {_R}: \[(\d+(?:,\d+)*)\]{_B}"),
+    "mod": _ascii(rf"mod (r\d+): \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}{_B}"),
+    "dis": _ascii(rf"dis @ (\d+):(\d+) : {_R}"),
+    "rcv": _ascii(r"rcv @ (\d+):(\d+) (r\d+): "),
+    "joi": _ascii(rf"joi @ (\d+):(\d+) (r\d+)?: {_R}?{_B}"),
 }
 _DISPATCH = {
     "load": "load", "evg": "evg", "loas": "loas", "store": "store", "spill": "spill",
@@ -384,7 +392,7 @@ def parse_stream(
     if not lines:
         raise ParseError(Location(path, 1), "empty instruction file (expected 'Instruction Stream <p>:')")
     header = lines[0]
-    m = re.fullmatch(r"Instruction Stream (\d+):", header)
+    m = re.fullmatch(r"Instruction Stream (\d+):", header, re.ASCII)
     if m is None:
         raise ParseError(Location(path, 1), f"expected header 'Instruction Stream {chip}:', found {header[:60]!r}")
     if _num_at(m.group(1), Location(path, 1)) != chip:
@@ -410,9 +418,9 @@ def parse_stream(
     return Stream(chip, path, tuple(out))
 
 
-_ENTRY = re.compile(r"([ipskvt]\d+) \| (.*) \| \[(\d+(?:,\d+)*)\]")
-_VALUE_SYMBOL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*):(c0|c1|p|s)")
-_KEY_SYMBOL = re.compile(r"K:(\d+):(\d+):(\d+):(-?\d+):(c0|c1):\[(\d+(?:,\d+)*)\]")
+_ENTRY = _ascii(r"([ipskvt]\d+) \| (.*) \| \[(\d+(?:,\d+)*)\]")
+_VALUE_SYMBOL = _ascii(r"([A-Za-z_][A-Za-z0-9_.]*):(c0|c1|p|s)")
+_KEY_SYMBOL = _ascii(r"K:(\d+):(\d+):(\d+):(-?\d+):(c0|c1):\[(\d+(?:,\d+)*)\]")
 
 
 def _symbol(text: str, loc: Location) -> Symbol:
@@ -503,8 +511,8 @@ class _Files:
         return f"{self.where}/{filename}" if self.where else filename
 
 
-_INSTR = re.compile(r"instructions(\d+)")
-_INPUTS = re.compile(r"inputs(\d+)")
+_INSTR = _ascii(r"instructions(\d+)")
+_INPUTS = _ascii(r"inputs(\d+)")
 
 
 def _mib(n: int) -> str:
@@ -518,18 +526,16 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
     default :data:`MAX_FILE_BYTES`."""
     limit = MAX_FILE_BYTES if limit is None else limit
     try:
-        with open_regular(path) as (f, st):
-            if st.st_size > limit:
-                raise ParseError(Location(str(path)), f"file of {_mib(st.st_size)} is far larger than any "
-                                                      f"compiled program file (at most {_mib(limit)})")
-            data = f.read(limit + 1)
+        return read_bounded(path, limit)
+    except TooLarge as exc:
+        if not exc.grown:
+            raise ParseError(Location(str(path)), f"file of {_mib(exc.size)} is far larger than any "
+                                                  f"compiled program file (at most {_mib(limit)})") from None
+        raise ParseError(Location(str(path)), f"file grew beyond {_mib(limit)} while read") from None
     except NotRegularFile as exc:
         raise ParseError(Location(str(path)), str(exc).removeprefix(f"{path}: ")) from None
     except OSError as exc:
         raise ParseError(Location(str(path)), f"cannot read: {exc.strerror}") from None
-    if len(data) > limit:
-        raise ParseError(Location(str(path)), f"file grew beyond {_mib(limit)} while read")
-    return data
 
 
 def _is_program_file(name: str) -> bool:
@@ -610,6 +616,19 @@ def _split_source(source: str | os.PathLike) -> tuple[str, str | None]:
     return text, None
 
 
+def program_files(source: str | os.PathLike) -> list[str]:
+    """The paths of the files that loading ``source`` reads (a folder's program files, or the
+    archive or single file), for refusing an output that would overwrite one; nothing is read."""
+    text, _ = _split_source(source)
+    path = Path(text)
+    try:
+        if path.is_dir():
+            return [str(p) for p in sorted(path.iterdir()) if _is_program_file(p.name)]
+    except OSError:
+        return []
+    return [text]
+
+
 def read_source(source: str | os.PathLike) -> _Files:
     """Read the raw files of a program from a folder, an archive (``a.tar.xz#member``) or one file."""
     text, member = _split_source(source)
@@ -632,7 +651,7 @@ def read_source(source: str | os.PathLike) -> _Files:
 def _parser_fingerprint() -> bytes:
     h = hashlib.sha256()
     for p in (Path(__file__), GRAMMAR_PATH, Path(__file__).with_name("program.py"), Path(__file__).with_name("cache.py")):
-        h.update(p.read_bytes())
+        h.update(read_package_file(p))
     return h.digest()
 
 

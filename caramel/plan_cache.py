@@ -46,6 +46,7 @@ import numpy as np
 
 from caramel import cache as store
 from caramel.cache import program_key, remember
+from caramel.infiles import read_package_file
 from caramel.parse import no_gc
 from caramel.program import Mem, Program
 from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
@@ -72,7 +73,7 @@ def planner_fingerprint() -> str:
     h = hashlib.sha256()
     for p in [*sorted((root / "plan").glob("*.py")), root / "program.py", root / "expr.py", root / "target.py",
               Path(__file__).resolve()]:
-        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+        h.update(p.name.encode() + b"\0" + hashlib.sha256(read_package_file(p)).digest())
     return h.hexdigest()
 
 

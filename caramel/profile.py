@@ -30,6 +30,7 @@ Everything here is a pure function of its inputs; ``caramel.cli`` only parses an
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -42,6 +43,31 @@ from caramel.program import Mem, Program
 from caramel.ring import Context
 
 VARIANTS = ("eager", "graph", "graph+fusion")
+
+
+@dataclass(frozen=True)
+class Words:
+    """What the tables call a device and one unit of work on a backend (a CPU has no GPUs and
+    launches no kernels: it calls them)."""
+
+    devices: str
+    calls: str
+
+
+#: :class:`Words` by backend (any backend not named here: the CPU's).
+WORDS = {"gpu": Words("GPUs", "launches")}
+CPU_WORDS = Words("devices", "calls")
+
+
+def words(backend: str) -> Words:
+    return WORDS.get(backend, CPU_WORDS)
+
+
+#: Why the CPU's variants do not rank as the GPU's (printed under the CPU's table).
+CPU_NOTE = ("on the CPU there is no graph: 'graph' calls the unfused plan's kernels one by one, 'eager' one row at a "
+            "time. Fusion pays on a GPU (fewer launches, less memory traffic); NumPy evaluates a fused kernel as "
+            "the same array operations with their temporaries, and a value fused into several consumers' loads "
+            "is computed again in each, so graph+fusion can be slower than graph here.")
 PROFILE_BACKENDS = ("auto", "gpu", "cpu-plan")
 _TRACE_LINES = 16  # source lines kept per trace event (fused kernels can cover thousands)
 
@@ -177,7 +203,7 @@ def render(result: ProfileResult) -> str:
            f"backend {result.backend} ({result.device}), timed with {result.clock}"
            + (f", {result.date}" if result.date else "")]
     eager = next((v for v in result.variants if v.name == "eager"), None)
-    head = ("mode", "launches", "median ms", "min ms", "max ms", "speedup")
+    head = ("mode", words(result.backend).calls, "median ms", "min ms", "max ms", "speedup")
     rows = [(v.name, str(v.launches), f"{v.median_ms:.3f}", f"{v.min_ms:.3f}", f"{v.max_ms:.3f}",
              f"{eager.median_ms / v.median_ms:.2f}x" if eager and v.median_ms > 0 else "-")
             for v in result.variants]
@@ -187,6 +213,8 @@ def render(result: ProfileResult) -> str:
     out.append(_table(head, rows))
     if result.variants and any(v.digest for v in result.variants):
         out.append(f"output digests of the variants agree: {'yes' if result.digests_agree else 'NO'}")
+    if result.backend != "gpu":
+        out.append(textwrap.fill(CPU_NOTE, 110))
     kinds = kind_table(result.kernels)
     total = sum(r[3] for r in kinds)
     out.append("")
@@ -199,7 +227,11 @@ def render(result: ProfileResult) -> str:
     if result.critical_ms > 0:
         out.append("critical path (the longest chain of dependent kernels at these times): "
                    f"{result.critical_ms:.3f} ms of the {total:.3f} ms sum")
-    if any(k.bytes for k in result.kernels):
+    if result.backend != "gpu":
+        out.append("")
+        out.append("no roofline on the CPU: the plan's traffic model counts GPU memory traffic, which NumPy's\n"
+                   "temporaries do not follow")
+    elif any(k.bytes for k in result.kernels):
         out.append("")
         ceiling = f"measured copy bandwidth {result.copy_gbs:.0f} GB/s" if result.copy_gbs > 0 else "no copy ceiling"
         out.append(f"roofline per kernel kind (bytes of the plan's traffic model over the measured time; {ceiling}):")
@@ -241,7 +273,7 @@ def write_trace(result: ProfileResult, path) -> None:
     """Write :func:`chrome_trace` to ``path`` atomically."""
     from caramel.outfiles import write_atomic
 
-    write_atomic(path, json.dumps(chrome_trace(result)))
+    write_atomic(path, json.dumps(chrome_trace(result)), "trace")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,7 +443,7 @@ def _profile_cpu(program, plans, ctx, memory, mode, repeats, warmup, log):
         setup[name] = t_setup
         med, lo, hi = _stats(times)
         variants.append(VariantTiming(name, launches, med, lo, hi, len(times), digest))
-        log(f"{name}: {launches} launches, median {med:.3f} ms")
+        log(f"{name}: {launches} kernel calls, median {med:.3f} ms")
     run, _ = _cpu_run(plans["graph+fusion"], ctx, memory, mode, per_row=False)
     marks: list[float] = []
     origin = time.perf_counter()

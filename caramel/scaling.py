@@ -110,12 +110,13 @@ def family_member(family: str, chips: int) -> str:
 
 
 def render_scaling(result: ScalingResult) -> str:
-    from caramel.profile import _table
+    from caramel.profile import _table, words
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
-    head = ("GPUs", "program", "median ms", "min ms", "max ms", "speedup", "efficiency", "predicted ms",
+    devices = words(result.backend).devices
+    head = (devices, "program", "median ms", "min ms", "max ms", "speedup", "efficiency", "predicted ms",
             "MiB sent", "collectives", "compute ms", "comm ms")
     rows = []
     for p in result.points:
@@ -144,7 +145,7 @@ def render_scaling(result: ScalingResult) -> str:
         trows = [(str(t.gpus), t.program, str(t.instances), f"{t.wall_s:.3f}", f"{t.per_second:.2f}",
                   f"{t.speedup:.2f}x", f"{t.efficiency:.0%}") for t in result.throughput]
         lines += ["", "throughput (the 1-chip program, one instance per device at a time; runs only):",
-                  _table(("GPUs", "program", "instances", "wall s", "instances/s", "speedup", "efficiency"), trows)]
+                  _table((devices, "program", "instances", "wall s", "instances/s", "speedup", "efficiency"), trows)]
     return "\n".join(lines)
 
 
@@ -174,9 +175,17 @@ def bar_split(p: ScalingPoint) -> tuple[float, float]:
 
 
 def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ()) -> None:
-    """Save the scaling curve to ``path`` (PNG, PDF or SVG by extension) with matplotlib's object
-    API (a :class:`~matplotlib.figure.Figure`, never the global backend): left, the replay time per
-    device count as stacked compute + communication bars that add up to the replay (median, with
+    """Save the scaling curve to ``path`` (PNG, PDF or SVG by extension; :func:`plot_writer`)."""
+    from caramel.outfiles import write_atomic
+
+    write_atomic(path, plot_writer(result, path, targets), "plot")
+
+
+def plot_writer(result: ScalingResult, path, targets: Sequence[tuple[int, float]] = ()):
+    """A function that writes the scaling curve into an open binary file in the format of ``path``'s
+    extension (PNG, PDF or SVG), for :func:`caramel.outfiles.write_output`. Drawn with matplotlib's
+    object API (a :class:`~matplotlib.figure.Figure`, never the global backend): left, the replay time
+    per device count as stacked compute + communication bars that add up to the replay (median, with
     its min-max range; none where not measured) and the timeline model's prediction as open markers;
     right, the speedup on log2 axes, where the ideal line (speedup = G) is straight, measured and
     predicted (dashed). ``targets``: optional (G, speedup) points drawn as a target line."""
@@ -221,9 +230,7 @@ def plot_scaling(result: ScalingResult, path, targets: Sequence[tuple[int, float
     b.legend(fontsize=7)
     fig.suptitle(f"{Path(result.family).name}, N = {result.n}, backend {result.backend} ({result.device}), "
                  f"{result.date}", fontsize=9)
-    from caramel.outfiles import write_atomic
-
-    write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=120))
+    return lambda f: fig.savefig(f, format=fmt, dpi=120)
 
 
 def call_streams(dev_run, streams: int) -> list[int]:

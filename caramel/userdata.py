@@ -9,21 +9,28 @@ or an unknown name is an error):
 * ``.json``: an object ``{name: value}`` where a value is a number (scalar), a list of numbers
   (real vector), ``{"real": [...], "imag": [...]}`` (complex vector), or a list of those (a batch).
 
+Every inputs file gets a bound before it is read (:func:`value_bound`): the values the program
+can use at most (one vector of N/2 slots per input and instance). A file larger than those values
+could be written in is refused from its size, and each ``.npz`` member from its header (dtype x
+shape) before any of its data is decompressed; a JSON file nests at most :data:`JSON_DEPTH` levels
+and its integers have at most 40 digits (:func:`caramel.infiles.parse_json`).
+
 Values must be finite; they are encoded (and ciphertexts encrypted) at the scales and on the limbs
 that the check file gives (or the default: scale 2^28 on the manifest's limbs), see
 :func:`caramel.ckks.check.prepare_check`, which also refuses values whose scaled magnitude does not
 fit the modulus. An unstacked value feeds every instance of a batch.
 
 Outputs (:func:`save_outputs`): an ``.npz`` with, per output name, the decrypted slots (complex128,
-shape ``(N/2,)``, or ``(B, N/2)`` for a batch) decoded at the check file's output scale (without a
-check file, at 2^28), and with ``limbs=True`` also ``<name>.c0`` and ``<name>.c1`` (uint32
-``(k, N)``, or ``(B, k, N)``, NTT form) and ``<name>.limbs`` (the limb indices).
+shape ``(N/2,)``, or ``(B, N/2)`` for a batch) decoded at the output's true scale, which the check
+file gives (``[outputs.NAME] scale``), and with ``limbs=True`` also ``<name>.c0`` and ``<name>.c1``
+(uint32 ``(k, N)``, or ``(B, k, N)``, NTT form) and ``<name>.limbs`` (the limb indices). Without a
+check file an output's scale is unknown (a product's is not its inputs'), so its slots are not
+decoded: :func:`decrypted_outputs` raises :class:`OutputScaleError`, or with ``limbs=True`` gives
+the limbs alone.
 """
 
 from __future__ import annotations
 
-import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,12 +40,29 @@ import numpy as np
 from caramel.ckks.bind import InputKind, read_outputs, requirements
 from caramel.errors import CaramelError
 
-#: Largest inputs file read (bytes): a guard against reading something that is not an inputs file.
+#: Largest inputs file read without a program to bound it (:func:`load_inputs` with no ``max_values``).
 MAX_BYTES = 4 << 30
+#: Deepest nesting of an inputs JSON: {name: [ {"real": [...]} ]} (a batch of complex vectors).
+JSON_DEPTH = 4
+#: Bytes of JSON text one value can take at most ("-1.2345678901234567e-123, " in a complex pair).
+_JSON_BYTES_PER_VALUE = 64
+#: Bytes an inputs file holds beyond its values (names, headers, zip directory).
+_SLACK = 64 << 10
 
 
 class InputDataError(CaramelError):
     """An inputs file that cannot be read or does not fit the program."""
+
+
+class OutputScaleError(CaramelError):
+    """Outputs asked for as values whose scale is unknown (a run without a check file)."""
+
+
+def scale_unknown_message(program_name: str) -> str:
+    """Why the outputs of a run of ``program_name`` without a check file cannot be decoded."""
+    return (f"the outputs of {program_name} cannot be decoded: without a check file their scale is unknown (a "
+            "product's scale is not its inputs'), and decoding at a guessed scale gives wrong values; give "
+            "--check CHECK.toml (check=... in Python) with each output's scale, or --save-limbs for the raw limbs")
 
 
 @dataclass(frozen=True)
@@ -75,33 +99,59 @@ def _from_json_value(v: Any, where: str) -> np.ndarray:
     raise InputDataError(f"{where}: unsupported value of type {type(v).__name__}")
 
 
-def load_inputs(path: str | Path) -> InputData:
-    """Read an inputs file (``.npz`` or ``.json``, see the module docstring); no code is executed."""
+def value_bound(program, slots: int, batch: int | None = None) -> int:
+    """The most values an inputs file for ``program`` can hold: every input (scalar or vector) a
+    vector of ``slots`` values, for each of ``batch`` instances (one without a batch)."""
+    return max(1, len(requirements(program).inputs)) * slots * max(1, batch or 1)
+
+
+def load_inputs(path: str | Path, max_values: int | None = None) -> InputData:
+    """Read an inputs file (``.npz`` or ``.json``, see the module docstring); no code is executed.
+    ``max_values``: the most values it may hold (:func:`value_bound`); the file is refused from its
+    size, its ``.npz`` headers or its JSON text before more is read or allocated."""
+    from caramel.infiles import BadData, NotRegularFile, TooLarge, npz_arrays, parse_json, read_bounded
+
     path = Path(path)
-    if not path.is_file():
-        raise InputDataError(f"{path}: no such inputs file")
-    if path.stat().st_size > MAX_BYTES:
-        raise InputDataError(f"{path}: larger than {MAX_BYTES >> 30} GiB; not an inputs file")
     suffix = path.suffix.lower()
+    if suffix not in (".npz", ".json"):
+        raise InputDataError(f"{path}: an inputs file is .npz or .json, not {suffix or 'without a suffix'}")
+    per_value = 16 if suffix == ".npz" else _JSON_BYTES_PER_VALUE  # complex128; a number in text
+    limit = MAX_BYTES if max_values is None else min(MAX_BYTES, max_values * per_value + _SLACK)
+    try:
+        data = read_bounded(path, limit)
+    except FileNotFoundError:
+        raise InputDataError(f"{path}: no such inputs file") from None
+    except NotRegularFile as exc:
+        raise InputDataError(f"{path}: not a regular file ({'a folder' if exc.is_dir else 'a device, FIFO or socket'})")
+    except TooLarge as exc:
+        raise InputDataError(f"{path}: {exc.size} bytes, larger than the {limit} bytes an inputs file of "
+                             f"{'this program' if max_values else 'caramel'} can need; not an inputs file") from None
+    except OSError as exc:
+        raise InputDataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     arrays: dict[str, np.ndarray] = {}
     if suffix == ".npz":
+        import io
+
         try:
-            with np.load(path, allow_pickle=False) as data:
-                for name in data.files:
-                    arrays[name] = np.asarray(data[name])
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            raw = npz_arrays(io.BytesIO(data), max_bytes=limit)
+        except TooLarge as exc:
+            raise InputDataError(f"{path}: {str(exc).split(': ', 1)[1]} (values larger than the inputs of this "
+                                 f"program can be)") from None
+        except BadData as exc:
             raise InputDataError(f"{path}: not a readable .npz of numeric arrays ({exc})") from None
-        arrays = {name: _numeric(a, f"{path}: {name}") for name, a in arrays.items()}
-    elif suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputDataError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise InputDataError(f"{path}: expected a JSON object {{input name: value}}")
-        arrays = {str(k): _from_json_value(v, f"{path}: {k}") for k, v in data.items()}
+        arrays = {name: _numeric(a, f"{path}: {name}") for name, a in raw.items()}
     else:
-        raise InputDataError(f"{path}: an inputs file is .npz or .json, not {suffix or 'without a suffix'}")
+        try:
+            doc = parse_json(data, max_depth=JSON_DEPTH)
+        except BadData as exc:
+            reason = str(exc)
+            if reason.startswith("nested"):
+                reason += " (an inputs file is {name: value}, a value a number, a list of numbers, {\"real\": [...], " \
+                          "\"imag\": [...]} or a list of those)"
+            raise InputDataError(f"{path}: {reason}") from None
+        if not isinstance(doc, dict):
+            raise InputDataError(f"{path}: expected a JSON object {{input name: value}}")
+        arrays = {str(k): _from_json_value(v, f"{path}: {k}") for k, v in doc.items()}
     return InputData(str(path), arrays)
 
 
@@ -112,12 +162,13 @@ def _numeric(a: np.ndarray, where: str) -> np.ndarray:
     return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
 
 
-def as_input_data(inputs: InputData | str | Path | Mapping[str, Any]) -> InputData:
-    """An :class:`InputData` from a file path or a mapping ``{name: array-like}`` (the Python API)."""
+def as_input_data(inputs: InputData | str | Path | Mapping[str, Any], max_values: int | None = None) -> InputData:
+    """An :class:`InputData` from a file path (:func:`load_inputs`, bounded by ``max_values``) or a
+    mapping ``{name: array-like}`` (the Python API)."""
     if isinstance(inputs, InputData):
         return inputs
     if isinstance(inputs, (str, Path)):
-        return load_inputs(inputs)
+        return load_inputs(inputs, max_values)
     if not isinstance(inputs, Mapping):
         raise InputDataError(f"inputs must be a file path or a mapping of name to values, not {type(inputs).__name__}")
     arrays = {}
@@ -193,18 +244,23 @@ def instance_values(data: InputData, program, index: int) -> dict[str, Any]:
 def decrypted_outputs(prepared, memory, *, limbs: bool = False) -> dict[str, np.ndarray]:
     """The program's outputs decrypted (slots, complex128) at the check's output scales, and with
     ``limbs`` the raw output ciphertexts (``<name>.c0``, ``<name>.c1``, ``<name>.limbs``)."""
-    from caramel.ckks.check import FRESH_SCALE, output_scales
+    from caramel.ckks.check import output_scales
     from caramel.ckks.encrypt import decrypt_values
 
     cts = read_outputs(prepared.manifest, memory, aliases=prepared.aliases)
-    scales = output_scales(prepared.spec, prepared.ctx, prepared.env["L"])
+    known = getattr(prepared.spec, "scales_known", True)
+    if not known and not limbs:
+        raise OutputScaleError(scale_unknown_message(prepared.spec.path.removeprefix("<random inputs for ")
+                                                     .removesuffix(">")))
+    scales = output_scales(prepared.spec, prepared.ctx, prepared.env["L"]) if known else {}
     out: dict[str, np.ndarray] = {}
     for name, ct in cts.items():
         spec = prepared.spec.outputs.get(name)
-        scale, modulus = scales.get(name, (float(FRESH_SCALE), None))
-        sk = prepared.secrets.s_eph if spec is not None and spec.key == "s_eph" else prepared.secrets.s
-        with np.errstate(all="ignore"):
-            out[name] = np.asarray(decrypt_values(prepared.ctx, sk, ct, scale, modulus), dtype=np.complex128)
+        if name in scales:
+            scale, modulus = scales[name]
+            sk = prepared.secrets.s_eph if spec is not None and spec.key == "s_eph" else prepared.secrets.s
+            with np.errstate(all="ignore"):
+                out[name] = np.asarray(decrypt_values(prepared.ctx, sk, ct, scale, modulus), dtype=np.complex128)
         if limbs:
             out[f"{name}.c0"] = np.asarray(ct.c0, dtype=np.uint32)
             out[f"{name}.c1"] = np.asarray(ct.c1, dtype=np.uint32)
@@ -220,15 +276,19 @@ def stack_outputs(per_instance: Sequence[Mapping[str, np.ndarray]]) -> dict[str,
     return {k: per_instance[0][k] if k.endswith(".limbs") else np.stack([o[k] for o in per_instance]) for k in keys}
 
 
+def npz_writer(arrays: Mapping[str, np.ndarray]):
+    """A function writing ``arrays`` as an ``.npz`` into an open binary file (no pickles)."""
+    return lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+
+
 def save_outputs(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
-    """Write ``arrays`` as an ``.npz`` atomically (see :func:`caramel.outfiles.write_atomic`)."""
-    from caramel.outfiles import write_atomic
+    """Write ``arrays`` as an ``.npz`` atomically (:func:`caramel.outfiles.write_atomic`: a regular
+    file only; an error names ``path``)."""
+    from caramel.outfiles import Output, check_output, write_atomic
 
-    path = Path(path)
-    if path.suffix.lower() != ".npz":
-        raise InputDataError(f"{path}: outputs are written as .npz; give a file name ending in .npz")
-    return write_atomic(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()}))
+    check_output(Output("--save-outputs", str(path), stdout=False, suffixes=(".npz",)))
+    return write_atomic(path, npz_writer(arrays), "--save-outputs")
 
 
-__all__ = ["InputData", "InputDataError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
-           "load_inputs", "save_outputs", "stack_outputs"]
+__all__ = ["InputData", "InputDataError", "OutputScaleError", "as_input_data", "check_inputs", "decrypted_outputs", "instance_values",
+           "load_inputs", "npz_writer", "save_outputs", "stack_outputs", "value_bound"]

@@ -424,3 +424,36 @@ def test_damaged_or_foreign_markers_are_not_trusted(monkeypatch, change):
         other.replace(marker)
     cache.validate_once(load_program(MUL), check)
     assert calls.count("Mul_4L_2c") == 2
+
+
+# Every entry read is bounded: by its size before the read, by its arrays' headers before decoding.
+
+REPO_MUL = Path(__file__).resolve().parents[1] / "programs" / "Mul_4L_2c"
+
+
+def test_a_huge_entry_is_not_read(fresh_cache, caplog):
+    """A 5 GiB sparse file at the entry's path (all of it memory if read) is passed over from its size."""
+    fresh_cache.mkdir(mode=0o700)
+    path = entry_path(REPO_MUL)
+    with open(path, "wb") as f:
+        f.truncate(5 << 30)
+    path.chmod(0o600)
+    with caplog.at_level(logging.WARNING, logger="caramel.cache"):
+        assert load_program(REPO_MUL, progress=False) == load_program(REPO_MUL, cache=False, progress=False)
+    assert "more than any entry" in caplog.text
+
+
+def test_an_entry_whose_arrays_declare_more_than_it_holds_is_rebuilt(fresh_cache):
+    """A sealed entry (right digest) whose npz member declares 10^10 values: refused from the
+    header (nothing allocated), the program parsed again."""
+    from tests.test_infiles import declaring
+
+    fresh_cache.mkdir(mode=0o700)
+    body = declaring(io.BytesIO(), 10**10, "header.npy").getvalue()
+    import hashlib
+
+    entry_path(REPO_MUL).write_bytes(cache.MAGIC + hashlib.sha256(body).digest() + body)
+    entry_path(REPO_MUL).chmod(0o600)
+    with pytest.raises(cache.CacheEntryError, match="malformed entry: TooLarge"):
+        cache.from_bytes(entry_path(REPO_MUL).read_bytes(), meta_of(REPO_MUL))
+    assert load_program(REPO_MUL, progress=False) == load_program(REPO_MUL, cache=False, progress=False)

@@ -91,7 +91,7 @@ def test_the_leaving_process_loses_no_output(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     doc = json.loads(out.read_text())
-    assert res.stdout == f"ok: {doc['instructions']} instructions on 1 chip\n" and doc["ok"]
+    assert res.stdout == f"ok: {doc['instructions']} instructions on 1 chip\nresults: written to {out}\n" and doc["ok"]
     bad = subprocess.run([sys.executable, "-c", _SCRIPT, "run", str(tmp_path / "missing")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("caramel: error: ")

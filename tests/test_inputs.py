@@ -13,6 +13,7 @@ from caramel.api import run_program
 from caramel.batch import run_batch
 from caramel.ckks.check import CheckError
 from caramel.cli import main
+from caramel.outfiles import OutputError
 from caramel.parse import load_program
 from caramel.userdata import InputDataError, check_inputs, decrypted_outputs, load_inputs, save_outputs
 
@@ -128,7 +129,7 @@ def test_unreadable_files(tmp_path, name, text, message):
 def test_npz_with_objects_is_refused(tmp_path):
     path = tmp_path / "o.npz"
     np.savez(path, x=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(InputDataError):
+    with pytest.raises(InputDataError, match="holds Python objects"):
         load_inputs(path)
 
 
@@ -181,12 +182,102 @@ def test_save_outputs_is_atomic_and_refuses_links(tmp_path):
     target.write_bytes(b"keep")
     link = tmp_path / "out.npz"
     link.symlink_to(target)
-    with pytest.raises(OSError, match="symbolic link"):
+    with pytest.raises(OutputError, match="symbolic link"):
         save_outputs(link, {"z": np.zeros(4)})
     assert target.read_bytes() == b"keep"
-    with pytest.raises(InputDataError, match=".npz"):
+    with pytest.raises(OutputError, match=r"must end in \.npz"):
         save_outputs(tmp_path / "out.txt", {"z": np.zeros(4)})
     path = save_outputs(tmp_path / "ok.npz", {"z": np.arange(4.0)})
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with np.load(path) as data:
         assert list(data["z"]) == [0, 1, 2, 3]
+
+
+# Every inputs file gets a bound before it is read: what the program can use at most.
+
+from tests.test_infiles import declaring, zip_bomb  # noqa: E402
+
+
+@pytest.mark.parametrize("make", [lambda p: declaring(p, 10**10), lambda p: zip_bomb(p, 20 << 20)],
+                         ids=["header-declares-1e10-values", "zip-bomb"])
+def test_an_npz_beyond_what_the_program_can_use_is_refused_from_its_headers(rot, tmp_path, make):
+    """A file of a few KiB declaring 10^10 values (80 GB) or deflating to 160 MiB: refused from its
+    headers, nothing allocated (each input of this program has N/2 slots)."""
+    path = make(tmp_path / "in.npz")
+    with pytest.raises(InputDataError, match="larger than"):
+        run_program(rot, n=N, backend="cpu", inputs=path)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"x": ' + "[" * 20000 + "]" * 20000 + "}", "nested more than"),
+    ('{"x": [' + "9" * 4000 + "]}", "integer of 4000 digits"),
+    ('{"x": ' + "[" * 5 + "1" + "]" * 5 + "}", "nested more than 4 levels"),
+    ('{"x": [1e999' + ", 0" * (SLOTS - 1) + '], "y": [' + ", ".join(["0"] * SLOTS) + "]}", "non-finite"),
+])
+def test_hostile_json_inputs_are_clear_errors(rot, tmp_path, text, message):
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    with pytest.raises(InputDataError, match=message):
+        run_program(rot, n=N, backend="cpu", inputs=path)
+
+
+def test_an_inputs_file_larger_than_the_program_can_use_is_refused_before_reading(rot, tmp_path):
+    path = tmp_path / "in.json"
+    with open(path, "wb") as f:
+        f.truncate(5 << 30)
+    with pytest.raises(InputDataError, match="larger than"):
+        run_program(rot, n=N, backend="cpu", inputs=path)
+
+
+def test_cli_hostile_inputs_exit_2_without_a_traceback(tmp_path, capsys):
+    path = declaring(tmp_path / "in.npz", 10**10)
+    assert main(["run", str(ROT), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("caramel: error:") and "Traceback" not in err and str(path) in err
+
+
+# Outputs are decoded at their true scale, or not at all.
+
+MUL1 = REPO / "programs" / "Mul_4L_1c"
+
+
+def test_saved_outputs_are_at_the_true_scale(tmp_path, capsys):
+    """0.5 x 0.5 saved as 0.25 (the check file says the output's scale: S^2 / q[L-1])."""
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"x": [0.5] * SLOTS, "y": [0.5] * SLOTS}))
+    out = tmp_path / "o.npz"
+    assert main(["run", str(MUL1), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path), "--save-outputs",
+                 str(out)]) == 0
+    with np.load(out) as data:
+        assert np.allclose(data["z"], 0.25, atol=1e-3)
+
+
+@pytest.mark.parametrize("how", [["--no-check"], ["--check", "none"]])
+def test_without_a_check_file_outputs_are_not_decoded_at_a_guessed_scale(tmp_path, capsys, monkeypatch, how):
+    """Without a check file the output's scale is unknown: --save-outputs is refused before the run
+    (it saved 0.5 x 0.5 as 0.3228, decoded at 2^28), --save-limbs saves the limbs alone."""
+    import caramel.cli as cli
+
+    if how[-1] == "none":  # a family without a check file
+        monkeypatch.setattr("caramel.api.check_path", lambda name: tmp_path / "absent.toml")
+        how = []
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"x": [0.5] * SLOTS, "y": [0.5] * SLOTS}))
+    out = tmp_path / "o.npz"
+    base = ["run", str(MUL1), "--n", str(N), "--backend", "cpu", "-q", "--inputs", str(path), *how]
+    assert main([*base, "--save-outputs", str(out)]) == 2
+    assert "scale is unknown" in capsys.readouterr().err and not out.exists()
+    assert main([*base, "--save-outputs", str(out), "--save-limbs"]) == 0
+    assert "limbs alone" in capsys.readouterr().out
+    with np.load(out) as data:
+        assert sorted(data.files) == ["z.c0", "z.c1", "z.limbs"]
+
+
+def test_the_api_refuses_to_decode_outputs_of_unknown_scale():
+    from caramel.userdata import OutputScaleError
+
+    program = load_program(MUL1, progress=False)
+    outcome = run_program(program, n=N, backend="cpu", check=None)
+    with pytest.raises(OutputScaleError, match="scale is unknown"):
+        decrypted_outputs(outcome.prepared, outcome.result.memory)
+    assert set(decrypted_outputs(outcome.prepared, outcome.result.memory, limbs=True)) == {"z.c0", "z.c1", "z.limbs"}

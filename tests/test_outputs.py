@@ -26,8 +26,8 @@ def run(capsys, *argv):
 
 @pytest.mark.parametrize("command", ["validate", "stats", "plan"])
 def test_json_means_the_same_on_every_command(capsys, tmp_path, command):
-    code, out, _ = run(capsys, command, MUL, "-q", "--json")
-    assert code == 0
+    code, out, err = run(capsys, command, MUL, "-q", "--json", "-")
+    assert code == 0 and err.strip()  # the text on stderr
     printed = json.loads(out)
     code, out2, _ = run(capsys, command, MUL, "-q", "--json", str(tmp_path / "r.json"))
     assert code == 0 and out2.strip() and not out2.lstrip().startswith("{")  # the text, and the file
@@ -42,9 +42,9 @@ def test_validate_json_lists_the_problems(capsys, tmp_path):
     d = tmp_path / "Mul_4L_2c"
     shutil.copytree(MUL, d)
     (d / "instructions1").write_text("Instruction Stream 1:\n" + "neg r1: r0 | 1\n" * 3)
-    code, out, _ = run(capsys, "validate", str(d), "-q", "--no-cache", "--json")
+    code, out, _ = run(capsys, "validate", str(d), "-q", "--no-cache", "--json", "-")
     data = json.loads(out)
-    assert code == 1 and data["ok"] is False and data["problems"]
+    assert code == 2 and data["ok"] is False and data["problems"]
 
 
 def test_dag_json_reloads_with_networkx(capsys, tmp_path):
@@ -75,10 +75,22 @@ def _result() -> ScalingResult:
     return ScalingResult("programs/F", 1024, "exact", "cpu-plan", "host", "wall clock", "today", points, trace)
 
 
-def test_bars_add_up_to_the_replay():
+def test_bars_split_the_replay_in_the_measured_proportion():
+    """The plot's bars show the replay (median) split as compute : communication were measured in
+    the instrumented run (not, say, the raw compute ms with the rest called communication)."""
+    import dataclasses
+
     for p in _result().points:
         compute, comm = bar_split(p)
-        assert compute + comm == pytest.approx(p.median_ms) and compute >= 0 and comm >= 0
+        assert compute + comm == pytest.approx(p.median_ms)
+        if p.comm_ms == 0:
+            assert (compute, comm) == (p.median_ms, 0.0)
+        else:
+            assert compute / comm == pytest.approx(p.compute_ms / p.comm_ms)
+    point = _result().points[1]  # compute 4 ms, comm 4 ms measured; replay 6 ms: 3 + 3, not 4 + 2
+    assert bar_split(point) == pytest.approx((3.0, 3.0))
+    assert bar_split(dataclasses.replace(point, compute_ms=1.0, comm_ms=3.0)) == pytest.approx((1.5, 4.5))
+    assert bar_split(dataclasses.replace(point, compute_ms=0.0, comm_ms=0.0)) == (6.0, 0.0)
 
 
 @pytest.mark.parametrize("ext,magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF"), (".svg", b"<?xml")])
@@ -134,3 +146,31 @@ def test_profile_logs_phases_unless_quiet(capsys, tmp_path):
     code, out, err = run(capsys, *args, "-q")
     assert code == 0 and err == ""
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+# Words that fit the machine: on the CPU, devices and calls (not GPUs and launches), no roofline.
+
+
+def test_cpu_tables_say_devices_and_calls(capsys):
+    code, out, _ = run(capsys, "profile", str(REPO / "programs" / "Mul_4L_1c"), "--n", "256", "--backend", "cpu-plan",
+                       "--repeats", "1", "-q")
+    assert code == 0
+    head = next(line for line in out.splitlines() if line.startswith("mode "))
+    assert "calls" in head.split() and "launches" not in head
+    assert "GB/s" not in out and "no roofline on the CPU" in out
+    assert "graph+fusion can be slower than graph" in " ".join(out.split())
+
+
+def test_cpu_scaling_tables_say_devices(capsys):
+    code, out, _ = run(capsys, "profile", str(REPO / "programs" / "Mul_4L"), "--gpus", "1,2", "--n", "256",
+                       "--backend", "cpu-plan", "--repeats", "1", "--throughput", "-q")
+    assert code == 0
+    heads = [line for line in out.splitlines() if "program" in line and "speedup" in line]
+    assert len(heads) == 2 and all(h.split()[0] == "devices" for h in heads) and "GPUs" not in out
+
+
+def test_gpu_tables_keep_gpus_and_launches():
+    from caramel.profile import words
+
+    assert (words("gpu").devices, words("gpu").calls) == ("GPUs", "launches")
+    assert (words("cpu-plan").devices, words("cpu-plan").calls) == ("devices", "calls")

@@ -23,6 +23,7 @@ def test_distribution_name_license_and_package_data():
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     project = meta["project"]
     assert project["name"] == "caramel-fhe" and project["license"] == "Apache-2.0"
+    assert project["authors"] and "Topic :: Security :: Cryptography" in project["classifiers"]  # pip show
     assert "Apache License" in (REPO / "LICENSE").read_text()
     assert any(d.startswith("tqdm") for d in project["dependencies"])
     assert "checks/*.toml" in meta["tool"]["setuptools"]["package-data"]["caramel"]

@@ -14,7 +14,7 @@ from caramel.errors import ParseError
 from caramel.parse import load_program, parse_instruction, parse_manifest
 from caramel.program import BcuSlot, Instruction, Mem, Opcode, Section, SReg, VReg
 
-from tests.conftest import SYNTAX_FORMS, SHARED_PROGRAMS, corpus
+from tests.conftest import SYNTAX_FORMS, SHARED_PROGRAMS, corpus, shared
 
 CORPUS = corpus()
 # Lark round trips are ~60 us a line: every line of these programs (all opcodes, 1-8 chips).
@@ -26,7 +26,7 @@ needs_corpus = pytest.mark.skipif(not ADD.is_dir(), reason="shared corpus not fo
 
 def copy_program(tmp_path: Path, name: str = "Add_4L_2c") -> Path:
     target = tmp_path / name
-    shutil.copytree(SHARED_PROGRAMS / name, target)
+    shutil.copytree(shared(name), target)
     for f in target.iterdir():
         f.chmod(0o644)
     target.chmod(0o755)
@@ -327,8 +327,8 @@ def test_archive_member_beyond_any_program_is_refused_at_its_header(tmp_path):
 def test_archive_members_beyond_the_total_are_refused(tmp_path, monkeypatch):
     archive = tmp_path / "two.tar"
     with tarfile.open(archive, "w") as tar:
-        tar.add(ADD, arcname="Add_4L_2c")
-        tar.add(SHARED_PROGRAMS / "Mul_4L_2c", arcname="Mul_4L_2c")
+        tar.add(shared("Add_4L_2c"), arcname="Add_4L_2c")
+        tar.add(shared("Mul_4L_2c"), arcname="Mul_4L_2c")
     monkeypatch.setattr(caramel.parse, "MAX_ARCHIVE_BYTES", 4000)
     with pytest.raises(ParseError, match="members declare more than"):
         load_program(f"{archive}#Add_4L_2c", cache=False)
@@ -369,3 +369,16 @@ def test_non_regular_program_source_fails_at_once(tmp_path, source):
         os.mkfifo(source)
     with pytest.raises(ParseError, match="not a regular file"):
         load_program(source, cache=False)
+
+
+@pytest.mark.parametrize("line", ["load r\u0663: i1(0){F}", "add r1: r0, r\u0661 | 0", "load r1: i1(\u0660){F}",
+                                  "rot \u0663 r1: r0 | 0", "ntt r1: r0 | \u0663"])
+def test_digits_of_other_scripts_are_refused_on_both_paths(tmp_path, line):
+    """The fast path's regular expressions matched any script's digits (Python's \\d), the grammar
+    only ASCII: 'load r\u0663' was read as register 3 and validated."""
+    with pytest.raises(ParseError, match="malformed"):
+        parse_instruction(line)
+    f = tmp_path / "instructions0"
+    f.write_text(f"Instruction Stream 0:\n{line}\n", encoding="utf-8")
+    with pytest.raises(ParseError, match=r"instructions0:2"):
+        load_program(f, cache=False)

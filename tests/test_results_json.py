@@ -10,6 +10,7 @@ import pytest
 
 from caramel.api import run_program
 from caramel.cli import main
+from caramel.outfiles import OutputError
 from caramel.parse import load_program
 from caramel.results import (
     PHASES, Timings, check_record, document, environment, run_record, timings_line, write_json,
@@ -97,13 +98,13 @@ def test_environment_without_a_gpu_is_complete():
 
 
 def test_write_json_is_strict_atomic_and_refuses_links(tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         write_json(tmp_path / "nan.json", {"x": math.nan})
     assert not (tmp_path / "nan.json").exists() and list(tmp_path.iterdir()) == []
     target = tmp_path / "target"
     target.write_text("keep")
     (tmp_path / "link.json").symlink_to(target)
-    with pytest.raises(OSError, match="symbolic link"):
+    with pytest.raises(OutputError, match="symbolic link"):
         write_json(tmp_path / "link.json", {"a": 1})
     assert target.read_text() == "keep"
     path = write_json(tmp_path / "ok.json", {"a": (1, 2)})

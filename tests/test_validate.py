@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -71,13 +70,10 @@ def test_corpus_program_validates_clean(path):
 
 
 @pytest.mark.parametrize("name", BOOTSTRAP)
-def test_bootstrap_like_validates_clean_and_fast(name, bootstrap51):
+def test_bootstrap_like_validates_clean(name, bootstrap51):
+    """Clean; how long it takes is a benchmark's question (scripts/bench_load.py), not a unit test's."""
     program = load_program(bootstrap51 / name)
-    start = time.perf_counter()
-    found = problems(program, limit=5)
-    elapsed = time.perf_counter() - start
-    assert found == []
-    assert elapsed < 5.0, f"validation of {name} took {elapsed:.1f} s"
+    assert problems(program, limit=5) == []
 
 
 # ------------------------------------------------------------------------------------ def-use

@@ -87,11 +87,17 @@ from caramel.ckks.encoding import decode, encode, rotate_slots
 from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
 from caramel.ckks.expr import REDUCTIONS, ExprError, evaluate, parse
 from caramel.ckks.keys import EvalKey, Secrets
-from caramel.infiles import NotRegularFile, open_regular
+from caramel.infiles import NotRegularFile, TooLarge, read_bounded
 from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
 from caramel.ckks.sampling import rng_of
 from caramel.errors import CaramelError
 from caramel.program import EvalKeyId, Manifest, Mem, Program
+
+def _ascii(pattern: str):
+    """A regular expression whose ``\\d`` and ``\\w`` are ASCII only (Python's default ``\\d``
+    also matches other scripts' digits)."""
+    return re.compile(pattern, re.ASCII)
+
 
 #: Scale of a fresh input, 2^28.
 FRESH_SCALE = 2**28
@@ -110,8 +116,9 @@ MAX_TOML_DEPTH = 32
 MAX_LETS = 256
 _INPUT_KEYS = {"kind", "scale", "limbs", "magnitude", "real"}
 _OUTPUT_KEYS = {"formula", "scale", "modulus", "key", "tolerance_bits"}
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PROGRAM_NAME = re.compile(r"^(?P<family>[A-Za-z0-9-]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
+_IDENT = _ascii(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_N_KEY = _ascii(r"[0-9]{1,6}")  # a ring dimension N as a key of tolerance_bits (ASCII digits only)
+_PROGRAM_NAME = _ascii(r"^(?P<family>[A-Za-z0-9-]+)_(?P<limbs>\d+)L(?:_(?P<chips>\d+)c)?$")
 
 
 class CheckError(CaramelError):
@@ -152,6 +159,10 @@ class CheckSpec:
     inputs: Mapping[str, InputSpec]
     outputs: Mapping[str, OutputSpec]
     lets: Mapping[str, str] = field(default_factory=dict)
+    #: Whether the outputs' scales are the program's (a check file says them); False for the
+    #: random inputs of a run without one (:func:`caramel.api.default_spec`), whose outputs cannot
+    #: be decoded: their scale is unknown.
+    scales_known: bool = True
 
 
 def mode_name(mode: Any) -> str:
@@ -186,7 +197,7 @@ def _validate_tolerance(tol: Any, where: str) -> None:
         if not entry:
             raise CheckError(f"{where}: tolerance_bits.{mode} must be a number or a table keyed by N")
         for k, v in entry.items():
-            if not str(k).isdigit() or int(k) < 2 or int(k) > 65536 or int(k) & (int(k) - 1):
+            if not _N_KEY.fullmatch(str(k)) or int(k) < 2 or int(k) > 65536 or int(k) & (int(k) - 1):
                 raise CheckError(f"{where}: unknown key {k!r} in tolerance_bits.{mode} (keys are ring dimensions N, "
                                  "powers of two up to 65536)")
             _bar(v, f"{where}.tolerance_bits.{mode}.{k}")
@@ -333,10 +344,9 @@ def load_check(path: str | Path) -> CheckSpec:
     TOML, nested at most ``MAX_TOML_DEPTH`` deep (errors name the file and the reason)."""
     p = Path(path)
     try:
-        with open_regular(p) as (f, info):
-            if info.st_size > MAX_CHECK_BYTES:
-                raise CheckError(f"{p}: {info.st_size} bytes; a check file has at most {MAX_CHECK_BYTES}")
-            raw = f.read(MAX_CHECK_BYTES + 1)
+        raw = read_bounded(p, MAX_CHECK_BYTES)
+    except TooLarge as exc:
+        raise CheckError(f"{p}: {exc.size} bytes; a check file has at most {MAX_CHECK_BYTES}") from None
     except NotRegularFile:
         raise CheckError(f"{p}: not a regular file") from None
     except OSError as exc:

@@ -19,6 +19,7 @@ import numpy as np
 from caramel.ckks import device as devmod
 from caramel.ckks.encoding import decode, encode
 from caramel.ckks.keys import SecretKey
+from caramel.ckks.plaintext import checked_limbs
 from caramel.ckks.rns import from_residues
 from caramel.ckks.sampling import rng_of
 from caramel.errors import ArgumentError, MissingLimbError
@@ -78,7 +79,7 @@ def encrypt(ctx, sk: SecretKey, coeffs, limbs, rng=None, scale: float | None = N
     arrays inside :func:`caramel.ckks.device.keeping_inputs`)."""
     dev = devmod.chosen(device)
     rng = rng_of(rng)
-    limbs = tuple(int(l) for l in limbs)
+    limbs = checked_limbs(limbs)
     m = dev.to_ntt_rows(coeffs, ctx, limbs)
     s = dev.secret_rows(sk, ctx).take(limbs)
     c0, a = dev.encrypt_rows(ctx, limbs, m, s, rng)  # draws a, then e

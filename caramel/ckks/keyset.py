@@ -14,7 +14,7 @@ with seed ``k``, or shared by a batch whose key seed is ``k``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -59,6 +59,7 @@ def generate_keyset(
     device=None,
     background: bool = False,
     on_device: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> KeySet:
     """Secrets and every evaluation key ``source`` needs, all drawn from :func:`key_rng`.
 
@@ -66,9 +67,19 @@ def generate_keyset(
     client device) is where the products and transforms run; the keys are the same bit for bit.
     ``background``: on a GPU, the keys are copied back by a host thread while the caller goes on
     (``keys`` is then a :class:`~caramel.ckks.keys.PendingKeys`); ``on_device``: on a GPU, the keys stay
-    there (CuPy arrays) for a GPU executor (:func:`caramel.ckks.keys.generate_evalkeys`)."""
+    there (CuPy arrays) for a GPU executor (:func:`caramel.ckks.keys.generate_evalkeys`).
+    ``progress(done, total)``: called as the keys are made (on a GPU: queued)."""
     rng = key_rng(key_seed)
     secrets = Secrets.generate(ctx.n, rng)
     req = requirements(source, chip_manifests, aliases)
-    return KeySet(secrets, generate_evalkeys(ctx, req.keys, secrets, rng, device, background=background,
+    ids = req.keys if progress is None else _counted(list(req.keys), progress)
+    return KeySet(secrets, generate_evalkeys(ctx, ids, secrets, rng, device, background=background,
                                              on_device=on_device))
+
+
+def _counted(items: list, progress: Callable[[int, int], None]) -> Iterator:
+    """``items`` one by one, calling ``progress(done, total)`` when the consumer asks for the next
+    (so item i is counted once the consumer has finished with it) and at the end."""
+    for i, item in enumerate(items):
+        yield item
+        progress(i + 1, len(items))

@@ -17,11 +17,21 @@ generator's state before that draw (48 bytes) instead of c1's limbs (half of eve
 the GPU by the PCG64 words of :mod:`caramel.ckks.pcg` when the keys go there). The states file is
 digested like every other file. Format 1 (c1 of every key in a file) is still read.
 
-Writes go to a temporary file created exclusively in the same folder (``mkstemp``), then
-``os.replace`` (atomic), so a planted symlink is never followed; the manifest is written last, so a folder whose
-writing was interrupted is no key store. Loading checks the format, N and primes against the
+Writing (:func:`save_keys`) never touches a file that caramel did not write: the folder must be
+new, empty, or a store that caramel wrote (its marker file ``.caramel-keystore`` naming the
+manifest's SHA-256, and no file but the ones the manifest lists); anything else is refused. The
+new store is written whole into a temporary sibling folder (``.<name>.caramel-keys-<pid>-*``, mode
+0700), then renamed into place; an old store is renamed aside first and then deleted file by
+file (the files its manifest lists). So an interrupted ``caramel keys`` leaves the old store or
+none, never half of one; the temporary folder it leaves is removed by the next ``caramel keys``
+into the same folder (once its writer is dead).
+
+Loading checks, before it reads a byte of a file: the store's folders and files belong to this
+user and nobody else can write them (the rule of the caches, :mod:`caramel.cache`), every file is
+a regular file (no symbolic link) and no larger than what it must hold (a key file: its limbs x N
+words; the manifest: :data:`MAX_MANIFEST_BYTES`); then the format, N and primes against the
 context, the digest of every file, every array's dtype and shape, and (:func:`require_keys`) that
-the store has every key a program needs; it reads files in parallel threads.
+the store has every key a program needs. It reads files in parallel threads.
 """
 
 from __future__ import annotations
@@ -30,6 +40,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import stat
+import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,7 +54,7 @@ from caramel.ckks.keys import PendingKeys, SecretDist, SecretKey, Secrets, key_l
 from caramel.ckks.keyset import KeySet
 from caramel.ckks.sampling import PcgState, lemire_state_rows
 from caramel.errors import CaramelError
-from caramel.infiles import NotRegularFile, open_regular
+from caramel.infiles import BadData, NotRegularFile, TooLarge, npz_arrays, open_regular, parse_json, read_bounded
 from caramel.outfiles import replace_atomically
 from caramel.program import EvalKeyId, KeyType
 
@@ -54,8 +67,16 @@ MANIFEST = "manifest.json"
 SECRETS = "secrets.npz"
 KEYS_DIR = "keys"
 A_STATES = f"{KEYS_DIR}/a_states.npy"
+#: The file that marks a folder as a store caramel wrote: the format tag and the manifest's SHA-256.
+MARKER = ".caramel-keystore"
+#: Largest manifest read (a store of every key of a bootstrapping program needs well under 1 MiB).
+MAX_MANIFEST_BYTES = 16 << 20
+#: Bytes a .npz of the two secrets may hold beyond their 2 N coefficients (zip and .npy headers).
+_SECRETS_SLACK = 64 << 10
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+#: Name parts of the temporary folders :func:`save_keys` writes into and renames aside.
+_WRITING, _OLD = "caramel-keys", "caramel-old"
 
 
 class KeyStoreError(CaramelError):
@@ -78,13 +99,144 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _make_dir(path: Path) -> None:
-    if path.is_symlink():
-        raise KeyStoreError(f"{path}: is a symbolic link; a key store must be a real folder")
-    path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    if not path.is_dir():
-        raise KeyStoreError(f"{path}: exists and is not a folder")
-    os.chmod(path, _DIR_MODE)
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a store file or folder of status ``st`` must not be trusted (another user's, or writable
+    by the group or others: the rule of :func:`caramel.cache._untrusted`), or None."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"can be written by the group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _trusted(path: Path, st: os.stat_result) -> None:
+    why = _untrusted(st)
+    if why:
+        raise KeyStoreError(f"{path}: {why}; a key store must be this user's alone (chmod go-w, or make it "
+                            "again with `caramel keys`)")
+
+
+def _store_files(manifest: dict) -> set[str]:
+    """The files (relative names) a store with ``manifest`` holds: the manifest, the marker and
+    every file the manifest digests."""
+    digests = manifest.get("sha256") if isinstance(manifest, dict) else None
+    return {MANIFEST, MARKER} | set(digests if isinstance(digests, dict) else ())
+
+
+def _listing(root: Path) -> set[str]:
+    """Every entry under ``root`` (relative names; folders end in ``/``), never following a link."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for d in dirnames:
+            out.add(os.path.normpath(os.path.join(rel, d)) + "/")
+        for f in filenames:
+            out.add(os.path.normpath(os.path.join(rel, f)))
+    return out
+
+
+def _caramel_store(root: Path) -> set[str] | None:
+    """The files of ``root`` when it is a store that caramel wrote (its marker names the SHA-256 of
+    its manifest, and it holds nothing the manifest does not list), else None."""
+    try:
+        marker = read_bounded(root / MARKER, 4096, follow=False).decode()
+        manifest_bytes = read_bounded(root / MANIFEST, MAX_MANIFEST_BYTES, follow=False)
+        manifest = parse_json(manifest_bytes)
+    except (OSError, NotRegularFile, TooLarge, BadData, UnicodeDecodeError):
+        return None
+    if marker.split() != [FORMAT, hashlib.sha256(manifest_bytes).hexdigest()]:
+        return None
+    files = _store_files(manifest)
+    allowed = files | {f"{KEYS_DIR}/"}
+    return files if _listing(root) <= allowed else None
+
+
+def check_target(directory: str | Path) -> str:
+    """What :func:`save_keys` will do at ``root``: "new" (absent), "empty" (an empty folder) or
+    "replace" (a store caramel wrote); KeyStoreError for anything else, which is never touched."""
+    root = Path(directory)
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        if not root.parent.is_dir():
+            raise KeyStoreError(f"{root}: the folder {root.parent} does not exist") from None
+        return "new"
+    if stat.S_ISLNK(st.st_mode):
+        raise KeyStoreError(f"{root}: is a symbolic link; a key store must be a real folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise KeyStoreError(f"{root}: exists and is not a folder")
+    if not os.listdir(root):
+        return "empty"  # the folder itself is replaced by the new one
+    _trusted(root, st)
+    if _caramel_store(root) is None:
+        found = sorted(_listing(root))
+        raise KeyStoreError(f"{root}: folder is not empty and is no key store that caramel wrote (it holds "
+                            f"{', '.join(found[:3])}{' ...' if len(found) > 3 else ''}); refusing to write into "
+                            "it: give a new or empty folder")
+    return "replace"
+
+
+def _remove_store(root: Path, files: set[str]) -> None:
+    """Delete the store at ``root`` whose files are ``files`` (relative names): those files, the
+    keys folder and ``root`` when they are then empty; nothing else."""
+    for rel in sorted(files, key=lambda r: -r.count("/")):
+        try:
+            os.unlink(root / rel)
+        except FileNotFoundError:
+            pass
+    for folder in (root / KEYS_DIR, root):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
+def _pid_of(name: str, root_name: str) -> int | None:
+    """The writer's pid in the name of a temporary sibling ``.<root>.caramel-keys-<pid>-*`` or
+    ``.<root>.caramel-old-<pid>-*``, else None."""
+    for part in (_WRITING, _OLD):
+        head = f".{root_name}.{part}-"
+        if name.startswith(head):
+            try:
+                return int(name[len(head):].split("-", 1)[0])
+            except ValueError:
+                return None
+    return None
+
+
+def _written_names_only(folder: Path) -> bool:
+    """Whether ``folder`` holds only names that :func:`save_keys` writes (a store being written)."""
+    ok = {MANIFEST, MARKER, SECRETS, f"{KEYS_DIR}/", A_STATES}
+    for rel in _listing(folder):
+        name = rel.rsplit("/", 1)[-1]
+        if rel in ok or (rel.startswith(f"{KEYS_DIR}/") and rel.count("/") == 1 and
+                         (name.endswith((".c0.npy", ".c1.npy")) or name.endswith(".tmp"))) or \
+                (rel.count("/") == 0 and name.startswith(".") and name.endswith(".tmp")):
+            continue
+        return False
+    return True
+
+
+def _remove_stale_siblings(root: Path) -> None:
+    """Remove the temporary siblings of ``root`` that an interrupted :func:`save_keys` left: this
+    user's, their writer dead, holding only the names a store has."""
+    from caramel.cache import _pid_alive
+
+    try:
+        names = os.listdir(root.parent)
+    except OSError:
+        return
+    for name in names:
+        pid = _pid_of(name, root.name)
+        path = root.parent / name
+        if pid is None or pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and _untrusted(st) is None and _written_names_only(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _dist_json(dist: SecretDist) -> dict:
@@ -97,24 +249,60 @@ def _key_json(key_id: EvalKeyId) -> dict:
 
 
 def save_keys(keyset: KeySet, ctx, directory: str | Path, *, key_seed: int | None = None,
-              program: str | None = None, seeded: bool = True) -> Path:
+              program: str | None = None, seeded: bool = True, progress=None) -> Path:
     """Write ``keyset`` (made for context ``ctx``) to the key store ``directory``; returns its path.
 
-    An existing folder must be empty or a key store (its files are replaced). ``seeded``: a key
-    that knows the generator state of its ``a`` (:attr:`~caramel.ckks.keys.EvalKey.a_state`) is
-    stored as c0 and that state (module docstring); False, or a key without one, stores c1's limbs."""
+    ``directory`` must be new, an empty folder or a store that caramel wrote (replaced whole);
+    anything else is refused before anything is written (module docstring). ``seeded``: a key that
+    knows the generator state of its ``a`` (:attr:`~caramel.ckks.keys.EvalKey.a_state`) is stored
+    as c0 and that state; False, or a key without one, stores c1's limbs. ``progress``: called
+    with the number of files written after each (for a progress bar)."""
     root = Path(directory)
-    _make_dir(root)
-    existing = [p.name for p in root.iterdir()]
-    if existing and MANIFEST not in existing:
-        raise KeyStoreError(f"{root}: folder is not empty and is no key store; refusing to write into it")
-    old_manifest = root / MANIFEST
-    if old_manifest.exists():
-        old_manifest.unlink()  # a half-replaced store must not pass for a whole one
-    _make_dir(root / KEYS_DIR)
-    for stale in (root / KEYS_DIR).iterdir():
-        if stale.name.endswith(".npy") and not stale.is_symlink():
-            stale.unlink()
+    what = check_target(root)
+    _remove_stale_siblings(root)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.{_WRITING}-{os.getpid()}-", dir=root.parent))
+    except OSError as exc:
+        raise KeyStoreError(f"{root}: cannot write a key store here ({exc.strerror or exc})") from None
+    try:
+        os.chmod(tmp, _DIR_MODE)
+        _write_store(tmp, keyset, ctx, key_seed, program, seeded, progress or (lambda k: None))
+        _put_in_place(tmp, root, what)
+    except OSError as exc:  # named by the user's folder, never by the temporary one
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise KeyStoreError(f"{root}: cannot write the key store ({exc.strerror or exc}); nothing was "
+                            f"changed there") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
+
+
+def _put_in_place(tmp: Path, root: Path, what: str) -> None:
+    """Rename the finished store ``tmp`` to ``root``: over a missing or empty folder in one rename;
+    over an old store (checked again) by renaming it aside, then deleting its files."""
+    if what == "replace":
+        files = _caramel_store(root)
+        if files is None:
+            raise KeyStoreError(f"{root}: changed while the keys were written; refusing to replace it")
+        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.{_OLD}-{os.getpid()}-", dir=root.parent))
+        os.rename(root, old / "store")  # aside, in a folder of its own (a rename cannot land on a file)
+        os.rename(tmp, root)
+        _remove_store(old / "store", files)
+        try:
+            os.rmdir(old)
+        except OSError:
+            pass
+        return
+    try:
+        os.rename(tmp, root)  # over nothing, or over an empty folder
+    except OSError as exc:
+        raise KeyStoreError(f"{root}: could not be put in place ({exc.strerror}); was it filled meanwhile?") from None
+
+
+def _write_store(root: Path, keyset: KeySet, ctx, key_seed, program, seeded: bool, progress) -> None:
+    """Every file of the store into the new folder ``root``; the manifest, then the marker, last."""
+    (root / KEYS_DIR).mkdir(mode=_DIR_MODE)
     sec = keyset.secrets
     files: dict[str, str] = {}
     buf = io.BytesIO()
@@ -135,6 +323,7 @@ def save_keys(keyset: KeySet, ctx, directory: str | Path, *, key_seed: int | Non
             files[rel] = _write_atomic(root / rel, _npy_bytes(np.asarray(arr, dtype=np.uint32)))
             entry[half] = rel
         keys.append(entry)
+        progress(i + 1)
     if states:
         files[A_STATES] = _write_atomic(root / A_STATES, _npy_bytes(np.stack(states)))
     manifest = {
@@ -149,15 +338,17 @@ def save_keys(keyset: KeySet, ctx, directory: str | Path, *, key_seed: int | Non
         "a_states": A_STATES if states else None,
         "sha256": files,
     }
-    _write_atomic(root / MANIFEST, json.dumps(manifest, indent=1).encode())
-    return root
+    text = json.dumps(manifest, indent=1).encode()
+    _write_atomic(root / MANIFEST, text)
+    _write_atomic(root / MARKER, f"{FORMAT} {hashlib.sha256(text).hexdigest()}\n".encode())
 
 
 # Reading.
 
 
-def _read_file(root: Path, rel: str, digests: dict[str, str], into=None):
-    """The bytes of ``root/rel`` (no symlinks, inside root), checked against the manifest's SHA-256.
+def _read_file(root: Path, rel: str, digests: dict[str, str], limit: int, into=None):
+    """The bytes of ``root/rel`` (no symlinks, inside root, this user's alone, at most ``limit``
+    bytes: all checked before a byte is read), checked against the manifest's SHA-256.
 
     ``into``: a function giving a writable uint8 buffer of a given size (:func:`caramel.backends.cuda.
     transfer.pinned_scratch`); the file is read into it and a memoryview of it returned."""
@@ -166,7 +357,13 @@ def _read_file(root: Path, rel: str, digests: dict[str, str], into=None):
     path = root / rel
     try:
         with open_regular(path, follow=False) as (f, info):
-            data = f.read() if into is None else _read_into(f, into(info.st_size), path)
+            _trusted(path, info)
+            if info.st_size > limit:
+                raise KeyStoreError(f"{path}: {info.st_size} bytes, more than the {limit} it can hold; not a file "
+                                    "of this store")
+            data = f.read(limit + 1) if into is None else _read_into(f, into(info.st_size), path)
+            if len(data) > limit:
+                raise KeyStoreError(f"{path}: grew while read")
     except NotRegularFile as exc:
         raise KeyStoreError(str(exc)) from None
     except OSError as exc:
@@ -193,6 +390,11 @@ def _read_into(f, buf: np.ndarray, path: Path) -> memoryview:
 
 #: Bytes of a .npy header that :func:`_npy_array` reads at most (caramel writes 128).
 _NPY_HEADER_MAX = 4096
+
+
+def _npy_limit(rows: int, n: int, itemsize: int = 4) -> int:
+    """Most bytes a .npy file of a (rows, n) array can hold (its header at most :data:`_NPY_HEADER_MAX`)."""
+    return _NPY_HEADER_MAX + rows * n * itemsize
 
 
 def _npy_array(data, where: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -245,16 +447,22 @@ def read_manifest(directory: str | Path) -> dict:
     root = Path(directory)
     if root.is_symlink() or not root.is_dir():
         raise KeyStoreError(f"{root}: no such folder (a key store is a folder made by `caramel keys`)")
+    _trusted(root, os.stat(root))
+    keys_dir = root / KEYS_DIR
+    if keys_dir.is_dir() and not keys_dir.is_symlink():
+        _trusted(keys_dir, os.stat(keys_dir))
     where = root / MANIFEST
     try:
-        with open_regular(where, follow=False) as (f, _):
-            text = f.read()
+        text = read_bounded(where, MAX_MANIFEST_BYTES, follow=False, check=lambda st: _trusted(where, st))
+    except TooLarge as exc:
+        raise KeyStoreError(f"{where}: {exc.size} bytes, more than any key store's manifest "
+                            f"({MAX_MANIFEST_BYTES >> 20} MiB); not a key store") from None
     except (NotRegularFile, OSError):
         raise KeyStoreError(f"{root}: not a key store (no {MANIFEST}; make one with `caramel keys`)") from None
     try:
-        manifest = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise KeyStoreError(f"{where}: not valid JSON ({exc})") from None
+        manifest = parse_json(text)
+    except BadData as exc:
+        raise KeyStoreError(f"{where}: not a key store manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise KeyStoreError(f"{where}: not a caramel key store manifest")
     version = manifest.get("version")
@@ -271,15 +479,20 @@ def _a_states(root: Path, manifest: dict, digests: dict[str, str], where: Path) 
         return None
     if manifest.get("version") < 2:
         raise KeyStoreError(f"{where}: format version {manifest.get('version')} has no a_states")
-    data = _read_file(root, rel, digests)
-    buf = io.BytesIO(data)
+    entries = manifest.get("keys")
+    rows = len(entries) if isinstance(entries, list) else 0
+    data = _read_file(root, rel, digests, _npy_limit(rows, PcgState.WORDS, 8))
     try:
-        arr = np.load(buf, allow_pickle=False)
+        head = io.BytesIO(bytes(data[:_NPY_HEADER_MAX]))
+        major, _ = np.lib.format.read_magic(head)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(head)
     except (ValueError, OSError) as exc:
         raise KeyStoreError(f"{root / rel}: not a .npy array ({exc})") from None
-    if arr.dtype != np.uint64 or arr.ndim != 2 or arr.shape[1] != PcgState.WORDS:
-        raise KeyStoreError(f"{root / rel}: array is {arr.dtype} {arr.shape}, expected uint64 (keys, {PcgState.WORDS})")
-    return arr
+    if dtype != np.uint64 or len(shape) != 2 or shape[1] != PcgState.WORDS or shape[0] > rows:
+        raise KeyStoreError(f"{root / rel}: array is {dtype} {tuple(shape)}, expected uint64 (keys, {PcgState.WORDS}) "
+                            f"with at most one row per key ({rows})")
+    return _npy_array(data, root / rel, np.uint64, (shape[0], PcgState.WORDS))
 
 
 def _a_state(entry: dict, states: np.ndarray | None, kid, where: Path) -> PcgState | None:
@@ -342,12 +555,14 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         rel, moduli = job.source, job.moduli
         if on_device:
             return _device_load(root, rel, digests, moduli, n)
-        arr = _npy_array(_read_file(root, rel, digests), root / rel, np.uint32, (moduli.shape[0], n))
+        arr = _npy_array(_read_file(root, rel, digests, _npy_limit(moduli.shape[0], n)), root / rel, np.uint32,
+                         (moduli.shape[0], n))
         if np.any(arr >= moduli):
             raise KeyStoreError(f"{root / rel}: holds residues outside [0, q)")
         return arr
 
-    secrets = _secrets(_read_file(root, SECRETS, digests), root / SECRETS, n, secrets_meta, where)
+    secrets = _secrets(_read_file(root, SECRETS, digests, 2 * n + _SECRETS_SLACK), root / SECRETS, n, secrets_meta,
+                       where)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caramel-keys")
     seeded = [i for i, job in enumerate(jobs) if on_device and isinstance(job.source, PcgState)]
     futures = [None] * len(jobs)
@@ -437,7 +652,8 @@ def _device_load(root: Path, rel: str, digests: dict[str, str], moduli: np.ndarr
 
     k = moduli.shape[0]
     with _thread_stream():
-        arr = _npy_array(_read_file(root, rel, digests, into=transfer.pinned_scratch), root / rel, np.uint32, (k, n))
+        arr = _npy_array(_read_file(root, rel, digests, _npy_limit(k, n), into=transfer.pinned_scratch), root / rel,
+                         np.uint32, (k, n))
         dev = transfer.upload_pinned(arr)
         maxima = np.asarray(transfer.row_maxima(dev, np.arange(k)))
     if np.any(maxima >= moduli[:, 0]):
@@ -457,9 +673,9 @@ def _thread_stream():
 
 def _secrets(data: bytes, path: Path, n: int, meta: dict, where: Path) -> Secrets:
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            s, eph = z["s"], z["s_eph"]
-    except (ValueError, KeyError, OSError) as exc:
+        arrays = npz_arrays(io.BytesIO(data), max_bytes=2 * n, max_members=2)
+        s, eph = arrays["s"], arrays["s_eph"]
+    except (BadData, TooLarge, KeyError) as exc:
         raise KeyStoreError(f"{path}: not the secrets archive ({exc})") from None
     parts = []
     for name, arr in (("s", s), ("s_eph", eph)):

@@ -47,6 +47,24 @@ class Scalar:
         return np.array(self.residues[_row(self.limbs, limb, "scalar")], dtype=np.uint32)
 
 
+def checked_limbs(limbs) -> tuple[int, ...]:
+    """``limbs`` as a tuple of distinct integers, at least one (their range: the context's check);
+    ArgumentError otherwise (an empty list used to encrypt to nothing and decrypt to 0). Every
+    ciphertext, plaintext and scalar made from the user's limbs goes through here."""
+    try:
+        items = list(limbs)
+    except TypeError:
+        raise ArgumentError(f"limbs must be a sequence of limb indices, got {limbs!r}") from None
+    if any(isinstance(l, bool) or not isinstance(l, (int, np.integer)) for l in items):
+        raise ArgumentError(f"limbs must be integer limb indices, got {items!r}")
+    out = tuple(int(l) for l in items)
+    if not out:
+        raise ArgumentError("limbs is empty: a ciphertext needs at least one limb")
+    if len(set(out)) != len(out):
+        raise ArgumentError(f"limbs {list(out)} name a limb twice")
+    return out
+
+
 def _row(limbs: tuple[int, ...], limb: int, what: str) -> int:
     try:
         return limbs.index(int(limb))
@@ -57,7 +75,7 @@ def _row(limbs: tuple[int, ...], limb: int, what: str) -> int:
 def plaintext_from_coeffs(ctx, coeffs, limbs, scale: float | None = None) -> Plaintext:
     """NTT-form plaintext of integer coefficients (int64 or Python-int object array) on ``limbs`` (its
     data stays on the GPU inside :func:`caramel.ckks.device.keeping_inputs`)."""
-    limbs = tuple(int(l) for l in limbs)
+    limbs = checked_limbs(limbs)
     data = to_ntt(coeffs, ctx, limbs, keep=True)
     if isinstance(data, np.ndarray):
         data.setflags(write=False)
@@ -75,7 +93,7 @@ def encode_scalar(ctx, value, scale: float, limbs) -> Scalar:
     if c.imag != 0:
         raise ArgumentError(f"a scalar input must be real (constant polynomial), got {value!r}")
     v = round(Fraction(c.real) * Fraction(scale))
-    limbs = tuple(int(l) for l in limbs)
+    limbs = checked_limbs(limbs)
     res = np.array([v % ctx.q(l) for l in limbs], dtype=np.uint32)
     res.setflags(write=False)
     return Scalar(int(v), res, limbs, float(scale))

@@ -31,14 +31,17 @@ from caramel.ring import Context, Mode
 
 
 def run_plan(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT, *,
-             backend: Callable[[Context, int], Backend] | None = None) -> RunResult:
+             backend: Callable[[Context, int], Backend] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run ``plan`` over the read-only input image ``memory`` (checked first) in arithmetic
     ``mode`` as one device hosting every chip; ``backend`` builds the device's backend from
-    (ctx, arena rows) (default: the NumPy backend)."""
+    (ctx, arena rows) (default: the NumPy backend); ``progress(done, total)``, if given, is called
+    after each of the device's calls (kernels and local communication)."""
     check_plan_memory(plan, ctx, memory)
     prog = device_programs(plan, 1, ctx.primes)[0]
     run = DeviceRun(prog, plan, ctx, memory, Mode(mode), backend or NumpyBackend)
-    run.run()
+    total = len(run.calls)
+    run.run(None if progress is None else lambda i: progress(i + 1, total))
     return merge_results(plan, memory, [(prog.chips, run.stores())])
 
 

@@ -230,9 +230,12 @@ class ReferenceInterpreter:
                 chip.regs.pop(s.index, None)
 
     # -------------------------------------------------------------------------------- scheduler
-    def run(self, memory: Mapping[Mem, np.ndarray]) -> RunResult:
-        """Run every chip to completion over the read-only input image ``memory`` (checked first)."""
+    def run(self, memory: Mapping[Mem, np.ndarray], progress: Callable[[int, int], None] | None = None) -> RunResult:
+        """Run every chip to completion over the read-only input image ``memory`` (checked first);
+        ``progress(done, total)``, if given, is called after each instruction (instructions executed
+        so far, of every chip's)."""
         check_memory_image(self.program, self.ctx, memory)
+        total = sum(len(s.instructions) for s in self.program.streams)
         self.memory = memory
         chips = [ChipState(s) for s in self.program.streams]
         mail: dict[int, _Mail] = {}
@@ -266,6 +269,8 @@ class ReferenceInterpreter:
                     chip.pc += 1
                     executed += 1
                     progressed = True
+                    if progress is not None:
+                        progress(executed, total)
             if all(ch.done for ch in chips):
                 break
             if not progressed:
@@ -302,6 +307,7 @@ class ReferenceInterpreter:
 
 
 def run_reference(program: Program, ctx: Context, memory: Mapping[Mem, np.ndarray],
-                  mode: Mode | str = Mode.EXACT) -> RunResult:
-    """Run ``program`` on the CPU reference over the input image ``memory``."""
-    return ReferenceInterpreter(program, ctx, mode).run(memory)
+                  mode: Mode | str = Mode.EXACT, *, progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Run ``program`` on the CPU reference over the input image ``memory``; ``progress(done,
+    total)``: see :meth:`ReferenceInterpreter.run`."""
+    return ReferenceInterpreter(program, ctx, mode).run(memory, progress)

@@ -9,8 +9,9 @@ import pytest
 
 from caramel.program import EvalKeyId, KeyType
 from caramel.ring import Context
+from tests.corpus import SHARED_PROGRAMS
 
-PROGRAMS = Path("/work/shared/programs")
+PROGRAMS = SHARED_PROGRAMS
 
 #: One evaluation key of every type (digits on a part of the Q limbs, rotations both ways).
 KEY_IDS = [

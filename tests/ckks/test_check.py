@@ -197,6 +197,10 @@ BAD_DOCS = [
     ({"tolerance_bits": True}, "positive finite"),
     ({"tolerance_bits": {"exact": float("nan")}}, "positive finite"),
     ({"tolerance_bits": {"textbook": {"1024": -1}}}, "positive finite"),
+    # a ring dimension in ASCII digits only: "²" and "١٠٢٤" pass str.isdigit (the first ended in a traceback)
+    ({"tolerance_bits": {"exact": {"\u00b2": 3}}}, "unknown key '\u00b2'"),
+    ({"tolerance_bits": {"exact": {"\u0661\u0660\u0662\u0664": 3}}}, "unknown key"),
+    ({"tolerance_bits": {"exact": {"1024\n": 3}}}, "unknown key"),
     # memory bounds: no sequence repetition
     ({"scale": "S * (q * 10**9)[0]"}, "Subscript|sequence|subscripted"),
     ({"key": "s2"}, "key must be"),
@@ -381,3 +385,16 @@ def test_lets_are_checked_like_formulas():
         parse_check({**base, "let": {"a": "b", "b": "x"}})  # in order: b is not yet declared
     with pytest.raises(CheckError, match="more than"):
         parse_check({**base, "let": {f"a{i}": "x" for i in range(300)} | {"a": "x"}})
+
+
+def test_a_check_file_with_a_non_ascii_tolerance_key_is_a_clean_cli_error(tmp_path, capsys):
+    from caramel.cli import main
+
+    check = tmp_path / "c.toml"
+    check.write_text('[inputs.x]\nkind = "ciphertext"\nscale = "S"\n[inputs.y]\nkind = "ciphertext"\nscale = "S"\n'
+                     '[outputs.z]\nformula = "x * y"\nscale = "S**2 / q[L-1]"\ntolerance_bits = { exact = { "\u00b2" = 3 } }\n',
+                     encoding="utf-8")
+    program = Path(__file__).resolve().parents[2] / "programs" / "Mul_4L_1c"
+    assert main(["run", str(program), "--n", "256", "--backend", "cpu", "--check", str(check), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("caramel: error:") and "unknown key" in err and "Traceback" not in err

@@ -54,9 +54,9 @@ def test_big_scale_object_coefficients(n, rng):
 
 def test_scalar_broadcast_and_bad_shape():
     assert np.allclose(decode(encode(0.5, 2.0**30, 32), 2.0**30), 0.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected 16 slot values for N = 32, got shape \(10,\)"):
         encode(np.zeros(10), 2.0**30, 32)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ring dimension N must be a power of two >= 2, got 48"):
         encode(np.zeros(16), 2.0**30, 48)
 
 

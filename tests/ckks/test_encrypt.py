@@ -89,7 +89,7 @@ def test_scalar_adds_a_constant_to_every_slot(rng):
     c0 = ((cx.c0.astype(np.uint64) + sc.residues.astype(np.uint64)[:, None]) % q).astype(np.uint32)
     out = decrypt_values(ctx, sec.s, Ciphertext(c0, cx.c1, limbs), 2.0**28)
     assert np.max(np.abs(out - (x - 0.375))) < 2**-14
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a scalar input must be real"):
         encode_scalar(ctx, 1 + 1j, 2.0**28, limbs)
     # exact at big scales
     assert encode_scalar(ctx, 0.1, 2**80, limbs).value == round(__import__("fractions").Fraction(0.1) * 2**80)
@@ -120,9 +120,9 @@ def test_secret_distributions(rng):
 
 
 def test_ciphertext_shape_checks():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"c0 \(2, 16\) and c1 \(3, 16\) must both be \(2, N\)"):
         Ciphertext(np.zeros((2, 16), np.uint32), np.zeros((3, 16), np.uint32), (0, 1))
     ct = Ciphertext(np.zeros((2, 16), np.uint32), np.ones((2, 16), np.uint32), (0, 4))
     assert ct.limb("c1", 4)[0] == 1
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="ciphertext has no limb 1"):
         ct.limb("c0", 1)

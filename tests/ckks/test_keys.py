@@ -100,11 +100,11 @@ def test_limb_access_and_errors(rng):
     key = generate_evalkey(ctx, kid, sec, rng)
     assert isinstance(key, EvalKey)
     assert np.array_equal(key.limb("c0", 63), key.c0[2]) and np.array_equal(key.limb(1, 0), key.c1[0])
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="has no limb 5"):
         key.limb(0, 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="key half must be 0, 1, 'c0' or 'c1'"):
         key.limb("c2", 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"digit limbs \[3\] are not among its Q limbs"):
         generate_evalkey(ctx, EvalKeyId(KeyType.RELIN, 2, 1, 0, (0, 3)), sec, rng)
 
 

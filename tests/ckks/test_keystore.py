@@ -157,12 +157,6 @@ def test_save_refuses_foreign_folder(tmp_path, store, ctx):
         save_keys(ks, ctx, tmp_path / "link")
 
 
-def test_resave_replaces(store, ctx):
-    ks, path = store
-    save_keys(ks, ctx, path)
-    assert len(load_keys(path, ctx).keys) == len(ks.keys)
-
-
 def test_cli_keys_then_run(tmp_path, capsys):
     out = tmp_path / "ks"
     prog = str(PROGRAMS / "Mul_4L_2c")
@@ -188,7 +182,7 @@ def test_background_load_equals_the_load(store, ctx):
         assert k in later.keys and later.keys[k].limbs == now.keys[k].limbs
         assert np.array_equal(later.keys[k].c0, now.keys[k].c0) and np.array_equal(later.keys[k].c1, now.keys[k].c1)
     later.keys.wait()
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="object object at"):  # the id asked for, not some other lookup
         later.keys[object()]
 
 
@@ -529,3 +523,191 @@ def test_device_redraws_start_after_the_gpu_warm_up(monkeypatch):
         with pytest.raises(RuntimeError, match="no GPU here"):
             fut.result(timeout=30)
     assert reached.is_set()
+
+
+# Writing only into what caramel wrote; interrupted writes; trust and bounds when reading.
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` (relative name -> bytes), links as their target's text."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        rel = str(p.relative_to(path))
+        out[rel] = os.readlink(p).encode() if p.is_symlink() else p.read_bytes() if p.is_file() else b"<dir>"
+    return out
+
+
+def test_save_never_touches_a_folder_caramel_did_not_write(tmp_path, store, ctx):
+    """A folder holding a manifest.json of the right format is no store of caramel's without its
+    marker: before, its keys/*.npy were deleted and the manifest replaced, exit 0."""
+    ks, _ = store
+    planted = tmp_path / "mine"
+    (planted / "keys").mkdir(parents=True)
+    (planted / MANIFEST).write_text(json.dumps({"format": "caramel-keys", "version": 2}))
+    (planted / "keys" / "results.npy").write_bytes(b"precious")
+    before = _tree(planted)
+    with pytest.raises(KeyStoreError, match="no key store that caramel wrote"):
+        save_keys(ks, ctx, planted)
+    assert _tree(planted) == before
+
+
+def test_save_refuses_a_store_holding_a_file_it_did_not_write(store, ctx):
+    ks, path = store
+    (path / "keys" / "notes.txt").write_text("mine")
+    before = _tree(path)
+    with pytest.raises(KeyStoreError, match="no key store that caramel wrote"):
+        save_keys(ks, ctx, path)
+    assert _tree(path) == before
+
+
+def test_resave_replaces_every_file_with_the_new_store(store, program, ctx):
+    """A store saved over another holds the new keys and none of the old files."""
+    _, path = store
+    other = generate_keyset(program, ctx, 10)
+    save_keys(other, ctx, path, key_seed=10)
+    back = load_keys(path, ctx)
+    _keys_equal(back, other)
+    assert json.loads((path / MANIFEST).read_text())["key_seed"] == 10
+    fresh = save_keys(other, ctx, path.parent / "fresh", key_seed=10)
+    assert set(_tree(path)) == set(_tree(fresh))
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_interrupted_save_leaves_the_old_store_or_none(store, program, ctx, monkeypatch, existing):
+    """Ctrl-C in the middle of writing: the folder holds the old store whole (or nothing), no
+    temporary folder is left, and the next save works."""
+    import caramel.ckks.keystore as keystore
+
+    ks, path = store
+    target = path if existing else path.parent / "new"
+    before = _tree(target) if existing else None
+    real, calls = keystore._write_atomic, []
+
+    def interrupted(p, data):
+        calls.append(p)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(p, data)
+
+    monkeypatch.setattr(keystore, "_write_atomic", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_keys(generate_keyset(program, ctx, 11), ctx, target, key_seed=11)
+    monkeypatch.setattr(keystore, "_write_atomic", real)
+    assert (_tree(target) == before) if existing else not target.exists()
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".")] == []
+    save_keys(ks, ctx, target, key_seed=9)
+    _keys_equal(load_keys(target, ctx), ks)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_killed_save_leaves_a_folder_the_next_save_removes(store, ctx):
+    """``kill -9`` in the middle of writing leaves a temporary sibling: the next save into the same
+    folder removes it when its writer is dead and it holds only a store's files, else leaves it."""
+    ks, path = store
+    dead = path.parent / f".{path.name}.caramel-keys-{_dead_pid()}-x1"
+    (dead / "keys").mkdir(parents=True)
+    (dead / "secrets.npz").write_bytes(b"half")
+    (dead / "keys" / "0000.c0.npy").write_bytes(b"half")
+    alive = path.parent / f".{path.name}.caramel-keys-{os.getppid()}-x2"
+    alive.mkdir()
+    foreign = path.parent / f".{path.name}.caramel-keys-{_dead_pid()}-x3"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    save_keys(ks, ctx, path, key_seed=9)
+    assert not dead.exists() and alive.exists() and (foreign / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["folder", "keys folder", "manifest", "key file"])
+def test_a_store_others_can_write_is_refused(store, ctx, where):
+    """The caches' trust rule: a store the group or others can write is refused (it was used)."""
+    _, path = store
+    victim = {"folder": path, "keys folder": path / "keys", "manifest": path / MANIFEST,
+              "key file": _key_files(path)[0]}[where]
+    victim.chmod(stat.S_IMODE(victim.stat().st_mode) | 0o002)
+    with pytest.raises(KeyStoreError, match="can be written by the group or others"):
+        load_keys(path, ctx)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file away needs root")
+@pytest.mark.parametrize("where", ["folder", "manifest", "secrets"])
+def test_a_store_of_another_user_is_refused(store, ctx, where):
+    _, path = store
+    victim = {"folder": path, "manifest": path / MANIFEST, "secrets": path / "secrets.npz"}[where]
+    os.chown(victim, 65534, 65534)
+    with pytest.raises(KeyStoreError, match="belongs to another user"):
+        load_keys(path, ctx)
+
+
+@pytest.mark.parametrize("which,message", [("manifest", "more than any key store's manifest"),
+                                           ("key", "more than the"), ("secrets", "more than the")])
+def test_huge_sparse_files_are_refused_before_any_read(store, ctx, which, message):
+    """A 5 GiB sparse file (no disk, all of it memory if read) is refused from its size alone."""
+    _, path = store
+    victim = {"key": _key_files(path)[0], "secrets": path / "secrets.npz", "manifest": path / MANIFEST}[which]
+    os.truncate(victim, 5 << 30)
+    with pytest.raises(KeyStoreError, match=message):
+        load_keys(path, ctx)
+
+
+def test_a_deeply_nested_manifest_is_a_clear_error(store, ctx):
+    _, path = store
+    (path / MANIFEST).write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(KeyStoreError, match="nested more than"):
+        load_keys(path, ctx)
+
+
+def test_cli_keys_refuses_a_foreign_folder_before_any_work(tmp_path, capsys, monkeypatch):
+    import caramel.cli as cli
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("work started"))
+    assert main(["keys", str(PROGRAMS / "Mul_4L_2c"), "--out", str(tmp_path / "mine"), "-q"]) == 2
+    assert "no key store that caramel wrote" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+def test_cli_run_reports_the_stores_key_seed_and_refuses_another(tmp_path, capsys):
+    """With --keys the record says the store's key seed (it used to say --seed's), and a
+    --key-seed that disagrees is refused (it used to be ignored)."""
+    out = tmp_path / "ks"
+    prog = str(PROGRAMS / "Mul_4L_2c")
+    assert main(["keys", prog, "--n", str(N), "--seed", "7", "--out", str(out), "--device", "cpu", "-q"]) == 0
+    capsys.readouterr()
+    base = ["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]
+    assert main([*base, "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["key_seed"] == 7
+    assert main([*base, "--key-seed", "7"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--key-seed", "3"]) == 2
+    assert "records key seed 7" in capsys.readouterr().err
+    assert main([*base, "--batch", "2", "--json", str(tmp_path / "b.json")]) == 0
+    assert "key seed 7 (key store" in capsys.readouterr().out
+    assert json.loads((tmp_path / "b.json").read_text())["key_seed"] == 7
+
+
+def test_a_failed_write_names_the_store_not_a_temporary_file(store, program, ctx, monkeypatch):
+    import errno
+
+    import caramel.ckks.keystore as keystore
+
+    ks, path = store
+    before = _tree(path)
+
+    def full(p, data, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(p) + ".abc.tmp")
+
+    monkeypatch.setattr(keystore, "replace_atomically", full)
+    with pytest.raises(KeyStoreError, match="No space left on device") as exc:
+        save_keys(generate_keyset(program, ctx, 12), ctx, path)
+    assert str(path) in str(exc.value) and ".tmp" not in str(exc.value) and "caramel-keys-" not in str(exc.value)
+    assert _tree(path) == before and [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []

@@ -43,7 +43,7 @@ def test_words_round_trip_and_refusals():
     for bad in ([*w[:3], w[3] ^ np.uint64(1), *w[4:]],  # even increment
                 [*w[:4], 2, w[5]],  # has_uint32 not 0/1
                 list(w[:5])):  # too short
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not a PCG64 state|a PCG64 state is 6 words"):
             PcgState.from_words(bad)
 
 

@@ -2,7 +2,7 @@
 plan, and eager one-launch-per-instruction runs of the unfused plan) identical limb for limb to
 ``run_reference`` on fresh random inputs. Skipped without CuPy or a CUDA device.
 
-Programs come from ``<repo>/.data`` (copied there for the GPU machine) or the shared corpus."""
+Programs come from ``<repo>/.data`` (copied there for the GPU machine) or the corpus (:mod:`tests.corpus`)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan, fusion  # noqa: E402
 from caramel.ring import Context  # noqa: E402
+from tests.corpus import SHARED_PROGRAMS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
-SEARCH = [ROOT / ".data", Path(os.environ.get("CARAMEL_PROGRAMS", "/work/shared/programs")), ROOT / "programs"]
+SEARCH = [ROOT / ".data", SHARED_PROGRAMS, ROOT / "programs"]
 ONE_CHIP = ["Mul_10L_1c", "MulRotate_10L_1c", "PolyX8_10L_1c", "BootstrapModRaise_10L_1c"]
 TWO_CHIP = ["Mul_10L_2c"]
 SIZES = [4096, 65536] if os.environ.get("CARAMEL_GPU_FULL", "1") != "0" else [4096]

@@ -33,10 +33,11 @@ from caramel.execute.reference import run_reference  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 from caramel.plan import build_plan  # noqa: E402
 from caramel.ring import Context  # noqa: E402
+from tests.corpus import SHARED_PROGRAMS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
-SEARCH = [ROOT / ".data" / "corpus", ROOT / ".data", Path(os.environ.get("CARAMEL_PROGRAMS", "/work/shared/programs"))]
+SEARCH = [ROOT / ".data" / "corpus", ROOT / ".data", SHARED_PROGRAMS]
 GPUS = cp.cuda.runtime.getDeviceCount()
 PROGRAMS = ["Mul_10L_2c", "MulRotate_10L_4c", "PolyX8_10L_8c", "BootstrapModRaise_10L_4c", "RotMulAdd_10L_8c"]
 

@@ -158,11 +158,9 @@ GPU_SEARCH = [Path(__file__).resolve().parents[2] / ".data" / "corpus", Path(__f
 
 
 def _gpu_program(name: str):
-    import os
-
     from tests.conftest import SHARED_PROGRAMS
 
-    for d in [*GPU_SEARCH, Path(os.environ.get("CARAMEL_PROGRAMS", "/work/shared/programs")), SHARED_PROGRAMS]:
+    for d in [*GPU_SEARCH, SHARED_PROGRAMS]:
         if (d / name).is_dir():
             return caramel.load_program(d / name)
     import pytest

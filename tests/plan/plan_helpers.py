@@ -4,18 +4,18 @@ and a structural checker of plans."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 
-from caramel.parse import load_program, parse_stream
+from caramel.parse import parse_stream
 from caramel.errors import ExecutionError
 from caramel.plan import ChipPlan, Kind, Plan
 from caramel.plan.cost import comm_cost, task_cost
 from caramel.plan.streams import Task
 from caramel.program import BcuSlot, Instruction, Manifest, Mem, Opcode, Program, SReg, Stream, VReg
+from tests.corpus import SHARED_PROGRAMS, corpus_names, load_corpus  # noqa: F401 (re-exported)
 
-PROGRAMS = Path("/work/shared/programs")
+PROGRAMS = SHARED_PROGRAMS
 LIMBS = (0, 1, 2, 3, 61, 62, 63)
 
 
@@ -33,24 +33,10 @@ def program_from_text(*streams: str, name: str = "text") -> Program:
     return Program(name, f"<{name}>", parsed, Manifest(f"<{name}>", ()))
 
 
-def load_corpus(name: str) -> Program:
-    """A program of the shared corpus; BootstrapLike_51L from /tmp/bl or from its archive."""
-    if name.startswith("BootstrapLike_51L"):
-        folder = Path("/tmp/bl") / name
-        return load_program(folder if folder.is_dir() else f"{PROGRAMS / 'BootstrapLike_51L.tar.xz'}#{name}")
-    return load_program(PROGRAMS / name)
-
-
 def corpus(limbs=(4, 10), chips=(1, 2, 4, 8)) -> list[str]:
-    """Names of the corpus programs with these limb and chip counts."""
-    names = []
-    for d in sorted(PROGRAMS.iterdir()):
-        parts = d.name.split("_")
-        if d.is_dir() and len(parts) == 3 and parts[1] in {f"{l}L" for l in limbs} and parts[2] in {
-            f"{c}c" for c in chips
-        }:
-            names.append(d.name)
-    return names
+    """Names of the corpus programs with these limb and chip counts (:func:`tests.corpus.corpus_names`:
+    empty without the corpus)."""
+    return corpus_names(limbs, chips)
 
 
 def random_memory(program: Program, ctx, seed: int = 0) -> dict[Mem, np.ndarray]:

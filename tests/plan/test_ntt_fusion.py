@@ -218,11 +218,10 @@ def test_numpy_prologues_are_the_kernels_they_replace(mode):
 
 def test_plan_cache_keys_on_the_switch(fresh_cache):
     import caramel.plan_cache as pc
-    from caramel.parse import load_program
 
     from tests.test_plan_cache import same_types
 
-    program = load_program(PROGRAMS / "BootstrapModRaise_10L_1c", progress=False)
+    program = load_corpus("BootstrapModRaise_10L_1c", progress=False)
     on, off, every = (pc.cached_plan(program), pc.cached_plan(program, fuse_ntt=False),
                       pc.cached_plan(program, fuse_ntt="all"))
     assert fused_rows(on) and not fused_rows(off) and fused_rows(every) != fused_rows(on)

@@ -218,7 +218,7 @@ def test_malformed_schedules_are_rejected():
     one = dataclasses.replace(sch, stream=(1,) * len(chip.kernels), waits=((),) * len(chip.kernels), joins=())
     with pytest.raises(ExecutionError, match="not joined"):
         check_schedule(ts, one)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need n_streams >= 1"):
         assign_streams(ts, 0)
 
 

@@ -48,7 +48,7 @@ def test_galois_element(step, n, want):
     assert have == want, f"want {want}, have {have}"
 
 
-def test_galois_element_matches_emulator_and_inverts():
+def test_galois_element_is_five_to_the_k_and_inverts():  # the emulator's formula (ISA.md), written here
     n = 256
     for k in range(1, n // 2):
         assert galois_element(k, n) == pow(5, k, 2 * n)  # EM: 5^k for k > 0

@@ -188,5 +188,5 @@ def test_errors():
     conv = BaseConverter([PRIMES[0], PRIMES[1]], [PRIMES[2]])
     with pytest.raises(ValueError, match="shape"):
         conv.convert(np.zeros((3, 8), np.uint32))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'fast' is not a valid Mode"):
         conv.convert(np.zeros((2, 8), np.uint32), "fast")

@@ -102,7 +102,7 @@ def test_word_helpers():
     assert words.dtype == np.uint32
     assert words_to_ints(words).tolist() == values
     assert int_to_words(1 << 32, 2).tolist() == [0, 1]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="do not fit in 3 32-bit words"):
         ints_to_words(np.array([1 << 96], dtype=object), 3)
 
 

@@ -38,8 +38,8 @@ def _import_cupy():
     try:
         import cupy
     except ImportError:
-        raise ClientDeviceError("the GPU client needs CuPy and a CUDA GPU (pip install "
-                                "'caramel-fhe[cuda12]' or 'caramel-fhe[cuda13]')") from None
+        raise ClientDeviceError("the GPU client needs CuPy and a CUDA GPU (in the caramel clone: "
+                                "pip install -e '.[cuda12]' or '.[cuda13]')") from None
     return cupy
 
 

@@ -1,4 +1,4 @@
-"""The host client's kernels compiled with Numba (optional: ``pip install 'caramel-fhe[fast]'``).
+"""The host client's kernels compiled with Numba (optional: ``pip install -e '.[fast]'`` in the clone).
 
 The same transforms as :func:`caramel.ring.ntt.ntt` / :func:`~caramel.ring.ntt.intt`, one row at a
 time in compiled loops instead of whole-stage NumPy operations (which make about ten passes over
