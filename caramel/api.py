@@ -102,7 +102,7 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
     ``encrypt``, ``plan``: the executor and its devices, ``run``, ``check``: the digest and the check).
     """
     from caramel.executor import Executor
-    from caramel.logs import progress
+    from caramel.logs import counter, phases
 
     if not isinstance(program, Program):
         raise ArgumentError(f"run_program needs a Program (from caramel.load_program), got {type(program).__name__}")
@@ -114,7 +114,10 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
         from caramel.userdata import instance_values
 
         supplied = instance_values(data, program, 0)
-    bar = progress(total=3, desc=f"{program.name}: keys, plan and devices", unit="step")
+    bar = phases(3, f"{program.name}: keys, plan and devices")
+    counters = {"keys": counter(f"{program.name}: keys", "keys"),
+                "run": counter(f"{program.name}: run", "instructions" if resolve_backend(opts.backend) == "cpu"
+                               else "calls")}
     shared = {}
     if supplied:
         from caramel.ckks.bind import requirements
@@ -122,16 +125,22 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
 
         names = shared_names(opts.shared, {n: str(k.kind) for n, k in requirements(program).inputs.items()})
         shared = {n: supplied.pop(n) for n in names if n in supplied}
-    with Executor(program, opts, keys=keys, ctx=ctx, shared=shared, workers=1, depth=1) as ex:
-        bar.set_description(f"{program.name}: encrypt and run ({ex.backend})")
+    report = (lambda phase, done, total: counters[phase](done, total)) if all(counters.values()) else None
+    try:
+        with Executor(program, opts, keys=keys, ctx=ctx, shared=shared, workers=1, depth=1, progress=report) as ex:
+            bar.set_description(f"{program.name}: encrypt and run ({ex.backend})")
+            bar.update()
+            result = ex.submit(supplied, seed=opts.seed).result()
+            bar.set_description(f"{program.name}: decrypt and check")
+            bar.update()
+            backend = ex.backend
+            image = {**ex.shared_image, **input_image(ex.plan_inputs.req, result.objects)}
         bar.update()
-        result = ex.submit(supplied, seed=opts.seed).result()
-        bar.set_description(f"{program.name}: decrypt and check")
-        bar.update()
-        backend = ex.backend
-        image = {**ex.shared_image, **input_image(ex.plan_inputs.req, result.objects)}
-    bar.update()
-    bar.close()
+    finally:
+        bar.close()
+        for c in counters.values():
+            if c is not None:
+                c.close()
     t = result.timings
     timings = {"keys": ex.timings["keys"], "encrypt": ex.timings["shared"] + t.get("encrypt", 0.0),
                "plan": ex.timings["plan"], "run": t.get("run", 0.0),

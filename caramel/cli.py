@@ -627,39 +627,6 @@ def _check_process_mode(args: argparse.Namespace) -> None:
         raise CaramelError("--shared goes with --batch in process mode")
 
 
-#: The options that name a file a command writes.
-OUTPUT_OPTIONS = ("json", "save_outputs", "trace", "plot", "dag_json", "dot")
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Every output path of ``args`` can be written, and no two share a path: refused before any
-    work (a process started, keys made) with the user's path named. ``-`` is standard output."""
-    seen: dict[str, str] = {}
-    for option in OUTPUT_OPTIONS:
-        value = getattr(args, option, None)
-        if not isinstance(value, str) or value == "-":
-            continue
-        flag = "--" + option.replace("_", "-")
-        path = os.path.abspath(value)
-        if path in seen:
-            raise CaramelError(f"{flag} and {seen[path]} name one file, {value}: give each output its own path")
-        seen[path] = flag
-        if os.path.lexists(value):
-            import stat
-
-            st = os.lstat(value)
-            if stat.S_ISLNK(st.st_mode):
-                raise CaramelError(f"{flag} {value}: a symbolic link; refusing to write through it")
-            if not stat.S_ISREG(st.st_mode):
-                raise CaramelError(f"{flag} {value}: not a regular file (a folder, device or FIFO); caramel writes "
-                                   "only regular files")
-        folder = os.path.dirname(path)
-        if not os.path.isdir(folder):
-            raise CaramelError(f"{flag} {value}: the folder {folder} does not exist")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise CaramelError(f"{flag} {value}: the folder {folder} is not writable")
-
-
 def _check_gpus(count: int) -> None:
     """``--backend gpu`` for ``count`` processes: CuPy and at least ``count`` CUDA GPUs here."""
     from caramel.api import gpu_available

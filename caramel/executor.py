@@ -42,7 +42,7 @@ import time
 from collections import ChainMap
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -256,14 +256,17 @@ class Executor:
     inputs shared, besides ``options.shared``, with these values); ``ctx``: the ring (default
     ``Context(n)``); ``decrypt``: each result's :attr:`~InstanceResult.outputs` are decrypted by the
     finisher threads (``"limbs"``: with the raw output ciphertexts); ``log``: a function of one line,
-    told what the setup did.
+    told what the setup did; ``progress(phase, done, total)``: called as the keys are made (``"keys"``)
+    and as an instance runs on a lane that counts its steps (``"run"``: the reference's instructions, a
+    one-device ``cpu-plan`` lane's calls).
 
     ``timings`` holds the setup's seconds: ``keys``, ``shared`` (drawing the shared inputs) and ``plan``
     (the plan, the resident lanes and their graphs)."""
 
     def __init__(self, program: Program, options: RunOptions | None = None, *, keys=None,
                  shared: Mapping[str, Any] | str | Iterable[str] | None = None, ctx: Context | None = None,
-                 decrypt: bool | str = False, log=None, **fields):
+                 decrypt: bool | str = False, log=None,
+                 progress: Callable[[str, int, int], None] | None = None, **fields):
         from caramel.ckks.device import resolve as client_device
 
         if not isinstance(program, Program):
@@ -273,6 +276,7 @@ class Executor:
             fields["shared"], shared = shared, None
         opts = RunOptions.of(options, **fields)
         self.program, self.options = program, opts
+        self._report = progress
         self.backend = resolve_backend(opts.backend)
         if self.backend == "gpu" and not run_options.gpu_available():
             raise CaramelError("backend 'gpu' needs CuPy and a CUDA GPU (in the caramel clone: "
@@ -307,7 +311,8 @@ class Executor:
 
             with self.client_scope():
                 keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
-                                       on_device=self._keep_on_device and bool(plan.req.keys))
+                                       on_device=self._keep_on_device and bool(plan.req.keys),
+                                       progress=self._phase("keys"))
         self.keys = keys
         self.timings["keys"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -411,6 +416,11 @@ class Executor:
             return None
         return (src.name, src.part), mem.limb
 
+    def _phase(self, phase: str) -> Callable[[int, int], None] | None:
+        """The ``(done, total)`` callback of ``phase`` for :attr:`progress` (None without one)."""
+        report = self._report
+        return None if report is None else (lambda done, total: report(phase, done, total))
+
     def _make_lanes(self, fixed: Mapping[Mem, Any]) -> None:
         """One lane per slot into :attr:`lanes` (see :mod:`caramel.execute.pipeline`)."""
         from caramel.execute.pipeline import HostRowLane, MemoryLane, Template
@@ -427,20 +437,26 @@ class Executor:
             from caramel.execute.reference import run_reference
 
             for g in self.groups:
-                self.lanes.append(MemoryLane(lambda memory: run_reference(self.program, self.ctx, memory, mode),
-                                             template, outs, g))
+                steps = self._phase("run")
+                self.lanes.append(MemoryLane(lambda memory: run_reference(self.program, self.ctx, memory, mode,
+                                                                          progress=steps), template, outs, g))
             return
         from caramel.execute.pipeline import ResidentGpus, ResidentHost
         from caramel.plan_cache import cached_plan
 
-        plan = cached_plan(self.program)
+        if self.backend == "gpu":
+            from caramel.backends.cuda.target import CUDA_TARGET as target  # no CuPy: the plan's rows in its order
+        else:
+            from caramel.target import NEUTRAL as target
+        plan = cached_plan(self.program, target=target)
         keep = frozenset(fixed)
         lanes = self.lanes
         for g in self.groups:
             if self.backend == "cpu-plan":
                 if len(g) <= 1:
                     lanes.append(HostRowLane(plan, self.ctx, mode, template, self._source, outs,
-                                             streams=opts.streams or 1, seed=opts.seed, devices=g))
+                                             streams=opts.streams or 1, seed=opts.seed, devices=g,
+                                             progress=self._phase("run")))
                 else:
                     lanes.append(MemoryLane(ResidentHost(plan, self.ctx, mode, len(g), keep, streams=opts.streams or 1,
                                                          seed=opts.seed), template, outs, g))

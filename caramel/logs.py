@@ -39,12 +39,13 @@ def progress_enabled() -> bool:
 
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
-             enabled: bool | None = None, position: int | None = None, bar_format: str | None = None) -> tqdm:
+             enabled: bool | None = None, position: int | None = None, bar_format: str | None = None,
+             mininterval: float = 0.1) -> tqdm:
     """A tqdm bar on stderr (``enabled``: None = :func:`progress_enabled`); use it as tqdm:
     ``for x in progress(xs, desc="runs")`` or ``with progress(total=n) as bar: bar.update(k)``."""
     show = progress_enabled() if enabled is None else enabled
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False,
-                dynamic_ncols=True, position=position, bar_format=bar_format)
+                dynamic_ncols=True, position=position, bar_format=bar_format, mininterval=mininterval)
 
 
 #: The bar of a run's phases (keys, encrypt, plan and run, check): steps of very unequal length,
@@ -53,8 +54,9 @@ PHASE_FORMAT = "{desc} [phase {n_fmt}/{total_fmt}, {elapsed}]"
 
 
 def phases(total: int, desc: str) -> tqdm:
-    """A bar of ``total`` phases of unequal length (:data:`PHASE_FORMAT`: no rate, no ETA)."""
-    return progress(total=total, desc=desc, bar_format=PHASE_FORMAT)
+    """A bar of ``total`` phases of unequal length (:data:`PHASE_FORMAT`: no rate, no ETA), drawn at
+    every phase however short (a few updates in all)."""
+    return progress(total=total, desc=desc, bar_format=PHASE_FORMAT, mininterval=0)
 
 
 class Counter:

@@ -259,7 +259,7 @@ def test_without_a_check_file_outputs_are_not_decoded_at_a_guessed_scale(tmp_pat
     import caramel.cli as cli
 
     if how[-1] == "none":  # a family without a check file
-        monkeypatch.setattr("caramel.api.check_path", lambda name: tmp_path / "absent.toml")
+        monkeypatch.setattr("caramel.instance.check_path", lambda name: tmp_path / "absent.toml")
         how = []
     path = tmp_path / "in.json"
     path.write_text(json.dumps({"x": [0.5] * SLOTS, "y": [0.5] * SLOTS}))

@@ -89,8 +89,8 @@ def test_bars_split_the_replay_in_the_measured_proportion():
             assert compute / comm == pytest.approx(p.compute_ms / p.comm_ms)
     point = _result().points[1]  # compute 4 ms, comm 4 ms measured; replay 6 ms: 3 + 3, not 4 + 2
     assert bar_split(point) == pytest.approx((3.0, 3.0))
-    assert bar_split(dataclasses.replace(point, compute_ms=1.0, comm_ms=3.0)) == pytest.approx((1.5, 4.5))
-    assert bar_split(dataclasses.replace(point, compute_ms=0.0, comm_ms=0.0)) == (6.0, 0.0)
+    assert bar_split(dataclasses.replace(point, compute_floor_ms=1.0, comm_wait_ms=3.0)) == pytest.approx((1.5, 4.5))
+    assert bar_split(dataclasses.replace(point, compute_floor_ms=0.0, comm_wait_ms=0.0)) == (6.0, 0.0)
 
 
 @pytest.mark.parametrize("ext,magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF"), (".svg", b"<?xml")])

@@ -219,7 +219,8 @@ class HostRowLane:
 
     def __init__(self, plan, ctx: Context, mode: Mode, template: Mapping[Mem, object],
                  source: Callable[[Mem], tuple[Key, int] | None], outputs: Sequence[Mem], *, streams: int = 1,
-                 seed: int | None = None, devices: tuple[int, ...] = ()):
+                 seed: int | None = None, devices: tuple[int, ...] = (),
+                 progress: Callable[[int, int], None] | None = None):
         from caramel.backends.numpy_backend import NumpyBackend
         from caramel.execute.memory import check_plan_memory
         from caramel.execute.placement import gpu_device_programs
@@ -235,6 +236,7 @@ class HostRowLane:
         self.seed = np.random.SeedSequence(seed).entropy
         self.devices = tuple(devices)  # the simulated device of the slot, for the records
         self.count = 0
+        self.progress = progress  # (calls done, calls) as an instance runs
         self._stage = np.empty((len(self.layout), ctx.n), dtype=np.uint32)
 
     def start(self, feed: Feed) -> LaneOutput:
@@ -253,14 +255,19 @@ class HostRowLane:
         if table is not None:
             run.backend.set_scalars(table)
         t1 = time.perf_counter()
+        total, report = len(run.calls), self.progress
         if self.schedule is None:
-            run.run()
+            run.run(None if report is None else lambda i: report(i + 1, total))
         else:
             from caramel.plan.streams import happens_before_order
 
             rng = np.random.default_rng((self.seed, self.count))
+            done = 0
             for t in happens_before_order(self.schedule, rng):
                 run.run_task(t)
+                if report is not None:
+                    done += len(run.task_calls[t])
+                    report(done, total)
             run.pc = len(run.calls)
         self.count += 1
         t2 = time.perf_counter()

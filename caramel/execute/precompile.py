@@ -30,7 +30,7 @@ def device_calls(prog: DeviceProgram, plan: Plan, ctx: Context, mode: Mode) -> l
         if isinstance(step, CommStep):
             calls += _local_calls(prog, step.before) + _local_calls(prog, step.after)
             if step.ops:
-                gather, _, scatter = _packed(prog, step.ops)
+                gather, _, scatter, _ = _packed(prog, step.ops)
                 calls += _copy_calls(gather) + _copy_calls(scatter)
         else:
             c, _, kernel = step
