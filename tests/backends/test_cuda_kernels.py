@@ -89,10 +89,10 @@ def expect_inputs_kept(arena: Arena, have: np.ndarray, written) -> None:
             assert np.array_equal(have[s], row), f"input slot {s} was modified"
 
 
-def limb_choice(rng, count: int) -> list[int]:
-    """count limb indices including 0 and 63 (with repeats allowed)."""
-    extra = rng.integers(0, 64, max(0, count - 2)).tolist()
-    out = [0, 63] + extra
+def limb_choice(rng, count: int, limbs: int = 64) -> list[int]:
+    """count limb indices of a ring of ``limbs`` primes, including the first and the last (with repeats allowed)."""
+    extra = rng.integers(0, limbs, max(0, count - 2)).tolist()
+    out = [0, limbs - 1] + extra
     rng.shuffle(out)
     return [int(l) for l in out[:count]]
 
@@ -141,7 +141,7 @@ def check_ntt_launch(pair, rng, label: str, rows: int = 5, in_place: tuple[int, 
     their inputs, the other inputs checked kept."""
     ctx, ring = pair
     kernels = KernelConfig().with_settings(settings)
-    limbs = limb_choice(rng, rows)
+    limbs = limb_choice(rng, rows, len(ctx.primes))
     x = residues(ctx, limbs, rng)
     for inverse in (False, True):
         arena = Arena(ctx.n, 3 * rows, rng)
