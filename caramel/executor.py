@@ -82,6 +82,24 @@ def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
     return [tuple(range(j * chips, (j + 1) * chips)) for j in range(gpus // chips)]
 
 
+def preparers(options: RunOptions) -> int:
+    """Host threads of an executor that prepare instances: ``options.workers``, else half the cores, 1 to 4."""
+    return options.workers or max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+def capacity(options: RunOptions, lanes: int = 1, depth: int | None = None) -> int:
+    """How many instances an executor of ``options`` works on at once (those submitted beyond wait in
+    its queue, not yet drawn): on each of ``lanes`` lanes ``depth`` in flight (default
+    ``options.depth``, else the GPU lane's default) and one more waiting for it, and one being
+    prepared by each of the :func:`preparers`. A front end that feeds an executor from threads that
+    each wait for their instance (a Dask worker's) keeps it busy with this many threads."""
+    if depth is None:
+        from caramel.execute.gpu_pipeline import DEFAULT_DEPTH
+
+        depth = options.depth or DEFAULT_DEPTH
+    return lanes * (depth + 1) + preparers(options)
+
+
 def _is_object(value) -> bool:
     from caramel.ckks.encrypt import Ciphertext
     from caramel.ckks.plaintext import Plaintext, Scalar
@@ -351,9 +369,10 @@ class Executor:
         self._ready: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
         cpus = os.cpu_count() or 1
-        workers = opts.workers or max(1, min(4, cpus // 2))
-        depth = max(lane.depth for lane in self.lanes)
-        self._permits = threading.Semaphore(len(self.lanes) * (depth + 1) + workers)
+        workers = preparers(opts)
+        #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
+        self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
+        self._permits = threading.Semaphore(self.capacity)
         self._threads: list[threading.Thread] = []
         self._stages = {"prepare": workers, "drive": len(self.lanes), "finish": max(1, min(4, cpus // 2))}
         self._left = dict(self._stages)
@@ -732,4 +751,5 @@ class Executor:
         self._close_lanes()
 
 
-__all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout"]
+__all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout", "capacity",
+           "preparers"]

@@ -246,4 +246,4 @@ def test_ranks_on_workers_that_see_several_gpus_take_their_devices_in_turn():
 @pytest.mark.skipif(gpu_available(), reason="the workers here have a GPU")
 def test_auto_is_the_workers_choice(client):
     with ClusterExecutor(load_program(MUL1), cluster=client, n=N) as pool:
-        assert pool.backend == "cpu" and pool.job.backend == "cpu"
+        assert pool.backend == "cpu" and pool.job.options.backend == "cpu"
