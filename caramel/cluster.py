@@ -34,6 +34,7 @@ for the ``gpu`` backend, is refused with an error naming it (:func:`check_worker
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -498,6 +499,7 @@ class ClusterExecutor:
         self._closed = False
         self.where: dict[int, str] = {}  # instance index -> the address of the worker that ran it
         self._numbers: dict[str, int] = {}  # worker address -> its number in the records (``rank``)
+        self._tasks = itertools.count()
         try:
             self.infos = self.workers()
             if self.backend == "auto":  # the GPU when every worker has one, as `caramel run` on one machine
@@ -554,8 +556,9 @@ class ClusterExecutor:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise ClusterError(f"an instance's inputs are a mapping of input name to value, not "
                                f"{type(inputs).__name__}")
+        # a key of its own (Dask would answer a key it holds with its first result, whatever the inputs)
         return self.client.submit(run_instance, self._shipped(), index, None if inputs is None else dict(inputs),
-                                  key=f"caramel-{self.job.token}-instance-{index}")
+                                  key=f"caramel-{self.job.token}-{next(self._tasks)}-instance-{index}")
 
     def _received(self, index: int, future):
         """The Instance of a finished future (its error raised), numbered by its worker."""
