@@ -277,7 +277,8 @@ class Executor:
     told what the setup did.
 
     ``timings`` holds the setup's seconds: ``keys``, ``shared`` (drawing the shared inputs) and ``plan``
-    (the plan, the resident lanes and their graphs)."""
+    (the plan, the resident lanes and their graphs); ``capacity`` the instances it works on at once
+    (:func:`capacity`)."""
 
     def __init__(self, program: Program, options: RunOptions | None = None, *, keys=None,
                  shared: Mapping[str, Any] | str | Iterable[str] | None = None, ctx: Context | None = None,
