@@ -447,10 +447,9 @@ class ClusterExecutor:
                  outputs: bool = False, limbs: bool = False, timeout: float = 300.0, batch: int | None = None,
                  **fields):
         from caramel.batch import shared_data
-        from caramel.ckks.bind import requirements
-        from caramel.errors import ArgumentError
+        from caramel.executor import shared_inputs
         from caramel.instance import run_setup
-        from caramel.options import resolve_backend, shared_names
+        from caramel.options import resolve_backend
 
         distributed = _distributed()
         if not isinstance(program, Program):
@@ -466,13 +465,8 @@ class ClusterExecutor:
                                "cluster use the GPUs they see (CUDA_VISIBLE_DEVICES)")
         self.backend = resolve_backend(opts.backend) if opts.backend != "auto" or local else "auto"
         ctx, spec, data = run_setup(program, opts.n, None, opts.check, inputs, batch)
-        kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
-        shared_names(opts.shared, kinds)  # names that select no input: refused here, not on every worker
         given = dict(shared or {})
-        unknown = sorted(set(given) - set(kinds))
-        if unknown:
-            raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
-                                f"{', '.join(kinds)})")
+        shared_inputs(program, opts, given)  # names that are no input: refused here, not on every worker
         given.update(shared_data(program, opts.shared, data))
         if keys is not None:
             from caramel.ckks.keyset import KeySet

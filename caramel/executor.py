@@ -46,7 +46,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from caramel.ckks.bind import InputKind
+from caramel.ckks.bind import InputKind, requirements
 from caramel.ckks.check import CheckError
 from caramel.errors import ArgumentError, BindingError, CaramelError, ExecutionError, MissingLimbError
 from caramel.instance import (
@@ -98,6 +98,18 @@ def capacity(options: RunOptions, lanes: int = 1, depth: int | None = None) -> i
 
         depth = options.depth or DEFAULT_DEPTH
     return lanes * (depth + 1) + preparers(options)
+
+
+def shared_inputs(program: Program, options: RunOptions, given: Mapping[str, Any]) -> frozenset[str]:
+    """The inputs of ``program`` that every instance shares: those ``options.shared`` selects
+    (:func:`~caramel.options.shared_names`) and those ``given`` values or objects; a name that is no
+    input is an :class:`ArgumentError`."""
+    kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
+    unknown = sorted(set(given) - set(kinds))
+    if unknown:
+        raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
+                            f"{', '.join(kinds)})")
+    return frozenset(shared_names(options.shared, kinds)) | frozenset(given)
 
 
 def _is_object(value) -> bool:
@@ -304,13 +316,9 @@ class Executor:
         self.decrypt = decrypt
         self.timings: dict[str, float] = {}
         log = log or (lambda line: None)
-        kinds = {n: str(need.kind) for n, need in plan.req.inputs.items()}
         given = dict(shared or {})
-        unknown = sorted(set(given) - set(kinds))
-        if unknown:
-            raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
-                                f"{', '.join(kinds)})")
-        self.shared = tuple(n for n in plan.names if n in set(shared_names(opts.shared, kinds)) | set(given))
+        chosen = shared_inputs(program, opts, given)
+        self.shared = tuple(n for n in plan.names if n in chosen)
         self.varying = tuple(n for n in plan.names if n not in self.shared)
         self.groups = self._groups()
         lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
@@ -753,4 +761,4 @@ class Executor:
 
 
 __all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout", "capacity",
-           "preparers"]
+           "preparers", "shared_inputs"]
