@@ -629,7 +629,7 @@ class ClusterExecutor:
                 future.cancel()
         wall = time.perf_counter() - start
         instances.sort(key=lambda x: x.index)
-        states = [s for s in self._states() if s is not None]
+        states = self._states()
         lanes = [d for s in states for d in s["devices"]]
         timings: dict[str, float] = {}
         for s in states:
@@ -644,12 +644,14 @@ class ClusterExecutor:
         return BatchResult(self.program.name, opts.n, opts.mode.value, self.backend, opts.seed, opts.key_seed, records,
                            summary, timings, instances, failed, interrupted, states[0]["shared"] if states else ())
 
-    def _states(self) -> list[dict | None]:
-        """What each worker's executor of the job says of itself (:meth:`WorkerJob.state`)."""
+    def _states(self) -> list[dict]:
+        """What each worker's executor of the job says of itself (:meth:`WorkerJob.state`), from the
+        workers that hold one."""
         try:
-            return list(self.client.run(_job_state, self.job.token, on_error="return").values())
+            found = self.client.run(_job_state, self.job.token, on_error="return")
         except Exception:  # noqa: BLE001 (a worker going away says nothing)
             return []
+        return [s for _, s in sorted(found.items()) if isinstance(s, dict)]
 
     # ---------------------------------------------------------------- partitioned
 
