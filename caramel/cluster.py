@@ -321,6 +321,18 @@ def run_instance(job: Job, index: int, inputs: Mapping[str, Any] | None = None):
     return worker.address, plugin.job(job).run(index, inputs)
 
 
+def open_job(job: Job) -> dict | None:
+    """The task that makes the executor of ``job`` on its worker now (:meth:`ClusterExecutor.warm_up`):
+    its :meth:`WorkerJob.state`."""
+    from distributed import get_worker
+
+    plugin = _plugin(get_worker())
+    _check_here(job, plugin)
+    held = plugin.job(job)
+    held.open()
+    return held.state()
+
+
 def _abort_rank(token: str, rank: int, origin: int | None, reason: str, dask_worker=None) -> None:
     """Abort rank ``rank`` of run ``token`` on this worker (the client stops a run; :func:`run_rank`)."""
     plugin = dask_worker.plugins.get(PLUGIN) if dask_worker is not None else None
@@ -553,6 +565,21 @@ class ClusterExecutor:
         # a key of its own (Dask would answer a key it holds with its first result, whatever the inputs)
         return self.client.submit(run_instance, self._shipped(), index, None if inputs is None else dict(inputs),
                                   key=f"caramel-{self.job.token}-{next(self._tasks)}-instance-{index}")
+
+    def warm_up(self, *, timeout: float | None = None) -> dict[str, dict[str, float]]:
+        """Make the job's executor on every worker now (keys, shared inputs, plan and graphs: what the
+        first instance on a worker would otherwise wait for), one task pinned to each worker; returns
+        each worker's setup seconds by its address. ``timeout``: seconds for them all."""
+        distributed = _distributed()
+        shipped = self._shipped()
+        futures = {self.client.submit(open_job, shipped, workers=[w.address], allow_other_workers=False,
+                                      key=f"caramel-{self.job.token}-{next(self._tasks)}-open"): w.address
+                   for w in self.infos}
+        try:
+            return {futures[f]: f.result()["timings"] for f in _completed(distributed, list(futures), timeout)}
+        finally:
+            for f in futures:
+                f.cancel()
 
     def _received(self, index: int, future):
         """The Instance of a finished future (its error raised), numbered by its worker."""
@@ -788,5 +815,5 @@ def _gpu_count() -> int:
 
 
 __all__ = ["CaramelPlugin", "ClusterError", "ClusterExecutor", "Job", "PartitionedRun", "WorkerInfo", "WorkerJob",
-           "check_workers", "fingerprint", "local_cluster", "open_executor", "rank_devices", "run_instance", "run_rank",
-           "worker_info"]
+           "check_workers", "fingerprint", "local_cluster", "open_executor", "open_job", "rank_devices", "run_instance",
+           "run_rank", "worker_info"]

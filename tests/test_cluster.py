@@ -107,9 +107,13 @@ def test_shared_inputs_and_user_inputs_as_run_batch_takes_them(client):
     options = RunOptions(n=N, backend="cpu-plan", seed=3, shared=("y",))
     want = run_batch(program, options, batch=4)
     with ClusterExecutor(program, options, cluster=client) as pool:
+        setups = pool.warm_up(timeout=DEADLINE)  # every worker's executor made now, once
         have = pool.run_batch(4, timeout=DEADLINE)
+    assert set(setups) == {w.address for w in pool.infos} and all(set(t) == {"keys", "shared", "plan"}
+                                                                   for t in setups.values())
     assert [r["digest"] for r in have.records] == [r["digest"] for r in want.records]
-    assert have.shared == want.shared == ("y",) and {"keys", "shared", "plan"} <= set(have.timings)
+    assert have.shared == want.shared == ("y",) and have.timings == pytest.approx({
+        k: sum(t[k] for t in setups.values()) for k in ("keys", "shared", "plan")})  # made once per worker
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, (3, N // 2))
     x[1, 0] = 1e30  # does not fit the modulus: instance 1 fails, alone
