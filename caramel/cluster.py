@@ -40,6 +40,7 @@ import os
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -56,6 +57,8 @@ except ImportError:  # pragma: no cover
 LOG = logging.getLogger("caramel.cluster")
 #: The plugin's name on every worker.
 PLUGIN = "caramel"
+#: Closed jobs a worker remembers, so that a late task of one makes no executor again.
+CLOSED_JOBS = 1024
 #: Seconds between two looks at a partitioned run's ranks and workers.
 WATCH_SECONDS = 0.2
 #: Seconds the client waits for the other ranks to stop after one failed.
@@ -231,9 +234,12 @@ class WorkerJob:
         self.lock = threading.Lock()
         self.executor = None
         self.error: BaseException | None = None  # the executor could not be made: every instance says why
+        self.closed = False
 
     def open(self):
         with self.lock:
+            if self.closed:  # a task that started before the client closed the job: no executor made again
+                raise ClusterError(f"job {self.job.token[:12]} was closed")
             if self.error is not None:
                 raise self.error
             if self.executor is None:
@@ -264,7 +270,7 @@ class WorkerJob:
 
     def close(self) -> None:
         with self.lock:
-            ex, self.executor = self.executor, None
+            ex, self.executor, self.closed = self.executor, None, True
         if ex is not None:
             ex.shutdown(wait=True, cancel_futures=True)
 
@@ -282,12 +288,15 @@ class CaramelPlugin(_WorkerPlugin):
         self.worker = worker
         self.fingerprint = fingerprint()  # this worker's caramel, compared with each job's
         self.jobs: dict[str, WorkerJob] = {}
+        self.closed: OrderedDict[str, None] = OrderedDict()  # tokens of closed jobs, the latest CLOSED_JOBS
         self.lock = threading.Lock()
         self.office = PostOffice()
         self.office.install(worker)
 
     def job(self, job: Job) -> WorkerJob:
         with self.lock:
+            if job.token in self.closed:
+                raise ClusterError(f"job {job.token[:12]} was closed")
             if job.token not in self.jobs:
                 self.jobs[job.token] = WorkerJob(job)
             return self.jobs[job.token]
@@ -295,6 +304,9 @@ class CaramelPlugin(_WorkerPlugin):
     def close_job(self, token: str) -> bool:
         with self.lock:
             held = self.jobs.pop(token, None)
+            self.closed[token] = None
+            while len(self.closed) > CLOSED_JOBS:
+                self.closed.popitem(last=False)
         if held is not None:
             held.close()
         return held is not None

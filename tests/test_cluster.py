@@ -143,6 +143,25 @@ def test_an_instance_given_its_inputs_is_the_executors(client):
         assert [x.digest for x in pool.map([6], timeout=DEADLINE)] == want[1:]  # the bad instance failed alone
 
 
+def test_a_worker_job_runs_instances_through_its_executor_until_closed():
+    """The worker side without Dask: instance i through the job's executor has run_batch's record i;
+    once the client closed the job, a late task makes no executor again."""
+    from caramel.cluster import Job, WorkerJob
+
+    program = load_program(MUL1)
+    options = RunOptions(n=N, backend="cpu-plan", seed=4, check=None)
+    want = run_batch(program, options, batch=3)
+    held = WorkerJob(Job("t" * 32, program, options, None, {}, None, False, "f" * 64))
+    assert held.state() is None
+    instance = held.run(2)
+    assert instance.record() == {**want.records[2], "timings_s": instance.record()["timings_s"]}
+    assert held.state()["devices"] == [()] and set(held.state()["timings"]) == {"keys", "shared", "plan"}
+    held.close()
+    assert held.state() is None
+    with pytest.raises(ClusterError, match="was closed"):
+        held.run(1)
+
+
 def test_options_that_a_cluster_cannot_take_are_refused(client):
     program = load_program(MUL1)
     with pytest.raises(ArgumentError, match="unknown option"):
