@@ -246,10 +246,9 @@ def shared_data(program: Program, shared, data) -> dict[str, Any]:
     """The values that the user's ``data`` (:class:`caramel.userdata.InputData`, or None) gives to the
     inputs that ``shared`` (:attr:`RunOptions.shared <caramel.options.RunOptions.shared>`) names: one
     value each, for every instance; a shared input with one value per instance is a :class:`BatchError`."""
-    from caramel.options import shared_names
-
     if data is None:
         return {}
+    from caramel.options import shared_names
     from caramel.userdata import instance_values
 
     kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
