@@ -18,7 +18,7 @@ COMMANDS = {
     "timeline": "the timeline model: per-device kernel times, predictions beside measured replays (bench/timeline.py)",
     "multi": "several GPUs: NCCL, K-chip programs against the reference, scaling, compute floors, process mode",
     "throughput": "instances per second and where an instance's time goes (bench/throughput.py)",
-    "cluster": "several machines (bench/cluster.py)",
+    "cluster": "a batch on a local Dask cluster against one process; a K-chip program as ranks (bench/cluster.py)",
     "client": "the client: GPU client = CPU client, keys and inputs timed, the key store, `caramel run` end to end",
     "cpu": "on the CPU: load, plan, accuracy, the client, the reference digests",
     "all": "one call of the figures of record: kernels, replay, plans, GPU test modules, corpus in three modes",

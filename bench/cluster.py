@@ -1,115 +1,72 @@
 """``python -m bench cluster``: caramel on a Dask cluster against the same devices in one process.
 
 1. **Instances.** A batch of ``--program`` (default BootstrapLike_51L_1c), ``--batch`` instances, on ``--gpus`` G
-   devices: first in this process (:func:`caramel.batch.run_batch`, G slots), then on a local Dask cluster of G
-   worker processes, one per GPU (:class:`caramel.cluster.ClusterExecutor`). Each side runs one warm-up batch of G
-   instances (kernels compiled, plan cached), then the timed batch, end to end: keys, resident runners (upload,
-   graph capture), every instance encrypted, run, decrypted and checked. The figure: instances per second on each
-   side and their ratio (target >= ``--target``, 0.95); the digests must agree instance for instance.
-2. **A partitioned program.** ``--partitioned`` (default BootstrapLike_51L_2c) as K ranks on K workers
-   (:meth:`~caramel.cluster.ClusterExecutor.run_partitioned`), its digest against the CPU reference's of
-   ``scripts/reference_digests.json`` (the inputs of ``caramel run --seed S``; at another N, or when absent there,
-   against a run in this process).
+   devices: first in this process (:func:`caramel.batch.run_batch`, one executor with G lanes), then on a local Dask
+   cluster of G worker processes, one per GPU, each holding one executor (:class:`caramel.cluster.ClusterExecutor`).
+   Both sides take one :class:`~caramel.options.RunOptions` (``--shared`` inputs resident on both). Each side runs
+   one warm-up batch (kernels loaded, plan cached), then the timed batch ``--repeats`` times, each on a fresh
+   executor (in this process; on the cluster a fresh job whose executors :meth:`~caramel.cluster.ClusterExecutor.
+   warm_up` makes on every worker first). The figure of record: instances per second once the executors are made
+   (every instance encrypted, uploaded, run, downloaded and digested; the batch summary's rate, the median of the
+   repeats) on each side and their ratio (target >= ``--target``, 0.95); the seconds end to end (keys, plan, graphs,
+   on the cluster shipping the job) beside them. The digests must agree instance for instance.
+2. **A partitioned program.** ``--partitioned`` (default BootstrapLike_51L_2c; ``''`` skips it) as K ranks on K
+   workers (fewer workers: several chips per rank; :meth:`~caramel.cluster.ClusterExecutor.run_partitioned`), its
+   digest against the CPU reference of the inputs of ``caramel run --seed S`` (``bench.harness.reference_digest``:
+   the stored digest of ``bench/reference_digests.json``, else a CPU reference run).
 
-On a GPU machine (``--backend gpu``; one worker per GPU, CUDA_VISIBLE_DEVICES set per worker) and on the CPU
-(``--backend cpu-plan``, simulated devices: small N, the path checked, figures meaningless). ``--cluster ADDRESS``
-uses a running scheduler instead of a local cluster (the figures are then of its workers). The record (date, commit,
-device, command and every figure) is written as JSON (``--json``, default ``$OUT/cluster-<time>.json`` or
-``bench-results/``); the exit status is 1 when a check failed.
+On a GPU machine (``--backend gpu``; one worker per GPU, CUDA_VISIBLE_DEVICES set per worker, as many threads as
+instances its executor works on at once) and on the CPU (``--backend cpu-plan``, simulated devices: small N, the path
+checked, figures meaningless). ``--cluster ADDRESS`` uses a running scheduler instead of a local cluster (the
+figures are then of its workers). The record (date, commit, device, command and every figure) is written as JSON
+(``--json``, default ``$OUT/cluster-<time>.json`` or ``bench-results/``); the exit status is 1 when a check failed.
 
-    python -m bench cluster --gpus 2 --batch 32                       # nvidia-h200-x2
+    python -m bench cluster --gpus 1 --batch 32 --partitioned ''      # nvidia-h200
+    python -m bench cluster --gpus 2 --batch 64                        # nvidia-h200-x2
     python -m bench cluster --backend cpu-plan --n 1024 --gpus 2 --batch 4 --program Mul_4L_1c --partitioned Mul_4L_2c
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import subprocess
-import sys
+import statistics
 import time
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-DIGESTS = ROOT / "scripts" / "reference_digests.json"
+from bench.harness import (BIG, Record, add_common, bench_inputs, find_program, free_device_memory, log, need_gpu,
+                           reference_digest)
 
-
-def log(*parts: object) -> None:
-    print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
-
-
-def find(name: str) -> str:
-    """A program by name: a folder in ``.data/``, ``$CARAMEL_SHARED_PROGRAMS``, ``../shared/programs`` or
-    ``programs/``, or the member of ``<family>.tar.xz`` there (BootstrapLike_51L_2c in BootstrapLike_51L.tar.xz)."""
-    dirs = [ROOT / ".data", *([Path(os.environ["CARAMEL_SHARED_PROGRAMS"])]
-                              if os.environ.get("CARAMEL_SHARED_PROGRAMS") else []),
-            ROOT.parent / "shared" / "programs", ROOT / "programs"]
-    family = name.rsplit("_", 1)[0]
-    for d in dirs:
-        if (d / name).is_dir():
-            return str(d / name)
-        if (d / f"{family}.tar.xz").is_file():
-            return f"{d / family}.tar.xz#{name}"
-    raise SystemExit(f"bench cluster: program {name} not found in {', '.join(map(str, dirs))}")
-
-
-def commit() -> str:
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"], timeout=30).returncode
-        return (rev + ("-dirty" if dirty else "")) if rev else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def device(backend: str, gpus: int) -> str:
-    if backend == "gpu":
-        import cupy as cp
-
-        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
-        return f"{gpus} x {name.decode() if isinstance(name, bytes) else name}"
-    return f"{gpus} simulated device(s) on {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-
-
-def reference(name: str, n: int, seed: int) -> str | None:
-    try:
-        return json.loads(DIGESTS.read_text()).get(f"{name} N={n} exact run --seed {seed}")
-    except (OSError, ValueError):
-        return None
+#: The partitioned program of the figures of record.
+SPLIT = "BootstrapLike_51L_2c"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench cluster", description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", choices=("gpu", "cpu-plan"), default="gpu")
-    p.add_argument("--n", type=int, default=65536)
-    p.add_argument("--gpus", type=int, help="devices (default: every GPU; on the CPU 2)")
+    p = argparse.ArgumentParser(prog="python -m bench cluster", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, help="devices, one worker each (default: every GPU; on the CPU 2)")
     p.add_argument("--batch", type=int, help="timed instances (default 16 per device)")
     p.add_argument("--seed", type=int, default=1, help="instance i: inputs from seed + i, keys from seed (default 1)")
-    p.add_argument("--program", default="BootstrapLike_51L_1c", help="the batch's program")
-    p.add_argument("--partitioned", default="BootstrapLike_51L_2c", help="the partitioned program ('' to skip)")
+    p.add_argument("--program", default=BIG, help=f"the batch's program (default {BIG})")
+    p.add_argument("--partitioned", default=SPLIT, help=f"the partitioned program (default {SPLIT}; '' skips it)")
+    p.add_argument("--shared", default="", help="inputs every instance shares (RunOptions.shared: names, patterns, "
+                   "or plaintexts,scalars), resident on both sides")
     p.add_argument("--target", type=float, default=0.95, help="cluster / one process throughput to reach")
     p.add_argument("--cluster", default="local", help="a scheduler address instead of a local cluster")
-    p.add_argument("--json", metavar="FILE", help="the record (default $OUT/cluster-<time>.json or bench-results/)")
+    add_common(p, configs=False, ab=False, repeats=1)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv or [])
     args = parser().parse_args(argv)
+    need_gpu(args.backend)
     import distributed
 
-    from caramel.api import gpu_available, run_program
     from caramel.batch import run_batch
     from caramel.cluster import ClusterExecutor, local_cluster
-    from caramel.parse import load_program
+    from caramel.options import RunOptions
+    from caramel.ring import Context
 
-    if args.backend == "gpu" and not gpu_available():
-        raise SystemExit("bench cluster: no usable GPU; try --backend cpu-plan")
     if args.backend == "gpu":
         import cupy as cp
 
@@ -117,89 +74,79 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         gpus = args.gpus or 2
     batch = args.batch or 16 * gpus
-    figures: list[dict[str, Any]] = []
-    failures: list[str] = []
+    repeats = max(1, args.repeats)
+    rec = Record("cluster", argv, args.backend)
+    rec.extra["devices"] = gpus
+    options = RunOptions(n=args.n, backend=args.backend, seed=args.seed, check=None, shared=args.shared)
 
-    def add(what: str, value: Any, unit: str = "", **detail: Any) -> None:
-        figures.append({"what": what, "value": value, "unit": unit, **detail})
-        log(f"{what}: {value:.4g} {unit}" if isinstance(value, float) else f"{what}: {value} {unit}")
-
-    def check(what: str, ok: bool, note: str = "") -> None:
-        add(what, "ok" if ok else "FAIL", note=note or None)
-        if not ok:
-            failures.append(what + (f" ({note})" if note else ""))
-
-    header = {"command": "python -m bench cluster " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": commit(),
-              "device": device(args.backend, gpus), "backend": args.backend}
-    log(f"{header['command']}: commit {header['commit']}, {header['device']}")
-    options = dict(n=args.n, backend=args.backend, seed=args.seed, check=None)
-
-    program = load_program(find(args.program))
-    run_batch(program, batch=gpus, gpus=gpus, **options)  # warm-up: kernels compiled, plan cached
-    t = time.perf_counter()
-    one = run_batch(program, batch=batch, gpus=gpus, **options)
-    one_s = time.perf_counter() - t
-    add(f"{program.name}: {batch} instances in one process on {gpus} device(s)", batch / one_s, "instances/s",
-        wall_s=round(one_s, 3), keys_s=round(one.timings.get("keys", 0.0), 3))
+    program = find_program(args.program)
+    run_batch(program, options, batch=gpus, gpus=gpus)  # warm-up: kernels compiled, plan cached
+    rates, ends, one = [], [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        one = run_batch(program, options, batch=batch, gpus=gpus)
+        ends.append(time.perf_counter() - t)
+        rates.append(one.summary.per_second)
+    one_rate, one_end = statistics.median(rates), statistics.median(ends)
+    rec.add(f"{program.name}: {batch} instances in one process on {gpus} device(s)", one_rate, "instances/s",
+            end_to_end_s=round(one_end, 3), setup_s={k: round(v, 3) for k, v in one.timings.items()},
+            shared=",".join(one.shared) or None)
+    free_device_memory(args.backend)  # this process's pooled GPU memory, for the workers
 
     t = time.perf_counter()
     made = None
     if args.cluster == "local":
-        made = local_cluster(gpus, args.backend)
+        made = local_cluster(gpus, args.backend, options=options)
         client = distributed.Client(made)
         client.wait_for_workers(gpus, timeout=300)
     else:
         client = distributed.Client(args.cluster, timeout=60)
-    add("cluster start", time.perf_counter() - t, "s", workers=len(client.scheduler_info()["workers"]))
+    rec.add("cluster start", time.perf_counter() - t, "s", workers=len(client.scheduler_info()["workers"]))
     try:
-        with ClusterExecutor(program, cluster=client, **options) as pool:
-            list(pool.map(range(len(pool.infos))))  # warm-up on every worker, then a fresh job timed end to end
-        with ClusterExecutor(program, cluster=client, **options) as pool:
-            t = time.perf_counter()
-            have = pool.run_batch(batch)
-            many_s = time.perf_counter() - t
+        with ClusterExecutor(program, options, cluster=client) as pool:
             workers = len(pool.infos)
-        add(f"{program.name}: {batch} instances on {workers} Dask worker(s)", batch / many_s, "instances/s",
-            wall_s=round(many_s, 3))
-        ratio = one_s / many_s
-        add("cluster / one process (instances per second)", ratio, "x", target=args.target)
-        check(f"cluster throughput >= {args.target:g} x one process", ratio >= args.target, f"{ratio:.3f} x")
-        check("cluster digests = one-process digests, instance for instance",
-              [r["digest"] for r in have.records] == [r["digest"] for r in one.records])
+            pool.run_batch(workers)  # warm-up: the workers' processes (CUDA contexts, kernels loaded)
+        rates, ends, setups, have = [], [], [], None
+        for _ in range(repeats):
+            t = time.perf_counter()
+            with ClusterExecutor(program, options, cluster=client) as pool:
+                setup = pool.warm_up()
+                setups.append(time.perf_counter() - t)
+                have = pool.run_batch(batch)
+            ends.append(time.perf_counter() - t)
+            rates.append(have.summary.per_second)
+        many_rate, many_end = statistics.median(rates), statistics.median(ends)
+        rec.add(f"{program.name}: {batch} instances on {workers} Dask worker(s)", many_rate, "instances/s",
+                end_to_end_s=round(many_end, 3), job_and_executors_s=round(statistics.median(setups), 3),
+                setup_s={w: {k: round(v, 3) for k, v in secs.items()} for w, secs in setup.items()})
+        ratio = many_rate / one_rate
+        rec.add("cluster / one process (instances per second, executors made)", ratio, "x", target=args.target)
+        rec.add("cluster / one process (end to end, setup included)", one_end / many_end, "x")
+        rec.check(f"cluster throughput >= {args.target:g} x one process", ratio >= args.target, f"{ratio:.3f} x")
+        rec.check("cluster digests = one-process digests, instance for instance",
+                  not have.failed and [r["digest"] for r in have.records] == [r["digest"] for r in one.records],
+                  "; ".join(f"instance {i}: {e}" for i, e in sorted(have.failed.items())))
 
         if args.partitioned:
-            split = load_program(find(args.partitioned))
-            with ClusterExecutor(split, cluster=client, **options) as pool:
+            split = find_program(args.partitioned)
+            with ClusterExecutor(split, options.with_(shared=()), cluster=client) as pool:
                 t = time.perf_counter()
                 run = pool.run_partitioned()
-                add(f"{split.name}: one run as {run.ranks} ranks on {run.ranks} Dask workers", time.perf_counter() - t,
-                    "s", **{f"{k}_s": round(v, 3) for k, v in run.timings.items()})
-            want = reference(split.name, args.n, args.seed)
-            source = "scripts/reference_digests.json"
+                rec.add(f"{split.name}: one run as {run.ranks} rank(s) on {run.ranks} Dask worker(s)",
+                        time.perf_counter() - t, "s", **{f"{k}_s": round(v, 3) for k, v in run.timings.items()})
+            ctx = Context(n=args.n)
+            want, source = reference_digest(split, ctx, None, seed=args.seed, policy="stored")
             if want is None:
-                want = run_program(split, n=args.n, backend=args.backend, seed=args.seed, check=None).digest
-                source = "a run in this process"
-            add(f"{split.name} digest", run.digest, note=f"against {source}")
-            check(f"{split.name} on the cluster has the reference digest ({source})", run.digest == want)
+                log(f"no stored digest of {split.name} at N = {args.n}: a CPU reference run")
+                memory = bench_inputs(split, ctx, args.seed, "gpu" if args.backend == "gpu" else "cpu")
+                want, source = reference_digest(split, ctx, memory, seed=args.seed, policy="run")
+            rec.add(f"{split.name} digest", run.digest, note=f"against the {source}")
+            rec.check(f"{split.name} on the cluster has the reference digest", run.digest == want, source)
     finally:
         client.close()
         if made is not None:
             made.close()
-
-    print("| what | result |\n| --- | --- |")
-    for f in figures:
-        value = f"{f['value']:.4g}" if isinstance(f["value"], float) else str(f["value"])
-        print(f"| {f['what']} | {value} {f['unit']}".rstrip() + " |")
-    print("checks: " + ("all passed" if not failures else "FAILED: " + "; ".join(failures)))
-    folder = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "bench-results"
-    path = Path(args.json) if args.json else folder / f"cluster-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from caramel.outfiles import write_atomic
-
-    write_atomic(path, json.dumps({**header, "figures": figures, "failures": failures}, indent=2) + "\n")
-    log(f"record: {path}")
-    return 1 if failures else 0
+    return rec.finish(args.json)
 
 
 if __name__ == "__main__":

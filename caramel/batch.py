@@ -65,6 +65,13 @@ class Instance:
     outputs: dict[str, np.ndarray] | None = None
     rank: int = 0
 
+    @classmethod
+    def of(cls, index: int, result, *, keep: bool = False, rank: int = 0) -> "Instance":
+        """Instance ``index`` of a batch from its :class:`~caramel.executor.InstanceResult`; ``keep``:
+        with the outputs that the executor decrypted (``decrypt=True`` or ``"limbs"``)."""
+        return cls(index, result.seed, result.digest, result.report, result.devices, result.timings,
+                   result.outputs if keep else None, rank)
+
     @property
     def passed(self) -> bool | None:
         return None if self.report is None else bool(self.report.passed)
@@ -182,7 +189,7 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
 
     from caramel.executor import Executor
     from caramel.instance import run_setup
-    from caramel.options import RunOptions, shared_names
+    from caramel.options import RunOptions
 
     opts = RunOptions.of(options, **fields)
     if batch < 1:
@@ -190,20 +197,8 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
     log = log or (lambda s: None)
     ctx, _, data = run_setup(program, opts.n, ctx, opts.check, inputs, batch)
     indices = list(range(batch)) if indices is None else list(indices)
-    shared_values: dict[str, Any] = {}
-    if data is not None:
-        from caramel.userdata import instance_values
-
-        kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
-        for name in shared_names(opts.shared, kinds):
-            if name in data.arrays:
-                a = data.arrays[name]
-                if a.ndim == (1 if kinds[name] == "scalar" else 2):  # one value per instance
-                    raise BatchError(f"input {name} is shared by every instance, but {data.source} gives one value "
-                                     "per instance")
-                shared_values[name] = instance_values(data, program, 0)[name]
-    executor = Executor(program, opts, keys=keys, ctx=ctx, shared=shared_values, decrypt="limbs" if limbs else outputs,
-                        log=log)
+    executor = Executor(program, opts, keys=keys, ctx=ctx, shared=shared_data(program, opts.shared, data),
+                        decrypt="limbs" if limbs else outputs, log=log)
     slots, per_slot, shared = len(executor.lanes), max(1, len(executor.groups[0])), executor.shared
     log(f"{len(indices)} instance(s) on {slots} slot(s) of {per_slot} device(s); keys in "
         f"{executor.timings['keys']:.2f} s")
@@ -212,12 +207,7 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
     start = time.perf_counter()
     try:
         for i in indices:
-            given = None
-            if data is not None:
-                from caramel.userdata import instance_values
-
-                given = {k: v for k, v in instance_values(data, program, i).items() if k not in shared}
-            futures[i] = executor.submit(given, seed=opts.seed + i)
+            futures[i] = executor.submit(instance_data(program, data, i, shared), seed=opts.seed + i)
         index_of = {f: i for i, f in futures.items()}
         pending = set(futures.values())
         while pending:
@@ -243,15 +233,42 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
         if exc is not None:
             failed[i] = f"{type(exc).__name__}: {exc}"
             continue
-        x = f.result()
-        kept = x._outputs if (outputs or limbs) else None
-        done_instances.append(Instance(i, x.seed, x.digest, x.report, x.devices, x.timings, kept, rank))
+        done_instances.append(Instance.of(i, f.result(), keep=outputs or limbs, rank=rank))
     passed = _batch_verdict([x.passed for x in done_instances])
     count = len(done_instances)
     summary = BatchSummary(count, wall, count / wall if wall > 0 else 0.0, slots, per_slot, 1, passed)
     return BatchResult(program.name, int(ctx.n), opts.mode.value, executor.backend, opts.seed, opts.key_seed,
                        [x.record() for x in done_instances], summary, dict(executor.timings), done_instances, failed,
                        interrupted, shared)
+
+
+def shared_data(program: Program, shared, data) -> dict[str, Any]:
+    """The values that the user's ``data`` (:class:`caramel.userdata.InputData`, or None) gives to the
+    inputs that ``shared`` (:attr:`RunOptions.shared <caramel.options.RunOptions.shared>`) names: one
+    value each, for every instance; a shared input with one value per instance is a :class:`BatchError`."""
+    if data is None:
+        return {}
+    from caramel.options import shared_names
+    from caramel.userdata import instance_values
+
+    kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
+    values: dict[str, Any] = {}
+    for name in shared_names(shared, kinds):
+        if name in data.arrays:
+            if data.arrays[name].ndim == (1 if kinds[name] == "scalar" else 2):  # one value per instance
+                raise BatchError(f"input {name} is shared by every instance, but {data.source} gives one value per "
+                                 "instance")
+            values[name] = instance_values(data, program, 0)[name]
+    return values
+
+
+def instance_data(program: Program, data, index: int, shared: Sequence[str]) -> dict[str, Any] | None:
+    """The values that the user's ``data`` (or None) gives to instance ``index``, but for the ``shared`` inputs."""
+    if data is None:
+        return None
+    from caramel.userdata import instance_values
+
+    return {k: v for k, v in instance_values(data, program, index).items() if k not in shared}
 
 
 # --------------------------------------------------------------------------------- process mode
@@ -395,5 +412,5 @@ def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, r
 
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "GatheredBatch", "Instance", "ResidentGpus", "ResidentHost",
-           "ThroughputPoint", "batch_layout", "gathered_outputs", "instance_line", "key_mems", "measure_throughput",
-           "run_batch", "run_batch_distributed"]
+           "ThroughputPoint", "batch_layout", "gathered_outputs", "instance_data", "instance_line", "key_mems",
+           "measure_throughput", "run_batch", "run_batch_distributed", "shared_data"]

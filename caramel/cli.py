@@ -314,8 +314,7 @@ def _run_cluster(args: argparse.Namespace, program, check) -> int:
 
     if args.keys or args.inputs or args.save_outputs or args.json:
         raise CaramelError("--keys, --inputs, --save-outputs and --json go with --batch on a cluster")
-    with ClusterExecutor(program, cluster=args.cluster, gpus=args.gpus, n=args.n, mode=args.mode, backend=args.backend,
-                         seed=args.seed, key_seed=args.key_seed, check=check, streams=args.streams) as pool:
+    with ClusterExecutor(program, _run_options(args, check), cluster=args.cluster) as pool:
         run = pool.run_partitioned()
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {run.backend}, {run.ranks} rank(s) on {run.ranks} Dask worker(s): ran in "
@@ -394,12 +393,10 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
         from caramel.cluster import ClusterExecutor
 
         keys, _ = _stored_keys(args, program)
-        with ClusterExecutor(program, cluster=args.cluster, gpus=args.gpus, backend=args.backend, keys=keys,
-                             batch=args.batch, n=args.n, mode=args.mode, seed=args.seed, key_seed=args.key_seed,
-                             check=check, streams=args.streams, inputs=args.inputs, outputs=keep,
-                             limbs=args.save_limbs) as pool:
+        with ClusterExecutor(program, options, cluster=args.cluster, keys=keys, batch=args.batch, inputs=args.inputs,
+                             outputs=keep, limbs=args.save_limbs) as pool:
             result = pool.run_batch(args.batch)
-        arrays = stack_outputs([x.outputs for x in result.instances]) if keep else None
+        arrays = stack_outputs([x.outputs for x in result.instances]) if keep and result.instances else None
     else:
         result = run_batch(program, options, batch=args.batch, keys=keys, inputs=args.inputs, outputs=keep,
                            limbs=args.save_limbs)

@@ -2,16 +2,22 @@
 
 :class:`ClusterExecutor` runs one program on the workers of a Dask cluster (a scheduler address,
 a :class:`distributed.Client` or cluster object such as dask-jobqueue's ``SLURMCluster``, or
-``"local"``: :func:`local_cluster`, one worker process per GPU or per simulated device):
+``"local"``: :func:`local_cluster`, one worker process per GPU or per simulated device), with the
+options of every driver (:class:`~caramel.options.RunOptions`):
 
 * **Instances** (:meth:`~ClusterExecutor.submit`, :meth:`~ClusterExecutor.map`,
-  :meth:`~ClusterExecutor.run_batch`): instance i (inputs from seed S + i, one key set from the
-  key seed) is one Dask task. The job (program, options, keys given) goes to every worker once;
-  each worker keeps one *resident runner* per device slot in its :class:`CaramelPlugin` (keys
-  made or uploaded once, the CUDA graph captured once, reused by every later instance:
-  :func:`make_runner`). Tasks go to free workers as they finish and the results stream back as
-  they complete; a worker lost mid-batch has its instances run again elsewhere (Dask reschedules
-  them), and each instance is reported once. The digests are those of ``caramel run --seed S+i``.
+  :meth:`~ClusterExecutor.run_batch`): instance i (inputs from seed S + i, or entry i of the
+  user's inputs; one key set from the key seed, or the keys given) is one Dask task. The job
+  (program, options, keys and shared inputs given) goes to every worker once; each worker holds
+  one :class:`caramel.Executor` for it (:class:`WorkerJob`), made by its first instance over every
+  GPU the worker sees: keys made (or uploaded) once, shared inputs drawn and written once, the
+  CUDA graphs captured once, one lane per device slot. Each task submits its instance to that
+  executor and waits for it, so a worker runs as many instances at once as it has threads (a
+  local GPU cluster gives each worker :func:`caramel.executor.capacity` threads, enough to keep
+  its executor's pipeline full). Tasks go to free workers as they finish and the results stream
+  back as they complete; a worker lost mid-batch has its instances run again elsewhere (Dask
+  reschedules them), and each instance is reported once. Instance i has the digest of instance i
+  of :func:`caramel.batch.run_batch` on one machine, i.e. of ``caramel run --seed S+i``.
 * **Partitioned programs** (:meth:`~ClusterExecutor.run_partitioned`): a K-chip program as K
   ranks on K workers, one task each, pinned to its worker. They meet and exchange the NCCL ids,
   the CPU backend's limbs and the results worker to worker over Dask's comms
@@ -23,26 +29,24 @@ a :class:`distributed.Client` or cluster object such as dask-jobqueue's ``SLURMC
 Before any work, every worker is asked for its caramel version and the digest of its caramel
 files (:func:`fingerprint`), and for its GPUs: a worker with another caramel, or without a GPU
 for the ``gpu`` backend, is refused with an error naming it (:func:`check_workers`).
-
-The worker side is two functions, :func:`make_runner` ("a resident runner for this job on these
-devices") and :meth:`InstanceRunner.run` ("instance i -> its record"), over today's resident
-runners (:func:`caramel.batch.slot_runners`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from caramel.errors import CaramelError
+from caramel.options import RunOptions
 from caramel.program import Program
 
 try:  # the plugin's base class; caramel.cluster imports without Dask (ClusterExecutor then says how to install it)
@@ -53,6 +57,8 @@ except ImportError:  # pragma: no cover
 LOG = logging.getLogger("caramel.cluster")
 #: The plugin's name on every worker.
 PLUGIN = "caramel"
+#: Closed jobs a worker remembers, so that a late task of one makes no executor again.
+CLOSED_JOBS = 1024
 #: Seconds between two looks at a partitioned run's ranks and workers.
 WATCH_SECONDS = 0.2
 #: Seconds the client waits for the other ranks to stop after one failed.
@@ -141,19 +147,30 @@ def check_workers(workers: Sequence[WorkerInfo], backend: str, version: str, dig
                                f"device): {named}")
 
 
-def local_cluster(workers: int, backend: str, *, threads: int = 1, quiet: bool = True):
+def local_cluster(workers: int, backend: str, *, threads: int | None = None,
+                  device_ids: Sequence[int] | None = None, options: RunOptions | None = None, quiet: bool = True):
     """A Dask cluster on this machine: ``workers`` worker processes (Dask nannies, restarted when
-    one dies) of ``threads`` threads; on the ``gpu`` backend worker i sees only GPU i
-    (``CUDA_VISIBLE_DEVICES``, of those visible to this process). No dashboard, no memory limit."""
+    one dies) of ``threads`` threads each (default: on the ``gpu`` backend
+    :func:`caramel.executor.capacity` of ``options``, the instances one GPU lane works on at once;
+    else 1). On the ``gpu`` backend worker i sees only one GPU (``CUDA_VISIBLE_DEVICES``): the i-th
+    of ``device_ids`` (CUDA ordinals of this process), else GPU i (of those visible to this
+    process). No dashboard, no memory limit."""
     distributed = _distributed()
     if workers < 1:
         raise ClusterError(f"a local cluster needs at least one worker, got {workers}")
+    if device_ids is not None and len(device_ids) < workers:
+        raise ClusterError(f"{workers} local workers, {len(device_ids)} device_ids given {list(device_ids)}")
+    if threads is None:
+        from caramel.executor import capacity
+
+        threads = capacity(options or RunOptions()) if backend == "gpu" else 1
     visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     specs = {}
     for i in range(workers):
         env = {}
         if backend == "gpu":
-            env["CUDA_VISIBLE_DEVICES"] = visible[i] if i < len(visible) else str(i)
+            d = device_ids[i] if device_ids is not None else i
+            env["CUDA_VISIBLE_DEVICES"] = visible[d] if d < len(visible) else str(d)
         specs[f"caramel-{i}"] = {"cls": distributed.Nanny,
                                  "options": {"nthreads": threads, "env": env, "memory_limit": 0, "host": "127.0.0.1",
                                              "dashboard": False, "name": f"caramel-{i}",
@@ -167,21 +184,20 @@ def local_cluster(workers: int, backend: str, *, threads: int = 1, quiet: bool =
 
 @dataclass(frozen=True)
 class Job:
-    """What a worker needs to run instances or ranks of one program; shipped once per worker."""
+    """What a worker needs to run instances or ranks of one program; shipped once per worker.
+    ``options``: the run's, the backend resolved, ``check`` a CheckSpec or None (read by the
+    client: a check file need not exist on the workers), no devices (each worker uses those it
+    sees); ``keys``: a KeySet to use instead of generating one, or None; ``shared``: the values
+    or objects of shared inputs given (by the caller or the user's inputs); ``data``: the user's
+    InputData, or None; ``decrypt``: the instances' outputs kept (the executor's ``decrypt``)."""
 
     token: str
     program: Program
-    n: int
-    mode: str
-    backend: str  # resolved: gpu, cpu-plan or cpu
-    seed: int
-    key_seed: int | None
-    keys: Any  # a KeySet to use instead of generating one (from a key store), or None
-    spec: Any  # the CheckSpec (None: random inputs, not judged)
-    data: Any  # the user's InputData, or None
-    streams: int | None
-    outputs: bool
-    limbs: bool
+    options: RunOptions
+    keys: Any
+    shared: Mapping[str, Any]
+    data: Any
+    decrypt: bool | str
     fingerprint: str
     timeout: float = 300.0
 
@@ -194,128 +210,74 @@ def _check_here(job: Job, plugin: "CaramelPlugin") -> None:
                            f"{job.fingerprint[:12]}: install the same caramel on every worker")
 
 
-class InstanceRunner:
-    """Instances of one job on one device slot of a worker, resident (:func:`make_runner`): the
-    keys are made (or taken from the job) once, the slot's runner is made once
-    (:func:`caramel.batch.slot_runners`), and :meth:`run` encrypts, runs, checks instance i."""
+def open_executor(job: Job):
+    """The :class:`caramel.Executor` of ``job`` on this worker: on the ``gpu`` backend over every GPU
+    it sees (one lane per slot of :func:`caramel.executor.batch_layout`: a K-chip program on
+    fewer GPUs merges its chips), on the CPU backends one lane, as ``run_batch`` without ``gpus``."""
+    from caramel.executor import Executor
 
-    def __init__(self, job: Job, devices: tuple[int, ...]):
-        from caramel.api import key_seed_for
-        from caramel.batch import slot_runners
-        from caramel.ckks.device import resolve as client_device, using as using_client
-        from caramel.ckks.keyset import generate_keyset
-        from caramel.ring import Context, Mode
+    gpus = None
+    if job.options.backend == "gpu":
+        import cupy as cp
 
-        self.job, self.devices = job, devices
-        self.ctx = Context(n=job.n)
-        self.mode = Mode(job.mode)
-        self.client = client_device(None, job.backend)
-        t0 = time.perf_counter()
-        keys = job.keys
-        if keys is None:
-            with using_client(self.client):
-                keys = generate_keyset(job.program, self.ctx, key_seed_for(job.seed, job.key_seed))
-        self.keys = keys
-        self.setup = {"keys": time.perf_counter() - t0}
-        t0 = time.perf_counter()
-        self.slot = slot_runners(job.program, self.ctx, self.mode, job.backend, [devices], job.streams)[0]
-        self.setup["plan"] = time.perf_counter() - t0
-
-    def run(self, index: int):
-        """Instance ``index``: its :class:`caramel.batch.Instance` (record, report, outputs)."""
-        from caramel.api import default_spec, output_digest, prepare_inputs
-        from caramel.batch import Instance
-        from caramel.ckks.check import evaluate_check
-        from caramel.ckks.device import using as using_client
-
-        job = self.job
-        times: dict[str, float] = {}
-        t = time.perf_counter()
-        supplied = None
-        if job.data is not None:
-            from caramel.userdata import instance_values
-
-            supplied = instance_values(job.data, job.program, index)
-        with using_client(self.client):
-            prepared = prepare_inputs(job.program, self.ctx, self.keys, job.seed + index,
-                                      job.spec or default_spec(job.program), supplied)
-        times["encrypt"] = time.perf_counter() - t
-        t = time.perf_counter()
-        result = self.slot(prepared.memory)
-        times["run"] = time.perf_counter() - t
-        t = time.perf_counter()
-        kept = None
-        if job.outputs or job.limbs:
-            from caramel.userdata import decrypted_outputs
-
-            kept = decrypted_outputs(prepared, result.memory, limbs=job.limbs)
-            times["decrypt"] = time.perf_counter() - t
-            t = time.perf_counter()
-        with using_client(self.client):
-            report = evaluate_check(prepared, result.memory, self.mode) if job.spec is not None else None
-        digest = output_digest(job.program, result.memory)
-        times["check"] = time.perf_counter() - t
-        return Instance(index, job.seed + index, digest, report, self.devices, times, kept)
-
-    def close(self, failed: bool = False) -> None:
-        close = getattr(self.slot, "close", None)
-        if close is not None:
-            close(failed)
+        gpus = int(cp.cuda.runtime.getDeviceCount())
+    return Executor(job.program, job.options.with_(gpus=gpus), keys=job.keys, shared=dict(job.shared),
+                    decrypt=job.decrypt)
 
 
-def make_runner(job: Job, devices: tuple[int, ...]) -> InstanceRunner:
-    """A resident runner of ``job`` on this worker's ``devices`` (the CUDA devices of one slot; empty
-    on the CPU backends)."""
-    return InstanceRunner(job, devices)
-
-
-def _slots(job: Job) -> list[tuple[int, ...]]:
-    """This worker's device slots for ``job``: on the GPU :func:`caramel.batch.batch_layout` over
-    its visible GPUs (a K-chip program on fewer GPUs merges its chips); one slot on the CPU."""
-    if job.backend != "gpu":
-        return [()]
-    import cupy as cp
-
-    from caramel.batch import batch_layout
-
-    return batch_layout(job.program.chips, int(cp.cuda.runtime.getDeviceCount()))
-
-
-class _Pool:
-    """The resident runners of one job on one worker: one per slot, made on first use, lent to one
-    task at a time."""
+class WorkerJob:
+    """One job on one worker: its executor (:func:`open_executor`, made by the first instance and
+    kept until the client closes the job), fed by every task thread of the worker."""
 
     def __init__(self, job: Job):
         self.job = job
-        self.free: queue.Queue = queue.Queue()
-        for slot in _slots(job):
-            self.free.put(slot)
-        self.runners: dict[tuple[int, ...], InstanceRunner] = {}
         self.lock = threading.Lock()
+        self.executor = None
+        self.error: BaseException | None = None  # the executor could not be made: every instance says why
+        self.closed = False
 
-    def run(self, index: int):
-        slot = self.free.get()
-        try:
-            runner = self.runners.get(slot)
-            made = runner is None
-            if made:
-                runner = self.runners[slot] = make_runner(self.job, slot)
-            instance = runner.run(index)
-            if made:  # the slot's keys and plan, counted once, with its first instance
-                instance.timings = {**runner.setup, **instance.timings}
-            return instance
-        finally:
-            self.free.put(slot)
+    def open(self):
+        with self.lock:
+            if self.closed:  # a task that started before the client closed the job: no executor made again
+                raise ClusterError(f"job {self.job.token[:12]} was closed")
+            if self.error is not None:
+                raise self.error
+            if self.executor is None:
+                try:
+                    self.executor = open_executor(self.job)
+                except BaseException as exc:
+                    self.error = exc
+                    raise
+            return self.executor
+
+    def run(self, index: int, inputs: Mapping[str, Any] | None = None):
+        """Instance ``index`` (inputs: ``inputs``, else entry ``index`` of the user's, the others drawn
+        from seed S + index): its :class:`caramel.batch.Instance`; an instance's error is raised."""
+        from caramel.batch import Instance, instance_data
+
+        ex = self.open()
+        job = self.job
+        given = dict(inputs) if inputs is not None else instance_data(job.program, job.data, index, ex.shared)
+        result = ex.submit(given, seed=job.options.seed + index).result()
+        return Instance.of(index, result, keep=bool(job.decrypt))
+
+    def state(self) -> dict | None:
+        """The executor's setup seconds, the devices of its lanes and its shared inputs (None before it is made)."""
+        ex = self.executor
+        if ex is None:
+            return None
+        return {"timings": dict(ex.timings), "devices": [tuple(d) for d in ex.devices], "shared": tuple(ex.shared)}
 
     def close(self) -> None:
-        for runner in self.runners.values():
-            runner.close()
-        self.runners.clear()
+        with self.lock:
+            ex, self.executor, self.closed = self.executor, None, True
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
 
 
 class CaramelPlugin(_WorkerPlugin):
     """caramel's state on a Dask worker (a worker plugin, registered as :data:`PLUGIN`): the
-    resident runners of each job, by its token, until the client closes the job; and the
+    :class:`WorkerJob` of each job, by its token, until the client closes the job; and the
     mailboxes of the ranks of partitioned runs (:class:`~caramel.execute.rendezvous.dask_comms.PostOffice`)."""
 
     name = PLUGIN
@@ -325,26 +287,32 @@ class CaramelPlugin(_WorkerPlugin):
 
         self.worker = worker
         self.fingerprint = fingerprint()  # this worker's caramel, compared with each job's
-        self.pools: dict[str, _Pool] = {}
+        self.jobs: dict[str, WorkerJob] = {}
+        self.closed: OrderedDict[str, None] = OrderedDict()  # tokens of closed jobs, the latest CLOSED_JOBS
         self.lock = threading.Lock()
         self.office = PostOffice()
         self.office.install(worker)
 
-    def pool(self, job: Job) -> _Pool:
+    def job(self, job: Job) -> WorkerJob:
         with self.lock:
-            if job.token not in self.pools:
-                self.pools[job.token] = _Pool(job)
-            return self.pools[job.token]
+            if job.token in self.closed:
+                raise ClusterError(f"job {job.token[:12]} was closed")
+            if job.token not in self.jobs:
+                self.jobs[job.token] = WorkerJob(job)
+            return self.jobs[job.token]
 
     def close_job(self, token: str) -> bool:
         with self.lock:
-            pool = self.pools.pop(token, None)
-        if pool is not None:
-            pool.close()
-        return pool is not None
+            held = self.jobs.pop(token, None)
+            self.closed[token] = None
+            while len(self.closed) > CLOSED_JOBS:
+                self.closed.popitem(last=False)
+        if held is not None:
+            held.close()
+        return held is not None
 
     def teardown(self, worker) -> None:
-        for token in list(getattr(self, "pools", {})):
+        for token in list(getattr(self, "jobs", {})):
             self.close_job(token)
 
 
@@ -355,14 +323,26 @@ def _plugin(worker) -> CaramelPlugin:
     return plugin
 
 
-def run_instance(job: Job, index: int):
+def run_instance(job: Job, index: int, inputs: Mapping[str, Any] | None = None):
     """The task of instance ``index`` (on a worker): (the worker's address, its Instance)."""
     from distributed import get_worker
 
     worker = get_worker()
     plugin = _plugin(worker)
     _check_here(job, plugin)
-    return worker.address, plugin.pool(job).run(index)
+    return worker.address, plugin.job(job).run(index, inputs)
+
+
+def open_job(job: Job) -> dict | None:
+    """The task that makes the executor of ``job`` on its worker now (:meth:`ClusterExecutor.warm_up`):
+    its :meth:`WorkerJob.state`."""
+    from distributed import get_worker
+
+    plugin = _plugin(get_worker())
+    _check_here(job, plugin)
+    held = plugin.job(job)
+    held.open()
+    return held.state()
 
 
 def _abort_rank(token: str, rank: int, origin: int | None, reason: str, dask_worker=None) -> None:
@@ -380,6 +360,12 @@ def _has_plugin(dask_worker=None) -> bool:
 def _close_job(token: str, dask_worker=None) -> bool:
     plugin = dask_worker.plugins.get(PLUGIN) if dask_worker is not None else None
     return plugin.close_job(token) if plugin is not None else False
+
+
+def _job_state(token: str, dask_worker=None) -> dict | None:
+    plugin = dask_worker.plugins.get(PLUGIN) if dask_worker is not None else None
+    held = plugin.jobs.get(token) if plugin is not None else None
+    return held.state() if held is not None else None
 
 
 # ------------------------------------------------------------------------------------ partitioned
@@ -403,7 +389,7 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
     """The task of rank ``rank`` of a partitioned run (on its worker, on its CUDA ``device``): meet
     the others, make the keys and inputs of ``caramel run --seed S``, run this rank's chips
     (:func:`caramel.execute.distributed.run_distributed`); rank 0 returns the checked result."""
-    from caramel.api import key_seed_for, output_digest, prepare_inputs
+    from caramel.api import output_digest, prepare_inputs
     from caramel.ckks.check import evaluate_check
     from caramel.ckks.device import resolve as client_device, using as using_client
     from caramel.ckks.keyset import generate_keyset
@@ -412,15 +398,16 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
     from caramel.execute.rendezvous.dask_comms import DaskRendezvous
     from distributed import get_worker
     from caramel.plan_cache import cached_plan
-    from caramel.ring import Context, Mode
+    from caramel.ring import Context
 
     worker = get_worker()
     plugin = _plugin(worker)
     _check_here(job, plugin)
+    opts = job.options
     world = len(addresses)
     place = Place(rank, world, device, None, job.token)
-    backend = "gpu" if job.backend == "gpu" else "cpu-plan"
-    identity = RunIdentity(job.fingerprint, job.n, job.mode, job.seed, world, backend, None, job.key_seed)
+    backend = "gpu" if opts.backend == "gpu" else "cpu-plan"
+    identity = RunIdentity(job.fingerprint, opts.n, opts.mode.value, opts.seed, world, backend, None, opts.key_seed)
     timings: dict[str, float] = {}
     with DaskRendezvous(rank, addresses, job.token, worker, plugin.office, job.timeout) as rdv:
         # (a failure in this block aborts the other ranks)
@@ -428,25 +415,25 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
         rdv.meet(identity, job.timeout)
         timings["meet"] = time.perf_counter() - t
         t = time.perf_counter()
-        ctx = Context(n=job.n)
-        client = client_device(None, backend)
+        ctx = Context(n=opts.n)
+        client = client_device(opts.client, backend)
         supplied = None
         if job.data is not None:
             from caramel.userdata import instance_values
 
             supplied = instance_values(job.data, job.program, 0)
         with using_client(client):
-            keys = job.keys or generate_keyset(job.program, ctx, key_seed_for(job.seed, job.key_seed))
-            prepared = prepare_inputs(job.program, ctx, keys, job.seed, job.spec, supplied)
+            keys = job.keys or generate_keyset(job.program, ctx, opts.keys_seed)
+            prepared = prepare_inputs(job.program, ctx, keys, opts.seed, opts.check, supplied)
         timings["keys"] = time.perf_counter() - t
         t = time.perf_counter()
-        result = run_distributed(cached_plan(job.program), ctx, prepared.memory, Mode(job.mode), place, rdv,
-                                 backend=backend, streams=job.streams, timeout=job.timeout)
+        result = run_distributed(cached_plan(job.program), ctx, prepared.memory, opts.mode, place, rdv,
+                                 backend=backend, streams=opts.streams, timeout=job.timeout)
         timings["run"] = time.perf_counter() - t
     if result is None:
         return None
     with using_client(client):
-        report = evaluate_check(prepared, result.memory, Mode(job.mode)) if job.spec is not None else None
+        report = evaluate_check(prepared, result.memory, opts.mode) if opts.check is not None else None
     return PartitionedRun(job.program.name, backend, world, output_digest(job.program, result.memory), report,
                           timings=timings)
 
@@ -459,32 +446,52 @@ class ClusterExecutor:
     :meth:`map` (instances -> their results as they complete, or in order), plus
     :meth:`run_batch` and :meth:`run_partitioned`; a context manager (:meth:`close`).
 
-    ``cluster``: ``"local"`` (:func:`local_cluster` of ``gpus`` workers: default, for a ``batch``, one
-    per GPU on the ``gpu`` backend, else one per CPU core, at most ``batch``; without a batch one per
-    chip, at most one per GPU), a scheduler address, a
-    ``distributed.Client`` or a Dask cluster object (dask-jobqueue's ``SLURMCluster``, say); with an
-    address or a cluster, ``gpus`` uses the first ``gpus`` workers (by address) of a partitioned
-    run. The other options are :func:`caramel.batch.run_batch`'s; ``keys``: a KeySet shipped to
-    every worker instead of one generated there from the key seed. ``timeout``: seconds a rank
-    waits for another."""
+    ``options``: a :class:`~caramel.options.RunOptions`, or its fields as keywords (``n``,
+    ``mode``, ``backend``, ``seed``, ``key_seed``, ``check``, ``streams``, ``client``, ``kernels``,
+    ``shared``, ``depth``, ``workers``: the workers' executors take them as they are). On a cluster
+    ``gpus`` counts workers: the workers of ``"local"``, the ranks of a partitioned run (default
+    one per chip, at most one per worker); ``device_ids``: the GPUs of this machine that a local
+    cluster's workers take, one each. ``backend="auto"`` is the workers' choice: the GPU when every
+    worker has one.
 
-    def __init__(self, program: Program, *, cluster: Any = "local", gpus: int | None = None, n: int = 65536,
-                 mode: str = "exact", backend: str = "auto", seed: int = 0, key_seed: int | None = None, keys=None,
-                 check: Any = "auto", streams: int | None = None, inputs: Any = None, outputs: bool = False,
-                 limbs: bool = False, timeout: float = 300.0, batch: int | None = None):
-        from caramel.api import resolve_backend, run_setup
-        from caramel.ring import Mode
+    ``cluster``: ``"local"`` (:func:`local_cluster` of ``gpus`` workers: default, for a ``batch``,
+    one per GPU on the ``gpu`` backend, else one per CPU core, at most ``batch``; without a batch
+    one per chip, at most one per GPU), a scheduler address, a ``distributed.Client`` or a Dask
+    cluster object (dask-jobqueue's ``SLURMCluster``, say). ``keys``: a KeySet shipped to every
+    worker instead of one generated there from the key seed; ``shared``: the inputs every instance
+    shares, as the :class:`caramel.Executor` takes them (names, or a mapping name -> values or
+    object, shipped); ``inputs``: the user's values (:mod:`caramel.userdata`: stacked values feed
+    one instance each, a shared input's value is unstacked); ``outputs``/``limbs``: keep each
+    instance's decrypted outputs (and raw output limbs); ``batch``: the instances to come (the
+    size of a local cluster, the stacked inputs checked); ``timeout``: seconds a rank waits for
+    another."""
+
+    def __init__(self, program: Program, options: RunOptions | None = None, *, cluster: Any = "local", keys=None,
+                 shared: Mapping[str, Any] | str | Iterable[str] | None = None, inputs: Any = None,
+                 outputs: bool = False, limbs: bool = False, timeout: float = 300.0, batch: int | None = None,
+                 **fields):
+        from caramel.batch import shared_data
+        from caramel.executor import shared_inputs
+        from caramel.instance import run_setup
+        from caramel.options import resolve_backend
 
         distributed = _distributed()
         if not isinstance(program, Program):
             raise ClusterError(f"ClusterExecutor needs a Program (caramel.load_program), got {type(program).__name__}")
-        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-            raise ClusterError(f"gpus must be a positive integer, got {gpus!r}")
-        self.program, self.gpus = program, gpus
+        if shared is not None and not isinstance(shared, Mapping):  # names: RunOptions.shared
+            fields["shared"], shared = shared, None
+        opts = RunOptions.of(options, **fields)
+        self.program, self.options, self.gpus = program, opts, opts.gpus
         # "auto" on a local cluster is this machine's choice; on another cluster its workers' (below)
         local = isinstance(cluster, str) and cluster == "local"
-        self.backend = resolve_backend(backend) if backend != "auto" or local else "auto"
-        ctx, spec, data = run_setup(program, n, None, check, inputs, batch)
+        if opts.device_ids is not None and not local:
+            raise ClusterError("device_ids name GPUs of this machine, for a local cluster; the workers of another "
+                               "cluster use the GPUs they see (CUDA_VISIBLE_DEVICES)")
+        self.backend = resolve_backend(opts.backend) if opts.backend != "auto" or local else "auto"
+        ctx, spec, data = run_setup(program, opts.n, None, opts.check, inputs, batch)
+        given = dict(shared or {})
+        shared_inputs(program, opts, given)  # names that are no input: refused here, not on every worker
+        given.update(shared_data(program, opts.shared, data))
         if keys is not None:
             from caramel.ckks.keyset import KeySet
 
@@ -493,7 +500,8 @@ class ClusterExecutor:
         self._cluster = None
         self._own_client = True
         if local:
-            self._cluster = local_cluster(self._local_workers(batch), self.backend)
+            self._cluster = local_cluster(self._local_workers(batch), self.backend, device_ids=opts.device_ids,
+                                          options=opts)
             self.client = distributed.Client(self._cluster)
         elif isinstance(cluster, distributed.Client):
             self.client, self._own_client = cluster, False
@@ -508,6 +516,8 @@ class ClusterExecutor:
         self.job = None
         self._closed = False
         self.where: dict[int, str] = {}  # instance index -> the address of the worker that ran it
+        self._numbers: dict[str, int] = {}  # worker address -> its number in the records (``rank``)
+        self._tasks = itertools.count()
         try:
             self.infos = self.workers()
             if self.backend == "auto":  # the GPU when every worker has one, as `caramel run` on one machine
@@ -516,22 +526,21 @@ class ClusterExecutor:
         except BaseException:
             self.close()
             raise
-        self.job = Job(uuid.uuid4().hex, program, int(ctx.n), Mode(mode).value, self.backend, seed, key_seed, keys,
-                       spec, data, streams, outputs, limbs, self._fingerprint, timeout)
+        self._numbers.update({w.address: k for k, w in enumerate(self.infos)})
+        job_options = opts.with_(n=int(ctx.n), backend=self.backend, check=spec, gpus=None, device_ids=None)
+        self.job = Job(uuid.uuid4().hex, program, job_options, keys, given, data,
+                       "limbs" if limbs else bool(outputs), self._fingerprint, timeout)
 
     def _local_workers(self, batch: int | None) -> int:
         if self.gpus is not None:
             return self.gpus
+        ids = self.options.device_ids
         if batch is None:  # a partitioned run: one worker per chip, at most one per GPU
             if self.backend != "gpu":
                 return self.program.chips
-            import cupy as cp
-
-            return max(1, min(self.program.chips, int(cp.cuda.runtime.getDeviceCount())))
+            return max(1, min(self.program.chips, len(ids) if ids else _gpu_count()))
         if self.backend == "gpu":
-            import cupy as cp
-
-            return int(cp.cuda.runtime.getDeviceCount())
+            return len(ids) if ids else _gpu_count()
         return max(1, min(os.cpu_count() or 1, batch))
 
     def workers(self) -> list[WorkerInfo]:
@@ -549,53 +558,84 @@ class ClusterExecutor:
             self.client.register_plugin(CaramelPlugin(), name=PLUGIN)
 
     def _shipped(self):
-        """The job on every worker (once), and the plugin that keeps its runners."""
+        """The job on every worker (once), and the plugin that keeps its executors."""
         if self._job is None:
             self._plugin()
             self._job = self.client.scatter(self.job, broadcast=True, hash=False)
         return self._job
 
-    def submit(self, index: int):
-        """Instance ``index`` as a Dask future of (worker address, :class:`caramel.batch.Instance`)."""
+    def submit(self, index: int, inputs: Mapping[str, Any] | None = None):
+        """Instance ``index`` as a Dask future of (worker address, :class:`caramel.batch.Instance`):
+        its inputs ``inputs`` (name -> values or objects, as :meth:`caramel.Executor.submit` takes
+        them, shipped with the task) or entry ``index`` of the user's inputs, the others drawn from
+        seed S + ``index``."""
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ClusterError(f"an instance index is an integer >= 0, got {index!r}")
-        return self.client.submit(run_instance, self._shipped(), index,
-                                  key=f"caramel-{self.job.token}-instance-{index}")
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise ClusterError(f"an instance's inputs are a mapping of input name to value, not "
+                               f"{type(inputs).__name__}")
+        # a key of its own (Dask would answer a key it holds with its first result, whatever the inputs)
+        return self.client.submit(run_instance, self._shipped(), index, None if inputs is None else dict(inputs),
+                                  key=f"caramel-{self.job.token}-{next(self._tasks)}-instance-{index}")
 
-    def map(self, indices: Iterable[int], *, ordered: bool = True, timeout: float | None = None) -> Iterator:
-        """The :class:`caramel.batch.Instance` of every index, each once: in index order
-        (``ordered``) or as they complete. The instances run as workers free up. ``timeout``:
-        seconds for them all (None: no limit)."""
+    def warm_up(self, *, timeout: float | None = None) -> dict[str, dict[str, float]]:
+        """Make the job's executor on every worker now (keys, shared inputs, plan and graphs: what the
+        first instance on a worker would otherwise wait for), one task pinned to each worker; returns
+        each worker's setup seconds by its address. ``timeout``: seconds for them all."""
         distributed = _distributed()
+        shipped = self._shipped()
+        futures = {self.client.submit(open_job, shipped, workers=[w.address], allow_other_workers=False,
+                                      key=f"caramel-{self.job.token}-{next(self._tasks)}-open"): w.address
+                   for w in self.infos}
+        try:
+            return {futures[f]: f.result()["timings"] for f in _completed(distributed, list(futures), timeout)}
+        finally:
+            for f in futures:
+                f.cancel()
+
+    def _received(self, index: int, future):
+        """The Instance of a finished future (its error raised), numbered by its worker."""
+        address, instance = future.result()
+        future.release()
+        instance.rank = self._numbers.setdefault(address, len(self._numbers))  # a restarted worker: a new number
+        self.where[index] = address
+        return instance
+
+    def _submitted(self, indices: Iterable[int]) -> dict:
         indices = list(indices)
         if len(set(indices)) != len(indices):
             raise ClusterError("an instance index appears twice")
-        futures = {self.submit(i): i for i in indices}
-        ranks = {w.address: k for k, w in enumerate(self.infos)}
+        return {self.submit(i): i for i in indices}
+
+    def map(self, indices: Iterable[int], *, ordered: bool = True, timeout: float | None = None) -> Iterator:
+        """The :class:`caramel.batch.Instance` of every index, each once: in index order
+        (``ordered``; an instance's error is raised when its turn comes) or as they complete. The
+        instances run as workers free up. ``timeout``: seconds for them all (None: no limit)."""
+        distributed = _distributed()
+        futures = self._submitted(indices)
+        order = list(futures.values())
         done: dict[int, Any] = {}
         next_index = 0
         try:
             for future in _completed(distributed, list(futures), timeout):  # each future once, as it completes
                 i = futures.pop(future)
-                address, instance = future.result()
-                future.release()
-                instance.rank = ranks.setdefault(address, len(ranks))  # a restarted worker: a new number
-                self.where[i] = address
-                done[i] = instance
                 if not ordered:
-                    yield instance
+                    yield self._received(i, future)
                     continue
-                while next_index < len(indices) and indices[next_index] in done:
-                    yield done.pop(indices[next_index])
+                done[i] = future
+                while next_index < len(order) and order[next_index] in done:
+                    yield self._received(order[next_index], done.pop(order[next_index]))
                     next_index += 1
         finally:
-            for future in futures:
+            for future in [*futures, *done.values()]:
                 future.cancel()
 
     def run_batch(self, batch: int, *, log=None, timeout: float | None = None):
         """``batch`` instances (seeds S .. S+batch-1) on the cluster: a :class:`caramel.batch.BatchResult`
-        (records sorted by index, one per instance, each from the worker that ran it); ``timeout``
-        as :meth:`map`."""
+        as :func:`caramel.batch.run_batch` returns it (records sorted by index, each with the worker
+        that ran it; ``timings``: the workers' setups, summed; ``processes``: the workers). An
+        instance that fails is in ``failed``; a Ctrl-C ends the batch with the instances that
+        finished (``interrupted``; the others are cancelled). ``timeout`` as :meth:`map`."""
         from caramel.batch import BatchError, BatchResult, BatchSummary, _batch_verdict
 
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -603,25 +643,54 @@ class ClusterExecutor:
         if self.job.data is not None:
             from caramel.userdata import check_inputs
 
-            check_inputs(self.job.data, self.program, self.job.n // 2, batch=batch)
+            check_inputs(self.job.data, self.program, self.job.options.n // 2, batch=batch)
         log = log or (lambda s: None)
+        distributed = _distributed()
         start = time.perf_counter()
-        instances = []
-        for instance in self.map(range(batch), ordered=False, timeout=timeout):
-            instances.append(instance)
-            log(f"instance {instance.index}: digest {instance.digest[:16]} (worker {instance.rank})")
+        futures = self._submitted(range(batch))
+        instances, failed, interrupted = [], {}, False
+        try:
+            for future in _completed(distributed, list(futures), timeout):
+                i = futures.pop(future)
+                try:
+                    instance = self._received(i, future)
+                except Exception as exc:  # noqa: BLE001 - this instance's error (or its task's)
+                    failed[i] = f"{type(exc).__name__}: {exc}"
+                    log(f"instance {i}: failed: {exc}")
+                    continue
+                instances.append(instance)
+                log(f"instance {i}: digest {instance.digest[:16]} (worker {instance.rank})")
+        except KeyboardInterrupt:
+            interrupted = True
+            log("interrupted: the instances not finished are cancelled")
+        finally:
+            for future in futures:
+                future.cancel()
         wall = time.perf_counter() - start
         instances.sort(key=lambda x: x.index)
-        if [x.index for x in instances] != list(range(batch)):
-            raise ClusterError(f"the cluster returned instances {[x.index for x in instances]}, "
-                               f"expected 0..{batch - 1}")
-        layouts = [_slots_of(w, self.job) for w in self.infos]
-        summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, sum(len(l) for l in layouts),
-                               max(1, max(len(l[0]) for l in layouts)), len(self.infos),
+        states = self._states()
+        lanes = [d for s in states for d in s["devices"]]
+        timings: dict[str, float] = {}
+        for s in states:
+            for k, v in s["timings"].items():
+                timings[k] = timings.get(k, 0.0) + v
+        count = len(instances)
+        summary = BatchSummary(count, wall, count / wall if wall > 0 else 0.0, max(1, len(lanes)),
+                               max([1, *map(len, lanes)]), len(self.infos),
                                _batch_verdict([x.passed for x in instances]))
         records = [{**x.record(), "worker": self.where.get(x.index)} for x in instances]
-        return BatchResult(self.program.name, self.job.n, self.job.mode, self.backend, self.job.seed, self.job.key_seed,
-                           records, summary, {}, instances)
+        opts = self.job.options
+        return BatchResult(self.program.name, opts.n, opts.mode.value, self.backend, opts.seed, opts.key_seed, records,
+                           summary, timings, instances, failed, interrupted, states[0]["shared"] if states else ())
+
+    def _states(self) -> list[dict]:
+        """What each worker's executor of the job says of itself (:meth:`WorkerJob.state`), from the
+        workers that hold one."""
+        try:
+            found = self.client.run(_job_state, self.job.token, on_error="return")
+        except Exception:  # noqa: BLE001 (a worker going away says nothing)
+            return []
+        return [s for _, s in sorted(found.items()) if isinstance(s, dict)]
 
     # ---------------------------------------------------------------- partitioned
 
@@ -630,6 +699,9 @@ class ClusterExecutor:
         (default one per chip, at most one per worker), rank r on the r-th worker. Fails within
         seconds, naming the rank, when a rank fails or its worker is lost, after aborting the other ranks; ``timeout``:
         seconds for the whole run (None: no limit beyond each rank's waits)."""
+        if self.options.shared or self.job.shared:
+            raise ClusterError("shared inputs go with a batch of instances; a partitioned run draws every input from "
+                               "its seed, as `caramel run --seed S`")
         chips = self.program.chips
         ranks = self.gpus or min(chips, len(self.infos))  # fewer workers than chips: several chips per rank
         if ranks > chips:
@@ -748,14 +820,12 @@ def _completed(distributed, futures, timeout: float | None):
         raise ClusterError(f"the instances did not finish in {timeout:g} s") from None
 
 
-def _slots_of(info: WorkerInfo, job: Job) -> list[tuple[int, ...]]:
-    if job.backend != "gpu":
-        return [()]
-    from caramel.batch import batch_layout
+def _gpu_count() -> int:
+    import cupy as cp
 
-    return batch_layout(job.program.chips, max(1, info.gpus))
+    return int(cp.cuda.runtime.getDeviceCount())
 
 
-__all__ = ["CaramelPlugin", "ClusterError", "ClusterExecutor", "InstanceRunner", "Job", "PartitionedRun", "WorkerInfo",
-           "check_workers", "fingerprint", "local_cluster", "make_runner", "rank_devices", "run_instance", "run_rank",
-           "worker_info"]
+__all__ = ["CaramelPlugin", "ClusterError", "ClusterExecutor", "Job", "PartitionedRun", "WorkerInfo", "WorkerJob",
+           "check_workers", "fingerprint", "local_cluster", "open_executor", "open_job", "rank_devices", "run_instance",
+           "run_rank", "worker_info"]

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from caramel.ckks.bind import InputKind
+from caramel.ckks.bind import InputKind, requirements
 from caramel.ckks.check import CheckError
 from caramel.errors import ArgumentError, BindingError, CaramelError, ExecutionError, MissingLimbError
 from caramel.instance import (
@@ -80,6 +80,36 @@ def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
     if gpus < chips:
         return [tuple(range(gpus))]
     return [tuple(range(j * chips, (j + 1) * chips)) for j in range(gpus // chips)]
+
+
+def preparers(options: RunOptions) -> int:
+    """Host threads of an executor that prepare instances: ``options.workers``, else half the cores, 1 to 4."""
+    return options.workers or max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+def capacity(options: RunOptions, lanes: int = 1, depth: int | None = None) -> int:
+    """How many instances an executor of ``options`` works on at once (those submitted beyond wait in
+    its queue, not yet drawn): on each of ``lanes`` lanes ``depth`` in flight (default
+    ``options.depth``, else the GPU lane's default) and one more waiting for it, and one being
+    prepared by each of the :func:`preparers`. A front end that feeds an executor from threads that
+    each wait for their instance (a Dask worker's) keeps it busy with this many threads."""
+    if depth is None:
+        from caramel.execute.gpu_pipeline import DEFAULT_DEPTH
+
+        depth = options.depth or DEFAULT_DEPTH
+    return lanes * (depth + 1) + preparers(options)
+
+
+def shared_inputs(program: Program, options: RunOptions, given: Mapping[str, Any]) -> frozenset[str]:
+    """The inputs of ``program`` that every instance shares: those ``options.shared`` selects
+    (:func:`~caramel.options.shared_names`) and those ``given`` values or objects; a name that is no
+    input is an :class:`ArgumentError`."""
+    kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
+    unknown = sorted(set(given) - set(kinds))
+    if unknown:
+        raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
+                            f"{', '.join(kinds)})")
+    return frozenset(shared_names(options.shared, kinds)) | frozenset(given)
 
 
 def _is_object(value) -> bool:
@@ -261,7 +291,8 @@ class Executor:
     one-device ``cpu-plan`` lane's calls).
 
     ``timings`` holds the setup's seconds: ``keys``, ``shared`` (drawing the shared inputs) and ``plan``
-    (the plan, the resident lanes and their graphs)."""
+    (the plan, the resident lanes and their graphs); ``capacity`` the instances it works on at once
+    (:func:`capacity`)."""
 
     def __init__(self, program: Program, options: RunOptions | None = None, *, keys=None,
                  shared: Mapping[str, Any] | str | Iterable[str] | None = None, ctx: Context | None = None,
@@ -289,13 +320,9 @@ class Executor:
         self.decrypt = decrypt
         self.timings: dict[str, float] = {}
         log = log or (lambda line: None)
-        kinds = {n: str(need.kind) for n, need in plan.req.inputs.items()}
         given = dict(shared or {})
-        unknown = sorted(set(given) - set(kinds))
-        if unknown:
-            raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
-                                f"{', '.join(kinds)})")
-        self.shared = tuple(n for n in plan.names if n in set(shared_names(opts.shared, kinds)) | set(given))
+        chosen = shared_inputs(program, opts, given)
+        self.shared = tuple(n for n in plan.names if n in chosen)
         self.varying = tuple(n for n in plan.names if n not in self.shared)
         self.groups = self._groups()
         lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
@@ -356,9 +383,10 @@ class Executor:
         self._ready: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
         cpus = os.cpu_count() or 1
-        workers = opts.workers or max(1, min(4, cpus // 2))
-        depth = max(lane.depth for lane in self.lanes)
-        self._permits = threading.Semaphore(len(self.lanes) * (depth + 1) + workers)
+        workers = preparers(opts)
+        #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
+        self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
+        self._permits = threading.Semaphore(self.capacity)
         self._threads: list[threading.Thread] = []
         self._stages = {"prepare": workers, "drive": len(self.lanes), "finish": max(1, min(4, cpus // 2))}
         self._left = dict(self._stages)
@@ -748,4 +776,5 @@ class Executor:
         self._close_lanes()
 
 
-__all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout"]
+__all__ = ["ClientScope", "Executor", "INPUT_ERRORS", "InstanceInputs", "InstanceResult", "batch_layout", "capacity",
+           "preparers", "shared_inputs"]

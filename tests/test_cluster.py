@@ -1,7 +1,9 @@
-"""caramel on a Dask cluster, on the CPU: a local cluster of 3 worker processes runs a batch and a
-2-chip program with the digests of one process; a worker killed mid-batch loses no instance and
-reports none twice; a rank lost with its worker fails the run at once, naming it, and frees the
-other; workers with another caramel, or without a GPU for the gpu backend, are refused."""
+"""caramel on a Dask cluster, on the CPU: a local cluster of 3 worker processes runs a batch (each
+worker through one caramel.Executor) and a 2-chip program with the digests of one process, shared
+inputs and user inputs as run_batch takes them, a failing instance alone; a worker killed mid-batch
+loses no instance and reports none twice; a rank lost with its worker fails the run at once,
+naming it, and frees the other; workers with another caramel, or without a GPU for the gpu
+backend, are refused."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import cloudpickle  # noqa: E402  (a dependency of distributed)
 from caramel.api import gpu_available  # noqa: E402
 from caramel.batch import run_batch  # noqa: E402
 from caramel.cluster import ClusterError, ClusterExecutor, WorkerInfo, check_workers, local_cluster  # noqa: E402
+from caramel.errors import ArgumentError  # noqa: E402
+from caramel.options import RunOptions  # noqa: E402
 from caramel.parse import load_program  # noqa: E402
 
 from tests.conftest import REPO, caramel_cli  # noqa: E402
@@ -91,6 +95,86 @@ def test_a_batch_on_three_workers_has_the_digests_of_one_process(client):
     assert len({r["worker"] for r in have.records}) > 1  # spread over the workers
     assert all(x.outputs is not None and "z" in x.outputs for x in have.instances)
     assert again == [want.records[4]["digest"], want.records[1]["digest"]]
+
+
+def test_shared_inputs_and_user_inputs_as_run_batch_takes_them(client):
+    """RunOptions in, the shared input drawn once per worker from the key seed (or given), the user's
+    stacked values one per instance, a value that does not fit failing its instance alone: the
+    records of run_batch on one machine."""
+    import numpy as np
+
+    program = load_program(MUL1)
+    options = RunOptions(n=N, backend="cpu-plan", seed=3, shared=("y",))
+    want = run_batch(program, options, batch=4)
+    with ClusterExecutor(program, options, cluster=client) as pool:
+        setups = pool.warm_up(timeout=DEADLINE)  # every worker's executor made now, once
+        have = pool.run_batch(4, timeout=DEADLINE)
+    assert set(setups) == {w.address for w in pool.infos} and all(set(t) == {"keys", "shared", "plan"}
+                                                                   for t in setups.values())
+    assert [r["digest"] for r in have.records] == [r["digest"] for r in want.records]
+    assert have.shared == want.shared == ("y",) and have.timings == pytest.approx({
+        k: sum(t[k] for t in setups.values()) for k in ("keys", "shared", "plan")})  # made once per worker
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (3, N // 2))
+    x[1, 0] = 1e30  # does not fit the modulus: instance 1 fails, alone
+    data = {"x": x, "y": rng.uniform(-1, 1, N // 2)}
+    want = run_batch(program, options, batch=3, inputs=data)
+    with ClusterExecutor(program, options, cluster=client, inputs=data, batch=3) as pool:
+        have = pool.run_batch(3, timeout=DEADLINE)
+    assert [r["instance"] for r in have.records] == [0, 2] and set(have.failed) == set(want.failed) == {1}
+    assert "does not fit below half the modulus" in have.failed[1] and not have.passed
+    assert [r["digest"] for r in have.records] == [r["digest"] for r in want.records]
+
+
+def test_an_instance_given_its_inputs_is_the_executors(client):
+    import numpy as np
+
+    from caramel.executor import Executor
+
+    program = load_program(MUL1)
+    x = np.linspace(-1, 1, N // 2)
+    with Executor(program, n=N, backend="cpu-plan", seed=2) as ex:
+        want = [ex.submit({"x": x}, seed=2 + 5).result().digest, ex.submit(seed=2 + 6).result().digest]
+    with ClusterExecutor(program, n=N, backend="cpu-plan", seed=2, cluster=client) as pool:
+        address, instance = pool.submit(5, {"x": x}).result(timeout=DEADLINE)
+        assert instance.index == 5 and instance.digest == want[0]
+        with pytest.raises(ArgumentError, match="nope is not an input of Mul_4L_1c"):
+            pool.submit(6, {"nope": 1.0}).result(timeout=DEADLINE)
+        assert [x.digest for x in pool.map([6], timeout=DEADLINE)] == want[1:]  # the bad instance failed alone
+
+
+def test_a_worker_job_runs_instances_through_its_executor_until_closed():
+    """The worker side without Dask: instance i through the job's executor has run_batch's record i;
+    once the client closed the job, a late task makes no executor again."""
+    from caramel.cluster import Job, WorkerJob
+
+    program = load_program(MUL1)
+    options = RunOptions(n=N, backend="cpu-plan", seed=4, check=None)
+    want = run_batch(program, options, batch=3)
+    held = WorkerJob(Job("t" * 32, program, options, None, {}, None, False, "f" * 64))
+    assert held.state() is None
+    instance = held.run(2)
+    assert instance.record() == {**want.records[2], "timings_s": instance.record()["timings_s"]}
+    assert held.state()["devices"] == [()] and set(held.state()["timings"]) == {"keys", "shared", "plan"}
+    held.close()
+    assert held.state() is None
+    with pytest.raises(ClusterError, match="was closed"):
+        held.run(1)
+
+
+def test_options_that_a_cluster_cannot_take_are_refused(client):
+    program = load_program(MUL1)
+    with pytest.raises(ArgumentError, match="unknown option"):
+        ClusterExecutor(program, cluster=client, n=N, backend="cpu-plan", gpu=2)
+    with pytest.raises(ArgumentError, match="shared: 'w' names no input"):
+        ClusterExecutor(program, cluster=client, n=N, backend="cpu-plan", shared="w")
+    with pytest.raises(ClusterError, match="device_ids name GPUs of this machine, for a local cluster"):
+        ClusterExecutor(program, cluster=client, n=N, backend="cpu-plan", device_ids=[0])
+    with pytest.raises(ClusterError, match="3 local workers, 1 device_ids given"):
+        local_cluster(3, "gpu", device_ids=[0])
+    with ClusterExecutor(load_program(MUL2), cluster=client, n=N, backend="cpu-plan", shared="y") as pool:
+        with pytest.raises(ClusterError, match="shared inputs go with a batch"):
+            pool.run_partitioned(timeout=DEADLINE)
 
 
 def test_a_two_chip_program_on_two_workers_has_the_digest_of_one_process(client):
@@ -195,8 +279,9 @@ def test_a_program_of_more_chips_than_workers_runs_several_chips_per_rank(client
 
 
 def test_the_command_runs_a_batch_on_a_local_cluster(tmp_path):
-    """``caramel run --batch 3 --cluster local --gpus 2``: the digests and outputs of one process."""
-    args = ["run", str(MUL1), "--n", str(N), "--backend", "cpu-plan", "--batch", "3", "-q"]
+    """``caramel run --batch 3 --cluster local --gpus 2``: the digests and outputs of one process, with
+    the options of the local batch (``--shared`` among them)."""
+    args = ["run", str(MUL1), "--n", str(N), "--backend", "cpu-plan", "--batch", "3", "--shared", "y", "-q"]
     want = caramel_cli(*args, "--save-outputs", str(tmp_path / "one.npz"))
     have = caramel_cli(*args, "--cluster", "local", "--gpus", "2", "--save-outputs", str(tmp_path / "two.npz"),
                        timeout=DEADLINE * 2)
@@ -229,8 +314,10 @@ def test_the_benchmark_runs_on_the_cpu_at_small_n(client, tmp_path):
     checks = {f["what"]: f["value"] for f in data["figures"] if f["value"] in ("ok", "FAIL")}
     assert checks == {"cluster throughput >= 0 x one process": "ok",
                       "cluster digests = one-process digests, instance for instance": "ok",
-                      "Mul_4L_2c on the cluster has the reference digest (a run in this process)": "ok"}
-    assert data["commit"] and data["device"].startswith("3 simulated device(s)") and data["date"]
+                      "Mul_4L_2c on the cluster has the reference digest": "ok"}
+    digest = next(f for f in data["figures"] if f["what"] == "Mul_4L_2c digest")
+    assert digest["note"] == "against the CPU reference run"  # none stored at this N
+    assert data["commit"] and data["device"].startswith("CPU") and data["devices"] == 3 and data["date"]
 
 
 def test_ranks_on_workers_that_see_several_gpus_take_their_devices_in_turn():
@@ -246,4 +333,4 @@ def test_ranks_on_workers_that_see_several_gpus_take_their_devices_in_turn():
 @pytest.mark.skipif(gpu_available(), reason="the workers here have a GPU")
 def test_auto_is_the_workers_choice(client):
     with ClusterExecutor(load_program(MUL1), cluster=client, n=N) as pool:
-        assert pool.backend == "cpu" and pool.job.backend == "cpu"
+        assert pool.backend == "cpu" and pool.job.options.backend == "cpu"

@@ -179,6 +179,43 @@ def test_shutdown_cancels_what_has_not_started(rot1, monkeypatch):
     ex.shutdown(wait=True)
 
 
+def test_the_capacity_is_what_the_executor_works_on_at_once(rot1, monkeypatch):
+    """capacity = lanes x (depth + 1) + preparers: with the lane held, that many instances are drawn and
+    the others wait in the queue, not drawn (a front end sizes its threads by it)."""
+    import time
+
+    import caramel.executor as executor_mod
+    from caramel.execute import pipeline
+    from caramel.execute.gpu_pipeline import DEFAULT_DEPTH
+    from caramel.executor import capacity, preparers
+    from caramel.options import RunOptions
+
+    assert preparers(RunOptions(workers=3)) == 3 and capacity(RunOptions(workers=3, depth=2), lanes=2) == 2 * 3 + 3
+    assert capacity(RunOptions(workers=1)) == DEFAULT_DEPTH + 1 + 1  # a GPU lane's default depth
+    go, drawn = threading.Event(), []
+    real_start, real_draw = pipeline.HostRowLane.start, executor_mod.draw_inputs
+
+    def start(self, feed):
+        go.wait(60)
+        return real_start(self, feed)
+
+    def draw(*a, **k):
+        drawn.append(1)
+        return real_draw(*a, **k)
+    monkeypatch.setattr(pipeline.HostRowLane, "start", start)
+    monkeypatch.setattr(executor_mod, "draw_inputs", draw)
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, workers=2) as ex:
+        assert ex.capacity == capacity(ex.options, lanes=1, depth=1) == 1 * 2 + 2
+        futures = [ex.submit() for _ in range(7)]
+        deadline = time.monotonic() + 30
+        while len(drawn) < ex.capacity and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # time for a fifth draw, were there a permit for it
+        assert len(drawn) == ex.capacity
+        go.set()
+        assert [f.result().seed for f in futures] == [SEED + i for i in range(7)] and len(drawn) == 7
+
+
 def test_the_executor_refuses_what_it_cannot_run(rot1):
     from caramel.errors import ArgumentError
 
