@@ -286,8 +286,8 @@ def test_launch_on_the_gpu_without_cupy_is_one_clear_error_before_any_process():
 
 @pytest.mark.parametrize("outputs, message", [
     (["--json", "{tmp}/missing/r.json"], r"--json {tmp}/missing/r.json: the folder {tmp}/missing does not exist"),
-    (["--json", "{tmp}"], r"--json {tmp}: not a regular file"),
-    (["--json", "{tmp}/r.npz", "--save-outputs", "{tmp}/r.npz"], r"--save-outputs and --json name one file"),
+    (["--json", "{tmp}"], r"--json {tmp}: is a folder; caramel writes only regular files"),
+    (["--json", "{tmp}/r.npz", "--save-outputs", "{tmp}/r.npz"], r"--save-outputs and --json both write {tmp}/r.npz"),
 ])
 def test_launch_checks_every_output_path_before_starting(tmp_path, outputs, message):
     outputs = [o.format(tmp=tmp_path) for o in outputs]
