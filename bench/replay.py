@@ -174,7 +174,7 @@ def stamped_ends(gpu_run, repeats: int) -> tuple[list[float], list[float]]:
     :class:`~caramel.execute.cuda_graph.GpuRun`'s graph captured with a stamp at the origin and after every task."""
     import cupy as cp
 
-    launcher = gpu_run.launchers[gpu_run.local[0]]
+    launcher = gpu_run.launchers[gpu_run.hosted[0]]
     tasks = len(launcher.schedule.stream)
     stamp = cp.RawKernel(STAMP_SRC, "stamp")
     stamps = cp.zeros(tasks + 1, dtype=cp.uint64)  # [k]: task k's end, [-1]: the origin
@@ -255,7 +255,7 @@ def pair(rec: Record, plan, ctx, memory, streams: int, repeats: int) -> None:
     try:
         for r in runs:
             r.run.capture()
-        graphs = [r.run.graphs[r.run.local[0]] for r in runs]
+        graphs = [r.run.graphs[r.run.hosted[0]] for r in runs]
         lanes = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
 
         def timed(together: bool) -> float:

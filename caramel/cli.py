@@ -295,11 +295,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if keys is not None:
         outcome.timings["keys"] += keys_s  # loading the key store (--keys DIR) is the keys phase
         getattr(keys.keys, "wait", lambda: None)()  # a damaged file of a key the program did not read still fails
-    devices = devices_used(program, outcome.backend, args.gpus)
+    gpus = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
-          f"mode {args.mode}, backend {outcome.backend} on {devices} device(s): ran in {outcome.seconds:.2f} s")
+          f"mode {args.mode}, backend {outcome.backend} on {gpus} device(s): ran in {outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
-    _run_results(args, outcome, load_s, devices)
+    _run_results(args, outcome, load_s, gpus)
     if outcome.report is None:
         print(_NOT_CHECKED)
         return EXIT_OK
@@ -327,7 +327,7 @@ def _run_cluster(args: argparse.Namespace, program, check) -> int:
     return EXIT_OK if run.report.passed else EXIT_CHECK_FAILED
 
 
-def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int) -> None:
+def _run_results(args: argparse.Namespace, outcome, load_s: float, gpus: int) -> None:
     """The time breakdown line of a run, and ``--save-outputs`` / ``--json`` (:mod:`caramel.results`)."""
     from caramel.results import document, run_record, timings_line
 
@@ -345,7 +345,7 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, devices: int)
                       "decoded)")
     print(timings_line(timings))
     if args.json:
-        record = run_record(outcome, timings, devices=devices, seed=args.seed, key_seed=_key_seed(args))
+        record = run_record(outcome, timings, gpus=gpus, seed=args.seed, key_seed=_key_seed(args))
         record["inputs"] = args.inputs
         _emit_json(args, document('run', record))
 

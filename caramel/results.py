@@ -137,7 +137,7 @@ def environment(probe_gpu: bool = True) -> dict[str, Any]:
     return env
 
 
-def run_record(outcome, timings: Mapping[str, float], *, devices: Any = None, seed: int | None = None,
+def run_record(outcome, timings: Mapping[str, float], *, gpus: Any = None, seed: int | None = None,
                key_seed: int | None = None) -> dict[str, Any]:
     """The record of one :class:`~caramel.api.RunOutcome` (no environment: see :func:`document`)."""
     report = outcome.report
@@ -146,7 +146,7 @@ def run_record(outcome, timings: Mapping[str, float], *, devices: Any = None, se
         "n": int(outcome.ctx.n),
         "mode": outcome.mode.value,
         "backend": outcome.backend,
-        "devices": devices,
+        "devices": gpus,
         "seed": seed,
         "key_seed": key_seed,
         "digest": outcome.digest,

@@ -308,7 +308,7 @@ def scaling_trace(result: ScalingResult) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
 
-def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, streams: int = 1) -> list[float]:
+def compute_only_ms(plan, ctx, memory, mode, gpus: int, repeats: int = 10, streams: int = 1) -> list[float]:
     """The replay time of each device's program WITHOUT its collectives (``collectives=False``),
     on ``streams`` streams like the run, one device after another on the current GPU: the compute
     floor of a G-device run. A G-GPU replay minus its busiest device's floor is what
@@ -322,7 +322,7 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     from caramel.execute.timing import time_runs
 
     out = []
-    for prog in gpu_device_programs(plan, devices, ctx, streams):
+    for prog in gpu_device_programs(plan, gpus, ctx, streams):
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
             run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend)
@@ -340,9 +340,9 @@ def compute_only_ms(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     return out
 
 
-def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, streams: int = 1, *,
+def device_profiles(plan, ctx, memory, mode, gpus: int, repeats: int = 10, streams: int = 1, *,
                     comm_stream: bool = True):
-    """Each device program of a ``devices``-device run, alone on the current GPU, one after another, without its
+    """Each device program of a ``gpus``-device run, alone on the current GPU, one after another, without its
     collectives: per device (its floor in ms: its program replayed as a graph on ``streams`` streams like the run,
     as :func:`compute_only_ms`; its :class:`~caramel.timeline.DeviceTimeline`: every call timed by clock stamps in a
     one-stream graph, on the run's stream schedule). The inputs of the timeline model's prediction.
@@ -359,7 +359,7 @@ def device_profiles(plan, ctx, memory, mode, devices: int, repeats: int = 10, st
     from caramel.timeline import measured_timeline
 
     out = []
-    for prog in gpu_device_programs(plan, devices, ctx, streams):
+    for prog in gpu_device_programs(plan, gpus, ctx, streams):
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
             run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend)

@@ -75,7 +75,7 @@ def test_run_record_from_the_api():
     program = load_program(ROT1, progress=False)
     outcome = run_program(program, n=N, backend="cpu", seed=1)
     assert set(outcome.timings) == {"keys", "encrypt", "plan", "run", "check"}
-    record = run_record(outcome, outcome.timings, devices=1, seed=1, key_seed=1)
+    record = run_record(outcome, outcome.timings, gpus=1, seed=1, key_seed=1)
     assert record["digest"] == outcome.digest and record["checks"]["z"]["verdict"] == "PASS"
     doc = document("run", record, env={"caramel": "x"})
     assert doc["environment"] == {"caramel": "x"} and doc["caramel"] == 1

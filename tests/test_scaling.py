@@ -45,7 +45,7 @@ def test_comm_figures_count_the_calls_and_bytes_the_fabric_sees(devices):
     plan, ctx = build_plan(program), Context(n=1024)
     memory = prepare_check(check_path(program.name), program, ctx, rng=3).memory
     net = FakeNetwork(devices)
-    run_on_devices(plan, ctx, memory, devices=devices, network=net)
+    run_on_devices(plan, ctx, memory, gpus=devices, network=net)
     calls = max(sum(len(g) for g in log) for log in net.log)
     sent = sum(op.rows for d, log in enumerate(net.log) for g in log for op in g
                if (op.kind is CollectiveKind.BROADCAST) == (op.root == d))

@@ -119,9 +119,9 @@ def launch_device(run: DeviceRun, launcher: StreamLauncher | None, *, collective
 
 class MultiGpuRun:
     """A plan resident on G GPUs (see the module docstring). ``gpus``: how many (default: one
-    per chip, at most those present); ``local``: the devices (indices 0..G-1) that this process
+    per chip, at most those present); ``hosted``: the devices (indices 0..G-1) that this process
     drives (default all; one in process mode, :mod:`caramel.execute.distributed`); ``device_ids``:
-    the CUDA device of each local device (default 0, 1, ...); ``timeout``: the watchdog's limit in
+    the CUDA device of each hosted device (default 0, 1, ...); ``timeout``: the watchdog's limit in
     seconds for every phase; ``comms``: communicators to use (``{device: {group: communicator}}``,
     :func:`nccl_communicators`), which then stay open at :meth:`close` (destroy them after it);
     ``streams``: CUDA streams per GPU (module docstring); ``per_row``: every kernel row is its own
@@ -136,7 +136,7 @@ class MultiGpuRun:
     comm_stream, relaxed_capture = True, False
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 gpus: int | None = None, *, local: Sequence[int] | None = None,
+                 gpus: int | None = None, *, hosted: Sequence[int] | None = None,
                  device_ids: Sequence[int] | None = None, timeout: float = 300.0,
                  comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False,
                  reuse: str | None = None, kernels: KernelConfig | None = None):
@@ -150,27 +150,27 @@ class MultiGpuRun:
         self.timeout = timeout
         present = cp.cuda.runtime.getDeviceCount()
         g = min(gpus or present, len(plan.chips))
-        self.local = list(local) if local is not None else list(range(g))
-        ids = list(device_ids) if device_ids is not None else list(range(len(self.local)))
-        if len(ids) < len(self.local) or any(not 0 <= i < present for i in ids):
-            raise ExecutionError(f"{len(self.local)} GPU(s) asked for (CUDA devices {ids}); "
+        self.hosted = list(hosted) if hosted is not None else list(range(g))
+        ids = list(device_ids) if device_ids is not None else list(range(len(self.hosted)))
+        if len(ids) < len(self.hosted) or any(not 0 <= i < present for i in ids):
+            raise ExecutionError(f"{len(self.hosted)} GPU(s) asked for (CUDA devices {ids}); "
                                  f"this machine has {present}")
         # On one GPU (no communicator to leave waiting) the residues are scanned there, after the upload.
         deferred = check_plan_memory(plan, ctx, memory, defer_ranges=g == 1)
         streams = DEFAULT_STREAMS if streams is None else streams
-        free = []  # what the arena of each local device may take (the rows' reuse depends on it)
-        for i in ids[: len(self.local)]:
+        free = []  # what the arena of each hosted device may take (the rows' reuse depends on it)
+        for i in ids[: len(self.hosted)]:
             with cp.cuda.Device(i):
                 free.append(available_bytes()[0])
         # (checks the collectives)
         self.progs = gpu_device_programs(plan, g, ctx, streams, reuse=reuse, free_bytes=min(free))
         streams = int(streams)
-        self.device_ids = dict(zip(self.local, ids))
+        self.device_ids = dict(zip(self.hosted, ids))
         self._own_comms = comms is None  # communicators passed in stay open at close()
         if comms is None:
-            if len(self.local) != len(self.progs):
+            if len(self.hosted) != len(self.progs):
                 raise ExecutionError("a run driving some of the devices needs their communicators (comms=)")
-            comms = nccl_communicators(device_groups(self.progs), [self.device_ids[d] for d in self.local])
+            comms = nccl_communicators(device_groups(self.progs), [self.device_ids[d] for d in self.hosted])
         self.comms = comms
         n = len(self.progs)
         self.runs: list[DeviceRun | None] = [None] * n
@@ -202,8 +202,8 @@ class MultiGpuRun:
                     stream.synchronize()
             return go
 
-        with cp.cuda.Device(self.device_ids[self.local[0]]):  # every kernel compiled now, in parallel
-            precompile([self.progs[d] for d in self.local], plan, ctx, [self.mode], kernels)
+        with cp.cuda.Device(self.device_ids[self.hosted[0]]):  # every kernel compiled now, in parallel
+            precompile([self.progs[d] for d in self.hosted], plan, ctx, [self.mode], kernels)
         self._each(setup, "setup")
 
     # ------------------------------------------------------------------ phases
@@ -213,13 +213,13 @@ class MultiGpuRun:
         return len(self.progs)
 
     def _each(self, make, phase: str) -> list:
-        """Run ``make(d)()`` on one new thread per local GPU under the watchdog; results in
-        ``self.local`` order."""
+        """Run ``make(d)()`` on one new thread per hosted GPU under the watchdog; results in
+        ``self.hosted`` order."""
         def describe(i: int) -> str:
-            run = self.runs[self.local[i]]
-            return f"GPU {self.local[i]}, {phase}: " + (run.position if run is not None else "setting up")
+            run = self.runs[self.hosted[i]]
+            return f"GPU {self.hosted[i]}, {phase}: " + (run.position if run is not None else "setting up")
 
-        return run_threads([make(d) for d in self.local], self.timeout, lambda e: self.abort(), describe)
+        return run_threads([make(d) for d in self.hosted], self.timeout, lambda e: self.abort(), describe)
 
     def _on(self, d: int, body):
         import cupy as cp
@@ -236,7 +236,7 @@ class MultiGpuRun:
     def capture(self) -> None:
         """Capture every GPU's program into one CUDA graph each (after an eager warm-up that
         compiles the kernels and warms the communicators up)."""
-        if self.graphs[self.local[0]] is not None:
+        if self.graphs[self.hosted[0]] is not None:
             return
         self.eager()
         import cupy as cp
@@ -259,7 +259,7 @@ class MultiGpuRun:
 
         if graph:
             self.capture()
-        barrier = threading.Barrier(len(self.local))
+        barrier = threading.Barrier(len(self.hosted))
         times = [[0.0] * self.gpus for _ in range(repeats)]
 
         def body(d):
@@ -284,7 +284,7 @@ class MultiGpuRun:
         self.replay(1, graph=graph)
 
     def time(self, repeats: int = 10, warmup: int = 1, *, graph: bool = True) -> Timing:
-        """Replay timing (``graph=False``: eager runs): per repeat the slowest local GPU's time
+        """Replay timing (``graph=False``: eager runs): per repeat the slowest hosted GPU's time
         (they finish together, being coupled by the collectives); median, min and max over ``repeats``."""
         if warmup:
             self.replay(warmup, graph=graph)
@@ -295,7 +295,7 @@ class MultiGpuRun:
         duration ms) from the GPU's first event (the GPUs start together at a barrier)."""
         import cupy as cp
 
-        barrier = threading.Barrier(len(self.local))
+        barrier = threading.Barrier(len(self.hosted))
 
         def body(d):
             s = self.streams[d]
@@ -317,7 +317,7 @@ class MultiGpuRun:
         return self._each(lambda d: self._on(d, body), "instrumented run")
 
     def rebind(self, memory: Mapping[Mem, np.ndarray], keep: frozenset[Mem] = frozenset()) -> None:
-        """The inputs of another instance, written in place on every local GPU (:meth:`DeviceRun.rebind
+        """The inputs of another instance, written in place on every hosted GPU (:meth:`DeviceRun.rebind
         <caramel.execute.runner.DeviceRun.rebind>`; ``keep``: limbs already in place, checked with
         the first image), so that the graphs replay on them. The graphs and communicators stay."""
         check_plan_memory(self.plan, self.ctx, memory, kept=keep)
@@ -335,7 +335,7 @@ class MultiGpuRun:
 
     def abort(self) -> None:
         """Abort every communicator: GPUs blocked in a collective return (with an error)."""
-        for d in self.local:
+        for d in self.hosted:
             for comm in self.comms.get(d, {}).values():
                 with contextlib.suppress(Exception):  # best effort: the run is failing already
                     comm.abort()

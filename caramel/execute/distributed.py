@@ -5,7 +5,7 @@ Each process reads its place from the launcher's variables (:func:`launch_env`: 
 :func:`caramel.launch.launch`, Open MPI's mpirun, srun, MPICH). Process r drives device r of the
 run (of WORLD_SIZE devices) on its CUDA device LOCAL_RANK, with the same plan, the same inputs
 (generated from the same seed) and the same device programs as the threaded executor
-(:class:`~caramel.execute.cuda_graph.MultiGpuRun` with ``local=[r]``).
+(:class:`~caramel.execute.cuda_graph.MultiGpuRun` with ``hosted=[r]``).
 
 The ranks meet and talk through a :class:`~caramel.execute.rendezvous.Rendezvous` (MPI under
 mpirun/srun, torch's store under torchrun, a file beside ``CARAMEL_RENDEZVOUS`` otherwise; Dask's
@@ -174,7 +174,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, rdv: Rendezvous, progs, g
             except Exception:  # noqa: BLE001 (best effort: the run is failing already)
                 pass
     rdv.on_abort(abort)
-    with MultiGpuRun(plan, ctx, memory, mode, place.world, local=[place.rank], device_ids=[place.local_rank],
+    with MultiGpuRun(plan, ctx, memory, mode, place.world, hosted=[place.rank], device_ids=[place.local_rank],
                      timeout=timeout, comms=comms, streams=streams) as run:
         log("set up (inputs uploaded, kernels loaded)")
         run.run(graph)

@@ -101,11 +101,11 @@ class HostRun:
     ``seed``); any such order must give the single-stream result."""
 
     def __init__(self, plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                 devices: int | None = None, *, backend=None, timeout: float = 120.0, streams: int = 1,
+                 gpus: int | None = None, *, backend=None, timeout: float = 120.0, streams: int = 1,
                  seed: int | None = None):
         check_plan_memory(plan, ctx, memory)
         self.plan, self.memory, self.timeout = plan, memory, timeout
-        self.progs = device_programs(plan, devices or len(plan.chips), ctx.primes,
+        self.progs = device_programs(plan, gpus or len(plan.chips), ctx.primes,
                                      reuse="fifo" if streams > 1 else "lifo")
         self.runs = [DeviceRun(p, plan, ctx, memory, Mode(mode), backend or NumpyBackend) for p in self.progs]
         self.schedules = [r.schedule(streams) for r in self.runs] if streams > 1 else None
@@ -159,11 +159,11 @@ class HostRun:
 
 
 def run_on_devices(plan: Plan, ctx: Context, memory: Mapping[Mem, np.ndarray], mode: Mode | str = Mode.EXACT,
-                   devices: int | None = None, *, backend=None, timeout: float = 120.0,
+                   gpus: int | None = None, *, backend=None, timeout: float = 120.0,
                    network: FakeNetwork | None = None, streams: int = 1, seed: int | None = None) -> RunResult:
-    """Run ``plan`` once on ``devices`` (default: one per chip) host-thread devices
+    """Run ``plan`` once on ``gpus`` (default: one per chip) host-thread devices
     (:class:`HostRun`, ``streams`` and ``seed`` as there); bit-identical to the reference."""
-    return HostRun(plan, ctx, memory, mode, devices, backend=backend, timeout=timeout, streams=streams,
+    return HostRun(plan, ctx, memory, mode, gpus, backend=backend, timeout=timeout, streams=streams,
                    seed=seed).result(network)
 
 

@@ -36,12 +36,12 @@ from caramel.plan.kernel import Kernel, Kind, Plan, ScalarSpec
 from caramel.plan.plan import assign_rows
 
 
-def placement(chips: int, devices: int) -> tuple[int, ...]:
+def placement(chips: int, gpus: int) -> tuple[int, ...]:
     """The device of every chip: contiguous blocks, chip c on device c * G // K (G <= K)."""
-    if devices < 1:
-        raise ExecutionError(f"need at least one device, got {devices}")
-    devices = min(devices, chips)
-    return tuple(c * devices // chips for c in range(chips))
+    if gpus < 1:
+        raise ExecutionError(f"need at least one device, got {gpus}")
+    gpus = min(gpus, chips)
+    return tuple(c * gpus // chips for c in range(chips))
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def comm_parts(plan: Plan, collectives: Sequence[Collective],
     return out
 
 
-def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: str = "lifo",
+def device_programs(plan: Plan, gpus: int, primes: Sequence[int], *, reuse: str = "lifo",
                     keep_inputs: bool = False, part_limbs: int = MIN_PART_LIMBS,
                     lay_out: bool = True) -> list[DeviceProgram]:
     """The :class:`DeviceProgram` of each of min(G, K) devices (collectives checked first,
@@ -285,8 +285,8 @@ def device_programs(plan: Plan, devices: int, primes: Sequence[int], *, reuse: s
     kept for replayed graphs; with ``"none"`` and ``lay_out``, the rows laid out for the calls,
     :func:`contiguous_rows`); ``part_limbs``: the least size of a communication part (:func:`comm_parts`; a very
     large one: a level's communication in one step). The timeline model compares the layouts and parts with them."""
-    cols = plan_collectives(plan, primes if devices > 1 else None)  # (one device sums mod q: no uint32 limit)
-    where = placement(len(plan.chips), devices)
+    cols = plan_collectives(plan, primes if gpus > 1 else None)  # (one device sums mod q: no uint32 limit)
+    where = placement(len(plan.chips), gpus)
     parts = comm_parts(plan, cols, part_limbs)
     out = []
     for d in range(max(where) + 1):

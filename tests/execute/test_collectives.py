@@ -98,7 +98,7 @@ def test_a_missing_participant_is_refused_before_any_work():
 
     bad = _retag(plan, 1, drop_first)
     with pytest.raises(PlanError, match=r"chip 0 line \d+: dis @ \d+:2 has 0 receiver\(s\) \(chips none\), expected 1"):
-        run_on_devices(bad, context(1024), memory, devices=2)
+        run_on_devices(bad, context(1024), memory, gpus=2)
 
 
 def test_plan_pairing_uses_the_rules_of_validate():
@@ -219,7 +219,7 @@ def test_devices_match_the_reference(name):
     program, plan, memory = prepared(name)
     want = run_reference(program, context(1024), memory)
     for g in sorted({1, 2, len(plan.chips) // 2, len(plan.chips)}):
-        have = run_on_devices(plan, context(1024), memory, devices=g)
+        have = run_on_devices(plan, context(1024), memory, gpus=g)
         problems = store_mismatches(want, have)
         assert not problems, f"{name} on {g} devices: " + "; ".join(problems[:3])
 
@@ -232,14 +232,14 @@ def test_devices_on_several_streams_match_the_reference(name):
     want = run_reference(program, context(1024), memory)
     k = len(plan.chips)
     for g, streams in sorted({(1, 2), (2, 3), (k, 2), (k, 3)}):
-        have = run_on_devices(plan, context(1024), memory, devices=g, streams=streams, seed=g * streams)
+        have = run_on_devices(plan, context(1024), memory, gpus=g, streams=streams, seed=g * streams)
         problems = store_mismatches(want, have)
         assert not problems, f"{name} on {g} devices, {streams} streams: " + "; ".join(problems[:3])
 
 
 def test_device_schedules_put_communication_on_its_own_stream():
     program, plan, memory = prepared("BootstrapModRaise_10L_4c")
-    run = HostRun(plan, context(1024), memory, devices=2, streams=3)
+    run = HostRun(plan, context(1024), memory, gpus=2, streams=3)
     for r, sch in zip(run.runs, run.schedules):
         comm = [t for t, task in enumerate(r.tasks) if task.name.startswith("communication")]
         assert comm and all(sch.stream[t] == 2 for t in comm)
@@ -286,7 +286,7 @@ def test_random_stream_orders_catch_a_missing_wait():
     want = run_reference(program, context(1024), memory)
     wrong = 0
     for seed in range(8):
-        run = HostRun(plan, context(1024), memory, devices=4, streams=2, seed=seed)
+        run = HostRun(plan, context(1024), memory, gpus=4, streams=2, seed=seed)
         run.schedules = [dataclasses.replace(s, waits=((),) * len(s.waits)) for s in run.schedules]
         wrong += bool(store_mismatches(want, run.result()))
     assert wrong > 0
@@ -298,7 +298,7 @@ def test_bootstraplike_20l_on_devices(chips, devices):
     ctx = context(1024)
     memory = random_memory(program, ctx, seed=chips)
     want = run_reference(program, ctx, memory, "textbook")
-    have = run_on_devices(build_plan(program), ctx, memory, "textbook", devices=devices)
+    have = run_on_devices(build_plan(program), ctx, memory, "textbook", gpus=devices)
     assert not store_mismatches(want, have)
 
 
@@ -313,7 +313,7 @@ def test_joi_reduce_applies_mod_q_after_the_uint32_sum():
     q = ctx.q(1)
     memory = {m: np.full(ctx.n, q - 1, dtype=np.uint32) for m in random_memory(program, ctx)}
     net = FakeNetwork(3)
-    have = run_on_devices(build_plan(program), ctx, memory, devices=3, network=net)
+    have = run_on_devices(build_plan(program), ctx, memory, gpus=3, network=net)
     assert np.all(have.stores[0][Mem("v1", 1)] == q - 3)
     assert [len(calls) for calls in net.log] == [1, 1, 1]
     assert {(op.kind, op.root, op.group) for calls in net.log for op in calls[0]} == {(R, 0, (0, 1, 2))}
@@ -327,7 +327,7 @@ def test_joi_with_one_contribution_arrives_as_sent():
     ctx = context(1024)
     memory = {m: np.full(ctx.n, ctx.q(m.limb) - 1, dtype=np.uint32) for m in random_memory(program, ctx)}
     assert ctx.q(2) - 1 >= ctx.q(1)
-    have = run_on_devices(build_plan(program), ctx, memory, devices=2)
+    have = run_on_devices(build_plan(program), ctx, memory, gpus=2)
     assert np.all(have.stores[0][Mem("v1", 1)] == ctx.q(2) - 1)
     assert not store_mismatches(run_reference(program, ctx, memory), have)
 
@@ -336,7 +336,7 @@ def test_one_group_call_per_communication_step():
     _, plan, memory = prepared("MulRotate_10L_8c")
     progs = device_programs(plan, 8, context(1024).primes)
     net = FakeNetwork(8)
-    run_on_devices(plan, context(1024), memory, devices=8, network=net)
+    run_on_devices(plan, context(1024), memory, gpus=8, network=net)
     for d, prog in enumerate(progs):
         steps = [s for s in prog.steps if not isinstance(s, tuple) and s.ops]
         n_ops = sum(len(s.ops) for s in steps)

@@ -65,17 +65,17 @@ class NcclFabric(Fabric):
         self.comms.clear()
 
 
-def nccl_communicators(groups: Sequence[tuple[int, ...]], devices: Sequence[int]) -> dict[int, dict]:
-    """``{device: {group: communicator}}`` for one process driving ``devices`` (device index ->
+def nccl_communicators(groups: Sequence[tuple[int, ...]], device_ids: Sequence[int]) -> dict[int, dict]:
+    """``{device: {group: communicator}}`` for one process driving ``device_ids`` (device index ->
     CUDA device id), one ``ncclCommInitAll`` per group."""
-    out: dict[int, dict] = {d: {} for d in range(len(devices))}
+    out: dict[int, dict] = {d: {} for d in range(len(device_ids))}
     if not groups:
         return out
     from cupy.cuda import nccl
 
     nccl_environment()
     for g in groups:
-        comms = nccl.NcclCommunicator.initAll([devices[d] for d in g])
+        comms = nccl.NcclCommunicator.initAll([device_ids[d] for d in g])
         for d, comm in zip(g, comms):
             out[d][g] = comm
     return out

@@ -26,15 +26,15 @@ class _Slot:
 
 
 class FakeNetwork:
-    """In-process collectives among ``devices`` host threads with NCCL's semantics (see the
+    """In-process collectives among ``gpus`` host threads with NCCL's semantics (see the
     module docstring). ``log[d]`` records, per device, the ops of every group call."""
 
-    def __init__(self, devices: int, timeout: float = 60.0):
-        self.devices, self.timeout = devices, timeout
+    def __init__(self, gpus: int, timeout: float = 60.0):
+        self.gpus, self.timeout = gpus, timeout
         self.cond = threading.Condition()
         self.calls: dict[tuple[int, ...], list[int]] = {}  # group -> calls issued per device
         self.slots: dict[tuple[tuple[int, ...], int], _Slot] = {}
-        self.log: list[list[list[RowOp]]] = [[] for _ in range(devices)]
+        self.log: list[list[list[RowOp]]] = [[] for _ in range(gpus)]
         self.failed: BaseException | None = None
 
     def fabric(self, device: int) -> "FakeFabric":
@@ -56,7 +56,7 @@ class FakeFabric(Fabric):
         posted = []
         with net.cond:
             for op in ops:  # post every contribution first (a group does not block in between)
-                counts = net.calls.setdefault(op.group, [0] * net.devices)
+                counts = net.calls.setdefault(op.group, [0] * net.gpus)
                 key = (op.group, counts[d])
                 counts[d] += 1
                 slot = net.slots.setdefault(key, _Slot())
