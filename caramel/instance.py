@@ -266,8 +266,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class _Draw:
-    """``size`` uniform values in [-m, m) of one input: word ``offset`` on of a run of draws that starts at
-    ``start`` (:class:`_Uniform`), drawn when first asked for (:meth:`values`), or given."""
+    """``size`` uniform values in [-m, m) of one input, from word ``offset`` on of the words counted from
+    generator state ``start`` (:class:`_Uniform`), made when first asked for (:meth:`values`), or given."""
 
     __slots__ = ("size", "offset", "m", "start", "value")
 
@@ -281,8 +281,8 @@ class _Draw:
 
 
 def _make_draws(draws) -> None:
-    """Make the lazy ``draws`` (:class:`_Draw`, each with its run's first state): per run, one generator
-    in that state, advanced from draw to draw in the order of their words."""
+    """Make the ``draws`` not yet made (:class:`_Draw`): per first state, one generator in that state,
+    advanced from draw to draw in the order of their words."""
     runs: dict[int, list[_Draw]] = {}
     for d in draws:
         if d.value is None:
@@ -297,26 +297,22 @@ def _make_draws(draws) -> None:
 
 
 class _Uniform:
-    """An instance's uniform draws, in input order, made in runs: consecutive draws of one magnitude m
-    are the values of one call ``rng.uniform(-m, m, total)``, which are those of one call per draw (each
-    value is -m + 2m u for the generator's next double u, an array's as a single value's). A draw of
-    another magnitude, or an encryption's draws (:meth:`flush` first), ends a run.
-
-    For NumPy's PCG64 (one raw word per double), :meth:`flush` only moves ``rng`` past the run's words
-    (:func:`~caramel.ckks.sampling.advance_raw`) and keeps the run's first state: a draw of
-    :data:`LAZY_SIZE` values or more is made where it is used (:meth:`_Draw.values`, e.g. in an
-    encoding thread), from a generator advanced to its first word; the smaller ones now, from one."""
+    """An instance's uniform draws, in input order. NumPy's ``rng.uniform(-m, m, size)`` takes one raw word
+    of the generator per value (-m + 2m u, u the word's double), so each draw is known by its first word:
+    :meth:`take` counts the words, and :meth:`flush` (before an encryption draws from ``rng``, and at the
+    end) only moves a PCG64 ``rng`` past them (:func:`~caramel.ckks.sampling.advance_raw`) and keeps the
+    state where they start. A draw of :data:`LAZY_SIZE` values or more is made where it is used
+    (:meth:`_Draw.values`, e.g. in an encoding thread) from a generator in that state advanced to its
+    first word; the shorter ones at once, from one. Another bit generator draws them all at once, in order.
+    """
 
     #: Draws at least this long are made where they are used.
     LAZY_SIZE = 1 << 12
 
     def __init__(self, rng):
-        self.rng, self.m, self.pending, self.words = rng, None, [], 0
+        self.rng, self.pending, self.words = rng, [], 0
 
     def take(self, m, size: int) -> _Draw:
-        if self.pending and m != self.m:
-            self.flush()
-        self.m = m
         self.pending.append(_Draw(size, self.words, m))
         self.words += size
         return self.pending[-1]
@@ -324,14 +320,11 @@ class _Uniform:
     def flush(self) -> None:
         from caramel.ckks.sampling import PcgState, advance_raw
 
-        pending, self.pending, total, self.words = self.pending, [], self.words, 0
-        if not pending:
-            return
-        start = PcgState.of(self.rng)
-        if start is None:  # another bit generator: the run drawn now
-            u = self.rng.uniform(-self.m, self.m, total)
+        pending, total, self.pending, self.words = self.pending, self.words, [], 0
+        start = PcgState.of(self.rng) if pending else None
+        if start is None:
             for d in pending:
-                d.value = u[d.offset : d.offset + d.size]
+                d.value = self.rng.uniform(-d.m, d.m, d.size)
             return
         advance_raw(self.rng.bit_generator, total)
         for d in pending:
@@ -365,8 +358,8 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     in the spec's order, as :func:`~caramel.ckks.check.prepare_check` draws them: the inputs not in
     ``names`` draw nothing, as supplied inputs there draw nothing.
 
-    The same bits as there, made in bulk: the uniform draws in runs (:class:`_Uniform`; a plaintext's
-    values drawn in the thread that encodes it), the plaintexts encoded :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads
+    The same bits as there, made in bulk: the uniform draws counted, then made where they are used
+    (:class:`_Uniform`: a plaintext's values in the thread that encodes it), the plaintexts encoded :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads
     (:func:`~caramel.ckks.encoding.encode_rows`) and put in NTT form all at once
     (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded and encrypted
     in its turn (its encryption draws from ``rng``)."""
