@@ -1,13 +1,15 @@
 """An instance's inputs drawn on the host (``caramel.instance.draw_inputs``, what an executor's prepare threads do):
 the time per instance, one at a time and with several threads at once, on the CPU.
 
-    python -m bench draw [--program BootstrapLike_51L_1c] [--n 65536] [--client none|host|posed]
+    python -m bench draw [--program BootstrapLike_51L_1c] [--n 65536] [--client none|host|posed|gpu]
                          [--instances 4] [--workers 1,2] [--base .ab]
 
 ``--client none`` (default) measures the host's share of the GPU client: the draws, the encodings (NumPy's FFT),
 the scalars and the objects, with the client's arithmetic after the integer coefficients (residues, NTTs,
 encryption products) skipped, as the GPU does it there (the rows are left uninitialised: the figures are times, not
-bits). ``host`` is the host client whole (its NTTs included); ``posed`` the GPU client's code on NumPy. Each
+bits). ``host`` is the host client whole (its NTTs included); ``posed`` the GPU client's code on NumPy; ``gpu`` the
+GPU client whole, as an executor's prepare thread runs it (inputs kept on the GPU, each thread on its own CUDA
+stream, waited for at the end of each instance). Each
 figure is the median over ``--instances`` instances (seeds 0, 1, ...) after one untimed instance: milliseconds of
 wall time and of process CPU time (every thread) per instance, one at a time; then, for each ``--workers`` W, W
 threads drawing instances at once (as the executor's prepare workers), instances per second.
@@ -53,10 +55,28 @@ def timing_client():
 
 
 def client(name: str):
-    from caramel.ckks.arith import HOST, GpuArith
+    from caramel.ckks.arith import GPU, HOST, GpuArith
 
-    return {"none": timing_client, "host": lambda: HOST, "posed": lambda: GpuArith(array_module=np, cuda_ntt=False)}[
-        name]()
+    return {"none": timing_client, "host": lambda: HOST, "posed": lambda: GpuArith(array_module=np, cuda_ntt=False),
+            "gpu": lambda: GPU}[name]()
+
+
+def gpu_scope(local: threading.local):
+    """Inputs kept on the GPU, on the calling thread's own stream (made on first use)."""
+    import contextlib
+
+    import cupy as cp
+
+    from caramel.ckks.device import keeping_inputs
+
+    stream = getattr(local, "stream", None)
+    if stream is None:
+        stream = local.stream = cp.cuda.Stream(non_blocking=True)
+    stack = contextlib.ExitStack()
+    stack.enter_context(keeping_inputs(True))
+    stack.enter_context(stream)
+    stack.callback(stream.synchronize)
+    return stack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench draw", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("--program", default=BIG, help=f"program path or name (default {BIG})")
-    ap.add_argument("--client", default="none", choices=("none", "host", "posed"))
+    ap.add_argument("--client", default="none", choices=("none", "host", "posed", "gpu"))
     ap.add_argument("--instances", type=int, default=4, help="timed instances per figure (default 4)")
     ap.add_argument("--workers", default="1,2", help="threads drawing at once, comma-separated (default 1,2)")
     add_common(ap, backend=None, configs=False, repeats=1)
@@ -77,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     from caramel.instance import default_spec, draw_inputs, input_plan, resolve_check
     from caramel.ring import Context
 
-    rec = Record("draw", argv, "cpu-plan")
+    import contextlib
+
+    rec = Record("draw", argv, "gpu" if args.client == "gpu" else "cpu-plan")
     program = find_program(args.program)
     ctx = Context(n=args.n)
     plan = input_plan(program, ctx, resolve_check(program, "auto") or default_spec(program))
@@ -87,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     detail = {"program": program.name, "n": args.n, "client": args.client,
               "inputs": {k: kinds.count(k) for k in sorted(set(kinds))}}
 
+    local = threading.local()
+
     def one(seed: int) -> None:
-        with using(dev):
+        with using(dev), gpu_scope(local) if args.client == "gpu" else contextlib.nullcontext():
             draw_inputs(plan, secrets, input_rng(seed), plan.names)
 
     one(0)  # untimed: tables, thread pools, compiled kernels
