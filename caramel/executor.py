@@ -606,7 +606,8 @@ class Executor:
         drawn = [n for n in self.varying if n not in objects]
         values: Mapping[str, Any] = {}
         if drawn:
-            with self.client_scope(self._keep_on_device), stream or contextlib.nullcontext():
+            on_stream = stream if stream is not None else contextlib.nullcontext()
+            with self.client_scope(self._keep_on_device), on_stream:
                 made, values = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(job.seed), drawn, supplied)
                 if stream is not None:  # the rows are complete before a lane's stream reads them
                     stream.synchronize()

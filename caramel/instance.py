@@ -359,7 +359,8 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     ``names`` draw nothing, as supplied inputs there draw nothing.
 
     The same bits as there, made in bulk: the uniform draws counted, then made where they are used
-    (:class:`_Uniform`: a plaintext's values in the thread that encodes it), the plaintexts encoded :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads
+    (:class:`_Uniform`: a plaintext's values in the thread that encodes it), the plaintexts encoded
+    :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads
     (:func:`~caramel.ckks.encoding.encode_rows`) and put in NTT form all at once
     (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded and encrypted
     in its turn (its encryption draws from ``rng``)."""

@@ -145,7 +145,8 @@ class GpuArith(ClientArith):
         if kernel is None:
             kernel = _residue_kernels[int(cp.cuda.Device().id)] = cp.RawKernel(RESIDUE_ROWS_SRC, "residue_rows")
         grid = (-(-n // _RESIDUE_THREADS), len(groups))
-        kernel(grid, (_RESIDUE_THREADS,), (cp.asarray(np.ascontiguousarray(coeffs)), meta, np.int32(len(groups)), np.int32(n), out))
+        c = cp.asarray(np.ascontiguousarray(coeffs))
+        kernel(grid, (_RESIDUE_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
         slots = cp.arange(len(flat), dtype=np.int32)
         cuda_ntt.ntt(cuda_ring(ctx), out, slots, slots, cp.asarray(np.array(flat, dtype=np.int32)))
         return out
