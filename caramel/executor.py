@@ -24,11 +24,12 @@ Shared inputs are drawn once from the key seed (``options.keys_seed``) in the sp
 inputs drawing nothing, unless given as values or objects in ``shared=``. So instance i of an executor
 with seed S and key seed K has the digest of ``run_program(seed=S + i, key_seed=K, shared=...)``.
 
-Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device), one
-driver thread per lane issues them, and finisher threads wait for each, compute its digest
-(:func:`caramel.instance.output_digest`), check it and resolve its future. An instance whose inputs
-are bad (a missing limb, a residue out of range, a value that does not fit) fails alone; an error of
-a device stops the executor: the instances not yet run fail with an :class:`ExecutionError` naming it.
+Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device; a GPU
+client's work on each thread's own CUDA stream), one driver thread per lane issues them, and finisher
+threads wait for each, compute its digest (:func:`caramel.instance.output_digest`), check it and
+resolve its future. An instance whose inputs are bad (a missing limb, a residue out of range, a value
+that does not fit) fails alone; an error of a device stops the executor: the instances not yet run
+fail with an :class:`ExecutionError` naming it.
 """
 
 from __future__ import annotations
@@ -608,8 +609,20 @@ class Executor:
             raise ArgumentError(f"{', '.join(map(str, unknown))} is not an input of {self.program.name} (its inputs: "
                                 f"{', '.join(self.plan_inputs.names)})")
 
-    def _prepare(self, job: _Job) -> None:
-        """Draw, encode and encrypt the job's inputs (on the client device) into its feed."""
+    def _client_stream(self):
+        """A new CUDA stream on the client's GPU for one prepare thread (None for a host client): each
+        thread queues its instances' client work on its own stream and waits for that alone, never for
+        another thread's instance (nor a lane for it)."""
+        if not self.client.on_gpu:
+            return None
+        import cupy as cp
+
+        with self.client_scope():
+            return cp.cuda.Stream(non_blocking=True)
+
+    def _prepare(self, job: _Job, stream=None) -> None:
+        """Draw, encode and encrypt the job's inputs (on the client device; on the GPU on ``stream``,
+        the calling thread's) into its feed."""
         from caramel.ckks.keyset import input_rng
 
         given = dict(job.inputs or {})
@@ -621,12 +634,11 @@ class Executor:
         drawn = [n for n in self.varying if n not in objects]
         values: Mapping[str, Any] = {}
         if drawn:
-            with self.client_scope(self._keep_on_device):
+            on_stream = stream if stream is not None else contextlib.nullcontext()
+            with self.client_scope(self._keep_on_device), on_stream:
                 made, values = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(job.seed), drawn, supplied)
-                if self._keep_on_device:  # the rows are complete before a lane's stream reads them
-                    import cupy as cp
-
-                    cp.cuda.get_current_stream().synchronize()
+                if stream is not None:  # the rows are complete before a lane's stream reads them
+                    stream.synchronize()
             objects.update(made)
         given_values = job.inputs.messages if isinstance(job.inputs, InstanceInputs) else None
         object_values = _ObjectValues({n: o for n, o in objects.items() if n not in drawn}, self.plan_inputs,
@@ -637,6 +649,11 @@ class Executor:
         job.feed = _Feed(objects, self.plan_inputs)
 
     def _prepare_loop(self) -> None:
+        try:
+            stream = self._client_stream()
+        except BaseException as exc:  # noqa: BLE001 - no stream: the device's error, for every instance
+            self._break(exc)
+            stream = None
         while True:
             job = self._todo.get()
             if job is _STOP:
@@ -649,7 +666,7 @@ class Executor:
             try:
                 if self._broken is not None:
                     raise self._stopped(self._broken)
-                self._prepare(job)
+                self._prepare(job, stream)
             except BaseException as exc:  # noqa: BLE001 - the instance's error, handed to its future
                 self._fail(job, exc)
                 continue

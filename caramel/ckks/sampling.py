@@ -344,12 +344,12 @@ def raw_words(bg, count: int, xp=np, dtype=np.uint64):
         got = pcg.pcg64_state(bg)
         if got is not None:
             words = pcg.device_words(got[0], got[1], int(count), xp, dtype)
-            _advance_raw(bg, int(count))
+            advance_raw(bg, int(count))
             return words
     return xp.asarray(bg.random_raw(count).view(dtype))
 
 
-def _advance_raw(bg, count: int) -> None:
+def advance_raw(bg, count: int) -> None:
     """Put ``bg`` where ``bg.random_raw(count)`` leaves it: ``advance`` steps the state the same way but
     also drops the buffered 32-bit half (``has_uint32``, ``uinteger``), which ``random_raw`` keeps."""
     before = bg.state
