@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -64,6 +65,8 @@ from caramel import options as run_options
 from caramel.options import RunOptions, resolve_backend, shared_names
 from caramel.program import Mem, Program
 from caramel.ring import Context
+
+logger = logging.getLogger(__name__)
 
 #: Errors that belong to one instance's inputs: the instance fails, the executor goes on.
 INPUT_ERRORS = (BindingError, CheckError, ArgumentError, MissingLimbError)
@@ -305,6 +308,7 @@ class Executor:
         self._keep_on_device = self.client.on_gpu and one_gpu
         self.client_scope = ClientScope(self.client, (lane_gpus[0][0] if one_gpu else 0) if self.client.on_gpu
                                         else None)
+        planning = self._plan_ahead(lane_gpus)  # on a host thread, while the keys are made
         t0 = time.perf_counter()
         if keys is None:
             from caramel.ckks.keyset import generate_keyset
@@ -313,6 +317,8 @@ class Executor:
                 keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
                                        on_device=self._keep_on_device and bool(plan.req.keys),
                                        progress=self._phase("keys"))
+            logger.debug("cold path: keys of %s (%d evaluation keys queued on the %s client) %.2f s", program.name,
+                         len(keys.keys), "GPU" if self.client.on_gpu else "host", time.perf_counter() - t0)
         self.keys = keys
         self.timings["keys"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -340,11 +346,13 @@ class Executor:
         self._outputs = self._output_mems()
         self.lanes: list = []
         try:
-            self._make_lanes(fixed)
+            self._make_lanes(fixed, planning)
         except BaseException:
             self._close_lanes(failed=True)
             raise
         self.timings["plan"] = time.perf_counter() - t0
+        logger.debug("cold path: lanes of %s (the plan awaited; arenas, uploads, capture) %.2f s", program.name,
+                     self.timings["plan"])
         log(f"{program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
             f"inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
             f"{self.timings['plan']:.2f} s")
@@ -421,8 +429,48 @@ class Executor:
         report = self._report
         return None if report is None else (lambda done, total: report(phase, done, total))
 
-    def _make_lanes(self, fixed: Mapping[Mem, Any]) -> None:
-        """One lane per slot into :attr:`lanes` (see :mod:`caramel.execute.pipeline`)."""
+    def _plan_ahead(self, lane_gpus: list[tuple[int, ...]]) -> Future | None:
+        """The future of the lanes' plan (:func:`caramel.plan_cache.cached_plan`, for the CUDA backend's target on a
+        GPU), built on a host thread of its own while the caller makes the keys (on the GPU client mostly device
+        work and compiles, which leave the host's interpreter free); on a GPU the plan's kernels are queued on the
+        compile pool as soon as it exists (:func:`caramel.execute.precompile.schedule_plan`, on the first lane's
+        device), before the future resolves. None for the reference backend (no plan). An error of the plan is
+        the future's."""
+        if self.backend == "cpu":
+            return None
+        from caramel.plan_cache import cached_plan
+
+        if self.backend == "gpu":
+            from caramel.backends.cuda.target import CUDA_TARGET as target  # no CuPy: the plan's rows in its order
+        else:
+            from caramel.target import NEUTRAL as target
+        program, ctx, opts = self.program, self.ctx, self.options
+        device = lane_gpus[0][0] if lane_gpus and lane_gpus[0] else None
+        done: Future = Future()
+
+        def build() -> None:
+            try:
+                t0 = time.perf_counter()
+                plan = cached_plan(program, target=target)
+                logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
+                             time.perf_counter() - t0)
+                if device is not None:
+                    import cupy as cp
+
+                    from caramel.execute.precompile import schedule_plan
+
+                    with cp.cuda.Device(device):
+                        schedule_plan(plan, ctx, [opts.mode], opts.kernels)
+                done.set_result(plan)
+            except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
+                done.set_exception(exc)
+
+        threading.Thread(target=build, name="caramel-plan", daemon=True).start()
+        return done
+
+    def _make_lanes(self, fixed: Mapping[Mem, Any], planning: Future | None) -> None:
+        """One lane per slot into :attr:`lanes` (see :mod:`caramel.execute.pipeline`), on the plan of ``planning``
+        (:meth:`_plan_ahead`)."""
         from caramel.execute.pipeline import HostRowLane, MemoryLane, Template
 
         req, opts, mode = self.plan_inputs.req, self.options, self.options.mode
@@ -442,13 +490,8 @@ class Executor:
                                                                           progress=steps), template, outs, g))
             return
         from caramel.execute.pipeline import ResidentGpus, ResidentHost
-        from caramel.plan_cache import cached_plan
 
-        if self.backend == "gpu":
-            from caramel.backends.cuda.target import CUDA_TARGET as target  # no CuPy: the plan's rows in its order
-        else:
-            from caramel.target import NEUTRAL as target
-        plan = cached_plan(self.program, target=target)
+        plan = planning.result()
         keep = frozenset(fixed)
         lanes = self.lanes
         for g in self.groups:

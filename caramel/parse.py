@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import tarfile
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePath
@@ -812,6 +813,7 @@ def load_program(
     source = source_digest(files) if archive is None else archive_digest(archive[2], archive[1])
     cache_file = folder / f"{_cache_key(source)}{store.SUFFIX}"
     meta = _cache_meta(source)
+    t0 = time.perf_counter()
     data = store.read_entry(cache_file) if usable else None
     if data is not None:
         try:
@@ -821,7 +823,9 @@ def load_program(
                     if not isinstance(member, str):
                         raise store.CacheEntryError("archive entry without its folder")
                     files = _archive_files(archive[0], member, {})
-                return store.remember(_relocate(program, files), cache_file.stem)
+                program = store.remember(_relocate(program, files), cache_file.stem)
+            logger.debug("cold path: load of %s from the load cache %.2f s", program.name, time.perf_counter() - t0)
+            return program
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     if archive is not None:
@@ -829,9 +833,12 @@ def load_program(
         meta = {**meta, "archive_folder": files.member}
     with no_gc():
         program = build_program(files, fast=fast, progress=progress)
+    t1 = time.perf_counter()
+    logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count, t1 - t0)
     if usable:
         with no_gc():
             store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
+        logger.debug("cold path: load cache entry of %s written %.2f s", program.name, time.perf_counter() - t1)
     return store.remember(program, cache_file.stem)  # the plan cache's key (caramel.plan_cache)
 
 
