@@ -85,17 +85,18 @@ _warm_up: threading.Thread | None = None
 
 def warm_up(n: int, mode=None, *, always: bool = False) -> None:
     """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller loads and
-    plans: import CuPy (or wait for ``caramel run``'s early import, :func:`caramel.cli._start_gpu`), create the
-    CUDA context, then queue on the compile pool (:func:`caramel.backends.cuda.compiler.schedule`, every core)
-    every kernel of the GPU client (:func:`caramel.ckks.gpu_kernels.client_jobs`) and, behind them, the
-    executor's modules known before any plan (:meth:`~caramel.backends.cuda.kernel_set.KernelSet.ring`, for
-    arithmetic mode ``mode``: None, exact) and its helpers' array kernels; wait for the client's only (the
-    executor's go on compiling while the program loads and plans, and its precompile finds them done); build the
-    ring's twiddle tables; last, encrypt a zero message once (:func:`load_client_kernels`: anything the tables
-    missed compiles here). The GPU client waits for it before its first GPU work (:func:`chosen`,
-    :func:`wait_for_warm_up`); a failure here is only logged (the run then meets it itself). Each step is logged
-    with its wall time at DEBUG ("cold path: ..."). Off when ``$CARAMEL_GPU_WARMUP`` is "0", unless ``always``
-    (``caramel compile``, whose purpose it is); started once per process."""
+    plans: import CuPy (or wait for ``caramel run``'s early import, :func:`caramel.cli._start_gpu`); queue on
+    the compile pool (:func:`caramel.backends.cuda.compiler.schedule`, every core) every kernel of the GPU client
+    (:func:`caramel.ckks.gpu_kernels.client_jobs`) and, behind them, the executor's modules known before any
+    plan (:meth:`~caramel.backends.cuda.kernel_set.KernelSet.ring`, for arithmetic mode ``mode``: None, exact)
+    and its helpers' array kernels; make the CUDA context meanwhile (NVRTC needs none); wait for the client's
+    kernels only (the executor's go on compiling while the program loads and plans, and its precompile finds
+    them done); build the ring's twiddle tables; last, encrypt a zero message once
+    (:func:`load_client_kernels`: anything the tables missed compiles here). The GPU client waits for it before
+    its first GPU work (:func:`chosen`, :func:`wait_for_warm_up`); a failure here is only logged (the run then
+    meets it itself). Each step is logged with its wall time at DEBUG ("cold path: ..."). Off when
+    ``$CARAMEL_GPU_WARMUP`` is "0", unless ``always`` (``caramel compile``, whose purpose it is); started once
+    per process."""
     global _warm_up
     if _warm_up is not None or (os.environ.get(WARM_UP_ENV, "1") == "0" and not always):
         return
@@ -106,8 +107,6 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
             import cupy as cp
 
             stamp("CuPy import (or the wait for the early one)")
-            cp.empty(1)  # the CUDA context
-            stamp("CUDA context")
             from caramel.backends.cuda import compiler
             from caramel.backends.cuda.array_kernels import BACKEND_KERNELS
             from caramel.backends.cuda.kernel_set import KernelSet
@@ -119,8 +118,12 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
             mine = {m.key for m in client if hasattr(m, "key")}
             executor = [m for key, m in KernelSet(ctx).ring([Mode(mode or Mode.EXACT)]).modules.items()
                         if key not in mine] + [k.at(n) for k in BACKEND_KERNELS]
+            # Queued before the context exists: NVRTC needs none (a module's load waits for it).
             batch = compiler.schedule(client)
             compiler.schedule(executor)  # behind the client's: compiled while the program loads and plans
+            stamp("kernels queued")
+            cp.empty(1)  # the CUDA context (or the wait for the early one, caramel.cli._start_gpu)
+            stamp("CUDA context")
             try:
                 batch.wait(progress=False)
             except Exception as exc:  # noqa: BLE001 (what did not compile ahead compiles at its first use)
