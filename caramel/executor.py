@@ -92,6 +92,20 @@ def _is_object(value) -> bool:
     return isinstance(value, (Ciphertext, Plaintext, Scalar))
 
 
+def _queue_lane_kernels(device: int) -> None:
+    """Queue on the compile pool, for CUDA device ``device``, the module a GPU lane compiles whatever its plan (its
+    ``copy_rows``, :mod:`caramel.execute.gpu_pipeline`; compiled here through the source-keyed cache, the lane then
+    finds its binary in CuPy's disk cache)."""
+    import cupy as cp
+
+    from caramel.backends.cuda.compiler import schedule
+    from caramel.backends.cuda.kernel_set import Module
+    from caramel.execute.gpu_pipeline import COPY_ROWS_SRC
+
+    with cp.cuda.Device(device):
+        schedule([Module(("copy_rows",), ((COPY_ROWS_SRC, ("copy_rows",), ()),))])
+
+
 class ClientScope:
     """Where the client arithmetic of an executor runs: its :class:`~caramel.ckks.device.ClientDevice`
     and, on the GPU, the CUDA device (one lane's GPU: the inputs it makes are read there in place;
@@ -451,6 +465,8 @@ class Executor:
         def build() -> None:
             try:
                 t0 = time.perf_counter()
+                if device is not None:
+                    _queue_lane_kernels(device)
                 plan = cached_plan(program, target=target)
                 logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
                              time.perf_counter() - t0)
