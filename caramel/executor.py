@@ -365,8 +365,8 @@ class Executor:
             self._close_lanes(failed=True)
             raise
         self.timings["plan"] = time.perf_counter() - t0
-        logger.debug("cold path: lanes of %s (the plan awaited; arenas, uploads, capture) %.2f s", program.name,
-                     self.timings["plan"])
+        logger.debug("cold path: lanes of %s (with the plan's wait: the precompile's, arenas, uploads, eager run, "
+                     "capture) %.2f s", program.name, self.timings["plan"])
         log(f"{program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
             f"inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
             f"{self.timings['plan']:.2f} s")
@@ -507,7 +507,9 @@ class Executor:
             return
         from caramel.execute.pipeline import ResidentGpus, ResidentHost
 
+        t0 = time.perf_counter()
         plan = planning.result()
+        logger.debug("cold path: plan of %s awaited %.2f s", self.program.name, time.perf_counter() - t0)
         keep = frozenset(fixed)
         lanes = self.lanes
         for g in self.groups:
