@@ -300,6 +300,9 @@ class Executor:
                                "pip install -e '.[cuda12]' or '.[cuda13]')")
         self.ctx = ctx or Context(n=opts.n)
         check_prime_count(program, self.ctx)
+        self.groups = self._groups()
+        lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
+        planning = self._plan_ahead(lane_gpus)  # on a host thread, while the inputs' needs and the keys are made
         self.spec = resolve_check(program, opts.check)
         self.plan_inputs = plan = input_plan(program, self.ctx, self.spec or default_spec(program))
         self.client = client_device(opts.client, self.backend)
@@ -314,15 +317,12 @@ class Executor:
                                 f"{', '.join(kinds)})")
         self.shared = tuple(n for n in plan.names if n in set(shared_names(opts.shared, kinds)) | set(given))
         self.varying = tuple(n for n in plan.names if n not in self.shared)
-        self.groups = self._groups()
-        lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
         one_gpu = len(lane_gpus) == 1 and len(lane_gpus[0]) == 1
         #: One GPU lane and the client on the GPU: the client works on that GPU and the lane reads the
         #: inputs it makes in place (the keys too, made there).
         self._keep_on_device = self.client.on_gpu and one_gpu
         self.client_scope = ClientScope(self.client, (lane_gpus[0][0] if one_gpu else 0) if self.client.on_gpu
                                         else None)
-        planning = self._plan_ahead(lane_gpus)  # on a host thread, while the keys are made
         t0 = time.perf_counter()
         if keys is None:
             from caramel.ckks.keyset import generate_keyset
