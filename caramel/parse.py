@@ -268,6 +268,8 @@ _DISPATCH = {
     "dis": "dis", "rcv": "rcv", "joi": "joi",
 }  # fmt: skip
 _LONGEST_NUMBER = 18  # digits; longer numbers go to the Lark path, which reports them
+_TOO_LONG = re.compile(r"\d{%d}" % (_LONGEST_NUMBER + 1))  # a run of more digits than that (one search a line)
+_OPCODE = {op.value: op for op in Opcode}  # mnemonic -> opcode (a dict lookup: Opcode(text) costs a call a line)
 
 
 class _FastParser:
@@ -306,7 +308,7 @@ class _FastParser:
     def parse(self, text: str, line: int) -> Instruction | None:
         word = text.split(" ", 1)[0]
         kind = _DISPATCH.get(word)
-        if kind is None or any(len(d) > _LONGEST_NUMBER for d in re.findall(r"\d+", text)):
+        if kind is None or _TOO_LONG.search(text):
             return None
         m = _FAST[kind].fullmatch(text)
         if m is None:
@@ -314,13 +316,13 @@ class _FastParser:
         g = m.groups()
         op = self.op
         if kind in ("load", "evg", "loas"):
-            return Instruction(Opcode(kind), dst=op(g[0]), srcs=(self.mem(g[1], g[2]),), final=g[3] is not None, line=line)
+            return Instruction(_OPCODE[kind], dst=op(g[0]), srcs=(self.mem(g[1], g[2]),), final=g[3] is not None, line=line)
         if kind in ("store", "spill"):
-            return Instruction(Opcode(kind), dst=self.mem(g[1], g[2]), srcs=(op(g[0]),), line=line)
+            return Instruction(_OPCODE[kind], dst=self.mem(g[1], g[2]), srcs=(op(g[0]),), line=line)
         if kind in ("bin", "sca"):
-            return Instruction(Opcode(g[0]), dst=op(g[1]), srcs=(op(g[2]), op(g[3])), base=int(g[4]), line=line)
+            return Instruction(_OPCODE[g[0]], dst=op(g[1]), srcs=(op(g[2]), op(g[3])), base=int(g[4]), line=line)
         if kind == "un":
-            return Instruction(Opcode(g[0]), dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
+            return Instruction(_OPCODE[g[0]], dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
         if kind == "rot":
             return Instruction(Opcode.ROT, dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), step=int(g[0]), line=line)
         if kind == "ntt":
@@ -330,7 +332,7 @@ class _FastParser:
         if kind == "bci":
             return Instruction(Opcode.BCI, unit=int(g[0]), out_limbs=self.ints(g[1]), in_limbs=self.ints(g[2]), line=line)
         if kind == "pl1":
-            return Instruction(Opcode(g[0]), unit=int(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
+            return Instruction(_OPCODE[g[0]], unit=int(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
         if kind == "rsi":
             return Instruction(Opcode.RSI, group=self.group(g[0]), line=line)
         if kind == "rsv":
