@@ -186,19 +186,21 @@ def _quietly(fn):
 
 
 def _start_gpu(argv: Sequence[str]) -> None:
-    """``caramel run ... --backend gpu`` (not ``--distributed``): before the package's heavy imports
-    (NumPy, the client, the planner), start the steps of :data:`GPU_START` in threads: the CUDA
+    """``caramel run ... --backend gpu`` (not ``--distributed``) and ``caramel compile``: before the package's heavy
+    imports (NumPy, the client, the planner), start the steps of :data:`GPU_START` in threads: the CUDA
     driver and the GPU's context, and CuPy's import; :func:`caramel.ckks.device.warm_up` goes on from
-    there (its ``import cupy`` waits for this one). Off when ``$CARAMEL_GPU_WARMUP`` is "0"."""
-    if _gpu_start or not argv or argv[0] != "run" or "--distributed" in argv or any(
-            a == "--cluster" or a.startswith("--cluster=") for a in argv):
+    there (its ``import cupy`` waits for this one). Off for ``run`` when ``$CARAMEL_GPU_WARMUP`` is "0"."""
+    if _gpu_start or not argv or argv[0] not in ("run", "compile"):
         return
-    if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
-        return
-    backend = [b for a, b in zip(argv, argv[1:]) if a == "--backend"] + [
-        a.split("=", 1)[1] for a in argv if a.startswith("--backend=")]
-    if backend[-1:] != ["gpu"]:
-        return
+    if argv[0] == "run":
+        if "--distributed" in argv or any(a == "--cluster" or a.startswith("--cluster=") for a in argv):
+            return
+        if os.environ.get("CARAMEL_GPU_WARMUP", "1") == "0":
+            return
+        backend = [b for a, b in zip(argv, argv[1:]) if a == "--backend"] + [
+            a.split("=", 1)[1] for a in argv if a.startswith("--backend=")]
+        if backend[-1:] != ["gpu"]:
+            return
     for name, fn in GPU_START:
         _gpu_start.append(threading.Thread(target=_quietly(fn), name=name, daemon=True))
         _gpu_start[-1].start()
@@ -262,7 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "gpu" and not args.distributed and not args.cluster:  # (a cluster's workers compute)
         from caramel.ckks.device import warm_up
 
-        warm_up(args.n)  # CUDA context, ring tables and the client's kernels, while loading and planning
+        warm_up(args.n, args.mode)  # CUDA context, the client's kernels and the ring's, while loading and planning
     load_s = time.perf_counter()
     _store_key_seed(args)  # a --key-seed that the key store contradicts is refused before any work
     program = _load(args)
@@ -683,16 +685,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     """``caramel compile PROGRAM``: warm every cache a GPU run of PROGRAM needs, ahead of it: the load cache, the plan
     cache (the plan for the CUDA backend) and, where a GPU is, every kernel the run loads at N = ``--n`` in mode
-    ``--mode`` on ``--gpus`` devices, compiled in parallel into CuPy's kernel cache. Without a GPU the kernels are
-    skipped (exit 0)."""
+    ``--mode`` on ``--gpus`` devices and every kernel of the GPU client (keys, encryption, decryption), compiled in
+    parallel into CuPy's kernel cache: the client's from the start (:func:`caramel.ckks.device.warm_up`, while the
+    program loads and plans), the plan's once it exists. Without a GPU the kernels are skipped (exit 0)."""
     from caramel.api import check_devices, gpu_available
     from caramel.backends.cuda.target import CUDA_TARGET
+    from caramel.ckks.device import wait_for_warm_up, warm_up
     from caramel.execute.placement import device_programs
     from caramel.plan_cache import cached_plan
     from caramel.ring import Context, Mode
     from caramel.validate import validate
 
     t0 = time.perf_counter()
+    warm_up(args.n, args.mode, always=True)  # the client's kernels and the ring's (a thread; without a GPU: nothing)
     program = _load(args)
     validate(program)
     check_devices(program, "gpu", args.gpus)
@@ -702,14 +707,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not gpu_available():
         print("kernels skipped: no CUDA GPU here (compiling them needs CuPy and a device)")
         return EXIT_OK
+    from caramel.backends.cuda.compiler import compile_sources
+    from caramel.ckks.gpu_kernels import client_jobs
     from caramel.execute.precompile import precompile
 
     t0 = time.perf_counter()
     ctx = Context(args.n)
     progs = device_programs(plan, args.gpus or program.chips, ctx.primes, keep_inputs=True)
     modules = precompile(progs, plan, ctx, [Mode(args.mode)], progress=False if args.quiet else None)
-    print(f"{modules} kernel modules compiled for N = {args.n}, mode {args.mode}, {len(progs)} device(s) in "
-          f"{time.perf_counter() - t0:.1f} s")
+    wait_for_warm_up()
+    # Compiled by the warm-up already: found in the cache (an error the warm-up only logged is raised here).
+    client = compile_sources(client_jobs(ctx), progress=False)
+    print(f"{modules} kernel modules compiled for N = {args.n}, mode {args.mode}, {len(progs)} device(s), and the GPU "
+          f"client's {client} kernels, in {time.perf_counter() - t0:.1f} s")
     return EXIT_OK
 
 

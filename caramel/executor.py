@@ -24,17 +24,19 @@ Shared inputs are drawn once from the key seed (``options.keys_seed``) in the sp
 inputs drawing nothing, unless given as values or objects in ``shared=``. So instance i of an executor
 with seed S and key seed K has the digest of ``run_program(seed=S + i, key_seed=K, shared=...)``.
 
-Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device), one
-driver thread per lane issues them, and finisher threads wait for each, compute its digest
-(:func:`caramel.instance.output_digest`), check it and resolve its future. An instance whose inputs
-are bad (a missing limb, a residue out of range, a value that does not fit) fails alone; an error of
-a device stops the executor: the instances not yet run fail with an :class:`ExecutionError` naming it.
+Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device; a GPU
+client's work on each thread's own CUDA stream), one driver thread per lane issues them, and finisher
+threads wait for each, compute its digest (:func:`caramel.instance.output_digest`), check it and
+resolve its future. An instance whose inputs are bad (a missing limb, a residue out of range, a value
+that does not fit) fails alone; an error of a device stops the executor: the instances not yet run
+fail with an :class:`ExecutionError` naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -64,6 +66,8 @@ from caramel import options as run_options
 from caramel.options import RunOptions, resolve_backend, shared_names
 from caramel.program import Mem, Program
 from caramel.ring import Context
+
+logger = logging.getLogger(__name__)
 
 #: Errors that belong to one instance's inputs: the instance fails, the executor goes on.
 INPUT_ERRORS = (BindingError, CheckError, ArgumentError, MissingLimbError)
@@ -117,6 +121,20 @@ def _is_object(value) -> bool:
     from caramel.ckks.plaintext import Plaintext, Scalar
 
     return isinstance(value, (Ciphertext, Plaintext, Scalar))
+
+
+def _queue_lane_kernels(device: int) -> None:
+    """Queue on the compile pool, for CUDA device ``device``, the module a GPU lane compiles whatever its plan (its
+    ``copy_rows``, :mod:`caramel.execute.gpu_pipeline`; compiled here through the source-keyed cache, the lane then
+    finds its binary in CuPy's disk cache)."""
+    import cupy as cp
+
+    from caramel.backends.cuda.compiler import schedule
+    from caramel.backends.cuda.kernel_set import Module
+    from caramel.execute.gpu_pipeline import COPY_ROWS_SRC
+
+    with cp.cuda.Device(device):
+        schedule([Module(("copy_rows",), ((COPY_ROWS_SRC, ("copy_rows",), ()),))])
 
 
 class ClientScope:
@@ -314,6 +332,9 @@ class Executor:
                                "pip install -e '.[cuda12]' or '.[cuda13]')")
         self.ctx = ctx or Context(n=opts.n)
         check_prime_count(program, self.ctx)
+        self.groups = self._groups()
+        lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
+        planning = self._plan_ahead(lane_gpus)  # on a host thread, while the inputs' needs and the keys are made
         self.spec = resolve_check(program, opts.check)
         self.plan_inputs = plan = input_plan(program, self.ctx, self.spec or default_spec(program))
         self.client = client_device(opts.client, self.backend)
@@ -324,8 +345,6 @@ class Executor:
         chosen = shared_inputs(program, opts, given)
         self.shared = tuple(n for n in plan.names if n in chosen)
         self.varying = tuple(n for n in plan.names if n not in self.shared)
-        self.groups = self._groups()
-        lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
         one_gpu = len(lane_gpus) == 1 and len(lane_gpus[0]) == 1
         #: One GPU lane and the client on the GPU: the client works on that GPU and the lane reads the
         #: inputs it makes in place (the keys too, made there).
@@ -340,6 +359,8 @@ class Executor:
                 keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
                                        on_device=self._keep_on_device and bool(plan.req.keys),
                                        progress=self._phase("keys"))
+            logger.debug("cold path: keys of %s (%d evaluation keys queued on the %s client) %.2f s", program.name,
+                         len(keys.keys), "GPU" if self.client.on_gpu else "host", time.perf_counter() - t0)
         self.keys = keys
         self.timings["keys"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -367,11 +388,13 @@ class Executor:
         self._outputs = self._output_mems()
         self.lanes: list = []
         try:
-            self._make_lanes(fixed)
+            self._make_lanes(fixed, planning)
         except BaseException:
             self._close_lanes(failed=True)
             raise
         self.timings["plan"] = time.perf_counter() - t0
+        logger.debug("cold path: lanes of %s (with the plan's wait: the precompile's, arenas, uploads, eager run, "
+                     "capture) %.2f s", program.name, self.timings["plan"])
         log(f"{program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
             f"inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
             f"{self.timings['plan']:.2f} s")
@@ -449,8 +472,50 @@ class Executor:
         report = self._report
         return None if report is None else (lambda done, total: report(phase, done, total))
 
-    def _make_lanes(self, fixed: Mapping[Mem, Any]) -> None:
-        """One lane per slot into :attr:`lanes` (see :mod:`caramel.execute.pipeline`)."""
+    def _plan_ahead(self, lane_gpus: list[tuple[int, ...]]) -> Future | None:
+        """The future of the lanes' plan (:func:`caramel.plan_cache.cached_plan`, for the CUDA backend's target on a
+        GPU), built on a host thread of its own while the caller makes the keys (on the GPU client mostly device
+        work and compiles, which leave the host's interpreter free); on a GPU the plan's kernels are queued on the
+        compile pool as soon as it exists (:func:`caramel.execute.precompile.schedule_plan`, on the first lane's
+        device), before the future resolves. None for the reference backend (no plan). An error of the plan is
+        the future's."""
+        if self.backend == "cpu":
+            return None
+        from caramel.plan_cache import cached_plan
+
+        if self.backend == "gpu":
+            from caramel.backends.cuda.target import CUDA_TARGET as target  # no CuPy: the plan's rows in its order
+        else:
+            from caramel.target import NEUTRAL as target
+        program, ctx, opts = self.program, self.ctx, self.options
+        device = lane_gpus[0][0] if lane_gpus and lane_gpus[0] else None
+        done: Future = Future()
+
+        def build() -> None:
+            try:
+                t0 = time.perf_counter()
+                if device is not None:
+                    _queue_lane_kernels(device)
+                plan = cached_plan(program, target=target)
+                logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
+                             time.perf_counter() - t0)
+                if device is not None:
+                    import cupy as cp
+
+                    from caramel.execute.precompile import schedule_plan
+
+                    with cp.cuda.Device(device):
+                        schedule_plan(plan, ctx, [opts.mode], opts.kernels)
+                done.set_result(plan)
+            except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
+                done.set_exception(exc)
+
+        threading.Thread(target=build, name="caramel-plan", daemon=True).start()
+        return done
+
+    def _make_lanes(self, fixed: Mapping[Mem, Any], planning: Future | None) -> None:
+        """One lane per slot into :attr:`lanes` (see :mod:`caramel.execute.pipeline`), on the plan of ``planning``
+        (:meth:`_plan_ahead`)."""
         from caramel.execute.pipeline import HostRowLane, MemoryLane, Template
 
         req, opts, mode = self.plan_inputs.req, self.options, self.options.mode
@@ -470,13 +535,10 @@ class Executor:
                                                                           progress=steps), template, outs, g))
             return
         from caramel.execute.pipeline import ResidentGpus, ResidentHost
-        from caramel.plan_cache import cached_plan
 
-        if self.backend == "gpu":
-            from caramel.backends.cuda.target import CUDA_TARGET as target  # no CuPy: the plan's rows in its order
-        else:
-            from caramel.target import NEUTRAL as target
-        plan = cached_plan(self.program, target=target)
+        t0 = time.perf_counter()
+        plan = planning.result()
+        logger.debug("cold path: plan of %s awaited %.2f s", self.program.name, time.perf_counter() - t0)
         keep = frozenset(fixed)
         lanes = self.lanes
         for g in self.groups:
@@ -608,8 +670,20 @@ class Executor:
             raise ArgumentError(f"{', '.join(map(str, unknown))} is not an input of {self.program.name} (its inputs: "
                                 f"{', '.join(self.plan_inputs.names)})")
 
-    def _prepare(self, job: _Job) -> None:
-        """Draw, encode and encrypt the job's inputs (on the client device) into its feed."""
+    def _client_stream(self):
+        """A new CUDA stream on the client's GPU for one prepare thread (None for a host client): each
+        thread queues its instances' client work on its own stream and waits for that alone, never for
+        another thread's instance (nor a lane for it)."""
+        if not self.client.on_gpu:
+            return None
+        import cupy as cp
+
+        with self.client_scope():
+            return cp.cuda.Stream(non_blocking=True)
+
+    def _prepare(self, job: _Job, stream=None) -> None:
+        """Draw, encode and encrypt the job's inputs (on the client device; on the GPU on ``stream``,
+        the calling thread's) into its feed."""
         from caramel.ckks.keyset import input_rng
 
         given = dict(job.inputs or {})
@@ -621,12 +695,11 @@ class Executor:
         drawn = [n for n in self.varying if n not in objects]
         values: Mapping[str, Any] = {}
         if drawn:
-            with self.client_scope(self._keep_on_device):
+            on_stream = stream if stream is not None else contextlib.nullcontext()
+            with self.client_scope(self._keep_on_device), on_stream:
                 made, values = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(job.seed), drawn, supplied)
-                if self._keep_on_device:  # the rows are complete before a lane's stream reads them
-                    import cupy as cp
-
-                    cp.cuda.get_current_stream().synchronize()
+                if stream is not None:  # the rows are complete before a lane's stream reads them
+                    stream.synchronize()
             objects.update(made)
         given_values = job.inputs.messages if isinstance(job.inputs, InstanceInputs) else None
         object_values = _ObjectValues({n: o for n, o in objects.items() if n not in drawn}, self.plan_inputs,
@@ -637,6 +710,11 @@ class Executor:
         job.feed = _Feed(objects, self.plan_inputs)
 
     def _prepare_loop(self) -> None:
+        try:
+            stream = self._client_stream()
+        except BaseException as exc:  # noqa: BLE001 - no stream: the device's error, for every instance
+            self._break(exc)
+            stream = None
         while True:
             job = self._todo.get()
             if job is _STOP:
@@ -649,7 +727,7 @@ class Executor:
             try:
                 if self._broken is not None:
                     raise self._stopped(self._broken)
-                self._prepare(job)
+                self._prepare(job, stream)
             except BaseException as exc:  # noqa: BLE001 - the instance's error, handed to its future
                 self._fail(job, exc)
                 continue

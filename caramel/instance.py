@@ -249,6 +249,9 @@ def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
 #: Threads that encode vector inputs for :func:`draw_inputs` (NumPy's FFT runs without the GIL; the
 #: instances of an executor share them).
 ENCODE_THREADS = max(1, min(16, (os.cpu_count() or 1) - 1))
+#: Plaintexts per encoding task of :func:`draw_inputs` (:func:`~caramel.ckks.encoding.encode_rows`):
+#: a task's arrays stay in a core's cache, and an instance's plaintexts spread over the threads.
+ENCODE_ROWS = 2
 _encoders: list[ThreadPoolExecutor] = []
 
 
@@ -262,54 +265,161 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_encoders.clear)  # a forked child has none of the parent's threads
 
 
+class _Draw:
+    """``size`` uniform values in [-m, m) of one input, from word ``offset`` on of the words counted from
+    generator state ``start`` (:class:`_Uniform`), made when first asked for (:meth:`values`), or given."""
+
+    __slots__ = ("size", "offset", "m", "start", "value")
+
+    def __init__(self, size: int, offset: int, m):
+        self.size, self.offset, self.m, self.start, self.value = size, offset, m, None, None
+
+    def values(self) -> np.ndarray:
+        if self.value is None:
+            _make_draws([self])
+        return self.value
+
+
+def _make_draws(draws) -> None:
+    """Make the ``draws`` not yet made (:class:`_Draw`): per first state, one generator in that state,
+    advanced from draw to draw in the order of their words."""
+    runs: dict[int, list[_Draw]] = {}
+    for d in draws:
+        if d.value is None:
+            runs.setdefault(id(d.start), []).append(d)
+    for run in runs.values():
+        run.sort(key=lambda d: d.offset)
+        rng, at = run[0].start.generator(), 0
+        for d in run:
+            if d.offset > at:
+                rng.bit_generator.advance(d.offset - at)
+            d.value, at = rng.uniform(-d.m, d.m, d.size), d.offset + d.size
+
+
+class _Uniform:
+    """An instance's uniform draws, in input order. NumPy's ``rng.uniform(-m, m, size)`` takes one raw word
+    of the generator per value (-m + 2m u, u the word's double), so each draw is known by its first word:
+    :meth:`take` counts the words, and :meth:`flush` (before an encryption draws from ``rng``, and at the
+    end) only moves a PCG64 ``rng`` past them (:func:`~caramel.ckks.sampling.advance_raw`) and keeps the
+    state where they start. A draw of :data:`LAZY_SIZE` values or more is made where it is used
+    (:meth:`_Draw.values`, e.g. in an encoding thread) from a generator in that state advanced to its
+    first word; the shorter ones at once, from one. Another bit generator draws them all at once, in order.
+    """
+
+    #: Draws at least this long are made where they are used.
+    LAZY_SIZE = 1 << 12
+
+    def __init__(self, rng):
+        self.rng, self.pending, self.words = rng, [], 0
+
+    def take(self, m, size: int) -> _Draw:
+        self.pending.append(_Draw(size, self.words, m))
+        self.words += size
+        return self.pending[-1]
+
+    def flush(self) -> None:
+        from caramel.ckks.sampling import PcgState, advance_raw
+
+        pending, total, self.pending, self.words = self.pending, self.words, [], 0
+        start = PcgState.of(self.rng) if pending else None
+        if start is None:
+            for d in pending:
+                d.value = self.rng.uniform(-d.m, d.m, d.size)
+            return
+        advance_raw(self.rng.bit_generator, total)
+        for d in pending:
+            d.start = start
+        _make_draws([d for d in pending if d.size < self.LAZY_SIZE])
+
+
+def _encode_task(sources, scales, n: int, out: np.ndarray) -> list[np.ndarray]:
+    """Encodings of vectors (:func:`~caramel.ckks.encoding.encode_rows` into ``out``): each source is
+    a drawn pair (re, im or None: a real vector) of :class:`_Draw` or a row [re | im] (given values)."""
+    from caramel.ckks.encoding import encode_rows
+
+    half = n // 2
+    _make_draws([d for src in sources if not isinstance(src, np.ndarray) for d in src if d is not None])
+    parts = np.empty((len(sources), n), dtype=np.float64)
+    for row, src in zip(parts, sources):
+        if isinstance(src, np.ndarray):
+            row[:] = src
+            continue
+        re, im = src
+        row[:half] = re.values()
+        row[half:] = 0.0 if im is None else im.values()
+    return encode_rows(parts, scales, n, out)
+
+
 def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any] | None = None):
     """The inputs ``names`` of one instance as ``(objects, values)``: per name a Ciphertext, Plaintext or
     Scalar (the client's current device does the arithmetic; GPU arrays inside
     :func:`~caramel.ckks.device.keeping_inputs`) and the exact messages (:class:`DecodedInputs`).
     Values come from ``supplied`` (checked against the modulus of their limbs) or are drawn from ``rng``
     in the spec's order, as :func:`~caramel.ckks.check.prepare_check` draws them: the inputs not in
-    ``names`` draw nothing, as supplied inputs there draw nothing."""
+    ``names`` draw nothing, as supplied inputs there draw nothing.
+
+    The same bits as there, made in bulk: the uniform draws counted, then made where they are used
+    (:class:`_Uniform`: a plaintext's values in the thread that encodes it), the plaintexts encoded
+    :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads
+    (:func:`~caramel.ckks.encoding.encode_rows`) and put in NTT form all at once
+    (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded and encrypted
+    in its turn (its encryption draws from ``rng``)."""
     from caramel.ckks.check import _supplied_fits
-    from caramel.ckks.encoding import encode
+    from caramel.ckks.encoding import slot_parts
     from caramel.ckks.encrypt import encrypt
-    from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs
+    from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs, plaintexts_from_coeffs
 
     ctx, spec = plan.ctx, plan.spec
     wanted = set(names)
     supplied = supplied or {}
-    slots = ctx.n // 2
-    objects: dict[str, Any] = {}
-    encoded: dict[str, Any] = {}  # per input in order: a vector's encoding (future), a scalar's value
+    n, slots = ctx.n, ctx.n // 2
+    draws = _Uniform(rng)
+    objects: dict[str, Any] = {}  # in input order
+    sources: dict[str, Any] = {}  # per input: a scalar's value (or draw), a vector's source, then its encoding
     for name, ins in spec.inputs.items():
         if name not in wanted:
             continue
         scale, limbs, m = plan.scales[name], plan.limbs[name], ins.magnitude
         given = supplied.get(name)
         where = f"{spec.path}: inputs.{name}"
+        objects[name] = None
         if ins.kind == InputKind.SCALAR:
-            c = float(rng.uniform(-m, m)) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
-            objects[name] = encode_scalar(ctx, c, scale, limbs)
-            encoded[name] = objects[name].value / scale
+            sources[name] = draws.take(m, 1) if given is None else _supplied_fits(where, given, scale, ctx, limbs)
             continue
         if given is None:
-            v = rng.uniform(-m, m, slots)
-            if not ins.real:
-                v = v + 1j * rng.uniform(-m, m, slots)
+            sources[name] = (draws.take(m, slots), None if ins.real else draws.take(m, slots))
         else:
-            v = _supplied_fits(where, given, scale, ctx, limbs)
-        encoded[name] = _encoder().submit(encode, v, scale, ctx.n)
-        objects[name] = None  # a plaintext below; a ciphertext now (its encryption draws from rng, in input order)
-        if ins.kind == InputKind.CIPHERTEXT:
-            objects[name] = encrypt(ctx, secrets.s, encoded[name].result(), limbs, rng, scale)
+            sources[name] = slot_parts(_supplied_fits(where, given, scale, ctx, limbs), n)
+        if ins.kind == InputKind.CIPHERTEXT:  # its encryption draws from rng, in input order
+            draws.flush()
+            coeffs = sources[name] = _encode_task([sources[name]], [scale], n, np.empty((1, n), np.int64))[0]
+            objects[name] = encrypt(ctx, secrets.s, coeffs, limbs, rng, scale)
+    draws.flush()
+    plain = [name for name, obj in objects.items() if obj is None and spec.inputs[name].kind != InputKind.SCALAR]
+    coeffs = np.empty((len(plain), n), dtype=np.int64)
+    tasks = [_encoder().submit(_encode_task, [sources[x] for x in plain[r0 : r0 + ENCODE_ROWS]],
+                               [plan.scales[x] for x in plain[r0 : r0 + ENCODE_ROWS]], n, coeffs[r0 : r0 + ENCODE_ROWS])
+             for r0 in range(0, len(plain), ENCODE_ROWS)]
+    for task, r0 in zip(tasks, range(0, len(plain), ENCODE_ROWS)):
+        for name, row in zip(plain[r0 : r0 + ENCODE_ROWS], task.result()):
+            sources[name] = row
+    batched = [name for name in plain if sources[name].dtype == np.int64]
+    if batched:
+        rows = coeffs if len(batched) == len(plain) else np.stack([sources[x] for x in batched])
+        objects.update(zip(batched, plaintexts_from_coeffs(ctx, rows, [plan.limbs[x] for x in batched],
+                                                           [plan.scales[x] for x in batched])))
     values = DecodedInputs()
-    for name, enc in encoded.items():  # in input order
-        if isinstance(enc, float):
-            values.put(name, enc)
-            continue
+    for name in objects:  # in input order
         scale = plan.scales[name]
-        values.put_decoded(name, enc.result(), scale, ctx.n)
-        if objects[name] is None:
-            objects[name] = plaintext_from_coeffs(ctx, enc.result(), plan.limbs[name], scale)
+        if spec.inputs[name].kind == InputKind.SCALAR:
+            got = sources[name]
+            objects[name] = encode_scalar(ctx, float(got.values()[0]) if isinstance(got, _Draw) else got, scale,
+                                          plan.limbs[name])
+            values.put(name, objects[name].value / scale)
+            continue
+        values.put_decoded(name, sources[name], scale, n)
+        if objects[name] is None:  # coefficients of 2^62 or more: Python ints
+            objects[name] = plaintext_from_coeffs(ctx, sources[name], plan.limbs[name], scale)
     return objects, values
 
 

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import tarfile
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePath
@@ -267,6 +268,8 @@ _DISPATCH = {
     "dis": "dis", "rcv": "rcv", "joi": "joi",
 }  # fmt: skip
 _LONGEST_NUMBER = 18  # digits; longer numbers go to the Lark path, which reports them
+_TOO_LONG = re.compile(r"\d{%d}" % (_LONGEST_NUMBER + 1))  # a run of more digits than that (one search a line)
+_OPCODE = {op.value: op for op in Opcode}  # mnemonic -> opcode (a dict lookup: Opcode(text) costs a call a line)
 
 
 class _FastParser:
@@ -305,7 +308,7 @@ class _FastParser:
     def parse(self, text: str, line: int) -> Instruction | None:
         word = text.split(" ", 1)[0]
         kind = _DISPATCH.get(word)
-        if kind is None or any(len(d) > _LONGEST_NUMBER for d in re.findall(r"\d+", text)):
+        if kind is None or _TOO_LONG.search(text):
             return None
         m = _FAST[kind].fullmatch(text)
         if m is None:
@@ -313,13 +316,13 @@ class _FastParser:
         g = m.groups()
         op = self.op
         if kind in ("load", "evg", "loas"):
-            return Instruction(Opcode(kind), dst=op(g[0]), srcs=(self.mem(g[1], g[2]),), final=g[3] is not None, line=line)
+            return Instruction(_OPCODE[kind], dst=op(g[0]), srcs=(self.mem(g[1], g[2]),), final=g[3] is not None, line=line)
         if kind in ("store", "spill"):
-            return Instruction(Opcode(kind), dst=self.mem(g[1], g[2]), srcs=(op(g[0]),), line=line)
+            return Instruction(_OPCODE[kind], dst=self.mem(g[1], g[2]), srcs=(op(g[0]),), line=line)
         if kind in ("bin", "sca"):
-            return Instruction(Opcode(g[0]), dst=op(g[1]), srcs=(op(g[2]), op(g[3])), base=int(g[4]), line=line)
+            return Instruction(_OPCODE[g[0]], dst=op(g[1]), srcs=(op(g[2]), op(g[3])), base=int(g[4]), line=line)
         if kind == "un":
-            return Instruction(Opcode(g[0]), dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
+            return Instruction(_OPCODE[g[0]], dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
         if kind == "rot":
             return Instruction(Opcode.ROT, dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), step=int(g[0]), line=line)
         if kind == "ntt":
@@ -329,7 +332,7 @@ class _FastParser:
         if kind == "bci":
             return Instruction(Opcode.BCI, unit=int(g[0]), out_limbs=self.ints(g[1]), in_limbs=self.ints(g[2]), line=line)
         if kind == "pl1":
-            return Instruction(Opcode(g[0]), unit=int(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
+            return Instruction(_OPCODE[g[0]], unit=int(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
         if kind == "rsi":
             return Instruction(Opcode.RSI, group=self.group(g[0]), line=line)
         if kind == "rsv":
@@ -812,6 +815,7 @@ def load_program(
     source = source_digest(files) if archive is None else archive_digest(archive[2], archive[1])
     cache_file = folder / f"{_cache_key(source)}{store.SUFFIX}"
     meta = _cache_meta(source)
+    t0 = time.perf_counter()
     data = store.read_entry(cache_file) if usable else None
     if data is not None:
         try:
@@ -821,7 +825,9 @@ def load_program(
                     if not isinstance(member, str):
                         raise store.CacheEntryError("archive entry without its folder")
                     files = _archive_files(archive[0], member, {})
-                return store.remember(_relocate(program, files), cache_file.stem)
+                program = store.remember(_relocate(program, files), cache_file.stem)
+            logger.debug("cold path: load of %s from the load cache %.2f s", program.name, time.perf_counter() - t0)
+            return program
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     if archive is not None:
@@ -829,9 +835,12 @@ def load_program(
         meta = {**meta, "archive_folder": files.member}
     with no_gc():
         program = build_program(files, fast=fast, progress=progress)
+    t1 = time.perf_counter()
+    logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count, t1 - t0)
     if usable:
         with no_gc():
             store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
+        logger.debug("cold path: load cache entry of %s written %.2f s", program.name, time.perf_counter() - t1)
     return store.remember(program, cache_file.stem)  # the plan cache's key (caramel.plan_cache)
 
 

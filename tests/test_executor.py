@@ -264,3 +264,46 @@ def test_plaintexts_and_scalars_shared_or_per_instance(name, shared, fed, monkey
     for i, r in enumerate(results):
         assert r.digest == single(program, SEED + i, shared=shared).digest, i
     assert len({r.digest for r in results}) == 3
+
+
+def test_the_plan_is_built_while_the_keys_are_made(rot1, monkeypatch):
+    """The plan (cpu-plan backend) is built on a thread of its own at the same time as the keys are made: each waits
+    for the other to have started (built one after the other, the first would wait in vain); the digest is the single
+    run's."""
+    import caramel.ckks.keyset as keyset
+    import caramel.plan_cache as plan_cache
+
+    plan_started, keys_started = threading.Event(), threading.Event()
+    seen: dict = {}
+    real_plan, real_keys = plan_cache.cached_plan, keyset.generate_keyset
+
+    def plan(*args, **kwargs):
+        plan_started.set()
+        seen["keys begun during the plan"] = keys_started.wait(10)
+        seen["plan thread"] = threading.current_thread().name
+        return real_plan(*args, **kwargs)
+
+    def keys(*args, **kwargs):
+        keys_started.set()
+        seen["plan begun during the keys"] = plan_started.wait(10)
+        return real_keys(*args, **kwargs)
+
+    monkeypatch.setattr(plan_cache, "cached_plan", plan)
+    monkeypatch.setattr(keyset, "generate_keyset", keys)
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED) as ex:
+        result = ex.submit().result()
+    assert seen == {"keys begun during the plan": True, "plan begun during the keys": True,
+                    "plan thread": "caramel-plan"}
+    assert result.digest == single(rot1, SEED).digest
+
+
+def test_an_error_of_the_plan_is_the_constructors(rot1, monkeypatch):
+    """A plan that fails on its thread fails the executor's constructor with its own error (after the keys)."""
+    import caramel.plan_cache as plan_cache
+
+    def broken(*args, **kwargs):
+        raise ExecutionError("no plan today")
+
+    monkeypatch.setattr(plan_cache, "cached_plan", broken)
+    with pytest.raises(ExecutionError, match="no plan today"):
+        Executor(rot1, n=N, backend="cpu-plan", seed=SEED)

@@ -83,16 +83,22 @@ WARM_UP_ENV = "CARAMEL_GPU_WARMUP"
 _warm_up: threading.Thread | None = None
 
 
-def warm_up(n: int) -> None:
-    """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller
-    loads and plans: import CuPy (or wait for ``caramel run``'s early import, :func:`caramel.cli._start_gpu`),
-    create the CUDA context and load :mod:`caramel.ckks.pcg`; then load the client's kernels
-    (:func:`load_client_kernels`: the CUDA ring's device tables, computed on the GPU, and NTT among
-    them) and the CUDA INTT. The GPU client waits for it before its first GPU work (:func:`chosen`,
-    :func:`wait_for_warm_up`); a failure here is only logged (the run then meets it itself). Off
-    when ``$CARAMEL_GPU_WARMUP`` is "0"; started once per process."""
+def warm_up(n: int, mode=None, *, always: bool = False) -> None:
+    """Start the first GPU work of a run of ring degree ``n`` in a host thread, while the caller loads and
+    plans: import CuPy (or wait for ``caramel run``'s early import, :func:`caramel.cli._start_gpu`); queue on
+    the compile pool (:func:`caramel.backends.cuda.compiler.schedule`, every core) every kernel of the GPU client
+    (:func:`caramel.ckks.gpu_kernels.client_jobs`) and, behind them, the executor's modules known before any
+    plan (:meth:`~caramel.backends.cuda.kernel_set.KernelSet.ring`, for arithmetic mode ``mode``: None, exact)
+    and its helpers' array kernels; make the CUDA context meanwhile (NVRTC needs none); wait for the client's
+    kernels only (the executor's go on compiling while the program loads and plans, and its precompile finds
+    them done); build the ring's twiddle tables; last, encrypt a zero message once
+    (:func:`load_client_kernels`: anything the tables missed compiles here). The GPU client waits for it before
+    its first GPU work (:func:`chosen`, :func:`wait_for_warm_up`); a failure here is only logged (the run then
+    meets it itself). Each step is logged with its wall time at DEBUG ("cold path: ..."). Off when
+    ``$CARAMEL_GPU_WARMUP`` is "0", unless ``always`` (``caramel compile``, whose purpose it is); started once
+    per process."""
     global _warm_up
-    if _warm_up is not None or os.environ.get(WARM_UP_ENV, "1") == "0":
+    if _warm_up is not None or (os.environ.get(WARM_UP_ENV, "1") == "0" and not always):
         return
 
     def work() -> None:
@@ -100,28 +106,39 @@ def warm_up(n: int) -> None:
         try:
             import cupy as cp
 
-            stamp("import cupy")
-            cp.empty(1)  # the CUDA context
-            stamp("CUDA context")
-            from caramel.ckks import pcg
-
-            pcg.device_words(1, 1, 1, cp)
-            stamp("pcg")
-            from caramel.ring import Context
+            stamp("CuPy import (or the wait for the early one)")
+            from caramel.backends.cuda import compiler
+            from caramel.backends.cuda.array_kernels import BACKEND_KERNELS
+            from caramel.backends.cuda.kernel_set import KernelSet
+            from caramel.ckks.gpu_kernels import client_jobs
+            from caramel.ring import Context, Mode
 
             ctx = Context(n=n)  # no host NTT table: the CUDA ring builds its twiddles on the GPU
+            client = client_jobs(ctx)
+            mine = {m.key for m in client if hasattr(m, "key")}
+            executor = [m for key, m in KernelSet(ctx).ring([Mode(mode or Mode.EXACT)]).modules.items()
+                        if key not in mine] + [k.at(n) for k in BACKEND_KERNELS]
+            # Queued before the context exists: NVRTC needs none (a module's load waits for it).
+            batch = compiler.schedule(client)
+            compiler.schedule(executor)  # behind the client's: compiled while the program loads and plans
+            stamp("kernels queued")
+            cp.empty(1)  # the CUDA context (or the wait for the early one, caramel.cli._start_gpu)
+            stamp("CUDA context")
+            try:
+                batch.wait(progress=False)
+            except Exception as exc:  # noqa: BLE001 (what did not compile ahead compiles at its first use)
+                logger.debug("a kernel of the GPU client did not compile ahead: %s: %s", type(exc).__name__, exc)
+            stamp(f"client kernels compiled ({len(client)}; {len(executor)} of the executor's queued behind)")
             if ctx.n.bit_length() - 1 in CUDA_NTT_SIZES:
                 from caramel.backends.cuda.backend import cuda_ring
 
-                cuda_ring(ctx).twiddles  # noqa: B018 (built now: two kernels, timed apart)
+                cuda_ring(ctx).twiddles  # noqa: B018 (built now, on the GPU)
                 stamp("ring tables")
             dev = GpuArith()  # the GPU, used directly: chosen() waits for this thread
-            load_client_kernels(ctx, dev)  # the CUDA ring's tables and NTT kernels among them
-            stamp("client kernels")
+            load_client_kernels(ctx, dev)
             dev.transform(cp.zeros((1, ctx.n), dtype=np.uint32), ctx, [0], inverse=True)  # and its INTT
             cp.cuda.Device().synchronize()
-            stamp("INTT")
-            logger.debug("GPU warm-up: %s", stamp.line())
+            stamp("client check (a zero encrypted)")
         except Exception as exc:  # noqa: BLE001 (the run itself reports what fails)
             logger.debug("GPU warm-up failed: %s: %s", type(exc).__name__, exc)
 
@@ -130,27 +147,23 @@ def warm_up(n: int) -> None:
 
 
 class _Stamps:
-    """Wall-clock seconds of named steps since creation (for a DEBUG line)."""
+    """Logs each named step with its wall-clock seconds since the one before (DEBUG, "cold path: ...")."""
 
     def __init__(self) -> None:
-        self.last = self.start = time.perf_counter()
-        self.steps: list[tuple[str, float]] = []
+        self.last = time.perf_counter()
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        self.steps.append((name, now - self.last))
+        logger.debug("cold path: %s %.2f s", name, now - self.last)
         self.last = now
-
-    def line(self) -> str:
-        parts = ", ".join(f"{name} {s:.3f}" for name, s in self.steps)
-        return f"{parts}; {self.last - self.start:.3f} s in all"
 
 
 def load_client_kernels(ctx, dev: ClientArith) -> None:
     """Encode and encrypt a zero message once on two limbs of ``ctx`` on ``dev`` (a throw-away secret
-    and generator): the array kernels of :meth:`~caramel.ckks.arith.ClientArith.to_ntt_rows` and
-    :func:`caramel.ckks.encrypt.encrypt` (residues, products, the download) are compiled, or loaded
-    from CuPy's cache, before a run needs them. Nothing of the run's draws or keys is touched."""
+    and generator): every kernel of :meth:`~caramel.ckks.arith.ClientArith.to_ntt_rows` and
+    :func:`caramel.ckks.encrypt.encrypt` (residues, products, the download) is loaded before a run needs it
+    (on the GPU the warm-up has compiled them all at once; any it missed compiles here, one at a time).
+    Nothing of the run's draws or keys is touched."""
     rng = np.random.default_rng(0)
     limbs = (0, 1)
     m = dev.to_ntt_rows(np.zeros(ctx.n, dtype=np.int64), ctx, limbs)

@@ -72,6 +72,72 @@ def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return t, zeta, izeta
 
 
+@lru_cache(maxsize=32)
+def _fft_gather(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(g, sign), (2N,) each, read-only: the FFT input of :func:`encode_float` viewed as 2N float64
+    (real and imaginary part of each position) is ``row[g] * sign`` for the row [re | im] of the N/2
+    slots' real and imaginary parts: position t_j holds re_j + i im_j, position N-1-t_j its
+    conjugate re_j - i im_j (the sign -1.0 negates exactly, as ``conj`` does, zeros included)."""
+    t = _tables(n)[0]
+    half = n // 2
+    j = np.arange(half, dtype=np.int64)
+    g = np.empty(2 * n, dtype=np.int64)
+    sign = np.ones(2 * n, dtype=np.float64)
+    g[2 * t], g[2 * t + 1] = j, half + j
+    g[2 * (n - 1 - t)], g[2 * (n - 1 - t) + 1] = j, half + j
+    sign[2 * (n - 1 - t) + 1] = -1.0
+    for a in (g, sign):
+        a.setflags(write=False)
+    return g, sign
+
+
+def slot_parts(values, n: int) -> np.ndarray:
+    """The row [re | im] (N float64) of N/2 slot values (complex or real, or one number broadcast to
+    every slot), as :func:`encode_rows` reads it; the errors of :func:`encode_float` for a bad shape."""
+    _check_n(n)
+    z = np.asarray(values, dtype=np.complex128)
+    if z.ndim == 0:
+        z = np.full(n // 2, z)
+    if z.shape != (n // 2,):
+        raise ArgumentError(f"expected {n // 2} slot values for N = {n}, got shape {z.shape}")
+    return np.concatenate([z.real, z.imag])
+
+
+def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np.ndarray]:
+    """:func:`encode` of several vectors in one pass of each step: row p of ``parts`` (P, N) float64
+    is [re | im] of vector p (:func:`slot_parts`; a real vector has im = 0), encoded at ``scales[p]``.
+    Returns per row encode(re + 1j * im, scales[p], n), bit for bit: the same FFT input (gathered,
+    not scattered), NumPy's FFT of each row (its batched call transforms row by row), the same
+    element-wise operations and the same rounding. An int64 row is written into ``out[p]`` (default
+    a new (P, N) int64 array) and returned as that view; a row with a coefficient of 2^62 or more is
+    an object array of Python ints (:func:`float_to_int`)."""
+    _check_n(n)
+    parts = np.asarray(parts, dtype=np.float64)
+    rows = parts.shape[0] if parts.ndim == 2 else 0
+    if parts.shape != (rows, n):
+        raise ArgumentError(f"expected rows of {n} slot parts for N = {n}, got shape {parts.shape}")
+    scales = np.asarray(scales, dtype=np.float64).reshape(rows, 1)
+    if not np.all(scales > 0):
+        raise ArgumentError(f"scale must be positive, got {scales.ravel().tolist()}")
+    out = np.empty((rows, n), dtype=np.int64) if out is None else out
+    if rows == 0:
+        return []
+    g, sign = _fft_gather(n)
+    full = np.empty((rows, n), dtype=np.complex128)
+    view = full.view(np.float64)
+    np.take(parts, g, axis=1, out=view)
+    np.multiply(view, sign, out=view)
+    # The expression of encode_float (new arrays, as there: the same loops), then encode's scaling.
+    x = (np.fft.fft(full, axis=-1) / n * _tables(n)[2]).real * scales
+    np.rint(x, out=x)
+    fits = np.max(np.abs(x), axis=1) < INT64_LIMIT  # False for a row with inf or nan
+    if fits.all():
+        np.copyto(out, x, casting="unsafe")  # exact: integers below 2^62
+        return list(out)
+    return [out[p] if fits[p] and np.copyto(out[p], x[p], casting="unsafe") is None else float_to_int(x[p])
+            for p in range(rows)]  # float_to_int: Python ints, or the error of a non-finite value
+
+
 def slot_count(n: int) -> int:
     """Number of complex slots, N/2."""
     return n // 2

@@ -69,7 +69,11 @@ extern "C" __global__ void pcg64_words(u64 s_hi, u64 s_lo, u64 c_hi, u64 c_lo, u
 }
 """
 
-_kernels: dict[int, object] = {}
+#: The module of ``pcg64_words`` (:data:`WORDS_PER_THREAD` words a thread) and its NVRTC options, compiled through the
+#: source-keyed compile cache (:mod:`caramel.backends.cuda.compiler`).
+SOURCE = f"#define WORDS {WORDS_PER_THREAD}\n" + _SOURCE
+OPTIONS = ("--std=c++17",)
+KERNEL = "pcg64_words"
 
 
 def advance(state: int, inc: int, delta: int) -> int:
@@ -118,11 +122,9 @@ def device_words(state: int, inc: int, count: int, cp=None, dtype=np.uint64):
     ``random_raw(count).view(np.uint32)`` gives)."""
     if cp is None:
         import cupy as cp
-    dev = int(cp.cuda.Device().id)
-    kernel = _kernels.get(dev)
-    if kernel is None:
-        kernel = _kernels[dev] = cp.RawKernel(f"#define WORDS {WORDS_PER_THREAD}\n" + _SOURCE, "pcg64_words",
-                                              options=("--std=c++17",))
+    from caramel.backends.cuda.compiler import function
+
+    kernel = function(SOURCE, KERNEL, OPTIONS)
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.uint64), np.dtype(np.uint32)):
         raise ValueError(f"raw words as uint64 or uint32, not {dtype}")
@@ -136,4 +138,4 @@ def device_words(state: int, inc: int, count: int, cp=None, dtype=np.uint64):
     return out
 
 
-__all__ = ["MULTIPLIER", "WORDS_PER_THREAD", "advance", "device_words", "host_words", "output", "pcg64_state"]
+__all__ = ["KERNEL", "MULTIPLIER", "OPTIONS", "SOURCE", "WORDS_PER_THREAD", "advance", "device_words", "host_words", "output", "pcg64_state"]

@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 
 from caramel.ckks.encoding import encode
-from caramel.ckks.device import to_ntt
+from caramel.ckks.device import chosen, client_array, to_ntt
 from caramel.errors import ArgumentError, MissingLimbError
 
 
@@ -80,6 +80,23 @@ def plaintext_from_coeffs(ctx, coeffs, limbs, scale: float | None = None) -> Pla
     if isinstance(data, np.ndarray):
         data.setflags(write=False)
     return Plaintext(data, limbs, scale)
+
+
+def plaintexts_from_coeffs(ctx, coeffs, limbs, scales) -> list[Plaintext]:
+    """``[plaintext_from_coeffs(ctx, coeffs[p], limbs[p], scales[p]) for p ...]`` for int64
+    coefficients ``coeffs`` (P, N), the same bits from one batched encoding on the current client
+    device (:meth:`~caramel.ckks.arith.ClientArith.plaintext_rows`): the plaintexts' data are
+    consecutive rows of one array (on the GPU inside :func:`caramel.ckks.device.keeping_inputs`)."""
+    groups = [checked_limbs(l) for l in limbs]
+    dev = chosen()
+    rows = client_array(dev.plaintext_rows(np.asarray(coeffs, dtype=np.int64), ctx, groups), dev)
+    if isinstance(rows, np.ndarray):
+        rows.setflags(write=False)
+    out, r = [], 0
+    for g, scale in zip(groups, scales):
+        out.append(Plaintext(rows[r : r + len(g)], g, scale))
+        r += len(g)
+    return out
 
 
 def encode_plaintext(ctx, values, scale: float, limbs) -> Plaintext:

@@ -261,15 +261,17 @@ extern "C" __global__ void lemire_scatter(const unsigned* __restrict__ raw, unsi
     out[(long long)r * n + (c - base - 1)] = (unsigned)(m >> 32);
 }
 """
-_lemire_modules: dict[int, object] = {}
+#: The module of the Lemire replay's three kernels and its NVRTC options (compiled through the source-keyed compile
+#: cache, :mod:`caramel.backends.cuda.compiler`).
+LEMIRE_SOURCE = _LEMIRE_SOURCE
+LEMIRE_OPTIONS = ("--std=c++17",)
+LEMIRE_KERNELS = ("lemire_counts", "lemire_chain", "lemire_scatter")
 
 
-def _lemire_kernels(cp):
-    dev = int(cp.cuda.Device().id)
-    mod = _lemire_modules.get(dev)
-    if mod is None:
-        mod = _lemire_modules[dev] = cp.RawModule(code=_LEMIRE_SOURCE, options=("--std=c++17",))
-    return mod
+def _lemire_kernel(name: str):
+    from caramel.backends.cuda.compiler import function
+
+    return function(LEMIRE_SOURCE, name, LEMIRE_OPTIONS)
 
 
 def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
@@ -315,7 +317,6 @@ def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
     from caramel.ckks import pcg
 
     cp = xp
-    mod = _lemire_kernels(cp)
     raw = pcg.device_words(st.state, st.inc, count, cp, np.uint32)
     p = cp.asarray(np.concatenate([lo, q, thr]))
     counts = cp.empty((k, width), dtype=np.int32)
@@ -324,12 +325,12 @@ def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
     status = cp.ones(2, dtype=np.int64)
     out = cp.empty((k, n), dtype=np.uint32)
     first, hf = np.uint32(st.uinteger if h0 else 0), np.int32(h0)
-    mod.get_function("lemire_counts")((k,), (1024,), (raw, first, hf, p, np.int32(k), np.int64(width), counts))
-    mod.get_function("lemire_chain")((1,), (1,), (counts, p, np.int32(k), np.int64(width), np.int32(n), starts,
-                                                  limits, status))
-    mod.get_function("lemire_scatter")((-(-width // 256), k), (256,),
-                                       (raw, first, hf, p, np.int32(k), np.int64(width), np.int32(n), counts, starts,
-                                        limits, status, out))
+    _lemire_kernel("lemire_counts")((k,), (1024,), (raw, first, hf, p, np.int32(k), np.int64(width), counts))
+    _lemire_kernel("lemire_chain")((1,), (1,), (counts, p, np.int32(k), np.int64(width), np.int32(n), starts,
+                                                limits, status))
+    _lemire_kernel("lemire_scatter")((-(-width // 256), k), (256,),
+                                     (raw, first, hf, p, np.int32(k), np.int64(width), np.int32(n), counts, starts,
+                                      limits, status, out))
     return out, status
 
 
@@ -344,12 +345,12 @@ def raw_words(bg, count: int, xp=np, dtype=np.uint64):
         got = pcg.pcg64_state(bg)
         if got is not None:
             words = pcg.device_words(got[0], got[1], int(count), xp, dtype)
-            _advance_raw(bg, int(count))
+            advance_raw(bg, int(count))
             return words
     return xp.asarray(bg.random_raw(count).view(dtype))
 
 
-def _advance_raw(bg, count: int) -> None:
+def advance_raw(bg, count: int) -> None:
     """Put ``bg`` where ``bg.random_raw(count)`` leaves it: ``advance`` steps the state the same way but
     also drops the buffered 32-bit half (``has_uint32``, ``uinteger``), which ``random_raw`` keeps."""
     before = bg.state

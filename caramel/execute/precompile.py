@@ -4,9 +4,12 @@ A first run used to compile its kernels one at a time as it met them (NVRTC take
 seconds a module). :func:`needed_modules` lowers every kernel of a plan's device programs (and their communication
 steps' local sums, copies and ``% q``) to its backend call, exactly as :class:`~caramel.execute.runner.DeviceRun`
 does, and runs the calls on a :class:`~caramel.backends.cuda.kernel_set.KernelSet`, which records the module each
-one loads; :func:`precompile` compiles them on a thread pool (NVRTC is thread-safe), each distinct source once in the
-process (:mod:`caramel.backends.cuda.compiler`) and in CuPy's disk cache across processes. The GPU executors call it
-before their first launch; ``caramel compile`` calls it ahead of a run.
+one loads; :func:`precompile` compiles them on the compile pool (NVRTC is thread-safe), each distinct source once in
+the process (:mod:`caramel.backends.cuda.compiler`) and in CuPy's disk cache across processes. The GPU executors call
+it before their first launch; ``caramel compile`` calls it ahead of a run. :func:`schedule_plan` queues the modules
+of a plan's kernels (:func:`plan_modules`, no device program needed) as soon as the plan exists and returns at once
+(:class:`caramel.Executor` calls it from the thread that builds the plan, while the keys are made): the executor's
+precompile then finds them compiled or compiling.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import logging
 import time
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from caramel.execute.placement import CommStep, DeviceProgram
 from caramel.execute.runner import _copy_calls, _local_calls, _packed, lower_kernel
-from caramel.plan.kernel import Plan
+from caramel.plan.kernel import Kind, Plan
 from caramel.ring import Context, Mode
 
 logger = logging.getLogger(__name__)
@@ -54,20 +59,56 @@ def needed_modules(progs: Sequence[DeviceProgram], plan: Plan, ctx: Context, mod
     return list(found.modules.values())
 
 
-def precompile(progs: Sequence[DeviceProgram], plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None, *,
-               workers: int | None = None, progress: bool | None = None) -> int:
-    """Compile and load on the current CUDA device every module that :func:`needed_modules` finds, on ``workers``
-    threads (default: the cores) with a progress bar; returns how many modules."""
+def plan_modules(plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None,
+                 multiprocessors: int | None = None) -> list:
+    """The modules of ``plan``'s kernels (as :func:`needed_modules`, but not its communication steps' local sums and
+    copies, which depend on the placement): found from the plan alone, before any device program; every module of a
+    one-chip plan's run. Needs no GPU."""
+    from caramel.backends.cuda.kernel_set import MULTIPROCESSORS, KernelSet
+
+    found = KernelSet(ctx, kernels, multiprocessors or MULTIPROCESSORS)
+    for mode in modes:
+        for chip in plan.chips:
+            rows_of = np.zeros(max(1, chip.n_buffers), dtype=np.int64)  # any rows: a module depends on none
+            for kernel in chip.kernels:
+                if kernel.kind is not Kind.COMM:
+                    lower_kernel(kernel, rows_of, ctx, Mode(mode))(found)
+    return list(found.modules.values())
+
+
+def _multiprocessors() -> int:
     import cupy as cp
 
-    from caramel.backends.cuda.compiler import compile_sources
+    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def schedule_plan(plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None):
+    """Queue on the compile pool every module of :func:`plan_modules` for the current CUDA device and return at once
+    (a :class:`~caramel.backends.cuda.compiler.Batch`)."""
+    from caramel.backends.cuda.compiler import schedule
 
     t0 = time.perf_counter()
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    modules = needed_modules(progs, plan, ctx, modes, kernels, sms)
-    compile_sources([m.compile for m in modules], workers=workers, progress=progress)
-    logger.debug("%d kernel modules of %s ready in %.2f s", len(modules), plan.name, time.perf_counter() - t0)
+    modules = plan_modules(plan, ctx, modes, kernels, _multiprocessors())
+    batch = schedule(modules)
+    logger.debug("cold path: %d kernel modules of %s found and queued %.2f s", len(modules), plan.name,
+                 time.perf_counter() - t0)
+    return batch
+
+
+def precompile(progs: Sequence[DeviceProgram], plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None, *,
+               workers: int | None = None, progress: bool | None = None) -> int:
+    """Compile and load on the current CUDA device every module that :func:`needed_modules` finds, on the compile
+    pool (``workers`` threads, default the cores) with a progress bar; returns how many modules. Those already
+    compiled or compiling (:func:`schedule_plan`, the GPU warm-up) are not compiled again: they are waited for."""
+    from caramel.backends.cuda.compiler import compile_sources, loaded
+
+    t0 = time.perf_counter()
+    before = loaded()
+    modules = needed_modules(progs, plan, ctx, modes, kernels, _multiprocessors())
+    compile_sources(modules, workers=workers, progress=progress)
+    logger.debug("cold path: precompile of %s: %d kernel modules ready (%d new since it started) %.2f s", plan.name,
+                 len(modules), loaded() - before, time.perf_counter() - t0)
     return len(modules)
 
 
-__all__ = ["device_calls", "needed_modules", "precompile"]
+__all__ = ["device_calls", "needed_modules", "plan_modules", "precompile", "schedule_plan"]

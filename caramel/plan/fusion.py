@@ -360,8 +360,10 @@ def _merged_unit(members: list[Unit], exprs: dict) -> Unit:
         ops += [ExprOp(o.op, tuple(map(value, o.args))) for o in e.ops]
         outputs += [value(o) for o in e.outputs]
         s0 += e.n_scalar
-    expr = Expr(nv, ns, tuple(ops), tuple(outputs))
-    expr = exprs.setdefault(expr, expr)
+    key = (nv, ns, tuple(ops), tuple(outputs))
+    expr = exprs.get(key)
+    if expr is None:  # built (and checked) once per distinct expression, not once per merged row
+        expr = exprs[key] = Expr(*key)
     row = Row(members[0].row.prime, tuple(vec), tuple(b for u in members for b in u.row.outs),
               tuple(s for u in members for s in u.row.scalars))
     return Unit(Kind.ELEMENTWISE, expr, row, row.ins, row.outs, tuple(sorted({i for u in members for i in u.index})))
@@ -399,8 +401,10 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
             auts = [fold.get(b) if b in folded else None for b in u.row.ins]
             gathered = tuple(k for k, a in enumerate(auts) if a is not None)
             ins = tuple(b if a is None else a.ins[0] for b, a in zip(u.row.ins, auts))
-            expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, gathered)
-            expr = exprs.setdefault(expr, expr)
+            key = (id(e), gathered)  # (e is alive in ``units``; equal distinct objects: equal results)
+            expr = exprs.get(key)
+            if expr is None:
+                expr = exprs[key] = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, gathered)
             row = u.row._replace(ins=ins, gather=tuple(auts[k].row.arg for k in gathered))
             index = tuple(sorted(set(u.index).union(*(auts[k].index for k in gathered))))
             u = Unit(E, expr, row, ins, u.outs, index)
@@ -441,8 +445,11 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
                        and ins.count(b) == 1 and k not in e.gathered)[:MAX_TRANSFORMED]
         if not chosen:
             continue
-        expr = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, chosen)
-        out[j] = u._replace(key=exprs.setdefault(expr, expr))
+        key = (id(e), chosen)  # (e is alive in ``units``; equal distinct objects: equal results)
+        expr = exprs.get(key)
+        if expr is None:
+            expr = exprs[key] = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, chosen)
+        out[j] = u._replace(key=expr)
         for k in chosen:
             n = ntt_of[ins[k]]
             out[n] = units[n]._replace(key=HalfNtt(units[n].key))

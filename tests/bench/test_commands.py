@@ -150,3 +150,11 @@ def test_ab_in_one_call(tmp_path):
     assert doc["runs"][1]["commit"] == rev and doc["runs"][0]["commit"] != rev
     assert all(run["failures"] == [] for run in doc["runs"])
     assert f"| base .ab #1 ({rev}) |" in r.stdout
+
+
+def test_draw(tmp_path):
+    doc = record(tmp_path, "draw", "--program", "programs/MulRotate_4L_1c", "--n", "1024", "--client", "host",
+                 "--instances", "2", "--workers", "1,2")
+    got = whats(doc)
+    assert got["wall per instance, one at a time"] > 0 and got["CPU per instance, one at a time (every thread)"] > 0
+    assert got["instances per second, 1 threads at once"] > 0 and got["instances per second, 2 threads at once"] > 0

@@ -107,3 +107,39 @@ def test_encode_float_is_unscaled(rng):
     m = encode_float(z, 32)
     assert m.dtype == np.float64
     assert np.max(np.abs(decode(m, 1.0) - z)) < 1e-12
+
+
+@pytest.mark.parametrize("n", [16, 1024, 65536], ids=lambda n: f"encode-rows/N={n}")
+def test_encode_rows_is_encode_bit_for_bit(n, rng):
+    """Complex, real and given vectors at several scales in one call (int64 rows and Python-int rows)."""
+    from caramel.ckks.encoding import encode_rows, slot_parts
+
+    half = n // 2
+    drawn = rng.uniform(-0.5, 0.5, (3, n))  # [re | im] as draw_inputs draws a complex vector
+    real = rng.uniform(-1, 1, half)
+    given = [rng.uniform(-2, 2, half) + 1j * rng.uniform(-2, 2, half), 0.25, [0.5 - 1j] * half]
+    vectors = [d[:half] + 1j * d[half:] for d in drawn] + [real, *given]
+    parts = np.concatenate([drawn, [np.concatenate([real, np.zeros(half)])], [slot_parts(v, n) for v in given]])
+    scales = [2.0**40, 2.0**28, 3.7e12, 2.0**30, 2.0**50, 2.0**80, 2.0**61]
+    out = np.full((len(vectors), n), -1, dtype=np.int64)
+    got = encode_rows(parts, scales, n, out)
+    for p, (v, scale) in enumerate(zip(vectors, scales)):
+        want = encode(v, scale, n)
+        assert got[p].dtype == want.dtype and np.array_equal(got[p], want), p
+        if want.dtype == np.int64:
+            assert np.shares_memory(got[p], out[p])
+    assert got[5].dtype == object and got[0].dtype == np.int64
+
+
+def test_encode_rows_errors():
+    from caramel.ckks.encoding import encode_rows, slot_parts
+
+    assert encode_rows(np.zeros((0, 32)), [], 32) == []
+    with pytest.raises(ValueError, match=r"expected rows of 32 slot parts for N = 32, got shape \(2, 16\)"):
+        encode_rows(np.zeros((2, 16)), [1.0, 1.0], 32)
+    with pytest.raises(ValueError, match="scale must be positive"):
+        encode_rows(np.zeros((1, 32)), [0.0], 32)
+    with pytest.raises(ValueError, match="cannot encode non-finite values"), np.errstate(invalid="ignore"):
+        encode_rows(np.full((1, 32), np.inf), [1.0], 32)
+    with pytest.raises(ValueError, match=r"expected 16 slot values for N = 32, got shape \(10,\)"):
+        slot_parts(np.zeros(10), 32)

@@ -1,11 +1,21 @@
-"""Compiled CUDA modules, one cache for every kernel family, keyed by the module's source text.
+"""Compiled CUDA modules, one cache for every kernel family, keyed by the module's source text, compiled on one pool.
 
 A kernel's source is a pure function of its settings and the ring (:mod:`caramel.backends.cuda.config`), so the
 text says everything that the machine code depends on besides the compile options and the device: a module is
 compiled once per (device, options, source) in a process, whoever asks (two rings or two configurations that
-generate the same text share it), and CuPy's disk cache (``~/.cupy/kernel_cache``, keyed by the text, the options
-and the architecture) keeps the binary across processes. Concurrent requests for one module compile it once;
-:func:`compile_sources` compiles many on a thread pool (NVRTC is thread-safe) with a progress bar.
+generate the same text share it; the executor's kernels, the client's random-word and Lemire kernels, the NTT that
+both use), and CuPy's disk cache (``~/.cupy/kernel_cache``, keyed by the text, the options and the architecture)
+keeps the binary across processes. Concurrent requests for one module compile it once (the others wait for it).
+
+Compiling is a *job*: a callable that compiles what it needs through :func:`module` or :func:`function` (or, for
+the array kernels that CuPy generates itself, calls the CuPy operation once on tiny arrays: those compile through
+CuPy's own cache, keyed by their generated source the same way). :func:`schedule` queues jobs on the process's one
+compile pool (:data:`default_workers` threads: NVRTC is thread-safe and releases the GIL) and returns at once, a
+:class:`Batch` to wait for; :func:`compile_sources` schedules and waits, with a progress bar. Every caller shares the
+pool, so the GPU warm-up's jobs (:func:`caramel.ckks.device.warm_up`) and a plan's precompile
+(:mod:`caramel.execute.precompile`) never run more compiles at once than the machine has cores. Within a batch the
+heaviest jobs (a job's ``weight`` attribute, default 1) start first, so that one long module (the NTT) does not
+finish last.
 
 CuPy is imported lazily: this module imports without it.
 """
@@ -16,7 +26,8 @@ import concurrent.futures
 import importlib.resources
 import os
 import threading
-from typing import Callable, Iterable
+import time
+from typing import Callable, Iterable, Sequence
 
 #: Options passed to NVRTC for every module (CuPy adds the device's own architecture, sm_90 on Hopper). No fused
 #: multiply-add, so that the float64 sums of exact base conversion round exactly like the CPU reference (the kernels
@@ -26,6 +37,15 @@ NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 _lock = threading.Lock()
 _modules: dict[tuple, concurrent.futures.Future] = {}  # (device, options, code) -> the module, once compiled
 _functions: dict[tuple, object] = {}  # (device, options, code, name) -> the kernel
+_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # threads -> the compile pool of that many
+
+
+def _forget_pools() -> None:  # a forked child has none of the parent's threads
+    _pools.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _cupy():
@@ -65,41 +85,101 @@ def function(code: str, name: str, options: tuple[str, ...] = NVRTC_OPTIONS):
     return fn
 
 
+def loaded() -> int:
+    """How many modules this process has compiled (or loaded from CuPy's disk cache) through :func:`module`, on
+    every device, or is compiling now."""
+    with _lock:
+        return len(_modules)
+
+
 def read_cuh(package: str, name: str) -> str:
     """The text of the CUDA header ``name`` shipped beside the modules of ``package`` (package data)."""
     return importlib.resources.files(package).joinpath(name).read_text()
 
 
 def default_workers() -> int:
-    """Threads of :func:`compile_sources` by default: the cores this process may use."""
+    """Threads of the compile pool by default: the cores this process may use."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def compile_sources(jobs: Iterable[Callable[[], object]], *, workers: int | None = None,
-                    progress: bool | None = None, desc: str = "compiling kernels") -> int:
-    """Run ``jobs`` (each compiles what it needs, through :func:`module` or :func:`function`, on the device current
-    here) on ``workers`` threads (default :func:`default_workers`) with a progress bar
-    (:func:`caramel.logs.progress`); returns how many ran. The first error is raised after every job has ended."""
-    from caramel.logs import progress as bar
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The process's compile pool of ``workers`` threads (made on first use, kept: its threads idle between jobs)."""
+    with _lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="caramel-compile")
+        return pool
 
-    jobs = list(jobs)
+
+def weight(job) -> float:
+    """A job's relative compile time (its ``weight`` attribute; 1 without one): :func:`schedule` starts the
+    heaviest first."""
+    return float(getattr(job, "weight", 1.0))
+
+
+class Batch:
+    """Jobs queued on the compile pool by :func:`schedule`: :meth:`wait` for them (or :meth:`done` to ask)."""
+
+    def __init__(self, futures: Sequence[concurrent.futures.Future], started: float):
+        self.futures, self.started = list(futures), started
+        self._ended: float | None = None if futures else started
+
+    def __len__(self) -> int:
+        return len(self.futures)
+
+    def done(self) -> bool:
+        """Whether every job has ended (compiled or failed)."""
+        return all(f.done() for f in self.futures)
+
+    def wait(self, progress: bool | None = None, desc: str = "compiling kernels") -> int:
+        """Wait for every job, with a progress bar (:func:`caramel.logs.progress`; ``progress`` None: shown when
+        bars are); returns how many jobs. The first error (in scheduling order) is raised after every job ended."""
+        from caramel.logs import progress as bar
+
+        pending = [f for f in self.futures if not f.done()]
+        if pending:
+            with bar(total=len(self.futures), desc=desc, unit="kernel", enabled=progress) as shown:
+                shown.update(len(self.futures) - len(pending))
+                for _ in concurrent.futures.as_completed(pending):
+                    shown.update(1)
+        if self._ended is None:
+            self._ended = time.perf_counter()
+        errors = [f.exception() for f in self.futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+        return len(self.futures)
+
+    @property
+    def seconds(self) -> float | None:
+        """Wall-clock seconds from scheduling to the end of :meth:`wait` (None before)."""
+        return None if self._ended is None else self._ended - self.started
+
+
+def schedule(jobs: Iterable[Callable[[], object]], *, workers: int | None = None) -> Batch:
+    """Queue ``jobs`` on the compile pool of ``workers`` threads (default :func:`default_workers`), the heaviest
+    first (:func:`weight`; ties in the given order), each run with the CUDA device current here made current in
+    its thread; returns at once. Jobs already queued by earlier calls go first."""
+    jobs = sorted(jobs, key=lambda j: -weight(j))
+    started = time.perf_counter()
     if not jobs:
-        return 0
+        return Batch([], started)
     device = _cupy().cuda.runtime.getDevice()
 
     def run(job):
         with _cupy().cuda.Device(device):
             return job()
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, workers or default_workers())) as pool, \
-            bar(total=len(jobs), desc=desc, unit="kernel", enabled=progress) as shown:
-        futures = [pool.submit(run, job) for job in jobs]
-        for f in concurrent.futures.as_completed(futures):
-            shown.update(1)
-        errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise errors[0]
-    return len(jobs)
+    pool = _pool(max(1, workers or default_workers()))
+    return Batch([pool.submit(run, job) for job in jobs], started)
 
 
-__all__ = ["NVRTC_OPTIONS", "compile_sources", "default_workers", "function", "module", "read_cuh"]
+def compile_sources(jobs: Iterable[Callable[[], object]], *, workers: int | None = None,
+                    progress: bool | None = None, desc: str = "compiling kernels") -> int:
+    """Run ``jobs`` (each compiles what it needs, through :func:`module` or :func:`function`, on the device current
+    here) on the compile pool (:func:`schedule`) and wait for them with a progress bar (:meth:`Batch.wait`); returns
+    how many ran. The first error is raised after every job has ended."""
+    return schedule(jobs, workers=workers).wait(progress, desc)
+
+
+__all__ = ["NVRTC_OPTIONS", "Batch", "compile_sources", "default_workers", "function", "loaded", "module", "read_cuh",
+           "schedule", "weight"]

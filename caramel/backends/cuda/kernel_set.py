@@ -10,6 +10,7 @@ many at once.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +28,10 @@ from caramel.backends.cuda.transfer import GATHER_SRC
 
 #: Multiprocessors of the device assumed without one (an H200's): the tensor-core conversion's build depends on it.
 MULTIPROCESSORS = 132
+#: Relative compile times of the module families (1 for the others), the order in which a batch starts them
+#: (:func:`caramel.backends.cuda.compiler.schedule`): the transform module is by far the longest (nvcc -cubin for
+#: sm_90 spends about 3 s on it against 0.1-0.6 s on any other family's module beyond its fixed start-up).
+COMPILE_WEIGHTS = MappingProxyType({"ntt": 8.0, "basis": 3.0, "automorphism": 2.0, "crt": 1.5})
 
 
 class Module(NamedTuple):
@@ -43,6 +48,13 @@ class Module(NamedTuple):
         for code, names, options in self.candidates:
             if not any(function(code, name, options).local_size_bytes for name in names):
                 break
+
+    __call__ = compile  # a job of caramel.backends.cuda.compiler.schedule
+
+    @property
+    def weight(self) -> float:
+        """Its relative compile time (:data:`COMPILE_WEIGHTS`), the order in which a batch starts it."""
+        return COMPILE_WEIGHTS.get(self.key[0], 1.0)
 
 
 class KernelSet(Backend):
@@ -97,10 +109,27 @@ class KernelSet(Backend):
     def intt(self, ins, outs, primes) -> None:
         self._transform()
 
-    def ntt_prologue(self, prologue, ins, outs, primes, args, mode, half: bool = False) -> None:
-        kind, code = prologue.kind.value, basis.mode_code(mode)
+    def _prologue(self, kind: str, code: int) -> None:
         source, name = prologue_kernel(self.logn, kind, code, self.lazy)
         self._add(("prologue", self.n, self.lazy, PROLOGUE_CODES[kind], code), source, (name,))
+
+    def ring(self, modes=()) -> "KernelSet":
+        """Add the modules known before any plan (returns this set): those every run at this ring loads (the
+        twiddle kernels, the row upload, the transform, which the GPU client uses too) and the plan-independent
+        families that a program may use: per arithmetic mode of ``modes`` the NTT's three prologues, the ``sud``
+        lift's module, the CRT kernels and the automorphism. (A plan's elementwise programs, epilogues and base
+        conversions depend on its kernels.)"""
+        self._transform()
+        for mode in modes:
+            for kind in PROLOGUE_CODES:
+                self._prologue(kind, basis.mode_code(mode))
+        self.sud_lift(None, None, None, None, None)
+        self.rsv((0,), None, None, None)
+        self.automorphism(None, None, None)
+        return self
+
+    def ntt_prologue(self, prologue, ins, outs, primes, args, mode, half: bool = False) -> None:
+        self._prologue(prologue.kind.value, basis.mode_code(mode))
         if self.logn > 12 and not half:
             self._transform()  # its row kernel
 
@@ -123,4 +152,4 @@ class KernelSet(Backend):
         self._add(("crt",), crt.source(), (f"mod_{np.asarray(ins).shape[1]}",))
 
 
-__all__ = ["KernelSet", "Module", "MULTIPROCESSORS"]
+__all__ = ["COMPILE_WEIGHTS", "KernelSet", "Module", "MULTIPROCESSORS"]

@@ -114,6 +114,19 @@ class ClientArith(abc.ABC):
         limbs = [int(l) for l in limbs]
         return self.transform(to_residues(coeffs, ctx, limbs, self.xp), ctx, limbs)
 
+    def plaintext_rows(self, coeffs, ctx, groups):
+        """Encoding of P plaintexts at once: :meth:`to_ntt_rows` of row p of ``coeffs`` ((P, N) host
+        int64) on the limbs ``groups[p]``, stacked in order into one (sum_p len(groups[p]), N) uint32
+        array (plaintext p's rows follow those of plaintexts 0 .. p-1)."""
+        xp = self.xp
+        flat = [int(l) for g in groups for l in g]
+        res = xp.empty((len(flat), ctx.n), dtype=np.uint32)
+        r = 0
+        for p, g in enumerate(groups):
+            res[r : r + len(g)] = to_residues(coeffs[p], ctx, [int(l) for l in g], xp)
+            r += len(g)
+        return self.transform(res, ctx, flat)
+
     def small_rows(self, coeffs, ctx, limbs):
         """NTT(s mod q) of small signed coefficients ``coeffs`` (|s| < q, e.g. a secret) on ``limbs``."""
         limbs = [int(l) for l in limbs]

@@ -33,6 +33,27 @@ DOWNLOAD_THREADS = 3
 
 _tables: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
+#: ``residue_rows``: thread (j, p) reads coefficient j of plaintext p once and writes its residue
+#: c mod q_r (in [0, q_r), as NumPy's ``mod``) into column j of each of the plaintext's rows r,
+#: rows[p] <= r < rows[p + 1] (``meta``: rows[0 .. P], then q_r for every row r).
+RESIDUE_ROWS_SRC = r"""
+extern "C" __global__ void residue_rows(const long long* __restrict__ c, const long long* __restrict__ meta,
+                                        int plaintexts, int n, unsigned* __restrict__ out) {
+    const int p = blockIdx.y;
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const long long v = c[(long long)p * n + j];
+    const long long* q = meta + plaintexts + 1;
+    for (long long r = meta[p]; r < meta[p + 1]; ++r) {
+        long long m = v % q[r];
+        if (m < 0) m += q[r];
+        out[r * n + j] = (unsigned)m;
+    }
+}
+"""
+_RESIDUE_THREADS = 256
+_residue_kernels: dict[int, Any] = {}
+
 
 def _import_cupy():
     try:
@@ -71,7 +92,7 @@ class GpuArith(ClientArith):
         array kernels of :mod:`caramel.ring.ntt` on :attr:`xp`."""
         limbs = [int(l) for l in limbs]
         xp = self.xp
-        if self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES and limbs:
+        if self._cuda_sizes(ctx) and limbs:
             from caramel.backends.cuda import ntt as cuda_ntt
             from caramel.backends.cuda.backend import cuda_ring
 
@@ -89,6 +110,45 @@ class GpuArith(ClientArith):
         for r0 in range(0, len(limbs), chunk):
             r1 = min(r0 + chunk, len(limbs))
             kernel(res[r0:r1], out[r0:r1], row_tables(tabs[r0:r1], not inverse, xp, self._twiddles), xp)
+        return out
+
+    def _cuda_sizes(self, ctx) -> bool:
+        """Whether ``ctx``'s transforms run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16)."""
+        return self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES
+
+    def to_ntt_rows(self, coeffs, ctx, limbs):
+        c = np.asarray(coeffs)
+        if self._cuda_sizes(ctx) and c.dtype == np.int64 and c.shape == (ctx.n,):
+            return self.plaintext_rows(c[None], ctx, [limbs])
+        return super().to_ntt_rows(coeffs, ctx, limbs)
+
+    def plaintext_rows(self, coeffs, ctx, groups):
+        """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_cuda_sizes`, int64
+        coefficients): one copy of the coefficients to the device, one launch of ``residue_rows``
+        (:data:`RESIDUE_ROWS_SRC`) for every row, one forward NTT of every row in place."""
+        coeffs = np.asarray(coeffs)
+        if not (self._cuda_sizes(ctx) and coeffs.dtype == np.int64 and coeffs.ndim == 2
+                and coeffs.shape[1] == ctx.n):
+            return super().plaintext_rows(coeffs, ctx, groups)
+        from caramel.backends.cuda import ntt as cuda_ntt
+        from caramel.backends.cuda.backend import cuda_ring
+
+        cp, n = self.xp, ctx.n
+        flat = [int(l) for g in groups for l in g]
+        out = cp.empty((len(flat), n), dtype=np.uint32)
+        if not flat:
+            return out
+        rows = np.zeros(len(groups) + 1, dtype=np.int64)
+        rows[1:] = np.cumsum([len(g) for g in groups])
+        meta = cp.asarray(np.concatenate([rows, np.array([ctx.q(l) for l in flat], dtype=np.int64)]))
+        kernel = _residue_kernels.get(int(cp.cuda.Device().id))
+        if kernel is None:
+            kernel = _residue_kernels[int(cp.cuda.Device().id)] = cp.RawKernel(RESIDUE_ROWS_SRC, "residue_rows")
+        grid = (-(-n // _RESIDUE_THREADS), len(groups))
+        c = cp.asarray(np.ascontiguousarray(coeffs))
+        kernel(grid, (_RESIDUE_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
+        slots = cp.arange(len(flat), dtype=np.int32)
+        cuda_ntt.ntt(cuda_ring(ctx), out, slots, slots, cp.asarray(np.array(flat, dtype=np.int32)))
         return out
 
     def _twiddles(self, table, forward: bool):

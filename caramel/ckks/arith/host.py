@@ -49,6 +49,30 @@ class HostArith(ClientArith):
         self.rows(run, len(tabs), ctx.n)
         return out
 
+    def to_ntt_rows(self, coeffs, ctx, limbs):
+        c = np.asarray(coeffs)
+        if c.dtype == np.int64 and c.shape == (ctx.n,):
+            return self.plaintext_rows(c[None], ctx, [limbs])
+        return super().to_ntt_rows(coeffs, ctx, limbs)
+
+    def plaintext_rows(self, coeffs, ctx, groups):
+        """:meth:`ClientArith.plaintext_rows`, each row's residues and NTT in one compiled kernel
+        (:func:`jit.encode_row`) when the kernels are ready, rows in chunks on the thread pool."""
+        coeffs = np.asarray(coeffs)
+        if not (jit.ready(ctx.n) and coeffs.dtype == np.int64 and coeffs.ndim == 2 and coeffs.shape[1] == ctx.n):
+            return super().plaintext_rows(coeffs, ctx, groups)
+        flat = [int(l) for g in groups for l in g]
+        source = [p for p, g in enumerate(groups) for _ in g]
+        tabs = [ctx.ntt_table(l) for l in flat]
+        out = np.empty((len(flat), ctx.n), dtype=np.uint32)
+
+        def run(r0: int, r1: int) -> None:
+            for r in range(r0, r1):
+                jit.encode_row(coeffs[source[r]], tabs[r], out[r])
+
+        self.rows(run, len(flat), ctx.n)
+        return out
+
     def rlwe_c0(self, ctx, limbs, a, s, e, m, factor=None, perm=None):
         """:meth:`ClientArith.rlwe_c0`, row by row in one compiled kernel (:func:`jit.c0_row`: the
         error's NTT, the products and the gather) when the kernels are ready and the rows uint32."""

@@ -2,10 +2,11 @@
 
 The same transforms as :func:`caramel.ring.ntt.ntt` / :func:`~caramel.ring.ntt.intt`, one row at a
 time in compiled loops instead of whole-stage NumPy operations (which make about ten passes over
-memory per stage); the c0 of an RLWE sample with its error's NTT (:func:`c0_row`); NumPy's bounded
-draws replayed (:func:`lemire_fill`). All are exact integer arithmetic with fully reduced outputs,
-so the results are the same bits as the NumPy code (tests/ckks/arith/test_jit.py compares them on
-random data). :class:`caramel.ckks.arith.host.HostArith` uses them when :func:`ready`.
+memory per stage); the c0 of an RLWE sample with its error's NTT (:func:`c0_row`); the residues of
+an encoding's integer coefficients and their NTT (:func:`encode_row`); NumPy's bounded draws
+replayed (:func:`lemire_fill`). All are exact integer arithmetic with fully reduced outputs, so the
+results are the same bits as the NumPy code (tests/ckks/arith/test_jit.py compares them on random
+data). :class:`caramel.ckks.arith.host.HostArith` uses them when :func:`ready`.
 
 Forward (Cooley-Tukey, SEAL order): for stage m = 1, 2, 4, ..., N/2 with t = N/2m, group i < m,
 twiddle W = psi^br(m+i), and j in [2it, 2it + t):
@@ -253,11 +254,24 @@ def _compile():
                         break
         return pos
 
-    return forward, inverse, lemire, c0_row
+    @njit(numba.void(ro64, ro32, ro32, u64, numba.uint32[::1]), **opts)
+    def encode_row(c, w, wp, q64, out):  # pragma: no cover - compiled
+        qq = i64(q64)
+        qinv = 1.0 / numba.float64(qq)
+        for j in range(out.shape[0]):  # selects, no branches: the loop vectorises
+            x = c[j]
+            r = x - i64(numba.float64(x) * qinv) * qq  # in (-2q, 2q); wraps modulo 2^64: exact, as r is small
+            r = r + qq if r < 0 else r
+            r = r + qq if r < 0 else r
+            r = r - qq if r >= qq else r
+            out[j] = u32(r)
+        forward_row(out, w, wp, u32(q64), u32(q64 + q64))
+
+    return forward, inverse, lemire, c0_row, encode_row
 
 
 def _kernels():
-    """The compiled kernels (forward, inverse, lemire, c0_row), or None without Numba (compiled once
+    """The compiled kernels (forward, inverse, lemire, c0_row, encode_row), or None without Numba (compiled once
     per process, under a lock: a caller waits for a compilation under way)."""
     if "kernels" not in _state:
         with _lock:
@@ -328,6 +342,14 @@ def c0_row(e: np.ndarray, a: np.ndarray, s: np.ndarray, extra: np.ndarray, facto
     _kernels()[3](e, a, s, extra, np.uint64(factor), w, wp, np.uint64(table.q), out, perm)
 
 
+def encode_row(c: np.ndarray, table, out: np.ndarray) -> None:
+    """out = NTT(c mod q) modulo ``table.q``: c (N,) int64 coefficients, out (N,) uint32 C-contiguous.
+    (c mod q: the quotient c / q estimated in float64 and truncated, off by one at most besides the
+    truncation, so the remainder r = c - quotient q lies in (-2q, 2q) and two additions and one
+    subtraction of q put it in [0, q): exact for every int64 and q < 2^31.)"""
+    _kernels()[4](_ro(c, np.int64), table.psi_powers, shoup_tables(table)[0], np.uint64(table.q), out)
+
+
 def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: np.ndarray) -> int:
     """NumPy's bounded 32-bit draws replayed from ``words`` (32-bit halves of the generator's outputs,
     in order): row r of ``out`` takes the next N words w with (w q_r mod 2^32) >= thresholds[r]
@@ -337,5 +359,5 @@ def lemire_fill(words: np.ndarray, qs: np.ndarray, thresholds: np.ndarray, out: 
     return int(_kernels()[2](words, qs, thresholds, out))
 
 
-__all__ = ["ENV", "MIN_N", "c0_row", "enabled", "forward_rows", "inverse_rows", "lemire_fill", "ready",
+__all__ = ["ENV", "MIN_N", "c0_row", "enabled", "encode_row", "forward_rows", "inverse_rows", "lemire_fill", "ready",
            "shoup_table", "shoup_tables"]

@@ -113,3 +113,31 @@ def test_gpu_client_on_cuda_kernels_equals_cpu_client(n):
     assert np.array_equal(a.c0, b.c0) and np.array_equal(a.c1, b.c1)
     assert np.array_equal(decrypt(ctx, sec.s, a, device="cpu"), decrypt(ctx, sec.s, a, device="gpu"))
     assert np.array_equal(to_ntt(coeffs, ctx, limbs), devmod.GPU.get(devmod.GPU.to_ntt_rows(coeffs, ctx, limbs)))
+
+
+def _plaintexts(n: int):
+    """Three plaintexts' int64 coefficients (the int64 extremes among them) and their limb groups."""
+    coeffs = np.random.default_rng(n).integers(-2**61, 2**61, (3, n))
+    coeffs[1, :2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    return coeffs, [(0, 1, 2), (5,), (63, 3, 0, 9)]
+
+
+def test_gpu_plaintext_rows_on_numpy_equal_the_host_client():
+    ctx = context(256)
+    coeffs, groups = _plaintexts(256)
+    want = HOST.plaintext_rows(coeffs, ctx, groups)
+    assert np.array_equal(POSED.plaintext_rows(coeffs, ctx, groups), want)
+    assert np.array_equal(POSED.to_ntt_rows(coeffs[2], ctx, groups[2]), want[4:])
+
+
+@pytest.mark.skipif(not gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("n", [4096, 65536])
+def test_gpu_plaintext_rows_on_cuda_kernels_equal_the_host_client(n):
+    """One residue launch and one NTT for every row of several plaintexts; one plaintext the same way."""
+    ctx = context(n)
+    coeffs, groups = _plaintexts(n)
+    want = HOST.plaintext_rows(coeffs, ctx, groups)
+    gpu_arith = devmod.GPU
+    assert np.array_equal(gpu_arith.get(gpu_arith.plaintext_rows(coeffs, ctx, groups)), want)
+    assert np.array_equal(gpu_arith.get(gpu_arith.to_ntt_rows(coeffs[2], ctx, groups[2])), want[4:])
+    assert gpu_arith.plaintext_rows(coeffs[:0], ctx, []).shape == (0, n)

@@ -91,3 +91,27 @@ def test_decrypt_equals_per_limb(rng):
     m = (ct.c0.astype(np.uint64) + mulmod(ct.c1, sec.s.ntt_limbs(ctx, limbs), qcol)) % qcol
     want = from_residues(np.asarray(ctx.intt(m.astype(np.uint32), list(limbs))), ctx, limbs)
     assert np.array_equal(decrypt(ctx, sec.s, ct), want)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_plaintext_rows_equal_one_plaintext_at_a_time(monkeypatch, compiled):
+    """Several plaintexts' NTT rows at once (limb groups of different lengths, in any order) are the rows of
+    each plaintext through the ring's NTT, stacked; the host client's one-plaintext encoding too."""
+    from caramel.ckks.arith import HOST
+    from caramel.ckks.arith import jit
+
+    if compiled:
+        pytest.importorskip("numba")
+        monkeypatch.delenv(jit.ENV, raising=False)
+        assert jit.enabled()
+    else:
+        monkeypatch.setenv(jit.ENV, "0")
+    ctx = context(N)
+    rng = np.random.default_rng(4)
+    coeffs = rng.integers(-2**61, 2**61, (3, N))
+    coeffs[1, :2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    groups = [(0, 1, 2), (5,), (63, 3, 0, 9)]
+    got = HOST.plaintext_rows(coeffs, ctx, groups)
+    assert np.array_equal(got, np.concatenate([to_ntt(c, ctx, g) for c, g in zip(coeffs, groups)]))
+    assert np.array_equal(HOST.to_ntt_rows(coeffs[2], ctx, groups[2]), to_ntt(coeffs[2], ctx, groups[2]))
+    assert HOST.plaintext_rows(coeffs[:0], ctx, []).shape == (0, N)

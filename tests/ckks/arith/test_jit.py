@@ -132,3 +132,19 @@ def test_ready_compiles_in_the_background_for_large_rings_only(monkeypatch):
     assert started == [1] and ntt_jit.ready(1024)
     monkeypatch.setenv(ntt_jit.ENV, "off")
     assert not ntt_jit.ready(ntt_jit.MIN_N)
+
+
+@pytest.mark.parametrize("n", [16, 8192])
+def test_encode_row_equals_residues_then_ntt(monkeypatch, n):
+    """c mod q then the NTT, for every int64 (the extremes too) and the smallest and largest primes."""
+    monkeypatch.delenv(ntt_jit.ENV, raising=False)
+    assert ntt_jit.enabled()
+    rng = np.random.default_rng(n)
+    for q in (min(PRIMES), max(PRIMES), PRIMES[7]):
+        table = NttTable(q, n)
+        for bound in (5, 2**40, 2**62, 2**63 - 1):
+            c = rng.integers(-bound, bound, n, dtype=np.int64, endpoint=True)
+            c[:6] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0, q, -q]
+            out = np.empty(n, dtype=np.uint32)
+            ntt_jit.encode_row(c, table, out)
+            assert np.array_equal(out, ntt(np.mod(c, q).astype(np.uint32)[None], [table])[0]), (q, bound)

@@ -1,0 +1,116 @@
+"""The compile pool (caramel.backends.cuda.compiler.schedule) with a fake compiler, without a GPU: jobs queued without
+waiting, the heaviest first, one pool shared by every caller, identical sources compiled once across batches."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from caramel.backends.cuda import compiler
+from caramel.backends.cuda.kernel_set import COMPILE_WEIGHTS, KernelSet, Module
+from caramel.ring import Context, Mode
+
+from tests.backends.test_config import FakeCupy
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    cp = FakeCupy(fail="broken")
+    monkeypatch.setattr(compiler, "_cupy", lambda: cp)
+    monkeypatch.setattr(compiler, "_modules", {})
+    monkeypatch.setattr(compiler, "_functions", {})
+    monkeypatch.setattr(compiler, "_pools", {})
+    return cp
+
+
+class Job:
+    """A job that records when it ran and may wait for a gate."""
+
+    def __init__(self, name: str, weight: float = 1.0, gate: threading.Event | None = None, log=None):
+        self.name, self.weight, self.gate, self.log = name, weight, gate, log
+
+    def __call__(self):
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        compiler.module(self.name)
+        if self.log is not None:
+            self.log.append(self.name)
+
+
+def test_schedule_returns_at_once_and_wait_waits(fake):
+    gate = threading.Event()
+    batch = compiler.schedule([Job("a", gate=gate), Job("b", gate=gate)], workers=2)
+    assert len(batch) == 2 and not batch.done() and batch.seconds is None  # queued, blocked on the gate
+    gate.set()
+    assert batch.wait(progress=False) == 2 and batch.done() and batch.seconds >= 0
+    assert sorted(fake.compiles) == ["a", "b"]
+
+
+def test_heaviest_first(fake):
+    """On one thread the jobs of a batch run heaviest first, ties in the given order."""
+    log: list[str] = []
+    gate = threading.Event()
+    blocker = compiler.schedule([Job("blocker", gate=gate)], workers=1)  # holds the only thread while we queue
+    batch = compiler.schedule([Job("light", 0.5, log=log), Job("one", log=log), Job("heavy", 8, log=log),
+                               Job("two", log=log), Job("mid", 3, log=log)], workers=1)
+    gate.set()
+    blocker.wait(progress=False)
+    batch.wait(progress=False)
+    assert log == ["heavy", "mid", "one", "two", "light"]
+
+
+def test_batches_share_the_pool_and_the_cache(fake):
+    """Two batches on one pool: the second's job of a source the first is compiling waits for it (one compile), and
+    the earlier batch's jobs go first; a pool of another size is another pool."""
+    gate = threading.Event()
+    first = compiler.schedule([Job("shared", gate=gate), Job("x")], workers=2)
+    second = compiler.schedule([Job("shared"), Job("y")], workers=2)
+    gate.set()
+    first.wait(progress=False)
+    second.wait(progress=False)
+    assert fake.compiles.count("shared") == 1 and compiler.loaded() == 3
+    assert compiler._pool(2) is compiler._pool(2) and compiler._pool(3) is not compiler._pool(2)
+
+
+def test_a_failure_is_raised_by_wait_after_every_job(fake):
+    batch = compiler.schedule([Job("broken"), Job("fine")], workers=2)
+    with pytest.raises(RuntimeError, match="nvrtc says no"):
+        batch.wait(progress=False)
+    assert batch.done() and "fine" in fake.compiles
+
+
+def test_jobs_run_on_the_device_current_when_scheduled(fake):
+    seen = []
+    with fake.cuda.Device(3):
+        batch = compiler.schedule([lambda: seen.append(fake.cuda.runtime.getDevice())], workers=2)
+    batch.wait(progress=False)
+    assert seen == [3]
+
+
+def test_modules_are_jobs_weighted_by_family():
+    """A KernelSet's modules are jobs (callable) whose weights order the transform first."""
+    ring = KernelSet(Context(65536)).ring([Mode.EXACT]).modules
+    assert {key[0] for key in ring} == {"twiddle", "gather", "ntt", "prologue", "basis", "crt", "automorphism"}
+    assert len([k for k in ring if k[0] == "prologue"]) == 3
+    heaviest = max(ring.values(), key=compiler.weight)
+    assert heaviest.key[0] == "ntt" and heaviest.weight == COMPILE_WEIGHTS["ntt"]
+    assert compiler.weight(lambda: None) == 1.0 and callable(heaviest)
+    two = KernelSet(Context(65536)).ring(list(Mode)).modules
+    assert len([k for k in two if k[0] == "prologue"]) == 3 * len(Mode)
+
+
+def test_jobs_compile_at_once(fake):
+    """Four jobs on four threads are inside their compiles together (a barrier that four must reach: run one after
+    another, it would break)."""
+    barrier = threading.Barrier(4, timeout=10)
+    real = fake.RawModule
+
+    class Together(real):
+        def compile(self):
+            barrier.wait()
+            super().compile()
+
+    fake.RawModule = Together
+    assert compiler.compile_sources([Job(f"k{i}") for i in range(4)], workers=4, progress=False) == 4
+    assert sorted(fake.compiles) == [f"k{i}" for i in range(4)]

@@ -1,0 +1,154 @@
+"""An instance's inputs drawn by parts (caramel.instance.draw_inputs) against prepare_check, which draws
+every input one at a time: the same objects, messages and generator state, bit for bit, for drawn and
+supplied inputs, any subset of the inputs, each magnitude and realness, on the host client and on the GPU
+client's code (posed on NumPy here; on CuPy and caramel's CUDA kernels where there is a GPU)."""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from caramel import instance
+from caramel.ckks.arith import HOST, GpuArith
+from caramel.ckks.bind import InputKind
+from caramel.ckks.check import prepare_check
+from caramel.ckks.device import keeping_inputs, using
+from caramel.ckks.encrypt import Ciphertext
+from caramel.ckks.keyset import generate_keyset, input_rng
+from caramel.ckks.plaintext import Plaintext
+from caramel.instance import default_spec, draw_inputs, input_plan
+from caramel.parse import load_program
+from caramel.ring import Context
+
+from tests.conftest import shared
+
+N = 1024
+POSED = GpuArith(array_module=np, cuda_ntt=False)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """BootstrapLike_20L_1c (a ciphertext, 96 plaintexts, 40 scalars), its keys, and a spec whose inputs
+    change magnitude and realness along the way (so the draws come in several runs)."""
+    program = load_program(shared("BootstrapLike_20L_1c"), progress=False)
+    ctx = Context(n=N)
+    spec = default_spec(program)
+    inputs = {}
+    for i, (name, ins) in enumerate(spec.inputs.items()):
+        inputs[name] = replace(ins, magnitude=(0.5, 0.5, 2.0, 0.25)[i % 4], real=i % 5 == 1)
+    spec = replace(spec, inputs=inputs)
+    return program, ctx, spec, generate_keyset(program, ctx, 3)
+
+
+def host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def same(a, b) -> bool:
+    if type(a) is not type(b) or a.limbs != b.limbs or a.scale != b.scale:
+        return False
+    if isinstance(a, Ciphertext):
+        return np.array_equal(host(a.c0), b.c0) and np.array_equal(host(a.c1), b.c1)
+    if isinstance(a, Plaintext):
+        return np.array_equal(host(a.data), b.data)
+    return a.value == b.value and np.array_equal(a.residues, b.residues)
+
+
+def reference(setup, seed: int, supplied=None, make_rng=input_rng):
+    """prepare_check's objects, messages and generator state after the draws (every key given: binding
+    draws nothing)."""
+    program, ctx, spec, keys = setup
+    rng = make_rng(seed)
+    with using(HOST):
+        prep = prepare_check(spec, program, ctx, rng=rng, secrets=keys.secrets, keys=ChainMap({}, keys.keys),
+                             supplied=supplied)
+    return prep.objects, prep.values, rng.bit_generator.state
+
+
+def same_state(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    return np.array_equal(a, b)
+
+
+def check(got, want, names) -> None:
+    (objects, values, state), (w_objects, w_values, w_state) = got, want
+    assert same_state(state, w_state)
+    assert list(objects) == list(values) == [n for n in w_objects if n in set(names)]
+    for name in objects:
+        assert same(objects[name], w_objects[name]), name
+        assert np.array_equal(values[name], w_values[name]), name
+
+
+@pytest.mark.parametrize("client", [HOST, POSED], ids=["host", "gpu-code-on-numpy"])
+@pytest.mark.parametrize("lazy", [False, True], ids=["drawn-at-once", "drawn-where-used"])
+def test_every_input_drawn_is_prepare_checks(setup, monkeypatch, client, lazy):
+    if lazy:  # at N = 1024 the vectors are shorter than the default length drawn where they are used
+        monkeypatch.setattr(instance._Uniform, "LAZY_SIZE", 8)
+    plan = input_plan(setup[0], setup[1], setup[2])
+    rng = input_rng(11)
+    with using(client):
+        objects, values = draw_inputs(plan, setup[3].secrets, rng, plan.names)
+    check((objects, values, rng.bit_generator.state), reference(setup, 11), plan.names)
+
+
+def test_another_bit_generator_draws_the_same(setup):
+    """A generator whose draws cannot be counted ahead (not PCG64) draws its runs at once, in order."""
+    plan = input_plan(setup[0], setup[1], setup[2])
+
+    def mt(seed):
+        return np.random.Generator(np.random.MT19937(seed))
+
+    rng = mt(6)
+    with using(HOST):
+        objects, values = draw_inputs(plan, setup[3].secrets, rng, plan.names)
+    check((objects, values, rng.bit_generator.state), reference(setup, 6, make_rng=mt), plan.names)
+
+
+def test_some_inputs_drawn_the_others_supplied(setup):
+    """An instance of an executor with shared inputs: it draws its own inputs (and takes some given values),
+    the shared ones draw nothing; prepare_check given the shared values draws the same."""
+    program, ctx, spec, keys = setup
+    plan = input_plan(program, ctx, spec)
+    names = plan.names
+    shared_names = [n for i, n in enumerate(names) if i % 3 == 2]
+    mine = [n for n in names if n not in shared_names]
+    vector = next(n for n in mine if plan.kind(n) == InputKind.PLAINTEXT)
+    ct = next(n for n in mine if plan.kind(n) == InputKind.CIPHERTEXT)
+    scalar = next(n for n in mine if plan.kind(n) == InputKind.SCALAR)
+    rng = np.random.default_rng(0)
+    given = {vector: rng.uniform(-1, 1, N // 2) + 0.5j, ct: 0.125, scalar: -0.375}
+    shared_values = {n: (0.25 if plan.kind(n) == InputKind.SCALAR else rng.uniform(-1, 1, N // 2))
+                     for n in shared_names}
+    rng = input_rng(4)
+    with using(HOST):
+        objects, values = draw_inputs(plan, keys.secrets, rng, mine, given)
+    check((objects, values, rng.bit_generator.state), reference(setup, 4, {**shared_values, **given}), mine)
+
+
+def test_plaintexts_share_one_array(setup):
+    """The plaintexts of an instance are consecutive rows of one read-only array (one batched encoding)."""
+    program, ctx, spec, keys = setup
+    plan = input_plan(program, ctx, spec)
+    with using(HOST):
+        objects, _ = draw_inputs(plan, keys.secrets, input_rng(1), plan.names)
+    plain = [o for o in objects.values() if isinstance(o, Plaintext)]
+    base = plain[0].data.base
+    assert len(plain) == 96 and base is not None and all(p.data.base is base for p in plain)
+    assert not any(p.data.flags.writeable for p in plain)
+    rows = [p.data.__array_interface__["data"][0] for p in plain]
+    assert all(b - a == len(p.limbs) * N * 4 for a, b, p in zip(rows, rows[1:], plain))  # consecutive rows
+
+
+@pytest.mark.skipif(not __import__("caramel.api", fromlist=["gpu_available"]).gpu_available(),
+                    reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("keep", [False, True], ids=["copied-back", "kept-on-the-gpu"])
+def test_gpu_client_draws_the_host_clients_inputs(setup, keep):
+    plan = input_plan(setup[0], setup[1], setup[2])
+    rng = input_rng(11)
+    with using("gpu"), keeping_inputs(keep):
+        objects, values = draw_inputs(plan, setup[3].secrets, rng, plan.names)
+    check((objects, values, rng.bit_generator.state), reference(setup, 11), plan.names)
