@@ -60,7 +60,7 @@ class Instance:
     seed: int
     digest: str
     report: Any  # CheckReport | None
-    devices: tuple[int, ...]
+    device_ids: tuple[int, ...]
     timings: dict[str, float]
     outputs: dict[str, np.ndarray] | None = None
     rank: int = 0
@@ -69,7 +69,7 @@ class Instance:
     def of(cls, index: int, result, *, keep: bool = False, rank: int = 0) -> "Instance":
         """Instance ``index`` of a batch from its :class:`~caramel.executor.InstanceResult`; ``keep``:
         with the outputs that the executor decrypted (``decrypt=True`` or ``"limbs"``)."""
-        return cls(index, result.seed, result.digest, result.report, result.devices, result.timings,
+        return cls(index, result.seed, result.digest, result.report, result.device_ids, result.timings,
                    result.outputs if keep else None, rank)
 
     @property
@@ -79,7 +79,7 @@ class Instance:
     def record(self) -> dict[str, Any]:
         from caramel.results import check_record
 
-        return {"instance": self.index, "seed": self.seed, "rank": self.rank, "devices": list(self.devices),
+        return {"instance": self.index, "seed": self.seed, "rank": self.rank, "devices": list(self.device_ids),
                 "digest": self.digest, "passed": self.passed, "checks": check_record(self.report),
                 "timings_s": {k: round(v, 6) for k, v in self.timings.items()}}
 

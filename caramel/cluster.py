@@ -266,7 +266,7 @@ class WorkerJob:
         ex = self.executor
         if ex is None:
             return None
-        return {"timings": dict(ex.timings), "devices": [tuple(d) for d in ex.devices], "shared": tuple(ex.shared)}
+        return {"timings": dict(ex.timings), "devices": [tuple(d) for d in ex.device_ids], "shared": tuple(ex.shared)}
 
     def close(self) -> None:
         with self.lock:

@@ -234,7 +234,7 @@ class InstanceResult:
     every input was given), ``digest`` (SHA-256 of its output limbs), ``memory`` (its output limbs,
     ``Mem -> (N,) uint32``), ``report`` (the check's verdicts, or None), ``timings`` (seconds per phase:
     ``encrypt``, ``upload``, ``replay``, ``download``, ``run`` = the three, ``digest``, ``check``,
-    ``decrypt``), ``devices`` (the lane's CUDA devices; empty for the default). :attr:`outputs`
+    ``decrypt``), ``device_ids`` (the lane's CUDA devices; empty for the default). :attr:`outputs`
     decrypts the outputs."""
 
     index: int
@@ -243,7 +243,7 @@ class InstanceResult:
     memory: dict[Mem, np.ndarray]
     report: Any
     timings: dict[str, float]
-    devices: tuple[int, ...]
+    device_ids: tuple[int, ...]
     prepared: Any = field(repr=False, default=None)  # PreparedCheck: the spec, scales, secrets, messages
     objects: Mapping[str, Any] = field(repr=False, default_factory=dict)  # the instance's own inputs
     client: Any = field(repr=False, default=None)  # ClientScope: where its decryption runs
@@ -545,21 +545,21 @@ class Executor:
             if self.backend == "cpu-plan":
                 if len(g) <= 1:
                     lanes.append(HostRowLane(plan, self.ctx, mode, template, self._source, outs,
-                                             streams=opts.streams or 1, seed=opts.seed, devices=g,
+                                             streams=opts.streams or 1, seed=opts.seed, device_ids=g,
                                              progress=self._phase("run")))
                 else:
                     lanes.append(MemoryLane(ResidentHost(plan, self.ctx, mode, len(g), keep, streams=opts.streams or 1,
                                                          seed=opts.seed), template, outs, g))
                 continue
-            devices = self._gpu_devices(g)
-            if len(devices) == 1:
+            ids = self._gpu_devices(g)
+            if len(ids) == 1:
                 from caramel.execute.gpu_pipeline import GpuRowLane
 
-                lanes.append(GpuRowLane(plan, self.ctx, mode, template, self._source, outs, device_id=devices[0],
+                lanes.append(GpuRowLane(plan, self.ctx, mode, template, self._source, outs, device_id=ids[0],
                                         streams=opts.streams, depth=opts.depth, kernels=opts.kernels))
             else:
-                lanes.append(MemoryLane(ResidentGpus(plan, self.ctx, mode, devices, keep, opts.streams,
-                                                     kernels=opts.kernels), template, outs, devices))
+                lanes.append(MemoryLane(ResidentGpus(plan, self.ctx, mode, ids, keep, opts.streams,
+                                                     kernels=opts.kernels), template, outs, ids))
 
     # ------------------------------------------------------------------ the API
 
@@ -640,9 +640,9 @@ class Executor:
         self.shutdown(wait=True, cancel_futures=exc_type is not None)
 
     @property
-    def devices(self) -> list[tuple[int, ...]]:
+    def device_ids(self) -> list[tuple[int, ...]]:
         """The devices of each lane."""
-        return [lane.devices for lane in self.lanes]
+        return [lane.device_ids for lane in self.lanes]
 
     # ------------------------------------------------------------------ threads
 
@@ -736,10 +736,10 @@ class Executor:
         self._stage_done("prepare", self._ready, self._stages["drive"])
 
     def _drive_loop(self, lane) -> None:
-        if lane.devices and self.backend == "gpu":
+        if lane.device_ids and self.backend == "gpu":
             import cupy as cp
 
-            cp.cuda.runtime.setDevice(lane.devices[0])
+            cp.cuda.runtime.setDevice(lane.device_ids[0])
         while True:
             job = self._ready.get()
             if job is _STOP:
@@ -804,7 +804,7 @@ class Executor:
             with self.client_scope():
                 report = evaluate_check(prepared, memory, self.options.mode)
         t["check"] = time.perf_counter() - t0
-        result = InstanceResult(job.index, job.seed, digest, memory, report, t, job.lane.devices, prepared,
+        result = InstanceResult(job.index, job.seed, digest, memory, report, t, job.lane.device_ids, prepared,
                                 job.objects, self.client_scope)
         if self.decrypt:
             t0 = time.perf_counter()

@@ -128,7 +128,7 @@ class GpuRowLane:
         from caramel.execute.cuda_graph import GRAPH_STREAMS, GpuRun, MultiGpuRun
         from caramel.plan.kernel import Kind
 
-        self.device_id, self.devices, self.n = int(device_id), (int(device_id),), ctx.n
+        self.device_id, self.device_ids, self.n = int(device_id), (int(device_id),), ctx.n
         self.depth = depth or DEFAULT_DEPTH
         self.row_bytes = 4 * ctx.n
         extra = {} if kernels is None else {"kernels": kernels}

@@ -80,7 +80,7 @@ class LaneOutput:
 class Lane(Protocol):
     """A resident device (see the module docstring)."""
 
-    devices: tuple[int, ...]
+    device_ids: tuple[int, ...]
     depth: int
 
     def start(self, feed: Feed) -> object: ...
@@ -219,7 +219,7 @@ class HostRowLane:
 
     def __init__(self, plan, ctx: Context, mode: Mode, template: Mapping[Mem, object],
                  source: Callable[[Mem], tuple[Key, int] | None], outputs: Sequence[Mem], *, streams: int = 1,
-                 seed: int | None = None, devices: tuple[int, ...] = (),
+                 seed: int | None = None, device_ids: tuple[int, ...] = (),
                  progress: Callable[[int, int], None] | None = None):
         from caramel.backends.numpy_backend import NumpyBackend
         from caramel.execute.memory import check_plan_memory
@@ -234,7 +234,7 @@ class HostRowLane:
         self.base_scalars = self.run._scalar_values(template)
         self.schedule = self.run.schedule(streams) if streams > 1 else None
         self.seed = np.random.SeedSequence(seed).entropy
-        self.devices = tuple(devices)  # the simulated device of the slot, for the records
+        self.device_ids = tuple(device_ids)  # the simulated device of the slot, for the records
         self.count = 0
         self.progress = progress  # (calls done, calls) as an instance runs
         self._stage = np.empty((len(self.layout), ctx.n), dtype=np.uint32)
@@ -291,9 +291,9 @@ class MemoryLane:
     depth = 1
 
     def __init__(self, runner: Callable[[Mapping[Mem, object]], object], template: Mapping[Mem, object],
-                 outputs: Sequence[Mem], devices: tuple[int, ...] = (), context=None):
+                 outputs: Sequence[Mem], device_ids: tuple[int, ...] = (), context=None):
         self.runner, self.template, self.outputs = runner, template, tuple(outputs)
-        self.devices = devices
+        self.device_ids = device_ids
         self.context = context  # entered around every run (a CUDA device of a 1-device slot), or None
 
     def start(self, feed: Feed) -> LaneOutput:
@@ -326,7 +326,7 @@ class MemoryLane:
 
 class ResidentHost:
     """A slot of simulated devices (``cpu-plan``) that stays resident, the CPU twin of
-    :class:`ResidentGpus`: the plan's device programs on ``devices`` NumPy devices (host threads,
+    :class:`ResidentGpus`: the plan's device programs on ``gpus`` NumPy devices (host threads,
     a fresh :class:`~caramel.execute.fabric.threads.FakeNetwork` per instance, under the
     watchdog), with the inputs in rows that no kernel overwrites (the GPU's ``keep_inputs``
     placement). The first instance writes its whole image; every later one rewrites only the
@@ -335,13 +335,13 @@ class ResidentHost:
     ``streams`` > 1: each run executes a random order that that many streams allow (as
     :class:`~caramel.execute.drive.HostRun`). One instance at a time (one slot thread)."""
 
-    def __init__(self, plan, ctx: Context, mode: Mode, devices: int, keep: frozenset[Mem], *, streams: int = 1,
+    def __init__(self, plan, ctx: Context, mode: Mode, gpus: int, keep: frozenset[Mem], *, streams: int = 1,
                  timeout: float = 120.0, seed: int | None = None):
         from caramel.execute.placement import gpu_device_programs
 
         self.plan, self.ctx, self.mode, self.keep, self.timeout = plan, ctx, Mode(mode), keep, timeout
         # the GPUs' row layout when their memory is short (a row a buffer would take host memory several times over)
-        self.progs = gpu_device_programs(plan, max(1, devices), ctx, streams, reuse="fifo" if streams > 1 else None)
+        self.progs = gpu_device_programs(plan, max(1, gpus), ctx, streams, reuse="fifo" if streams > 1 else None)
         self.streams = streams
         self.seed = np.random.SeedSequence(seed).entropy
         self.runs: list = []
@@ -395,17 +395,17 @@ class ResidentHost:
 
 class ResidentGpus:
     """A K-chip slot resident on its CUDA devices: ONE :class:`~caramel.execute.cuda_graph.MultiGpuRun`
-    (``devices``: the slot's CUDA devices, several chips per GPU when fewer than K; empty: one
+    (``device_ids``: the slot's CUDA devices, several chips per GPU when fewer than K; empty: one
     per chip on devices 0, 1, ... up to those present). The first instance uploads its whole
     image (keys included), runs eagerly and captures one graph per GPU; every later instance
     rewrites only the input rows outside ``keep`` and the scalar tables of every GPU
     (:meth:`MultiGpuRun.rebind <caramel.execute.cuda_graph.MultiGpuRun.rebind>`) and replays the
     same graphs. :meth:`close` releases the graphs and communicators (after the batch)."""
 
-    def __init__(self, plan, ctx: Context, mode: Mode, devices: tuple[int, ...], keep: frozenset[Mem],
+    def __init__(self, plan, ctx: Context, mode: Mode, device_ids: tuple[int, ...], keep: frozenset[Mem],
                  streams: int | None = None, *, kernels=None):
         self.plan, self.ctx, self.mode, self.keep, self.streams = plan, ctx, Mode(mode), keep, streams
-        self.devices = devices
+        self.device_ids = device_ids
         self.extra = {} if kernels is None else {"kernels": kernels}  # the CUDA kernels' configuration
         self.run = None
 
@@ -413,7 +413,7 @@ class ResidentGpus:
         from caramel.execute.cuda_graph import MultiGpuRun
 
         if self.run is None:
-            devices = self.devices
+            devices = self.device_ids
             if not devices:
                 import cupy as cp
 

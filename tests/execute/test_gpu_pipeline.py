@@ -48,7 +48,7 @@ def test_gpu_lane_instances_equal_single_runs(name, client):
     program = find_program(name)
     with Executor(program, n=N, backend="gpu", seed=3, check=None, client=client, depth=2) as ex:
         results = list(ex.map([None] * 5))
-    assert [r.devices for r in results] == [(0,)] * 5
+    assert [r.device_ids for r in results] == [(0,)] * 5
     for i, r in enumerate(results):
         assert r.digest == single(program, 3 + i, 3), f"{name} instance {i}"
         assert r.timings["replay"] > 0 and r.timings["download"] >= 0
