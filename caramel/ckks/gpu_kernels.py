@@ -142,16 +142,19 @@ ARRAY_KERNELS = (
 
 def client_modules(ctx) -> list:
     """The CUDA modules of the client at ring ``ctx`` (:class:`~caramel.backends.cuda.kernel_set.Module`): the
-    transform and the twiddle kernels (for N = 2^12 .. 2^16, where the client transforms on caramel's kernels), the
-    PCG64 words and the Lemire replay."""
+    transform, the twiddle kernels and the plaintexts' residues (for N = 2^12 .. 2^16, where the client transforms on
+    caramel's kernels), the PCG64 words and the Lemire replay."""
+    from caramel.backends.cuda.compiler import NVRTC_OPTIONS
     from caramel.backends.cuda.kernel_set import KernelSet, Module
     from caramel.ckks import pcg, sampling
     from caramel.ckks.arith import CUDA_NTT_SIZES
+    from caramel.ckks.arith.gpu import RESIDUE_ROWS_SRC
 
     found = []
     if ctx.n.bit_length() - 1 in CUDA_NTT_SIZES:
         ring = KernelSet(ctx).ring().modules
         found += [m for key, m in ring.items() if key[0] in ("ntt", "twiddle")]
+        found.append(Module(("residue_rows",), ((RESIDUE_ROWS_SRC, ("residue_rows",), NVRTC_OPTIONS),)))
     found.append(Module(("pcg",), ((pcg.SOURCE, (pcg.KERNEL,), pcg.OPTIONS),)))
     found.append(Module(("lemire",), ((sampling.LEMIRE_SOURCE, sampling.LEMIRE_KERNELS, sampling.LEMIRE_OPTIONS),)))
     return found

@@ -248,8 +248,11 @@ class MultiGpuRun:
             s.begin_capture(mode)
             try:
                 launch_device(self.runs[d], self.launchers[d])
-            finally:
-                self.graphs[d] = s.end_capture()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the capture's own error says only that it was invalidated
+                    s.end_capture()
+                raise
+            self.graphs[d] = s.end_capture()
         self._each(lambda d: self._on(d, body), "capture")
 
     def replay(self, repeats: int = 1, *, graph: bool = True) -> list[list[float]]:

@@ -109,7 +109,8 @@ def test_modules(config: KernelConfig) -> dict:
                 put(f"epi/N={n}/lazy=1/{expr_key(e)}/b={b}", code, [elementwise.kernel_name(e)])
     modes = [f"base_convert_tiled_{m}" for m in basis.MODES]
     put("basis", basis.source(), modes + ["sud_lift"])
-    put("crt", crt.source(), [f"rsv_{m}" for m in range(1, 9)] + [f"mod_{m}" for m in range(1, 9)])
+    put("crt", crt.source(),
+        [f"rsv_{m}" for m in range(1, 9)] + [f"mod_{m}" for m in range(1, 9)] + ["gather_rows", "scatter_rows"])
     for kc in range(1, 9):
         for unroll, minb in ((1, 4), (1, 6), (2, 4)):
             put(f"tc/kc={kc}/unroll={unroll}/minb={minb}", basis.tc_source(kc, unroll, minb),

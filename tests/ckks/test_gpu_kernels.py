@@ -19,6 +19,7 @@ import pytest
 from caramel.backends.cuda import array_kernels
 from caramel.ckks import Secrets, gpu_kernels, pcg, sampling
 from caramel.ckks.arith import HOST, GpuArith
+from caramel.ckks.arith import gpu as gpu_arith
 from caramel.ckks.encrypt import decrypt, encrypt
 from caramel.ckks.keys import generate_evalkey
 from caramel.ckks.sampling import PcgState
@@ -262,8 +263,19 @@ def host_kernels(monkeypatch):
             np.asarray(status)[...] = flag
         return launch
 
+    def residue_kernel():
+        def launch(grid, block, args):  # RESIDUE_ROWS_SRC: row r of plaintext p = its coefficients mod q_r
+            c, meta, plaintexts, n, out = (np.asarray(a) for a in args)
+            c = c.reshape(int(plaintexts), int(n))
+            qs = meta[int(plaintexts) + 1:]
+            for p in range(int(plaintexts)):
+                for r in range(int(meta[p]), int(meta[p + 1])):
+                    out.reshape(-1, int(n))[r] = np.mod(c[p], qs[r])
+        return launch
+
     monkeypatch.setattr(pcg, "device_words", device_words)
     monkeypatch.setattr(sampling, "_lemire_kernel", lemire_kernel)
+    monkeypatch.setattr(gpu_arith, "_residue_kernel", residue_kernel)
 
 
 def client_calls() -> set:
@@ -331,13 +343,14 @@ def test_the_tracer_tells_layouts_apart():
 
 def test_client_jobs_name_every_kernel_without_a_gpu():
     """The client's jobs at N = 2^16: the transform and twiddle modules (the executor's sources), the PCG64 and Lemire
-    modules (the sources the client launches), every array kernel at N."""
+    modules (the sources the client launches), the plaintexts' residue rows, every array kernel at N."""
     from caramel.backends.cuda.config import KernelConfig
     from caramel.backends.cuda.ntt.transform import transform_source
 
     jobs = gpu_kernels.client_jobs(context(65536))
     modules = {j.key[0]: j for j in jobs if hasattr(j, "key")}
-    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire"}
+    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire", "residue_rows"}
+    assert modules["residue_rows"].candidates[0][:2] == (gpu_arith.RESIDUE_ROWS_SRC, ("residue_rows",))
     assert modules["ntt"].candidates[0][0] == transform_source(16, True, KernelConfig().ntt)
     assert modules["pcg"].candidates == ((pcg.SOURCE, ("pcg64_words",), pcg.OPTIONS),)
     assert modules["lemire"].candidates[0][1] == ("lemire_counts", "lemire_chain", "lemire_scatter")

@@ -96,6 +96,21 @@ def test_several_streams_per_gpu(name, streams):
         assert_same(want, run_multi_gpu(plan, context(4096), memory, "exact", g, graph=graph, streams=streams))
 
 
+@pytest.mark.parametrize("name", ["BootstrapModRaise_10L_4c", "MulRotate_10L_4c"])
+def test_a_capture_allocates_nothing(name):
+    """Every chip hosted on one GPU (captures of one device pool in threads, thread-local capture mode) with CuPy's
+    pool emptied after the eager run: any allocation inside the capture is a cudaMalloc, which the capture refuses
+    (rsv's accumulator copy once was one)."""
+    program, plan, memory, want = prepared(name, 4096)
+    with MultiGpuRun(plan, context(4096), memory, "exact", 1) as run:
+        run.eager()
+        cp.cuda.Device(0).synchronize()
+        cp.get_default_memory_pool().free_all_blocks()
+        run.capture()
+        run.replay(1)
+        assert_same(want, run.result())
+
+
 def test_process_mode_on_gpus():
     """`caramel launch --nproc 2`: two processes, one GPU each, NCCL ids through the rendezvous
     file; the reference's digest, a passing check and a clean exit."""

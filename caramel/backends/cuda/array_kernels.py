@@ -74,11 +74,6 @@ def _scatter_rows(cp, n: int) -> None:
     arena[index(cp, [0, 2])] = rows(cp, n)
 
 
-def _rsv_copy(cp, n: int) -> None:
-    arena = rows(cp, n, k=4)
-    arena[index(cp, [[0, 1], [2, 3]], np.int32)] = arena[index(cp, [[2, 3], [0, 1]], np.int32)]
-
-
 #: The array kernels of the executor's helpers on a CUDA device (:mod:`caramel.backends.cuda.backend`,
 #: :mod:`caramel.backends.cuda.transfer`).
 BACKEND_KERNELS = (
@@ -87,7 +82,6 @@ BACKEND_KERNELS = (
     ArrayKernel("transfer.row_maxima: max(axis=1, out=)",
                 lambda cp, n: cp.max(rows(cp, n), axis=1, out=cp.empty(ROWS, dtype=np.uint32))),
     ArrayKernel("transfer.upload_rows: arena[int64 rows] = rows", _scatter_rows),
-    ArrayKernel("CupyBackend.rsv: arena[outs] = arena[words] (int32)", _rsv_copy),
 )
 
 __all__ = ["ArrayKernel", "BACKEND_KERNELS", "ROWS", "SizedKernel", "index", "rows"]

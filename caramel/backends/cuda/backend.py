@@ -186,13 +186,15 @@ class CupyBackend(Backend):
         extra = self._rsv_extra.get(id(ins))
         if extra is None or extra[0] is not ins:
             cp = _cp()
-            words = np.ascontiguousarray(ins[:, :m], dtype=np.int32)
+            words = cp.asarray(np.ascontiguousarray(ins[:, :m], dtype=np.int32).ravel())
             rs = cp.asarray(np.ascontiguousarray(ins[:, m:], dtype=np.int32))
             pos = cp.asarray(np.array([[basis.index(int(p))] for p in primes], dtype=np.int32))
-            extra = self._rsv_extra[id(ins)] = (ins, cp.asarray(words), rs, pos)
-        _, words, rs, pos = extra
-        self.arena[self.d(outs)] = self.arena[words]
-        crt.rsv(self.arena, self.d(outs), rs, pos)
+            buf = cp.empty((words.size, self.ring.n), dtype=np.uint32)  # allocated before any capture
+            extra = self._rsv_extra[id(ins)] = (ins, words, rs, pos, buf)
+        _, words, rs, pos, buf = extra
+        acc = self.d(outs)
+        dcrt.move_rows(self.ring, self.arena, words, acc.ravel(), buf)
+        crt.rsv(self.arena, acc, rs, pos)
 
     def mod(self, ins, outs, primes) -> None:
         from caramel.backends.cuda import crt as dcrt

@@ -55,3 +55,20 @@ __device__ __forceinline__ void mod_body(u32* arena, const int* __restrict__ acc
         y = reduce64(((u64)y << 32) | arena[(u64)acc_slots[r * M + w] * n + i], q, mu);
     arena[(u64)out_slots[r] * n + i] = y;
 }
+
+// Rows moved through a buffer (source and destination rows may overlap): buf[r] = arena[src[r]], then, in a
+// second launch, arena[dst[r]] = buf[r]. rsv's accumulators go to their output rows this way, with no
+// allocation (a graph capture allows none).
+extern "C" __global__ void __launch_bounds__(256) gather_rows(const u32* __restrict__ arena,
+        const int* __restrict__ src, u32* __restrict__ buf, int n, int tiles) {
+    const int r = blockIdx.x / tiles;
+    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+    if (i < n) buf[(u64)r * n + i] = arena[(u64)src[r] * n + i];
+}
+
+extern "C" __global__ void __launch_bounds__(256) scatter_rows(u32* __restrict__ arena,
+        const int* __restrict__ dst, const u32* __restrict__ buf, int n, int tiles) {
+    const int r = blockIdx.x / tiles;
+    const int i = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+    if (i < n) arena[(u64)dst[r] * n + i] = buf[(u64)r * n + i];
+}

@@ -5,7 +5,8 @@ The accumulator of a basis B of m limbs is m arena rows (words, little-endian): 
 X[i] = sum_w arena[acc[w]][i] 2^(32 w). ``rsv`` adds c * (Q_B / q_l) with
 c = [rs (Q_B / q_l)^-1]_{q_l}, then subtracts Q_B once if the sum reaches it, so X stays in
 [0, Q_B) given that it starts there (``rsi`` zeroes it; unlike the CPU reference, the kernel does
-not reduce an accumulator that already holds X >= Q_B). ``mod`` computes X mod q by Horner's rule
+not reduce an accumulator that already holds X >= Q_B). :func:`move_rows` moves accumulators to other rows
+(the executor's rsv writes its result to rows other than its operand's). ``mod`` computes X mod q by Horner's rule
 over the words with a 64-bit Barrett reduction. m <= 8; kernels are specialised per m.
 """
 
@@ -103,6 +104,23 @@ class CrtBasis:
             (arena, acc_slots, src_slots, src_pos, cp.int32(k), self._consts, self._qb,
              cp.int32(ring.n), cp.int32(tiles)),
         )
+
+
+def move_rows(ring: CudaRing, arena, src, dst, buf) -> None:
+    """arena[dst[r]] = arena[src[r]] for every r at once (as if read before any is written), through ``buf``
+    (uint32 (R, N), allocated by the caller): two launches and no allocation, so that it can be captured.
+    ``src``, ``dst``: int32 device arrays of R rows."""
+    ring.check_arena(arena)
+    rows = index_array(src, name="src").shape[0]
+    index_array(dst, rows, name="dst")
+    if buf.shape != (rows, ring.n) or buf.dtype != np.uint32:
+        raise ValueError(f"buf must be uint32 of shape ({rows}, {ring.n})")
+    if rows == 0:
+        return
+    cp = cupy()
+    grid, block, tiles = _launch_shape(ring, rows)
+    function(source(), "gather_rows")(grid, block, (arena, src, buf, cp.int32(ring.n), cp.int32(tiles)))
+    function(source(), "scatter_rows")(grid, block, (arena, dst, buf, cp.int32(ring.n), cp.int32(tiles)))
 
 
 def mod(ring: CudaRing, arena, acc_slots, out_slots, prime_idx) -> None:

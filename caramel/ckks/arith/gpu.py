@@ -52,7 +52,14 @@ extern "C" __global__ void residue_rows(const long long* __restrict__ c, const l
 }
 """
 _RESIDUE_THREADS = 256
-_residue_kernels: dict[int, Any] = {}
+
+
+def _residue_kernel():
+    """``residue_rows`` on the current device, through the source-keyed compile cache (so that the client's
+    warm-up, :func:`caramel.ckks.gpu_kernels.client_modules`, compiles it ahead)."""
+    from caramel.backends.cuda.compiler import function
+
+    return function(RESIDUE_ROWS_SRC, "residue_rows")
 
 
 def _import_cupy():
@@ -141,9 +148,7 @@ class GpuArith(ClientArith):
         rows = np.zeros(len(groups) + 1, dtype=np.int64)
         rows[1:] = np.cumsum([len(g) for g in groups])
         meta = cp.asarray(np.concatenate([rows, np.array([ctx.q(l) for l in flat], dtype=np.int64)]))
-        kernel = _residue_kernels.get(int(cp.cuda.Device().id))
-        if kernel is None:
-            kernel = _residue_kernels[int(cp.cuda.Device().id)] = cp.RawKernel(RESIDUE_ROWS_SRC, "residue_rows")
+        kernel = _residue_kernel()
         grid = (-(-n // _RESIDUE_THREADS), len(groups))
         c = cp.asarray(np.ascontiguousarray(coeffs))
         kernel(grid, (_RESIDUE_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
