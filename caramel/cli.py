@@ -707,8 +707,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not gpu_available():
         print("kernels skipped: no CUDA GPU here (compiling them needs CuPy and a device)")
         return EXIT_OK
+    from caramel.backends.cuda.array_kernels import backend_jobs
     from caramel.backends.cuda.compiler import compile_sources
     from caramel.ckks.gpu_kernels import client_jobs
+    from caramel.execute.gpu_pipeline import lane_jobs
     from caramel.execute.precompile import precompile
 
     t0 = time.perf_counter()
@@ -716,10 +718,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     progs = device_programs(plan, args.gpus or program.chips, ctx.primes, keep_inputs=True)
     modules = precompile(progs, plan, ctx, [Mode(args.mode)], progress=False if args.quiet else None)
     wait_for_warm_up()
-    # Compiled by the warm-up already: found in the cache (an error the warm-up only logged is raised here).
-    client = compile_sources(client_jobs(ctx), progress=False)
+    # Mostly compiled by the warm-up already: found in the cache (an error the warm-up only logged is raised here).
+    client = compile_sources(client_jobs(ctx) + backend_jobs(ctx.n) + lane_jobs(), progress=False)
     print(f"{modules} kernel modules compiled for N = {args.n}, mode {args.mode}, {len(progs)} device(s), and the GPU "
-          f"client's {client} kernels, in {time.perf_counter() - t0:.1f} s")
+          f"client's and the executor's {client} other kernels, in {time.perf_counter() - t0:.1f} s")
     return EXIT_OK
 
 

@@ -124,17 +124,15 @@ def _is_object(value) -> bool:
 
 
 def _queue_lane_kernels(device: int) -> None:
-    """Queue on the compile pool, for CUDA device ``device``, the module a GPU lane compiles whatever its plan (its
-    ``copy_rows``, :mod:`caramel.execute.gpu_pipeline`; compiled here through the source-keyed cache, the lane then
-    finds its binary in CuPy's disk cache)."""
+    """Queue on the compile pool, for CUDA device ``device``, the modules a GPU lane compiles whatever its plan
+    (:func:`caramel.execute.gpu_pipeline.lane_jobs`)."""
     import cupy as cp
 
     from caramel.backends.cuda.compiler import schedule
-    from caramel.backends.cuda.kernel_set import Module
-    from caramel.execute.gpu_pipeline import COPY_ROWS_SRC
+    from caramel.execute.gpu_pipeline import lane_jobs
 
     with cp.cuda.Device(device):
-        schedule([Module(("copy_rows",), ((COPY_ROWS_SRC, ("copy_rows",), ()),))])
+        schedule(lane_jobs())
 
 
 class ClientScope:

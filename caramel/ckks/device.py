@@ -108,7 +108,7 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
 
             stamp("CuPy import (or the wait for the early one)")
             from caramel.backends.cuda import compiler
-            from caramel.backends.cuda.array_kernels import BACKEND_KERNELS
+            from caramel.backends.cuda.array_kernels import backend_jobs
             from caramel.backends.cuda.kernel_set import KernelSet
             from caramel.ckks.gpu_kernels import client_jobs
             from caramel.ring import Context, Mode
@@ -117,7 +117,7 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
             client = client_jobs(ctx)
             mine = {m.key for m in client if hasattr(m, "key")}
             executor = [m for key, m in KernelSet(ctx).ring([Mode(mode or Mode.EXACT)]).modules.items()
-                        if key not in mine] + [k.at(n) for k in BACKEND_KERNELS]
+                        if key not in mine] + backend_jobs(n)
             # Queued before the context exists: NVRTC needs none (a module's load waits for it).
             batch = compiler.schedule(client)
             compiler.schedule(executor)  # behind the client's: compiled while the program loads and plans

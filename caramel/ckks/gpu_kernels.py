@@ -135,7 +135,6 @@ ARRAY_KERNELS = (
     ArrayKernel("binomial_replay: where(alive, u - px, u)",
                 lambda cp, n: cp.where(cp.ones(_DRAWS * n, dtype=bool), cp.zeros(_DRAWS * n, dtype=_F64),
                                        cp.zeros(_DRAWS * n, dtype=_F64))),
-    ArrayKernel("binomial_replay: alive.any()", lambda cp, n: bool(cp.ones(_DRAWS * n, dtype=bool).any())),
     ArrayKernel("binomial_replay: x[:n] - x[n:]", _halves),
 )
 
@@ -143,7 +142,7 @@ ARRAY_KERNELS = (
 def client_modules(ctx) -> list:
     """The CUDA modules of the client at ring ``ctx`` (:class:`~caramel.backends.cuda.kernel_set.Module`): the
     transform, the twiddle kernels and the plaintexts' residues (for N = 2^12 .. 2^16, where the client transforms on
-    caramel's kernels), the PCG64 words and the Lemire replay."""
+    caramel's kernels), the PCG64 words, the Lemire replay and the binomial draw's test (:func:`sampling.any_true`)."""
     from caramel.backends.cuda.compiler import NVRTC_OPTIONS
     from caramel.backends.cuda.kernel_set import KernelSet, Module
     from caramel.ckks import pcg, sampling
@@ -157,6 +156,7 @@ def client_modules(ctx) -> list:
         found.append(Module(("residue_rows",), ((RESIDUE_ROWS_SRC, ("residue_rows",), NVRTC_OPTIONS),)))
     found.append(Module(("pcg",), ((pcg.SOURCE, (pcg.KERNEL,), pcg.OPTIONS),)))
     found.append(Module(("lemire",), ((sampling.LEMIRE_SOURCE, sampling.LEMIRE_KERNELS, sampling.LEMIRE_OPTIONS),)))
+    found.append(Module(("any",), ((sampling.ANY_SOURCE, (sampling.ANY_KERNEL,), NVRTC_OPTIONS),)))
     return found
 
 

@@ -274,6 +274,36 @@ def _lemire_kernel(name: str):
     return function(LEMIRE_SOURCE, name, LEMIRE_OPTIONS)
 
 
+#: Whether any value of a bool array is true, into a flag set beforehand to 0: a kernel of its own, since CuPy's
+#: reductions (``any``, ``max``) compile CUB's headers (seconds on a first run).
+ANY_SOURCE = r"""
+extern "C" __global__ void any_true(const bool* __restrict__ a, long long n, int* __restrict__ flag) {
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        if (a[i]) { *flag = 1; return; }
+}
+"""
+ANY_KERNEL = "any_true"
+_ANY_THREADS = 256
+
+
+def _any_kernel():
+    from caramel.backends.cuda.compiler import function
+
+    return function(ANY_SOURCE, ANY_KERNEL)
+
+
+def any_true(a, xp=np) -> bool:
+    """``bool(a.any())`` for a 1-D bool array ``a`` of ``xp``: NumPy's own on the host, :data:`ANY_SOURCE` on a
+    device (one small kernel and a 4-byte read)."""
+    if xp is np:
+        return bool(a.any())
+    flag = xp.zeros(1, dtype=np.int32)
+    blocks = max(1, min(1024, -(-int(a.size) // _ANY_THREADS)))
+    _any_kernel()((blocks,), (_ANY_THREADS,), (a, np.int64(a.size), flag))
+    return bool(int(flag.get()[0]))
+
+
 def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
     """(out, status): the draw of :func:`uniform_residues` (rows of moduli ``qs``, N each) from a
     generator in state ``st``, computed without the generator and, on the GPU (``xp`` CuPy), without
@@ -498,7 +528,7 @@ def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
     for step in range(1, bound + 2):
         alive &= xp.greater(u, px)
         if step > bound:
-            if bool(alive.any()):
+            if any_true(alive, xp):
                 rng.bit_generator.state = state
                 return None
             break

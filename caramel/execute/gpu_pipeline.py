@@ -55,6 +55,17 @@ extern "C" __global__ void copy_rows(const unsigned long long* __restrict__ src,
     if ((threadIdx.x & 31) == 0) atomicMax(maxima + blockIdx.y, m);
 }
 """
+
+
+def lane_jobs() -> list:
+    """The compile jobs of a lane whatever its plan: the module of ``copy_rows`` (for
+    :func:`caramel.backends.cuda.compiler.schedule`; the lane then finds it compiled)."""
+    from caramel.backends.cuda.compiler import NVRTC_OPTIONS
+    from caramel.backends.cuda.kernel_set import Module
+
+    return [Module(("copy_rows",), ((COPY_ROWS_SRC, ("copy_rows",), NVRTC_OPTIONS),))]
+
+
 #: Threads per block of ``copy_rows`` (whole warps: the reduction shuffles every lane).
 COPY_THREADS = 256
 #: Rows per launch of ``copy_rows`` (the grid's y dimension).
@@ -146,7 +157,9 @@ class GpuRowLane:
             self.arena, self.table = device.backend.arena, device.backend.scalars
             self.graph, self.compute = self.run.graphs[0], self.run.streams[0]
             self.up, self.down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
-            self.kernel = cp.RawKernel(COPY_ROWS_SRC, "copy_rows")
+            from caramel.backends.cuda.compiler import function
+
+            self.kernel = function(COPY_ROWS_SRC, "copy_rows")
             base = self.arena.data.ptr
             self.dst = cp.asarray(_addresses(base, self.layout.rows, self.row_bytes))
             self.out_src = cp.asarray(_addresses(base, self.layout.out_rows, self.row_bytes))
@@ -289,4 +302,4 @@ class GpuRowLane:
             self.run.close(failed)
 
 
-__all__ = ["COPY_ROWS_SRC", "DEFAULT_DEPTH", "GpuRowLane"]
+__all__ = ["COPY_ROWS_SRC", "DEFAULT_DEPTH", "GpuRowLane", "lane_jobs"]

@@ -65,9 +65,13 @@ def test_row_maxima_equal_the_host_maxima():
     from caramel.backends.cuda.transfer import row_maxima
 
     rng = np.random.default_rng(4)
-    host = rng.integers(0, 2**32, (40, 300), dtype=np.uint32)
-    rows = rng.permutation(40)[:25]
-    assert np.array_equal(row_maxima(cp.asarray(host), rows, block=7), host[rows].max(axis=1))
+    for n in (300, 65536):  # a row shorter than a block, and one that blocks stride over
+        host = rng.integers(0, 2**31, (40, n), dtype=np.uint32)
+        host[3, n - 1] = 2**32 - 1
+        host[5] = 0
+        rows = np.concatenate([[3, 5], rng.permutation(40)[:25]])
+        assert np.array_equal(row_maxima(cp.asarray(host), rows), host[rows].max(axis=1))
+    assert row_maxima(cp.asarray(host), []).shape == (0,)
 
 
 def test_upload_rows_with_several_fill_threads(small_stage, monkeypatch):

@@ -277,6 +277,14 @@ def host_kernels(monkeypatch):
     monkeypatch.setattr(sampling, "_lemire_kernel", lemire_kernel)
     monkeypatch.setattr(gpu_arith, "_residue_kernel", residue_kernel)
 
+    def any_kernel():
+        def launch(grid, block, args):
+            a, n, flag = args
+            np.asarray(flag)[0] = int(np.asarray(a)[: int(n)].any())
+        return launch
+
+    monkeypatch.setattr(sampling, "_any_kernel", any_kernel)
+
 
 def client_calls() -> set:
     """The array calls of the GPU client (on the tracing module): keys of every type, encryption and decryption of a
@@ -349,7 +357,7 @@ def test_client_jobs_name_every_kernel_without_a_gpu():
 
     jobs = gpu_kernels.client_jobs(context(65536))
     modules = {j.key[0]: j for j in jobs if hasattr(j, "key")}
-    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire", "residue_rows"}
+    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire", "residue_rows", "any"}
     assert modules["residue_rows"].candidates[0][:2] == (gpu_arith.RESIDUE_ROWS_SRC, ("residue_rows",))
     assert modules["ntt"].candidates[0][0] == transform_source(16, True, KernelConfig().ntt)
     assert modules["pcg"].candidates == ((pcg.SOURCE, ("pcg64_words",), pcg.OPTIONS),)
@@ -357,4 +365,4 @@ def test_client_jobs_name_every_kernel_without_a_gpu():
     sized = [j for j in jobs if not hasattr(j, "key")]
     assert len(sized) == len(gpu_kernels.ARRAY_KERNELS) and all(j.n == 65536 for j in sized)
     assert max(jobs, key=lambda j: j.weight) is modules["ntt"]  # started first
-    assert {j.key[0] for j in gpu_kernels.client_jobs(context(1 << 11)) if hasattr(j, "key")} == {"pcg", "lemire"}
+    assert {j.key[0] for j in gpu_kernels.client_jobs(context(1 << 11)) if hasattr(j, "key")} == {"pcg", "lemire", "any"}

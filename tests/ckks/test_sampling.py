@@ -361,3 +361,21 @@ def test_compiled_host_replay_declines(monkeypatch):
     monkeypatch.setattr(ntt_jit, "lemire_fill", lambda *a: -1)
     assert sampling.lemire_host([268369921], 16, rng) is None
     assert rng.bit_generator.state == before
+
+
+@pytest.mark.parametrize("where", [None, 0, 4095, 70_000])
+def test_any_true_on_host_and_gpu(where):
+    """sampling.any_true = ``a.any()``: all false, a true value first, last of a block, far out (a grid-strided
+    block); on the GPU when there is one."""
+    from caramel.ckks.sampling import any_true
+
+    a = np.zeros(100_000, dtype=bool)
+    if where is not None:
+        a[where] = True
+    assert any_true(a, np) is (where is not None)
+    cp = pytest.importorskip("cupy")
+    from caramel.api import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA device")
+    assert any_true(cp.asarray(a), cp) is (where is not None)

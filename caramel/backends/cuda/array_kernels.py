@@ -77,11 +77,22 @@ def _scatter_rows(cp, n: int) -> None:
 #: The array kernels of the executor's helpers on a CUDA device (:mod:`caramel.backends.cuda.backend`,
 #: :mod:`caramel.backends.cuda.transfer`).
 BACKEND_KERNELS = (
-    ArrayKernel("CupyBackend.read, transfer.row_maxima: arena[int64 rows]",
+    ArrayKernel("CupyBackend.read: arena[int64 rows]",
                 lambda cp, n: rows(cp, n, k=4)[index(cp, [0, 2])]),
-    ArrayKernel("transfer.row_maxima: max(axis=1, out=)",
-                lambda cp, n: cp.max(rows(cp, n), axis=1, out=cp.empty(ROWS, dtype=np.uint32))),
     ArrayKernel("transfer.upload_rows: arena[int64 rows] = rows", _scatter_rows),
 )
 
-__all__ = ["ArrayKernel", "BACKEND_KERNELS", "ROWS", "SizedKernel", "index", "rows"]
+
+
+def backend_jobs(n: int) -> list:
+    """The compile jobs of the executor's helpers at ring degree ``n``: :data:`BACKEND_KERNELS` and the raw kernel
+    of :func:`caramel.backends.cuda.transfer.row_maxima`."""
+    from caramel.backends.cuda.compiler import NVRTC_OPTIONS
+    from caramel.backends.cuda.kernel_set import Module
+    from caramel.backends.cuda.transfer import ROW_MAXIMA_SRC
+
+    return [k.at(n) for k in BACKEND_KERNELS] + [Module(("row_maxima",), ((ROW_MAXIMA_SRC, ("row_maxima",),
+                                                                            NVRTC_OPTIONS),))]
+
+
+__all__ = ["ArrayKernel", "BACKEND_KERNELS", "ROWS", "SizedKernel", "backend_jobs", "index", "rows"]

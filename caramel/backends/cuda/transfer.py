@@ -11,7 +11,7 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
   result as CuPy's fancy assignment from ``cupy.asarray(data)``), chunk by chunk through a device
   staging buffer; rows of the list already on the GPU (the GPU client's keys) are copied there (one
   gather kernel reading each row at its address, when all are contiguous rows of the arena's type);
-* :func:`row_maxima`: the largest value of each of some arena rows (a device reduction), for the
+* :func:`row_maxima`: the largest value of each of some arena rows (a kernel of its own), for the
   range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`);
 * :func:`pinned_scratch` and :func:`upload_pinned`: a thread's reused pinned buffer that a file is
   read into, and its bytes copied to a new device array at the pinned speed (the key store's
@@ -282,16 +282,42 @@ def _fill_pool():
     return _pool
 
 
-def row_maxima(arena, rows, *, block: int = 2048) -> np.ndarray:
-    """The largest value of each arena row of ``rows`` (k,), as a host array (k,): a device reduction
-    over at most ``block`` rows at a time (one gathered copy of that many rows on the device)."""
+#: The largest value of each of some rows of a uint32 arena, into ``out`` set to 0 beforehand: blocks stride over a
+#: row (grid x), one row per grid y; a kernel of its own, since CuPy's reductions compile CUB's headers (seconds).
+ROW_MAXIMA_SRC = r"""
+extern "C" __global__ void row_maxima(const unsigned* __restrict__ arena, const long long* __restrict__ rows,
+                                      long long n, unsigned* __restrict__ out) {
+    const unsigned* s = arena + rows[blockIdx.y] * n;
+    unsigned m = 0;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += step) m = max(m, s[j]);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out + blockIdx.y, m);
+}
+"""
+_MAXIMA_THREADS = 256  # whole warps: the reduction shuffles every lane
+_MAXIMA_ROWS = 65535  # rows per launch (the grid's y dimension)
+
+
+def row_maxima(arena, rows) -> np.ndarray:
+    """The largest value of each row ``rows`` (k,) of ``arena`` (a C-contiguous uint32 (R, N) device array), as a
+    host array (k,): :data:`ROW_MAXIMA_SRC`, at most 65535 rows a launch."""
+    from caramel.backends.cuda.compiler import function
+
     cp = _cp()
+    if arena.dtype != np.uint32 or arena.ndim != 2 or not arena.flags.c_contiguous:
+        raise ValueError(f"row_maxima needs a C-contiguous uint32 (rows, N) array, not {arena.dtype} {arena.shape}")
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    out = cp.empty(rows.shape[0], dtype=arena.dtype)
+    out = cp.zeros(rows.shape[0], dtype=np.uint32)
+    if not rows.size:
+        return out.get()
     rows_dev = cp.asarray(rows)
-    for r0 in range(0, rows.shape[0], block):
-        r1 = min(rows.shape[0], r0 + block)
-        cp.max(arena[rows_dev[r0:r1]], axis=1, out=out[r0:r1])
+    n = arena.shape[1]
+    kernel = function(ROW_MAXIMA_SRC, "row_maxima")
+    blocks = max(1, min(64, -(-n // (_MAXIMA_THREADS * 4))))
+    for r0 in range(0, rows.shape[0], _MAXIMA_ROWS):
+        r1 = min(rows.shape[0], r0 + _MAXIMA_ROWS)
+        kernel((blocks, r1 - r0), (_MAXIMA_THREADS,), (arena, rows_dev[r0:r1], np.int64(n), out[r0:r1]))
     return out.get()
 
 
