@@ -37,33 +37,19 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-#: This repository's root.
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, log, program_path
+
 #: The program of the figures of record.
 PROGRAM = "BootstrapLike_51L_1c"
 
 
-def log(*parts: object) -> None:
-    print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
-
-
 def find_program(name: str) -> str:
-    """A program path (a folder, ``ARCHIVE#MEMBER``) for ``name``: itself when it exists, else the folder or
-    family archive member of that name in ``.data/``, ``$CARAMEL_SHARED_PROGRAMS``, ``../shared/programs``,
-    ``/work/shared/programs``."""
-    if "#" in name or Path(name).exists():
-        return str(Path(name).resolve()) if "#" not in name else name
-    dirs = [ROOT / ".data", ROOT / ".data" / "corpus"]
-    if os.environ.get("CARAMEL_SHARED_PROGRAMS"):
-        dirs.append(Path(os.environ["CARAMEL_SHARED_PROGRAMS"]))
-    dirs += [ROOT.parent / "shared" / "programs", Path("/work/shared/programs")]
-    for d in dirs:
-        if (d / name).is_dir():
-            return str((d / name).resolve())
-        archive = d / f"{name.rsplit('_', 1)[0]}.tar.xz"
-        if archive.is_file():
-            return f"{archive.resolve()}#{name}"
-    raise SystemExit(f"bench.throughput: program {name} not found (give its path)")
+    """:func:`bench.harness.program_path` of ``name`` as an absolute path (the commands run in other trees)."""
+    path = program_path(name)
+    if "#" in path:
+        archive, member = path.split("#", 1)
+        return f"{Path(archive).resolve()}#{member}"
+    return str(Path(path).resolve())
 
 
 def family_of(program: str) -> str | None:

@@ -335,7 +335,7 @@ def _run_results(args: argparse.Namespace, outcome, load_s: float, gpus: int) ->
 
     timings = {"load": load_s, **outcome.timings}
     if args.save_outputs or args.save_limbs:
-        from caramel.userdata import decrypted_outputs, save_outputs
+        from caramel.userdata import decrypted_outputs
 
         t0 = time.perf_counter()
         arrays = decrypted_outputs(outcome.prepared, outcome.result.memory, limbs=args.save_limbs)
@@ -372,7 +372,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     others failed (exit 2) or the batch was interrupted (exit 130)."""
     from caramel.batch import instance_line, run_batch, run_batch_distributed
     from caramel.results import PHASES, document, timings_line
-    from caramel.userdata import save_outputs, stack_outputs
+    from caramel.userdata import stack_outputs
 
     keep = bool(args.save_outputs or args.save_limbs)
     options = _run_options(args, check)

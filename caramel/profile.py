@@ -177,8 +177,9 @@ def critical_path_ms(kernels: Sequence[KernelRecord], plan) -> float:
     """The longest chain of dependent kernels of one chip at their measured times: finish(k) = dur(k) + max of
     finish(j) over the kernels j that k reads from (``ChipPlan.deps``; 0 without), the largest over kernels and
     chips (communication between chips is not followed). However well several streams overlap the kernels, a run
-    takes at least this long; the kernels' sum less this is the most that overlap could save (BootstrapLike_51L_1c
-    on one H200, 2026-11-27: 9.5 of 16.4 ms, so its four-stream replay is bound by throughput, not by the chain)."""
+    takes at least this long; the kernels' sum less this is the most that overlap could save (when it is well
+    below the sum, as on the bootstrapping programs, a multi-stream replay is bound by throughput, not by the
+    chain)."""
     dur = {(r.chip, r.index): r.dur_ms for r in kernels}
     longest = 0.0
     for chip in plan.chips:

@@ -181,16 +181,17 @@ FIRST_SAMPLES = (
     CollectiveSample(2, 1, 51, 51 * _LIMB, 51 * 1.55, "ANCHORS.md: graph, one group of 51, 2 GPUs"),
     CollectiveSample(8, 1, 1, _LIMB, 14.5, "ANCHORS.md: graph, one call each, 8 GPUs"),
     CollectiveSample(8, 1, 51, 51 * _LIMB, 51 * 4.2, "ANCHORS.md: graph, one group of 51, 8 GPUs"),
-    # docs/PERFORMANCE.md, session 3, "Synchronisation against bandwidth": BootstrapLike_51L_2c / _4c, one
+    # The performance log at 9d91a43 (git show 9d91a43:docs/PERFORMANCE.md), "Synchronisation against
+    # bandwidth": BootstrapLike_51L_2c / _4c, one
     # stream a GPU, every collective cut to one uint32 against the full payload: 24.94 - 22.66 ms on 2 GPUs,
     # 19.48 - 16.16 ms on 4; each device takes part in all 2439 one-limb collectives.
-    CollectiveSample(2, 0, 0, 2439 * _LIMB, 2280.0, "PERFORMANCE.md session 3: payload vs one word, 2 GPUs"),
-    CollectiveSample(4, 0, 0, 2439 * _LIMB, 3320.0, "PERFORMANCE.md session 3: payload vs one word, 4 GPUs"),
+    CollectiveSample(2, 0, 0, 2439 * _LIMB, 2280.0, "log at 9d91a43: payload vs one word, 2 GPUs"),
+    CollectiveSample(4, 0, 0, 2439 * _LIMB, 3320.0, "log at 9d91a43: payload vs one word, 4 GPUs"),
 )
 
 #: The collective costs fitted to :data:`FIRST_SAMPLES` (re-fit on every machine of several GPUs:
 #: ``bench/timeline.py``).
-FIRST_FIT = fit(FIRST_SAMPLES, "H200 NV18, NCCL 2.28 in CUDA graphs (ANCHORS.md, PERFORMANCE.md session 3)")
+FIRST_FIT = fit(FIRST_SAMPLES, "H200 NV18, NCCL 2.28 in CUDA graphs (ANCHORS.md, the performance log at 9d91a43)")
 
 
 # ---------------------------------------------------------------------------------------------- inputs

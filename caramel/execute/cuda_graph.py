@@ -62,8 +62,8 @@ if TYPE_CHECKING:
 #: CUDA streams of a 1-chip graph by default (its kernel DAG spread over all of them).
 GRAPH_STREAMS = 4
 #: CUDA streams per GPU of a multi-GPU run by default: the kernels on two, the communication on the
-#: third (BootstrapLike_51L_2c / _4c on 2 / 4 H200s: 13.28-13.31 / 12.02 ms against 13.48-13.49 / 12.16 on
-#: two streams; docs/PERFORMANCE.md, session 18).
+#: third, so that kernels run while a collective waits for its peers (the choice and its figures:
+#: docs/PERFORMANCE.md).
 DEFAULT_STREAMS = 3
 
 

@@ -374,7 +374,7 @@ def gpu_device_programs(plan: Plan, gpus: int, ctx, streams: int, *, reuse: str 
     no kernel overwrites, so replays need no restore. ``reuse`` (:func:`~caramel.plan.assign_rows`; None: by
     the streams): with one stream rows are reused last-in first-out (the fewest rows); with several, every
     buffer has a row of its own (``"none"``: the streams wait only for the data dependencies, no kernel for
-    another to finish reading a row it would overwrite; docs/PERFORMANCE.md, session 18) when the largest
+    another to finish reading a row it would overwrite) when the largest
     device's arena then takes at most :data:`ARENA_SHARE` of ``free_bytes`` (the device memory free; None:
     unknown, no limit), else rows are reused first-in first-out (the same rows as one stream, fewer hazards
     between streams)."""

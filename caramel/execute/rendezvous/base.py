@@ -247,7 +247,6 @@ def decode(data: bytes, where: str = "message") -> Any:
         raise bad("header is not JSON") from None
     body = memoryview(data)[start + size:]
     offset = [0]
-    arrays: dict[int, Any] = {}
 
     def walk(v, depth=0):
         if depth > 64:
