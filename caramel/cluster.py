@@ -176,8 +176,16 @@ def local_cluster(workers: int, backend: str, *, threads: int | None = None,
                                              "dashboard": False, "name": f"caramel-{i}",
                                              "silence_logs": logging.ERROR if quiet else logging.WARNING}}
     scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None, "host": "127.0.0.1"}}
-    return distributed.SpecCluster(workers=specs, scheduler=scheduler, name="caramel",
-                                   silence_logs=logging.ERROR if quiet else logging.WARNING)
+    # Dask's nannies set MALLOC_TRIM_THRESHOLD_ in their workers, which turns glibc's adaptive mmap threshold
+    # off: every array of 128 KiB or more is then a fresh mmap, zeroed page by page, and the client's encoding
+    # (many N-sized temporaries an instance) runs far slower than in one process. The workers keep glibc's default.
+    import dask
+
+    environ = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ", {}).items()
+               if k != "MALLOC_TRIM_THRESHOLD_"}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        return distributed.SpecCluster(workers=specs, scheduler=scheduler, name="caramel",
+                                       silence_logs=logging.ERROR if quiet else logging.WARNING)
 
 
 # ------------------------------------------------------------------------------------ the job

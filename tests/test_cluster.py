@@ -231,6 +231,15 @@ def test_a_lost_rank_fails_the_run_naming_it_and_frees_the_other(client, tmp_pat
 
 
 @pytest.mark.skipif(gpu_available(), reason="the workers here have a GPU")
+def test_local_workers_keep_glibcs_memory_defaults(client):
+    """Dask's nanny would set MALLOC_TRIM_THRESHOLD_ in each worker (glibc's adaptive mmap threshold off: the
+    client's large temporaries each a fresh mmap); a local cluster's workers run without it, as one process does."""
+    import os
+
+    seen = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+    assert len(seen) == 3 and set(seen.values()) == {None}
+
+
 def test_a_worker_without_a_gpu_is_refused_for_the_gpu_backend(client):
     with pytest.raises(ClusterError, match=r"backend 'gpu' needs a GPU on every worker; 3 have none"):
         ClusterExecutor(load_program(MUL1), cluster=client, n=N, backend="gpu")
