@@ -834,14 +834,22 @@ def _gpu_list(text: str) -> list[int]:
     return values
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _integer(least: int, below: int, expected: str):
+    """An argparse type: an integer in [least, below), else "expected {expected}" naming the text."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if not least <= value < below:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
+
+
+_positive = _integer(1, 2**63, "a positive integer")
+_count = _integer(0, 2**63, "an integer >= 0")
+_seed = _integer(0, 2**63, "a seed from 0 to 2^63 - 1")
 
 
 def _seconds(text: str) -> float:
@@ -881,26 +889,6 @@ def _key_ring_dimension(text: str) -> int:
     from caramel.ckks.keys import EPHEMERAL_DEFAULT
 
     return _ring_dimension(text, max(EPHEMERAL_DEFAULT.hamming_weight, 16))
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2^63 - 1, got {text!r}")
-    return value
 
 
 def _add_verbosity(p: argparse.ArgumentParser, default) -> None:

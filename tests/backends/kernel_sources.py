@@ -60,8 +60,10 @@ def entries(module, config: KernelConfig) -> dict:
     return {family: (code, names)}  # twiddle, gather, automorphism, crt, the tiled basis module
 
 
-def inner_products(f: int, p: int, o: int) -> Expr:
-    """The epilogue test programs (tests/backends/test_cuda_epilogue.py: inner_products)."""
+def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> Expr:
+    """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
+    (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1) (each read):
+    the shape of a key-switching inner product. ``gathered``: plain operands read through an automorphism."""
     transformed = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
     plain = [k for k in range(f + p) if k not in transformed]
     ops, values, outputs = [], f + p, []
@@ -78,7 +80,7 @@ def inner_products(f: int, p: int, o: int) -> Expr:
             ops.append(ExprOp("add", (acc, plain[k])))
             acc, values = values, values + 1
         outputs.append(acc)
-    return Expr(f + p, 0, tuple(ops), tuple(outputs), (), transformed)
+    return Expr(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), transformed=transformed)
 
 
 def test_modules(config: KernelConfig) -> dict:

@@ -21,6 +21,7 @@ from caramel.backends.cuda import ntt as dntt  # noqa: E402
 from caramel.backends.cuda.config import EpilogueConfig, KernelConfig  # noqa: E402
 from caramel.expr import Expr, ExprOp  # noqa: E402
 from tests.backends.cuda_support import POISON, i32, pair, rng  # noqa: E402,F401 (pair, rng: fixtures)
+from tests.backends.kernel_sources import inner_products  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -33,30 +34,6 @@ SETTINGS = {"default": [], "two-blocks": ["epilogue.min_blocks=2"], "three-block
 @pytest.fixture(params=list(SETTINGS))
 def kernels(request) -> KernelConfig:
     return KernelConfig().with_settings(SETTINGS[request.param])
-
-
-def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> Expr:
-    """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
-    (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1) (each read):
-    the shape of a key-switching inner product. ``gathered``: plain operands read through an automorphism."""
-    transformed = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
-    plain = [k for k in range(f + p) if k not in transformed]
-    ops, values = [], f + p
-    outputs = []
-    for j in range(o):
-        acc = None
-        for m, t in enumerate(transformed):
-            ops.append(ExprOp("mul", (t, plain[(m * o + j) % p])))
-            prod, values = values, values + 1
-            if acc is not None:
-                ops.append(ExprOp("add", (acc, prod)))
-                prod, values = values, values + 1
-            acc = prod
-        for k in range(j % p, p, o):
-            ops.append(ExprOp("add", (acc, plain[k])))
-            acc, values = values, values + 1
-        outputs.append(acc)
-    return Expr(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), transformed=transformed)
 
 
 def evaluate(program: Expr, operands: list[np.ndarray], q: int) -> list[np.ndarray]:
