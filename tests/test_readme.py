@@ -35,14 +35,20 @@ def test_it_says_where_to_install_from_and_where_the_corpus_comes_from():
     assert "outcome.outputs" in README
 
 
-def test_the_python_example_runs_and_gives_what_it_says(monkeypatch):
+def test_the_python_examples_run_and_give_what_they_say(monkeypatch):
+    """The README's Python blocks, one after the other in one scope: run_program with user data, then an
+    Executor over user data (its last result decrypts to x * 0.5, as the comment says)."""
     monkeypatch.chdir(REPO)
-    (code,) = _blocks("python")
+    single, executor = _blocks("python")
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
+    exec(compile(single, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
     x, z = scope["x"], scope["z"]
     assert z.shape == x.shape and np.allclose(z, x * 0.5, atol=1e-3)
     assert scope["outcome"].outputs.keys() == {"z"}
+    exec(compile(executor, "README.md", "exec"), scope)  # noqa: S102
+    last, jobs = scope["result"], scope["jobs"]
+    assert len(jobs) == 8 and last.index == 7
+    assert np.allclose(last.outputs["z"], jobs[7]["x"] * 0.5, atol=1e-3)
 
 
 def _commands() -> list[list[str]]:
