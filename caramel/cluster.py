@@ -526,6 +526,8 @@ class ClusterExecutor:
         self.where: dict[int, str] = {}  # instance index -> the address of the worker that ran it
         self._numbers: dict[str, int] = {}  # worker address -> its number in the records (``rank``)
         self._tasks = itertools.count()
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}  # worker address -> instances submitted there, not yet done
         try:
             self.infos = self.workers()
             if self.backend == "auto":  # the GPU when every worker has one, as `caramel run` on one machine
@@ -582,9 +584,30 @@ class ClusterExecutor:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise ClusterError(f"an instance's inputs are a mapping of input name to value, not "
                                f"{type(inputs).__name__}")
-        # a key of its own (Dask would answer a key it holds with its first result, whatever the inputs)
-        return self.client.submit(run_instance, self._shipped(), index, None if inputs is None else dict(inputs),
-                                  key=f"caramel-{self.job.token}-{next(self._tasks)}-instance-{index}")
+        # A key of its own (Dask would answer a key it holds with its first result, whatever the inputs). Placed on
+        # the worker with the fewest of this executor's instances pending (Dask alone may put a burst of short
+        # tasks on one worker); a preference only: Dask still moves it to another worker when that one dies or
+        # lags (work stealing).
+        shipped, worker = self._shipped(), self._least_loaded()
+        future = self.client.submit(run_instance, shipped, index, None if inputs is None else dict(inputs),
+                                    key=f"caramel-{self.job.token}-{next(self._tasks)}-instance-{index}",
+                                    workers=None if worker is None else [worker], allow_other_workers=True)
+        if worker is not None:
+            future.add_done_callback(lambda _, w=worker: self._settled(w))
+        return future
+
+    def _least_loaded(self) -> str | None:
+        """The worker (of those the executor started with) with the fewest pending instances; None without one."""
+        with self._lock:
+            if not self.infos:
+                return None
+            worker = min((w.address for w in self.infos), key=lambda a: self._pending.get(a, 0))
+            self._pending[worker] = self._pending.get(worker, 0) + 1
+            return worker
+
+    def _settled(self, worker: str) -> None:
+        with self._lock:
+            self._pending[worker] -= 1
 
     def warm_up(self, *, timeout: float | None = None) -> dict[str, dict[str, float]]:
         """Make the job's executor on every worker now (keys, shared inputs, plan and graphs: what the
