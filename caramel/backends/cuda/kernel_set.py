@@ -29,8 +29,8 @@ from caramel.backends.cuda.transfer import GATHER_SRC
 #: Multiprocessors of the device assumed without one (an H200's): the tensor-core conversion's build depends on it.
 MULTIPROCESSORS = 132
 #: Relative compile times of the module families (1 for the others), the order in which a batch starts them
-#: (:func:`caramel.backends.cuda.compiler.schedule`): the transform module is by far the longest (nvcc -cubin for
-#: sm_90 spends about 3 s on it against 0.1-0.6 s on any other family's module beyond its fixed start-up).
+#: (:func:`caramel.backends.cuda.compiler.schedule`): the transform module is by far the longest to compile, several
+#: times any other family's module.
 COMPILE_WEIGHTS = MappingProxyType({"ntt": 8.0, "basis": 3.0, "automorphism": 2.0, "crt": 1.5})
 
 
