@@ -174,7 +174,9 @@ def local_cluster(workers: int, backend: str, *, threads: int | None = None,
         specs[f"caramel-{i}"] = {"cls": distributed.Nanny,
                                  "options": {"nthreads": threads, "env": env, "memory_limit": 0, "host": "127.0.0.1",
                                              "dashboard": False, "name": f"caramel-{i}",
-                                             "silence_logs": logging.ERROR if quiet else logging.WARNING}}
+                                             # a worker's shutdown can log a heartbeat's traceback at ERROR
+                                             # (its scheduler closing first): errors reach the client anyway
+                                             "silence_logs": logging.CRITICAL if quiet else logging.WARNING}}
     scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None, "host": "127.0.0.1"}}
     # Dask's nannies set MALLOC_TRIM_THRESHOLD_ in their workers, which turns glibc's adaptive mmap threshold
     # off: every array of 128 KiB or more is then a fresh mmap, zeroed page by page, and the client's encoding
