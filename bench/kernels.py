@@ -194,9 +194,11 @@ def prologue(ctx, rng, kind: str, rows: int, sets: int, mode) -> Built:
     return Built(data, args, lambda b, a: b.ntt_prologue(*a), outs, rows, rows * (width + 1))
 
 
-def inner_product(f: int, p: int, o: int, transformed: bool):
+def inner_product(f: int, p: int, o: int, transformed: bool, gathered: tuple[int, ...] = ()):
     """out_j = sum_m t_m y_((m o + j) mod p) + the y_k with k = j mod o: a key-switching inner product over F
-    operands t (``transformed``: written by a half NTT, the row pass in this kernel's load) and P plain ones y."""
+    operands t (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y; ``transformed``: written by a
+    half NTT, the row pass in this kernel's load) and P plain ones y (``gathered``: those read through an
+    automorphism). Returns (the Expr, the operands t)."""
     from caramel.plan.kernel import Expr, ExprOp
 
     ts = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
@@ -215,7 +217,7 @@ def inner_product(f: int, p: int, o: int, transformed: bool):
             ops.append(ExprOp("add", (acc, plain[k])))
             acc, values = values, values + 1
         outputs.append(acc)
-    return Expr(f + p, 0, tuple(ops), tuple(outputs), (), ts if transformed else ()), ts
+    return Expr(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), ts if transformed else ()), ts
 
 
 def epilogue(ctx, rng, f: int, p: int, o: int, rows: int, sets: int, fused: bool) -> Built:

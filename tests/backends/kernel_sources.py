@@ -24,7 +24,8 @@ from caramel.backends.cuda.ntt.transform import kernel_names, transform_source
 from caramel.backends.cuda.target import CUDA_TARGET
 from caramel.execute.placement import device_programs
 from caramel.execute.precompile import needed_modules
-from caramel.expr import Expr, ExprOp
+from bench.kernels import inner_product
+from caramel.expr import Expr
 from caramel.ring import Context, Mode
 
 SIZES = (4096, 8192, 65536)
@@ -61,26 +62,8 @@ def entries(module, config: KernelConfig) -> dict:
 
 
 def inner_products(f: int, p: int, o: int, gathered: tuple[int, ...] = ()) -> Expr:
-    """out_j = sum_m t_m y_((m o + j) mod p) + sum of y_k for k = j mod o, over transformed t_0 .. t_(f-1)
-    (operands 0, 2, .., 2f - 2 when p >= f, interleaved with the plain y) and plain y_0 .. y_(p-1) (each read):
-    the shape of a key-switching inner product. ``gathered``: plain operands read through an automorphism."""
-    transformed = tuple(range(0, 2 * f, 2)) if p >= f else tuple(range(f))
-    plain = [k for k in range(f + p) if k not in transformed]
-    ops, values, outputs = [], f + p, []
-    for j in range(o):
-        acc = None
-        for m, t in enumerate(transformed):
-            ops.append(ExprOp("mul", (t, plain[(m * o + j) % p])))
-            prod, values = values, values + 1
-            if acc is not None:
-                ops.append(ExprOp("add", (acc, prod)))
-                prod, values = values, values + 1
-            acc = prod
-        for k in range(j % p, p, o):
-            ops.append(ExprOp("add", (acc, plain[k])))
-            acc, values = values, values + 1
-        outputs.append(acc)
-    return Expr(f + p, 0, tuple(ops), tuple(outputs), tuple(gathered), transformed=transformed)
+    """The epilogue test programs: :func:`bench.kernels.inner_product` with its F operands transformed."""
+    return inner_product(f, p, o, True, gathered)[0]
 
 
 def test_modules(config: KernelConfig) -> dict:
