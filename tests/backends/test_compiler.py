@@ -8,20 +8,10 @@ import threading
 import pytest
 
 from caramel.backends.cuda import compiler
-from caramel.backends.cuda.kernel_set import COMPILE_WEIGHTS, KernelSet, Module
+from caramel.backends.cuda.kernel_set import COMPILE_WEIGHTS, KernelSet
 from caramel.ring import Context, Mode
 
-from tests.backends.test_config import FakeCupy
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    cp = FakeCupy(fail="broken")
-    monkeypatch.setattr(compiler, "_cupy", lambda: cp)
-    monkeypatch.setattr(compiler, "_modules", {})
-    monkeypatch.setattr(compiler, "_functions", {})
-    monkeypatch.setattr(compiler, "_pools", {})
-    return cp
+from tests.backends.test_config import fake  # noqa: F401 (the fixture, shared)
 
 
 class Job:

@@ -104,6 +104,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(compiler, "_cupy", lambda: cp)
     monkeypatch.setattr(compiler, "_modules", {})
     monkeypatch.setattr(compiler, "_functions", {})
+    monkeypatch.setattr(compiler, "_pools", {})
     return cp
 
 
