@@ -44,8 +44,10 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from itertools import repeat
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,29 @@ def remember(program: Program, key: str) -> Program:
     while len(_KNOWN) > KNOWN_PROGRAMS:
         _KNOWN.pop(next(iter(_KNOWN)))
     return program
+
+
+_deferred: dict[int, tuple[Program, Callable[[], None]]] = {}
+_deferred_lock = threading.Lock()
+
+
+def defer_entry(program: Program, write: Callable[[], None]) -> None:
+    """Hold ``write`` (the load-cache entry of ``program``) until :func:`write_deferred`: a first run writes it while
+    its kernels compile, not before its plan."""
+    with _deferred_lock:
+        _deferred[id(program)] = (program, write)
+
+
+def write_deferred(program: Program) -> None:
+    """Write the entry that :func:`defer_entry` holds for ``program``, once: a second caller returns when the first
+    one's write is done (a command's last call waits for a thread's)."""
+    with _deferred_lock:
+        got = _deferred.get(id(program))
+        if got is not None and got[0] is program:
+            try:
+                got[1]()
+            finally:
+                del _deferred[id(program)]
 
 
 def program_key(program: Program) -> str | None:

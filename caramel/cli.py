@@ -215,10 +215,11 @@ def _add_keys(p: argparse.ArgumentParser) -> None:
 DOT_MAX_NODES = 2000
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, defer_write: bool = False):
     from caramel.parse import load_program
 
-    return load_program(args.program, cache=not args.no_cache, progress=False if args.quiet else None)
+    return load_program(args.program, cache=not args.no_cache, progress=False if args.quiet else None,
+                        defer_write=defer_write)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -256,9 +257,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``caramel run PROGRAM``: the whole chain on one backend; exit 1 when a check fails."""
-    from caramel.api import run_program
-    from caramel.validate import validate
-
     if args.save_limbs and not args.save_outputs:
         raise CaramelError("--save-limbs goes with --save-outputs FILE.npz")
     if args.backend == "gpu" and not args.distributed and not args.cluster:  # (a cluster's workers compute)
@@ -267,7 +265,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         warm_up(args.n, args.mode)  # CUDA context, the client's kernels and the ring's, while loading and planning
     load_s = time.perf_counter()
     _store_key_seed(args)  # a --key-seed that the key store contradicts is refused before any work
-    program = _load(args)
+    program = _load(args, defer_write=True)  # a first parse's cache entry waits for the plan (the executor's)
+    try:
+        return _run_loaded(args, program, load_s)
+    finally:
+        from caramel.cache import write_deferred
+
+        write_deferred(program)
+
+
+def _run_loaded(args: argparse.Namespace, program, load_s: float) -> int:
+    """``caramel run`` of a loaded ``program`` (:func:`cmd_run`)."""
+    from caramel.api import run_program
+    from caramel.validate import validate
     from caramel.cache import validate_once
 
     validate_once(program, validate)  # a program that passed once is not validated again
@@ -376,7 +386,8 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
 
     keep = bool(args.save_outputs or args.save_limbs)
     options = _run_options(args, check)
-    keys, _ = (None, None) if args.distributed else _stored_keys(args, program)
+    # A cluster's workers get the keys from the host; one process reads them on while its setup goes on.
+    keys, _ = (None, None) if args.distributed else _stored_keys(args, program, background=not args.cluster)
     if args.distributed:
         from caramel.api import resolve_backend
         from caramel.execute.rendezvous import open_rendezvous
@@ -394,7 +405,6 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     elif args.cluster:
         from caramel.cluster import ClusterExecutor
 
-        keys, _ = _stored_keys(args, program)
         with ClusterExecutor(program, options, cluster=args.cluster, keys=keys, batch=args.batch, inputs=args.inputs,
                              outputs=keep, limbs=args.save_limbs) as pool:
             result = pool.run_batch(args.batch)

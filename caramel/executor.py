@@ -479,6 +479,7 @@ class Executor:
         the future's."""
         if self.backend == "cpu":
             return None
+        from caramel.cache import write_deferred
         from caramel.plan_cache import cached_plan
 
         if self.backend == "gpu":
@@ -489,24 +490,28 @@ class Executor:
         device = lane_gpus[0][0] if lane_gpus and lane_gpus[0] else None
         done: Future = Future()
 
+        def queue(plan) -> None:
+            logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
+                         time.perf_counter() - t0)
+            if device is not None:
+                import cupy as cp
+
+                from caramel.execute.precompile import schedule_plan
+
+                with cp.cuda.Device(device):
+                    schedule_plan(plan, ctx, [opts.mode], opts.kernels)
+
         def build() -> None:
             try:
-                t0 = time.perf_counter()
                 if device is not None:
                     _queue_lane_kernels(device)
-                plan = cached_plan(program, target=target)
-                logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
-                             time.perf_counter() - t0)
-                if device is not None:
-                    import cupy as cp
-
-                    from caramel.execute.precompile import schedule_plan
-
-                    with cp.cuda.Device(device):
-                        schedule_plan(plan, ctx, [opts.mode], opts.kernels)
-                done.set_result(plan)
+                done.set_result(cached_plan(program, target=target, built=queue))  # its entry written after queue
             except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
                 done.set_exception(exc)
+                return
+            write_deferred(program)  # a first run's load-cache entry, while the plan's kernels compile
+
+        t0 = time.perf_counter()
 
         threading.Thread(target=build, name="caramel-plan", daemon=True).start()
         return done
@@ -702,7 +707,7 @@ class Executor:
         given_values = job.inputs.messages if isinstance(job.inputs, InstanceInputs) else None
         object_values = _ObjectValues({n: o for n, o in objects.items() if n not in drawn}, self.plan_inputs,
                                       self.keys.secrets)
-        job.values = ChainMap(dict(values), *([given_values] if given_values is not None else []), object_values,
+        job.values = ChainMap(values, *([given_values] if given_values is not None else []), object_values,
                               self.shared_values)
         job.objects = objects
         job.feed = _Feed(objects, self.plan_inputs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,9 +250,10 @@ def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
 #: Threads that encode vector inputs for :func:`draw_inputs` (NumPy's FFT runs without the GIL; the
 #: instances of an executor share them).
 ENCODE_THREADS = max(1, min(16, (os.cpu_count() or 1) - 1))
-#: Plaintexts per encoding task of :func:`draw_inputs` (:func:`~caramel.ckks.encoding.encode_rows`):
-#: a task's arrays stay in a core's cache, and an instance's plaintexts spread over the threads.
-ENCODE_ROWS = 2
+#: Plaintexts per encoding task of :func:`draw_inputs` (:func:`~caramel.ckks.encoding.encode_rows`): enough that a
+#: task's Python steps, which hold the GIL, are few beside its FFTs (threads of several instances encode at once),
+#: few enough that an instance's plaintexts spread over the threads.
+ENCODE_ROWS = 16
 _encoders: list[ThreadPoolExecutor] = []
 
 
@@ -280,16 +282,22 @@ class _Draw:
         return self.value
 
 
+_draw_rngs = threading.local()
+
+
 def _make_draws(draws) -> None:
-    """Make the ``draws`` not yet made (:class:`_Draw`): per first state, one generator in that state,
-    advanced from draw to draw in the order of their words."""
+    """Make the ``draws`` not yet made (:class:`_Draw`): per first state, this thread's generator put in that state
+    (:meth:`~caramel.ckks.sampling.PcgState.put`), advanced from draw to draw in the order of their words."""
     runs: dict[int, list[_Draw]] = {}
     for d in draws:
         if d.value is None:
             runs.setdefault(id(d.start), []).append(d)
+    rng = getattr(_draw_rngs, "rng", None)
+    if rng is None and runs:
+        rng = _draw_rngs.rng = np.random.Generator(np.random.PCG64())
     for run in runs.values():
         run.sort(key=lambda d: d.offset)
-        rng, at = run[0].start.generator(), 0
+        rng, at = run[0].start.put(rng), 0
         for d in run:
             if d.offset > at:
                 rng.bit_generator.advance(d.offset - at)
@@ -335,11 +343,11 @@ class _Uniform:
 def _encode_task(sources, scales, n: int, out: np.ndarray) -> list[np.ndarray]:
     """Encodings of vectors (:func:`~caramel.ckks.encoding.encode_rows` into ``out``): each source is
     a drawn pair (re, im or None: a real vector) of :class:`_Draw` or a row [re | im] (given values)."""
-    from caramel.ckks.encoding import encode_rows
+    from caramel.ckks.encoding import encode_rows, scratch
 
     half = n // 2
     _make_draws([d for src in sources if not isinstance(src, np.ndarray) for d in src if d is not None])
-    parts = np.empty((len(sources), n), dtype=np.float64)
+    parts = scratch("parts", (len(sources), n), np.float64)
     for row, src in zip(parts, sources):
         if isinstance(src, np.ndarray):
             row[:] = src

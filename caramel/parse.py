@@ -794,8 +794,10 @@ def load_program(
     cache: bool = True,
     fast: bool = True,
     progress: bool | None = None,
+    defer_write: bool = False,
 ) -> Program:
-    """Load a compiled program (folder, archive or single file), from the cache when possible.
+    """Load a compiled program (folder, archive or single file), from the cache when possible (a program parsed is
+    written there, at once, or with ``defer_write`` when :func:`caramel.cache.write_deferred` says).
 
     Raises :class:`~caramel.errors.ParseError` naming the file, line and column of the first
     malformed line. Validation is separate: :func:`caramel.validate.validate`.
@@ -835,12 +837,16 @@ def load_program(
         meta = {**meta, "archive_folder": files.member}
     with no_gc():
         program = build_program(files, fast=fast, progress=progress)
-    t1 = time.perf_counter()
-    logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count, t1 - t0)
+    logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count,
+                 time.perf_counter() - t0)
     if usable:
-        with no_gc():
-            store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
-        logger.debug("cold path: load cache entry of %s written %.2f s", program.name, time.perf_counter() - t1)
+        def write() -> None:
+            t2 = time.perf_counter()
+            with no_gc():
+                store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
+            logger.debug("cold path: load cache entry of %s written %.2f s", program.name, time.perf_counter() - t2)
+
+        store.defer_entry(program, write) if defer_write else write()
     return store.remember(program, cache_file.stem)  # the plan cache's key (caramel.plan_cache)
 
 

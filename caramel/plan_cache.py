@@ -41,6 +41,7 @@ import logging
 import time
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -51,6 +52,9 @@ from caramel.parse import no_gc
 from caramel.program import Mem, Program
 from caramel.plan.fusion import MAX_INPUTS, MAX_OUTPUTS
 from caramel.target import NEUTRAL, Target
+
+if TYPE_CHECKING:
+    from caramel.plan.kernel import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -278,35 +282,28 @@ def from_bytes(data: bytes, meta: dict, name: str):
 
 def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_INPUTS, cache: bool = True,
                 fuse_ntt=True, max_outputs: int = MAX_OUTPUTS, fuse_automorphism: bool = True,
-                target: Target = NEUTRAL):
+                target: Target = NEUTRAL, built: Callable[[Plan], None] | None = None):
     """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
     fuse_automorphism=fuse_automorphism, target=target)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
-    ``timings`` then has one phase, ``cache``."""
+    ``timings`` then has one phase, ``cache``. ``built`` is called with the plan as soon as it exists, before its
+    entry is written (a first run queues its kernels' compiles there)."""
     from caramel.plan import build_plan
 
     key = program_key(program) if cache else None
-    if key is None:
-        return build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
-                          fuse_automorphism=fuse_automorphism, target=target)
     folder = store.cache_dir()
-    usable = store.trusted_folder(folder, create=True)
-    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs, fuse_automorphism, target)
-    path = entry_path(folder, meta)
-    data = store.read_entry(path) if usable else None
-    if data is not None:
-        t0 = time.perf_counter()
-        try:
-            with no_gc():
-                plan = dataclasses.replace(from_bytes(data, meta, program.name), target=target)
-            plan.timings["cache"] = time.perf_counter() - t0
-            return plan
-        except PlanEntryError as exc:
-            logger.info("rebuilding plan cache entry %s: %s", path, exc)
-    plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
-                      fuse_automorphism=fuse_automorphism, target=target)
-    if usable:
+    usable = key is not None and store.trusted_folder(folder, create=True)
+    meta = _meta(key, fuse, max_inputs, fuse_ntt, max_outputs, fuse_automorphism, target) if key else None
+    path = entry_path(folder, meta) if key else None
+    plan = _read_plan(path, meta, program.name, target) if usable else None
+    write = plan is None and usable
+    if plan is None:
+        plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
+                          fuse_automorphism=fuse_automorphism, target=target)
+    if built is not None:
+        built(plan)
+    if write:
         try:
             with no_gc():
                 data = to_bytes(plan, meta)
@@ -314,6 +311,22 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_IN
             logger.info("plan of %s not cached: %s", program.name, exc)
         else:
             store.write_entry(path, data)  # a read-only cache is not an error
+    return plan
+
+
+def _read_plan(path: Path, meta: dict, name: str, target: Target):
+    """The plan of the cache entry ``path``, or None (no entry, or one to rebuild)."""
+    data = store.read_entry(path)
+    if data is None:
+        return None
+    t0 = time.perf_counter()
+    try:
+        with no_gc():
+            plan = dataclasses.replace(from_bytes(data, meta, name), target=target)
+    except PlanEntryError as exc:
+        logger.info("rebuilding plan cache entry %s: %s", path, exc)
+        return None
+    plan.timings["cache"] = time.perf_counter() - t0
     return plan
 
 

@@ -88,6 +88,19 @@ def test_cached_load_equals_parse_and_folder_is_private(fresh_cache):
 
 
 @needs_corpus
+def test_a_deferred_entry_is_written_once_when_asked(fresh_cache):
+    """``defer_write``: no entry until ``write_deferred``, which writes it once (a second call writes nothing)."""
+    program = load_program(MUL, progress=False, defer_write=True)
+    assert list(fresh_cache.iterdir()) == []
+    cache.write_deferred(program)
+    (entry,) = fresh_cache.iterdir()
+    assert cache.from_bytes(entry.read_bytes(), meta_of(MUL)) == program
+    entry.unlink()
+    cache.write_deferred(program)
+    assert list(fresh_cache.iterdir()) == []  # once only
+
+
+@needs_corpus
 def test_flipped_and_truncated_entries_are_rebuilt_never_loaded(fresh_cache, caplog):
     want = load_program(MUL, cache=False, progress=False)
     load_program(MUL, progress=False)

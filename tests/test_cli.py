@@ -138,6 +138,16 @@ def test_run_checks_by_decryption(capsys):
     assert "backend cpu" in out and "PASS z: precision" in out and "output digest (sha256): " in out
 
 
+@pytest.mark.parametrize("backend", ["cpu", "cpu-plan"])
+def test_run_writes_the_load_and_plan_entries_by_its_end(capsys, fresh_cache, backend):
+    """A first run writes its load-cache entry after the plan (the executor's plan thread), or at its end."""
+    code, out, _ = run(capsys, "run", str(REPO / "programs" / "Mul_4L_2c"), "--n", "256", "-q", "--no-check",
+                       "--backend", backend)
+    assert code == 0, out
+    suffixes = sorted(p.suffix for p in fresh_cache.iterdir())
+    assert suffixes == ([".entry", ".plan", ".valid"] if backend == "cpu-plan" else [".entry", ".valid"]), suffixes
+
+
 def test_run_fails_when_the_check_fails(capsys, tmp_path):
     wrong = tmp_path / "wrong.toml"
     wrong.write_text(

@@ -65,6 +65,18 @@ def test_cached_plan_equals_build_plan(fresh_cache, path):
     assert same_types(pc.cached_plan(program, fuse=False), unfused)
 
 
+@pytest.mark.parametrize("hit", [False, True], ids=["miss", "hit"])
+def test_built_sees_the_plan_before_its_entry_is_written(fresh_cache, hit):
+    program = load_program(MUL, progress=False)
+    if hit:
+        pc.cached_plan(program)
+    seen = []
+    plan = pc.cached_plan(program, built=lambda p: seen.append((p, entries(fresh_cache))))
+    assert len(seen) == 1 and seen[0][0] is plan
+    assert seen[0][1] == (entries(fresh_cache) if hit else [])  # on a miss the entry comes after the hook
+    assert len(entries(fresh_cache)) == 1
+
+
 def test_entry_and_folder_are_private(fresh_cache):
     plans(MUL)
     (entry,) = entries(fresh_cache)

@@ -29,6 +29,7 @@ Python ints. :func:`decode` accepts ints (int64 or Python ints of any size) or f
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -103,14 +104,32 @@ def slot_parts(values, n: int) -> np.ndarray:
     return np.concatenate([z.real, z.imag])
 
 
+_scratch = threading.local()
+
+
+def scratch(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """This thread's array ``name`` of ``shape`` and ``dtype`` (contents undefined), kept for its next call: threads
+    that encode at once would otherwise spend their time in the kernel, faulting in fresh pages of megabyte-sized
+    temporaries under one address-space lock."""
+    arrays = getattr(_scratch, "arrays", None)
+    if arrays is None:
+        arrays = _scratch.arrays = {}
+    key = (name, shape, np.dtype(dtype))
+    a = arrays.get(key)
+    if a is None:
+        a = arrays[key] = np.empty(shape, dtype=dtype)
+    return a
+
+
 def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np.ndarray]:
     """:func:`encode` of several vectors in one pass of each step: row p of ``parts`` (P, N) float64
     is [re | im] of vector p (:func:`slot_parts`; a real vector has im = 0), encoded at ``scales[p]``.
     Returns per row encode(re + 1j * im, scales[p], n), bit for bit: the same FFT input (gathered,
     not scattered), NumPy's FFT of each row (its batched call transforms row by row), the same
-    element-wise operations and the same rounding. An int64 row is written into ``out[p]`` (default
-    a new (P, N) int64 array) and returned as that view; a row with a coefficient of 2^62 or more is
-    an object array of Python ints (:func:`float_to_int`)."""
+    element-wise operations (each into this thread's :func:`scratch` arrays: the same loops, so the
+    same bits) and the same rounding. An int64 row is written into ``out[p]`` (default a new (P, N)
+    int64 array) and returned as that view; a row with a coefficient of 2^62 or more is an object
+    array of Python ints (:func:`float_to_int`)."""
     _check_n(n)
     parts = np.asarray(parts, dtype=np.float64)
     rows = parts.shape[0] if parts.ndim == 2 else 0
@@ -123,14 +142,18 @@ def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np
     if rows == 0:
         return []
     g, sign = _fft_gather(n)
-    full = np.empty((rows, n), dtype=np.complex128)
+    full, spectrum = (scratch(name, (rows, n), np.complex128) for name in ("full", "spectrum"))
+    x = scratch("x", (rows, n), np.float64)
     view = full.view(np.float64)
-    np.take(parts, g, axis=1, out=view)
+    np.take(parts, g, axis=1, out=view, mode="clip")  # g is in range: 'clip' only spares 'raise''s buffered copy
     np.multiply(view, sign, out=view)
-    # The expression of encode_float (new arrays, as there: the same loops), then encode's scaling.
-    x = (np.fft.fft(full, axis=-1) / n * _tables(n)[2]).real * scales
+    # encode_float's expression step by step, then encode's scaling: (fft(full) / n * zeta^-i).real * scale
+    np.fft.fft(full, axis=-1, out=spectrum)
+    np.true_divide(spectrum, n, out=spectrum)
+    np.multiply(spectrum, _tables(n)[2], out=spectrum)
+    np.multiply(spectrum.real, scales, out=x)
     np.rint(x, out=x)
-    fits = np.max(np.abs(x), axis=1) < INT64_LIMIT  # False for a row with inf or nan
+    fits = (x.max(axis=1) < INT64_LIMIT) & (x.min(axis=1) > -INT64_LIMIT)  # False for a row with nan
     if fits.all():
         np.copyto(out, x, casting="unsafe")  # exact: integers below 2^62
         return list(out)

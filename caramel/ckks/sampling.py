@@ -75,10 +75,14 @@ class PcgState:
 
     def generator(self) -> np.random.Generator:
         """A fresh Generator on a PCG64 in this state."""
-        bg = np.random.PCG64()
-        bg.state = {"bit_generator": "PCG64", "state": {"state": self.state, "inc": self.inc},
-                    "has_uint32": self.has_uint32, "uinteger": self.uinteger}
-        return np.random.Generator(bg)
+        return self.put(np.random.Generator(np.random.PCG64()))
+
+    def put(self, rng: np.random.Generator) -> np.random.Generator:
+        """``rng`` (on a PCG64) moved to this state: reusing a generator spares a new one's seeding, which reads the
+        operating system's entropy while it holds the GIL."""
+        rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": self.state, "inc": self.inc},
+                                   "has_uint32": self.has_uint32, "uinteger": self.uinteger}
+        return rng
 
     def words(self) -> np.ndarray:
         """The state as :data:`WORDS` uint64 words (:meth:`from_words` reads them back)."""

@@ -143,3 +143,19 @@ def test_encode_rows_errors():
         encode_rows(np.full((1, 32), np.inf), [1.0], 32)
     with pytest.raises(ValueError, match=r"expected 16 slot values for N = 32, got shape \(10,\)"):
         slot_parts(np.zeros(10), 32)
+
+
+def test_encode_rows_reuses_its_scratch_without_mixing_calls_or_threads(rng):
+    """Consecutive calls and calls from several threads at once (each thread's scratch arrays) give encode's bits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from caramel.ckks.encoding import encode_rows
+
+    n = 1024
+    batches = [rng.uniform(-1, 1, (3, n)) for _ in range(8)]
+    want = [[encode(p[: n // 2] + 1j * p[n // 2 :], 2.0**40, n) for p in parts] for parts in batches]
+    for parts, rows in zip(batches, want):
+        assert all(np.array_equal(a, b) for a, b in zip(encode_rows(parts, [2.0**40] * 3, n), rows))
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda parts: [r.copy() for r in encode_rows(parts, [2.0**40] * 3, n)], batches * 4))
+    assert all(np.array_equal(a, b) for rows, wanted in zip(got, want * 4) for a, b in zip(rows, wanted))
