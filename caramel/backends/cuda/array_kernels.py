@@ -69,30 +69,25 @@ def index(cp, values, dtype=np.int64):
     return cp.asarray(np.asarray(values, dtype=dtype))
 
 
-def _scatter_rows(cp, n: int) -> None:
-    arena = rows(cp, n, k=4)
-    arena[index(cp, [0, 2])] = rows(cp, n)
-
-
 #: The array kernels of the executor's helpers on a CUDA device (:mod:`caramel.backends.cuda.backend`,
 #: :mod:`caramel.backends.cuda.transfer`).
 BACKEND_KERNELS = (
     ArrayKernel("CupyBackend.read: arena[int64 rows]",
                 lambda cp, n: rows(cp, n, k=4)[index(cp, [0, 2])]),
-    ArrayKernel("transfer.upload_rows: arena[int64 rows] = rows", _scatter_rows),
 )
-
 
 
 def backend_jobs(n: int) -> list:
     """The compile jobs of the executor's helpers at ring degree ``n``: :data:`BACKEND_KERNELS` and the raw kernel
-    of :func:`caramel.backends.cuda.transfer.row_maxima`."""
+    of :func:`caramel.backends.cuda.transfer.row_maxima` and of the uploads' scatter
+    (:data:`~caramel.backends.cuda.transfer.GATHER_SRC`)."""
     from caramel.backends.cuda.compiler import NVRTC_OPTIONS
     from caramel.backends.cuda.kernel_set import Module
-    from caramel.backends.cuda.transfer import ROW_MAXIMA_SRC
+    from caramel.backends.cuda.transfer import GATHER_SRC, ROW_MAXIMA_SRC
 
-    return [k.at(n) for k in BACKEND_KERNELS] + [Module(("row_maxima",), ((ROW_MAXIMA_SRC, ("row_maxima",),
-                                                                            NVRTC_OPTIONS),))]
+    return [k.at(n) for k in BACKEND_KERNELS] + [
+        Module(("row_maxima",), ((ROW_MAXIMA_SRC, ("row_maxima",), NVRTC_OPTIONS),)),
+        Module(("gather",), ((GATHER_SRC, ("gather_rows",), ()),))]
 
 
 __all__ = ["ArrayKernel", "BACKEND_KERNELS", "ROWS", "SizedKernel", "backend_jobs", "index", "rows"]

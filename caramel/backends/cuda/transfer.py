@@ -161,6 +161,18 @@ def _gather_rows(arena, src: np.ndarray, dst: np.ndarray) -> None:
         fn((min(-(-n // 256), 1024), len(s)), (256,), (s, d, np.int64(n), arena))
 
 
+def _scatter(arena, rows: np.ndarray, block) -> None:
+    """``arena[rows] = block`` for a device ``block``: rows of the arena's type, contiguous, one per row of ``rows``,
+    gathered at their addresses (:func:`_gather_rows`: a kernel compiled ahead, where CuPy's assignment would compile
+    one for the arena's size at its first use); CuPy's assignment (broadcasting, converting) for any other block."""
+    if (block.dtype == arena.dtype == np.uint32 and block.shape == (len(rows), arena.shape[1])
+            and block.flags.c_contiguous and arena.flags.c_contiguous):
+        _gather_rows(arena, block.data.ptr + np.arange(len(rows), dtype=np.uint64) * np.uint64(block.strides[0]),
+                     rows)
+    else:
+        arena[_cp().asarray(rows)] = block
+
+
 def _device_rows(arena, rows: np.ndarray, data, idx: list[int]) -> None:
     """``arena[rows[i]] = data[i]`` for the device rows ``data[i]``, i in ``idx`` (device-to-device
     copies on the current stream, after everything queued on the device so far: the rows may come
@@ -202,7 +214,7 @@ def upload_rows(arena, rows, data) -> None:
     row_bytes = arena.shape[1] * arena.itemsize
     per = max(1, STAGE_BYTES // row_bytes)
     if k <= per or row_bytes > STAGE_BYTES:  # small: one copy (CuPy's assignment, broadcasting as it does)
-        arena[cp.asarray(rows)] = cp.asarray(np.asarray(data).astype(arena.dtype, copy=False))
+        _scatter(arena, rows, cp.asarray(np.asarray(data).astype(arena.dtype, copy=False)))
         return
     if isinstance(data, np.ndarray):
         if data.shape != (k, arena.shape[1]):
@@ -216,7 +228,6 @@ def upload_rows(arena, rows, data) -> None:
     _, views, events, used = _stages()
     stream = cp.cuda.get_current_stream()
     dev = [cp.empty((per, arena.shape[1]), dtype=arena.dtype) for _ in range(2)]
-    rows_dev = cp.asarray(rows)
     for i, r0 in enumerate(range(0, k, per)):
         r1 = min(k, r0 + per)
         b = i % 2
@@ -225,7 +236,7 @@ def upload_rows(arena, rows, data) -> None:
         host = views[b][: (r1 - r0) * row_bytes].view(arena.dtype).reshape(r1 - r0, -1)
         _fill(host, data, r0)
         cp.cuda.runtime.memcpyAsync(dev[b].data.ptr, host.ctypes.data, (r1 - r0) * row_bytes, _H2D, stream.ptr)
-        arena[rows_dev[r0:r1]] = dev[b][: r1 - r0]
+        _scatter(arena, rows[r0:r1], dev[b][: r1 - r0])
         events[b].record(stream)
         used[b] = True
     for b in range(2):
