@@ -19,6 +19,7 @@ COMMANDS = {
     "multi": "several GPUs: NCCL, K-chip programs against the reference, scaling, compute floors, process mode",
     "throughput": "instances per second and where an instance's time goes (bench/throughput.py)",
     "draw": "an instance's inputs drawn, encoded and encrypted on the host: ms per instance, instances/s by threads",
+    "coldstart": "a first run on a fresh machine, again, programs not seen before, after `caramel compile`",
     "cluster": "a batch on a local Dask cluster against one process; a K-chip program as ranks (bench/cluster.py)",
     "client": "the client: GPU client = CPU client, keys and inputs timed, the key store, `caramel run` end to end",
     "cpu": "on the CPU: load, plan, accuracy, the client, the reference digests",

@@ -1,7 +1,7 @@
 """The cold path: a first ``caramel run`` on a fresh machine, again, a program not seen before, and after ``caramel
 compile``, each in a fresh process, with the DEBUG lines of every cold-path phase.
 
-    python -m bench.coldstart [--program BootstrapLike_51L_1c] [--new BootstrapLike_51L_2c RotMulAdd_10L_1c] [--n 65536]
+    python -m bench coldstart [--program BootstrapLike_51L_1c] [--new BootstrapLike_51L_2c RotMulAdd_10L_1c] [--n 65536]
 
 Steps, every run ``caramel run PROGRAM --backend gpu --no-check -v`` (its process wall time, its phases and its
 ``cold path:`` lines): ``cold`` with an empty CuPy kernel cache and empty caramel caches; ``again`` (every cache
@@ -42,7 +42,7 @@ def caramel(argv: list[str], env: dict, timeout: float) -> tuple[float, subproce
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m bench.coldstart", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m bench coldstart", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     ap.add_argument("--program", default="BootstrapLike_51L_1c")
     ap.add_argument("--new", nargs="*", default=["BootstrapLike_51L_2c", "RotMulAdd_10L_1c"],
