@@ -347,7 +347,7 @@ def _encode_task(sources, scales, n: int, out: np.ndarray) -> list[np.ndarray]:
 
     half = n // 2
     _make_draws([d for src in sources if not isinstance(src, np.ndarray) for d in src if d is not None])
-    parts = scratch("parts", (len(sources), n), np.float64)
+    parts = scratch("parts", len(sources), n, np.float64)
     for row, src in zip(parts, sources):
         if isinstance(src, np.ndarray):
             row[:] = src

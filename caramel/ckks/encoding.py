@@ -107,18 +107,18 @@ def slot_parts(values, n: int) -> np.ndarray:
 _scratch = threading.local()
 
 
-def scratch(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """This thread's array ``name`` of ``shape`` and ``dtype`` (contents undefined), kept for its next call: threads
-    that encode at once would otherwise spend their time in the kernel, faulting in fresh pages of megabyte-sized
-    temporaries under one address-space lock."""
-    arrays = getattr(_scratch, "arrays", None)
-    if arrays is None:
-        arrays = _scratch.arrays = {}
-    key = (name, shape, np.dtype(dtype))
-    a = arrays.get(key)
-    if a is None:
-        a = arrays[key] = np.empty(shape, dtype=dtype)
-    return a
+def scratch(name: str, rows: int, n: int, dtype) -> np.ndarray:
+    """This thread's (rows, n) array ``name`` of ``dtype`` (contents undefined): a view of one buffer per name, kept
+    for the thread's next call and grown to the most rows asked (threads that encode at once would otherwise spend
+    their time in the kernel, faulting in fresh pages of megabyte-sized temporaries under one address-space lock)."""
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    a = buffers.get(name)
+    if a is None or a.shape[0] < rows or a.shape[1] != n or a.dtype != dtype:
+        a = buffers[name] = np.empty((max(rows, a.shape[0] if a is not None and a.shape[1] == n else 0), n),
+                                     dtype=dtype)
+    return a[:rows]
 
 
 def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np.ndarray]:
@@ -142,8 +142,8 @@ def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np
     if rows == 0:
         return []
     g, sign = _fft_gather(n)
-    full, spectrum = (scratch(name, (rows, n), np.complex128) for name in ("full", "spectrum"))
-    x = scratch("x", (rows, n), np.float64)
+    full, spectrum = (scratch(name, rows, n, np.complex128) for name in ("full", "spectrum"))
+    x = scratch("x", rows, n, np.float64)
     view = full.view(np.float64)
     np.take(parts, g, axis=1, out=view, mode="clip")  # g is in range: 'clip' only spares 'raise''s buffered copy
     np.multiply(view, sign, out=view)
