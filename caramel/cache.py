@@ -47,8 +47,8 @@ import stat
 import threading
 import time
 from itertools import repeat
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 

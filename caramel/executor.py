@@ -475,8 +475,9 @@ class Executor:
         GPU), built on a host thread of its own while the caller makes the keys (on the GPU client mostly device
         work and compiles, which leave the host's interpreter free); on a GPU the plan's kernels are queued on the
         compile pool as soon as it exists (:func:`caramel.execute.precompile.schedule_plan`, on the first lane's
-        device), before the future resolves. None for the reference backend (no plan). An error of the plan is
-        the future's."""
+        device), before the future resolves; the plan's cache entry and a deferred load-cache entry
+        (:func:`caramel.cache.write_deferred`) are written after that, while the kernels compile. None for the
+        reference backend (no plan). An error of the plan is the future's."""
         if self.backend == "cpu":
             return None
         from caramel.cache import write_deferred
@@ -505,7 +506,7 @@ class Executor:
             try:
                 if device is not None:
                     _queue_lane_kernels(device)
-                done.set_result(cached_plan(program, target=target, built=queue))  # its entry written after queue
+                done.set_result(cached_plan(program, target=target, built=queue))  # queue runs before its entry's write
             except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
                 done.set_exception(exc)
                 return

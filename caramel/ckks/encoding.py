@@ -108,16 +108,17 @@ _scratch = threading.local()
 
 
 def scratch(name: str, rows: int, n: int, dtype) -> np.ndarray:
-    """This thread's (rows, n) array ``name`` of ``dtype`` (contents undefined): a view of one buffer per name, kept
-    for the thread's next call and grown to the most rows asked (threads that encode at once would otherwise spend
-    their time in the kernel, faulting in fresh pages of megabyte-sized temporaries under one address-space lock)."""
+    """This thread's (rows, n) array ``name`` of ``dtype`` (contents undefined): a view of one buffer per name, ring
+    degree and type, kept for the thread's next call and grown to the most rows asked (threads that encode at once
+    would otherwise spend their time in the kernel, faulting in fresh pages of megabyte-sized temporaries under one
+    address-space lock)."""
     buffers = getattr(_scratch, "buffers", None)
     if buffers is None:
         buffers = _scratch.buffers = {}
-    a = buffers.get(name)
-    if a is None or a.shape[0] < rows or a.shape[1] != n or a.dtype != dtype:
-        a = buffers[name] = np.empty((max(rows, a.shape[0] if a is not None and a.shape[1] == n else 0), n),
-                                     dtype=dtype)
+    key = (name, n, np.dtype(dtype))
+    a = buffers.get(key)
+    if a is None or a.shape[0] < rows:
+        a = buffers[key] = np.empty((rows, n), dtype=dtype)
     return a[:rows]
 
 
