@@ -412,6 +412,8 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     else:
         result = run_batch(program, options, batch=args.batch, keys=keys, inputs=args.inputs, outputs=keep,
                            limbs=args.save_limbs)
+        if keys is not None:
+            getattr(keys.keys, "wait", lambda: None)()  # a damaged file of a key no instance read still fails
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep and result.instances else None
     shared = f", shared {', '.join(result.shared)}" if result.shared else ""
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "

@@ -197,14 +197,16 @@ def test_background_load_of_a_tampered_file_fails_when_read(store, ctx):
         [keyset.keys[k] for k in keyset.keys]
 
 
-def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys):
+@pytest.mark.parametrize("batch", [[], ["--batch", "2"]], ids=["run", "batch"])
+@pytest.mark.parametrize("victim", [0, -1], ids=["first-key", "last-key"])
+def test_cli_run_with_a_tampered_key_file_fails(tmp_path, capsys, batch, victim):
     out = tmp_path / "ks"
     prog = str(PROGRAMS / "Mul_4L_2c")
     assert main(["keys", prog, "--n", str(N), "--seed", "3", "--out", str(out), "--device", "cpu", "-q"]) == 0
-    victim = _key_files(out)[0]
-    _flip_bit(victim)
+    _flip_bit(_key_files(out)[victim])
     capsys.readouterr()
-    assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q"]) == 2
+    assert main(["run", prog, "--n", str(N), "--backend", "cpu", "--keys", str(out), "--seed", "3", "-q",
+                 *batch]) == 2
     assert "SHA-256 differs" in capsys.readouterr().err
 
 
