@@ -72,8 +72,14 @@ class Context:
         return self.primes[self._limb(limb)]
 
     def moduli(self, limbs: Sequence[int]) -> np.ndarray:
-        """moduli returns the primes of ``limbs`` as a (k, 1) uint64 column (broadcasts against (k, N))."""
-        return np.array([self.q(l) for l in limbs], dtype=np.uint64).reshape(-1, 1)
+        """moduli returns the primes of ``limbs`` as a (k, 1) uint64 column (broadcasts against (k, N)); the errors of
+        :meth:`q` for a bad limb (checked at once for an integer array, one by one otherwise)."""
+        idx = np.asarray(limbs)
+        checked = idx.ndim == 1 and idx.dtype.kind in "iu" and (idx.size == 0 or 0 <= idx.min() <= idx.max() <
+                                                               len(self.primes))
+        if not checked:
+            return np.array([self.q(l) for l in limbs], dtype=np.uint64).reshape(-1, 1)
+        return np.asarray(self.primes, dtype=np.uint64)[idx].reshape(-1, 1)
 
     def _limb(self, limb) -> int:
         if isinstance(limb, bool) or not isinstance(limb, (int, np.integer)):

@@ -48,6 +48,11 @@ def test_limbs_and_moduli(ctx):
     for bad in (64, -1, 1.0, True):
         with pytest.raises(ValueError, match="limb index (-1 is outside|64 is outside|must be an integer)"):
             ctx.q(bad)
+    for limbs in ([0, 5, 63], np.array([0, 5, 63], dtype=np.int32), np.array([63, 5], dtype=np.uint64), []):
+        assert np.array_equal(ctx.moduli(limbs)[:, 0], [ctx.q(int(l)) for l in limbs])
+    for bad in ([3, 64], np.array([3, -1]), np.array([1, 64]), np.array([True, False]), [2.0]):
+        with pytest.raises(ValueError, match="limb index (-1 is outside|64 is outside|must be an integer)"):
+            ctx.moduli(bad)
 
 
 def test_ntt_shapes_and_values(ctx, rng, expect_equal, residues):

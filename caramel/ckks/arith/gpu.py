@@ -147,7 +147,7 @@ class GpuArith(ClientArith):
             return out
         rows = np.zeros(len(groups) + 1, dtype=np.int64)
         rows[1:] = np.cumsum([len(g) for g in groups])
-        meta = cp.asarray(np.concatenate([rows, np.array([ctx.q(l) for l in flat], dtype=np.int64)]))
+        meta = cp.asarray(np.concatenate([rows, ctx.moduli(flat).reshape(-1).astype(np.int64)]))
         kernel = _residue_kernel()
         grid = (-(-n // _RESIDUE_THREADS), len(groups))
         c = cp.asarray(np.ascontiguousarray(coeffs))
