@@ -123,7 +123,7 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
         from caramel.ckks.bind import requirements
         from caramel.options import shared_names
 
-        names = shared_names(opts.shared, {n: str(k.kind) for n, k in requirements(program).inputs.items()})
+        names = shared_names(opts.shared, requirements(program).kinds())
         shared = {n: supplied.pop(n) for n in names if n in supplied}
     report = (lambda phase, done, total: counters[phase](done, total)) if all(counters.values()) else None
     try:

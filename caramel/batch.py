@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from caramel.ckks.bind import requirements
+from caramel.ckks.bind import InputKind, requirements
 from caramel.errors import CaramelError
 from caramel.execute.pipeline import ResidentGpus, ResidentHost  # noqa: F401 (the slots of a K-chip instance)
 from caramel.executor import batch_layout  # noqa: F401
@@ -251,11 +251,11 @@ def shared_data(program: Program, shared, data) -> dict[str, Any]:
     from caramel.options import shared_names
     from caramel.userdata import instance_values
 
-    kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
+    kinds = requirements(program).kinds()
     values: dict[str, Any] = {}
     for name in shared_names(shared, kinds):
         if name in data.arrays:
-            if data.arrays[name].ndim == (1 if kinds[name] == "scalar" else 2):  # one value per instance
+            if data.arrays[name].ndim == (1 if kinds[name] is InputKind.SCALAR else 2):  # one value per instance
                 raise BatchError(f"input {name} is shared by every instance, but {data.source} gives one value per "
                                  "instance")
             values[name] = instance_values(data, program, 0)[name]

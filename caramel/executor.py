@@ -108,7 +108,7 @@ def shared_inputs(program: Program, options: RunOptions, given: Mapping[str, Any
     """The inputs of ``program`` that every instance shares: those ``options.shared`` selects
     (:func:`~caramel.options.shared_names`) and those ``given`` values or objects; a name that is no
     input is an :class:`ArgumentError`."""
-    kinds = {n: str(need.kind) for n, need in requirements(program).inputs.items()}
+    kinds = requirements(program).kinds()
     unknown = sorted(set(given) - set(kinds))
     if unknown:
         raise ArgumentError(f"shared: {', '.join(unknown)} is not an input of {program.name} (its inputs: "
