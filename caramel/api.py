@@ -127,7 +127,8 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
         shared = {n: supplied.pop(n) for n in names if n in supplied}
     report = (lambda phase, done, total: counters[phase](done, total)) if all(counters.values()) else None
     try:
-        with Executor(program, opts, keys=keys, ctx=ctx, shared=shared, workers=1, depth=1, progress=report) as ex:
+        with Executor(program, opts, keys=keys, ctx=ctx, shared=shared, workers=1, depth=1, keep_inputs=True,
+                      progress=report) as ex:
             bar.set_description(f"{program.name}: encrypt and run ({ex.backend})")
             bar.update()
             result = ex.submit(supplied, seed=opts.seed).result()

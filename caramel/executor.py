@@ -25,7 +25,8 @@ inputs drawing nothing, unless given as values or objects in ``shared=``. So ins
 with seed S and key seed K has the digest of ``run_program(seed=S + i, key_seed=K, shared=...)``.
 
 Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device; a GPU
-client's work on each thread's own CUDA stream), one driver thread per lane issues them, and finisher
+client's work on each thread's own CUDA stream; with a lane per GPU, each thread serves one lane and works on
+its GPU, which reads the rows in place), one driver thread per lane issues them, and finisher
 threads wait for each, compute its digest (:func:`caramel.instance.output_digest`), check it and
 resolve its future. An instance whose inputs are bad (a missing limb, a residue out of range, a value
 that does not fit) fails alone; an error of a device stops the executor: the instances not yet run
@@ -243,7 +244,7 @@ class InstanceResult:
     timings: dict[str, float]
     device_ids: tuple[int, ...]
     prepared: Any = field(repr=False, default=None)  # PreparedCheck: the spec, scales, secrets, messages
-    objects: Mapping[str, Any] = field(repr=False, default_factory=dict)  # the instance's own inputs
+    objects: Mapping[str, Any] = field(repr=False, default_factory=dict)  # its own inputs, with keep_inputs
     client: Any = field(repr=False, default=None)  # ClientScope: where its decryption runs
     _outputs: dict[str, np.ndarray] | None = field(repr=False, default=None)
 
@@ -287,6 +288,7 @@ class _Job:
     feed: Any = None
     lane: Any = None
     ticket: Any = None
+    scope: Any = None  # ClientScope: where its inputs were made, its check and decryption run
 
 
 _STOP = object()
@@ -301,7 +303,9 @@ class Executor:
     ``options.shared``: names, patterns, kinds) or a mapping input name -> value or object (those
     inputs shared, besides ``options.shared``, with these values); ``ctx``: the ring (default
     ``Context(n)``); ``decrypt``: each result's :attr:`~InstanceResult.outputs` are decrypted by the
-    finisher threads (``"limbs"``: with the raw output ciphertexts); ``log``: a function of one line,
+    finisher threads (``"limbs"``: with the raw output ciphertexts); ``keep_inputs``: each result keeps its
+    instance's input objects (:attr:`InstanceResult.objects`; else empty: on a GPU they are device rows, which
+    the results a caller keeps would pin); ``log``: a function of one line,
     told what the setup did; ``progress(phase, done, total)``: called as the keys are made (``"keys"``)
     and as an instance runs on a lane that counts its steps (``"run"``: the reference's instructions, a
     one-device ``cpu-plan`` lane's calls).
@@ -312,7 +316,7 @@ class Executor:
 
     def __init__(self, program: Program, options: RunOptions | None = None, *, keys=None,
                  shared: Mapping[str, Any] | str | Iterable[str] | None = None, ctx: Context | None = None,
-                 decrypt: bool | str = False, log=None,
+                 decrypt: bool | str = False, keep_inputs: bool = False, log=None,
                  progress: Callable[[str, int, int], None] | None = None, **fields):
         from caramel.ckks.device import resolve as client_device
 
@@ -337,6 +341,7 @@ class Executor:
         self.plan_inputs = plan = input_plan(program, self.ctx, self.spec or default_spec(program))
         self.client = client_device(opts.client, self.backend)
         self.decrypt = decrypt
+        self.keep_inputs = keep_inputs
         self.timings: dict[str, float] = {}
         log = log or (lambda line: None)
         given = dict(shared or {})
@@ -344,18 +349,21 @@ class Executor:
         self.shared = tuple(n for n in plan.names if n in chosen)
         self.varying = tuple(n for n in plan.names if n not in self.shared)
         one_gpu = len(lane_gpus) == 1 and len(lane_gpus[0]) == 1
-        #: One GPU lane and the client on the GPU: the client works on that GPU and the lane reads the
-        #: inputs it makes in place (the keys too, made there).
-        self._keep_on_device = self.client.on_gpu and one_gpu
-        self.client_scope = ClientScope(self.client, (lane_gpus[0][0] if one_gpu else 0) if self.client.on_gpu
-                                        else None)
+        #: The client on the GPU and every lane on one GPU: an instance is prepared on its lane's GPU, which
+        #: reads the inputs in place (with one lane, the keys are made there too).
+        self._keep_on_device = self.client.on_gpu and bool(lane_gpus) and all(len(g) == 1 for g in lane_gpus)
+        #: Where each lane's instances are prepared; the first is the executor's client (keys, shared inputs,
+        #: :meth:`encrypt`): a GPU client works on the first lane's GPU.
+        self._scopes = [ClientScope(self.client, g[0] if self.client.on_gpu else None) for g in lane_gpus] or \
+            [ClientScope(self.client, 0 if self.client.on_gpu else None)]
+        self.client_scope = self._scopes[0]
         t0 = time.perf_counter()
         if keys is None:
             from caramel.ckks.keyset import generate_keyset
 
             with self.client_scope():
                 keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
-                                       on_device=self._keep_on_device and bool(plan.req.keys),
+                                       on_device=one_gpu and self.client.on_gpu and bool(plan.req.keys),
                                        progress=self._phase("keys"))
             logger.debug("cold path: keys of %s (%d evaluation keys queued on the %s client) %.2f s", program.name,
                          len(keys.keys), "GPU" if self.client.on_gpu else "host", time.perf_counter() - t0)
@@ -401,10 +409,13 @@ class Executor:
         self._closed = False
         self._broken: BaseException | None = None
         self._todo: queue.Queue = queue.Queue()
-        self._ready: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
+        # Instances prepared for a lane: one queue per lane when each lane's instances are prepared on its
+        # GPU (preparer k serves lane k % lanes), else one queue that every lane reads.
+        lanes = len(self.lanes)
+        self._ready = [queue.Queue() for _ in range(lanes)] if self._keep_on_device else [queue.Queue()] * lanes
         cpus = os.cpu_count() or 1
-        workers = preparers(opts)
+        workers = max(preparers(opts), lanes if self._keep_on_device else 1)
         #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
         self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
         self._permits = threading.Semaphore(self.capacity)
@@ -412,9 +423,9 @@ class Executor:
         self._stages = {"prepare": workers, "drive": len(self.lanes), "finish": max(1, min(4, cpus // 2))}
         self._left = dict(self._stages)
         for k in range(workers):
-            self._spawn(self._prepare_loop, f"caramel-prepare-{k}")
+            self._spawn(lambda k=k: self._prepare_loop(k % lanes), f"caramel-prepare-{k}")
         for k, lane in enumerate(self.lanes):
-            self._spawn(lambda lane=lane: self._drive_loop(lane), f"caramel-lane-{k}")
+            self._spawn(lambda k=k, lane=lane: self._drive_loop(lane, self._ready[k]), f"caramel-lane-{k}")
         for k in range(self._stages["finish"]):
             self._spawn(self._finish_loop, f"caramel-finish-{k}")
 
@@ -655,14 +666,15 @@ class Executor:
         self._threads.append(t)
         t.start()
 
-    def _stage_done(self, stage: str, then: queue.Queue | None, count: int) -> None:
-        """A thread of ``stage`` stopped: the last one passes the stop on to the next stage's threads."""
+    def _stage_done(self, stage: str, then: list[queue.Queue]) -> None:
+        """A thread of ``stage`` stopped: the last one passes the stop on to the next stage's threads (one stop
+        each, through the queue each of them reads)."""
         with self._lock:
             self._left[stage] -= 1
             last = self._left[stage] == 0
-        if last and then is not None:
-            for _ in range(count):
-                then.put(_STOP)
+        if last:
+            for q in then:
+                q.put(_STOP)
 
     def _check_names(self, given: Mapping[str, Any]) -> None:
         shared = [n for n in given if n in self.shared]
@@ -674,19 +686,19 @@ class Executor:
             raise ArgumentError(f"{', '.join(map(str, unknown))} is not an input of {self.program.name} (its inputs: "
                                 f"{', '.join(self.plan_inputs.names)})")
 
-    def _client_stream(self):
-        """A new CUDA stream on the client's GPU for one prepare thread (None for a host client): each
+    def _client_stream(self, scope: ClientScope):
+        """A new CUDA stream on ``scope``'s GPU for one prepare thread (None for a host client): each
         thread queues its instances' client work on its own stream and waits for that alone, never for
         another thread's instance (nor a lane for it)."""
         if not self.client.on_gpu:
             return None
         import cupy as cp
 
-        with self.client_scope():
+        with scope():
             return cp.cuda.Stream(non_blocking=True)
 
     def _prepare(self, job: _Job, stream=None) -> None:
-        """Draw, encode and encrypt the job's inputs (on the client device; on the GPU on ``stream``,
+        """Draw, encode and encrypt the job's inputs (on its client scope; on the GPU on ``stream``,
         the calling thread's) into its feed."""
         from caramel.ckks.keyset import input_rng
 
@@ -700,7 +712,7 @@ class Executor:
         values: Mapping[str, Any] = {}
         if drawn:
             on_stream = stream if stream is not None else contextlib.nullcontext()
-            with self.client_scope(self._keep_on_device), on_stream:
+            with job.scope(self._keep_on_device), on_stream:
                 made, values = draw_inputs(self.plan_inputs, self.keys.secrets, input_rng(job.seed), drawn, supplied)
                 if stream is not None:  # the rows are complete before a lane's stream reads them
                     stream.synchronize()
@@ -713,9 +725,13 @@ class Executor:
         job.objects = objects
         job.feed = _Feed(objects, self.plan_inputs)
 
-    def _prepare_loop(self) -> None:
+    def _prepare_loop(self, lane: int) -> None:
+        """Prepare instances for the lanes (for lane ``lane`` alone, on its GPU, when each lane's instances are
+        prepared there)."""
+        scope = self._scopes[lane] if self._keep_on_device else self.client_scope
+        ready = self._ready[lane]
         try:
-            stream = self._client_stream()
+            stream = self._client_stream(scope)
         except BaseException as exc:  # noqa: BLE001 - no stream: the device's error, for every instance
             self._break(exc)
             stream = None
@@ -727,7 +743,7 @@ class Executor:
             if not job.future.set_running_or_notify_cancel():
                 continue
             self._permits.acquire()
-            job.start = time.perf_counter()
+            job.start, job.scope = time.perf_counter(), scope
             try:
                 if self._broken is not None:
                     raise self._stopped(self._broken)
@@ -736,16 +752,16 @@ class Executor:
                 self._fail(job, exc)
                 continue
             job.timings["encrypt"] = time.perf_counter() - job.start
-            self._ready.put(job)
-        self._stage_done("prepare", self._ready, self._stages["drive"])
+            ready.put(job)
+        self._stage_done("prepare", self._ready)
 
-    def _drive_loop(self, lane) -> None:
+    def _drive_loop(self, lane, ready: queue.Queue) -> None:
         if lane.device_ids and self.backend == "gpu":
             import cupy as cp
 
             cp.cuda.runtime.setDevice(lane.device_ids[0])
         while True:
-            job = self._ready.get()
+            job = ready.get()
             if job is _STOP:
                 break
             try:
@@ -759,7 +775,7 @@ class Executor:
                 self._fail(job, exc, fatal=True)
                 continue
             self._done.put(job)
-        self._stage_done("drive", self._done, self._stages["finish"])
+        self._stage_done("drive", [self._done] * self._stages["finish"])
 
     def _finish_loop(self) -> None:
         while True:
@@ -781,7 +797,7 @@ class Executor:
                 continue
             job.future.set_result(result)
             self._permits.release()
-        self._stage_done("finish", None, 0)
+        self._stage_done("finish", [])
 
     def _result(self, job: _Job, out) -> InstanceResult:
         t = job.timings
@@ -799,17 +815,20 @@ class Executor:
         t0 = time.perf_counter()
         digest = output_digest(self.program, memory)
         t["digest"] = time.perf_counter() - t0
-        prepared = self.plan_inputs.prepared(self.keys.secrets, job.values, job.objects, {}, self.keys.keys)
+        # A result holds its input objects only when asked: on a GPU lane they are the instance's rows on the
+        # device (a gigabyte for a 51L program), which results kept by the caller must not pin.
+        objects = job.objects if self.keep_inputs else {}
+        prepared = self.plan_inputs.prepared(self.keys.secrets, job.values, objects, {}, self.keys.keys)
         t0 = time.perf_counter()
         report = None
         if self.spec is not None:
             from caramel.ckks.check import evaluate_check
 
-            with self.client_scope():
+            with job.scope():
                 report = evaluate_check(prepared, memory, self.options.mode)
         t["check"] = time.perf_counter() - t0
         result = InstanceResult(job.index, job.seed, digest, memory, report, t, job.lane.device_ids, prepared,
-                                job.objects, self.client_scope)
+                                objects, job.scope)
         if self.decrypt:
             t0 = time.perf_counter()
             result._outputs = result.decrypt(limbs=self.decrypt == "limbs")

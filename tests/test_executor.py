@@ -63,6 +63,20 @@ def test_ready_inputs_and_decrypted_outputs(rot1):
     assert set(result.ciphertexts()) == {"z"}
 
 
+def test_results_keep_their_inputs_only_when_asked(rot1):
+    """A result pins no input object by default (on a GPU lane they are the instance's device rows, and a batch
+    keeps every result): it still decrypts and passes its check; ``keep_inputs=True`` keeps them."""
+    runs = {}
+    for keep in (False, True):
+        with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, keep_inputs=keep) as ex:
+            runs[keep] = ex.submit().result()
+    bare, kept = runs[False], runs[True]
+    assert bare.objects == {} and bare.prepared.objects == {}
+    assert set(kept.objects) == set(kept.prepared.objects) == {"x", "y"}
+    assert bare.digest == kept.digest and bare.passed is True and kept.passed is True
+    assert np.array_equal(bare.outputs["z"], kept.outputs["z"])
+
+
 def test_user_values_per_instance_and_shared(rot1):
     """x shared as values given to the executor, y given per instance: as a single run given both
     with x shared."""
@@ -93,7 +107,7 @@ def test_shared_inputs_come_from_the_key_seed(rot1):
     from caramel.ring import Context
 
     key_seed = 11
-    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, key_seed=key_seed, shared="y") as ex:
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, key_seed=key_seed, shared="y", keep_inputs=True) as ex:
         results = list(ex.map([None, None]))
         y = ex.shared_objects["y"]
     ctx = Context(n=N)

@@ -1,7 +1,8 @@
 """The GPU lane (:mod:`caramel.execute.gpu_pipeline`) through caramel.Executor: every instance's digest
 equal to the reference's single run, with the client on the host (rows uploaded from pinned slots) and
 on the GPU (rows copied from the client's arrays), shared inputs resident, a K-chip program on one GPU,
-and a residue out of range found on the device failing its instance alone. Skipped without a GPU."""
+a residue out of range found on the device failing its instance alone, and instances over two GPUs (the GPU
+client on each lane's GPU). Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -65,6 +66,22 @@ def test_gpu_lane_serving_shared_plaintexts_and_scalars(name):
         results = list(ex.map(ready))
     for i, r in enumerate(results):
         assert r.digest == single(program, 4 + i, 4, shared=shared), f"{name} instance {i}"
+
+
+@pytest.mark.parametrize("client", ["cpu", "gpu"])
+def test_instances_over_two_gpus_equal_single_runs(client):
+    """A 1-chip program on two GPUs, a lane on each: with the GPU client an instance is prepared on its lane's GPU
+    (its rows read there in place) and checked there; every digest is its single run's, every check passes."""
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("2 GPUs needed")
+    program = find_program("MulRotate_10L_1c")
+    with Executor(program, n=N, backend="gpu", seed=5, check="auto", client=client, gpus=2, depth=2) as ex:
+        results = list(ex.map([None] * 8))
+    assert {r.device_ids for r in results} == {(0,), (1,)}
+    for i, r in enumerate(results):
+        want = run_program(program, n=N, backend="cpu", seed=5 + i, key_seed=5, client="cpu", check="auto")
+        assert r.passed is True and r.digest == want.digest, f"instance {i} on GPU {r.device_ids}"
+        assert client == "cpu" or r.client.cuda == r.device_ids[0]
 
 
 def test_a_k_chip_program_on_one_gpu_lane():
