@@ -295,17 +295,18 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
     from caramel.options import RunOptions, resolve_backend
 
     opts = RunOptions.of(options, **fields)
-    start = time.perf_counter()
     backend = "gpu" if resolve_backend(opts.backend) == "gpu" else "cpu-plan"
     mine = [i for i in range(batch) if i % place.world == place.rank]
     gpu = backend == "gpu"
     opts = opts.with_(backend=backend, gpus=1 if gpu else None, device_ids=(place.local_rank,) if gpu else None)
     result = run_batch(program, opts, batch=batch, indices=mine, outputs=outputs, limbs=limbs, rank=place.rank,
                        inputs=inputs)
+    ended = time.time()  # the epoch clock: ranks on several hosts compare their windows
     if result.failed or result.interrupted:
         what = "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())) or "interrupted"
         raise BatchError(f"rank {place.rank}: {what}")
-    part: dict[str, Any] = {"world": place.world, "records": result.records}
+    part: dict[str, Any] = {"world": place.world, "records": result.records,
+                            "window": (ended - result.summary.wall_s, ended)}
     if outputs or limbs:
         from caramel.userdata import stack_outputs
 
@@ -326,7 +327,9 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
     records.sort(key=lambda r: r["instance"])
     if [r["instance"] for r in records] != list(range(batch)):
         raise BatchError(f"the ranks returned instances {[r['instance'] for r in records]}, expected 0..{batch - 1}")
-    wall = time.perf_counter() - start
+    # As in one process, the batch's wall runs from the first instance's start to the last one's end (setup
+    # excluded): the union of the ranks' windows.
+    wall = max(p["window"][1] for p in parts) - min(p["window"][0] for p in parts)
     passed = _batch_verdict([r["passed"] for r in records])
     result.records = records
     result.summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, place.world, 1, place.world, passed)
