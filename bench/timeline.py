@@ -368,9 +368,13 @@ def time_peer(n: int, repeats: int) -> list[dict]:
                     with cp.cuda.Device(d):
                         streams.append(cp.cuda.Stream(non_blocking=True))
 
-                def issue(d):  # device d pulls from the other one into its receive buffer
+                def issue(d, captured=False):  # device d pulls from the other one into its receive buffer
                     o = 1 - d
-                    rt.memcpyPeerAsync(buf[d][1].data.ptr, d, buf[o][0].data.ptr, o, nbytes, streams[d].ptr)
+                    dst, src = buf[d][1].data.ptr, buf[o][0].data.ptr
+                    if captured:  # a capture refuses cudaMemcpyPeerAsync; a unified-address copy becomes a memcpy node
+                        rt.memcpyAsync(dst, src, nbytes, rt.memcpyDefault, streams[d].ptr)
+                    else:
+                        rt.memcpyPeerAsync(dst, d, src, o, nbytes, streams[d].ptr)
 
                 movers = (0, 1) if both else (1,)
                 graphs = {}
@@ -379,7 +383,7 @@ def time_peer(n: int, repeats: int) -> list[dict]:
                         with cp.cuda.Device(d):
                             streams[d].begin_capture(getattr(rt, "streamCaptureModeThreadLocal", 1))
                             try:
-                                issue(d)
+                                issue(d, captured=True)
                             finally:
                                 graphs[d] = streams[d].end_capture()
                 times = []
