@@ -172,7 +172,8 @@ def key_mems(program: Program) -> frozenset[Mem]:
 
 def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inputs: Any = None,
               ctx: Context | None = None, indices: Sequence[int] | None = None, outputs: bool = False,
-              limbs: bool = False, rank: int = 0, log: Callable[[str], None] | None = None, **fields) -> BatchResult:
+              limbs: bool = False, rank: int = 0, log: Callable[[str], None] | None = None,
+              started: Callable[[], None] | None = None, **fields) -> BatchResult:
     """Run ``batch`` instances of ``program`` (module docstring) as ``options`` says
     (:class:`~caramel.options.RunOptions`, or its fields as keywords: ``gpus`` devices of
     ``backend``, ``device_ids`` instead of 0 .. G-1, ``shared`` inputs, ...) and check each by
@@ -180,7 +181,8 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
     values (a file or a mapping, :mod:`caramel.userdata`; stacked values feed one instance each, and
     a shared input's value must be unstacked); ``indices``: the instances this call runs (default all;
     process mode passes its share); ``outputs``/``limbs``: keep each instance's decrypted outputs (and
-    raw output limbs) in :attr:`Instance.outputs`; ``log``: a function of one line per event.
+    raw output limbs) in :attr:`Instance.outputs`; ``log``: a function of one line per event; ``started``:
+    called once the executor is set up, before the first instance is submitted (process mode's ranks meet there).
 
     Never raises for one instance: a failed instance is in ``failed``, a Ctrl-C (KeyboardInterrupt)
     ends the batch with the instances that finished (``interrupted``); the setup's errors (keys,
@@ -206,6 +208,9 @@ def run_batch(program: Program, options=None, *, batch: int = 1, keys=None, inpu
     interrupted = False
     start = time.perf_counter()
     try:
+        if started is not None:
+            started()
+            start = time.perf_counter()
         for i in indices:
             futures[i] = executor.submit(instance_data(program, data, i, shared), seed=opts.seed + i)
         index_of = {f: i for i, f in futures.items()}
@@ -299,8 +304,9 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
     mine = [i for i in range(batch) if i % place.world == place.rank]
     gpu = backend == "gpu"
     opts = opts.with_(backend=backend, gpus=1 if gpu else None, device_ids=(place.local_rank,) if gpu else None)
+    # The ranks start their instances together, their setups done (keys, plans, graphs), as one process's do.
     result = run_batch(program, opts, batch=batch, indices=mine, outputs=outputs, limbs=limbs, rank=place.rank,
-                       inputs=inputs)
+                       inputs=inputs, started=lambda: rdv.allgather("batch-start", place.rank, timeout))
     ended = time.time()  # the epoch clock: ranks on several hosts compare their windows
     if result.failed or result.interrupted:
         what = "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())) or "interrupted"

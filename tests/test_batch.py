@@ -168,6 +168,17 @@ def test_indices_select_a_share(mul2):
     assert [r["digest"] for r in part.records] == [full.records[1]["digest"], full.records[3]["digest"]]
 
 
+def test_started_is_called_once_before_the_first_instance(rot1, monkeypatch):
+    """``started`` (where process mode's ranks meet) runs after the setup and before any submission."""
+    from caramel.executor import Executor
+
+    seen = []
+    submit = Executor.submit
+    monkeypatch.setattr(Executor, "submit", lambda self, *a, **k: (seen.append("submit"), submit(self, *a, **k))[1])
+    result = run_batch(rot1, n=N, backend="cpu-plan", seed=SEED, batch=2, started=lambda: seen.append("started"))
+    assert seen == ["started", "submit", "submit"] and len(result.records) == 2
+
+
 def test_reference_backend_runs_slots_as_threads(rot1):
     result = run_batch(rot1, n=N, backend="cpu", seed=SEED, batch=3, gpus=3)
     assert [r["digest"] for r in result.records] == [single_digest(rot1, SEED + i, SEED) for i in range(3)]

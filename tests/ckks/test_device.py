@@ -158,6 +158,25 @@ def test_inputs_kept_on_the_gpu_equal_the_host_client():
     assert on_gpu.digest == host.digest and on_gpu.report.summary() == host.report.summary()
 
 
+@pytest.mark.skipif(not gpu(), reason="needs CuPy and a CUDA GPU")
+def test_secret_rows_are_made_on_each_gpu_that_encrypts():
+    """The GPU client's cached secret rows belong to the device current when they are asked for: an encryption on
+    GPU 1 after one on GPU 0 reads rows on GPU 1 (not GPU 0's through peer access), with the same bits."""
+    import cupy as cp
+
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("2 GPUs needed")
+    ctx = context(4096)
+    sec = Secrets.generate(4096, 5)
+    rows = {}
+    for d in (0, 1):
+        with cp.cuda.Device(d):
+            rows[d] = devmod.GPU.secret_rows(sec.s, ctx).take([0, 1])
+            assert rows[d].device.id == d
+            assert devmod.GPU.secret_rows(sec.s, ctx).take([0, 1]).device.id == d  # cached per device
+    assert np.array_equal(rows[0].get(), rows[1].get())
+
+
 def test_wait_for_warm_up_logs_the_wait_only_when_asked(monkeypatch, caplog):
     """``log=False`` (the key store's c1 thread): the wait ends with the warm-up's thread, no DEBUG line."""
     import logging

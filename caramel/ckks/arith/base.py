@@ -100,6 +100,11 @@ class ClientArith(abc.ABC):
             return download(a)
         return np.asarray(a)
 
+    def place(self):
+        """Where this implementation's arrays are made now (a key of the caches of device arrays): None on the
+        host."""
+        return None
+
     def prime_column(self, ctx, limbs):
         """The primes of ``limbs`` as a (k, 1) uint64 column."""
         return prime_column(ctx, limbs, self.xp)
@@ -134,11 +139,11 @@ class ClientArith(abc.ABC):
 
     def secret_rows(self, sk, ctx) -> "SecretRows":
         """The :class:`SecretRows` of secret key ``sk`` (a :class:`~caramel.ckks.keys.SecretKey`) for
-        ``ctx``, cached on the key per context and implementation."""
+        ``ctx``, cached on the key per context, implementation and :meth:`place` (each GPU its own rows)."""
         if ctx.n != sk.n:
             raise ArgumentError(f"secret has N = {sk.n}, context has N = {ctx.n}")
         cache = sk.__dict__.setdefault("_rows", {})
-        key = (id(ctx), self)
+        key = (id(ctx), self, self.place())
         hit = cache.get(key)
         if hit is None or hit.ctx is not ctx:
             hit = cache[key] = SecretRows(sk.coeffs, ctx, self)

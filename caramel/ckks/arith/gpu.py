@@ -88,6 +88,11 @@ class GpuArith(ClientArith):
     def xp(self):
         return _import_cupy() if self.array_module is None else self.array_module
 
+    def place(self):
+        """The current CUDA device (None for an array module without one)."""
+        xp = self.xp
+        return int(xp.cuda.Device().id) if hasattr(xp, "cuda") else None
+
     def rows(self, fn, total: int, n: int) -> None:
         fn(0, total)
 
@@ -160,7 +165,7 @@ class GpuArith(ClientArith):
         """(w, w') of ``table`` (:meth:`caramel.ring.NttTable.kernel_tables`) as uint64 arrays of
         :attr:`xp`, copied once per table, direction and device."""
         xp = self.xp
-        key = (forward, id(xp), int(xp.cuda.Device().id) if hasattr(xp, "cuda") else -1)
+        key = (forward, id(xp), self.place())
         per_table = _tables.setdefault(table, {})
         got = per_table.get(key)
         if got is None:
