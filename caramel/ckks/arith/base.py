@@ -115,7 +115,11 @@ class ClientArith(abc.ABC):
 
     def to_ntt_rows(self, coeffs, ctx, limbs):
         """Encoding: NTT(c mod q) of integer coefficients ``coeffs`` (host int64 or Python ints) on
-        ``limbs``, (k, N) uint32."""
+        ``limbs``, (k, N) uint32. A row of N int64 coefficients is one plaintext of :meth:`plaintext_rows`
+        (an implementation's fast path, the same bits)."""
+        c = np.asarray(coeffs)
+        if c.dtype == np.int64 and c.shape == (ctx.n,):
+            return self.plaintext_rows(c[None], ctx, [limbs])
         limbs = [int(l) for l in limbs]
         return self.transform(to_residues(coeffs, ctx, limbs, self.xp), ctx, limbs)
 

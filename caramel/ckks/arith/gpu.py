@@ -128,12 +128,6 @@ class GpuArith(ClientArith):
         """Whether ``ctx``'s transforms run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16)."""
         return self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES
 
-    def to_ntt_rows(self, coeffs, ctx, limbs):
-        c = np.asarray(coeffs)
-        if self._cuda_sizes(ctx) and c.dtype == np.int64 and c.shape == (ctx.n,):
-            return self.plaintext_rows(c[None], ctx, [limbs])
-        return super().to_ntt_rows(coeffs, ctx, limbs)
-
     def plaintext_rows(self, coeffs, ctx, groups):
         """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_cuda_sizes`, int64
         coefficients): one copy of the coefficients to the device, one launch of ``residue_rows``

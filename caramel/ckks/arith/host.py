@@ -49,12 +49,6 @@ class HostArith(ClientArith):
         self.rows(run, len(tabs), ctx.n)
         return out
 
-    def to_ntt_rows(self, coeffs, ctx, limbs):
-        c = np.asarray(coeffs)
-        if c.dtype == np.int64 and c.shape == (ctx.n,):
-            return self.plaintext_rows(c[None], ctx, [limbs])
-        return super().to_ntt_rows(coeffs, ctx, limbs)
-
     def plaintext_rows(self, coeffs, ctx, groups):
         """:meth:`ClientArith.plaintext_rows`, each row's residues and NTT in one compiled kernel
         (:func:`jit.encode_row`) when the kernels are ready, rows in chunks on the thread pool."""
