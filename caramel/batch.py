@@ -288,7 +288,7 @@ class GatheredBatch:
 
 
 def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: int, outputs: bool = False,
-                          limbs: bool = False, timeout: float = GATHER_TIMEOUT, inputs: Any = None,
+                          limbs: bool = False, timeout: float = GATHER_TIMEOUT, inputs: Any = None, keys=None,
                           **fields) -> GatheredBatch | None:
     """This process's share of a batch in process mode: instances i with i % world == rank, on
     its own device (``place``: :func:`caramel.execute.distributed.launch_env`; on the GPU the CUDA
@@ -296,7 +296,8 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
     plan engine). ``rdv``: the run's :class:`~caramel.execute.rendezvous.Rendezvous`, met already
     (:meth:`~caramel.execute.rendezvous.Rendezvous.meet`); each rank sends its records (and with
     ``outputs`` its decrypted outputs) through it to rank 0, which returns the whole batch (the
-    other ranks return None). A rank with a failed instance raises :class:`BatchError` naming it."""
+    other ranks return None). ``keys``: this rank's key set (e.g. the key store's, read by each rank), else
+    generated from the key seed. A rank with a failed instance raises :class:`BatchError` naming it."""
     from caramel.options import RunOptions, resolve_backend
 
     opts = RunOptions.of(options, **fields)
@@ -306,7 +307,7 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
     opts = opts.with_(backend=backend, gpus=1 if gpu else None, device_ids=(place.local_rank,) if gpu else None)
     # The ranks start their instances together, their setups done (keys, plans, graphs), as one process's do.
     result = run_batch(program, opts, batch=batch, indices=mine, outputs=outputs, limbs=limbs, rank=place.rank,
-                       inputs=inputs, started=lambda: rdv.allgather("batch-start", place.rank, timeout))
+                       inputs=inputs, keys=keys, started=lambda: rdv.allgather("batch-start", place.rank, timeout))
     ended = time.time()  # the epoch clock: ranks on several hosts compare their windows
     if result.failed or result.interrupted:
         what = "; ".join(f"instance {i}: {e}" for i, e in sorted(result.failed.items())) or "interrupted"

@@ -387,7 +387,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     keep = bool(args.save_outputs or args.save_limbs)
     options = _run_options(args, check)
     # A cluster's workers get the keys from the host; one process reads them on while its setup goes on.
-    keys, _ = (None, None) if args.distributed else _stored_keys(args, program, background=not args.cluster)
+    keys, _ = _stored_keys(args, program, background=not args.cluster)
     if args.distributed:
         from caramel.api import resolve_backend
         from caramel.execute.rendezvous import open_rendezvous
@@ -398,7 +398,7 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
             rdv.meet(_identity(args, program, check, place.world, backend, args.batch), MEET_SECONDS)
             gathered = run_batch_distributed(program, place, rdv, options.with_(gpus=None, backend=backend),
                                              batch=args.batch, inputs=args.inputs, outputs=keep,
-                                             limbs=args.save_limbs)
+                                             limbs=args.save_limbs, keys=keys)
         if gathered is None:
             return EXIT_OK
         result, arrays = gathered.result, gathered.outputs
@@ -478,7 +478,10 @@ def _stored_keys(args: argparse.Namespace, program, background: bool = False):
         from caramel.ckks.bind import requirements
         from caramel.ckks.keystore import load_keys, require_keys
 
-        one_gpu = args.backend == "gpu" and program.chips == 1 and args.gpus is None  # keys copied up while read
+        # Keys copied up while read, by loader threads on the current device: one GPU of one process (a rank of
+        # process mode runs on its LOCAL_RANK's device, which those threads do not use: it reads on the host).
+        one_gpu = (args.backend == "gpu" and program.chips == 1 and args.gpus is None
+                   and not getattr(args, "distributed", False))
         keyset = load_keys(args.keys, ctx, background=True, on_device=one_gpu)
         require_keys(keyset, requirements(program).keys, args.keys)
         return keyset, ctx
@@ -630,8 +633,8 @@ def _check_process_mode(args: argparse.Namespace) -> None:
     """Refuse the options that process mode does not take (before any process starts)."""
     if getattr(args, "cluster", None):
         raise CaramelError("--cluster and --distributed are two ways to spread a run: give one")
-    if getattr(args, "keys", None):
-        raise CaramelError("--keys is not supported with --distributed yet (each process generates its keys)")
+    if getattr(args, "batch", None) is None and getattr(args, "keys", None):
+        raise CaramelError("--keys goes with --batch in process mode (the ranks of one run make their keys)")
     if getattr(args, "batch", None) is None and any(getattr(args, o, None) for o in ("inputs", "save_outputs", "json")):
         raise CaramelError("--inputs, --save-outputs and --json go with --batch in process mode")
     if getattr(args, "batch", None) is None and getattr(args, "shared", None):

@@ -338,6 +338,29 @@ def test_batch_in_two_processes(program, tmp_path):
     assert doc["summary"]["processes"] == 2 and doc["summary"]["passed"] is True
 
 
+def test_batch_in_two_processes_reads_the_key_store(tmp_path):
+    """`caramel launch --nproc 2 -- run ... --batch 4 --keys DIR`: each rank reads the store; the digests are the
+    one-process batch's with the same store (and its key seed's single runs)."""
+    keys, record = tmp_path / "keys", tmp_path / "r.json"
+    assert main(["keys", str(ROT1), "--n", str(N), "--seed", "11", "--out", str(keys), "-q"]) == 0
+    have = caramel_cli("launch", "--nproc", "2", "--", "run", str(ROT1), "--n", str(N), "--backend", "cpu-plan",
+                       "--batch", "4", "--seed", str(SEED), "--keys", str(keys), "-q", "--json", str(record),
+                       env={"CARAMEL_PROGRESS": "0"})
+    assert have.returncode == 0, have.stderr[-3000:]
+    doc = json.loads(record.read_text())
+    assert doc["key_seed"] == 11 and doc["summary"]["processes"] == 2
+    local = run_batch(load_program(ROT1, progress=False), n=N, backend="cpu-plan", seed=SEED, key_seed=11, batch=4)
+    assert [r["digest"] for r in doc["instances"]] == [r["digest"] for r in local.records]
+    assert doc["instances"][1]["digest"] == single_digest(load_program(ROT1, progress=False), SEED + 1, 11)
+
+
+def test_keys_without_batch_in_process_mode_are_refused(tmp_path, capsys):
+    assert main(["keys", str(MUL2), "--n", str(N), "--out", str(tmp_path / "k"), "-q"]) == 0
+    code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--keys",
+                 str(tmp_path / "k"), "-q"])
+    assert code == 2 and "--keys goes with --batch in process mode" in capsys.readouterr().err
+
+
 def test_batch_in_process_mode_removes_its_files(tmp_path):
     """Ranks started as torchrun would start them (RANK, WORLD_SIZE, a rendezvous path that no
     launcher removes): once rank 0 has gathered the records and outputs, none of the run's files is
