@@ -78,6 +78,16 @@ def program_path(name: str) -> str:
                      "(give its path, or carry it in .data/)")
 
 
+def family_archive(family: str = "BootstrapLike_51L") -> str:
+    """The archive ``<family>.tar.xz`` of the first of :func:`program_dirs` that holds it; SystemExit when none
+    does."""
+    for d in program_dirs():
+        if (d / f"{family}.tar.xz").is_file():
+            return str(d / f"{family}.tar.xz")
+    raise SystemExit(f"bench: {family}.tar.xz not found in {', '.join(map(str, program_dirs())) or 'no folder'} "
+                     "(give its path, or carry it in .data/)")
+
+
 def find_program(name: str):
     """The program ``name`` loaded (:func:`program_path`)."""
     from caramel.parse import load_program

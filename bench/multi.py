@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from bench.corpus import reference
-from bench.harness import (ROOT, Record, add_common, bench_inputs, digest_key, find_program, log, need_gpu, open_run,
-                           program_dirs, same_stores, stored_digests)
+from bench.harness import (ROOT, Record, add_common, bench_inputs, digest_key, family_archive, find_program, log,
+                           need_gpu, open_run, program_dirs, same_stores, stored_digests)
 
 PARTS = ("probe", "tests", "launch", "checks", "bootstrap", "scaling", "floor", "sweep")
 GPU_ONLY = ("probe", "tests", "launch", "floor", "sweep")
@@ -39,12 +39,7 @@ FAMILY = "BootstrapLike_51L"
 def family(args) -> str:
     """The family of the K-chip runs: ``--family`` (an archive, or a path without ``_Kc``), else the
     BootstrapLike_51L archive, looked up as the harness looks programs up."""
-    if args.family:
-        return args.family
-    for d in program_dirs():
-        if (d / f"{FAMILY}.tar.xz").is_file():
-            return str(d / f"{FAMILY}.tar.xz")
-    raise SystemExit(f"bench multi: {FAMILY}.tar.xz not found (give --family, or carry it in .data/)")
+    return args.family or family_archive(FAMILY)
 
 
 def member(args, chips: int):

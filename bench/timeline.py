@@ -48,9 +48,6 @@ from bench import harness
 from caramel.backends.cuda.target import CUDA_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The default archive: in $CARAMEL_SHARED_PROGRAMS (as the tests), else ../shared/programs beside the checkout.
-ARCHIVE = Path(os.environ.get("CARAMEL_SHARED_PROGRAMS", ROOT.parent / "shared" / "programs"),
-               "BootstrapLike_51L.tar.xz")
 LIMB = 4  # bytes per residue
 
 
@@ -594,7 +591,8 @@ def gpus_present(backend: str, chips: Sequence[int]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for the JSON files (created)")
-    ap.add_argument("--archive", default=str(ARCHIVE), help="BootstrapLike_51L archive or family prefix")
+    ap.add_argument("--archive", help="BootstrapLike_51L archive or family prefix (default: the archive, looked up "
+                    "as programs are: .data/, $CARAMEL_SHARED_PROGRAMS, ../shared/programs)")
     ap.add_argument("--chips", default="1,2,4,8", help="the K of BootstrapLike_51L_Kc (default 1,2,4,8)")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=1, help="inputs of `caramel run --seed` (default 1)")
@@ -606,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--validate", action="store_true", help="only the model against the recorded replays")
     ap.add_argument("--nccl-only", action="store_true", help=argparse.SUPPRESS)  # transport's child process
     args = ap.parse_args(argv)
+    args.archive = args.archive or harness.family_archive()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     args.out.mkdir(parents=True, exist_ok=True)
     args.chips = [int(k) for k in args.chips.split(",")]

@@ -43,6 +43,18 @@ def test_kernel_settings_only_as_a_configuration():
         assert harness.kernel_options(config) == {"kernels": config}
 
 
+def test_the_family_archive_is_looked_up_as_programs_are(tmp_path, monkeypatch):
+    """bench multi and bench timeline find BootstrapLike_51L.tar.xz in the first program folder holding it."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (second / "BootstrapLike_51L.tar.xz").write_bytes(b"")
+    monkeypatch.setattr(harness, "program_dirs", lambda: [first, second])
+    assert harness.family_archive() == str(second / "BootstrapLike_51L.tar.xz")
+    with pytest.raises(SystemExit, match="Mul_4L.tar.xz not found"):
+        harness.family_archive("Mul_4L")
+
+
 def test_the_ab_children_lose_only_the_parents_options():
     argv = ["--base", ".ab", "--n", "4096", "--rounds=3", "--json", "x.json", "--base=.ab2", "--config", "a=1"]
     assert harness.strip_options(argv, {"--base": 1, "--rounds": 1, "--json": 1}) == ["--n", "4096", "--config",
