@@ -673,16 +673,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.no_epilogue:
         options["fuse_epilogue"] = False
     plan = build_plan(program, fuse=not args.no_fuse, fuse_ntt=loads, **options)
-    if True:  # the text (on stderr when --json -)
-        print(plan_report(plan, program, n=args.n))
-        if not args.no_fuse and not args.no_aut_fuse:  # what the automorphisms in the loads remove
-            plain = plan_stats(build_plan(program, fuse_ntt=loads, **options, fuse_automorphism=False), n=args.n)
-            print(f"without automorphisms in their consumers' loads (--no-aut-fuse): plan traffic "
-                  f"{_bytes(plain['plan_bytes'])}, {plain['by_kind']['automorphism'][1]} automorphism rows")
-        if not args.no_fuse and not args.no_ntt_fuse and args.ntt_loads != "all":  # what every NTT load removes
-            every = plan_stats(build_plan(program, fuse_ntt="all", **options), n=args.n)
-            print(f"with every NTT load (--ntt-loads all, the converting load too): plan traffic "
-                  f"{_bytes(every['plan_bytes'])}")
+    # the plan's text (on stderr with --json -, whose JSON takes stdout)
+    print(plan_report(plan, program, n=args.n))
+    if not args.no_fuse and not args.no_aut_fuse:  # what the automorphisms in the loads remove
+        plain = plan_stats(build_plan(program, fuse_ntt=loads, **options, fuse_automorphism=False), n=args.n)
+        print(f"without automorphisms in their consumers' loads (--no-aut-fuse): plan traffic "
+              f"{_bytes(plain['plan_bytes'])}, {plain['by_kind']['automorphism'][1]} automorphism rows")
+    if not args.no_fuse and not args.no_ntt_fuse and args.ntt_loads != "all":  # what every NTT load removes
+        every = plan_stats(build_plan(program, fuse_ntt="all", **options), n=args.n)
+        print(f"with every NTT load (--ntt-loads all, the converting load too): plan traffic "
+              f"{_bytes(every['plan_bytes'])}")
     _emit_json(args, plan.to_json())
     if args.dag_json or args.dot:
         graph = dag.program_graph(program)
