@@ -51,6 +51,8 @@ def checked_limbs(limbs) -> tuple[int, ...]:
     """``limbs`` as a tuple of distinct integers, at least one (their range: the context's check);
     ArgumentError otherwise (an empty list used to encrypt to nothing and decrypt to 0). Every
     ciphertext, plaintext and scalar made from the user's limbs goes through here."""
+    if type(limbs) is tuple and limbs and set(map(type, limbs)) == {int} and len(set(limbs)) == len(limbs):
+        return limbs  # already the answer (a plan's limbs): checked without a Python loop
     try:
         items = list(limbs)
     except TypeError:
@@ -104,13 +106,35 @@ def encode_plaintext(ctx, values, scale: float, limbs) -> Plaintext:
     return plaintext_from_coeffs(ctx, encode(values, scale, ctx.n), limbs, scale)
 
 
+def round_product(x: float, scale) -> int:
+    """round(x * scale) of the exact product, ties to even: ``round(Fraction(x) * Fraction(scale))``. For binary
+    floats (and ints) x = a / b and scale = c / d exactly, so the product is (a c) / (b d): floor and remainder
+    from one ``divmod``, then the tie rule, without building Fractions."""
+    if not isinstance(scale, (int, float)):
+        return round(Fraction(x) * Fraction(scale))
+    a, b = x.as_integer_ratio()
+    c, d = scale.as_integer_ratio()
+    den = b * d
+    q, r = divmod(a * c, den)
+    return q + 1 if 2 * r > den or (2 * r == den and q & 1) else q
+
+
+#: Scalars below this magnitude are reduced into their limbs by one NumPy remainder (exact in int64).
+_INT64_EXACT = 1 << 62
+
+
 def encode_scalar(ctx, value, scale: float, limbs) -> Scalar:
-    """The scalar round(value * scale) reduced into every limb (uint32 residues, shape (k,))."""
+    """The scalar round(value * scale) (exact, :func:`round_product`) reduced into every limb (uint32 residues,
+    shape (k,))."""
     c = complex(value)
     if c.imag != 0:
         raise ArgumentError(f"a scalar input must be real (constant polynomial), got {value!r}")
-    v = round(Fraction(c.real) * Fraction(scale))
+    v = round_product(c.real, scale)
     limbs = checked_limbs(limbs)
-    res = np.array([v % ctx.q(l) for l in limbs], dtype=np.uint32)
+    q = ctx.moduli(limbs).reshape(-1)
+    if -_INT64_EXACT < v < _INT64_EXACT:
+        res = np.remainder(np.int64(v), q.astype(np.int64)).astype(np.uint32)  # the sign of the divisor, as %
+    else:
+        res = np.array([v % int(p) for p in q], dtype=np.uint32)
     res.setflags(write=False)
     return Scalar(int(v), res, limbs, float(scale))

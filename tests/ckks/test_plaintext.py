@@ -38,3 +38,40 @@ def test_good_limbs_round_trip():
     ct = MAKERS["encrypt_values"](np.array([0, 2], dtype=np.int64))
     assert ct.limbs == (0, 2)
     assert np.allclose(decrypt_values(CTX, SECRETS.s, ct), VALUES, atol=1e-3)
+
+
+def test_a_plans_tuple_is_its_own_answer_and_other_limbs_are_normalised():
+    from caramel.ckks.plaintext import checked_limbs
+
+    plan = (0, 3, 5)
+    assert checked_limbs(plan) is plan
+    assert checked_limbs([np.int64(3), 0]) == (3, 0) and all(type(l) is int for l in checked_limbs((np.int64(2),)))
+    for bad, message in (((True,), "integer limb indices"), ((1, 1), "name a limb twice"), ((), "limbs is empty")):
+        with pytest.raises(ArgumentError, match=message):
+            checked_limbs(bad)
+
+
+def test_round_product_is_the_exact_product_rounded_half_to_even():
+    from fractions import Fraction
+
+    from caramel.ckks.plaintext import round_product
+
+    rng = np.random.default_rng(7)
+    xs = list(rng.uniform(-1, 1, 300) * 10.0 ** rng.integers(-12, 6, 300))
+    xs += [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.0, -0.0, 2.0**-40, 1e300, -1e-300]
+    scales = [2.0**28, 2.0**40 * 1.000001, 3.0, 1, 2**70, np.float64(2.0**20), Fraction(7, 3), 1e-3]
+    for x in xs:
+        for s in scales:
+            assert round_product(float(x), s) == round(Fraction(float(x)) * Fraction(s)), (x, s)
+
+
+@pytest.mark.parametrize("value,scale", [(0.375, 2.0**28), (-0.375, 2.0**28), (-1.0, 2.0**61), (3.25, 2.0**70),
+                                         (-3.25, 2.0**70), (1e-9, 2.0**20)])
+def test_scalar_residues_are_the_rounded_value_mod_each_prime(value, scale):
+    from fractions import Fraction
+
+    limbs = (0, 5, 63)
+    sc = encode_scalar(CTX, value, scale, limbs)
+    v = round(Fraction(value) * Fraction(scale))
+    assert sc.value == v and sc.residues.dtype == np.uint32
+    assert list(sc.residues) == [v % CTX.q(l) for l in limbs]
