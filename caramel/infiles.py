@@ -113,15 +113,6 @@ def read_package_file(path: str | os.PathLike) -> bytes:
     return read_bounded(path, PACKAGE_FILE_MAX)
 
 
-def read_text_bounded(path: str | os.PathLike, limit: int, **kwargs) -> str:
-    """:func:`read_bounded` decoded as UTF-8 (:class:`BadData` when it is not)."""
-    data = read_bounded(path, limit, **kwargs)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadData(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-
-
 def parse_json(text: str | bytes, *, max_depth: int = JSON_MAX_DEPTH, max_digits: int = JSON_MAX_DIGITS) -> Any:
     """A JSON document (strict: no NaN or Infinity) nested at most ``max_depth`` levels, its
     integers of at most ``max_digits`` digits; :class:`BadData` for anything else."""

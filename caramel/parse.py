@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePath
-from typing import Callable, Iterable
+from typing import Callable
 
 from caramel.errors import Location, ParseError
 from caramel.infiles import NotRegularFile, TooLarge, read_bounded, read_package_file
@@ -855,10 +855,3 @@ def _decode_entry(arrays, header: dict):
     from caramel import cache as store
 
     return store.decode(arrays, header), header.get("archive_folder")
-
-
-def iter_lines(program: Program) -> Iterable[tuple[Stream, Instruction]]:
-    """Every (stream, instruction) pair of a program, chip by chip."""
-    for stream in program.streams:
-        for ins in stream.instructions:
-            yield stream, ins

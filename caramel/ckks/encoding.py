@@ -162,11 +162,6 @@ def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np
             for p in range(rows)]  # float_to_int: Python ints, or the error of a non-finite value
 
 
-def slot_count(n: int) -> int:
-    """Number of complex slots, N/2."""
-    return n // 2
-
-
 def encode_float(values, n: int) -> np.ndarray:
     """Real float64 coefficients m (unit scale, no rounding) with slot_j(m) = values[j].
 

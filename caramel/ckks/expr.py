@@ -155,10 +155,6 @@ def _range_generator(gen: ast.GeneratorExp, names, functions, text: str) -> tupl
     return var, list(it.args)
 
 
-def _is_callee(tree: ast.AST, name: ast.Name) -> bool:
-    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(tree))
-
-
 def _check_int(v: Any, text: str) -> Any:
     if isinstance(v, int) and v.bit_length() > MAX_INT_BITS:
         raise ExprError(f"integer larger than 2^{MAX_INT_BITS} in {text!r}")
