@@ -280,6 +280,26 @@ def test_plaintexts_and_scalars_shared_or_per_instance(name, shared, fed, monkey
     assert len({r.digest for r in results}) == 3
 
 
+def test_a_scalar_residue_at_its_prime_fails_its_instance_alone():
+    """A ready Scalar whose residue on a limb is that limb's prime: the lane's scalar table refuses it with a
+    BindingError naming the input, the residue and the limb; the instances around it run."""
+    from caramel.ckks.plaintext import Scalar
+
+    program = _corpus("AddScalar_4L_1c")
+    with Executor(program, n=N, backend="cpu-plan", seed=SEED) as ex:
+        good = ex.encrypt(seed=SEED)
+        s = good["s"]
+        residues = np.array(s.residues)
+        residues[1] = ex.ctx.q(s.limbs[1])
+        bad = dict(good, s=Scalar(s.value, residues, s.limbs, s.scale))
+        futures = [ex.submit(good), ex.submit(bad), ex.submit(good)]
+        with pytest.raises(BindingError, match=rf"scalar input s: residue {residues[1]} on limb {s.limbs[1]} is not "
+                                               rf"below q_{s.limbs[1]}"):
+            futures[1].result()
+        digests = {futures[k].result().digest for k in (0, 2)}
+    assert digests == {single(program, SEED).digest}
+
+
 def test_the_plan_is_built_while_the_keys_are_made(rot1, monkeypatch):
     """The plan (cpu-plan backend) is built on a thread of its own at the same time as the keys are made: each waits
     for the other to have started (built one after the other, the first would wait in vain); the digest is the single
