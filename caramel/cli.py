@@ -306,7 +306,6 @@ def _run_loaded(args: argparse.Namespace, program, load_s: float) -> int:
     outcome = run_program(program, _run_options(args, check), inputs=args.inputs, ctx=ctx, keys=keys)
     if keys is not None:
         outcome.timings["keys"] += keys_s  # loading the key store (--keys DIR) is the keys phase
-        getattr(keys.keys, "wait", lambda: None)()  # a damaged file of a key the program did not read still fails
     gpus = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
           f"mode {args.mode}, backend {outcome.backend} on {gpus} device(s): ran in {outcome.seconds:.2f} s")
@@ -412,8 +411,6 @@ def _run_batch(args: argparse.Namespace, program, check, load_s: float) -> int:
     else:
         result = run_batch(program, options, batch=args.batch, keys=keys, inputs=args.inputs, outputs=keep,
                            limbs=args.save_limbs)
-        if keys is not None:
-            getattr(keys.keys, "wait", lambda: None)()  # a damaged file of a key no instance read still fails
         arrays = stack_outputs([x.outputs for x in result.instances]) if keep and result.instances else None
     shared = f", shared {', '.join(result.shared)}" if result.shared else ""
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
