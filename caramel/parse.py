@@ -846,7 +846,10 @@ def load_program(
                 store.write_entry(cache_file, store.to_bytes(program, meta))  # a read-only cache is not an error
             logger.debug("cold path: load cache entry of %s written %.2f s", program.name, time.perf_counter() - t2)
 
-        store.defer_entry(program, write) if defer_write else write()
+        if defer_write:
+            store.defer_entry(program, write)
+        else:
+            write()
     return store.remember(program, cache_file.stem)  # the plan cache's key (caramel.plan_cache)
 
 
