@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from caramel.ckks.encoding import encode
+from caramel.ckks.encoding import INT64_LIMIT, encode
 from caramel.ckks.device import chosen, client_array, to_ntt
 from caramel.errors import ArgumentError, MissingLimbError
 
@@ -119,10 +119,6 @@ def round_product(x: float, scale) -> int:
     return q + 1 if 2 * r > den or (2 * r == den and q & 1) else q
 
 
-#: Scalars below this magnitude are reduced into their limbs by one NumPy remainder (exact in int64).
-_INT64_EXACT = 1 << 62
-
-
 def encode_scalar(ctx, value, scale: float, limbs) -> Scalar:
     """The scalar round(value * scale) (exact, :func:`round_product`) reduced into every limb (uint32 residues,
     shape (k,))."""
@@ -132,7 +128,7 @@ def encode_scalar(ctx, value, scale: float, limbs) -> Scalar:
     v = round_product(c.real, scale)
     limbs = checked_limbs(limbs)
     q = ctx.moduli(limbs).reshape(-1)
-    if -_INT64_EXACT < v < _INT64_EXACT:
+    if -INT64_LIMIT < v < INT64_LIMIT:  # exact in int64: one NumPy remainder for every limb
         res = np.remainder(np.int64(v), q.astype(np.int64)).astype(np.uint32)  # the sign of the divisor, as %
     else:
         res = np.array([v % int(p) for p in q], dtype=np.uint32)
