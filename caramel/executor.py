@@ -816,7 +816,7 @@ class Executor:
         digest = output_digest(self.program, memory)
         t["digest"] = time.perf_counter() - t0
         # A result holds its input objects only when asked: on a GPU lane they are the instance's rows on the
-        # device (a gigabyte for a 51L program), which results kept by the caller must not pin.
+        # device (every plaintext it draws), which results kept by the caller must not pin.
         objects = job.objects if self.keep_inputs else {}
         prepared = self.plan_inputs.prepared(self.keys.secrets, job.values, objects, {}, self.keys.keys)
         t0 = time.perf_counter()
