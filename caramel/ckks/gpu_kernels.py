@@ -5,9 +5,10 @@ kernels:
 
 * CUDA modules of caramel's own source, compiled through the source-keyed cache
   (:mod:`caramel.backends.cuda.compiler`): the transform and the ring's twiddle kernels (the executor's own, shared
-  with it), NumPy's PCG64 words (:mod:`caramel.ckks.pcg`) and the Lemire replay (:mod:`caramel.ckks.sampling`);
+  with it), NumPy's PCG64 words (:mod:`caramel.ckks.pcg`), the Lemire and binomial replays
+  (:mod:`caramel.ckks.sampling`);
 * the kernels CuPy generates for the array operations of the client's formulas (:mod:`caramel.ckks.arith.base`,
-  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`, the binomial replay): :data:`ARRAY_KERNELS`,
+  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`): :data:`ARRAY_KERNELS`,
   each the very call a formula makes, in the same form (a ufunc or an operator, the same operand types, a Python
   float where the formula has one), made once on small arrays of the same types and layout
   (:class:`~caramel.backends.cuda.array_kernels.ArrayKernel`).
@@ -24,9 +25,7 @@ import numpy as np
 
 from caramel.backends.cuda.array_kernels import ROWS, ArrayKernel, index, rows
 
-_U64, _U32, _I64, _F64 = np.uint64, np.uint32, np.int64, np.float64
-#: The binomial replay's draws: 2 N raw words (two binomials a coefficient).
-_DRAWS = 2
+_U64, _U32, _I64 = np.uint64, np.uint32, np.int64
 
 
 def column(cp, k: int = ROWS, dtype=np.uint64):
@@ -53,21 +52,6 @@ def _in_place(op: str, dtype):
         else:
             c += x
     return launch
-
-
-def _iand(cp, n: int) -> None:
-    alive = cp.ones(_DRAWS * n, dtype=bool)
-    alive &= cp.greater(cp.zeros(_DRAWS * n, dtype=_F64), 0.5)
-
-
-def _iadd_bool(cp, n: int) -> None:
-    x = cp.zeros(_DRAWS * n, dtype=_I64)
-    x += cp.ones(_DRAWS * n, dtype=bool)
-
-
-def _halves(cp, n: int):
-    x = cp.zeros(_DRAWS * n, dtype=_I64)
-    return x[:n] - x[n:]
 
 
 def _residue_row(cp, n: int):
@@ -120,29 +104,13 @@ ARRAY_KERNELS = (
     ArrayKernel("to_residues: astype(uint32) of int64 rows", lambda cp, n: rows(cp, n, _I64).astype(_U32)),
     # the uniform draw (lemire_state_rows): its status
     ArrayKernel("lemire_state_rows: ones(int64)", lambda cp, n: cp.ones(2, dtype=_I64)),
-    # the binomial replay (cbd on the device)
-    ArrayKernel("binomial_replay: right_shift(words, uint64(11))",
-                lambda cp, n: cp.right_shift(cp.zeros(_DRAWS * n, dtype=_U64), _U64(11))),
-    ArrayKernel("binomial_replay: astype(float64)", lambda cp, n: cp.zeros(_DRAWS * n, dtype=_U64).astype(_F64)),
-    ArrayKernel("binomial_replay: multiply(u, float)",
-                lambda cp, n: cp.multiply(cp.zeros(_DRAWS * n, dtype=_F64), 1.0 / 9007199254740992.0)),
-    ArrayKernel("binomial_replay: ones(bool)", lambda cp, n: cp.ones(_DRAWS * n, dtype=bool)),
-    ArrayKernel("binomial_replay: greater(u, float)", lambda cp, n: cp.greater(cp.zeros(_DRAWS * n, dtype=_F64), 0.5)),
-    ArrayKernel("binomial_replay: alive &= greater(u, px)", _iand),
-    ArrayKernel("binomial_replay: x += alive", _iadd_bool),
-    ArrayKernel("binomial_replay: subtract(u, float)",
-                lambda cp, n: cp.subtract(cp.zeros(_DRAWS * n, dtype=_F64), 0.5)),
-    ArrayKernel("binomial_replay: where(alive, u - px, u)",
-                lambda cp, n: cp.where(cp.ones(_DRAWS * n, dtype=bool), cp.zeros(_DRAWS * n, dtype=_F64),
-                                       cp.zeros(_DRAWS * n, dtype=_F64))),
-    ArrayKernel("binomial_replay: x[:n] - x[n:]", _halves),
 )
 
 
 def client_modules(ctx) -> list:
     """The CUDA modules of the client at ring ``ctx`` (:class:`~caramel.backends.cuda.kernel_set.Module`): the
     transform, the twiddle kernels and the plaintexts' residues (for N = 2^12 .. 2^16, where the client transforms on
-    caramel's kernels), the PCG64 words, the Lemire replay and the binomial draw's test (:func:`sampling.any_true`)."""
+    caramel's kernels), the PCG64 words, the Lemire replay and the binomial replay (:data:`sampling.BINOMIAL_SOURCE`)."""
     from caramel.backends.cuda.compiler import NVRTC_OPTIONS
     from caramel.backends.cuda.kernel_set import KernelSet, Module
     from caramel.ckks import pcg, sampling
@@ -156,7 +124,7 @@ def client_modules(ctx) -> list:
         found.append(Module(("residue_rows",), ((RESIDUE_ROWS_SRC, ("residue_rows",), NVRTC_OPTIONS),)))
     found.append(Module(("pcg",), ((pcg.SOURCE, (pcg.KERNEL,), pcg.OPTIONS),)))
     found.append(Module(("lemire",), ((sampling.LEMIRE_SOURCE, sampling.LEMIRE_KERNELS, sampling.LEMIRE_OPTIONS),)))
-    found.append(Module(("any",), ((sampling.ANY_SOURCE, (sampling.ANY_KERNEL,), NVRTC_OPTIONS),)))
+    found.append(Module(("binomial",), ((sampling.BINOMIAL_SOURCE, (sampling.BINOMIAL_KERNEL,), NVRTC_OPTIONS),)))
     return found
 
 

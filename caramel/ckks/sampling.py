@@ -278,34 +278,36 @@ def _lemire_kernel(name: str):
     return function(LEMIRE_SOURCE, name, LEMIRE_OPTIONS)
 
 
-#: Whether any value of a bool array is true, into a flag set beforehand to 0: a kernel of its own, since CuPy's
-#: reductions (``any``, ``max``) compile CUB's headers (seconds on a first run).
-ANY_SOURCE = r"""
-extern "C" __global__ void any_true(const bool* __restrict__ a, long long n, int* __restrict__ flag) {
+#: NumPy's inversion for Bin(k, 1/2) on both halves of 2 m raw words at once (:func:`binomial_replay`), and their
+#: difference: per word u = (w >> 11) 2^-53, then while u > px[s]: x += 1, u -= px[s] (the host's px table: the same
+#: doubles as NumPy's recurrence). A value still above px[bound] after ``bound`` steps sets ``flag`` (NumPy draws
+#: again: no replay). One subtraction and one comparison a step, as NumPy's doubles (no product to contract).
+BINOMIAL_SOURCE = r"""
+__device__ long long binomial_inverse(unsigned long long w, const double* __restrict__ px, int bound, int* flag) {
+    double u = (double)(w >> 11) * (1.0 / 9007199254740992.0);
+    long long x = 0;
+    int s = 0;
+    for (; s < bound && u > px[s]; ++s) { x += 1; u = u - px[s]; }
+    if (s == bound && u > px[bound]) *flag = 1;
+    return x;
+}
+
+extern "C" __global__ void binomial_difference(const unsigned long long* __restrict__ words,
+                                               const double* __restrict__ px, int bound, long long m,
+                                               long long* __restrict__ out, int* __restrict__ flag) {
     const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
-        if (a[i]) { *flag = 1; return; }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < m; i += step)
+        out[i] = binomial_inverse(words[i], px, bound, flag) - binomial_inverse(words[m + i], px, bound, flag);
 }
 """
-ANY_KERNEL = "any_true"
-_ANY_THREADS = 256
+BINOMIAL_KERNEL = "binomial_difference"
+_BINOMIAL_THREADS = 256
 
 
-def _any_kernel():
+def _binomial_kernel():
     from caramel.backends.cuda.compiler import function
 
-    return function(ANY_SOURCE, ANY_KERNEL)
-
-
-def any_true(a, xp=np) -> bool:
-    """``bool(a.any())`` for a 1-D bool array ``a`` of ``xp``: NumPy's own on the host, :data:`ANY_SOURCE` on a
-    device (one small kernel and a 4-byte read)."""
-    if xp is np:
-        return bool(a.any())
-    flag = xp.zeros(1, dtype=np.int32)
-    blocks = max(1, min(1024, -(-int(a.size) // _ANY_THREADS)))
-    _any_kernel()((blocks,), (_ANY_THREADS,), (a, np.int64(a.size), flag))
-    return bool(int(flag.get()[0]))
+    return function(BINOMIAL_SOURCE, BINOMIAL_KERNEL)
 
 
 def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
@@ -511,32 +513,47 @@ def binomial_replay(n: int, k: int, rng: np.random.Generator, xp=np):
     NumPy draws Bin(k, p) for k p <= 30 by inversion from one double U = (w >> 11) 2^-53 per value
     (w a raw 64-bit word): px = q^k, X = 0; while U > px: X += 1, U -= px, px = (k-X+1) p px / (X q);
     a value that would pass X > bound = min(k, k p + 10 sqrt(k p q + 1)) draws a new U (then this
-    returns None, the generator untouched). The loop runs here on all values at once, with the same
-    floating-point operations in the same order.
+    returns None, the generator untouched). The px of every step come from that recurrence on the host
+    (:func:`binomial_steps`); the loop runs on all values at once (NumPy) or one value a thread
+    (:data:`BINOMIAL_SOURCE`), with the same floating-point operations in the same order.
     """
     state = rng.bit_generator.state
-    p = 0.5
-    q = 1.0 - p
-    if state.get("bit_generator") != "PCG64" or p * k > 30.0:
+    if state.get("bit_generator") != "PCG64" or 0.5 * k > 30.0:
         return None
     words = raw_words(rng.bit_generator, 2 * n, xp)
-    # Ufuncs called, not operators: a CuPy operator whose right operand is not a CuPy array (a Python
-    # float, a NumPy scalar) calls NumPy's ufunc, which comes back through CuPy's __array_ufunc__; its
-    # first call imports cupyx.scipy.special and SciPy (0.3-0.6 s on the GPU machine).
-    u = xp.multiply(xp.right_shift(words, np.uint64(11)).astype(np.float64), 1.0 / 9007199254740992.0)
-    qn = math.exp(k * math.log(q))
-    bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))
-    x = xp.zeros(2 * n, dtype=np.int64)
-    alive = xp.ones(2 * n, dtype=bool)
-    px = qn
-    for step in range(1, bound + 2):
-        alive &= xp.greater(u, px)
-        if step > bound:
-            if any_true(alive, xp):
+    px, bound = binomial_steps(k)
+    if xp is not np:
+        out = xp.empty(n, dtype=np.int64)
+        flag = xp.zeros(1, dtype=np.int32)
+        blocks = max(1, min(4096, -(-n // _BINOMIAL_THREADS)))
+        _binomial_kernel()((blocks,), (_BINOMIAL_THREADS,),
+                           (words, xp.asarray(np.array(px, dtype=np.float64)), np.int32(bound), np.int64(n), out, flag))
+        if int(flag.get()[0]):
+            rng.bit_generator.state = state
+            return None
+        return out
+    u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    x = np.zeros(2 * n, dtype=np.int64)
+    alive = np.ones(2 * n, dtype=bool)
+    for step in range(bound + 1):
+        alive &= u > px[step]
+        if step == bound:
+            if alive.any():
                 rng.bit_generator.state = state
                 return None
             break
         x += alive
-        u = xp.where(alive, xp.subtract(u, px), u)
-        px = ((k - step + 1) * p * px) / (step * q)
+        u = np.where(alive, u - px[step], u)
     return x[:n] - x[n:]
+
+
+def binomial_steps(k: int, p: float = 0.5) -> tuple[list[float], int]:
+    """(px, bound) of NumPy's inversion for Bin(k, p): px[s] the probability that step s + 1 compares with, from
+    NumPy's recurrence px = q^k, then px = (k - s + 1) p px / (s q) after step s, in its order of operations;
+    ``bound`` = min(k, k p + 10 sqrt(k p q + 1)) steps (a value above px[bound] after them is drawn again)."""
+    q = 1.0 - p
+    bound = int(min(k, k * p + 10.0 * math.sqrt(k * p * q + 1)))
+    px = [math.exp(k * math.log(q))]
+    for step in range(1, bound + 1):
+        px.append(((k - step + 1) * p * px[-1]) / (step * q))
+    return px, bound

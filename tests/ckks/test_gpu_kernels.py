@@ -228,7 +228,8 @@ class TracingXP:
 @pytest.fixture
 def host_kernels(monkeypatch):
     """The client's CUDA kernels replaced by their host twins: the transform (the context's NTT, rows of the arena
-    by slots), the PCG64 words (NumPy's own) and the Lemire replay (its host reference)."""
+    by slots), the PCG64 words (NumPy's own), the Lemire replay (its host reference) and the binomial replay (one
+    value at a time)."""
     from caramel.backends.cuda import backend
     from caramel.backends.cuda import ntt as cuda_ntt
 
@@ -277,13 +278,24 @@ def host_kernels(monkeypatch):
     monkeypatch.setattr(sampling, "_lemire_kernel", lemire_kernel)
     monkeypatch.setattr(gpu_arith, "_residue_kernel", residue_kernel)
 
-    def any_kernel():
-        def launch(grid, block, args):
-            a, n, flag = args
-            np.asarray(flag)[0] = int(np.asarray(a)[: int(n)].any())
+    def binomial_kernel():
+        def launch(grid, block, args):  # BINOMIAL_SOURCE, one value at a time
+            words, px, bound, m, out, flag = args
+            words, px, bound, m = np.asarray(words), [float(v) for v in np.asarray(px)], int(bound), int(m)
+
+            def inverse(word) -> int:
+                u, x = float(int(word) >> 11) * (1.0 / 9007199254740992.0), 0
+                for s in range(bound):
+                    if not u > px[s]:
+                        return x
+                    x, u = x + 1, u - px[s]
+                if u > px[bound]:
+                    np.asarray(flag)[0] = 1
+                return x
+            np.asarray(out)[:] = [inverse(words[i]) - inverse(words[m + i]) for i in range(m)]
         return launch
 
-    monkeypatch.setattr(sampling, "_any_kernel", any_kernel)
+    monkeypatch.setattr(sampling, "_binomial_kernel", binomial_kernel)
 
 
 def client_calls() -> set:
@@ -357,7 +369,7 @@ def test_client_jobs_name_every_kernel_without_a_gpu():
 
     jobs = gpu_kernels.client_jobs(context(65536))
     modules = {j.key[0]: j for j in jobs if hasattr(j, "key")}
-    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire", "residue_rows", "any"}
+    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire", "residue_rows", "binomial"}
     assert modules["residue_rows"].candidates[0][:2] == (gpu_arith.RESIDUE_ROWS_SRC, ("residue_rows",))
     assert modules["ntt"].candidates[0][0] == transform_source(16, True, KernelConfig().ntt)
     assert modules["pcg"].candidates == ((pcg.SOURCE, ("pcg64_words",), pcg.OPTIONS),)
@@ -365,4 +377,4 @@ def test_client_jobs_name_every_kernel_without_a_gpu():
     sized = [j for j in jobs if not hasattr(j, "key")]
     assert len(sized) == len(gpu_kernels.ARRAY_KERNELS) and all(j.n == 65536 for j in sized)
     assert max(jobs, key=lambda j: j.weight) is modules["ntt"]  # started first
-    assert {j.key[0] for j in gpu_kernels.client_jobs(context(1 << 11)) if hasattr(j, "key")} == {"pcg", "lemire", "any"}
+    assert {j.key[0] for j in gpu_kernels.client_jobs(context(1 << 11)) if hasattr(j, "key")} == {"pcg", "lemire", "binomial"}

@@ -363,19 +363,52 @@ def test_compiled_host_replay_declines(monkeypatch):
     assert rng.bit_generator.state == before
 
 
-@pytest.mark.parametrize("where", [None, 0, 4095, 70_000])
-def test_any_true_on_host_and_gpu(where):
-    """sampling.any_true = ``a.any()``: all false, a true value first, last of a block, far out (a grid-strided
-    block); on the GPU when there is one."""
-    from caramel.ckks.sampling import any_true
-
-    a = np.zeros(100_000, dtype=bool)
-    if where is not None:
-        a[where] = True
-    assert any_true(a, np) is (where is not None)
+@pytest.mark.parametrize(("seed", "n"), [(0, 4096), (1, 65536), (2, 1000)])
+def test_binomial_replay_on_the_gpu_equals_numpy(seed, n):
+    """The device replay (one kernel: BINOMIAL_SOURCE) gives NumPy's centred binomial bit for bit and leaves the
+    generator where NumPy does."""
     cp = pytest.importorskip("cupy")
     from caramel.api import gpu_available
+    from caramel.ckks.sampling import binomial_replay
 
     if not gpu_available():
         pytest.skip("no CUDA device")
-    assert any_true(cp.asarray(a), cp) is (where is not None)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    want = r1.binomial(21, 0.5, n).astype(np.int64) - r1.binomial(21, 0.5, n).astype(np.int64)
+    got = binomial_replay(n, 21, r2, cp)
+    assert got.dtype == np.int64 and np.array_equal(got.get(), want)
+    assert r1.bit_generator.state == r2.bit_generator.state
+
+
+@pytest.mark.parametrize("where", ["host", "gpu"])
+def test_binomial_replay_declines_a_value_past_the_bound(where, monkeypatch):
+    """A value NumPy would draw again (still above px after ``bound`` steps): no replay, the generator untouched."""
+    from caramel.ckks import sampling
+
+    xp = np
+    if where == "gpu":
+        xp = pytest.importorskip("cupy")
+        from caramel.api import gpu_available
+
+        if not gpu_available():
+            pytest.skip("no CUDA device")
+    px, _ = sampling.binomial_steps(21)
+    monkeypatch.setattr(sampling, "binomial_steps", lambda k: (px[:2], 1))  # one step: most values pass it
+    rng = np.random.default_rng(3)
+    before = rng.bit_generator.state
+    assert sampling.binomial_replay(4096, 21, rng, xp) is None
+    assert rng.bit_generator.state == before
+
+
+def test_binomial_steps_follow_numpys_recurrence():
+    """px from q^k as NumPy computes it (exp(k log q), not 0.5 ** 21 exactly), then its recurrence."""
+    import math
+
+    from caramel.ckks.sampling import binomial_steps
+
+    px, bound = binomial_steps(21)
+    want = math.exp(21 * math.log(0.5))
+    assert bound == 21 and len(px) == 22 and px[0] == want != 0.5 ** 21
+    for step in range(1, 22):
+        want = ((21 - step + 1) * 0.5 * want) / (step * 0.5)
+        assert px[step] == want
