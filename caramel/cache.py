@@ -46,7 +46,8 @@ import os
 import stat
 import threading
 import time
-from itertools import repeat
+from collections import defaultdict
+from itertools import chain, count, repeat
 from pathlib import Path
 from typing import Callable
 
@@ -150,55 +151,35 @@ def _narrow(values) -> np.ndarray:
     return a
 
 
-class _Tables:
-    """Interning tables filled while encoding: operands, operand tuples, int tuples, terms."""
-
-    def __init__(self):
-        self.operands: dict[object, int] = {}
-        self.rows: list[tuple[int, int, int, int]] = []
-        self.terms: dict[str, int] = {}
-        self.otups: dict[tuple, int] = {}
-        self.otup_rows: list[tuple[int, ...]] = []
-        self.itups: dict[tuple, int] = {}
-        self.itup_rows: list[tuple[int, ...]] = []
-
-    def operand(self, x) -> int:
-        if x is None:
-            return -1
-        got = self.operands.get(x)
-        if got is None:
-            kind = _KIND[type(x)]
-            if kind == 3:
-                term = self.terms.setdefault(x.term, len(self.terms))
-                row = (3, x.limb, 0, term)
-            elif kind == 2:
-                row = (2, x.unit, x.slot, -1)
-            else:
-                row = (kind, x.index, int(x.dead), -1)
-            got = self.operands[x] = len(self.rows)
-            self.rows.append(row)
-        return got
-
-    def otup(self, xs: tuple) -> int:
-        got = self.otups.get(xs)
-        if got is None:
-            got = self.otups[xs] = len(self.otup_rows)
-            self.otup_rows.append(tuple(self.operand(x) for x in xs))
-        return got
-
-    def itup(self, xs: tuple) -> int:
-        got = self.itups.get(xs)
-        if got is None:
-            got = self.itups[xs] = len(self.itup_rows)
-            self.itup_rows.append(xs)
-        return got
+def numbering() -> defaultdict:
+    """A dict that numbers each new key in the order first seen (0, 1, ...): ``ids[x]`` is x's number. Mapping
+    ``ids.__getitem__`` over a column numbers it in one C loop (one hash an element)."""
+    return defaultdict(count().__next__)
 
 
-def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+def _numbers(ids: dict, column) -> list[int]:
+    return list(map(ids.__getitem__, column))
+
+
+def _operand_row(x, terms: defaultdict) -> tuple[int, int, int, int]:
+    """``x``'s row of the operand table (see the module docstring)."""
+    kind = _KIND[type(x)]
+    if kind == 3:
+        return (3, x.limb, 0, terms[x.term])
+    if kind == 2:
+        return (2, x.unit, x.slot, -1)
+    return (kind, x.index, int(x.dead), -1)
+
+
+def _offsets(rows) -> np.ndarray:
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(r) for r in rows])
-    flat = [v for r in rows for v in r]
-    return _narrow(offsets), _narrow(flat)
+    offsets[1:] = np.cumsum(list(map(len, rows)))
+    return _narrow(offsets)
+
+
+def _csr(rows) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of integer rows: row i is ``values[offsets[i]:offsets[i + 1]]``."""
+    return _offsets(rows), _narrow(list(chain.from_iterable(rows)))
 
 
 def _manifest_json(m: Manifest) -> dict:
@@ -219,42 +200,41 @@ def _manifest_from(d: dict) -> Manifest:
 
 
 def encode(program: Program, meta: dict) -> dict[str, np.ndarray]:
-    """``program`` as named integer arrays plus a JSON ``header`` (``meta`` merged into it)."""
-    t = _Tables()
-    cols: dict[str, list] = {c: [] for c in _COLUMNS}
-    bases: dict[int, int] = {}
-    lengths = []
-    for stream in program.streams:
-        lengths.append(len(stream.instructions))
-        for ins in stream.instructions:
-            cols["op"].append(_OPCODE_INDEX[ins.op])
-            cols["dst"].append(t.operand(ins.dst))
-            cols["srcs"].append(t.otup(ins.srcs))
-            cols["base"].append(-1 if ins.base is None else bases.setdefault(ins.base, len(bases)))
-            cols["line"].append(ins.line)
-            cols["final"].append(int(ins.final))
-            cols["step"].append(ins.step)
-            cols["sync"].append(ins.sync)
-            cols["size"].append(ins.size)
-            cols["unit"].append(ins.unit)
-            cols["out"].append(t.itup(ins.out_limbs))
-            cols["in"].append(t.itup(ins.in_limbs))
-            cols["group"].append(t.otup(ins.group))
+    """``program`` as named integer arrays plus a JSON ``header`` (``meta`` merged into it). Column by column: an
+    instruction is a named tuple, so ``zip(*instructions)`` gives the columns, and each table numbers its distinct
+    values (:func:`numbering`) with None first, so that ``number - 1`` is -1 for None."""
+    instructions = [ins for stream in program.streams for ins in stream.instructions]
+    columns = tuple(zip(*instructions)) or ((),) * len(_COLUMNS)
+    op, dst, srcs, base, line, final, step, sync, size, unit, out, in_, group = columns
+    operands, otups, itups, bases, terms = numbering(), numbering(), numbering(), numbering(), numbering()
+    operands[None], bases[None]  # number 0: -1 once shifted
+    cols = {
+        "op": _numbers(_OPCODE_INDEX, op),
+        "dst": np.subtract(_numbers(operands, dst), 1),
+        "srcs": _numbers(otups, srcs),
+        "base": np.subtract(_numbers(bases, base), 1),
+        "line": line, "final": final, "step": step, "sync": sync, "size": size, "unit": unit,
+        "out": _numbers(itups, out),
+        "in": _numbers(itups, in_),
+        "group": _numbers(otups, group),
+    }
+    otup_values = np.subtract(_numbers(operands, chain.from_iterable(otups)), 1)
+    operand_rows = [_operand_row(x, terms) for x in list(operands)[1:]]
     header = {
         **meta,
         "name": program.name,
         "path": program.path,
         "streams": [[s.chip, s.path] for s in program.streams],
-        "lengths": lengths,
-        "terms": list(t.terms),
+        "lengths": [len(s.instructions) for s in program.streams],
+        "terms": list(terms),
         "manifest": _manifest_json(program.manifest),
         "chip_manifests": [_manifest_json(m) for m in program.chip_manifests],
     }
     arrays = {f"c_{c}": _narrow(v) for c, v in cols.items()}
-    arrays["bases"] = _narrow(list(bases))
-    arrays["opnd"] = _narrow(t.rows).reshape(len(t.rows), 4)
-    arrays["otup_off"], arrays["otup_val"] = _csr(t.otup_rows)
-    arrays["itup_off"], arrays["itup_val"] = _csr(t.itup_rows)
+    arrays["bases"] = _narrow(list(bases)[1:])
+    arrays["opnd"] = _narrow(operand_rows).reshape(len(operand_rows), 4)
+    arrays["otup_off"], arrays["otup_val"] = _offsets(otups), _narrow(otup_values)
+    arrays["itup_off"], arrays["itup_val"] = _csr(list(itups))
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     return arrays
 
