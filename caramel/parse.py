@@ -30,9 +30,12 @@ import re
 import tarfile
 import time
 from dataclasses import dataclass, field
+from collections import defaultdict
 from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path, PurePath
-from typing import Callable
+from typing import Callable, Iterator
 
 from caramel.errors import Location, ParseError
 from caramel.infiles import NotRegularFile, TooLarge, read_bounded, read_package_file
@@ -233,128 +236,190 @@ def parse_instruction(text: str, path: str = "<string>", line: int = 1) -> Instr
 
 
 # ----------------------------------------------------------------------------------------------
-# Fast path: one regular expression per opcode over the fixed format
+# Fast path: per shape of instruction, one regular expression over all its lines
 # ----------------------------------------------------------------------------------------------
 
-_R = r"(r\d+(?:\[X\])?)"
-_S = r"(s\d+(?:\[X\])?)"
-_B = r" \| (\d+)"
-_FAST = {
-    "load": _ascii(r"load (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
-    "evg": _ascii(r"evg (r\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
-    "loas": _ascii(r"loas (s\d+): ([ipskvt]\d+)\((\d+)\)(\{F\})?"),
-    "store": _ascii(rf"store {_R}: ([ipskvt]\d+)\((\d+)\)"),
-    "spill": _ascii(rf"spill {_R}: ([ipskvt]\d+)\((\d+)\)"),
-    "bin": _ascii(rf"(add|sub|mul|mup) (r\d+): {_R}, {_R}{_B}"),
-    "sca": _ascii(rf"(ads|sus|mus) (r\d+): {_R}, {_S}{_B}"),
-    "un": _ascii(rf"(neg|mov|con|int) (r\d+): {_R}{_B}"),
-    "rot": _ascii(rf"rot (-?\d+) (r\d+): {_R}{_B}"),
-    "ntt": _ascii(rf"ntt (r\d+): (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
-    "sud": _ascii(rf"sud (r\d+): {_R}, (r\d+(?:\[X\])?|b\d+\{{\d+\}}){_B}"),
-    "bci": _ascii(r"bci B(\d+): \[(\d+(?:,\d+)*)\], \[(\d+(?:,\d+)*)\]"),
-    "pl1": _ascii(rf"(pl1|bcw) B(\d+): {_R}{_B}"),
-    "rsi": _ascii(r"rsi \{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}"),
-    "rsv": _ascii(rf"rsv \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}: {_R}: \[(\d+(?:,\d+)*)\]{_B}"),
-    "mod": _ascii(rf"mod (r\d+): \{{(r\d+(?:\[X\])?(?:, r\d+(?:\[X\])?)*)\}}{_B}"),
-    "dis": _ascii(rf"dis @ (\d+):(\d+) : {_R}"),
-    "rcv": _ascii(r"rcv @ (\d+):(\d+) (r\d+): "),
-    "joi": _ascii(rf"joi @ (\d+):(\d+) (r\d+)?: {_R}?{_B}"),
+_LONGEST_NUMBER = 18  # digits; a longer number fails the patterns below and goes to the Lark path, which reports it
+_N = r"\d{1,%d}" % _LONGEST_NUMBER  # the patterns' only digits, each run separated from the next by a non-digit
+_R = rf"r{_N}(?:\[X\])?"  # a vector register read (``[X]``: its last use)
+_S = rf"s{_N}(?:\[X\])?"
+_RB = rf"(?:{_R}|b{_N}\{{{_N}\}})"  # a vector register read or a base conversion slot
+_MEM = rf"[ipskvt]{_N}\({_N}\)"
+_INTS = rf"{_N}(?:,{_N})*"
+_GROUP = rf"{_R}(?:, {_R})*"
+_BASE = rf" \| ({_N})"
+
+#: Each shape of instruction line: its pattern (group 1 the mnemonic) and the :class:`_FastParser` method that
+#: builds its instructions from the columns of the groups. A line goes to the shape of its first four characters
+#: (:data:`_SHAPE_OF`), and the shape's pattern must match it whole.
+_SHAPES = {
+    "load": (rf"(load|evg) (r{_N}): ({_MEM})(\{{F\}})?", "_load"),
+    "loas": (rf"(loas) (s{_N}): ({_MEM})(\{{F\}})?", "_load"),
+    "store": (rf"(store|spill) ({_R}): ({_MEM})", "_store"),
+    "binary": (rf"(add|sub|mul|mup) (r{_N}): ({_R}), ({_R}){_BASE}", "_binary"),
+    "scalar": (rf"(ads|sus|mus) (r{_N}): ({_R}), ({_S}){_BASE}", "_binary"),
+    "unary": (rf"(neg|mov|con|int) (r{_N}): ({_R}){_BASE}", "_unary"),
+    "rot": (rf"(rot) (-?{_N}) (r{_N}): ({_R}){_BASE}", "_rot"),
+    "ntt": (rf"(ntt) (r{_N}): ({_RB}){_BASE}", "_unary"),
+    "sud": (rf"(sud) (r{_N}): ({_R}), ({_RB}){_BASE}", "_binary"),
+    "bci": (rf"(bci) B({_N}): \[({_INTS})\], \[({_INTS})\]", "_bci"),
+    "unit": (rf"(pl1|bcw) B({_N}): ({_R}){_BASE}", "_unit"),
+    "rsi": (rf"(rsi) \{{({_GROUP})\}}", "_rsi"),
+    "rsv": (rf"(rsv) \{{({_GROUP})\}}: ({_R}): \[({_INTS})\]{_BASE}", "_rsv"),
+    "mod": (rf"(mod) (r{_N}): \{{({_GROUP})\}}{_BASE}", "_mod"),
+    "dis": (rf"(dis) @ ({_N}):({_N}) : ({_R})", "_dis"),
+    "rcv": (rf"(rcv) @ ({_N}):({_N}) (r{_N}): ", "_rcv"),
+    "joi": (rf"(joi) @ ({_N}):({_N}) (r{_N})?: ({_R})?{_BASE}", "_joi"),
 }
-_DISPATCH = {
-    "load": "load", "evg": "evg", "loas": "loas", "store": "store", "spill": "spill",
-    "add": "bin", "sub": "bin", "mul": "bin", "mup": "bin", "ads": "sca", "sus": "sca", "mus": "sca",
-    "neg": "un", "mov": "un", "con": "un", "int": "un", "rot": "rot", "ntt": "ntt", "sud": "sud",
-    "bci": "bci", "pl1": "pl1", "bcw": "pl1", "rsi": "rsi", "rsv": "rsv", "mod": "mod",
-    "dis": "dis", "rcv": "rcv", "joi": "joi",
+_SHAPE_OF = {
+    "load": "load", "evg ": "load", "loas": "loas", "stor": "store", "spil": "store",
+    "add ": "binary", "sub ": "binary", "mul ": "binary", "mup ": "binary",
+    "ads ": "scalar", "sus ": "scalar", "mus ": "scalar",
+    "neg ": "unary", "mov ": "unary", "con ": "unary", "int ": "unary",
+    "rot ": "rot", "ntt ": "ntt", "sud ": "sud", "bci ": "bci", "pl1 ": "unit", "bcw ": "unit",
+    "rsi ": "rsi", "rsv ": "rsv", "mod ": "mod", "dis ": "dis", "rcv ": "rcv", "joi ": "joi",
 }  # fmt: skip
-_LONGEST_NUMBER = 18  # digits; longer numbers go to the Lark path, which reports them
-_TOO_LONG = re.compile(r"\d{%d}" % (_LONGEST_NUMBER + 1))  # a run of more digits than that (one search a line)
-_OPCODE = {op.value: op for op in Opcode}  # mnemonic -> opcode (a dict lookup: Opcode(text) costs a call a line)
+_HEAD = itemgetter(slice(4))  # a line's first four characters
+#: Per shape, its pattern over lines joined by newlines (``findall``: one tuple of groups per whole line it
+#: matches; no pattern can match a newline, so a line is matched whole or not at all) and over one line.
+_FINDALL = {shape: re.compile(rf"^(?:{p})$", re.ASCII | re.MULTILINE).findall for shape, (p, _) in _SHAPES.items()}
+_FULLMATCH = {shape: _ascii(p).fullmatch for shape, (p, _) in _SHAPES.items()}
+_OPCODE = {op.value: op for op in Opcode}  # mnemonic -> opcode (a dict lookup: Opcode(text) costs a call)
+_FIELDS = tuple((f, Instruction._field_defaults.get(f)) for f in Instruction._fields)  # (name, default)
+
+
+def _instructions(**columns) -> Iterator[Instruction]:
+    """Instructions built row by row from columns (iterables, in step) of their fields; a field not given
+    has its default. Built as tuples (``tuple.__new__``): the named tuple's keyword constructor is a Python
+    call an instruction."""
+    return map(tuple.__new__, repeat(Instruction), zip(*(columns[f] if f in columns else repeat(d) for f, d in _FIELDS)))
+
+
+class _Memo(dict):
+    """``memo[key]`` is ``make(key)``, made once: a hit is one dict lookup (the parser's operands repeat)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        value = self[key] = self.make(key)
+        return value
+
+
+def _operand(text: str):
+    """The operand of ``r<i>``, ``s<i>`` (either with ``[X]``) or ``b<unit>{<slot>}``."""
+    if text[0] == "b":
+        return _bout(text)
+    dead = text.endswith("[X]")
+    return _reg(text[:-3] if dead else text, True if dead else None)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(map(int, text.split(",")))
 
 
 class _FastParser:
-    """Parses lines of the fixed format; returns ``None`` for anything it does not accept."""
+    """Parses lines of the fixed format, all the lines of one shape at once; declines (``None``) any line
+    that its shape's pattern does not match whole. Operands, memory names and limb lists are made once
+    per text and shared by the instructions that name them."""
 
     def __init__(self):
-        self._ops: dict[str, object] = {}  # operand text -> interned operand object
-        self._lists: dict[str, tuple[int, ...]] = {}
+        self._ops = _Memo(_operand)
+        self._mems = _Memo(_mem)
+        self._ints = _Memo(_ints)
 
-    def op(self, text: str):
-        got = self._ops.get(text)
-        if got is None:
-            if text[0] == "b":
-                got = _bout(text)
-            else:
-                got = _reg(text.removesuffix("[X]"), True if text.endswith("[X]") else None)
-            self._ops[text] = got
-        return got
+    def parse(self, lines: list[str], first: int) -> list[Instruction | None]:
+        """The instructions of ``lines``, numbered from ``first``; None for each line declined."""
+        by_shape = defaultdict(list)  # shape -> the indices of its lines, in order
+        for k, shape in enumerate(map(_SHAPE_OF.get, map(_HEAD, lines))):
+            by_shape[shape].append(k)
+        by_shape.pop(None, None)
+        out: list[Instruction | None] = [None] * len(lines)
+        for shape, ks in by_shape.items():
+            texts = list(map(lines.__getitem__, ks))
+            found = _FINDALL[shape]("\n".join(texts))
+            if len(found) != len(texts):  # some line does not match: match them one by one, keep those that do
+                matches = list(map(_FULLMATCH[shape], texts))
+                ks = [k for k, m in zip(ks, matches) if m is not None]
+                found = [m.groups("") for m in matches if m is not None]
+                if not found:
+                    continue
+            build = getattr(self, _SHAPES[shape][1])
+            for k, ins in zip(ks, build(tuple(zip(*found)), map(first.__add__, ks))):
+                out[k] = ins
+        return out
 
-    def mem(self, term: str, limb: str) -> Mem:
-        key = term + "(" + limb
-        got = self._ops.get(key)
-        if got is None:
-            got = self._ops[key] = Mem(term, int(limb))
-        return got
+    def ops(self, column) -> Iterator:
+        return map(self._ops.__getitem__, column)
 
-    def ints(self, text: str) -> tuple[int, ...]:
-        got = self._lists.get(text)
-        if got is None:
-            got = self._lists[text] = tuple(int(x) for x in text.split(","))
-        return got
+    def optional(self, column) -> Iterator:
+        """Operands, None for an absent one (``""``)."""
+        return (self._ops[t] if t else None for t in column)
 
-    def group(self, text: str) -> tuple:
-        return tuple(self.op(t) for t in text.split(", "))
+    def groups(self, column) -> Iterator[tuple]:
+        return (tuple(self.ops(t.split(", "))) for t in column)
 
-    def parse(self, text: str, line: int) -> Instruction | None:
-        word = text.split(" ", 1)[0]
-        kind = _DISPATCH.get(word)
-        if kind is None or _TOO_LONG.search(text):
-            return None
-        m = _FAST[kind].fullmatch(text)
-        if m is None:
-            return None
-        g = m.groups()
-        op = self.op
-        if kind in ("load", "evg", "loas"):
-            return Instruction(_OPCODE[kind], dst=op(g[0]), srcs=(self.mem(g[1], g[2]),), final=g[3] is not None, line=line)
-        if kind in ("store", "spill"):
-            return Instruction(_OPCODE[kind], dst=self.mem(g[1], g[2]), srcs=(op(g[0]),), line=line)
-        if kind in ("bin", "sca"):
-            return Instruction(_OPCODE[g[0]], dst=op(g[1]), srcs=(op(g[2]), op(g[3])), base=int(g[4]), line=line)
-        if kind == "un":
-            return Instruction(_OPCODE[g[0]], dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
-        if kind == "rot":
-            return Instruction(Opcode.ROT, dst=op(g[1]), srcs=(op(g[2]),), base=int(g[3]), step=int(g[0]), line=line)
-        if kind == "ntt":
-            return Instruction(Opcode.NTT, dst=op(g[0]), srcs=(op(g[1]),), base=int(g[2]), line=line)
-        if kind == "sud":
-            return Instruction(Opcode.SUD, dst=op(g[0]), srcs=(op(g[1]), op(g[2])), base=int(g[3]), line=line)
-        if kind == "bci":
-            return Instruction(Opcode.BCI, unit=int(g[0]), out_limbs=self.ints(g[1]), in_limbs=self.ints(g[2]), line=line)
-        if kind == "pl1":
-            return Instruction(_OPCODE[g[0]], unit=int(g[1]), srcs=(op(g[2]),), base=int(g[3]), line=line)
-        if kind == "rsi":
-            return Instruction(Opcode.RSI, group=self.group(g[0]), line=line)
-        if kind == "rsv":
-            return Instruction(
-                Opcode.RSV, group=self.group(g[0]), srcs=(op(g[1]),), in_limbs=self.ints(g[2]), base=int(g[3]), line=line
-            )
-        if kind == "mod":
-            return Instruction(Opcode.MOD, dst=op(g[0]), srcs=self.group(g[1]), base=int(g[2]), line=line)
-        if kind == "dis":
-            return Instruction(Opcode.DIS, sync=int(g[0]), size=int(g[1]), srcs=(op(g[2]),), line=line)
-        if kind == "rcv":
-            return Instruction(Opcode.RCV, sync=int(g[0]), size=int(g[1]), dst=op(g[2]), line=line)
-        # joi
-        return Instruction(
-            Opcode.JOI,
-            sync=int(g[0]),
-            size=int(g[1]),
-            dst=op(g[2]) if g[2] else None,
-            srcs=(op(g[3]),) if g[3] else (),
-            base=int(g[4]),
-            line=line,
-        )
+    # One method per shape: (the columns of its pattern's groups, the line numbers) -> its instructions.
+
+    def _load(self, g, line):  # load|evg|loas DST: MEM {F}?
+        return _instructions(op=_opcodes(g[0]), dst=self.ops(g[1]), srcs=zip(map(self._mems.__getitem__, g[2])),
+                             final=map(bool, g[3]), line=line)
+
+    def _store(self, g, line):  # store|spill SRC: MEM
+        return _instructions(op=_opcodes(g[0]), dst=map(self._mems.__getitem__, g[2]), srcs=zip(self.ops(g[1])),
+                             line=line)
+
+    def _binary(self, g, line):  # OP DST: SRC, SRC | BASE
+        return _instructions(op=_opcodes(g[0]), dst=self.ops(g[1]), srcs=zip(self.ops(g[2]), self.ops(g[3])),
+                             base=map(int, g[4]), line=line)
+
+    def _unary(self, g, line):  # OP DST: SRC | BASE
+        return _instructions(op=_opcodes(g[0]), dst=self.ops(g[1]), srcs=zip(self.ops(g[2])), base=map(int, g[3]),
+                             line=line)
+
+    def _rot(self, g, line):  # rot STEP DST: SRC | BASE
+        return _instructions(op=_opcodes(g[0]), step=map(int, g[1]), dst=self.ops(g[2]), srcs=zip(self.ops(g[3])),
+                             base=map(int, g[4]), line=line)
+
+    def _bci(self, g, line):  # bci B<unit>: [OUT], [IN]
+        ints = self._ints.__getitem__
+        return _instructions(op=_opcodes(g[0]), unit=map(int, g[1]), out_limbs=map(ints, g[2]),
+                             in_limbs=map(ints, g[3]), line=line)
+
+    def _unit(self, g, line):  # pl1|bcw B<unit>: SRC | BASE
+        return _instructions(op=_opcodes(g[0]), unit=map(int, g[1]), srcs=zip(self.ops(g[2])), base=map(int, g[3]),
+                             line=line)
+
+    def _rsi(self, g, line):  # rsi {GROUP}
+        return _instructions(op=_opcodes(g[0]), group=self.groups(g[1]), line=line)
+
+    def _rsv(self, g, line):  # rsv {GROUP}: SRC: [IN] | BASE
+        return _instructions(op=_opcodes(g[0]), group=self.groups(g[1]), srcs=zip(self.ops(g[2])),
+                             in_limbs=map(self._ints.__getitem__, g[3]), base=map(int, g[4]), line=line)
+
+    def _mod(self, g, line):  # mod DST: {SRCS} | BASE
+        return _instructions(op=_opcodes(g[0]), dst=self.ops(g[1]), srcs=self.groups(g[2]), base=map(int, g[3]),
+                             line=line)
+
+    def _dis(self, g, line):  # dis @ SYNC:SIZE : SRC
+        return _instructions(op=_opcodes(g[0]), sync=map(int, g[1]), size=map(int, g[2]), srcs=zip(self.ops(g[3])),
+                             line=line)
+
+    def _rcv(self, g, line):  # rcv @ SYNC:SIZE DST:
+        return _instructions(op=_opcodes(g[0]), sync=map(int, g[1]), size=map(int, g[2]), dst=self.ops(g[3]),
+                             line=line)
+
+    def _joi(self, g, line):  # joi @ SYNC:SIZE DST?: SRC? | BASE
+        return _instructions(op=_opcodes(g[0]), sync=map(int, g[1]), size=map(int, g[2]), dst=self.optional(g[3]),
+                             srcs=(() if x is None else (x,) for x in self.optional(g[4])), base=map(int, g[5]),
+                             line=line)
+
+
+def _opcodes(column) -> Iterator[Opcode]:
+    return map(_OPCODE.__getitem__, column)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,6 +441,17 @@ def _lines(text: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return lines
+
+
+_PROGRESS_LINES = 16384  # lines parsed between progress updates
+
+
+def _index(items: list, value, start: int) -> int:
+    """The first index of ``value`` in ``items`` from ``start`` on, or -1."""
+    try:
+        return items.index(value, start)
+    except ValueError:
+        return -1
 
 
 def parse_stream(
@@ -401,23 +477,25 @@ def parse_stream(
     if _num_at(m.group(1), Location(path, 1)) != chip:
         raise ParseError(Location(path, 1), f"header names stream {m.group(1)} but the file is stream {chip}")
     truncated = not text.endswith("\n")
+    body = lines[1:]
     fastp = _FastParser() if fast else None
-    out: list[Instruction] = []
-    step = 4096
-    for i, line_text in enumerate(lines[1:], start=2):
-        ins = fastp.parse(line_text, i) if fastp is not None else None
-        if ins is None:
-            try:
-                ins = parse_instruction(line_text, path, i)
-            except ParseError as exc:
-                if truncated and i == len(lines):
-                    raise ParseError(exc.location, exc.reason + " (the file ends mid-line: truncated?)") from None
-                raise
-        out.append(ins)
-        if progress is not None and i % step == 0:
-            progress(step)
+    out: list[Instruction | None] = []  # the fast path's instructions, None where it declines
     if progress is not None:
-        progress(len(lines) % step)
+        progress(1)  # the header
+    for start in range(0, len(body), _PROGRESS_LINES):
+        chunk = body[start:start + _PROGRESS_LINES]
+        out += fastp.parse(chunk, start + 2) if fastp is not None else [None] * len(chunk)
+        if progress is not None:
+            progress(len(chunk))
+    k = -1
+    while (k := _index(out, None, k + 1)) >= 0:  # the lines the fast path declined, in order: the Lark path
+        i = k + 2
+        try:
+            out[k] = parse_instruction(body[k], path, i)
+        except ParseError as exc:
+            if truncated and i == len(lines):
+                raise ParseError(exc.location, exc.reason + " (the file ends mid-line: truncated?)") from None
+            raise
     return Stream(chip, path, tuple(out))
 
 
