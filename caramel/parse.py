@@ -8,9 +8,10 @@ Two parsers give the same :class:`Program`:
 
 * the **Lark path**, built from ``isa/cinnamon.lark``, the grammar of record; it produces every
   error message (file, line, column, what was expected);
-* the **fast path**, which splits the fixed format directly (one regular expression per opcode) and
-  falls back to the Lark path for any line it does not accept. Tests check that both give identical
-  programs on every corpus file.
+* the **fast path**, which reads the fixed format directly (one regular expression per shape of
+  instruction, run over all the lines of that shape at once, and the instructions built column by
+  column) and falls back to the Lark path for any line it does not accept. Tests check that both give
+  identical programs on every corpus file.
 
 Loaded programs are cached under ``$CARAMEL_CACHE`` (default ``~/.cache/caramel``), keyed by the
 SHA-256 of the files' contents and of caramel's parser and grammar, as plain typed arrays (never a
@@ -317,6 +318,12 @@ def _operand(text: str):
     return _reg(text[:-3] if dead else text, True if dead else None)
 
 
+def _memory(text: str) -> Mem:
+    """The memory name ``<term>(<limb>)`` of a line the fast path's pattern matched (at most 18 digits each)."""
+    term, _, limb = text.partition("(")
+    return Mem(term, int(limb[:-1]))
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(map(int, text.split(",")))
 
@@ -328,7 +335,7 @@ class _FastParser:
 
     def __init__(self):
         self._ops = _Memo(_operand)
-        self._mems = _Memo(_mem)
+        self._mems = _Memo(_memory)
         self._ints = _Memo(_ints)
 
     def parse(self, lines: list[str], first: int) -> list[Instruction | None]:
@@ -504,6 +511,16 @@ _VALUE_SYMBOL = _ascii(r"([A-Za-z_][A-Za-z0-9_.]*):(c0|c1|p|s)")
 _KEY_SYMBOL = _ascii(r"K:(\d+):(\d+):(\d+):(-?\d+):(c0|c1):\[(\d+(?:,\d+)*)\]")
 
 
+_TOO_LONG = re.compile(r"\d{%d}" % (_LONGEST_NUMBER + 1))  # a run of more digits than the fast path reads
+
+
+def _numbers_at(text: str, loc: Location) -> tuple[int, ...]:
+    """The numbers of a comma-separated list of ASCII digits (:func:`_num_at` each, where one may be out of range)."""
+    if not _TOO_LONG.search(text):
+        return tuple(map(int, text.split(",")))
+    return tuple(_num_at(x, loc) for x in text.split(","))
+
+
 def _symbol(text: str, loc: Location) -> Symbol:
     m = _KEY_SYMBOL.fullmatch(text)
     if m:
@@ -513,7 +530,7 @@ def _symbol(text: str, loc: Location) -> Symbol:
         except ValueError:
             raise ParseError(loc, f"unknown evaluation key type {t} in {text!r}") from None
         key = EvalKeyId(ktype, _num_at(level, loc), _num_at(ext, loc), _num_at(rot, loc),
-                        tuple(_num_at(d, loc) for d in digits.split(",")))
+                        _numbers_at(digits, loc))
         return Symbol(f"K:{key}", half, key)
     m = _VALUE_SYMBOL.fullmatch(text)
     if m:
@@ -549,7 +566,7 @@ def parse_manifest(data: bytes | str, path: str, *, chip: bool = False) -> Manif
         if current == Section.EVALKEY and term[0] != "k" or current != Section.EVALKEY and term[0] == "k" and current != Section.INPUT:
             raise ParseError(loc, f"term {term!r} does not belong in the {current.value} section")
         _num_at(term[1:], loc)
-        limb_values = tuple(_num_at(x, loc) for x in limbs.split(","))
+        limb_values = _numbers_at(limbs, loc)
         entries.append(ManifestEntry(current, term, _symbol(symbol_text, loc), limb_values, i))
     if current is not None or section_index != len(expected):
         missing = [s.value for s in expected[section_index:]]

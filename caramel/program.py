@@ -46,6 +46,10 @@ class Opcode(enum.Enum):
     REC = "rec"
     SND = "snd"
 
+    # Members are singletons and compare by identity, so an identity hash is consistent with equality; it is
+    # computed in C, where Enum's hashes the name in a Python call (a dict keyed by opcode is read per instruction).
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"Opcode.{self.name}"
 
