@@ -46,6 +46,10 @@ class Opcode(enum.Enum):
     REC = "rec"
     SND = "snd"
 
+    # Members are singletons compared by identity: the identity hash agrees with that and is computed in C, where
+    # Enum's own hashes the name in a Python call (every opcode-keyed table lookup of the parser and planner).
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"Opcode.{self.name}"
 
