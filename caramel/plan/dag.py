@@ -152,10 +152,7 @@ class _Renamer:
 
     def __init__(self, stream: Stream):
         self.stream = stream
-        self.kind: list[int] = []
-        self.tag: list[int] = []
-        self.buf: list[int] = []
-        self.producer: list[int] = []
+        self.values: list[tuple[int, int, int, int]] = []  # (kind, tag, buffer, producer) of every value
         self.n_buffers = 0
         self.regs: dict[int, int] = {}
         self.sregs: dict[int, int] = {}
@@ -168,21 +165,14 @@ class _Renamer:
 
     def value(self, k: int, t: int, b: int, p: int) -> int:
         """A new SSA value of kind ``k``, tag ``t``, in buffer ``b``, made by instruction ``p``."""
-        self.kind.append(k)
-        self.tag.append(t)
-        self.buf.append(b)
-        self.producer.append(p)
-        return len(self.kind) - 1
+        self.values.append((k, t, b, p))
+        return len(self.values) - 1
 
     def fresh(self, t: int, p: int) -> int:
-        """A new vector value in a buffer of its own (:meth:`value`, inlined: one per instruction)."""
-        v = len(self.kind)
-        self.kind.append(VECTOR)
-        self.tag.append(t)
-        self.buf.append(self.n_buffers)
-        self.producer.append(p)
+        """A new vector value in a buffer of its own."""
+        self.values.append((VECTOR, t, self.n_buffers, p))
         self.n_buffers += 1
-        return v
+        return len(self.values) - 1
 
     def read(self, op, ins: Instruction) -> int:
         got = self.regs.get(op.index)
@@ -265,17 +255,18 @@ def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
         src = r.inputs.get(m)
         if src is None:
             src = r.inputs[m] = r.fresh(m.limb, -1)
-    return (src,), (r.value(VECTOR, m.limb, r.buf[src], i),)
+    return (src,), (r.value(VECTOR, m.limb, r.values[src][2], i),)
 
 
 def _ssa_mov(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     a = r.read(ins.srcs[0], ins)
-    return (a,), (r.value(VECTOR, ins.base, r.buf[a], i),)
+    return (a,), (r.value(VECTOR, ins.base, r.values[a][2], i),)
 
 
 def _ssa_store(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     a = r.read(ins.srcs[0], ins)
-    d = r.value(VECTOR, r.tag[a], r.buf[a], i)
+    _, tag, buf, _ = r.values[a]
+    d = r.value(VECTOR, tag, buf, i)
     r.memory[ins.dst] = d
     return (a,), (d,)
 
@@ -301,7 +292,7 @@ def _ssa_bcu_write(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     """``pl1`` (a new limb) or ``bcw`` (in place) writes one input of its unit's group."""
     a = r.read(ins.srcs[0], ins)
     g = r.group(ins.unit)
-    d = r.fresh(ins.base, i) if ins.op is Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
+    d = r.fresh(ins.base, i) if ins.op is Opcode.PL1 else r.value(VECTOR, ins.base, r.values[a][2], i)
     g.inputs[ins.base] = d
     return (a, g.value), (d,)
 
@@ -361,7 +352,8 @@ def ssa(stream: Stream) -> ChipSSA:
             regs[dst.index] = d[0]
         uses.append(u)
         defs.append(d)
-    return ChipSSA(stream.chip, stream, uses, defs, r.kind, r.tag, r.buf, r.producer, r.n_buffers,
+    kind, tag, buf, producer = map(list, zip(*r.values)) if r.values else ([], [], [], [])
+    return ChipSSA(stream.chip, stream, uses, defs, kind, tag, buf, producer, r.n_buffers,
                    r.inputs, r.scalar_inputs, dict(r.memory), r.conversions, r.zero)
 
 

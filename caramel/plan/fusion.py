@@ -88,17 +88,18 @@ def fuse(
             needed.update(o.ins)
     live.reverse()
     live_ops = list(map(ops.__getitem__, live))
-    kinds, primes, op_ins, op_outs, op_scalars, op_args, _ = zip(*live_ops) if live_ops else ((),) * 7
+    kinds, primes, op_ins, op_outs, op_scalars, op_args, op_index = zip(*live_ops) if live_ops else ((),) * 7
     # n_use[b]: live operations reading b (each counted once), plus one if b is pinned.
     n_use = Counter(chain.from_iterable(map(set, op_ins)))
     n_use.update(pinned)
 
-    # Trees, bottom-up in program order: micro-ops (op index, name, args) in post-order. An
+    # Trees, bottom-up in program order: micro-ops (op index, name, args, source instruction index) in post-order. An
     # argument is 2*buffer (a vector input), 2*scalar+1 (a scalar) or -1-j (the result of op j).
     # trees: the trees not folded (yet), by the buffer their root writes (an operation's outputs are buffers of
     # their own: SSA), as (root j, prime, micro-ops, vector inputs).
     trees: dict[int, tuple[int, int, list, int]] = {}
-    for j, kind, prime, ins, outs, scalars, name in zip(live, kinds, primes, op_ins, op_outs, op_scalars, op_args):
+    for j, kind, prime, ins, outs, scalars, name, index in zip(live, kinds, primes, op_ins, op_outs, op_scalars, op_args,
+                                                                op_index):
         if kind is not E:
             continue
         twice = len(ins) == 2 and ins[0] == ins[1]
@@ -120,7 +121,7 @@ def fuse(
             args.append(args[0])
         for sc in scalars:
             args.append(2 * sc + 1)
-        micro.append((j, name, tuple(args)))
+        micro.append((j, name, tuple(args), index))
         trees[outs[0]] = (j, prime, micro, n_leaves)
 
     units: list[Unit] = []
@@ -130,7 +131,7 @@ def fuse(
         if kind is E:
             t = trees.get(o.outs[0])
             if t is not None:  # (else folded into its consumer)
-                units.append(_tree_unit(o, t[2], ops, exprs))
+                units.append(_tree_unit(o, t[2], exprs))
         elif kind is COMM:
             units.append(Unit(kind, None, o.arg, o.ins, o.outs, (o.index,)))
         elif kind is Kind.BASECONV:
@@ -193,18 +194,13 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
     instead, with the :class:`~caramel.plan.kernel.Prologue` as its batching key. The producer
     loses that output (a conversion keeps its other outputs, under the key of the outputs left)
     and is dropped when none is left. Order is kept."""
-    readers: dict[int, int] = {}
-    producer: dict[int, int] = {}
-    for j, u in enumerate(units):
-        for b in set(u.ins):
-            readers[b] = readers.get(b, 0) + 1
-        if u.kind in kinds and u.kind in PROLOGUE_KINDS:
-            for b in u.outs:
-                producer[b] = j
+    readers = _readers(units)
+    producer = {b: j for j, u in enumerate(units) if u.kind in kinds and u.kind in PROLOGUE_KINDS for b in u.outs}
     out: list[Unit | None] = list(units)
     taken: dict[int, set[int]] = {}
+    NTT = Kind.NTT
     for j, u in enumerate(units):
-        if u.kind is not Kind.NTT:
+        if u.kind is not NTT:
             continue
         b = u.ins[0]
         p = producer.get(b)
@@ -229,13 +225,18 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
     return [u for u in out if u is not None]
 
 
-def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
+def _readers(units: list[Unit]) -> Counter:
+    """How many units read each buffer (a unit that reads it several times counted once)."""
+    return Counter(chain.from_iterable(set(u.ins) for u in units))
+
+
+def _tree_unit(root: Op, micro: list, exprs: dict) -> Unit:
     """The canonical :class:`Expr` of a tree (one object per distinct expression, kept in
     ``exprs``) and its row: operands numbered by first use."""
     num: dict[int, int] = {}
     vec: list[int] = []
     sca: list[int] = []
-    for _, _, args in micro:
+    for _, _, args, _ in micro:
         for a in args:
             if a >= 0 and a not in num:
                 num[a] = 0
@@ -246,16 +247,16 @@ def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
     for k, a in enumerate(sca):
         num[a] = nv + k
     base = nv + ns
-    for k, (j, _, _) in enumerate(micro):
+    for k, (j, _, _, _) in enumerate(micro):
         num[-1 - j] = base + k
     get = num.__getitem__
-    key = (nv, ns, tuple([(name, tuple(map(get, args))) for _, name, args in micro]))
+    key = (nv, ns, tuple([(name, tuple(map(get, args))) for _, name, args, _ in micro]))
     expr = exprs.get(key)
     if expr is None:
         expr = exprs[key] = Expr(nv, ns, tuple(ExprOp(*o) for o in key[2]), (base + len(micro) - 1,))
     ins = tuple([a >> 1 for a in vec])
     row = Row(root.prime, ins, root.outs, tuple([a >> 1 for a in sca]))
-    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({ops[j].index for j, _, _ in micro})))
+    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({i for _, _, _, i in micro})))
 
 
 def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = MAX_INPUTS,
@@ -359,12 +360,12 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
     writer = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.AUTOMORPHISM}
     if not writer:
         return units, unit_levels
-    blocked = set(pinned)
+    blocked = set(pinned)  # (and every buffer that a unit other than an elementwise one reads)
     for u in units:
         if u.kind is not E:
-            blocked.update(b for b in u.ins if b in writer)
+            blocked.update(u.ins)
     fold = {b: units[j] for b, j in writer.items() if b not in blocked}
-    folded = {b for u in units if u.kind is E for b in u.ins if b in fold}
+    folded = fold.keys() & set(chain.from_iterable(u.ins for u in units if u.kind is E))
     exprs: dict = {}
     out_units: list[Unit] = []
     out_levels: list[int] = []
@@ -404,19 +405,16 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.NTT and not isinstance(u.key, HalfNtt)}
     if not ntt_of:
         return units
-    readers: dict[int, list[int]] = {}
-    for j, u in enumerate(units):
-        for b in set(u.ins):
-            if b in ntt_of:
-                readers.setdefault(b, []).append(j)
+    readers = _readers(units)
     out = list(units)
     exprs: dict = {}
     for j, u in enumerate(units):
-        if u.kind is not E:
+        if u.kind is not E or ntt_of.keys().isdisjoint(u.ins):
             continue
         e: Expr = u.key
         ins = u.row.ins
-        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == [j]
+        # (unit j reads b: one reader is unit j alone)
+        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == 1
                        and ins.count(b) == 1 and k not in e.gathered)[:MAX_TRANSFORMED]
         if not chosen:
             continue
