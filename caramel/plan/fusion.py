@@ -511,11 +511,12 @@ def batch(
     writer: dict[int, int] = {}
     for (lv, kind, key), members in order:
         k = len(kernels)
-        src = sorted({lines[i] for j in members for i in units[j].index})
+        batched = list(map(units.__getitem__, members))
+        src = sorted({lines[i] for u in batched for i in u.index})
         if kind is Kind.COMM:
-            kernel = Kernel(kind, comms=tuple(units[j].row for j in members), level=lv, lines=tuple(src))
+            kernel = Kernel(kind, comms=tuple(u.row for u in batched), level=lv, lines=tuple(src))
         else:
-            rows = tuple(units[j].row for j in members)
+            rows = tuple(u.row for u in batched)
             if kind is Kind.ELEMENTWISE:
                 kernel = Kernel(kind, rows, expr=key, level=lv, lines=tuple(src))
             elif kind is Kind.BASECONV:
@@ -528,15 +529,8 @@ def batch(
                 kernel = Kernel(kind, rows, level=lv, lines=tuple(src), prologue=key)
             else:
                 kernel = Kernel(kind, rows, level=lv, lines=tuple(src))
-        d = set()
-        for j in members:
-            for b in units[j].ins:
-                w = writer.get(b)
-                if w is not None:
-                    d.add(w)
-        for j in members:
-            for b in units[j].outs:
-                writer[b] = k
+        d = {writer[b] for b in set(chain.from_iterable(u.ins for u in batched)) if b in writer}
+        writer.update(dict.fromkeys(chain.from_iterable(u.outs for u in batched), k))
         kernels.append(kernel)
         deps.append(tuple(sorted(d)))
     return tuple(kernels), tuple(deps)
