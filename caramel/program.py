@@ -46,8 +46,8 @@ class Opcode(enum.Enum):
     REC = "rec"
     SND = "snd"
 
-    # Members are singletons compared by identity: the identity hash agrees with that and is computed in C, where
-    # Enum's own hashes the name in a Python call (every opcode-keyed table lookup of the parser and planner).
+    # Members are singletons and compare by identity, so an identity hash is consistent with equality; it is
+    # computed in C, where Enum's hashes the name in a Python call (a dict keyed by opcode is read per instruction).
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
