@@ -40,6 +40,7 @@ import json
 import logging
 import time
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -98,25 +99,18 @@ def entry_path(folder: Path, meta: dict) -> Path:
 # ---------------------------------------------------------------------------------------------- encode
 
 
-class _Tuples:
-    """Interned int tuples (CSR)."""
-
-    def __init__(self):
-        self.ids: dict[tuple, int] = {}
-        self.rows: list[tuple[int, ...]] = []
-
-    def __call__(self, xs) -> int:
-        got = self.ids.get(xs)
-        if got is None:
-            if not all(type(x) is int for x in xs):
-                raise TypeError(f"not a tuple of ints: {xs!r}")
-            got = self.ids[xs] = len(self.rows)
-            self.rows.append(xs)
-        return got
-
-
 def _mem(m: Mem | None):
     return None if m is None else [m.term, m.limb]
+
+
+def _gather_pairs(gather: tuple) -> tuple[int, ...]:
+    """A row's ``gather`` as (has step, step) pairs, flat: None -> (0, 0), a step -> (1, step)."""
+    if any(a is not None and type(a) is not int for a in gather):
+        raise TypeError(f"gathered operand argument {gather!r}")
+    return tuple(x for a in gather for x in ((0, 0) if a is None else (1, a)))
+
+
+_INT_OR_NONE = frozenset({int, type(None)})
 
 
 def encode(plan, meta: dict) -> dict[str, np.ndarray]:
@@ -125,7 +119,8 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
     from caramel.plan.kernel import Kind
 
     kinds = {k: i for i, k in enumerate(Kind)}
-    tup = _Tuples()
+    tuples = store.numbering()  # every distinct int tuple -> its row of the CSR table, in the order first seen
+    number = tuples.__getitem__
     exprs: dict = {}
     r_cols: dict[str, list] = {c: [] for c in ("prime", "ins", "outs", "scalars", "arg", "has_arg", "gather")}
     k_cols: dict[str, list] = {c: [] for c in ("kind", "rows", "expr", "in", "out", "comms", "level", "lines", "deps",
@@ -136,18 +131,20 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
         for k, deps in zip(chip.kernels, chip.deps, strict=True):
             k_cols["kind"].append(kinds[k.kind])
             k_cols["rows"].append(len(k.rows))
-            for r in k.rows:
-                if r.arg is not None and type(r.arg) is not int:
-                    raise TypeError(f"row argument {r.arg!r}")
-                r_cols["prime"].append(r.prime)
-                r_cols["ins"].append(tup(r.ins))
-                r_cols["outs"].append(tup(r.outs))
-                r_cols["scalars"].append(tup(r.scalars))
-                r_cols["arg"].append(0 if r.arg is None else r.arg)
-                r_cols["has_arg"].append(r.arg is not None)
-                if any(a is not None and type(a) is not int for a in r.gather):
-                    raise TypeError(f"gathered operand argument {r.gather!r}")
-                r_cols["gather"].append(tup(tuple(x for a in r.gather for x in ((0, 0) if a is None else (1, a)))))
+            if k.rows:  # column by column; tuples numbered row by row (inputs, outputs, scalars, gather)
+                prime, ins, outs, scalars, arg, gather = zip(*k.rows)
+                if not set(map(type, arg)) <= _INT_OR_NONE:
+                    raise TypeError(f"row argument {next(a for a in arg if type(a) not in _INT_OR_NONE)!r}")
+                if any(gather):
+                    gather = tuple(map(_gather_pairs, gather))
+                numbers = list(map(number, chain.from_iterable(zip(ins, outs, scalars, gather))))
+                r_cols["prime"] += prime
+                r_cols["ins"] += numbers[0::4]
+                r_cols["outs"] += numbers[1::4]
+                r_cols["scalars"] += numbers[2::4]
+                r_cols["gather"] += numbers[3::4]
+                r_cols["arg"] += [0 if a is None else a for a in arg]
+                r_cols["has_arg"] += [a is not None for a in arg]
             if k.expr is None:
                 k_cols["expr"].append(-1)
             else:
@@ -155,20 +152,20 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
                 text = (e.n_vec, e.n_scalar, tuple((o.op, tuple(o.args)) for o in e.ops), tuple(e.outputs),
                         tuple(e.gathered), tuple(e.transformed))
                 k_cols["expr"].append(exprs.setdefault(text, len(exprs)))
-            k_cols["in"].append(tup(k.in_limbs))
-            k_cols["out"].append(tup(k.out_limbs))
+            k_cols["in"].append(number(k.in_limbs))
+            k_cols["out"].append(number(k.out_limbs))
             k_cols["comms"].append(len(k.comms))
             for c in k.comms:
                 c_cols["op"].append(store._OPCODE_INDEX[c.op])
                 for f in ("sync", "size", "src", "dst", "prime"):
                     c_cols[f].append(getattr(c, f))
             k_cols["level"].append(k.level)
-            k_cols["lines"].append(tup(k.lines))
-            k_cols["deps"].append(tup(tuple(deps)))
+            k_cols["lines"].append(number(k.lines))
+            k_cols["deps"].append(number(tuple(deps)))
             pro = k.prologue
             k_cols["pro_kind"].append(-1 if pro is None else kinds[pro.kind])
             k_cols["pro_width"].append(0 if pro is None else pro.width)
-            k_cols["pro_in"].append(tup(() if pro is None else tuple(pro.in_limbs)))
+            k_cols["pro_in"].append(number(() if pro is None else tuple(pro.in_limbs)))
             k_cols["half"].append(int(k.half))
         chips.append({
             "chip": chip.chip, "kernels": len(chip.kernels), "n_buffers": chip.n_buffers,
@@ -177,12 +174,15 @@ def encode(plan, meta: dict) -> dict[str, np.ndarray]:
             "stores": [[m.term, m.limb, b] for m, b in chip.stores.items()],
             "scalars": [[_mem(s.mem), list(s.limbs), s.prime] for s in chip.scalars],
         })
+    rows = list(tuples)
+    if not set(map(type, chain.from_iterable(rows))) <= {int}:  # (one check of every element)
+        raise TypeError(f"not a tuple of ints: {next(t for t in rows if any(type(x) is not int for x in t))!r}")
     header = {**meta, "chips": chips, "exprs": [[n, s, [[o, list(a)] for o, a in ops], list(out), list(g), list(t)]
                                                  for n, s, ops, out, g, t in exprs]}
     arrays = {f"r_{c}": np.asarray(v, dtype=np.int64) for c, v in r_cols.items()}
     arrays.update({f"k_{c}": np.asarray(v, dtype=np.int64) for c, v in k_cols.items()})
     arrays.update({f"c_{c}": np.asarray(v, dtype=np.int64) for c, v in c_cols.items()})
-    arrays["tup_off"], arrays["tup_val"] = store._csr(tup.rows)
+    arrays["tup_off"], arrays["tup_val"] = store._csr(rows)
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     return arrays
 

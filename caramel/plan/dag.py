@@ -152,10 +152,7 @@ class _Renamer:
 
     def __init__(self, stream: Stream):
         self.stream = stream
-        self.kind: list[int] = []
-        self.tag: list[int] = []
-        self.buf: list[int] = []
-        self.producer: list[int] = []
+        self.values: list[tuple[int, int, int, int]] = []  # (kind, tag, buffer, producer) of every value
         self.n_buffers = 0
         self.regs: dict[int, int] = {}
         self.sregs: dict[int, int] = {}
@@ -168,23 +165,24 @@ class _Renamer:
 
     def value(self, k: int, t: int, b: int, p: int) -> int:
         """A new SSA value of kind ``k``, tag ``t``, in buffer ``b``, made by instruction ``p``."""
-        self.kind.append(k)
-        self.tag.append(t)
-        self.buf.append(b)
-        self.producer.append(p)
-        return len(self.kind) - 1
+        self.values.append((k, t, b, p))
+        return len(self.values) - 1
 
     def fresh(self, t: int, p: int) -> int:
         """A new vector value in a buffer of its own."""
-        v = self.value(VECTOR, t, self.n_buffers, p)
+        self.values.append((VECTOR, t, self.n_buffers, p))
         self.n_buffers += 1
-        return v
+        return len(self.values) - 1
 
     def read(self, op, ins: Instruction) -> int:
         got = self.regs.get(op.index)
         if got is None:
-            raise _error(self.stream, ins, f"register r{op.index} is read before it is written")
+            raise self.unwritten(op, ins)
         return got
+
+    def unwritten(self, op, ins: Instruction) -> PlanError:
+        """The error of reading vector register ``op`` before it is written."""
+        return _error(self.stream, ins, f"register r{op.index} is read before it is written")
 
     def operand(self, op, ins: Instruction, i: int, extra: list[int]) -> int:
         """The value a source operand reads: a vector or scalar register, or a slot (:meth:`slot`)."""
@@ -231,9 +229,22 @@ def _ssa_plain(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     """The register forms (:data:`caramel.program.OPCODES`): every operand read (a slot's first
     read also reads its conversion's group and inputs), one new limb written where there is a
     destination (its limb: the base, or the sync id's for ``rcv``)."""
+    regs = r.regs
     extra: list[int] = []
-    u = tuple(r.operand(s, ins, i, extra) for s in ins.srcs) + tuple(extra)
-    return u, ((r.fresh(ins.limb, i),) if ins.dst is not None else ())
+    u: list[int] = []
+    for s in ins.srcs:
+        if type(s) is VReg:  # (most operands: read inline)
+            v = regs.get(s.index)
+            if v is None:
+                raise r.unwritten(s, ins)
+            u.append(v)
+        else:
+            u.append(r.operand(s, ins, i, extra))
+    if extra:
+        u += extra
+    if ins.dst is None:
+        return tuple(u), ()
+    return tuple(u), (r.fresh(ins.limb if ins.base is None else ins.base, i),)
 
 
 def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
@@ -244,17 +255,18 @@ def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
         src = r.inputs.get(m)
         if src is None:
             src = r.inputs[m] = r.fresh(m.limb, -1)
-    return (src,), (r.value(VECTOR, m.limb, r.buf[src], i),)
+    return (src,), (r.value(VECTOR, m.limb, r.values[src][2], i),)
 
 
 def _ssa_mov(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     a = r.read(ins.srcs[0], ins)
-    return (a,), (r.value(VECTOR, ins.base, r.buf[a], i),)
+    return (a,), (r.value(VECTOR, ins.base, r.values[a][2], i),)
 
 
 def _ssa_store(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     a = r.read(ins.srcs[0], ins)
-    d = r.value(VECTOR, r.tag[a], r.buf[a], i)
+    _, tag, buf, _ = r.values[a]
+    d = r.value(VECTOR, tag, buf, i)
     r.memory[ins.dst] = d
     return (a,), (d,)
 
@@ -280,7 +292,7 @@ def _ssa_bcu_write(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     """``pl1`` (a new limb) or ``bcw`` (in place) writes one input of its unit's group."""
     a = r.read(ins.srcs[0], ins)
     g = r.group(ins.unit)
-    d = r.fresh(ins.base, i) if ins.op is Opcode.PL1 else r.value(VECTOR, ins.base, r.buf[a], i)
+    d = r.fresh(ins.base, i) if ins.op is Opcode.PL1 else r.value(VECTOR, ins.base, r.values[a][2], i)
     g.inputs[ins.base] = d
     return (a, g.value), (d,)
 
@@ -309,35 +321,39 @@ _SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses]] = {
     Opcode.BCI: _ssa_bci, Opcode.PL1: _ssa_bcu_write, Opcode.BCW: _ssa_bcu_write, Opcode.RSI: _ssa_rsi,
     Opcode.RSV: _ssa_rsv,
 }
+#: Per opcode with a rule: (rule, whether its [X] reads free registers, whether it writes a register group), one
+#: lookup per instruction.
+_SSA_STEPS = {op: (rule, OPCODES[op].frees, bool(OPCODES[op].group)) for op, rule in _SSA_RULES.items()}
 
 
 def ssa(stream: Stream) -> ChipSSA:
     """Rename ``stream`` into SSA values (see :class:`ChipSSA`); raises :class:`PlanError` where the
     reference would fail (a register or unit input read before it is written, a bad slot)."""
     r = _Renamer(stream)
+    regs = r.regs
     uses: list[tuple[int, ...]] = []
     defs: list[tuple[int, ...]] = []
     for i, ins in enumerate(stream.instructions):
-        op = ins.op
-        rule = _SSA_RULES.get(op)
-        if rule is None:
-            raise _error(stream, ins, f"'{op.value}' is not supported (never emitted by the compiler)")
+        step = _SSA_STEPS.get(ins.op)
+        if step is None:
+            raise _error(stream, ins, f"'{ins.op.value}' is not supported (never emitted by the compiler)")
+        rule, frees, group = step
         u, d = rule(r, i, ins)
-        info = OPCODES[op]
         # Registers read with [X] are freed (as in the reference), then the destination is written.
-        if info.frees:
-            dst = ins.dst.index if isinstance(ins.dst, VReg) else -1
+        dst = ins.dst
+        if frees:
             for s in ins.srcs:
-                if isinstance(s, VReg) and s.dead and s.index != dst:
-                    r.regs.pop(s.index, None)
-        if info.group:
+                if type(s) is VReg and s.dead and (type(dst) is not VReg or s.index != dst.index):
+                    regs.pop(s.index, None)
+        if group:
             for reg, v in zip(ins.group, d):
-                r.regs[reg.index] = v
-        elif d and isinstance(ins.dst, VReg):
-            r.regs[ins.dst.index] = d[0]
+                regs[reg.index] = v
+        elif d and type(dst) is VReg:
+            regs[dst.index] = d[0]
         uses.append(u)
         defs.append(d)
-    return ChipSSA(stream.chip, stream, uses, defs, r.kind, r.tag, r.buf, r.producer, r.n_buffers,
+    kind, tag, buf, producer = map(list, zip(*r.values)) if r.values else ([], [], [], [])
+    return ChipSSA(stream.chip, stream, uses, defs, kind, tag, buf, producer, r.n_buffers,
                    r.inputs, r.scalar_inputs, dict(r.memory), r.conversions, r.zero)
 
 

@@ -42,6 +42,8 @@ Three steps, each linear in the number of operations:
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import chain
 from typing import NamedTuple
 
 from caramel.errors import ArgumentError, DeadlockError
@@ -75,47 +77,31 @@ def fuse(
     """Dead-code removal and vertical fusion of one chip's operations (see the module docstring).
     ``pinned``: buffers that must hold their value at the end (the chip's stores); buffer ids
     are below ``n_buffers``."""
-    COMM = Kind.COMM
-    needed = [False] * n_buffers
-    for b in pinned:
-        needed[b] = True
-    live = [False] * len(ops)
+    COMM, E = Kind.COMM, Kind.ELEMENTWISE
+    # Liveness, last operation first: one is live when it communicates or writes a needed buffer; it needs its inputs.
+    needed = set(pinned)
+    live: list[int] = []
     for j in range(len(ops) - 1, -1, -1):
         o = ops[j]
-        keep = o.kind is COMM
-        if not keep:
-            for b in o.outs:
-                if needed[b]:
-                    keep = True
-                    break
-        if keep:
-            live[j] = True
-            for b in o.ins:
-                needed[b] = True
+        if o.kind is COMM or not needed.isdisjoint(o.outs):
+            live.append(j)
+            needed.update(o.ins)
+    live.reverse()
+    live_ops = list(map(ops.__getitem__, live))
+    kinds, primes, op_ins, op_outs, op_scalars, op_args, op_index = zip(*live_ops) if live_ops else ((),) * 7
     # n_use[b]: live operations reading b (each counted once), plus one if b is pinned.
-    n_use = [0] * n_buffers
-    for b in pinned:
-        n_use[b] = 1
-    producer = [-1] * n_buffers
-    for j, o in enumerate(ops):
-        if live[j]:
-            ins = o.ins
-            for k, b in enumerate(ins):
-                if b not in ins[:k]:
-                    n_use[b] += 1
-            for b in o.outs:
-                producer[b] = j
+    n_use = Counter(chain.from_iterable(map(set, op_ins)))
+    n_use.update(pinned)
 
-    # Trees, bottom-up in program order: micro-ops (op index, name, args) in post-order. An
+    # Trees, bottom-up in program order: micro-ops (op index, name, args, source instruction index) in post-order. An
     # argument is 2*buffer (a vector input), 2*scalar+1 (a scalar) or -1-j (the result of op j).
-    E = Kind.ELEMENTWISE
-    trees: dict[int, list] = {}
-    leaves: dict[int, int] = {}
-    folded: set[int] = set()
-    for j, o in enumerate(ops):
-        if o.kind is not E or not live[j]:
+    # trees: the trees not folded (yet), by the buffer their root writes (an operation's outputs are buffers of
+    # their own: SSA), as (root j, prime, micro-ops, vector inputs).
+    trees: dict[int, tuple[int, int, list, int]] = {}
+    for j, kind, prime, ins, outs, scalars, name, index in zip(live, kinds, primes, op_ins, op_outs, op_scalars, op_args,
+                                                                op_index):
+        if kind is not E:
             continue
-        ins = o.ins
         twice = len(ins) == 2 and ins[0] == ins[1]
         if twice:
             ins = ins[:1]
@@ -123,45 +109,39 @@ def fuse(
         args: list = []
         n_leaves = len(ins)
         for b in ins:
-            p = producer[b]
-            if (
-                enable
-                and p in trees
-                and n_use[b] == 1
-                and ops[p].prime == o.prime
-                and n_leaves - 1 + leaves[p] <= max_inputs
-            ):
-                micro += trees.pop(p)
-                n_leaves += leaves.pop(p) - 1
-                folded.add(p)
-                args.append(-1 - p)
+            t = trees.get(b) if enable else None
+            if t is not None and n_use[b] == 1 and t[1] == prime and n_leaves - 1 + t[3] <= max_inputs:
+                del trees[b]
+                micro += t[2]
+                n_leaves += t[3] - 1
+                args.append(-1 - t[0])
             else:
                 args.append(2 * b)
         if twice:
             args.append(args[0])
-        for sc in o.scalars:
+        for sc in scalars:
             args.append(2 * sc + 1)
-        micro.append((j, o.arg, tuple(args)))
-        trees[j] = micro
-        leaves[j] = n_leaves
+        micro.append((j, name, tuple(args), index))
+        trees[outs[0]] = (j, prime, micro, n_leaves)
 
     units: list[Unit] = []
     exprs: dict = {}
-    for j, o in enumerate(ops):
-        if not live[j] or j in folded:
-            continue
-        if o.kind is E:
-            units.append(_tree_unit(o, trees[j], ops, exprs))
-        elif o.kind is Kind.COMM:
-            units.append(Unit(o.kind, None, o.arg, o.ins, o.outs, (o.index,)))
-        elif o.kind is Kind.BASECONV:
+    for o in live_ops:
+        kind = o.kind
+        if kind is E:
+            t = trees.get(o.outs[0])
+            if t is not None:  # (else folded into its consumer)
+                units.append(_tree_unit(o, t[2], exprs))
+        elif kind is COMM:
+            units.append(Unit(kind, None, o.arg, o.ins, o.outs, (o.index,)))
+        elif kind is Kind.BASECONV:
             conv = o.arg
             key = (conv.in_limbs, tuple(conv.out_limbs[s] for s in sorted(conv.slots)))
-            units.append(Unit(o.kind, key, Row(-1, o.ins, o.outs), o.ins, o.outs, (o.index,)))
+            units.append(Unit(kind, key, Row(-1, o.ins, o.outs), o.ins, o.outs, (o.index,)))
         else:
-            key = o.arg if o.kind is Kind.RSV else len(o.ins) if o.kind is Kind.MOD else None
-            arg = o.arg if o.kind in (Kind.AUTOMORPHISM, Kind.SUD_LIFT) else None
-            units.append(Unit(o.kind, key, Row(o.prime, o.ins, o.outs, (), arg), o.ins, o.outs, (o.index,)))
+            key = o.arg if kind is Kind.RSV else len(o.ins) if kind is Kind.MOD else None
+            arg = o.arg if kind is Kind.AUTOMORPHISM or kind is Kind.SUD_LIFT else None
+            units.append(Unit(kind, key, Row(o.prime, o.ins, o.outs, (), arg), o.ins, o.outs, (o.index,)))
     return units
 
 
@@ -214,18 +194,13 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
     instead, with the :class:`~caramel.plan.kernel.Prologue` as its batching key. The producer
     loses that output (a conversion keeps its other outputs, under the key of the outputs left)
     and is dropped when none is left. Order is kept."""
-    readers: dict[int, int] = {}
-    producer: dict[int, int] = {}
-    for j, u in enumerate(units):
-        for b in set(u.ins):
-            readers[b] = readers.get(b, 0) + 1
-        if u.kind in kinds and u.kind in PROLOGUE_KINDS:
-            for b in u.outs:
-                producer[b] = j
+    readers = _readers(units)
+    producer = {b: j for j, u in enumerate(units) if u.kind in kinds and u.kind in PROLOGUE_KINDS for b in u.outs}
     out: list[Unit | None] = list(units)
     taken: dict[int, set[int]] = {}
+    NTT = Kind.NTT
     for j, u in enumerate(units):
-        if u.kind is not Kind.NTT:
+        if u.kind is not NTT:
             continue
         b = u.ins[0]
         p = producer.get(b)
@@ -250,13 +225,18 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
     return [u for u in out if u is not None]
 
 
-def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
+def _readers(units: list[Unit]) -> Counter:
+    """How many units read each buffer (a unit that reads it several times counted once)."""
+    return Counter(chain.from_iterable(set(u.ins) for u in units))
+
+
+def _tree_unit(root: Op, micro: list, exprs: dict) -> Unit:
     """The canonical :class:`Expr` of a tree (one object per distinct expression, kept in
     ``exprs``) and its row: operands numbered by first use."""
     num: dict[int, int] = {}
     vec: list[int] = []
     sca: list[int] = []
-    for _, _, args in micro:
+    for _, _, args, _ in micro:
         for a in args:
             if a >= 0 and a not in num:
                 num[a] = 0
@@ -267,16 +247,16 @@ def _tree_unit(root: Op, micro: list, ops: list[Op], exprs: dict) -> Unit:
     for k, a in enumerate(sca):
         num[a] = nv + k
     base = nv + ns
-    for k, (j, _, _) in enumerate(micro):
+    for k, (j, _, _, _) in enumerate(micro):
         num[-1 - j] = base + k
     get = num.__getitem__
-    key = (nv, ns, tuple([(name, tuple(map(get, args))) for _, name, args in micro]))
+    key = (nv, ns, tuple([(name, tuple(map(get, args))) for _, name, args, _ in micro]))
     expr = exprs.get(key)
     if expr is None:
         expr = exprs[key] = Expr(nv, ns, tuple(ExprOp(*o) for o in key[2]), (base + len(micro) - 1,))
     ins = tuple([a >> 1 for a in vec])
     row = Row(root.prime, ins, root.outs, tuple([a >> 1 for a in sca]))
-    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({ops[j].index for j, _, _ in micro})))
+    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({i for _, _, _, i in micro})))
 
 
 def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = MAX_INPUTS,
@@ -301,13 +281,14 @@ def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = 
         if u.kind is not E:
             continue
         index = open_by_key.setdefault((unit_levels[j], u.row.prime), {})
+        ins = set(u.ins)
         shared: dict[int, int] = {}
-        for b in set(u.ins):
+        for b in ins:
             for g in index.get(b, ()):
                 shared[g] = shared.get(g, 0) + 1
         best = -1
         for g, n in sorted(shared.items(), key=lambda gn: (-gn[1], gn[0])):
-            if len(groups[g]) < max_outputs and len(group_ins[g] | set(u.ins)) <= max_inputs:
+            if len(groups[g]) < max_outputs and len(group_ins[g] | ins) <= max_inputs:
                 best = g
                 break
         if best < 0:
@@ -315,9 +296,9 @@ def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = 
             groups.append([])
             group_ins.append(set())
         groups[best].append(j)
-        for b in set(u.ins) - group_ins[best]:
+        for b in ins - group_ins[best]:
             index.setdefault(b, []).append(best)
-        group_ins[best] |= set(u.ins)
+        group_ins[best] |= ins
         group_of[j] = best
     out_units: list[Unit] = []
     out_levels: list[int] = []
@@ -349,16 +330,11 @@ def _merged_unit(members: list[Unit], exprs: dict) -> Unit:
     for u in members:
         e: Expr = u.key
         base = nv + ns + len(ops)
-
-        def value(a: int, u=u, e=e, s0=s0, base=base) -> int:
-            if a < e.n_vec:
-                return vec[u.row.ins[a]]
-            if a < e.n_vec + e.n_scalar:
-                return s0 + a - e.n_vec
-            return base + a - e.n_vec - e.n_scalar
-
-        ops += [ExprOp(o.op, tuple(map(value, o.args))) for o in e.ops]
-        outputs += [value(o) for o in e.outputs]
+        # value[a]: the merged number of the member's value a (its vector operands, scalars, then operations)
+        value = [vec[b] for b in u.row.ins] + list(range(s0, s0 + e.n_scalar)) + list(range(base, base + len(e.ops)))
+        at = value.__getitem__
+        ops += [ExprOp(o.op, tuple(map(at, o.args))) for o in e.ops]
+        outputs += map(at, e.outputs)
         s0 += e.n_scalar
     key = (nv, ns, tuple(ops), tuple(outputs))
     expr = exprs.get(key)
@@ -384,12 +360,12 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
     writer = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.AUTOMORPHISM}
     if not writer:
         return units, unit_levels
-    blocked = set(pinned)
+    blocked = set(pinned)  # (and every buffer that a unit other than an elementwise one reads)
     for u in units:
         if u.kind is not E:
-            blocked.update(b for b in u.ins if b in writer)
+            blocked.update(u.ins)
     fold = {b: units[j] for b, j in writer.items() if b not in blocked}
-    folded = {b for u in units if u.kind is E for b in u.ins if b in fold}
+    folded = fold.keys() & set(chain.from_iterable(u.ins for u in units if u.kind is E))
     exprs: dict = {}
     out_units: list[Unit] = []
     out_levels: list[int] = []
@@ -429,19 +405,16 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.NTT and not isinstance(u.key, HalfNtt)}
     if not ntt_of:
         return units
-    readers: dict[int, list[int]] = {}
-    for j, u in enumerate(units):
-        for b in set(u.ins):
-            if b in ntt_of:
-                readers.setdefault(b, []).append(j)
+    readers = _readers(units)
     out = list(units)
     exprs: dict = {}
     for j, u in enumerate(units):
-        if u.kind is not E:
+        if u.kind is not E or ntt_of.keys().isdisjoint(u.ins):
             continue
         e: Expr = u.key
         ins = u.row.ins
-        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == [j]
+        # (unit j reads b: one reader is unit j alone)
+        chosen = tuple(k for k, b in enumerate(ins) if b in ntt_of and b not in pinned and readers[b] == 1
                        and ins.count(b) == 1 and k not in e.gathered)[:MAX_TRANSFORMED]
         if not chosen:
             continue
@@ -538,11 +511,12 @@ def batch(
     writer: dict[int, int] = {}
     for (lv, kind, key), members in order:
         k = len(kernels)
-        src = sorted({lines[i] for j in members for i in units[j].index})
+        batched = list(map(units.__getitem__, members))
+        src = sorted({lines[i] for u in batched for i in u.index})
         if kind is Kind.COMM:
-            kernel = Kernel(kind, comms=tuple(units[j].row for j in members), level=lv, lines=tuple(src))
+            kernel = Kernel(kind, comms=tuple(u.row for u in batched), level=lv, lines=tuple(src))
         else:
-            rows = tuple(units[j].row for j in members)
+            rows = tuple(u.row for u in batched)
             if kind is Kind.ELEMENTWISE:
                 kernel = Kernel(kind, rows, expr=key, level=lv, lines=tuple(src))
             elif kind is Kind.BASECONV:
@@ -555,15 +529,8 @@ def batch(
                 kernel = Kernel(kind, rows, level=lv, lines=tuple(src), prologue=key)
             else:
                 kernel = Kernel(kind, rows, level=lv, lines=tuple(src))
-        d = set()
-        for j in members:
-            for b in units[j].ins:
-                w = writer.get(b)
-                if w is not None:
-                    d.add(w)
-        for j in members:
-            for b in units[j].outs:
-                writer[b] = k
+        d = {writer[b] for b in set(chain.from_iterable(u.ins for u in batched)) if b in writer}
+        writer.update(dict.fromkeys(chain.from_iterable(u.outs for u in batched), k))
         kernels.append(kernel)
         deps.append(tuple(sorted(d)))
     return tuple(kernels), tuple(deps)

@@ -30,6 +30,8 @@ class Kind(enum.Enum):
     RSV = "rsv"
     MOD = "mod"
 
+    __hash__ = object.__hash__  # (identity, in C: see :class:`caramel.program.Opcode`)
+
 
 class Row(NamedTuple):
     """One independent instance of a kernel: prime index, input and output buffers, scalar

@@ -49,18 +49,17 @@ def recent_first_chip(chip: ChipPlan, target: Target) -> ChipPlan:
     kernels = []
     for kernel in chip.kernels:
         if kernel.kind is not Kind.COMM and len(kernel.rows) > 1:
-            keys = [max((rank.get(b, -1) for b in row.ins), default=-1) for row in kernel.rows]
-            order = sorted(range(len(keys)), key=lambda i: -keys[i])
+            keys = [max([rank.get(b, -1) for b in row.ins], default=-1) for row in kernel.rows]
+            order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)  # (stable: ties keep their order)
             if order != list(range(len(keys))):
-                kernel = replace(kernel, rows=tuple(kernel.rows[i] for i in order))
+                kernel = replace(kernel, rows=tuple(map(kernel.rows.__getitem__, order)))
         kernels.append(kernel)
         if kernel.kind is Kind.COMM:
             written = [c.dst for c in kernel.comms if c.dst >= 0]
         else:
             written = [b for row in write_order(kernel, target) for b in row.outs]
-        for b in written:
-            rank[b] = seq
-            seq += 1
+        rank.update(zip(written, range(seq, seq + len(written))))
+        seq += len(written)
     return replace(chip, kernels=tuple(kernels))
 
 

@@ -60,6 +60,12 @@ from caramel.target import NEUTRAL, Target
 #: The one-operand forms that lower to one kernel of their own kind.
 _UNARY = {Opcode.NTT: Kind.NTT, Opcode.INT: Kind.INTT, Opcode.PL1: Kind.INTT, Opcode.ROT: Kind.AUTOMORPHISM,
           Opcode.CON: Kind.AUTOMORPHISM}
+#: The elementwise forms with a scalar operand (a loaded scalar: an entry of the scalar table).
+_SCALAR_FORMS = frozenset({Opcode.ADS, Opcode.SUS, Opcode.MUS})
+#: The forms that lower to no operation: copies (their values share their source's buffer) and the starts of base
+#: conversions and accumulators.
+_COPIES = frozenset({Opcode.LOAD, Opcode.EVG, Opcode.LOAS, Opcode.STORE, Opcode.SPILL, Opcode.MOV, Opcode.BCI,
+                     Opcode.BCW, Opcode.RSI})
 
 
 def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
@@ -67,6 +73,8 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
     ops: list[Op] = []
     scalars: dict[ScalarSpec, int] = {}
     buf, tag, producer = chip.buf, chip.tag, chip.producer
+    bufs = buf.__getitem__  # (tuple(map(bufs, values)): the buffers of values)
+    conversions = chip.conversions
     scalar_mem = {v: m for m, v in chip.scalar_inputs.items()}
     n_buffers = chip.n_buffers
     E, NTT = Kind.ELEMENTWISE, Kind.NTT
@@ -74,28 +82,30 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
     def scalar(spec: ScalarSpec) -> int:  # its index in the chip's scalar table
         return scalars.setdefault(spec, len(scalars))
 
-    for i, ins in enumerate(chip.stream.instructions):
+    for i, (ins, u, d) in enumerate(zip(chip.stream.instructions, chip.uses, chip.defs)):
         op = ins.op
-        u, d = chip.uses[i], chip.defs[i]
         L = ins.base
         name = ELEMENTWISE_OP.get(op)
         if name is not None:
-            if op in (Opcode.ADS, Opcode.SUS, Opcode.MUS):
+            if op in _SCALAR_FORMS:
                 mem = scalar_mem[chip.uses[producer[u[1]]][0]]
                 ops.append(Op(E, L, (buf[u[0]],), (buf[d[0]],), (scalar(ScalarSpec(mem, (), L)),), name, i))
             else:
-                ops.append(Op(E, L, tuple(buf[v] for v in u), (buf[d[0]],), (), name, i))
+                ops.append(Op(E, L, tuple(map(bufs, u)), (buf[d[0]],), (), name, i))
             continue
-        conv = chip.conversions.get(i)
+        if op in _COPIES:  # (no kernel, no conversion: those are read by ntt and sud only)
+            continue
+        conv = conversions.get(i)
         if conv is not None:
             outs = tuple(buf[conv.slots[s]] for s in sorted(conv.slots))
-            ops.append(Op(Kind.BASECONV, -1, tuple(buf[v] for v in conv.inputs), outs, (), conv, i))
-        if op in _UNARY:  # arg: the rotation step (None for a conjugation)
-            ops.append(Op(_UNARY[op], L, (buf[u[0]],), (buf[d[0]],), (), ins.step if op == Opcode.ROT else None, i))
-        elif op == Opcode.SUD:
+            ops.append(Op(Kind.BASECONV, -1, tuple(map(bufs, conv.inputs)), outs, (), conv, i))
+        unary = _UNARY.get(op)
+        if unary is not None:  # arg: the rotation step (None for a conjugation)
+            ops.append(Op(unary, L, (buf[u[0]],), (buf[d[0]],), (), ins.step if op is Opcode.ROT else None, i))
+        elif op is Opcode.SUD:
             y = u[1]
             if isinstance(ins.srcs[1], BcuSlot):
-                factor = ScalarSpec(None, chip.conversions[producer[y]].in_limbs, L)
+                factor = ScalarSpec(None, conversions[producer[y]].in_limbs, L)
                 lifted = buf[y]
             else:
                 factor = ScalarSpec(None, (tag[y],), L)
@@ -105,13 +115,13 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
             ops.append(Op(NTT, L, (lifted,), (big_y,), (), None, i))
             ops.append(Op(E, L, (buf[u[0]], big_y), (diff,), (), "sub", i))
             ops.append(Op(E, L, (diff,), (buf[d[0]],), (scalar(factor),), "mul", i))
-        elif op == Opcode.RSV:
-            ops.append(Op(Kind.RSV, L, tuple(buf[v] for v in u), tuple(buf[v] for v in d), (), ins.in_limbs, i))
-        elif op == Opcode.MOD:
-            ops.append(Op(Kind.MOD, L, tuple(buf[v] for v in u), (buf[d[0]],), (), None, i))
+        elif op is Opcode.RSV:
+            ops.append(Op(Kind.RSV, L, tuple(map(bufs, u)), tuple(map(bufs, d)), (), ins.in_limbs, i))
+        elif op is Opcode.MOD:
+            ops.append(Op(Kind.MOD, L, tuple(map(bufs, u)), (buf[d[0]],), (), None, i))
         elif op in COMMUNICATION:  # the limb: the sync id's, or the joi's base
             c = Comm(op, ins.sync, ins.size, buf[u[0]] if u else -1, buf[d[0]] if d else -1,
-                     L if op == Opcode.JOI else ins.sync & 0xFFFF)
+                     L if op is Opcode.JOI else ins.sync & 0xFFFF)
             ops.append(Op(Kind.COMM, c.prime, (c.src,) if u else (), (c.dst,) if d else (), (), c, i))
     return ops, list(scalars), n_buffers
 
@@ -121,12 +131,13 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
     sender's tag; only the register form of ``sud`` looks at it)."""
     sent: dict[int, tuple[int, int]] = {}
     received: list[tuple[int, int, int]] = []
+    DIS, RCV = Opcode.DIS, Opcode.RCV
     for c, chip in enumerate(chips):
-        for i, ins in enumerate(chip.stream.instructions):
-            if ins.op == Opcode.DIS:
-                sent[ins.sync] = (c, chip.uses[i][0])
-            elif ins.op == Opcode.RCV:
-                received.append((c, chip.defs[i][0], ins.sync))
+        for ins, u, d in zip(chip.stream.instructions, chip.uses, chip.defs):
+            if ins.op is DIS:
+                sent[ins.sync] = (c, u[0])
+            elif ins.op is RCV:
+                received.append((c, d[0], ins.sync))
     rcv_sync = {(c, v): s for c, v, s in received}
 
     def resolve(c: int, v: int, depth: int = 0) -> int:
