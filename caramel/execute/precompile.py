@@ -7,9 +7,9 @@ does, and runs the calls on a :class:`~caramel.backends.cuda.kernel_set.KernelSe
 one loads; :func:`precompile` compiles them on the compile pool (NVRTC is thread-safe), each distinct source once in
 the process (:mod:`caramel.backends.cuda.compiler`) and in CuPy's disk cache across processes. The GPU executors call
 it before their first launch; ``caramel compile`` calls it ahead of a run. :func:`schedule_plan` queues the modules
-of a plan's kernels (:func:`plan_modules`, no device program needed) as soon as the plan exists and returns at once
-(:class:`caramel.Executor` calls it from the thread that builds the plan, while the keys are made): the executor's
-precompile then finds them compiled or compiling.
+of a plan's kernels and of its communication's local work (:func:`plan_modules`, no device program needed) as soon
+as the plan exists and returns at once (:class:`caramel.Executor` calls it from the thread that builds the plan,
+while the keys are made): the executor's precompile then finds them compiled or compiling.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from caramel.execute.placement import CommStep, DeviceProgram
-from caramel.execute.runner import _copy_calls, _local_calls, _packed, lower_kernel
+from caramel.execute.runner import _copy_calls, _local_calls, _packed, local_work_calls, lower_kernel
 from caramel.plan.kernel import Kind, Plan
 from caramel.ring import Context, Mode
 
@@ -61,9 +61,10 @@ def needed_modules(progs: Sequence[DeviceProgram], plan: Plan, ctx: Context, mod
 
 def plan_modules(plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None,
                  multiprocessors: int | None = None) -> list:
-    """The modules of ``plan``'s kernels (as :func:`needed_modules`, but not its communication steps' local sums and
-    copies, which depend on the placement): found from the plan alone, before any device program; every module of a
-    one-chip plan's run. Needs no GPU."""
+    """The modules of ``plan``'s kernels and of every local sum, copy and ``% q`` that its communication steps may
+    make on any placement (:func:`caramel.execute.runner.local_work_calls`): found from the plan alone, before any
+    device program, so that a first run compiles them while its keys are made; a superset of :func:`needed_modules`
+    for any number of devices. Needs no GPU."""
     from caramel.backends.cuda.kernel_set import MULTIPROCESSORS, KernelSet
 
     found = KernelSet(ctx, kernels, multiprocessors or MULTIPROCESSORS)
@@ -73,6 +74,9 @@ def plan_modules(plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None,
             for kernel in chip.kernels:
                 if kernel.kind is not Kind.COMM:
                     lower_kernel(kernel, rows_of, ctx, Mode(mode))(found)
+    if any(kernel.kind is Kind.COMM for chip in plan.chips for kernel in chip.kernels):
+        for call in local_work_calls(len(plan.chips)):
+            call(found)
     return list(found.modules.values())
 
 

@@ -96,6 +96,17 @@ def _sum_call(ins, outs, primes) -> Callable[[Backend], None]:
     return lambda b: b.elementwise(expr, ins, outs, primes, sca)
 
 
+def local_work_calls(chips: int) -> list[Callable[[Backend], None]]:
+    """Every backend call that the communication steps of a plan of ``chips`` chips may make besides the collectives,
+    on any placement (:func:`_local_calls`, :func:`_copy_calls`): a sum of 1 .. ``chips`` rows (local sums of the
+    chips on one device; one row: a staging copy) and the ``% q`` of reduce results. A module depends on neither
+    the rows nor the primes, so one call of each finds them all."""
+    row = np.zeros(1, dtype=_I32)
+    calls = [_sum_call([[0] * m], [0], [0]) for m in range(1, chips + 1)]
+    calls.append(lambda b: b.mod(row[:, None].copy(), row, row))
+    return calls
+
+
 def _local_calls(prog: DeviceProgram, actions: Sequence[LocalSum | ModRows]) -> list[Callable]:
     """Backend calls for local sums (batched by input count) and ``% q`` of reduce results."""
     calls: list[Callable] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from caramel.backends.cuda import elementwise
@@ -13,7 +14,8 @@ from caramel.backends.cuda.kernel_set import KernelSet
 from caramel.backends.cuda.ntt.transform import transform_source
 from caramel.backends.cuda.target import CUDA_TARGET
 from caramel.execute.placement import device_programs
-from caramel.execute.precompile import device_calls, needed_modules
+from caramel.execute.runner import lower_kernel
+from caramel.execute.precompile import device_calls, needed_modules, plan_modules
 from caramel.expr import Expr, ExprOp
 from caramel.plan import Kind, build_plan
 from caramel.ring import Context, Mode
@@ -40,6 +42,30 @@ def test_a_plans_modules():
     sums = {key for key in found if key[0] == "elementwise"} - {("elementwise", e) for e in exprs}
     assert exprs and sums  # the plan's programs, and the communication's sums (not in the plan's kernels)
     assert all(not k[1].ops or {o.op for o in k[1].ops} == {"add"} for k in sums)
+
+
+@pytest.mark.parametrize("name", ["Mul_4L_2c", "BootstrapModRaise_4L_2c", "PolyX8_4L_4c"])
+def test_the_plans_modules_cover_every_placement(name):
+    """What a first run queues from the plan alone (plan_modules: its kernels and every local sum, copy and % q its
+    communication may make) holds every module that its device programs load on 1, 2 or as many devices as chips;
+    without the communication's local work it would not (those are the placement's)."""
+    program = load_corpus(name)
+    plan = build_plan(program, target=CUDA_TARGET)
+    ctx = Context(65536)
+    early = {m.key for m in plan_modules(plan, ctx, [Mode.EXACT])}
+    kernels_only = set()
+    for chip in plan.chips:
+        found = KernelSet(ctx)
+        for kernel in chip.kernels:
+            if kernel.kind is not Kind.COMM:
+                lower_kernel(kernel, np.zeros(max(1, chip.n_buffers), dtype=np.int64), ctx, Mode.EXACT)(found)
+        kernels_only |= set(found.modules)
+    for gpus in sorted({1, 2, len(plan.chips)}):
+        progs = device_programs(plan, gpus, ctx.primes, keep_inputs=True)
+        needed = {m.key for m in needed_modules(progs, plan, ctx, [Mode.EXACT])}
+        assert needed <= early, (gpus, needed - early)
+        if gpus < len(plan.chips):
+            assert needed - kernels_only  # the local sums of chips that share a device
 
 
 def test_epilogues_carry_their_launch_bounds():
