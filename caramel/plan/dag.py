@@ -170,9 +170,9 @@ class _Renamer:
 
     def fresh(self, t: int, p: int) -> int:
         """A new vector value in a buffer of its own."""
-        self.values.append((VECTOR, t, self.n_buffers, p))
+        v = self.value(VECTOR, t, self.n_buffers, p)
         self.n_buffers += 1
-        return len(self.values) - 1
+        return v
 
     def read(self, op, ins: Instruction) -> int:
         got = self.regs.get(op.index)
@@ -244,7 +244,7 @@ def _ssa_plain(r: _Renamer, i: int, ins: Instruction) -> _Uses:
         u += extra
     if ins.dst is None:
         return tuple(u), ()
-    return tuple(u), (r.fresh(ins.limb if ins.base is None else ins.base, i),)
+    return tuple(u), (r.fresh(ins.limb, i),)
 
 
 def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:

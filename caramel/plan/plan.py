@@ -62,9 +62,9 @@ _UNARY = {Opcode.NTT: Kind.NTT, Opcode.INT: Kind.INTT, Opcode.PL1: Kind.INTT, Op
           Opcode.CON: Kind.AUTOMORPHISM}
 #: The elementwise forms with a scalar operand (a loaded scalar: an entry of the scalar table).
 _SCALAR_FORMS = frozenset({Opcode.ADS, Opcode.SUS, Opcode.MUS})
-#: The forms that lower to no operation: copies (their values share their source's buffer) and the starts of base
-#: conversions and accumulators.
-_COPIES = frozenset({Opcode.LOAD, Opcode.EVG, Opcode.LOAS, Opcode.STORE, Opcode.SPILL, Opcode.MOV, Opcode.BCI,
+#: The forms that never become a kernel: copies (their values share their source's buffer: aliases), the scalar
+#: loads and the starts of base conversions and accumulators.
+ALIASES = frozenset({Opcode.LOAD, Opcode.EVG, Opcode.LOAS, Opcode.STORE, Opcode.SPILL, Opcode.MOV, Opcode.BCI,
                      Opcode.BCW, Opcode.RSI})
 
 
@@ -93,7 +93,7 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
             else:
                 ops.append(Op(E, L, tuple(map(bufs, u)), (buf[d[0]],), (), name, i))
             continue
-        if op in _COPIES:  # (no kernel, no conversion: those are read by ntt and sud only)
+        if op in ALIASES:  # (no kernel, no conversion: those are read by ntt and sud only)
             continue
         conv = conversions.get(i)
         if conv is not None:

@@ -31,16 +31,10 @@ from collections import Counter
 
 from caramel.plan import cache_model
 from caramel.plan.kernel import Kind, Plan
-from caramel.plan.plan import assign_rows
+from caramel.plan.plan import ALIASES, assign_rows
 from caramel.stats import instruction_limbs
-from caramel.program import Opcode, Program
+from caramel.program import Program
 from caramel.target import NEUTRAL, Target
-
-#: Instructions that never become a kernel (aliases, bindings, unit setup, scalar loads).
-ALIASES = frozenset(
-    {Opcode.LOAD, Opcode.EVG, Opcode.MOV, Opcode.BCW, Opcode.STORE, Opcode.SPILL, Opcode.BCI, Opcode.RSI, Opcode.LOAS}
-)
-
 
 def plan_stats(plan: Plan, program: Program | None = None, n: int = 65536) -> dict:
     """The figures of :func:`plan_report` as a dict (traffic in bytes at ring degree ``n``)."""
