@@ -31,6 +31,7 @@ them all (:func:`run_batch_distributed`). On a Dask cluster, :mod:`caramel.clust
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -43,6 +44,8 @@ from caramel.execute.pipeline import ResidentGpus, ResidentHost  # noqa: F401 (t
 from caramel.executor import batch_layout  # noqa: F401
 from caramel.program import Mem, Program
 from caramel.ring import Context
+
+logger = logging.getLogger(__name__)
 
 #: Seconds rank 0 waits for the other ranks' records in process mode.
 GATHER_TIMEOUT = 3600.0
@@ -336,7 +339,10 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
         raise BatchError(f"the ranks returned instances {[r['instance'] for r in records]}, expected 0..{batch - 1}")
     # As in one process, the batch's wall runs from the first instance's start to the last one's end (setup
     # excluded): the union of the ranks' windows.
-    wall = max(p["window"][1] for p in parts) - min(p["window"][0] for p in parts)
+    start = min(p["window"][0] for p in parts)
+    wall = max(p["window"][1] for p in parts) - start
+    logger.debug("the ranks' windows: %s", ", ".join(f"rank {r} {p['window'][0] - start:.3f}..{p['window'][1] - start:.3f} s"
+                                                     for r, p in enumerate(parts)))
     passed = _batch_verdict([r["passed"] for r in records])
     result.records = records
     result.summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, place.world, 1, place.world, passed)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from caramel import cores
 from caramel.errors import CaramelError
 from caramel.options import RunOptions
 from caramel.program import Program
@@ -553,7 +554,7 @@ class ClusterExecutor:
             return max(1, min(self.program.chips, len(ids) if ids else _gpu_count()))
         if self.backend == "gpu":
             return len(ids) if ids else _gpu_count()
-        return max(1, min(os.cpu_count() or 1, batch))
+        return max(1, min(cores.available(), batch))
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker of the cluster now (sorted by address), as it describes itself."""

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -49,6 +48,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from caramel import cores
 from caramel.ckks.bind import InputKind, requirements
 from caramel.ckks.check import CheckError
 from caramel.errors import ArgumentError, BindingError, CaramelError, ExecutionError, MissingLimbError
@@ -89,7 +89,7 @@ def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
 
 def preparers(options: RunOptions) -> int:
     """Host threads of an executor that prepare instances: ``options.workers``, else half the cores, 1 to 4."""
-    return options.workers or max(1, min(4, (os.cpu_count() or 1) // 2))
+    return options.workers or max(1, min(4, cores.available() // 2))
 
 
 def capacity(options: RunOptions, lanes: int = 1, depth: int | None = None) -> int:
@@ -414,7 +414,7 @@ class Executor:
         # GPU (preparer k serves lane k % lanes), else one queue that every lane reads.
         lanes = len(self.lanes)
         self._ready = [queue.Queue() for _ in range(lanes)] if self._keep_on_device else [queue.Queue()] * lanes
-        cpus = os.cpu_count() or 1
+        cpus = cores.available()
         workers = max(preparers(opts), lanes if self._keep_on_device else 1)
         #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
         self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from caramel import cores
 from caramel.ckks.bind import InputKind, Requirements, requirements
 from caramel.ckks.check import (
     CheckError,
@@ -249,7 +250,7 @@ def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
 
 #: Threads that encode vector inputs for :func:`draw_inputs` (NumPy's FFT runs without the GIL; the
 #: instances of an executor share them).
-ENCODE_THREADS = max(1, min(16, (os.cpu_count() or 1) - 1))
+ENCODE_THREADS = max(1, min(16, cores.available() - 1))
 #: Plaintexts per encoding task of :func:`draw_inputs` (:func:`~caramel.ckks.encoding.encode_rows`): enough that a
 #: task's Python steps, which hold the GIL, are few beside its FFTs (threads of several instances encode at once),
 #: few enough that an instance's plaintexts spread over the threads.

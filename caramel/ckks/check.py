@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -82,6 +81,7 @@ from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
+from caramel import cores
 from caramel.ckks.bind import InputKind, Requirements, bind_inputs, read_outputs, requirements
 from caramel.ckks.encoding import decode, encode, rotate_slots
 from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
@@ -651,7 +651,7 @@ def prepare_check(
 
 #: Threads that encode a run's vector inputs (NumPy's FFT and array work, mostly without the GIL)
 #: while the caller draws and encrypts in input order (:func:`prepare_check`).
-ENCODE_THREADS = max(1, min(4, os.cpu_count() or 1))
+ENCODE_THREADS = max(1, min(4, cores.available()))
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,14 @@ def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=32)
+def _scaled_izeta(n: int) -> np.ndarray:
+    """zeta^-i / n (read-only), exact: n is a power of two."""
+    out = _tables(n)[2] / n
+    out.setflags(write=False)
+    return out
+
+
+@lru_cache(maxsize=32)
 def _fft_gather(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(g, sign), (2N,) each, read-only: the FFT input of :func:`encode_float` viewed as 2N float64
     (real and imaginary part of each position) is ``row[g] * sign`` for the row [re | im] of the N/2
@@ -148,10 +156,11 @@ def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np
     view = full.view(np.float64)
     np.take(parts, g, axis=1, out=view, mode="clip")  # g is in range: 'clip' only spares 'raise''s buffered copy
     np.multiply(view, sign, out=view)
-    # encode_float's expression step by step, then encode's scaling: (fft(full) / n * zeta^-i).real * scale
+    # encode_float's expression step by step, then encode's scaling: (fft(full) / n * zeta^-i).real * scale, with
+    # the division folded into the table (zeta^-i / n): n is a power of two, so both products are the one exact
+    # product rounded once
     np.fft.fft(full, axis=-1, out=spectrum)
-    np.true_divide(spectrum, n, out=spectrum)
-    np.multiply(spectrum, _tables(n)[2], out=spectrum)
+    np.multiply(spectrum, _scaled_izeta(n), out=spectrum)
     np.multiply(spectrum.real, scales, out=x)
     np.rint(x, out=x)
     fits = (x.max(axis=1) < INT64_LIMIT) & (x.min(axis=1) > -INT64_LIMIT)  # False for a row with nan

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from caramel import cores
 from caramel.ckks.keys import PendingKeys, SecretDist, SecretKey, Secrets, key_limbs, redraw_a
 from caramel.ckks.keyset import KeySet
 from caramel.ckks.sampling import PcgState, lemire_state_rows
@@ -547,7 +548,7 @@ def load_keys(directory: str | Path, ctx, *, threads: int | None = None, backgro
         a_states.append(_a_state(entry, states, kid, where))
         moduli = np.asarray(ctx.moduli(limbs), dtype=np.uint32).reshape(-1, 1)
         jobs += [_Job(entry.get("c0"), limbs, moduli), _Job(a_states[-1] or entry.get("c1"), limbs, moduli)]
-    workers = threads or min(16, os.cpu_count() or 1)
+    workers = threads or min(16, cores.available())
 
     def load(job: _Job):
         if isinstance(job.source, PcgState):

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from caramel import cores
 from caramel.ring.modular import inv_mod
 from caramel.errors import ArgumentError
 
@@ -51,7 +52,7 @@ def client_threads() -> int:
     """client_threads returns the number of host threads for batched transforms (``CARAMEL_CLIENT_THREADS``)."""
     raw = os.environ.get(THREADS_ENV, "")
     try:
-        return max(1, int(raw)) if raw.strip() else max(1, min(8, os.cpu_count() or 1))
+        return max(1, int(raw)) if raw.strip() else max(1, min(8, cores.available()))
     except ValueError:
         return 1
 

@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
+from caramel import cores
+
 #: Options passed to NVRTC for every module (CuPy adds the device's own architecture, sm_90 on Hopper). No fused
 #: multiply-add, so that the float64 sums of exact base conversion round exactly like the CPU reference (the kernels
 #: also use __dmul_rn/__dadd_rn explicitly).
@@ -99,7 +101,7 @@ def read_cuh(package: str, name: str) -> str:
 
 def default_workers() -> int:
     """Threads of the compile pool by default: the cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores.available()
 
 
 def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:

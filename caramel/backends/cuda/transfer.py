@@ -31,6 +31,7 @@ import threading
 
 import numpy as np
 
+from caramel import cores
 from caramel.arrays import is_device_array
 
 #: Bytes of one pinned staging buffer (two per thread).
@@ -39,7 +40,7 @@ _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
 _local = threading.local()
 #: Host threads that fill a pinned buffer (:func:`upload_rows`).
-FILL_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+FILL_THREADS = max(1, min(4, cores.available() // 2))
 _pool = None
 
 
