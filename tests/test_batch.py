@@ -251,7 +251,7 @@ def test_cli_interrupted_batch_prints_and_saves_what_finished(tmp_path, rot1, mo
     import numpy as np
 
     _interrupt_after(monkeypatch, 2)
-    monkeypatch.setattr("os.cpu_count", lambda: 2)  # one instance prepared at a time, as on a small machine
+    monkeypatch.setattr("caramel.cores.available", lambda: 2)  # one instance prepared at a time, as on a small machine
     out = tmp_path / "o.npz"
     code = main(["run", str(ROT1), "--n", str(N), "--backend", "cpu-plan", "--batch", "6", "--seed", str(SEED), "-q",
                  "--save-outputs", str(out)])
