@@ -1,7 +1,7 @@
 """The CPU cores this process may use: what every pool of host threads is sized by.
 
-A process bound to some cores (``caramel launch`` gives each rank its own block; ``taskset``, MPI launchers and
-batch schedulers do the same) sizes its pools by those cores, not by the machine's: threads beyond them only wait.
+A process bound to some cores (``taskset``, MPI launchers and batch schedulers bind ranks) sizes its pools by those
+cores, not by the machine's: threads beyond them only wait.
 This module imports nothing of caramel, so that every layer can.
 """
 
