@@ -53,7 +53,7 @@ from caramel.program import Opcode, Stream
 from caramel.plan.kernel import MAX_TRANSFORMED, Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
-_INS = attrgetter("ins")  # (a unit's input buffers, in C)
+_INS, _OUTS = attrgetter("ins"), attrgetter("outs")  # (a unit's input and output buffers, in C)
 
 #: Defaults of ``build_plan``: vector inputs of a tree or a merged row (``max_inputs``) and outputs of a
 #: merged row (``max_outputs``, :func:`merge_siblings`), chosen by timing BootstrapLike_51L_1c's
@@ -491,7 +491,8 @@ def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
     """The level of every unit of every chip (see the module docstring); raises
     :class:`DeadlockError` when communication cannot complete in any order."""
     chips = len(units)
-    size = [1 + max((b for u in us for b in u.outs + u.ins), default=0) for us in units]
+    size = [1 + max(max(chain.from_iterable(map(_INS, us)), default=0),
+                    max(chain.from_iterable(map(_OUTS, us)), default=0)) for us in units]
     buffer_level = [[0] * n for n in size]  # level + 1 of the unit that wrote the buffer
     out = [[0] * len(us) for us in units]
     pos = [0] * chips
