@@ -30,6 +30,7 @@ Two graphs, both built in linear time (one last writer per resource, never a sca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from caramel.errors import Location, LocatedError
@@ -225,28 +226,6 @@ class _Renamer:
 _Uses = tuple[tuple[int, ...], tuple[int, ...]]  # (values read, values defined) of one instruction
 
 
-def _ssa_plain(r: _Renamer, i: int, ins: Instruction) -> _Uses:
-    """The register forms (:data:`caramel.program.OPCODES`): every operand read (a slot's first
-    read also reads its conversion's group and inputs), one new limb written where there is a
-    destination (its limb: the base, or the sync id's for ``rcv``)."""
-    regs = r.regs
-    extra: list[int] = []
-    u: list[int] = []
-    for s in ins.srcs:
-        if type(s) is VReg:  # (most operands: read inline)
-            v = regs.get(s.index)
-            if v is None:
-                raise r.unwritten(s, ins)
-            u.append(v)
-        else:
-            u.append(r.operand(s, ins, i, extra))
-    if extra:
-        u += extra
-    if ins.dst is None:
-        return tuple(u), ()
-    return tuple(u), (r.fresh(ins.limb, i),)
-
-
 def _ssa_load(r: _Renamer, i: int, ins: Instruction) -> _Uses:
     """``load``/``evg``: an alias of the value stored under that name, or of a program input."""
     m = ins.srcs[0]
@@ -311,10 +290,11 @@ def _ssa_rsv(r: _Renamer, i: int, ins: Instruction) -> _Uses:
 
 
 #: How each opcode renames: (values read, values defined) of one instruction. The plain forms
-#: (every operand a register or slot, at most one new limb written) follow the opcode table alone
-#: (:func:`_ssa_plain`); ``rec``/``snd``, never emitted by the compiler, have no rule.
-_SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses]] = {
-    **{op: _ssa_plain for op, i in OPCODES.items()
+#: (every operand a register or slot, at most one new limb written) follow the opcode table alone and have the
+#: rule None: :func:`ssa` renames them inline (most instructions: no call per instruction); ``rec``/``snd``, never
+#: emitted by the compiler, have no rule.
+_SSA_RULES: dict[Opcode, Callable[[_Renamer, int, Instruction], _Uses] | None] = {
+    **{op: None for op, i in OPCODES.items()
        if i.supported and "m" not in i.reads and i.writes != "m" and not i.unit and not i.group},
     Opcode.LOAD: _ssa_load, Opcode.EVG: _ssa_load, Opcode.MOV: _ssa_mov,
     Opcode.STORE: _ssa_store, Opcode.SPILL: _ssa_store, Opcode.LOAS: _ssa_loas,
@@ -330,17 +310,45 @@ def ssa(stream: Stream) -> ChipSSA:
     """Rename ``stream`` into SSA values (see :class:`ChipSSA`); raises :class:`PlanError` where the
     reference would fail (a register or unit input read before it is written, a bad slot)."""
     r = _Renamer(stream)
-    regs = r.regs
+    regs, values = r.regs, r.values
+    steps = _SSA_STEPS
     uses: list[tuple[int, ...]] = []
     defs: list[tuple[int, ...]] = []
+    add_use, add_def = uses.append, defs.append
     for i, ins in enumerate(stream.instructions):
-        step = _SSA_STEPS.get(ins.op)
+        step = steps.get(ins.op)
         if step is None:
             raise _error(stream, ins, f"'{ins.op.value}' is not supported (never emitted by the compiler)")
         rule, frees, group = step
-        u, d = rule(r, i, ins)
-        # Registers read with [X] are freed (as in the reference), then the destination is written.
         dst = ins.dst
+        if rule is None:
+            # A plain form: every operand read (a slot's first read also reads its conversion's group and inputs:
+            # ``extra``), one new limb written where there is a destination (its limb: the base, or the sync id's for
+            # ``rcv``).
+            u = []
+            extra: list[int] = []
+            for s in ins.srcs:
+                if type(s) is VReg:  # (most operands: read inline)
+                    v = regs.get(s.index)
+                    if v is None:
+                        raise r.unwritten(s, ins)
+                    u.append(v)
+                else:
+                    u.append(r.operand(s, ins, i, extra))
+            if extra:
+                u += extra
+            u = tuple(u)
+            if dst is None:
+                d = ()
+            else:  # (:meth:`_Renamer.fresh`, inline)
+                limb = ins.base
+                b = r.n_buffers
+                values.append((VECTOR, ins.limb if limb is None else limb, b, i))
+                r.n_buffers = b + 1
+                d = (len(values) - 1,)
+        else:
+            u, d = rule(r, i, ins)
+        # Registers read with [X] are freed (as in the reference), then the destination is written.
         if frees:
             for s in ins.srcs:
                 if type(s) is VReg and s.dead and (type(dst) is not VReg or s.index != dst.index):
@@ -350,9 +358,9 @@ def ssa(stream: Stream) -> ChipSSA:
                 regs[reg.index] = v
         elif d and type(dst) is VReg:
             regs[dst.index] = d[0]
-        uses.append(u)
-        defs.append(d)
-    kind, tag, buf, producer = map(list, zip(*r.values)) if r.values else ([], [], [], [])
+        add_use(u)
+        add_def(d)
+    kind, tag, buf, producer = (list(map(itemgetter(k), values)) for k in range(4))
     return ChipSSA(stream.chip, stream, uses, defs, kind, tag, buf, producer, r.n_buffers,
                    r.inputs, r.scalar_inputs, dict(r.memory), r.conversions, r.zero)
 

@@ -44,13 +44,16 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import chain
+from operator import attrgetter
 from typing import NamedTuple
 
 from caramel.errors import ArgumentError, DeadlockError
+from caramel.expr import ARITY
 from caramel.program import Opcode, Stream
 from caramel.plan.kernel import MAX_TRANSFORMED, Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
+_INS, _OUTS = attrgetter("ins"), attrgetter("outs")  # (a unit's input and output buffers, in C)
 
 #: Defaults of ``build_plan``: vector inputs of a tree or a merged row (``max_inputs``) and outputs of a
 #: merged row (``max_outputs``, :func:`merge_siblings`), chosen by timing BootstrapLike_51L_1c's
@@ -77,17 +80,19 @@ def fuse(
     """Dead-code removal and vertical fusion of one chip's operations (see the module docstring).
     ``pinned``: buffers that must hold their value at the end (the chip's stores); buffer ids
     are below ``n_buffers``."""
-    COMM, E = Kind.COMM, Kind.ELEMENTWISE
+    COMM, E, BASECONV, RSV, MOD = Kind.COMM, Kind.ELEMENTWISE, Kind.BASECONV, Kind.RSV, Kind.MOD
+    with_arg = (Kind.AUTOMORPHISM, Kind.SUD_LIFT)  # (the kinds whose Row.arg is the operation's)
+    new = tuple.__new__  # (new(Unit, fields): a named tuple from all its fields, without its Python-level __new__)
     # Liveness, last operation first: one is live when it communicates or writes a needed buffer; it needs its inputs.
     needed = set(pinned)
+    disjoint, need = needed.isdisjoint, needed.update
     live: list[int] = []
-    for j in range(len(ops) - 1, -1, -1):
-        o = ops[j]
-        if o.kind is COMM or not needed.isdisjoint(o.outs):
+    for j, o in zip(range(len(ops) - 1, -1, -1), reversed(ops)):
+        if o.kind is COMM or not disjoint(o.outs):
             live.append(j)
-            needed.update(o.ins)
+            need(o.ins)
     live.reverse()
-    live_ops = list(map(ops.__getitem__, live))
+    live_ops = ops if len(live) == len(ops) else list(map(ops.__getitem__, live))
     kinds, primes, op_ins, op_outs, op_scalars, op_args, op_index = zip(*live_ops) if live_ops else ((),) * 7
     # n_use[b]: live operations reading b (each counted once), plus one if b is pinned.
     n_use = Counter(chain.from_iterable(map(set, op_ins)))
@@ -98,6 +103,7 @@ def fuse(
     # trees: the trees not folded (yet), by the buffer their root writes (an operation's outputs are buffers of
     # their own: SSA), as (root j, prime, micro-ops, vector inputs).
     trees: dict[int, tuple[int, int, list, int]] = {}
+    tree = trees.get if enable else {}.get
     for j, kind, prime, ins, outs, scalars, name, index in zip(live, kinds, primes, op_ins, op_outs, op_scalars, op_args,
                                                                 op_index):
         if kind is not E:
@@ -105,14 +111,17 @@ def fuse(
         twice = len(ins) == 2 and ins[0] == ins[1]
         if twice:
             ins = ins[:1]
-        micro: list = []
+        micro: list | None = None
         args: list = []
         n_leaves = len(ins)
         for b in ins:
-            t = trees.get(b) if enable else None
+            t = tree(b)
             if t is not None and n_use[b] == 1 and t[1] == prime and n_leaves - 1 + t[3] <= max_inputs:
                 del trees[b]
-                micro += t[2]
+                if micro is None:  # (the folded tree's list is its own: extended in place)
+                    micro = t[2]
+                else:
+                    micro += t[2]
                 n_leaves += t[3] - 1
                 args.append(-1 - t[0])
             else:
@@ -121,27 +130,29 @@ def fuse(
             args.append(args[0])
         for sc in scalars:
             args.append(2 * sc + 1)
-        micro.append((j, name, tuple(args), index))
+        if micro is None:
+            micro = [(j, name, tuple(args), index)]
+        else:
+            micro.append((j, name, tuple(args), index))
         trees[outs[0]] = (j, prime, micro, n_leaves)
 
     units: list[Unit] = []
+    add = units.append
     exprs: dict = {}
-    for o in live_ops:
-        kind = o.kind
+    for kind, prime, ins, outs, arg, index in zip(kinds, primes, op_ins, op_outs, op_args, op_index):
         if kind is E:
-            t = trees.get(o.outs[0])
+            t = trees.get(outs[0])
             if t is not None:  # (else folded into its consumer)
-                units.append(_tree_unit(o, t[2], exprs))
+                add(_tree_unit(prime, outs, t[2], exprs))
         elif kind is COMM:
-            units.append(Unit(kind, None, o.arg, o.ins, o.outs, (o.index,)))
-        elif kind is Kind.BASECONV:
-            conv = o.arg
-            key = (conv.in_limbs, tuple(conv.out_limbs[s] for s in sorted(conv.slots)))
-            units.append(Unit(kind, key, Row(-1, o.ins, o.outs), o.ins, o.outs, (o.index,)))
+            add(new(Unit, (kind, None, arg, ins, outs, (index,))))
+        elif kind is BASECONV:
+            key = (arg.in_limbs, tuple(arg.out_limbs[s] for s in sorted(arg.slots)))
+            add(new(Unit, (kind, key, new(Row, (-1, ins, outs, (), None, ())), ins, outs, (index,))))
         else:
-            key = o.arg if kind is Kind.RSV else len(o.ins) if kind is Kind.MOD else None
-            arg = o.arg if kind is Kind.AUTOMORPHISM or kind is Kind.SUD_LIFT else None
-            units.append(Unit(kind, key, Row(o.prime, o.ins, o.outs, (), arg), o.ins, o.outs, (o.index,)))
+            key = arg if kind is RSV else len(ins) if kind is MOD else None
+            row = new(Row, (prime, ins, outs, (), arg if kind in with_arg else None, ()))
+            add(new(Unit, (kind, key, row, ins, outs, (index,))))
     return units
 
 
@@ -195,10 +206,12 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
     loses that output (a conversion keeps its other outputs, under the key of the outputs left)
     and is dropped when none is left. Order is kept."""
     readers = _readers(units)
-    producer = {b: j for j, u in enumerate(units) if u.kind in kinds and u.kind in PROLOGUE_KINDS for b in u.outs}
+    fused = frozenset(kinds) & frozenset(PROLOGUE_KINDS)
+    producer = {b: j for j, u in enumerate(units) if u.kind in fused for b in u.outs}
     out: list[Unit | None] = list(units)
     taken: dict[int, set[int]] = {}
     NTT = Kind.NTT
+    new = tuple.__new__  # (new(Unit, fields): a named tuple from all its fields, without its Python-level __new__)
     for j, u in enumerate(units):
         if u.kind is not NTT:
             continue
@@ -210,8 +223,8 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
         pro, prime, arg = _PROLOGUE_OF[src.kind](src, b)
         if prime != u.row.prime:
             continue
-        row = Row(u.row.prime, src.ins, u.row.outs, (), arg)
-        out[j] = Unit(Kind.NTT, pro, row, src.ins, u.outs, tuple(sorted(set(src.index) | set(u.index))))
+        row = new(Row, (prime, src.ins, u.row.outs, (), arg, ()))
+        out[j] = new(Unit, (NTT, pro, row, src.ins, u.outs, tuple(sorted(set(src.index) | set(u.index)))))
         taken.setdefault(p, set()).add(b)
     for p, bufs in taken.items():
         src = units[p]
@@ -227,36 +240,31 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
 
 def _readers(units: list[Unit]) -> Counter:
     """How many units read each buffer (a unit that reads it several times counted once)."""
-    return Counter(chain.from_iterable(set(u.ins) for u in units))
+    return Counter(chain.from_iterable(map(set, map(_INS, units))))
 
 
-def _tree_unit(root: Op, micro: list, exprs: dict) -> Unit:
+def _tree_unit(prime: int, outs: tuple[int, ...], micro: list, exprs: dict) -> Unit:
     """The canonical :class:`Expr` of a tree (one object per distinct expression, kept in
-    ``exprs``) and its row: operands numbered by first use."""
-    num: dict[int, int] = {}
-    vec: list[int] = []
-    sca: list[int] = []
-    for _, _, args, _ in micro:
-        for a in args:
-            if a >= 0 and a not in num:
-                num[a] = 0
-                (sca if a & 1 else vec).append(a)
+    ``exprs``) and its row (on ``prime``, writing ``outs``: the root's): operands numbered by first use."""
+    flat = [a for m in micro for a in m[2]]  # every argument, in order
+    first = dict.fromkeys(flat)  # (by first use)
+    vec = [a for a in first if a >= 0 and not a & 1]
+    sca = [a for a in first if a >= 0 and a & 1]
     nv, ns = len(vec), len(sca)
-    for k, a in enumerate(vec):
-        num[a] = k
-    for k, a in enumerate(sca):
-        num[a] = nv + k
     base = nv + ns
-    for k, (j, _, _, _) in enumerate(micro):
-        num[-1 - j] = base + k
-    get = num.__getitem__
-    key = (nv, ns, tuple([(name, tuple(map(get, args))) for _, name, args, _ in micro]))
+    num = dict(zip(vec, range(nv)))
+    num.update(zip(sca, range(nv, base)))
+    num.update(zip([-1 - m[0] for m in micro], range(base, base + len(micro))))
+    # The key: operation names and numbered arguments, flat (an operation's arity is its name's, :data:`ARITY`).
+    names = tuple([m[1] for m in micro])
+    args = tuple(map(num.__getitem__, flat))
+    key = (nv, ns, names, args)
     expr = exprs.get(key)
     if expr is None:
-        expr = exprs[key] = Expr(nv, ns, tuple(ExprOp(*o) for o in key[2]), (base + len(micro) - 1,))
+        expr = exprs[key] = Expr(nv, ns, _expr_ops(names, args), (base + len(micro) - 1,))
     ins = tuple([a >> 1 for a in vec])
-    row = Row(root.prime, ins, root.outs, tuple([a >> 1 for a in sca]))
-    return Unit(Kind.ELEMENTWISE, expr, row, ins, root.outs, tuple(sorted({i for _, _, _, i in micro})))
+    row = Row(prime, ins, outs, tuple([a >> 1 for a in sca]))
+    return Unit(Kind.ELEMENTWISE, expr, row, ins, outs, tuple(sorted({m[3] for m in micro})))
 
 
 def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = MAX_INPUTS,
@@ -275,74 +283,119 @@ def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = 
     E = Kind.ELEMENTWISE
     groups: list[list[int]] = []  # members (unit indices) of every group
     group_ins: list[set[int]] = []
-    open_by_key: dict[tuple[int, int], dict[int, list[int]]] = {}  # (level, prime) -> buffer -> groups
+    # (level, prime) -> buffer -> the groups that read it and may still take a member (a full group leaves the index:
+    # it is never chosen; a dict keeps them in order and drops one in O(1))
+    open_by_key: dict[tuple[int, int], dict[int, dict[int, None]]] = {}
     group_of = [-1] * len(units)
     for j, u in enumerate(units):
         if u.kind is not E:
             continue
-        index = open_by_key.setdefault((unit_levels[j], u.row.prime), {})
+        index = open_by_key.get((unit_levels[j], u.row.prime))
+        if index is None:
+            index = open_by_key[unit_levels[j], u.row.prime] = {}
         ins = set(u.ins)
-        shared: dict[int, int] = {}
+        shared: dict[int, int] = {}  # open group -> inputs it shares with u (the size of group_ins[g] & ins)
         for b in ins:
-            for g in index.get(b, ()):
-                shared[g] = shared.get(g, 0) + 1
+            gs = index.get(b)
+            if gs:
+                for g in gs:
+                    shared[g] = shared.get(g, 0) + 1
         best = -1
-        for g, n in sorted(shared.items(), key=lambda gn: (-gn[1], gn[0])):
-            if len(groups[g]) < max_outputs and len(group_ins[g] | ins) <= max_inputs:
-                best = g
-                break
+        if shared:
+            n_ins = len(ins)
+            for g, n in sorted(shared.items(), key=_most_shared) if len(shared) > 1 else shared.items():
+                if len(group_ins[g]) + n_ins - n <= max_inputs:  # (the size of group_ins[g] | ins)
+                    best = g
+                    break
         if best < 0:
             best = len(groups)
             groups.append([])
             group_ins.append(set())
-        groups[best].append(j)
-        for b in ins - group_ins[best]:
-            index.setdefault(b, []).append(best)
-        group_ins[best] |= ins
+        members, seen = groups[best], group_ins[best]
+        members.append(j)
+        if len(members) < max_outputs:
+            for b in ins - seen:
+                gs = index.get(b)
+                if gs is None:
+                    index[b] = {best: None}
+                else:
+                    gs[best] = None
+            seen |= ins
+        else:  # full: out of the index
+            seen |= ins
+            for b in seen:
+                gs = index.get(b)
+                if gs:
+                    gs.pop(best, None)
         group_of[j] = best
     out_units: list[Unit] = []
     out_levels: list[int] = []
     exprs: dict = {}
+    flat: dict = {}
     for j, u in enumerate(units):
         g = group_of[j]
         if g >= 0 and groups[g][0] != j:
             continue
         if g >= 0 and len(groups[g]) > 1:
-            u = _merged_unit([units[m] for m in groups[g]], exprs)
+            u = _merged_unit([units[m] for m in groups[g]], exprs, flat)
         out_units.append(u)
         out_levels.append(unit_levels[j])
     return out_units, out_levels
 
 
-def _merged_unit(members: list[Unit], exprs: dict) -> Unit:
+def _most_shared(item: tuple[int, int]) -> tuple[int, int]:
+    """The order of candidate groups (group, shared inputs) in :func:`merge_siblings`: most shared first, then the
+    oldest."""
+    return -item[1], item[0]
+
+
+def _merged_unit(members: list[Unit], exprs: dict, flat: dict) -> Unit:
     """One elementwise unit computing every member's outputs: the members' operations in order,
     vector operands numbered by first use over all members, each member's scalars after all
-    vectors (see :func:`merge_siblings`)."""
-    vec: dict[int, int] = {}
-    for u in members:
-        for b in u.row.ins:
-            vec.setdefault(b, len(vec))
+    vectors (see :func:`merge_siblings`). ``exprs``: the merged expressions by key; ``flat``: each member
+    expression's operation names and arguments, flat (by ``id``: the expressions are alive in the units)."""
+    vec = dict.fromkeys(chain.from_iterable([u.row.ins for u in members]))  # (by first use)
+    number = dict(zip(vec, range(len(vec)))).__getitem__
     nv = len(vec)
-    ns = sum(u.key.n_scalar for u in members)
-    ops: list[ExprOp] = []
+    ns = sum([u.key.n_scalar for u in members])
+    names: list[str] = []
+    args: list[int] = []
     outputs: list[int] = []
-    s0 = nv
+    s0, base = nv, nv + ns
     for u in members:
         e: Expr = u.key
-        base = nv + ns + len(ops)
+        f = flat.get(id(e))
+        if f is None:
+            f = flat[id(e)] = (tuple([o.op for o in e.ops]), tuple([a for o in e.ops for a in o.args]))
+        n_ops = len(f[0])
         # value[a]: the merged number of the member's value a (its vector operands, scalars, then operations)
-        value = [vec[b] for b in u.row.ins] + list(range(s0, s0 + e.n_scalar)) + list(range(base, base + len(e.ops)))
+        value = list(map(number, u.row.ins))
+        value += range(s0, s0 + e.n_scalar)
+        value += range(base, base + n_ops)
         at = value.__getitem__
-        ops += [ExprOp(o.op, tuple(map(at, o.args))) for o in e.ops]
+        names += f[0]
+        args += map(at, f[1])
         outputs += map(at, e.outputs)
         s0 += e.n_scalar
-    key = (nv, ns, tuple(ops), tuple(outputs))
+        base += n_ops
+    # The key: operation names and arguments, flat (an operation's arity is its name's, :data:`ARITY`).
+    key = (nv, ns, tuple(names), tuple(args), tuple(outputs))
     expr = exprs.get(key)
     if expr is None:  # built (and checked) once per distinct expression, not once per merged row
-        expr = exprs[key] = Expr(*key)
-    row = Row(members[0].row.prime, tuple(vec), tuple(b for u in members for b in u.row.outs),
-              tuple(s for u in members for s in u.row.scalars))
+        expr = exprs[key] = Expr(nv, ns, _expr_ops(key[2], key[3]), key[4])
+    row = Row(members[0].row.prime, tuple(vec), tuple([b for u in members for b in u.row.outs]),
+              tuple([s for u in members for s in u.row.scalars]))
     return Unit(Kind.ELEMENTWISE, expr, row, row.ins, row.outs, tuple(sorted({i for u in members for i in u.index})))
+
+
+def _expr_ops(names: tuple[str, ...], args: tuple[int, ...]) -> tuple[ExprOp, ...]:
+    """The operations of names and their arguments, flat (each operation takes its name's :data:`ARITY`)."""
+    ops, k = [], 0
+    for name in names:
+        n = ARITY[name]
+        ops.append(ExprOp(name, args[k:k + n]))
+        k += n
+    return tuple(ops)
 
 
 def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[int]) -> tuple[list[Unit], list[int]]:
@@ -356,8 +409,9 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
     gives the same values: out_b[j] = a[perm_g(j)] whatever the prime. Buffers are written once
     (SSA), so a is unchanged where the reader runs; the reader's level stays above a's writer's.
     The automorphism unit is dropped. Returns the units and their levels, order kept."""
-    E = Kind.ELEMENTWISE
-    writer = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.AUTOMORPHISM}
+    E, AUT = Kind.ELEMENTWISE, Kind.AUTOMORPHISM
+    new = tuple.__new__  # (new(Row, fields): a named tuple from all its fields, without its Python-level _replace)
+    writer = {u.outs[0]: j for j, u in enumerate(units) if u.kind is AUT}
     if not writer:
         return units, unit_levels
     blocked = set(pinned)  # (and every buffer that a unit other than an elementwise one reads)
@@ -370,7 +424,7 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
     out_units: list[Unit] = []
     out_levels: list[int] = []
     for u, lv in zip(units, unit_levels):
-        if u.kind is Kind.AUTOMORPHISM and u.outs[0] in folded:
+        if u.kind is AUT and u.outs[0] in folded:
             continue
         if u.kind is E and not folded.isdisjoint(u.ins):
             e: Expr = u.key
@@ -381,9 +435,10 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
             expr = exprs.get(key)
             if expr is None:
                 expr = exprs[key] = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, gathered)
-            row = u.row._replace(ins=ins, gather=tuple(auts[k].row.arg for k in gathered))
+            r = u.row
+            row = new(Row, (r.prime, ins, r.outs, r.scalars, r.arg, tuple([auts[k].row.arg for k in gathered])))
             index = tuple(sorted(set(u.index).union(*(auts[k].index for k in gathered))))
-            u = Unit(E, expr, row, ins, u.outs, index)
+            u = new(Unit, (E, expr, row, ins, u.outs, index))
         out_units.append(u)
         out_levels.append(lv)
     return out_units, out_levels
@@ -401,15 +456,17 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     one, becomes a half NTT (key :class:`HalfNtt`), and that operand transformed (the first
     :data:`~caramel.plan.kernel.MAX_TRANSFORMED` such operands of a unit, in operand order).
     Buffers, rows and levels are unchanged: only keys (expressions) change, so kernels batch by them."""
-    E = Kind.ELEMENTWISE
-    ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is Kind.NTT and not isinstance(u.key, HalfNtt)}
+    E, NTT = Kind.ELEMENTWISE, Kind.NTT
+    new = tuple.__new__  # (new(Unit, fields): a named tuple from all its fields, without its Python-level _replace)
+    ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is NTT and not isinstance(u.key, HalfNtt)}
     if not ntt_of:
         return units
     readers = _readers(units)
     out = list(units)
     exprs: dict = {}
+    ntt_outs = ntt_of.keys()
     for j, u in enumerate(units):
-        if u.kind is not E or ntt_of.keys().isdisjoint(u.ins):
+        if u.kind is not E or ntt_outs.isdisjoint(u.ins):
             continue
         e: Expr = u.key
         ins = u.row.ins
@@ -422,10 +479,11 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
         expr = exprs.get(key)
         if expr is None:
             expr = exprs[key] = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, chosen)
-        out[j] = u._replace(key=expr)
+        out[j] = new(Unit, (E, expr, u.row, u.ins, u.outs, u.index))
         for k in chosen:
             n = ntt_of[ins[k]]
-            out[n] = units[n]._replace(key=HalfNtt(units[n].key))
+            v = units[n]
+            out[n] = new(Unit, (NTT, HalfNtt(v.key), v.row, v.ins, v.outs, v.index))
     return out
 
 
@@ -433,7 +491,8 @@ def levels(units: list[list[Unit]], streams: list[Stream]) -> list[list[int]]:
     """The level of every unit of every chip (see the module docstring); raises
     :class:`DeadlockError` when communication cannot complete in any order."""
     chips = len(units)
-    size = [1 + max((b for u in us for b in u.outs + u.ins), default=0) for us in units]
+    size = [1 + max(max(chain.from_iterable(map(_INS, us)), default=0),
+                    max(chain.from_iterable(map(_OUTS, us)), default=0)) for us in units]
     buffer_level = [[0] * n for n in size]  # level + 1 of the unit that wrote the buffer
     out = [[0] * len(us) for us in units]
     pos = [0] * chips

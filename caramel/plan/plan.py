@@ -71,13 +71,19 @@ ALIASES = frozenset({Opcode.LOAD, Opcode.EVG, Opcode.LOAS, Opcode.STORE, Opcode.
 def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
     """The operations of one chip in program order, its scalar table and its buffer count."""
     ops: list[Op] = []
+    add = ops.append
     scalars: dict[ScalarSpec, int] = {}
     buf, tag, producer = chip.buf, chip.tag, chip.producer
     bufs = buf.__getitem__  # (tuple(map(bufs, values)): the buffers of values)
     conversions = chip.conversions
     scalar_mem = {v: m for m, v in chip.scalar_inputs.items()}
     n_buffers = chip.n_buffers
-    E, NTT = Kind.ELEMENTWISE, Kind.NTT
+    # (Members bound once: an enum's class attribute is a slow lookup. ``new(Op, fields)`` builds an Op from all its
+    # fields without the Python-level ``Op.__new__``: one call fewer per operation.)
+    E, NTT, SUD_LIFT, BASECONV = Kind.ELEMENTWISE, Kind.NTT, Kind.SUD_LIFT, Kind.BASECONV
+    ROT, SUD, RSV, MOD, JOI = Opcode.ROT, Opcode.SUD, Opcode.RSV, Opcode.MOD, Opcode.JOI
+    new = tuple.__new__
+    elementwise, unaries = ELEMENTWISE_OP.get, _UNARY.get
 
     def scalar(spec: ScalarSpec) -> int:  # its index in the chip's scalar table
         return scalars.setdefault(spec, len(scalars))
@@ -85,24 +91,24 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
     for i, (ins, u, d) in enumerate(zip(chip.stream.instructions, chip.uses, chip.defs)):
         op = ins.op
         L = ins.base
-        name = ELEMENTWISE_OP.get(op)
+        name = elementwise(op)
         if name is not None:
             if op in _SCALAR_FORMS:
                 mem = scalar_mem[chip.uses[producer[u[1]]][0]]
-                ops.append(Op(E, L, (buf[u[0]],), (buf[d[0]],), (scalar(ScalarSpec(mem, (), L)),), name, i))
+                add(new(Op, (E, L, (buf[u[0]],), (buf[d[0]],), (scalar(ScalarSpec(mem, (), L)),), name, i)))
             else:
-                ops.append(Op(E, L, tuple(map(bufs, u)), (buf[d[0]],), (), name, i))
+                add(new(Op, (E, L, tuple(map(bufs, u)), (buf[d[0]],), (), name, i)))
             continue
         if op in ALIASES:  # (no kernel, no conversion: those are read by ntt and sud only)
             continue
         conv = conversions.get(i)
         if conv is not None:
             outs = tuple(buf[conv.slots[s]] for s in sorted(conv.slots))
-            ops.append(Op(Kind.BASECONV, -1, tuple(map(bufs, conv.inputs)), outs, (), conv, i))
-        unary = _UNARY.get(op)
+            add(new(Op, (BASECONV, -1, tuple(map(bufs, conv.inputs)), outs, (), conv, i)))
+        unary = unaries(op)
         if unary is not None:  # arg: the rotation step (None for a conjugation)
-            ops.append(Op(unary, L, (buf[u[0]],), (buf[d[0]],), (), ins.step if op is Opcode.ROT else None, i))
-        elif op is Opcode.SUD:
+            add(new(Op, (unary, L, (buf[u[0]],), (buf[d[0]],), (), ins.step if op is ROT else None, i)))
+        elif op is SUD:
             y = u[1]
             if isinstance(ins.srcs[1], BcuSlot):
                 factor = ScalarSpec(None, conversions[producer[y]].in_limbs, L)
@@ -110,19 +116,19 @@ def lower(chip: _dag.ChipSSA) -> tuple[list[Op], list[ScalarSpec], int]:
             else:
                 factor = ScalarSpec(None, (tag[y],), L)
                 lifted, n_buffers = n_buffers, n_buffers + 1
-                ops.append(Op(Kind.SUD_LIFT, L, (buf[y],), (lifted,), (), tag[y], i))
+                add(new(Op, (SUD_LIFT, L, (buf[y],), (lifted,), (), tag[y], i)))
             big_y, diff, n_buffers = n_buffers, n_buffers + 1, n_buffers + 2
-            ops.append(Op(NTT, L, (lifted,), (big_y,), (), None, i))
-            ops.append(Op(E, L, (buf[u[0]], big_y), (diff,), (), "sub", i))
-            ops.append(Op(E, L, (diff,), (buf[d[0]],), (scalar(factor),), "mul", i))
-        elif op is Opcode.RSV:
-            ops.append(Op(Kind.RSV, L, tuple(map(bufs, u)), tuple(map(bufs, d)), (), ins.in_limbs, i))
-        elif op is Opcode.MOD:
-            ops.append(Op(Kind.MOD, L, tuple(map(bufs, u)), (buf[d[0]],), (), None, i))
+            add(new(Op, (NTT, L, (lifted,), (big_y,), (), None, i)))
+            add(new(Op, (E, L, (buf[u[0]], big_y), (diff,), (), "sub", i)))
+            add(new(Op, (E, L, (diff,), (buf[d[0]],), (scalar(factor),), "mul", i)))
+        elif op is RSV:
+            add(Op(Kind.RSV, L, tuple(map(bufs, u)), tuple(map(bufs, d)), (), ins.in_limbs, i))
+        elif op is MOD:
+            add(Op(Kind.MOD, L, tuple(map(bufs, u)), (buf[d[0]],), (), None, i))
         elif op in COMMUNICATION:  # the limb: the sync id's, or the joi's base
             c = Comm(op, ins.sync, ins.size, buf[u[0]] if u else -1, buf[d[0]] if d else -1,
-                     L if op is Opcode.JOI else ins.sync & 0xFFFF)
-            ops.append(Op(Kind.COMM, c.prime, (c.src,) if u else (), (c.dst,) if d else (), (), c, i))
+                     L if op is JOI else ins.sync & 0xFFFF)
+            add(Op(Kind.COMM, c.prime, (c.src,) if u else (), (c.dst,) if d else (), (), c, i))
     return ops, list(scalars), n_buffers
 
 
@@ -139,16 +145,18 @@ def fix_received_tags(chips: list[_dag.ChipSSA]) -> None:
             elif ins.op is RCV:
                 received.append((c, d[0], ins.sync))
     rcv_sync = {(c, v): s for c, v, s in received}
-
-    def resolve(c: int, v: int, depth: int = 0) -> int:
-        s = rcv_sync.get((c, v))
-        if s is None or s not in sent or depth > len(chips):
-            return chips[c].tag[v]
-        return resolve(*sent[s], depth + 1)
-
+    # (A loop, not a recursive closure: a closure that calls itself is a reference cycle, which would keep every
+    # chip's SSA alive until the next collection and make that collection traverse it.)
     for c, v, s in received:
-        if s in sent:
-            chips[c].tag[v] = resolve(*sent[s])
+        if s not in sent:
+            continue
+        src, value = sent[s]
+        for _ in range(len(chips) + 1):  # follow a value received and sent on, at most once round the chips
+            up = rcv_sync.get((src, value))
+            if up is None or up not in sent:
+                break
+            src, value = sent[up]
+        chips[c].tag[v] = chips[src].tag[value]
 
 
 # ---------------------------------------------------------------------------------------------- build
