@@ -341,8 +341,8 @@ def run_batch_distributed(program: Program, place, rdv, options=None, *, batch: 
     # excluded): the union of the ranks' windows.
     start = min(p["window"][0] for p in parts)
     wall = max(p["window"][1] for p in parts) - start
-    logger.debug("the ranks' windows: %s", ", ".join(f"rank {r} {p['window'][0] - start:.3f}..{p['window'][1] - start:.3f} s"
-                                                     for r, p in enumerate(parts)))
+    windows = (f"rank {r} {p['window'][0] - start:.3f}..{p['window'][1] - start:.3f} s" for r, p in enumerate(parts))
+    logger.debug("the ranks' windows: %s", ", ".join(windows))
     passed = _batch_verdict([r["passed"] for r in records])
     result.records = records
     result.summary = BatchSummary(batch, wall, batch / wall if wall > 0 else 0.0, place.world, 1, place.world, passed)
