@@ -338,14 +338,7 @@ def ssa(stream: Stream) -> ChipSSA:
             if extra:
                 u += extra
             u = tuple(u)
-            if dst is None:
-                d = ()
-            else:  # (:meth:`_Renamer.fresh`, inline)
-                limb = ins.base
-                b = r.n_buffers
-                values.append((VECTOR, ins.limb if limb is None else limb, b, i))
-                r.n_buffers = b + 1
-                d = (len(values) - 1,)
+            d = () if dst is None else (r.fresh(ins.limb, i),)
         else:
             u, d = rule(r, i, ins)
         # Registers read with [X] are freed (as in the reference), then the destination is written.

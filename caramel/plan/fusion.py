@@ -53,6 +53,9 @@ from caramel.program import Opcode, Stream
 from caramel.plan.kernel import MAX_TRANSFORMED, Comm, Expr, ExprOp, Kernel, Kind, Op, Prologue, Row
 
 _RANK = {k: i for i, k in enumerate(Kind)}  # COMM first within a level
+#: ``_new(Unit, fields)``, ``_new(Row, fields)``: a named tuple from all its fields in order, without its Python-level
+#: ``__new__`` or ``_replace`` (the passes build one per operation).
+_new = tuple.__new__
 _INS, _OUTS = attrgetter("ins"), attrgetter("outs")  # (a unit's input and output buffers, in C)
 
 #: Defaults of ``build_plan``: vector inputs of a tree or a merged row (``max_inputs``) and outputs of a
@@ -82,7 +85,6 @@ def fuse(
     are below ``n_buffers``."""
     COMM, E, BASECONV, RSV, MOD = Kind.COMM, Kind.ELEMENTWISE, Kind.BASECONV, Kind.RSV, Kind.MOD
     with_arg = (Kind.AUTOMORPHISM, Kind.SUD_LIFT)  # (the kinds whose Row.arg is the operation's)
-    new = tuple.__new__  # (new(Unit, fields): a named tuple from all its fields, without its Python-level __new__)
     # Liveness, last operation first: one is live when it communicates or writes a needed buffer; it needs its inputs.
     needed = set(pinned)
     disjoint, need = needed.isdisjoint, needed.update
@@ -145,14 +147,14 @@ def fuse(
             if t is not None:  # (else folded into its consumer)
                 add(_tree_unit(prime, outs, t[2], exprs))
         elif kind is COMM:
-            add(new(Unit, (kind, None, arg, ins, outs, (index,))))
+            add(_new(Unit, (kind, None, arg, ins, outs, (index,))))
         elif kind is BASECONV:
             key = (arg.in_limbs, tuple(arg.out_limbs[s] for s in sorted(arg.slots)))
-            add(new(Unit, (kind, key, new(Row, (-1, ins, outs, (), None, ())), ins, outs, (index,))))
+            add(_new(Unit, (kind, key, _new(Row, (-1, ins, outs, (), None, ())), ins, outs, (index,))))
         else:
             key = arg if kind is RSV else len(ins) if kind is MOD else None
-            row = new(Row, (prime, ins, outs, (), arg if kind in with_arg else None, ()))
-            add(new(Unit, (kind, key, row, ins, outs, (index,))))
+            row = _new(Row, (prime, ins, outs, (), arg if kind in with_arg else None, ()))
+            add(_new(Unit, (kind, key, row, ins, outs, (index,))))
     return units
 
 
@@ -211,7 +213,6 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
     out: list[Unit | None] = list(units)
     taken: dict[int, set[int]] = {}
     NTT = Kind.NTT
-    new = tuple.__new__  # (new(Unit, fields): a named tuple from all its fields, without its Python-level __new__)
     for j, u in enumerate(units):
         if u.kind is not NTT:
             continue
@@ -223,8 +224,8 @@ def fuse_ntt_loads(units: list[Unit], pinned: set[int], kinds=PROLOGUE_KINDS) ->
         pro, prime, arg = _PROLOGUE_OF[src.kind](src, b)
         if prime != u.row.prime:
             continue
-        row = new(Row, (prime, src.ins, u.row.outs, (), arg, ()))
-        out[j] = new(Unit, (NTT, pro, row, src.ins, u.outs, tuple(sorted(set(src.index) | set(u.index)))))
+        row = _new(Row, (prime, src.ins, u.row.outs, (), arg, ()))
+        out[j] = _new(Unit, (NTT, pro, row, src.ins, u.outs, tuple(sorted(set(src.index) | set(u.index)))))
         taken.setdefault(p, set()).add(b)
     for p, bufs in taken.items():
         src = units[p]
@@ -410,7 +411,6 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
     (SSA), so a is unchanged where the reader runs; the reader's level stays above a's writer's.
     The automorphism unit is dropped. Returns the units and their levels, order kept."""
     E, AUT = Kind.ELEMENTWISE, Kind.AUTOMORPHISM
-    new = tuple.__new__  # (new(Row, fields): a named tuple from all its fields, without its Python-level _replace)
     writer = {u.outs[0]: j for j, u in enumerate(units) if u.kind is AUT}
     if not writer:
         return units, unit_levels
@@ -436,9 +436,9 @@ def fuse_automorphisms(units: list[Unit], unit_levels: list[int], pinned: set[in
             if expr is None:
                 expr = exprs[key] = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, gathered)
             r = u.row
-            row = new(Row, (r.prime, ins, r.outs, r.scalars, r.arg, tuple([auts[k].row.arg for k in gathered])))
+            row = _new(Row, (r.prime, ins, r.outs, r.scalars, r.arg, tuple([auts[k].row.arg for k in gathered])))
             index = tuple(sorted(set(u.index).union(*(auts[k].index for k in gathered))))
-            u = new(Unit, (E, expr, row, ins, u.outs, index))
+            u = _new(Unit, (E, expr, row, ins, u.outs, index))
         out_units.append(u)
         out_levels.append(lv)
     return out_units, out_levels
@@ -457,7 +457,6 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
     :data:`~caramel.plan.kernel.MAX_TRANSFORMED` such operands of a unit, in operand order).
     Buffers, rows and levels are unchanged: only keys (expressions) change, so kernels batch by them."""
     E, NTT = Kind.ELEMENTWISE, Kind.NTT
-    new = tuple.__new__  # (new(Unit, fields): a named tuple from all its fields, without its Python-level _replace)
     ntt_of = {u.outs[0]: j for j, u in enumerate(units) if u.kind is NTT and not isinstance(u.key, HalfNtt)}
     if not ntt_of:
         return units
@@ -479,11 +478,11 @@ def fuse_ntt_epilogues(units: list[Unit], pinned: set[int]) -> list[Unit]:
         expr = exprs.get(key)
         if expr is None:
             expr = exprs[key] = Expr(e.n_vec, e.n_scalar, e.ops, e.outputs, e.gathered, chosen)
-        out[j] = new(Unit, (E, expr, u.row, u.ins, u.outs, u.index))
+        out[j] = _new(Unit, (E, expr, u.row, u.ins, u.outs, u.index))
         for k in chosen:
             n = ntt_of[ins[k]]
             v = units[n]
-            out[n] = new(Unit, (NTT, HalfNtt(v.key), v.row, v.ins, v.outs, v.index))
+            out[n] = _new(Unit, (NTT, HalfNtt(v.key), v.row, v.ins, v.outs, v.index))
     return out
 
 
