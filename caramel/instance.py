@@ -248,11 +248,10 @@ def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
     return InputPlan(program, ctx, spec, req, env, scales, limbs)
 
 
-#: Threads that encode vector inputs for :func:`draw_inputs` (NumPy's FFT runs without the GIL; the
-#: instances of an executor share them).
+#: Threads that draw the slot values of vector inputs for :func:`draw_inputs` (NumPy's generator runs without the
+#: GIL; the instances of an executor share them).
 ENCODE_THREADS = max(1, min(16, cores.available() - 1))
-#: Plaintexts per encoding task of :func:`draw_inputs` (:func:`~caramel.ckks.encoding.encode_rows`): enough that a
-#: task's Python steps, which hold the GIL, are few beside its FFTs (threads of several instances encode at once),
+#: Plaintexts per drawing task of :func:`draw_inputs`: enough that a task's Python steps are few beside its draws,
 #: few enough that an instance's plaintexts spread over the threads.
 ENCODE_ROWS = 16
 _encoders: list[ThreadPoolExecutor] = []
@@ -341,14 +340,11 @@ class _Uniform:
         _make_draws([d for d in pending if d.size < self.LAZY_SIZE])
 
 
-def _encode_task(sources, scales, n: int, out: np.ndarray) -> list[np.ndarray]:
-    """Encodings of vectors (:func:`~caramel.ckks.encoding.encode_rows` into ``out``): each source is
-    a drawn pair (re, im or None: a real vector) of :class:`_Draw` or a row [re | im] (given values)."""
-    from caramel.ckks.encoding import encode_rows, scratch
-
+def _fill_parts(sources, n: int, parts: np.ndarray) -> None:
+    """Write into ``parts`` the rows [re | im] (:func:`~caramel.ckks.encoding.slot_parts`) of vectors: each source a
+    drawn pair (re, im or None: a real vector) of :class:`_Draw` or a row [re | im] (given values)."""
     half = n // 2
     _make_draws([d for src in sources if not isinstance(src, np.ndarray) for d in src if d is not None])
-    parts = scratch("parts", len(sources), n, np.float64)
     for row, src in zip(parts, sources):
         if isinstance(src, np.ndarray):
             row[:] = src
@@ -356,7 +352,6 @@ def _encode_task(sources, scales, n: int, out: np.ndarray) -> list[np.ndarray]:
         re, im = src
         row[:half] = re.values()
         row[half:] = 0.0 if im is None else im.values()
-    return encode_rows(parts, scales, n, out)
 
 
 def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any] | None = None):
@@ -368,13 +363,14 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     ``names`` draw nothing, as supplied inputs there draw nothing.
 
     The same bits as there, made in bulk: the uniform draws counted, then made where they are used
-    (:class:`_Uniform`: a plaintext's values in the thread that encodes it), the plaintexts encoded
-    :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads
-    (:func:`~caramel.ckks.encoding.encode_rows`) and put in NTT form all at once
-    (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded and encrypted
-    in its turn (its encryption draws from ``rng``)."""
+    (:class:`_Uniform`: a plaintext's values :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads),
+    the plaintexts encoded all at once on the client's device
+    (:meth:`~caramel.ckks.arith.base.ClientArith.encode_rows`: the GPU client transforms them on the GPU) and
+    put in NTT form there (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded on
+    the host and encrypted in its turn (its encryption draws from ``rng``)."""
     from caramel.ckks.check import _supplied_fits
-    from caramel.ckks.encoding import slot_parts
+    from caramel.ckks.device import chosen
+    from caramel.ckks.encoding import encode_rows, slot_parts
     from caramel.ckks.encrypt import encrypt
     from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs, plaintexts_from_coeffs
 
@@ -401,20 +397,23 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
             sources[name] = slot_parts(_supplied_fits(where, given, scale, ctx, limbs), n)
         if ins.kind == InputKind.CIPHERTEXT:  # its encryption draws from rng, in input order
             draws.flush()
-            coeffs = sources[name] = _encode_task([sources[name]], [scale], n, np.empty((1, n), np.int64))[0]
+            parts = np.empty((1, n))
+            _fill_parts([sources[name]], n, parts)
+            coeffs = sources[name] = encode_rows(parts, [scale], n)[0]
             objects[name] = encrypt(ctx, secrets.s, coeffs, limbs, rng, scale)
     draws.flush()
     plain = [name for name, obj in objects.items() if obj is None and spec.inputs[name].kind != InputKind.SCALAR]
-    coeffs = np.empty((len(plain), n), dtype=np.int64)
-    tasks = [_encoder().submit(_encode_task, [sources[x] for x in plain[r0 : r0 + ENCODE_ROWS]],
-                               [plan.scales[x] for x in plain[r0 : r0 + ENCODE_ROWS]], n, coeffs[r0 : r0 + ENCODE_ROWS])
-             for r0 in range(0, len(plain), ENCODE_ROWS)]
-    for task, r0 in zip(tasks, range(0, len(plain), ENCODE_ROWS)):
-        for name, row in zip(plain[r0 : r0 + ENCODE_ROWS], task.result()):
-            sources[name] = row
+    parts = np.empty((len(plain), n))
+    tasks = [_encoder().submit(_fill_parts, [sources[x] for x in plain[r0 : r0 + ENCODE_ROWS]], n,
+                               parts[r0 : r0 + ENCODE_ROWS]) for r0 in range(0, len(plain), ENCODE_ROWS)]
+    for task in tasks:
+        task.result()
+    dev = chosen()
+    coeffs = dev.xp.empty((len(plain), n), dtype=np.int64)
+    sources.update(zip(plain, dev.encode_rows(parts, [plan.scales[x] for x in plain], n, coeffs)))
     batched = [name for name in plain if sources[name].dtype == np.int64]
     if batched:
-        rows = coeffs if len(batched) == len(plain) else np.stack([sources[x] for x in batched])
+        rows = coeffs if len(batched) == len(plain) else dev.xp.stack([sources[x] for x in batched])
         objects.update(zip(batched, plaintexts_from_coeffs(ctx, rows, [plan.limbs[x] for x in batched],
                                                            [plan.scales[x] for x in batched])))
     values = DecodedInputs()

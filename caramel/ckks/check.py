@@ -394,15 +394,17 @@ class DecodedInputs(Mapping[str, Any]):
     def put(self, name: str, value: Any) -> None:
         self._items[name] = value
 
-    def put_decoded(self, name: str, coeffs: np.ndarray, scale: float, n: int) -> None:
-        """``name`` is decode(coeffs, scale, n), computed when first read."""
+    def put_decoded(self, name: str, coeffs, scale: float, n: int) -> None:
+        """``name`` is decode(coeffs, scale, n), computed when first read (``coeffs`` on the host, or on a GPU:
+        copied down then)."""
         self._items[name] = None
         self._pending[name] = (coeffs, scale, n)
 
     def __getitem__(self, name: str) -> Any:
         pending = self._pending.pop(name, None)
         if pending is not None:
-            self._items[name] = decode(*pending)
+            coeffs, scale, n = pending
+            self._items[name] = decode(coeffs if isinstance(coeffs, np.ndarray) else coeffs.get(), scale, n)
         return self._items[name]
 
     def __iter__(self) -> Iterator[str]:

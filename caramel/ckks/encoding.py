@@ -5,15 +5,21 @@ zeta = exp(i*pi/N) (a primitive 2N-th root of unity) and the generator 5 (ISA.md
 
     slot_j(m) = m(zeta^(e_j)) / scale,      e_j = 5^j mod 2N,   j = 0 .. N/2-1
 
-and the remaining N/2 evaluation points zeta^(-e_j) carry the conjugates (m is real). The odd
-exponents k = 2t+1 (t = 0..N-1) are exactly {e_j} U {2N - e_j}, so one length-N FFT evaluates m at
-all of them:
+and the remaining N/2 evaluation points zeta^(-e_j) carry the conjugates (m is real). Every e_j is 1 mod 4
+(5 generates those residues), so with M = N/2 the slots are the points zeta^(4s+1), s_j = (e_j - 1)/4, a
+permutation of 0 .. M-1. Since zeta^(M(4s+1)) = i, the complex vector c_i = m_i + i m_(i+M) (i < M) gives
+
+    m(zeta^(4s+1)) = sum_(i<M) c_i zeta^i exp(2 pi i s i / M),
+
+a length-M DFT of c_i zeta^i. Encoding is its inverse: c = DFT(y) zeta^-i / M with y_(s_j) = value_j
+(:func:`fft_rows`), then m = [Re c | Im c] rounded at the scale, ``round(scale * m_i)`` (round-half-even,
+deterministic; SEAL's encoder also rounds to nearest). The transform is caramel's own radix-2 FFT written as
+whole-array IEEE operations in one order, so the host (NumPy) and the GPU client (CuPy) compute the same
+bits. :func:`decode` evaluates m at the N odd powers with one length-N inverse FFT:
 
     m(zeta^(2t+1)) = sum_i (m_i zeta^i) * exp(2 pi i t i / N) = N * ifft(m * zeta^i)[t],
 
-slot j sits at t_j = (e_j - 1)/2 and its conjugate at N - 1 - t_j. Encoding is the exact inverse
-(``fft``), followed by rounding ``round(scale * m_i)`` to integers (round-half-even, deterministic;
-SEAL's encoder also rounds to nearest).
+slot j at t_j = (e_j - 1)/2 (its conjugate at N - 1 - t_j).
 
 Rotation: the automorphism X -> X^g with g = 5^k moves slot j+k into slot j (a LEFT rotation by k,
 ``rot k`` in the ISA; negative k rotates right), and g = 2N-1 conjugates every slot.
@@ -31,12 +37,15 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from caramel.errors import ArgumentError
 
 #: Coefficients below this magnitude are returned as int64 by :func:`encode`.
 INT64_LIMIT = 2**62
+#: Rows of one host pass of :func:`encode_rows`'s transform: a few, so that a pass's arrays stay in a core's cache.
+HOST_ROWS = 2
 
 
 def _check_n(n: int) -> None:
@@ -63,7 +72,7 @@ def slot_exponents(n: int) -> np.ndarray:
 
 @lru_cache(maxsize=32)
 def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(t_j slot positions in the FFT, zeta^i, zeta^-i) for ring dimension n."""
+    """(t_j slot positions in the length-N evaluation of :func:`decode`, zeta^i, zeta^-i) for ring dimension n."""
     t = (slot_exponents(n) - 1) // 2
     zeta = np.exp(1j * np.pi * np.arange(n) / n)
     for a in (t, zeta):
@@ -73,31 +82,123 @@ def _tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return t, zeta, izeta
 
 
+class EncodeTables(NamedTuple):
+    """The constants of :func:`encode_rows` at ring dimension N (M = N/2), arrays of one array module (read-only
+    host arrays from :func:`encode_tables`; :meth:`on` copies them to another module, e.g. a GPU's):
+
+    ``gather``: (N,) int64, FFT input position s reads slot j(s) of the row [re | im]: ``gather[s] = j(s)``,
+    ``gather[M + s] = M + j(s)``, where s_j = (5^j mod 2N - 1) / 4 and j(s) its inverse;
+    ``stages``: per FFT stage t >= 1 (Ns = 2^t) the twiddles (re, im) W^(k M / 2Ns), k < Ns, W = exp(-2 pi i / M);
+    ``twist``: (re, im) of zeta^-i / M, i < M (exact: M is a power of two)."""
+
+    gather: Any
+    stages: tuple
+    twist: tuple
+
+    def on(self, put: Callable) -> "EncodeTables":
+        """These tables with every array passed through ``put`` (e.g. ``cupy.asarray``)."""
+        return EncodeTables(put(self.gather), tuple((put(r), put(i)) for r, i in self.stages),
+                            (put(self.twist[0]), put(self.twist[1])))
+
+
 @lru_cache(maxsize=32)
-def _scaled_izeta(n: int) -> np.ndarray:
-    """zeta^-i / n (read-only), exact: n is a power of two."""
-    out = _tables(n)[2] / n
-    out.setflags(write=False)
+def encode_tables(n: int) -> EncodeTables:
+    """The host :class:`EncodeTables` of ring dimension n (float64 constants computed once, read-only)."""
+    _check_n(n)
+    m = n // 2
+    s = (slot_exponents(n) - 1) // 4
+    j_of = np.empty(m, dtype=np.int64)
+    j_of[s] = np.arange(m, dtype=np.int64)
+    w = np.exp(-2j * np.pi * np.arange(max(m // 2, 1)) / m)
+    stages, ns = [], 2
+    while ns < m:  # stage t = log2(ns) >= 1 of an M-point transform
+        k = np.arange(ns) * (m // (2 * ns))
+        stages.append((np.ascontiguousarray(w.real[k]), np.ascontiguousarray(w.imag[k])))
+        ns *= 2
+    twist = _tables(n)[2][:m] / m
+    out = EncodeTables(np.concatenate([j_of, m + j_of]), tuple(stages),
+                       (np.ascontiguousarray(twist.real), np.ascontiguousarray(twist.imag)))
+    for a in (out.gather, *(x for pair in out.stages for x in pair), *out.twist):
+        a.setflags(write=False)
     return out
 
 
-@lru_cache(maxsize=32)
-def _fft_gather(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(g, sign), (2N,) each, read-only: the FFT input of :func:`encode_float` viewed as 2N float64
-    (real and imaginary part of each position) is ``row[g] * sign`` for the row [re | im] of the N/2
-    slots' real and imaginary parts: position t_j holds re_j + i im_j, position N-1-t_j its
-    conjugate re_j - i im_j (the sign -1.0 negates exactly, as ``conj`` does, zeros included)."""
-    t = _tables(n)[0]
-    half = n // 2
-    j = np.arange(half, dtype=np.int64)
-    g = np.empty(2 * n, dtype=np.int64)
-    sign = np.ones(2 * n, dtype=np.float64)
-    g[2 * t], g[2 * t + 1] = j, half + j
-    g[2 * (n - 1 - t)], g[2 * (n - 1 - t) + 1] = j, half + j
-    sign[2 * (n - 1 - t) + 1] = -1.0
-    for a in (g, sign):
-        a.setflags(write=False)
-    return g, sign
+def fft_rows(re, im, tables: EncodeTables, xp=np):
+    """The forward DFT X_k = sum_j x_j W^(jk), W = exp(-2 pi i / M), of every row x = re + i im ((R, M) float64
+    arrays of ``xp``, M a power of two): radix-2 Stockham, natural order in and out. Stage t (Ns = 2^t,
+    t = 0 .. log2 M - 1) takes a = x_j and b = x_(j + M/2) for j < M/2, k = j mod Ns, forms b' = b W^(k M / 2Ns)
+    (``tables.stages[t]``; stage 0: b' = b) and writes a + b' to position 2(j - k) + k and a - b' to that + Ns.
+
+    Every step is one IEEE operation of the array module over whole arrays (the complex product as
+    br wr - bi wi and br wi + bi wr, each product rounded on its own), so NumPy and CuPy give the same bits:
+    the GPU client encodes what the host client does. Returns (re, im) of X (new arrays)."""
+    rows, m = re.shape
+    if m == 1:
+        return re.copy(), im.copy()
+    half = m // 2
+    src = (re, im)
+    buffers = [(xp.empty((rows, m)), xp.empty((rows, m))) for _ in range(2)]
+    p_re, p_im, t1, t2 = (xp.empty((rows, half)) for _ in range(4))
+    ns, t = 1, 0
+    while ns < m:
+        groups = half // ns
+        a_re, a_im = (v[:, :half].reshape(rows, groups, ns) for v in src)
+        b_re, b_im = (v[:, half:].reshape(rows, groups, ns) for v in src)
+        if t:
+            wr, wi = tables.stages[t - 1]
+            q1, q2, q_re, q_im = (v.reshape(rows, groups, ns) for v in (t1, t2, p_re, p_im))
+            xp.multiply(b_re, wr, out=q1)
+            xp.multiply(b_im, wi, out=q2)
+            xp.subtract(q1, q2, out=q_re)
+            xp.multiply(b_re, wi, out=q1)
+            xp.multiply(b_im, wr, out=q2)
+            xp.add(q1, q2, out=q_im)
+            b_re, b_im = q_re, q_im
+        dst = buffers[t % 2]
+        o_re, o_im = (v.reshape(rows, groups, 2, ns) for v in dst)
+        xp.add(a_re, b_re, out=o_re[:, :, 0])
+        xp.add(a_im, b_im, out=o_im[:, :, 0])
+        xp.subtract(a_re, b_re, out=o_re[:, :, 1])
+        xp.subtract(a_im, b_im, out=o_im[:, :, 1])
+        src, ns, t = dst, 2 * ns, t + 1
+    return src
+
+
+def _coefficients(parts, n: int, tables: EncodeTables, xp, out) -> None:
+    """Write into ``out`` the real coefficients m (unit scale, (R, N) float64 of ``xp``) of the rows ``parts`` [re | im] of N/2 slot
+    values each: with M = N/2 and c_i = m_i + i m_(i+M), every slot evaluation point zeta^(4s+1) gives
+    m(zeta^(4s+1)) = sum_(i<M) c_i zeta^i exp(2 pi i s i / M) (zeta^(M(4s+1)) = i), so
+    c = DFT_M(y) zeta^-i / M with y_s = z_(j(s)), s_j = (5^j mod 2N - 1) / 4 (:func:`fft_rows`; the twist as
+    one complex product, re then im as in :func:`fft_rows`)."""
+    rows, m = parts.shape[0], n // 2
+    y = xp.take(parts, tables.gather, axis=1)
+    x_re, x_im = fft_rows(y[:, :m], y[:, m:], tables, xp)
+    zr, zi = tables.twist
+    t1, t2 = xp.empty((rows, m)), xp.empty((rows, m))
+    xp.multiply(x_re, zr, out=t1)
+    xp.multiply(x_im, zi, out=t2)
+    xp.subtract(t1, t2, out=out[:, :m])
+    xp.multiply(x_re, zi, out=t1)
+    xp.multiply(x_im, zr, out=t2)
+    xp.add(t1, t2, out=out[:, m:])
+
+
+_scratch = threading.local()
+
+
+def scratch(name: str, rows: int, n: int, dtype) -> np.ndarray:
+    """This thread's (rows, n) array ``name`` of ``dtype`` (contents undefined): a view of one buffer per name, ring
+    degree and type, kept for the thread's next call and grown to the most rows asked (threads that fill rows at
+    once would otherwise spend their time in the kernel, faulting in fresh pages of megabyte-sized temporaries under
+    one address-space lock)."""
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    key = (name, n, np.dtype(dtype))
+    a = buffers.get(key)
+    if a is None or a.shape[0] < rows:
+        a = buffers[key] = np.empty((rows, n), dtype=dtype)
+    return a[:rows]
 
 
 def slot_parts(values, n: int) -> np.ndarray:
@@ -112,62 +213,40 @@ def slot_parts(values, n: int) -> np.ndarray:
     return np.concatenate([z.real, z.imag])
 
 
-_scratch = threading.local()
-
-
-def scratch(name: str, rows: int, n: int, dtype) -> np.ndarray:
-    """This thread's (rows, n) array ``name`` of ``dtype`` (contents undefined): a view of one buffer per name, ring
-    degree and type, kept for the thread's next call and grown to the most rows asked (threads that encode at once
-    would otherwise spend their time in the kernel, faulting in fresh pages of megabyte-sized temporaries under one
-    address-space lock)."""
-    buffers = getattr(_scratch, "buffers", None)
-    if buffers is None:
-        buffers = _scratch.buffers = {}
-    key = (name, n, np.dtype(dtype))
-    a = buffers.get(key)
-    if a is None or a.shape[0] < rows:
-        a = buffers[key] = np.empty((rows, n), dtype=dtype)
-    return a[:rows]
-
-
-def encode_rows(parts, scales, n: int, out: np.ndarray | None = None) -> list[np.ndarray]:
-    """:func:`encode` of several vectors in one pass of each step: row p of ``parts`` (P, N) float64
-    is [re | im] of vector p (:func:`slot_parts`; a real vector has im = 0), encoded at ``scales[p]``.
-    Returns per row encode(re + 1j * im, scales[p], n), bit for bit: the same FFT input (gathered,
-    not scattered), NumPy's FFT of each row (its batched call transforms row by row), the same
-    element-wise operations (each into this thread's :func:`scratch` arrays: the same loops, so the
-    same bits) and the same rounding. An int64 row is written into ``out[p]`` (default a new (P, N)
-    int64 array) and returned as that view; a row with a coefficient of 2^62 or more is an object
-    array of Python ints (:func:`float_to_int`)."""
+def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables | None = None) -> list:
+    """:func:`encode` of several vectors at once: row p of ``parts`` (P, N) float64 (an array of ``xp``) is
+    [re | im] of vector p (:func:`slot_parts`; a real vector has im = 0), encoded at ``scales[p]`` (host
+    numbers). Returns per row encode(re + 1j * im, scales[p], n), bit for bit: the same coefficients
+    (:func:`_coefficients`), each multiplied by its scale and rounded (``rint``, ties to even). An int64 row is
+    written into ``out[p]`` (default a new (P, N) int64 array of ``xp``) and returned as that view; a row with a
+    coefficient of 2^62 or more is a host object array of Python ints (:func:`float_to_int`). ``tables``: those
+    of :func:`encode_tables` on ``xp`` (default the host's)."""
     _check_n(n)
-    parts = np.asarray(parts, dtype=np.float64)
+    parts = xp.asarray(parts, dtype=np.float64)
     rows = parts.shape[0] if parts.ndim == 2 else 0
     if parts.shape != (rows, n):
         raise ArgumentError(f"expected rows of {n} slot parts for N = {n}, got shape {parts.shape}")
-    scales = np.asarray(scales, dtype=np.float64).reshape(rows, 1)
-    if not np.all(scales > 0):
-        raise ArgumentError(f"scale must be positive, got {scales.ravel().tolist()}")
-    out = np.empty((rows, n), dtype=np.int64) if out is None else out
+    host_scales = np.asarray(scales, dtype=np.float64).reshape(rows, 1)
+    if not np.all(host_scales > 0):
+        raise ArgumentError(f"scale must be positive, got {host_scales.ravel().tolist()}")
+    out = xp.empty((rows, n), dtype=np.int64) if out is None else out
     if rows == 0:
         return []
-    g, sign = _fft_gather(n)
-    full, spectrum = (scratch(name, rows, n, np.complex128) for name in ("full", "spectrum"))
-    x = scratch("x", rows, n, np.float64)
-    view = full.view(np.float64)
-    np.take(parts, g, axis=1, out=view, mode="clip")  # g is in range: 'clip' only spares 'raise''s buffered copy
-    np.multiply(view, sign, out=view)
-    # encode_float's expression step by step, then encode's scaling: (fft(full) / n * zeta^-i).real * scale, with
-    # the division folded into the table (zeta^-i / n): n is a power of two, so both products are the one exact
-    # product rounded once
-    np.fft.fft(full, axis=-1, out=spectrum)
-    np.multiply(spectrum, _scaled_izeta(n), out=spectrum)
-    np.multiply(spectrum.real, scales, out=x)
-    np.rint(x, out=x)
+    tables = encode_tables(n) if tables is None else tables
+    x = xp.empty((rows, n))
+    step = HOST_ROWS if xp is np else rows
+    for r0 in range(0, rows, step):
+        _coefficients(parts[r0 : r0 + step], n, tables, xp, x[r0 : r0 + step])
+    xp.multiply(x, xp.asarray(host_scales), out=x)
+    xp.rint(x, out=x)
     fits = (x.max(axis=1) < INT64_LIMIT) & (x.min(axis=1) > -INT64_LIMIT)  # False for a row with nan
+    fits = fits.get() if hasattr(fits, "get") else fits
     if fits.all():
-        np.copyto(out, x, casting="unsafe")  # exact: integers below 2^62
+        out[...] = x  # exact: integers below 2^62
         return list(out)
-    return [out[p] if fits[p] and np.copyto(out[p], x[p], casting="unsafe") is None else float_to_int(x[p])
+    for p in np.flatnonzero(fits):
+        out[p] = x[p]
+    return [out[p] if fits[p] else float_to_int(x[p].get() if hasattr(x, "get") else x[p])
             for p in range(rows)]  # float_to_int: Python ints, or the error of a non-finite value
 
 
@@ -176,17 +255,9 @@ def encode_float(values, n: int) -> np.ndarray:
 
     ``values``: N/2 complex or real numbers, or one number broadcast to every slot.
     """
-    _check_n(n)
-    t, _, izeta = _tables(n)
-    z = np.asarray(values, dtype=np.complex128)
-    if z.ndim == 0:
-        z = np.full(n // 2, z)
-    if z.shape != (n // 2,):
-        raise ArgumentError(f"expected {n // 2} slot values for N = {n}, got shape {z.shape}")
-    full = np.zeros(n, dtype=np.complex128)
-    full[t] = z
-    full[n - 1 - t] = np.conj(z)
-    return (np.fft.fft(full) / n * izeta).real
+    out = np.empty((1, n))
+    _coefficients(slot_parts(values, n)[None], n, encode_tables(n), np, out)
+    return out[0]
 
 
 def float_to_int(x: np.ndarray) -> np.ndarray:

@@ -123,11 +123,21 @@ class ClientArith(abc.ABC):
         limbs = [int(l) for l in limbs]
         return self.transform(to_residues(coeffs, ctx, limbs, self.xp), ctx, limbs)
 
+    def encode_rows(self, parts, scales, n: int, out) -> list:
+        """:func:`caramel.ckks.encoding.encode_rows` of P vectors on this implementation: host float64 rows
+        ``parts`` (P, N) [re | im] at ``scales``; an int64 row is written into ``out`` ((P, N) of :attr:`xp`) and
+        returned as its view, a row with a coefficient of 2^62 or more as a host object array. The encoding is
+        whole-array IEEE operations of :attr:`xp` in one order, so every implementation gives the same bits."""
+        from caramel.ckks.encoding import encode_rows
+
+        return encode_rows(self.put(parts), scales, n, out, xp=self.xp)
+
     def plaintext_rows(self, coeffs, ctx, groups):
         """Encoding of P plaintexts at once: :meth:`to_ntt_rows` of row p of ``coeffs`` ((P, N) host
         int64) on the limbs ``groups[p]``, stacked in order into one (sum_p len(groups[p]), N) uint32
         array (plaintext p's rows follow those of plaintexts 0 .. p-1)."""
         xp = self.xp
+        coeffs = self.get(coeffs) if not isinstance(coeffs, np.ndarray) else coeffs
         flat = [int(l) for g in groups for l in g]
         res = xp.empty((len(flat), ctx.n), dtype=np.uint32)
         r = 0

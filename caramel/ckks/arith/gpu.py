@@ -32,6 +32,7 @@ CUDA_NTT_SIZES = range(12, 17)
 DOWNLOAD_THREADS = 3
 
 _tables: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_encode_tables: dict[tuple, Any] = {}  # (N, array module, place) -> caramel.ckks.encoding.EncodeTables there
 
 #: ``residue_rows``: thread (j, p) reads coefficient j of plaintext p once and writes its residue
 #: c mod q_r (in [0, q_r), as NumPy's ``mod``) into column j of each of the plaintext's rows r,
@@ -128,11 +129,24 @@ class GpuArith(ClientArith):
         """Whether ``ctx``'s transforms run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16)."""
         return self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES
 
+    def encode_rows(self, parts, scales, n: int, out) -> list:
+        """:meth:`ClientArith.encode_rows` on the device: one copy of the rows, the transform as array operations
+        of :attr:`xp` on the encoding's tables (:func:`~caramel.ckks.encoding.encode_tables`, copied once per ring
+        degree and device)."""
+        from caramel.ckks.encoding import encode_rows, encode_tables
+
+        xp = self.xp
+        key = (n, id(xp), self.place())
+        tables = _encode_tables.get(key)
+        if tables is None:
+            tables = _encode_tables[key] = encode_tables(n).on(xp.asarray)
+        return encode_rows(xp.asarray(parts), scales, n, out, xp=xp, tables=tables)
+
     def plaintext_rows(self, coeffs, ctx, groups):
         """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_cuda_sizes`, int64
-        coefficients): one copy of the coefficients to the device, one launch of ``residue_rows``
-        (:data:`RESIDUE_ROWS_SRC`) for every row, one forward NTT of every row in place."""
-        coeffs = np.asarray(coeffs)
+        coefficients, on the host or the device): at most one copy of the coefficients to the device, one launch
+        of ``residue_rows`` (:data:`RESIDUE_ROWS_SRC`) for every row, one forward NTT of every row in place."""
+        coeffs = coeffs if isinstance(coeffs, self.xp.ndarray) else np.asarray(coeffs)
         if not (self._cuda_sizes(ctx) and coeffs.dtype == np.int64 and coeffs.ndim == 2
                 and coeffs.shape[1] == ctx.n):
             return super().plaintext_rows(coeffs, ctx, groups)
@@ -149,7 +163,7 @@ class GpuArith(ClientArith):
         meta = cp.asarray(np.concatenate([rows, ctx.moduli(flat).reshape(-1).astype(np.int64)]))
         kernel = _residue_kernel()
         grid = (-(-n // _RESIDUE_THREADS), len(groups))
-        c = cp.asarray(np.ascontiguousarray(coeffs))
+        c = cp.ascontiguousarray(cp.asarray(coeffs))
         kernel(grid, (_RESIDUE_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
         slots = cp.arange(len(flat), dtype=np.int32)
         cuda_ntt.ntt(cuda_ring(ctx), out, slots, slots, cp.asarray(np.array(flat, dtype=np.int32)))

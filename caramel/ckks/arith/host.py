@@ -49,6 +49,20 @@ class HostArith(ClientArith):
         self.rows(run, len(tabs), ctx.n)
         return out
 
+    def encode_rows(self, parts, scales, n: int, out) -> list:
+        """:meth:`ClientArith.encode_rows` with the rows in chunks on the thread pool (NumPy's array operations
+        run without the GIL)."""
+        from caramel.ckks.encoding import encode_rows
+
+        got: list = [None] * len(parts)
+        scales = list(scales)
+
+        def run(r0: int, r1: int) -> None:
+            got[r0:r1] = encode_rows(parts[r0:r1], scales[r0:r1], n, out[r0:r1])
+
+        self.rows(run, len(parts), n)
+        return got
+
     def plaintext_rows(self, coeffs, ctx, groups):
         """:meth:`ClientArith.plaintext_rows`, each row's residues and NTT in one compiled kernel
         (:func:`jit.encode_row`) when the kernels are ready, rows in chunks on the thread pool."""

@@ -141,3 +141,39 @@ def test_gpu_plaintext_rows_on_cuda_kernels_equal_the_host_client(n):
     assert np.array_equal(gpu_arith.get(gpu_arith.plaintext_rows(coeffs, ctx, groups)), want)
     assert np.array_equal(gpu_arith.get(gpu_arith.to_ntt_rows(coeffs[2], ctx, groups[2])), want[4:])
     assert gpu_arith.plaintext_rows(coeffs[:0], ctx, []).shape == (0, n)
+
+
+def _encode_parts(n: int):
+    """Five rows of slot parts and their scales: 2^56 near the int64 limit, 2^80 a row of Python ints."""
+    parts = np.random.default_rng(n).uniform(-1, 1, (5, n))
+    return parts, [2.0**40, 2.0**30, 2.0**56, 2.0**80, 1.0]
+
+
+def _same_rows(got, want) -> bool:
+    got = [g if isinstance(g, np.ndarray) else g.get() for g in got]
+    return len(got) == len(want) and all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_gpu_encode_rows_on_numpy_equal_the_host_client():
+    n = 256
+    parts, scales = _encode_parts(n)
+    want = HOST.encode_rows(parts, scales, n, np.empty((5, n), np.int64))
+    assert [w.dtype for w in want] == [np.int64] * 3 + [object, np.int64]
+    assert _same_rows(POSED.encode_rows(parts, scales, n, np.empty((5, n), np.int64)), want)
+
+
+@pytest.mark.skipif(not gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("n", [16, 4096, 65536])
+def test_gpu_encode_rows_on_cupy_equal_the_host_client(n):
+    """The transform as CuPy array operations gives the host's bits: the float64 transform itself, and the
+    rounded coefficients (a row of Python ints included)."""
+    import cupy as cp
+    from caramel.ckks.encoding import encode_tables, fft_rows
+
+    parts, scales = _encode_parts(n)
+    want = HOST.encode_rows(parts, scales, n, np.empty((5, n), np.int64))
+    assert _same_rows(devmod.GPU.encode_rows(parts, scales, n, cp.empty((5, n), np.int64)), want)
+    m, tables = n // 2, encode_tables(n)
+    host = fft_rows(parts[:, :m].copy(), parts[:, m:].copy(), tables)
+    dev = fft_rows(cp.asarray(parts[:, :m]), cp.asarray(parts[:, m:]), tables.on(cp.asarray), cp)
+    assert all(np.array_equal(h.view(np.uint64), d.get().view(np.uint64)) for h, d in zip(host, dev))
