@@ -4,8 +4,8 @@ the time per instance, one at a time and with several threads at once, on the CP
     python -m bench draw [--program BootstrapLike_51L_1c] [--n 65536] [--client none|host|posed|gpu]
                          [--instances 4] [--workers 1,2] [--base .ab]
 
-``--client none`` (default) measures the host's share of the GPU client: the draws, the encodings (NumPy's FFT),
-the scalars and the objects, with the client's arithmetic after the integer coefficients (residues, NTTs,
+``--client none`` (default) measures the host's share of the GPU client: the draws, the ciphertexts' encodings,
+the scalars and the objects, with the client's arithmetic after the draws (the plaintexts' encoding, residues, NTTs,
 encryption products) skipped, as the GPU does it there (the rows are left uninitialised: the figures are times, not
 bits). ``host`` is the host client whole (its NTTs included); ``posed`` the GPU client's code on NumPy; ``gpu`` the
 GPU client whole, as an executor's prepare thread runs it (inputs kept on the GPU, each thread on its own CUDA
@@ -33,6 +33,9 @@ def timing_client():
     from caramel.ckks.arith import HostArith
 
     class HostShare(HostArith):
+        def encode_rows(self, parts, scales, n, out):
+            return list(out)
+
         def transform(self, res, ctx, limbs, inverse=False):
             return np.asarray(res)
 

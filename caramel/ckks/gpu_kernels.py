@@ -8,7 +8,8 @@ kernels:
   with it), NumPy's PCG64 words (:mod:`caramel.ckks.pcg`), the Lemire and binomial replays
   (:mod:`caramel.ckks.sampling`);
 * the kernels CuPy generates for the array operations of the client's formulas (:mod:`caramel.ckks.arith.base`,
-  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`): :data:`ARRAY_KERNELS`,
+  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`, the encoding's transform
+  :func:`~caramel.ckks.encoding.encode_rows`): :data:`ARRAY_KERNELS`,
   each the very call a formula makes, in the same form (a ufunc or an operator, the same operand types, a Python
   float where the formula has one), made once on small arrays of the same types and layout
   (:class:`~caramel.backends.cuda.array_kernels.ArrayKernel`).
@@ -52,6 +53,16 @@ def _in_place(op: str, dtype):
         else:
             c += x
     return launch
+
+
+def _encode_rows(cp, n: int) -> None:
+    """GpuArith.encode_rows twice: every row below 2^62 (one cast of the rows), and a row of Python ints (a cast per
+    row that fits, the other copied to the host)."""
+    from caramel.ckks.arith.gpu import GpuArith
+
+    dev = GpuArith(array_module=cp)
+    for scales in ([1.0] * ROWS, [1.0] * (ROWS - 1) + [2.0**80]):
+        dev.encode_rows(np.ones((ROWS, n)), scales, n, cp.empty((ROWS, n), dtype=_I64))
 
 
 def _residue_row(cp, n: int):
@@ -102,6 +113,8 @@ ARRAY_KERNELS = (
     ArrayKernel("to_residues: mod(c[None, :], q) (one limb)",
                 lambda cp, n: cp.mod(_residue_row(cp, n), column(cp, 1).astype(_I64))),
     ArrayKernel("to_residues: astype(uint32) of int64 rows", lambda cp, n: rows(cp, n, _I64).astype(_U32)),
+    # encoding (the plaintexts of an instance): the transform's stages, twist, scale, rounding and int64 rows
+    ArrayKernel("GpuArith.encode_rows", _encode_rows, weight=4.0),
     # the uniform draw (lemire_state_rows): its status
     ArrayKernel("lemire_state_rows: ones(int64)", lambda cp, n: cp.ones(2, dtype=_I64)),
 )

@@ -300,7 +300,8 @@ def host_kernels(monkeypatch):
 
 def client_calls() -> set:
     """The array calls of the GPU client (on the tracing module): keys of every type, encryption and decryption of a
-    ciphertext of one limb and of several, the secret's rows. Checks the keys against the host client's."""
+    ciphertext of one limb and of several, the secret's rows, the encoding of plaintexts (a row of Python ints
+    among them). Checks the keys and the encodings against the host client's."""
     xp = TracingXP()
     dev = GpuArith(array_module=xp)
     ctx = context(N)
@@ -318,6 +319,11 @@ def client_calls() -> set:
             back = decrypt(ctx, secrets.s, ct, device=dev)
             assert np.array_equal(np.asarray(back), decrypt(ctx, secrets.s, host, device=HOST))
         dev.to_ntt_rows(coeffs, ctx, [2])
+        parts = np.random.default_rng(2).uniform(-1, 1, (3, N))
+        for scales in ([2.0**40, 2.0**30, 1.0], [2.0**40, 2.0**80, 1.0]):  # a row of Python ints in the second
+            got = dev.encode_rows(parts, scales, N, xp.empty((3, N), dtype=np.int64))
+            want = HOST.encode_rows(parts, scales, N, np.empty((3, N), dtype=np.int64))
+            assert all(np.array_equal(np.asarray(g), w) and g.dtype == w.dtype for g, w in zip(got, want))
     return calls
 
 
