@@ -88,8 +88,9 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
     plans: import CuPy (or wait for ``caramel run``'s early import, :func:`caramel.cli._start_gpu`); queue on
     the compile pool (:func:`caramel.backends.cuda.compiler.schedule`, every core) every kernel of the GPU client
     (:func:`caramel.ckks.gpu_kernels.client_jobs`) and, behind them, the executor's modules known before any
-    plan (:meth:`~caramel.backends.cuda.kernel_set.KernelSet.ring`, for arithmetic mode ``mode``: None, exact)
-    and its helpers' array kernels; make the CUDA context meanwhile (NVRTC needs none); wait for the client's
+    plan (:meth:`~caramel.backends.cuda.kernel_set.KernelSet.ring`, for arithmetic mode ``mode``: None, exact),
+    its helpers' array kernels and the encoding's (:func:`~caramel.ckks.gpu_kernels.encoding_jobs`, first needed
+    after the keys); make the CUDA context meanwhile (NVRTC needs none); wait for the client's
     kernels only (the executor's go on compiling while the program loads and plans, and its precompile finds
     them done); build the ring's twiddle tables; last, encrypt a zero message once
     (:func:`load_client_kernels`: anything the tables missed compiles here). The GPU client waits for it before
@@ -110,14 +111,14 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
             from caramel.backends.cuda import compiler
             from caramel.backends.cuda.array_kernels import backend_jobs
             from caramel.backends.cuda.kernel_set import KernelSet
-            from caramel.ckks.gpu_kernels import client_jobs
+            from caramel.ckks.gpu_kernels import client_jobs, encoding_jobs
             from caramel.ring import Context, Mode
 
             ctx = Context(n=n)  # no host NTT table: the CUDA ring builds its twiddles on the GPU
             client = client_jobs(ctx)
             mine = {m.key for m in client if hasattr(m, "key")}
             executor = [m for key, m in KernelSet(ctx).ring([Mode(mode or Mode.EXACT)]).modules.items()
-                        if key not in mine] + backend_jobs(n)
+                        if key not in mine] + backend_jobs(n) + encoding_jobs(ctx)
             # Queued before the context exists: NVRTC needs none (a module's load waits for it).
             batch = compiler.schedule(client)
             compiler.schedule(executor)  # behind the client's: compiled while the program loads and plans

@@ -165,11 +165,11 @@ def fft_rows(re, im, tables: EncodeTables, xp=np):
 
 
 def _coefficients(parts, n: int, tables: EncodeTables, xp, out) -> None:
-    """Write into ``out`` the real coefficients m (unit scale, (R, N) float64 of ``xp``) of the rows ``parts`` [re | im] of N/2 slot
-    values each: with M = N/2 and c_i = m_i + i m_(i+M), every slot evaluation point zeta^(4s+1) gives
-    m(zeta^(4s+1)) = sum_(i<M) c_i zeta^i exp(2 pi i s i / M) (zeta^(M(4s+1)) = i), so
-    c = DFT_M(y) zeta^-i / M with y_s = z_(j(s)), s_j = (5^j mod 2N - 1) / 4 (:func:`fft_rows`; the twist as
-    one complex product, re then im as in :func:`fft_rows`)."""
+    """Write into ``out`` ((R, N) float64 of ``xp``) the real coefficients m (unit scale) of the rows ``parts``
+    [re | im] of N/2 slot values each: with M = N/2 and c_i = m_i + i m_(i+M), every slot evaluation point
+    zeta^(4s+1) gives m(zeta^(4s+1)) = sum_(i<M) c_i zeta^i exp(2 pi i s i / M) (zeta^(M(4s+1)) = i), so
+    c = DFT_M(y) zeta^-i / M with y_s = z_(j(s)), s_j = (5^j mod 2N - 1) / 4 (:func:`fft_rows`; the twist as one
+    complex product, re then im as in :func:`fft_rows`), and m = [Re c | Im c]."""
     rows, m = parts.shape[0], n // 2
     y = xp.take(parts, tables.gather, axis=1)
     x_re, x_im = fft_rows(y[:, :m], y[:, m:], tables, xp)

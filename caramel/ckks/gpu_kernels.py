@@ -8,8 +8,8 @@ kernels:
   with it), NumPy's PCG64 words (:mod:`caramel.ckks.pcg`), the Lemire and binomial replays
   (:mod:`caramel.ckks.sampling`);
 * the kernels CuPy generates for the array operations of the client's formulas (:mod:`caramel.ckks.arith.base`,
-  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`, the encoding's transform
-  :func:`~caramel.ckks.encoding.encode_rows`): :data:`ARRAY_KERNELS`,
+  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`): :data:`ARRAY_KERNELS`, and those of the
+  plaintexts' encoding (:func:`~caramel.ckks.encoding.encode_rows`): :data:`ENCODE_KERNELS`,
   each the very call a formula makes, in the same form (a ufunc or an operator, the same operand types, a Python
   float where the formula has one), made once on small arrays of the same types and layout
   (:class:`~caramel.backends.cuda.array_kernels.ArrayKernel`).
@@ -113,11 +113,15 @@ ARRAY_KERNELS = (
     ArrayKernel("to_residues: mod(c[None, :], q) (one limb)",
                 lambda cp, n: cp.mod(_residue_row(cp, n), column(cp, 1).astype(_I64))),
     ArrayKernel("to_residues: astype(uint32) of int64 rows", lambda cp, n: rows(cp, n, _I64).astype(_U32)),
-    # encoding (the plaintexts of an instance): the transform's stages, twist, scale, rounding and int64 rows
-    ArrayKernel("GpuArith.encode_rows", _encode_rows, weight=4.0),
     # the uniform draw (lemire_state_rows): its status
     ArrayKernel("lemire_state_rows: ones(int64)", lambda cp, n: cp.ones(2, dtype=_I64)),
 )
+
+
+#: The array kernels of the plaintexts' encoding (:meth:`~caramel.ckks.arith.gpu.GpuArith.encode_rows`: the
+#: transform's stages, twist, scale, rounding, int64 rows): needed only once inputs are drawn, after the keys, so the
+#: warm-up queues them behind the client's kernels and waits for none of them (:func:`encoding_jobs`).
+ENCODE_KERNELS = (ArrayKernel("GpuArith.encode_rows", _encode_rows, weight=4.0),)
 
 
 def client_modules(ctx) -> list:
@@ -147,4 +151,9 @@ def client_jobs(ctx) -> list:
     return client_modules(ctx) + [k.at(ctx.n) for k in ARRAY_KERNELS]
 
 
-__all__ = ["ARRAY_KERNELS", "client_jobs", "client_modules", "column"]
+def encoding_jobs(ctx) -> list:
+    """The encoding's array kernels at ring ``ctx`` (:data:`ENCODE_KERNELS`) as jobs of the compile pool."""
+    return [k.at(ctx.n) for k in ENCODE_KERNELS]
+
+
+__all__ = ["ARRAY_KERNELS", "ENCODE_KERNELS", "client_jobs", "client_modules", "column", "encoding_jobs"]

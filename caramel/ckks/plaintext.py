@@ -86,9 +86,10 @@ def plaintext_from_coeffs(ctx, coeffs, limbs, scale: float | None = None) -> Pla
 
 def plaintexts_from_coeffs(ctx, coeffs, limbs, scales) -> list[Plaintext]:
     """``[plaintext_from_coeffs(ctx, coeffs[p], limbs[p], scales[p]) for p ...]`` for int64
-    coefficients ``coeffs`` (P, N; host, or arrays of the current client device), the same bits from one batched
-    encoding on the current client device (:meth:`~caramel.ckks.arith.ClientArith.plaintext_rows`): the plaintexts' data are
-    consecutive rows of one array (on the GPU inside :func:`caramel.ckks.device.keeping_inputs`)."""
+    coefficients ``coeffs`` (P, N; on the host or the current client device), the same bits from one
+    batched encoding on the current client device (:meth:`~caramel.ckks.arith.ClientArith.plaintext_rows`):
+    the plaintexts' data are consecutive rows of one array (on the GPU inside
+    :func:`caramel.ckks.device.keeping_inputs`)."""
     groups = [checked_limbs(l) for l in limbs]
     dev = chosen()
     rows = client_array(dev.plaintext_rows(coeffs, ctx, groups), dev)

@@ -4,8 +4,8 @@ CuPy compiles a kernel for each array operation it meets, keyed by the operation
 Here the client's formulas run on a *tracing* array module (NumPy underneath) that records every array call in that
 shape: the operation, and per operand its dtype and its layout after CuPy's merging of dimensions (a Python scalar by
 its type). Key generation of every key type, encryption, encoding and decryption record what a GPU run compiles; the
-table of array kernels (ARRAY_KERNELS), run on the same module, must make every one of those calls. Only the CUDA
-kernels themselves (the transform, the PCG64 words, the Lemire replay) are replaced, by their host twins, and the
+tables of array kernels (ARRAY_KERNELS, ENCODE_KERNELS), run on the same module, must make every one of those calls.
+Only the CUDA kernels themselves (the transform, the PCG64 words, the Lemire replay) are replaced, by their host twins, and the
 traced client's keys are checked against the host client's, bit for bit.
 """
 
@@ -338,13 +338,13 @@ def table_calls(kernels) -> set:
 def test_the_table_makes_every_array_call_of_the_client(host_kernels):
     made = client_calls()
     assert len(made) > 20  # the tracer sees the formulas' calls
-    missing = made - table_calls(gpu_kernels.ARRAY_KERNELS)
-    assert not missing, f"array calls of the GPU client that ARRAY_KERNELS does not make: {sorted(map(str, missing))}"
+    missing = made - table_calls(gpu_kernels.ARRAY_KERNELS + gpu_kernels.ENCODE_KERNELS)
+    assert not missing, f"array calls of the GPU client that the tables do not make: {sorted(map(str, missing))}"
 
 
 def test_each_entry_makes_a_call():
     """No dead entry: every array kernel of the tables launches something."""
-    for k in gpu_kernels.ARRAY_KERNELS + array_kernels.BACKEND_KERNELS:
+    for k in gpu_kernels.ARRAY_KERNELS + gpu_kernels.ENCODE_KERNELS + array_kernels.BACKEND_KERNELS:
         assert table_calls([k]), k.site
 
 
@@ -384,3 +384,4 @@ def test_client_jobs_name_every_kernel_without_a_gpu():
     assert len(sized) == len(gpu_kernels.ARRAY_KERNELS) and all(j.n == 65536 for j in sized)
     assert max(jobs, key=lambda j: j.weight) is modules["ntt"]  # started first
     assert {j.key[0] for j in gpu_kernels.client_jobs(context(1 << 11)) if hasattr(j, "key")} == {"pcg", "lemire", "binomial"}
+    assert [j.kernel for j in gpu_kernels.encoding_jobs(context(65536))] == list(gpu_kernels.ENCODE_KERNELS)
