@@ -35,7 +35,6 @@ Python ints. :func:`decode` accepts ints (int64 or Python ints of any size) or f
 
 from __future__ import annotations
 
-import threading
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple
 
@@ -127,7 +126,7 @@ def fft_rows(re, im, tables: EncodeTables, xp=np):
     """The forward DFT X_k = sum_j x_j W^(jk), W = exp(-2 pi i / M), of every row x = re + i im ((R, M) float64
     arrays of ``xp``, M a power of two): radix-2 Stockham, natural order in and out. Stage t (Ns = 2^t,
     t = 0 .. log2 M - 1) takes a = x_j and b = x_(j + M/2) for j < M/2, k = j mod Ns, forms b' = b W^(k M / 2Ns)
-    (``tables.stages[t]``; stage 0: b' = b) and writes a + b' to position 2(j - k) + k and a - b' to that + Ns.
+    (``tables.stages[t - 1]``; stage 0: b' = b) and writes a + b' to position 2(j - k) + k and a - b' to that + Ns.
 
     Every step is one IEEE operation of the array module over whole arrays (the complex product as
     br wr - bi wi and br wi + bi wr, each product rounded on its own), so NumPy and CuPy give the same bits:
@@ -181,24 +180,6 @@ def _coefficients(parts, n: int, tables: EncodeTables, xp, out) -> None:
     xp.multiply(x_re, zi, out=t1)
     xp.multiply(x_im, zr, out=t2)
     xp.add(t1, t2, out=out[:, m:])
-
-
-_scratch = threading.local()
-
-
-def scratch(name: str, rows: int, n: int, dtype) -> np.ndarray:
-    """This thread's (rows, n) array ``name`` of ``dtype`` (contents undefined): a view of one buffer per name, ring
-    degree and type, kept for the thread's next call and grown to the most rows asked (threads that fill rows at
-    once would otherwise spend their time in the kernel, faulting in fresh pages of megabyte-sized temporaries under
-    one address-space lock)."""
-    buffers = getattr(_scratch, "buffers", None)
-    if buffers is None:
-        buffers = _scratch.buffers = {}
-    key = (name, n, np.dtype(dtype))
-    a = buffers.get(key)
-    if a is None or a.shape[0] < rows:
-        a = buffers[key] = np.empty((rows, n), dtype=dtype)
-    return a[:rows]
 
 
 def slot_parts(values, n: int) -> np.ndarray:

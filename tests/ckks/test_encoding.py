@@ -145,8 +145,8 @@ def test_encode_rows_errors():
         slot_parts(np.zeros(10), 32)
 
 
-def test_encode_rows_reuses_its_scratch_without_mixing_calls_or_threads(rng):
-    """Consecutive calls and calls from several threads at once (each thread's scratch arrays) give encode's bits."""
+def test_encode_rows_from_consecutive_calls_and_threads(rng):
+    """Consecutive calls and calls from several threads at once give encode's bits."""
     from concurrent.futures import ThreadPoolExecutor
 
     from caramel.ckks.encoding import encode_rows

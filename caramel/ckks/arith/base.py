@@ -127,7 +127,9 @@ class ClientArith(abc.ABC):
         """:func:`caramel.ckks.encoding.encode_rows` of P vectors on this implementation: host float64 rows
         ``parts`` (P, N) [re | im] at ``scales``; an int64 row is written into ``out`` ((P, N) of :attr:`xp`) and
         returned as its view, a row with a coefficient of 2^62 or more as a host object array. The encoding is
-        whole-array IEEE operations of :attr:`xp` in one order, so every implementation gives the same bits."""
+        whole-array IEEE operations of :attr:`xp` in one order, so every implementation gives the same bits. Here on
+        the host's tables (:func:`~caramel.ckks.encoding.encode_tables`): an implementation on another array module
+        copies them there (:meth:`GpuArith.encode_rows <caramel.ckks.arith.gpu.GpuArith.encode_rows>`)."""
         from caramel.ckks.encoding import encode_rows
 
         return encode_rows(self.put(parts), scales, n, out, xp=self.xp)
