@@ -250,21 +250,21 @@ def input_plan(program: Program, ctx: Context, spec: CheckSpec) -> InputPlan:
 
 #: Threads that draw the slot values of vector inputs for :func:`draw_inputs` (NumPy's generator runs without the
 #: GIL; the instances of an executor share them).
-ENCODE_THREADS = max(1, min(16, cores.available() - 1))
+DRAW_THREADS = max(1, min(16, cores.available() - 1))
 #: Plaintexts per drawing task of :func:`draw_inputs`: enough that a task's Python steps are few beside its draws,
 #: few enough that an instance's plaintexts spread over the threads.
-ENCODE_ROWS = 16
-_encoders: list[ThreadPoolExecutor] = []
+DRAW_ROWS = 16
+_drawers: list[ThreadPoolExecutor] = []
 
 
-def _encoder() -> ThreadPoolExecutor:
-    if not _encoders:
-        _encoders.append(ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="caramel-encode"))
-    return _encoders[0]
+def _drawer() -> ThreadPoolExecutor:
+    if not _drawers:
+        _drawers.append(ThreadPoolExecutor(DRAW_THREADS, thread_name_prefix="caramel-draw"))
+    return _drawers[0]
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_encoders.clear)  # a forked child has none of the parent's threads
+    os.register_at_fork(after_in_child=_drawers.clear)  # a forked child has none of the parent's threads
 
 
 class _Draw:
@@ -363,7 +363,7 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     ``names`` draw nothing, as supplied inputs there draw nothing.
 
     The same bits as there, made in bulk: the uniform draws counted, then made where they are used
-    (:class:`_Uniform`: a plaintext's values :data:`ENCODE_ROWS` at a time on :data:`ENCODE_THREADS` threads),
+    (:class:`_Uniform`: a plaintext's values :data:`DRAW_ROWS` at a time on :data:`DRAW_THREADS` threads),
     the plaintexts encoded all at once on the client's device
     (:meth:`~caramel.ckks.arith.base.ClientArith.encode_rows`: the GPU client transforms them on the GPU) and
     put in NTT form there (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded on
@@ -404,8 +404,8 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     draws.flush()
     plain = [name for name, obj in objects.items() if obj is None and spec.inputs[name].kind != InputKind.SCALAR]
     parts = np.empty((len(plain), n))
-    tasks = [_encoder().submit(_fill_parts, [sources[x] for x in plain[r0 : r0 + ENCODE_ROWS]], n,
-                               parts[r0 : r0 + ENCODE_ROWS]) for r0 in range(0, len(plain), ENCODE_ROWS)]
+    tasks = [_drawer().submit(_fill_parts, [sources[x] for x in plain[r0 : r0 + DRAW_ROWS]], n,
+                               parts[r0 : r0 + DRAW_ROWS]) for r0 in range(0, len(plain), DRAW_ROWS)]
     for task in tasks:
         task.result()
     dev = chosen()

@@ -25,7 +25,7 @@ def test_a_process_on_one_core_sizes_its_pools_by_it():
         "from caramel.ckks import check",
         "from caramel.backends.cuda import compiler",
         "from caramel.options import RunOptions",
-        "print(json.dumps([cores.available(), instance.ENCODE_THREADS, check.ENCODE_THREADS,",
+        "print(json.dumps([cores.available(), instance.DRAW_THREADS, check.ENCODE_THREADS,",
         "                  compiler.default_workers(), executor.preparers(RunOptions())]))",
     ])
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
