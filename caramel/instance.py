@@ -405,7 +405,7 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     plain = [name for name, obj in objects.items() if obj is None and spec.inputs[name].kind != InputKind.SCALAR]
     parts = np.empty((len(plain), n))
     tasks = [_drawer().submit(_fill_parts, [sources[x] for x in plain[r0 : r0 + DRAW_ROWS]], n,
-                               parts[r0 : r0 + DRAW_ROWS]) for r0 in range(0, len(plain), DRAW_ROWS)]
+                              parts[r0 : r0 + DRAW_ROWS]) for r0 in range(0, len(plain), DRAW_ROWS)]
     for task in tasks:
         task.result()
     dev = chosen()
