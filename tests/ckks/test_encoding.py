@@ -102,6 +102,24 @@ def test_ring_automorphism_rotates_slots_left(n, rng):
         assert np.max(np.abs(decode(m, 2.0**30) - want)) < 2**-20, k
 
 
+@pytest.mark.parametrize("n", [2, 4, 8, 64, 4096])
+def test_the_transform_is_the_dft(n, rng):
+    """fft_rows (the encoding's transform, M = N/2 points: none, one and several stages) against NumPy's FFT."""
+    from caramel.ckks.encoding import encode_tables, fft_rows
+
+    m = n // 2
+    x = rng.standard_normal((3, m)) + 1j * rng.standard_normal((3, m))
+    re, im = fft_rows(np.ascontiguousarray(x.real), np.ascontiguousarray(x.imag), encode_tables(n))
+    want = np.fft.fft(x, axis=1)
+    assert np.max(np.abs(re + 1j * im - want)) <= 1e-14 * np.max(np.abs(want)) * max(1, np.log2(m))
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_round_trip_at_the_smallest_rings(n, rng):
+    z = _values(rng, n)
+    assert np.max(np.abs(decode(encode(z, 2.0**40, n), 2.0**40) - z)) < 2**-30
+
+
 def test_encode_float_is_unscaled(rng):
     z = _values(rng, 32)
     m = encode_float(z, 32)
