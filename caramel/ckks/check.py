@@ -83,6 +83,7 @@ import numpy as np
 
 from caramel import cores
 from caramel.ckks.bind import InputKind, Requirements, bind_inputs, read_outputs, requirements
+from caramel.ckks.device import host_array
 from caramel.ckks.encoding import decode, encode, rotate_slots
 from caramel.ckks.encrypt import Ciphertext, decrypt_values, encrypt
 from caramel.ckks.expr import REDUCTIONS, ExprError, evaluate, parse
@@ -404,7 +405,7 @@ class DecodedInputs(Mapping[str, Any]):
         pending = self._pending.pop(name, None)
         if pending is not None:
             coeffs, scale, n = pending
-            self._items[name] = decode(coeffs if isinstance(coeffs, np.ndarray) else coeffs.get(), scale, n)
+            self._items[name] = decode(host_array(coeffs), scale, n)
         return self._items[name]
 
     def __iter__(self) -> Iterator[str]:
