@@ -314,16 +314,16 @@ def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = 
             group_ins.append(set())
         members, seen = groups[best], group_ins[best]
         members.append(j)
+        new = ins - seen
+        seen |= ins
         if len(members) < max_outputs:
-            for b in ins - seen:
+            for b in new:
                 gs = index.get(b)
                 if gs is None:
                     index[b] = {best: None}
                 else:
                     gs[best] = None
-            seen |= ins
         else:  # full: out of the index
-            seen |= ins
             for b in seen:
                 gs = index.get(b)
                 if gs:
