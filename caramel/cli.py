@@ -731,7 +731,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     modules = precompile(progs, plan, ctx, [Mode(args.mode)], progress=False if args.quiet else None)
     wait_for_warm_up()
     # Mostly compiled by the warm-up already: found in the cache (an error the warm-up only logged is raised here).
-    client = compile_sources(client_jobs(ctx) + encoding_jobs(ctx) + backend_jobs(ctx.n) + lane_jobs(),
+    client = compile_sources(client_jobs(ctx) + encoding_jobs() + backend_jobs(ctx.n) + lane_jobs(),
                              progress=False)
     print(f"{modules} kernel modules compiled for N = {args.n}, mode {args.mode}, {len(progs)} device(s), and the GPU "
           f"client's and the executor's {client} other kernels, in {time.perf_counter() - t0:.1f} s")

@@ -89,8 +89,8 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
     the compile pool (:func:`caramel.backends.cuda.compiler.schedule`, every core) every kernel of the GPU client
     (:func:`caramel.ckks.gpu_kernels.client_jobs`) and, behind them, the executor's modules known before any
     plan (:meth:`~caramel.backends.cuda.kernel_set.KernelSet.ring`, for arithmetic mode ``mode``: None, exact),
-    its helpers' array kernels and the encoding's (:func:`~caramel.ckks.gpu_kernels.encoding_jobs`, first needed
-    after the keys); make the CUDA context meanwhile (NVRTC needs none); wait for the client's
+    its helpers' array kernels and the encoding's module (:func:`~caramel.ckks.gpu_kernels.encoding_jobs`, first
+    needed after the keys); make the CUDA context meanwhile (NVRTC needs none); wait for the client's
     kernels only (the executor's go on compiling while the program loads and plans, and its precompile finds
     them done); build the ring's twiddle tables; last, encrypt a zero message once
     (:func:`load_client_kernels`: anything the tables missed compiles here). The GPU client waits for it before
@@ -118,7 +118,7 @@ def warm_up(n: int, mode=None, *, always: bool = False) -> None:
             client = client_jobs(ctx)
             mine = {m.key for m in client if hasattr(m, "key")}
             executor = [m for key, m in KernelSet(ctx).ring([Mode(mode or Mode.EXACT)]).modules.items()
-                        if key not in mine] + backend_jobs(n) + encoding_jobs(ctx)
+                        if key not in mine] + backend_jobs(n) + encoding_jobs()
             # Queued before the context exists: NVRTC needs none (a module's load waits for it).
             batch = compiler.schedule(client)
             compiler.schedule(executor)  # behind the client's: compiled while the program loads and plans

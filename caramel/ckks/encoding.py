@@ -194,14 +194,9 @@ def slot_parts(values, n: int) -> np.ndarray:
     return np.concatenate([z.real, z.imag])
 
 
-def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables | None = None) -> list:
-    """:func:`encode` of several vectors at once: row p of ``parts`` (P, N) float64 (an array of ``xp``) is
-    [re | im] of vector p (:func:`slot_parts`; a real vector has im = 0), encoded at ``scales[p]`` (host
-    numbers). Returns per row encode(re + 1j * im, scales[p], n), bit for bit: the same coefficients
-    (:func:`_coefficients`), each multiplied by its scale and rounded (``rint``, ties to even). An int64 row is
-    written into ``out[p]`` (default a new (P, N) int64 array of ``xp``) and returned as that view; a row with a
-    coefficient of 2^62 or more is a host object array of Python ints (:func:`float_to_int`). ``tables``: those
-    of :func:`encode_tables` on ``xp`` (default the host's)."""
+def checked_rows(parts, scales, n: int, xp=np):
+    """(``parts`` as float64 rows of ``xp``, ``scales`` as a host (P, 1) float64 column) for :func:`encode_rows`:
+    an :class:`ArgumentError` for rows that are not N long or a scale that is not positive."""
     _check_n(n)
     parts = xp.asarray(parts, dtype=np.float64)
     rows = parts.shape[0] if parts.ndim == 2 else 0
@@ -210,6 +205,26 @@ def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables 
     host_scales = np.asarray(scales, dtype=np.float64).reshape(rows, 1)
     if not np.all(host_scales > 0):
         raise ArgumentError(f"scale must be positive, got {host_scales.ravel().tolist()}")
+    return parts, host_scales
+
+
+def rounded_rows(x, fits, out) -> list:
+    """Per row of the rounded coefficients ``x`` ((P, N) float64, host or device): ``out[p]`` (already holding
+    its int64 values) where ``fits[p]`` (a host bool per row: every |x| < 2^62), else the row as Python ints
+    (:func:`float_to_int`, which raises for a non-finite value)."""
+    return [out[p] if fits[p] else float_to_int(x[p].get() if hasattr(x, "get") else x[p]) for p in range(len(fits))]
+
+
+def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables | None = None) -> list:
+    """:func:`encode` of several vectors at once: row p of ``parts`` (P, N) float64 (an array of ``xp``) is
+    [re | im] of vector p (:func:`slot_parts`; a real vector has im = 0), encoded at ``scales[p]`` (host
+    numbers). Returns per row encode(re + 1j * im, scales[p], n), bit for bit: the same coefficients
+    (:func:`_coefficients`), each multiplied by its scale and rounded (``rint``, ties to even). An int64 row is
+    written into ``out[p]`` (default a new (P, N) int64 array of ``xp``) and returned as that view; a row with a
+    coefficient of 2^62 or more is a host object array of Python ints (:func:`float_to_int`). ``tables``: those
+    of :func:`encode_tables` on ``xp`` (default the host's). :data:`ENCODE_SRC` is the same on CUDA."""
+    parts, host_scales = checked_rows(parts, scales, n, xp)
+    rows = parts.shape[0]
     out = xp.empty((rows, n), dtype=np.int64) if out is None else out
     if rows == 0:
         return []
@@ -222,13 +237,76 @@ def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables 
     xp.rint(x, out=x)
     fits = (x.max(axis=1) < INT64_LIMIT) & (x.min(axis=1) > -INT64_LIMIT)  # False for a row with nan
     fits = fits.get() if hasattr(fits, "get") else fits
-    if fits.all():
-        out[...] = x  # exact: integers below 2^62
-        return list(out)
     for p in np.flatnonzero(fits):
-        out[p] = x[p]
-    return [out[p] if fits[p] else float_to_int(x[p].get() if hasattr(x, "get") else x[p])
-            for p in range(rows)]  # float_to_int: Python ints, or the error of a non-finite value
+        out[p] = x[p]  # exact: integers below 2^62
+    return rounded_rows(x, fits, out)
+
+
+#: :func:`encode_rows` in CUDA: the same IEEE operations in the same order, each rounded on its own
+#: (``__dmul_rn``, ``__dadd_rn``, ``__dsub_rn``: never fused into a multiply-add), so that the GPU client's encodings
+#: are the host's bit for bit. Rows are blockIdx.y; re and im of the transform are separate (P, M) arrays.
+#: ``encode_gather``: the FFT input (:attr:`EncodeTables.gather`); ``encode_stage``: stage t of :func:`fft_rows`
+#: (Ns = ``ns``; stage 0, Ns = 1, has no twiddle); ``encode_round``: the twist, the scale, ``rint``, the int64 rows and
+#: a flag per row with a coefficient of 2^62 or more (or not finite), as :func:`_coefficients` and :func:`encode_rows`.
+ENCODE_SRC = r"""
+extern "C" __global__ void encode_gather(const double* __restrict__ parts, const long long* __restrict__ g,
+                                         double* __restrict__ yr, double* __restrict__ yi, int m) {
+    const long long r = blockIdx.y;
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= m) return;
+    const double* row = parts + r * 2 * m;
+    yr[r * m + s] = row[g[s]];
+    yi[r * m + s] = row[g[m + s]];
+}
+
+extern "C" __global__ void encode_stage(const double* __restrict__ xr, const double* __restrict__ xi,
+                                        double* __restrict__ yr, double* __restrict__ yi,
+                                        const double* __restrict__ wr, const double* __restrict__ wi, int m, int ns) {
+    const long long row = (long long)blockIdx.y * m;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int half = m >> 1;
+    if (j >= half) return;
+    const int k = j & (ns - 1);
+    const double ar = xr[row + j], ai = xi[row + j];
+    double br = xr[row + j + half], bi = xi[row + j + half];
+    if (ns > 1) {
+        const double c = wr[k], d = wi[k];
+        const double pr = __dsub_rn(__dmul_rn(br, c), __dmul_rn(bi, d));
+        const double pi = __dadd_rn(__dmul_rn(br, d), __dmul_rn(bi, c));
+        br = pr;
+        bi = pi;
+    }
+    const long long o = row + 2 * (j - k) + k;
+    yr[o] = __dadd_rn(ar, br);
+    yi[o] = __dadd_rn(ai, bi);
+    yr[o + ns] = __dsub_rn(ar, br);
+    yi[o + ns] = __dsub_rn(ai, bi);
+}
+
+extern "C" __global__ void encode_round(const double* __restrict__ xr, const double* __restrict__ xi,
+                                        const double* __restrict__ zr, const double* __restrict__ zi,
+                                        const double* __restrict__ scales, double* __restrict__ x,
+                                        long long* __restrict__ out, int* __restrict__ over, int m) {
+    const long long r = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m) return;
+    const double a = xr[r * m + i], b = xi[r * m + i], c = zr[i], d = zi[i], s = scales[r];
+    const double u = rint(__dmul_rn(__dsub_rn(__dmul_rn(a, c), __dmul_rn(b, d)), s));
+    const double v = rint(__dmul_rn(__dadd_rn(__dmul_rn(a, d), __dmul_rn(b, c)), s));
+    const long long at = r * 2 * m + i;
+    x[at] = u;
+    x[at + m] = v;
+    const double limit = 4611686018427387904.0;  /* 2^62: INT64_LIMIT */
+    if (u < limit && u > -limit && v < limit && v > -limit) {
+        out[at] = (long long)u;
+        out[at + m] = (long long)v;
+    } else {
+        over[r] = 1;
+    }
+}
+"""
+#: The kernels of :data:`ENCODE_SRC`.
+ENCODE_KERNELS = ("encode_gather", "encode_stage", "encode_round")
 
 
 def encode_float(values, n: int) -> np.ndarray:

@@ -6,10 +6,10 @@ kernels:
 * CUDA modules of caramel's own source, compiled through the source-keyed cache
   (:mod:`caramel.backends.cuda.compiler`): the transform and the ring's twiddle kernels (the executor's own, shared
   with it), NumPy's PCG64 words (:mod:`caramel.ckks.pcg`), the Lemire and binomial replays
-  (:mod:`caramel.ckks.sampling`);
+  (:mod:`caramel.ckks.sampling`), and the plaintexts' encoding (:data:`caramel.ckks.encoding.ENCODE_SRC`,
+  :func:`encoding_jobs`);
 * the kernels CuPy generates for the array operations of the client's formulas (:mod:`caramel.ckks.arith.base`,
-  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`): :data:`ARRAY_KERNELS`, and those of the
-  plaintexts' encoding (:func:`~caramel.ckks.encoding.encode_rows`): :data:`ENCODE_KERNELS`,
+  :func:`~caramel.ckks.rns.mulmod`, :func:`~caramel.ckks.rns.to_residues`): :data:`ARRAY_KERNELS`,
   each the very call a formula makes, in the same form (a ufunc or an operator, the same operand types, a Python
   float where the formula has one), made once on small arrays of the same types and layout
   (:class:`~caramel.backends.cuda.array_kernels.ArrayKernel`).
@@ -53,16 +53,6 @@ def _in_place(op: str, dtype):
         else:
             c += x
     return launch
-
-
-def _encode_rows(cp, n: int) -> None:
-    """GpuArith.encode_rows twice: every row below 2^62 (one cast of the rows), and a row of Python ints (a cast per
-    row that fits, the other copied to the host)."""
-    from caramel.ckks.arith.gpu import GpuArith
-
-    dev = GpuArith(array_module=cp)
-    for scales in ([1.0] * ROWS, [1.0] * (ROWS - 1) + [2.0**80]):
-        dev.encode_rows(np.ones((ROWS, n)), scales, n, cp.empty((ROWS, n), dtype=_I64))
 
 
 def _residue_row(cp, n: int):
@@ -118,12 +108,6 @@ ARRAY_KERNELS = (
 )
 
 
-#: The array kernels of the plaintexts' encoding (:meth:`~caramel.ckks.arith.gpu.GpuArith.encode_rows`: the
-#: transform's stages, twist, scale, rounding, int64 rows): needed only once inputs are drawn, after the keys, so the
-#: warm-up queues them behind the client's kernels and waits for none of them (:func:`encoding_jobs`).
-ENCODE_KERNELS = (ArrayKernel("GpuArith.encode_rows", _encode_rows, weight=4.0),)
-
-
 def client_modules(ctx) -> list:
     """The CUDA modules of the client at ring ``ctx`` (:class:`~caramel.backends.cuda.kernel_set.Module`): the
     transform, the twiddle kernels and the plaintexts' residues (for N = 2^12 .. 2^16, where the client transforms on
@@ -151,9 +135,14 @@ def client_jobs(ctx) -> list:
     return client_modules(ctx) + [k.at(ctx.n) for k in ARRAY_KERNELS]
 
 
-def encoding_jobs(ctx) -> list:
-    """The encoding's array kernels at ring ``ctx`` (:data:`ENCODE_KERNELS`) as jobs of the compile pool."""
-    return [k.at(ctx.n) for k in ENCODE_KERNELS]
+def encoding_jobs() -> list:
+    """The module of the plaintexts' encoding (:data:`caramel.ckks.encoding.ENCODE_SRC`), first needed once inputs
+    are drawn, after the keys: the warm-up queues it behind the client's kernels and waits for it nowhere."""
+    from caramel.backends.cuda.compiler import NVRTC_OPTIONS
+    from caramel.backends.cuda.kernel_set import Module
+    from caramel.ckks.encoding import ENCODE_KERNELS, ENCODE_SRC
+
+    return [Module(("encode",), ((ENCODE_SRC, ENCODE_KERNELS, NVRTC_OPTIONS),))]
 
 
-__all__ = ["ARRAY_KERNELS", "ENCODE_KERNELS", "client_jobs", "client_modules", "column", "encoding_jobs"]
+__all__ = ["ARRAY_KERNELS", "client_jobs", "client_modules", "column", "encoding_jobs"]

@@ -63,6 +63,19 @@ def _residue_kernel():
     return function(RESIDUE_ROWS_SRC, "residue_rows")
 
 
+#: Threads a block of the encoding's kernels (:data:`caramel.ckks.encoding.ENCODE_SRC`).
+_ENCODE_THREADS = 256
+
+
+def _encode_kernels():
+    """The kernels of :data:`caramel.ckks.encoding.ENCODE_SRC` on the current device, through the source-keyed
+    compile cache (the warm-up's :func:`caramel.ckks.gpu_kernels.encoding_jobs` compiles them ahead)."""
+    from caramel.backends.cuda.compiler import function
+    from caramel.ckks.encoding import ENCODE_KERNELS, ENCODE_SRC
+
+    return tuple(function(ENCODE_SRC, name) for name in ENCODE_KERNELS)
+
+
 def _import_cupy():
     try:
         import cupy
@@ -76,8 +89,8 @@ def _import_cupy():
 class GpuArith(ClientArith):
     """The GPU implementation of :class:`~caramel.ckks.arith.base.ClientArith`.
 
-    ``array_module``: the array module (None: CuPy, imported on first use); ``cuda_ntt``: N = 2^12
-    .. 2^16 transform on caramel's CUDA kernels (needs CuPy); ``chunk_residues``: the array NTT
+    ``array_module``: the array module (None: CuPy, imported on first use); ``cuda_ntt``: the N = 2^12
+    .. 2^16 transform and the encoding's on caramel's CUDA kernels (needs CuPy); ``chunk_residues``: the array NTT
     (other N) transforms rows in chunks of about this many residues (eight bytes each, three buffers)."""
 
     array_module: Any = None
@@ -130,17 +143,37 @@ class GpuArith(ClientArith):
         return self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES
 
     def encode_rows(self, parts, scales, n: int, out) -> list:
-        """:meth:`ClientArith.encode_rows` on the device: one copy of the rows, the transform as array operations
-        of :attr:`xp` on the encoding's tables (:func:`~caramel.ckks.encoding.encode_tables`, copied once per ring
-        degree and device)."""
-        from caramel.ckks.encoding import encode_rows, encode_tables
+        """:meth:`ClientArith.encode_rows` on caramel's CUDA kernels (:attr:`cuda_ntt`;
+        :data:`~caramel.ckks.encoding.ENCODE_SRC`, the host's operations in its order): one copy of the rows to the
+        device, one launch to gather the transform's input, one per stage of the transform, one for the twist,
+        scale, rounding and int64 rows, one copy back of a flag per row (a row of Python ints is copied down and
+        converted on the host). Else the array operations of :attr:`xp` (the same bits)."""
+        from caramel.ckks.encoding import checked_rows, encode_rows, encode_tables, rounded_rows
 
         xp = self.xp
         key = (n, id(xp), self.place())
         tables = _encode_tables.get(key)
         if tables is None:
             tables = _encode_tables[key] = encode_tables(n).on(xp.asarray)
-        return encode_rows(xp.asarray(parts), scales, n, out, xp=xp, tables=tables)
+        if not self.cuda_ntt:
+            return encode_rows(xp.asarray(parts), scales, n, out, xp=xp, tables=tables)
+        parts, host_scales = checked_rows(parts, scales, n, xp)
+        rows, m = parts.shape[0], n // 2
+        if rows == 0:
+            return []
+        gather, stage, finish = _encode_kernels()
+        src, dst = (xp.empty((rows, m)), xp.empty((rows, m))), (xp.empty((rows, m)), xp.empty((rows, m)))
+        grid = (-(-m // _ENCODE_THREADS), rows)
+        gather(grid, (_ENCODE_THREADS,), (parts, tables.gather, *src, np.int32(m)))
+        half = (-(-max(m // 2, 1) // _ENCODE_THREADS), rows)
+        ns, t = 1, 0
+        while ns < m:
+            w = tables.stages[t - 1] if t else tables.twist  # stage 0 reads no twiddle
+            stage(half, (_ENCODE_THREADS,), (*src, *dst, *w, np.int32(m), np.int32(ns)))
+            src, dst, ns, t = dst, src, 2 * ns, t + 1
+        x, over = xp.empty((rows, n)), xp.zeros(rows, dtype=np.int32)
+        finish(grid, (_ENCODE_THREADS,), (*src, *tables.twist, xp.asarray(host_scales), x, out, over, np.int32(m)))
+        return rounded_rows(x, over.get() == 0, out)
 
     def plaintext_rows(self, coeffs, ctx, groups):
         """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_cuda_sizes`, int64
