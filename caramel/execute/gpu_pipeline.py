@@ -164,6 +164,12 @@ class GpuRowLane:
             self.dst = cp.asarray(_addresses(base, self.layout.rows, self.row_bytes))
             self.out_src = cp.asarray(_addresses(base, self.layout.out_rows, self.row_bytes))
             self.slots = [_Slot(self) for _ in range(self.depth)]
+            # The address tables and slot buffers above were made on the current stream (CuPy's uploads are
+            # asynchronous there); the lane's streams are non-blocking and would not wait for it.
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record()
+            for stream in (self.compute, self.up, self.down):
+                stream.wait_event(ready)
             if len(self.layout.out_rows):  # compiles and loads copy_rows now, not in the first instance
                 slot = self.slots[0]
                 self._copy(self.out_src[:1], slot.out_dst[:1], slot.out_max[:1], 1)

@@ -108,3 +108,42 @@ def test_a_residue_out_of_range_found_on_the_device_fails_alone():
             futures[1].result()
         digests = {futures[k].result().digest for k in (0, 2)}
     assert digests == {single(program, 6, 6)}
+
+
+SPIN_SRC = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def test_a_lane_waits_for_its_uploads_on_the_current_stream(monkeypatch):
+    """The lane's address tables are uploaded on the caller's current stream, and its own streams are non-blocking:
+    built while that stream is still busy (0.3 s of work queued there just before the uploads), the lane's set-up
+    copy and its instances wait for the uploads (else they read addresses not yet written), so the set-up ends after
+    that work, and the instances equal their single runs."""
+    import caramel.execute.gpu_pipeline as pipeline
+
+    spin, addresses, queued = cp.RawKernel(SPIN_SRC, "spin"), pipeline._addresses, []
+
+    def busy_then(*args):
+        if not queued:
+            spin((1,), (1,), (np.uint64(300_000_000),))
+            queued.append(cp.cuda.get_current_stream())
+        return addresses(*args)
+
+    init, waited = pipeline.GpuRowLane.__init__, []
+
+    def lane_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        waited.append(queued[0].done)  # the set-up waited for the work ahead of its uploads
+
+    monkeypatch.setattr(pipeline, "_addresses", busy_then)
+    monkeypatch.setattr(pipeline.GpuRowLane, "__init__", lane_init)
+    program = load_program(ROOT / "programs" / "MulRotate_4L_1c", progress=False)
+    with Executor(program, n=N, backend="gpu", seed=4, check=None, client="cpu") as ex:
+        results = list(ex.map([None] * 2))
+    assert waited == [True]
+    assert [r.digest for r in results] == [single(program, 4 + i, 4) for i in range(2)]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from caramel.backends.cuda.compiler import function, read_cuh
+from caramel.backends.cuda.transfer import settled
 
 #: Prime table row width (uint32 words).
 PRIME_ROW = 8
@@ -166,7 +167,7 @@ class CudaRing:
     def prime_table(self):
         """Device uint32 array (P, 8) of per-prime constants (see the module docstring)."""
         if self._prime_table is None:
-            self._prime_table = cupy().asarray(self.prime_rows)
+            self._prime_table = settled(cupy().asarray(self.prime_rows))
         return self._prime_table
 
     def host_twiddles(self) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +192,7 @@ class CudaRing:
             tables = twiddle_tables(self.primes, self.n, cp)
             if tables is None:  # a prime without a root: the host tables raise the reference's error
                 tables = tuple(cp.asarray(t) for t in self.host_twiddles())
-            self._twiddles = tuple(tables)
+            self._twiddles = settled(tuple(tables))
         return self._twiddles
 
     # ----------------------------------------------------------------- checks

@@ -15,7 +15,9 @@ that the host's ``memcpy`` into (or out of) one buffer overlaps the DMA of the o
   range check of an uploaded input image (:func:`caramel.execute.memory.check_ranges`);
 * :func:`pinned_scratch` and :func:`upload_pinned`: a thread's reused pinned buffer that a file is
   read into, and its bytes copied to a new device array at the pinned speed (the key store's
-  files, :func:`caramel.ckks.keystore.load_keys`).
+  files, :func:`caramel.ckks.keystore.load_keys`);
+* :func:`settled`: device arrays just made, once their stream is done with them (before a cache that every
+  thread reads publishes them).
 
 Both run on the current CUDA stream and return when the host side is done (``download``: the data is
 on the host; ``upload_rows``: every chunk is queued and the host buffers may be reused, the last
@@ -362,5 +364,16 @@ def upload_pinned(host: np.ndarray):
     return out
 
 
+def settled(value):
+    """``value`` (device arrays made on the current stream: uploads, kernels) once that stream has finished them.
+    A table cached for a whole device is read later on other threads' streams, which are non-blocking and never
+    wait for this one, so the cache stores it only settled (a stream being captured into a graph is left as it is:
+    tables are made before any capture)."""
+    stream = _cp().cuda.get_current_stream()
+    if not stream.is_capturing():
+        stream.synchronize()
+    return value
+
+
 __all__ = ["SMALL_BYTES", "STAGE_BYTES", "download", "is_device_array", "pinned_scratch", "row_maxima",
-           "upload_pinned", "upload_rows"]
+           "settled", "upload_pinned", "upload_rows"]

@@ -154,7 +154,7 @@ class GpuArith(ClientArith):
         key = (n, id(xp), self.place())
         tables = _encode_tables.get(key)
         if tables is None:
-            tables = _encode_tables[key] = encode_tables(n).on(xp.asarray)
+            tables = _encode_tables[key] = self._settled(encode_tables(n).on(xp.asarray))
         if not self.cuda_ntt:
             return encode_rows(xp.asarray(parts), scales, n, out, xp=xp, tables=tables)
         parts, host_scales = checked_rows(parts, scales, n, xp)
@@ -202,6 +202,15 @@ class GpuArith(ClientArith):
         cuda_ntt.ntt(cuda_ring(ctx), out, slots, slots, cp.asarray(np.array(flat, dtype=np.int32)))
         return out
 
+    def _settled(self, tables):
+        """``tables``, arrays of :attr:`xp` for a cache that every thread reads: on a CUDA module once the current
+        stream has made them (:func:`caramel.backends.cuda.transfer.settled`)."""
+        if not hasattr(self.xp, "cuda"):
+            return tables
+        from caramel.backends.cuda.transfer import settled
+
+        return settled(tables)
+
     def _twiddles(self, table, forward: bool):
         """(w, w') of ``table`` (:meth:`caramel.ring.NttTable.kernel_tables`) as uint64 arrays of
         :attr:`xp`, copied once per table, direction and device."""
@@ -210,7 +219,8 @@ class GpuArith(ClientArith):
         per_table = _tables.setdefault(table, {})
         got = per_table.get(key)
         if got is None:
-            got = per_table[key] = tuple(xp.asarray(w.astype(np.uint64)) for w in table.kernel_tables(forward))
+            got = per_table[key] = self._settled(tuple(xp.asarray(w.astype(np.uint64))
+                                                        for w in table.kernel_tables(forward)))
         return got
 
     def get_in_background(self, arrays) -> list[Future]:

@@ -14,6 +14,7 @@ import weakref
 import numpy as np
 
 from caramel.backends.cuda.context import CudaRing, cupy
+from caramel.backends.cuda.transfer import settled
 from caramel.backends.cuda.ntt.common import COLS, ROW_LOG, WPITCH
 
 #: Entry e of a prime's split-factor table for the warp-tile row kernels is tw[TL_INDEX[e]]: stage 4 + d
@@ -59,7 +60,7 @@ def warp_tables(ring: CudaRing, inverse: bool, sf: int):
         tw = ring.twiddles[1 if inverse else 0]
         index = np.concatenate([np.asarray(TL_INDEX, dtype=np.int64),
                                 warp_table_index(ring.logn - ROW_LOG, sf).reshape(-1)])
-        tables[inverse, sf] = cp.ascontiguousarray(tw[:, cp.asarray(index)])
+        tables[inverse, sf] = settled(cp.ascontiguousarray(tw[:, cp.asarray(index)]))
     return tables[inverse, sf]
 
 
