@@ -239,9 +239,9 @@ def key_secret_rows(ctx, key_id: EvalKeyId, secrets: Secrets, limbs, arith: Clie
         return eph, s, None
     qcol = arith.prime_column(ctx, limbs)
     if t == KeyType.RELIN:
-        return s, arith.mulmod(s, s, qcol).astype(np.uint32), None
+        return s, arith.mulmod(s, s, qcol), None
     factor = arith.put(np.array([ctx.q(key_id.level - 1) % ctx.q(l) for l in limbs], dtype=np.uint64)[:, None])
-    return s, arith.mulmod(s if t == KeyType.BOOTSTRAP else eph, factor, qcol).astype(np.uint32), None  # BOOTSTRAP(2)
+    return s, arith.mulmod(s if t == KeyType.BOOTSTRAP else eph, factor, qcol), None  # BOOTSTRAP(2)
 
 
 def redraw_a(ctx, limbs, a_state: PcgState, xp=None):

@@ -358,7 +358,7 @@ def lemire_state_rows(qs, n: int, st: "PcgState", xp=np):
     counts = cp.empty((k, width), dtype=np.int32)
     starts = cp.empty(k, dtype=np.int64)
     limits = cp.empty(k, dtype=np.int64)
-    status = cp.ones(2, dtype=np.int64)
+    status = cp.asarray(np.ones(2, dtype=np.int64))  # a copy: CuPy's ones is a kernel to compile
     out = cp.empty((k, n), dtype=np.uint32)
     first, hf = np.uint32(st.uinteger if h0 else 0), np.int32(h0)
     _lemire_kernel("lemire_counts")((k,), (1024,), (raw, first, hf, p, np.int32(k), np.int64(width), counts))

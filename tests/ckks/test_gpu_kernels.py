@@ -1,12 +1,13 @@
 """The GPU client's kernels compiled ahead (caramel.ckks.gpu_kernels), checked without a GPU.
 
 CuPy compiles a kernel for each array operation it meets, keyed by the operation and its operands' types and layout.
-Here the client's formulas run on a *tracing* array module (NumPy underneath) that records every array call in that
-shape: the operation, and per operand its dtype and its layout after CuPy's merging of dimensions (a Python scalar by
-its type). Key generation of every key type, encryption, encoding and decryption record what a GPU run compiles; the
-table of array kernels (ARRAY_KERNELS), run on the same module, must make every one of those calls. Only the CUDA
-kernels themselves (the transform, the PCG64 words, the Lemire replay) are replaced, by their host twins, and the
-traced client's keys are checked against the host client's, bit for bit.
+Here the client runs on a *tracing* array module (NumPy underneath) that records every array call in that shape: the
+operation, and per operand its dtype and its layout after CuPy's merging of dimensions (a Python scalar by its type).
+caramel's own CUDA kernels (the transform, the row formulas, the encoding, the PCG64 words, the Lemire and binomial
+replays) are replaced by host twins, each the kernel's arithmetic in NumPy, so that the traced client's keys,
+ciphertexts, decryptions and encodings are checked against the host client's, bit for bit. Key generation of every
+key type, encryption, decryption and encoding must then make no array call at all at the sizes of caramel's NTT
+(a GPU run compiles no CuPy kernel), while the array formulas of other sizes make many (the tracer sees them).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import pytest
 
 from caramel.backends.cuda import array_kernels
 from caramel.ckks import Secrets, gpu_kernels, pcg, sampling
-from caramel.ckks.arith import HOST, GpuArith
+from caramel.ckks.arith import HOST, GpuArith, small_residues
 from caramel.ckks.arith import gpu as gpu_arith
 from caramel.ckks.encrypt import decrypt, encrypt
 from caramel.ckks.keys import generate_evalkey
+from caramel.ckks.rns import mulmod
 from caramel.ckks.sampling import PcgState
 
 from ckks_helpers import KEY_IDS, context
@@ -264,19 +266,74 @@ def host_kernels(monkeypatch):
             np.asarray(status)[...] = flag
         return launch
 
-    def residue_kernel():
-        def launch(grid, block, args):  # RESIDUE_ROWS_SRC: row r of plaintext p = its coefficients mod q_r
-            c, meta, plaintexts, n, out = (np.asarray(a) for a in args)
+    def rows_kernel(name):  # CLIENT_ROWS_SRC, each kernel as the host formula it replaces
+        def plain(x):  # np.uint64(0) is a null pointer; other scalars are values
+            return None if isinstance(x, np.uint64) else np.asarray(x) if isinstance(x, np.ndarray) else x
+
+        def residue_rows(c, meta, plaintexts, n, out):  # row r of plaintext p = its coefficients mod q_r
             c = c.reshape(int(plaintexts), int(n))
             qs = meta[int(plaintexts) + 1:]
             for p in range(int(plaintexts)):
                 for r in range(int(meta[p]), int(meta[p + 1])):
                     out.reshape(-1, int(n))[r] = np.mod(c[p], qs[r])
+
+        def small_rows(c, q, n, out):
+            out[...] = small_residues(c, q.reshape(-1, 1))
+
+        def rlwe_c0_rows(ne, a, s, m, perm, f, q, n, out):
+            q = q.reshape(-1, 1)
+            m = m if perm is None else np.take(m, perm, axis=1)
+            c = ne.astype(np.uint64) + q - mulmod(a, s, q)
+            c += m if f is None else mulmod(m, f.reshape(-1, 1), q)
+            out[...] = c % q
+
+        def decrypt_rows(c0, c1, s, q, n, out):
+            q = q.reshape(-1, 1)
+            out[...] = (mulmod(c1, s, q) + c0) % q
+
+        def mulmod_rows(a, b, bcol, q, n, out):
+            out[...] = mulmod(a, b if bcol is None else bcol.reshape(-1, 1), q.reshape(-1, 1))
+
+        def take_rows(src, idx, n, out):
+            out[...] = src if idx is None else src[idx]
+
+        twin = locals()[name]
+
+        def launch(grid, block, args):
+            twin(*(plain(a) for a in args))
         return launch
+
+    def encode_kernels():  # ENCODE_SRC: the same IEEE operations, each rounded, on whole rows
+        def gather(grid, block, args):
+            parts, g, yr, yi, m = (np.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+            m = int(m)
+            yr[...], yi[...] = parts[:, g[:m]], parts[:, g[m:]]
+
+        def stage(grid, block, args):
+            xr, xi, yr, yi, wr, wi, m, ns = (np.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+            m, ns = int(m), int(ns)
+            j = np.arange(m // 2)
+            k, o = j & (ns - 1), 2 * (j - (j & (ns - 1))) + (j & (ns - 1))
+            ar, ai, br, bi = xr[:, j], xi[:, j], xr[:, j + m // 2], xi[:, j + m // 2]
+            if ns > 1:
+                c, d = wr[k], wi[k]
+                br, bi = br * c - bi * d, br * d + bi * c
+            yr[:, o], yi[:, o], yr[:, o + ns], yi[:, o + ns] = ar + br, ai + bi, ar - br, ai - bi
+
+        def finish(grid, block, args):
+            xr, xi, zr, zi, scales, x, out, over, m = (np.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+            m = int(m)
+            u, v = np.rint((xr * zr - xi * zi) * scales), np.rint((xr * zi + xi * zr) * scales)
+            x[:, :m], x[:, m:] = u, v
+            fits = (np.abs(x) < 2.0**62).all(axis=1)
+            out[fits] = x[fits]
+            over[...] = ~fits
+        return gather, stage, finish
 
     monkeypatch.setattr(pcg, "device_words", device_words)
     monkeypatch.setattr(sampling, "_lemire_kernel", lemire_kernel)
-    monkeypatch.setattr(gpu_arith, "_residue_kernel", residue_kernel)
+    monkeypatch.setattr(gpu_arith, "_rows_kernel", rows_kernel)
+    monkeypatch.setattr(gpu_arith, "_encode_kernels", encode_kernels)
 
     def binomial_kernel():
         def launch(grid, block, args):  # BINOMIAL_SOURCE, one value at a time
@@ -298,11 +355,13 @@ def host_kernels(monkeypatch):
     monkeypatch.setattr(sampling, "_binomial_kernel", binomial_kernel)
 
 
-def client_calls() -> set:
-    """The array calls of the GPU client (on the tracing module): keys of every type, encryption and decryption of a
-    ciphertext of one limb and of several, the secret's rows. Checks the keys against the host client's."""
+def client_calls(cuda_ntt: bool = True) -> set:
+    """The array calls of the GPU client (on the tracing module; ``cuda_ntt``: on caramel's kernels, else on the
+    array formulas): keys of every type, encryption and decryption of a ciphertext of one limb and of several, the
+    secret's rows, the encoding of plaintexts (a row of Python ints among them). Checks every result against the
+    host client's."""
     xp = TracingXP()
-    dev = GpuArith(array_module=xp)
+    dev = GpuArith(array_module=xp, cuda_ntt=cuda_ntt)
     ctx = context(N)
     secrets = Secrets.generate(N, 3)
     with recording() as calls:
@@ -318,6 +377,11 @@ def client_calls() -> set:
             back = decrypt(ctx, secrets.s, ct, device=dev)
             assert np.array_equal(np.asarray(back), decrypt(ctx, secrets.s, host, device=HOST))
         dev.to_ntt_rows(coeffs, ctx, [2])
+        parts = np.random.default_rng(2).uniform(-1, 1, (3, N))
+        for scales in ([2.0**40, 2.0**30, 1.0], [2.0**40, 2.0**80, 1.0]):  # a row of Python ints in the second
+            got = dev.encode_rows(parts, scales, N, xp.empty((3, N), dtype=np.int64))
+            want = HOST.encode_rows(parts, scales, N, np.empty((3, N), dtype=np.int64))
+            assert all(np.array_equal(np.asarray(g), w) and g.dtype == w.dtype for g, w in zip(got, want))
     return calls
 
 
@@ -329,16 +393,21 @@ def table_calls(kernels) -> set:
     return calls
 
 
-def test_the_table_makes_every_array_call_of_the_client(host_kernels):
+def test_the_gpu_client_makes_no_array_call_at_the_ntt_sizes(host_kernels):
+    """Keys, encryption, decryption and encoding on caramel's kernels: no kernel for CuPy to compile."""
     made = client_calls()
-    assert len(made) > 20  # the tracer sees the formulas' calls
-    missing = made - table_calls(gpu_kernels.ARRAY_KERNELS)
-    assert not missing, f"array calls of the GPU client that ARRAY_KERNELS does not make: {sorted(map(str, missing))}"
+    assert not made, f"array calls of the GPU client: {sorted(map(str, made))}"
+
+
+def test_the_tracer_sees_the_array_formulas(host_kernels):
+    """The same steps on the array formulas make the calls that the tracer records (so an empty record above is the
+    client's, not the tracer's)."""
+    assert len(client_calls(cuda_ntt=False)) > 20
 
 
 def test_each_entry_makes_a_call():
-    """No dead entry: every array kernel of the tables launches something."""
-    for k in gpu_kernels.ARRAY_KERNELS + array_kernels.BACKEND_KERNELS:
+    """No dead entry: every array kernel of the executor's helpers launches something."""
+    for k in array_kernels.BACKEND_KERNELS:
         assert table_calls([k]), k.site
 
 
@@ -363,19 +432,17 @@ def test_the_tracer_tells_layouts_apart():
 
 def test_client_jobs_name_every_kernel_without_a_gpu():
     """The client's jobs at N = 2^16: the transform and twiddle modules (the executor's sources), the PCG64 and Lemire
-    modules (the sources the client launches), the plaintexts' residue rows, every array kernel at N."""
+    modules (the sources the client launches), the client's row formulas; nothing else."""
     from caramel.backends.cuda.config import KernelConfig
     from caramel.backends.cuda.ntt.transform import transform_source
 
     jobs = gpu_kernels.client_jobs(context(65536))
     modules = {j.key[0]: j for j in jobs if hasattr(j, "key")}
-    assert set(modules) == {"ntt", "twiddle", "pcg", "lemire", "residue_rows", "binomial"}
-    assert modules["residue_rows"].candidates[0][:2] == (gpu_arith.RESIDUE_ROWS_SRC, ("residue_rows",))
+    assert len(modules) == len(jobs) and set(modules) == {"ntt", "twiddle", "pcg", "lemire", "client_rows", "binomial"}
+    assert modules["client_rows"].candidates[0][:2] == (gpu_arith.CLIENT_ROWS_SRC, gpu_arith.CLIENT_ROWS_KERNELS)
     assert modules["ntt"].candidates[0][0] == transform_source(16, True, KernelConfig().ntt)
     assert modules["pcg"].candidates == ((pcg.SOURCE, ("pcg64_words",), pcg.OPTIONS),)
     assert modules["lemire"].candidates[0][1] == ("lemire_counts", "lemire_chain", "lemire_scatter")
-    sized = [j for j in jobs if not hasattr(j, "key")]
-    assert len(sized) == len(gpu_kernels.ARRAY_KERNELS) and all(j.n == 65536 for j in sized)
     assert max(jobs, key=lambda j: j.weight) is modules["ntt"]  # started first
     assert {j.key[0] for j in gpu_kernels.client_jobs(context(1 << 11)) if hasattr(j, "key")} == {"pcg", "lemire", "binomial"}
     from caramel.ckks.encoding import ENCODE_KERNELS, ENCODE_SRC

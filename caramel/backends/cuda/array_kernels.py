@@ -10,7 +10,7 @@ degree. Scheduled on the compile pool (:func:`caramel.backends.cuda.compiler.sch
 compile in parallel with everything else instead of one at a time in the middle of the run.
 
 :data:`BACKEND_KERNELS` are those of the executor's host-side helpers (a run's upload and range check, its reads);
-the GPU client's are :data:`caramel.ckks.gpu_kernels.ARRAY_KERNELS`. CuPy is imported lazily.
+the GPU client makes none (:mod:`caramel.ckks.gpu_kernels`). CuPy is imported lazily.
 """
 
 from __future__ import annotations

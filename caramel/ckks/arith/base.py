@@ -110,8 +110,9 @@ class ClientArith(abc.ABC):
         return prime_column(ctx, limbs, self.xp)
 
     def mulmod(self, a, b, q):
-        """(a * b) mod q (uint64), q broadcasting (e.g. a (k, 1) column)."""
-        return mulmod(a, b, q, self.xp)
+        """(a * b) mod q as uint32 rows: ``a`` (k, N) uint32, ``b`` (k, N) uint32 or a (k, 1) uint64 column, ``q`` the
+        (k, 1) uint64 column of the primes (:meth:`prime_column`)."""
+        return mulmod(a, b, q, self.xp).astype(np.uint32)
 
     def to_ntt_rows(self, coeffs, ctx, limbs):
         """Encoding: NTT(c mod q) of integer coefficients ``coeffs`` (host int64 or Python ints) on
@@ -164,6 +165,10 @@ class ClientArith(abc.ABC):
         if hit is None or hit.ctx is not ctx:
             hit = cache[key] = SecretRows(sk.coeffs, ctx, self)
         return hit
+
+    def take_rows(self, rows, limbs):
+        """Rows ``limbs`` of ``rows`` (an (L, N) array of :attr:`xp`), a new (k, N) array."""
+        return rows[self.put(np.asarray(list(limbs), dtype=np.int64))]
 
     def rlwe_c0(self, ctx, limbs, a, s, e, m, factor=None, perm=None):
         """c0 = -a s + f m + e (mod q) per row (module docstring): ``a``, ``s``, ``m`` (k, N) uint32
@@ -218,4 +223,4 @@ class SecretRows:
 
     def take(self, limbs):
         """Rows of ``limbs``, (k, N) uint32."""
-        return self.rows[self.arith.put(np.asarray(list(limbs), dtype=np.int64))]
+        return self.arith.take_rows(self.rows, limbs)

@@ -34,10 +34,23 @@ DOWNLOAD_THREADS = 3
 _tables: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 _encode_tables: dict[tuple, Any] = {}  # (N, array module, place) -> caramel.ckks.encoding.EncodeTables there
 
-#: ``residue_rows``: thread (j, p) reads coefficient j of plaintext p once and writes its residue
-#: c mod q_r (in [0, q_r), as NumPy's ``mod``) into column j of each of the plaintext's rows r,
-#: rows[p] <= r < rows[p + 1] (``meta``: rows[0 .. P], then q_r for every row r).
-RESIDUE_ROWS_SRC = r"""
+#: The client's row kernels (one module): each the formula of :class:`~caramel.ckks.arith.base.ClientArith` that it
+#: replaces, in the same integer operations (uint64, wrapping), so that its rows are the host's bit for bit. Rows
+#: of N words, C-contiguous; thread (j, r) writes word j of row r.
+#:
+#: * ``residue_rows``: row r of plaintext p is its coefficients mod q_r (in [0, q_r), as NumPy's ``mod``), for
+#:   rows[p] <= r < rows[p + 1] (``meta``: rows[0 .. P], then q_r for every row r); each coefficient read once;
+#: * ``small_rows``: :func:`~caramel.ckks.arith.base.small_residues`: x = uint64(c) + q_r, then min(x, x - q_r);
+#: * ``rlwe_c0_rows``: :meth:`~caramel.ckks.arith.base.ClientArith.rlwe_c0`'s row: (NTT(e) + q - a s mod q + m) mod q,
+#:   or f m mod q in place of m (``f`` not null), m read at ``perm[j]`` (``perm`` not null);
+#: * ``decrypt_rows``: :meth:`~caramel.ckks.arith.base.ClientArith.decrypt_rows` before its INTT: (c1 s mod q + c0)
+#:   mod q;
+#: * ``mulmod_rows``: :meth:`~caramel.ckks.arith.base.ClientArith.mulmod`: a b mod q, b a row (``b``) or a column
+#:   (``bcol``, the other null);
+#: * ``take_rows``: row r of ``out`` is row ``idx[r]`` of ``src`` (row r with ``idx`` null).
+CLIENT_ROWS_SRC = r"""
+typedef unsigned long long u64;
+
 extern "C" __global__ void residue_rows(const long long* __restrict__ c, const long long* __restrict__ meta,
                                         int plaintexts, int n, unsigned* __restrict__ out) {
     const int p = blockIdx.y;
@@ -51,16 +64,72 @@ extern "C" __global__ void residue_rows(const long long* __restrict__ c, const l
         out[r * n + j] = (unsigned)m;
     }
 }
+
+extern "C" __global__ void small_rows(const long long* __restrict__ c, const u64* __restrict__ q, int n,
+                                      unsigned* __restrict__ out) {
+    const long long r = blockIdx.y;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const u64 x = (u64)c[j] + q[r], y = x - q[r];
+    out[r * n + j] = (unsigned)(y < x ? y : x);
+}
+
+extern "C" __global__ void rlwe_c0_rows(const unsigned* __restrict__ ne, const unsigned* __restrict__ a,
+                                        const unsigned* __restrict__ s, const unsigned* __restrict__ m,
+                                        const long long* __restrict__ perm, const u64* __restrict__ f,
+                                        const u64* __restrict__ q, int n, unsigned* __restrict__ out) {
+    const long long r = blockIdx.y, at = r * n + blockIdx.x * blockDim.x + threadIdx.x;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const u64 qr = q[r];
+    u64 c = (u64)ne[at] + qr;
+    c -= ((u64)a[at] * s[at]) % qr;
+    const u64 mv = m[r * n + (perm ? perm[j] : j)];
+    c += f ? (mv * f[r]) % qr : mv;
+    out[at] = (unsigned)(c % qr);
+}
+
+extern "C" __global__ void decrypt_rows(const unsigned* __restrict__ c0, const unsigned* __restrict__ c1,
+                                        const unsigned* __restrict__ s, const u64* __restrict__ q, int n,
+                                        unsigned* __restrict__ out) {
+    const long long r = blockIdx.y;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const long long at = r * n + j;
+    const u64 qr = q[r];
+    out[at] = (unsigned)((((u64)c1[at] * s[at]) % qr + c0[at]) % qr);
+}
+
+extern "C" __global__ void mulmod_rows(const unsigned* __restrict__ a, const unsigned* __restrict__ b,
+                                       const u64* __restrict__ bcol, const u64* __restrict__ q, int n,
+                                       unsigned* __restrict__ out) {
+    const long long r = blockIdx.y;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const long long at = r * n + j;
+    out[at] = (unsigned)(((u64)a[at] * (b ? (u64)b[at] : bcol[r])) % q[r]);
+}
+
+extern "C" __global__ void take_rows(const unsigned* __restrict__ src, const long long* __restrict__ idx, int n,
+                                     unsigned* __restrict__ out) {
+    const long long r = blockIdx.y;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    out[r * n + j] = src[(idx ? idx[r] : r) * n + j];
+}
 """
-_RESIDUE_THREADS = 256
+#: The kernels of :data:`CLIENT_ROWS_SRC`.
+CLIENT_ROWS_KERNELS = ("residue_rows", "small_rows", "rlwe_c0_rows", "decrypt_rows", "mulmod_rows", "take_rows")
+_ROW_THREADS = 256
+_NULL = np.uint64(0)  # a null pointer argument (no ``perm``, no ``f``, no ``idx``)
 
 
-def _residue_kernel():
-    """``residue_rows`` on the current device, through the source-keyed compile cache (so that the client's
-    warm-up, :func:`caramel.ckks.gpu_kernels.client_modules`, compiles it ahead)."""
+def _rows_kernel(name: str):
+    """Kernel ``name`` of :data:`CLIENT_ROWS_SRC` on the current device, through the source-keyed compile cache (so
+    that the client's warm-up, :func:`caramel.ckks.gpu_kernels.client_modules`, compiles it ahead)."""
     from caramel.backends.cuda.compiler import function
 
-    return function(RESIDUE_ROWS_SRC, "residue_rows")
+    return function(CLIENT_ROWS_SRC, name)
 
 
 #: Threads a block of the encoding's kernels (:data:`caramel.ckks.encoding.ENCODE_SRC`).
@@ -124,8 +193,11 @@ class GpuArith(ClientArith):
 
             k = len(limbs)
             arena = xp.empty((2 * k, ctx.n), dtype=np.uint32)
-            arena[:k] = res
-            slots = xp.arange(2 * k, dtype=np.int32)
+            if self._on_kernels(ctx.n, res):
+                self._take(res, None, arena[:k])
+            else:
+                arena[:k] = res
+            slots = xp.asarray(np.arange(2 * k, dtype=np.int32))
             primes = xp.asarray(np.asarray(limbs, dtype=np.int32))
             (cuda_ntt.intt if inverse else cuda_ntt.ntt)(cuda_ring(ctx), arena, slots[:k], slots[k:], primes)
             return arena[k:]
@@ -140,7 +212,83 @@ class GpuArith(ClientArith):
 
     def _cuda_sizes(self, ctx) -> bool:
         """Whether ``ctx``'s transforms run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16)."""
-        return self.cuda_ntt and ctx.n.bit_length() - 1 in CUDA_NTT_SIZES
+        return self._on_kernels(ctx.n)
+
+    def _on_kernels(self, n: int, *rows, i64=()) -> bool:
+        """Whether rows of N = ``n`` words run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16): the
+        transform, and the row formulas (:data:`CLIENT_ROWS_SRC`) when ``rows`` are uint32 and ``i64`` int64 arrays
+        of N-word rows, every one C-contiguous (else their array operations, the same bits)."""
+        return (self.cuda_ntt and n.bit_length() - 1 in CUDA_NTT_SIZES
+                and all(r.dtype == np.uint32 for r in rows) and all(r.dtype == np.int64 for r in i64)
+                and all(r.shape[-1] == n and r.flags.c_contiguous for r in (*rows, *i64)))
+
+    @staticmethod
+    def _launch(name: str, rows: int, n: int, *args) -> None:
+        """Kernel ``name`` of :data:`CLIENT_ROWS_SRC` over ``rows`` rows of N = ``n`` words."""
+        if rows:
+            _rows_kernel(name)((-(-n // _ROW_THREADS), rows), (_ROW_THREADS,), args)
+
+    def _take(self, src, idx, out):
+        """``out[r] = src[idx[r]]`` (``idx`` host int64, or None: row r) through ``take_rows``."""
+        k, n = out.shape
+        self._launch("take_rows", k, n, src, _NULL if idx is None else self.put(idx), np.int32(n), out)
+        return out
+
+    def take_rows(self, rows, limbs):
+        """:meth:`ClientArith.take_rows` through ``take_rows`` (:data:`CLIENT_ROWS_SRC`)."""
+        if not self._on_kernels(rows.shape[1], rows):
+            return super().take_rows(rows, limbs)
+        idx = np.asarray(list(limbs), dtype=np.int64)
+        return self._take(rows, idx, self.xp.empty((len(idx), rows.shape[1]), dtype=np.uint32))
+
+    def small_rows(self, coeffs, ctx, limbs):
+        """:meth:`ClientArith.small_rows`: the residues by ``small_rows`` (:data:`CLIENT_ROWS_SRC`), then the NTT."""
+        if isinstance(coeffs, np.ndarray):  # cast on the host: a cast on the device is another kernel to compile
+            coeffs = np.asarray(coeffs, dtype=np.int64)
+        coeffs = self.put(coeffs)
+        if not self._on_kernels(ctx.n, i64=(coeffs,)):
+            return super().small_rows(coeffs, ctx, limbs)
+        limbs = [int(l) for l in limbs]
+        return self.transform(self._small(coeffs, ctx, limbs), ctx, limbs)
+
+    def _small(self, coeffs, ctx, limbs):
+        out = self.xp.empty((len(limbs), ctx.n), dtype=np.uint32)
+        self._launch("small_rows", len(limbs), ctx.n, coeffs, self.prime_column(ctx, limbs), np.int32(ctx.n), out)
+        return out
+
+    def rlwe_c0(self, ctx, limbs, a, s, e, m, factor=None, perm=None):
+        """:meth:`ClientArith.rlwe_c0`: NTT(e mod q) by ``small_rows`` and the transform, then one ``rlwe_c0_rows``
+        (:data:`CLIENT_ROWS_SRC`) for every row."""
+        if not self._on_kernels(ctx.n, a, s, m, i64=(e,)):
+            return super().rlwe_c0(ctx, limbs, a, s, e, m, factor, perm)
+        limbs = [int(l) for l in limbs]
+        out = self.xp.empty(a.shape, dtype=np.uint32)
+        ne = self.transform(self._small(e, ctx, limbs), ctx, limbs)
+        perm = _NULL if perm is None else self.put(np.asarray(perm, dtype=np.int64))
+        f = _NULL if factor is None else self.put(np.asarray(factor, dtype=np.uint64).reshape(-1))
+        self._launch("rlwe_c0_rows", len(limbs), ctx.n, ne, a, s, m, perm, f, self.prime_column(ctx, limbs),
+                     np.int32(ctx.n), out)
+        return out
+
+    def mulmod(self, a, b, q):
+        """:meth:`ClientArith.mulmod` through ``mulmod_rows`` (:data:`CLIENT_ROWS_SRC`)."""
+        column = b.ndim == 2 and b.shape[1] == 1 and b.dtype == np.uint64
+        if not (self._on_kernels(a.shape[1], a, *(() if column else (b,))) and a.shape[0] == q.shape[0]):
+            return super().mulmod(a, b, q)
+        out = self.xp.empty(a.shape, dtype=np.uint32)
+        rows = (_NULL, self.xp.ascontiguousarray(b)) if column else (b, _NULL)
+        self._launch("mulmod_rows", a.shape[0], a.shape[1], a, *rows, q, np.int32(a.shape[1]), out)
+        return out
+
+    def decrypt_rows(self, ctx, limbs, c0, c1, s):
+        """:meth:`ClientArith.decrypt_rows`: one ``decrypt_rows`` (:data:`CLIENT_ROWS_SRC`) for every row, then the
+        INTT."""
+        if not self._on_kernels(ctx.n, c0, c1, s):
+            return super().decrypt_rows(ctx, limbs, c0, c1, s)
+        out = self.xp.empty(c0.shape, dtype=np.uint32)
+        self._launch("decrypt_rows", len(limbs), ctx.n, c0, c1, s, self.prime_column(ctx, limbs), np.int32(ctx.n),
+                     out)
+        return self.transform(out, ctx, limbs, inverse=True)
 
     def encode_rows(self, parts, scales, n: int, out) -> list:
         """:meth:`ClientArith.encode_rows` on caramel's CUDA kernels (:attr:`cuda_ntt`;
@@ -178,7 +326,7 @@ class GpuArith(ClientArith):
     def plaintext_rows(self, coeffs, ctx, groups):
         """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_cuda_sizes`, int64
         coefficients, on the host or the device): at most one copy of the coefficients to the device, one launch
-        of ``residue_rows`` (:data:`RESIDUE_ROWS_SRC`) for every row, one forward NTT of every row in place."""
+        of ``residue_rows`` (:data:`CLIENT_ROWS_SRC`) for every row, one forward NTT of every row in place."""
         coeffs = coeffs if isinstance(coeffs, self.xp.ndarray) else np.asarray(coeffs)
         if not (self._cuda_sizes(ctx) and coeffs.dtype == np.int64 and coeffs.ndim == 2
                 and coeffs.shape[1] == ctx.n):
@@ -194,11 +342,11 @@ class GpuArith(ClientArith):
         rows = np.zeros(len(groups) + 1, dtype=np.int64)
         rows[1:] = np.cumsum([len(g) for g in groups])
         meta = cp.asarray(np.concatenate([rows, ctx.moduli(flat).reshape(-1).astype(np.int64)]))
-        kernel = _residue_kernel()
-        grid = (-(-n // _RESIDUE_THREADS), len(groups))
+        kernel = _rows_kernel("residue_rows")
+        grid = (-(-n // _ROW_THREADS), len(groups))
         c = cp.ascontiguousarray(cp.asarray(coeffs))
-        kernel(grid, (_RESIDUE_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
-        slots = cp.arange(len(flat), dtype=np.int32)
+        kernel(grid, (_ROW_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
+        slots = cp.asarray(np.arange(len(flat), dtype=np.int32))
         cuda_ntt.ntt(cuda_ring(ctx), out, slots, slots, cp.asarray(np.array(flat, dtype=np.int32)))
         return out
 
