@@ -3,8 +3,11 @@
 The random words are NumPy's generator's own, computed on the device (:mod:`caramel.ckks.pcg`,
 :func:`caramel.ckks.sampling.lemire_device`, :func:`~caramel.ckks.sampling.binomial_replay`), so
 the draws, and everything after them, are the host client's bits. Rows are not chunked: the
-device's kernels are parallel already. The NTT of N = 2^12 .. 2^16 runs on caramel's CUDA kernels
-(the executor's); other N run the array kernels of :mod:`caramel.ring.ntt` on CuPy.
+device's kernels are parallel already. At N = 2^12 .. 2^16 the NTT runs on caramel's CUDA kernels
+(the executor's), and the row formulas (:data:`CLIENT_ROWS_SRC`) and the encoding
+(:data:`caramel.ckks.encoding.ENCODE_SRC`) on the client's own, each the host's integer or IEEE operations in its
+order: the client compiles no CuPy kernel there. Other N run the formulas of
+:class:`~caramel.ckks.arith.base.ClientArith` and the array kernels of :mod:`caramel.ring.ntt` on CuPy.
 
 CuPy is imported on first use only, so this module imports without it. Checkable without a GPU:
 ``GpuArith(array_module=numpy, cuda_ntt=False)`` runs every formula, draw and transform of this
