@@ -14,8 +14,8 @@ import weakref
 import numpy as np
 
 from caramel.backends.cuda.context import CudaRing, cupy
-from caramel.backends.cuda.transfer import settled
 from caramel.backends.cuda.ntt.common import COLS, ROW_LOG, WPITCH
+from caramel.backends.cuda.transfer import settled
 
 #: Entry e of a prime's split-factor table for the warp-tile row kernels is tw[TL_INDEX[e]]: stage 4 + d
 #: (d < 4) of pass B reads tw[(g << d) + j] (j < 2^d) at entry 16 (2^d - 1) + 16 j + g, so that the 16
