@@ -405,6 +405,21 @@ def test_the_tracer_sees_the_array_formulas(host_kernels):
     assert len(client_calls(cuda_ntt=False)) > 20
 
 
+def test_rows_the_kernels_cannot_take_run_the_formulas(host_kernels):
+    """Rows that are not C-contiguous (here column-major) take the array formulas, which the tracer sees; both
+    ways give the host client's bits."""
+    xp, ctx, limbs = TracingXP(), context(N), [0, 1, 2]
+    dev, rng = GpuArith(array_module=xp), np.random.default_rng(3)
+    q = np.array([ctx.q(l) for l in limbs], dtype=np.uint64)[:, None]
+    a, s, m = (rng.integers(0, q, (len(limbs), N)).astype(np.uint32) for _ in range(3))
+    e = rng.integers(-20, 21, N)
+    want = HOST.rlwe_c0(ctx, limbs, a, s, e, m)
+    for a_dev, kernels in ((_traced(a), True), (_traced(np.asfortranarray(a)), False)):
+        with recording() as calls:
+            got = dev.rlwe_c0(ctx, limbs, a_dev, _traced(s), _traced(e), _traced(m))
+        assert np.array_equal(np.asarray(got), want) and (not calls) == kernels
+
+
 def test_each_entry_makes_a_call():
     """No dead entry: every array kernel of the executor's helpers launches something."""
     for k in array_kernels.BACKEND_KERNELS:
