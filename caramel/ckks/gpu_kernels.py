@@ -6,8 +6,8 @@ transform and the ring's twiddle kernels (the executor's own, shared with it), t
 (:data:`caramel.ckks.arith.gpu.CLIENT_ROWS_SRC`), NumPy's PCG64 words (:mod:`caramel.ckks.pcg`), the Lemire and
 binomial replays (:mod:`caramel.ckks.sampling`), and the plaintexts' encoding (:data:`caramel.ckks.encoding.ENCODE_SRC`,
 :func:`encoding_jobs`). At N = 2^12 .. 2^16 it makes no array operation that CuPy would compile a kernel for (each
-such kernel took NVRTC about a second of a core: tests/ckks/test_gpu_kernels.py traces the client's array calls on
-the host and finds none); other N run the formulas' array operations, compiled by CuPy on first use.
+would be one more NVRTC compile of CuPy's headers in a first run: tests/ckks/test_gpu_kernels.py traces the client's
+array calls on the host and finds none); other N run the formulas' array operations, compiled by CuPy on first use.
 
 As jobs of the compile pool the modules compile in parallel, at the GPU warm-up (:func:`caramel.ckks.device.warm_up`),
 while the program loads.
