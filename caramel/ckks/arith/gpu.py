@@ -54,36 +54,38 @@ _encode_tables: dict[tuple, Any] = {}  # (N, array module, place) -> caramel.ckk
 CLIENT_ROWS_SRC = r"""
 typedef unsigned long long u64;
 
+// The position of this thread in a launch over rows of n residues (grid: x covers n, y the rows): row r, residue j,
+// word at = r n + j of the rows; threads past a row's end return.
+#define ROW_POSITION(n) \
+    const long long r = blockIdx.y; \
+    const int j = blockIdx.x * blockDim.x + threadIdx.x; \
+    if (j >= (n)) return; \
+    const long long at = r * (n) + j
+
 extern "C" __global__ void residue_rows(const long long* __restrict__ c, const long long* __restrict__ meta,
                                         int plaintexts, int n, unsigned* __restrict__ out) {
-    const int p = blockIdx.y;
-    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
-    const long long v = c[(long long)p * n + j];
+    ROW_POSITION(n);  // row r: plaintext r, whose residues are rows meta[r] .. meta[r + 1] of out
+    const long long v = c[at];
     const long long* q = meta + plaintexts + 1;
-    for (long long r = meta[p]; r < meta[p + 1]; ++r) {
-        long long m = v % q[r];
-        if (m < 0) m += q[r];
-        out[r * n + j] = (unsigned)m;
+    for (long long k = meta[r]; k < meta[r + 1]; ++k) {
+        long long m = v % q[k];
+        if (m < 0) m += q[k];
+        out[k * n + j] = (unsigned)m;
     }
 }
 
 extern "C" __global__ void small_rows(const long long* __restrict__ c, const u64* __restrict__ q, int n,
                                       unsigned* __restrict__ out) {
-    const long long r = blockIdx.y;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
+    ROW_POSITION(n);
     const u64 x = (u64)c[j] + q[r], y = x - q[r];
-    out[r * n + j] = (unsigned)(y < x ? y : x);
+    out[at] = (unsigned)(y < x ? y : x);
 }
 
 extern "C" __global__ void rlwe_c0_rows(const unsigned* __restrict__ ne, const unsigned* __restrict__ a,
                                         const unsigned* __restrict__ s, const unsigned* __restrict__ m,
                                         const long long* __restrict__ perm, const u64* __restrict__ f,
                                         const u64* __restrict__ q, int n, unsigned* __restrict__ out) {
-    const long long r = blockIdx.y, at = r * n + blockIdx.x * blockDim.x + threadIdx.x;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
+    ROW_POSITION(n);
     const u64 qr = q[r];
     u64 c = (u64)ne[at] + qr;
     c -= ((u64)a[at] * s[at]) % qr;
@@ -95,10 +97,7 @@ extern "C" __global__ void rlwe_c0_rows(const unsigned* __restrict__ ne, const u
 extern "C" __global__ void decrypt_rows(const unsigned* __restrict__ c0, const unsigned* __restrict__ c1,
                                         const unsigned* __restrict__ s, const u64* __restrict__ q, int n,
                                         unsigned* __restrict__ out) {
-    const long long r = blockIdx.y;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
-    const long long at = r * n + j;
+    ROW_POSITION(n);
     const u64 qr = q[r];
     out[at] = (unsigned)((((u64)c1[at] * s[at]) % qr + c0[at]) % qr);
 }
@@ -106,19 +105,14 @@ extern "C" __global__ void decrypt_rows(const unsigned* __restrict__ c0, const u
 extern "C" __global__ void mulmod_rows(const unsigned* __restrict__ a, const unsigned* __restrict__ b,
                                        const u64* __restrict__ bcol, const u64* __restrict__ q, int n,
                                        unsigned* __restrict__ out) {
-    const long long r = blockIdx.y;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
-    const long long at = r * n + j;
+    ROW_POSITION(n);
     out[at] = (unsigned)(((u64)a[at] * (b ? (u64)b[at] : bcol[r])) % q[r]);
 }
 
 extern "C" __global__ void take_rows(const unsigned* __restrict__ src, const long long* __restrict__ idx, int n,
                                      unsigned* __restrict__ out) {
-    const long long r = blockIdx.y;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
-    out[r * n + j] = src[(idx ? idx[r] : r) * n + j];
+    ROW_POSITION(n);
+    out[at] = src[(idx ? idx[r] : r) * n + j];
 }
 """
 #: The kernels of :data:`CLIENT_ROWS_SRC`.
@@ -252,11 +246,12 @@ class GpuArith(ClientArith):
         if not self._on_kernels(ctx.n, i64=(coeffs,)):
             return super().small_rows(coeffs, ctx, limbs)
         limbs = [int(l) for l in limbs]
-        return self.transform(self._small(coeffs, ctx, limbs), ctx, limbs)
+        return self.transform(self._small(coeffs, ctx.n, self.prime_column(ctx, limbs)), ctx, limbs)
 
-    def _small(self, coeffs, ctx, limbs):
-        out = self.xp.empty((len(limbs), ctx.n), dtype=np.uint32)
-        self._launch("small_rows", len(limbs), ctx.n, coeffs, self.prime_column(ctx, limbs), np.int32(ctx.n), out)
+    def _small(self, coeffs, n: int, q):
+        """``small_rows``: coefficients ``coeffs`` mod the primes of column ``q``, one row a prime."""
+        out = self.xp.empty((q.shape[0], n), dtype=np.uint32)
+        self._launch("small_rows", q.shape[0], n, coeffs, q, np.int32(n), out)
         return out
 
     def rlwe_c0(self, ctx, limbs, a, s, e, m, factor=None, perm=None):
@@ -265,12 +260,12 @@ class GpuArith(ClientArith):
         if not self._on_kernels(ctx.n, a, s, m, i64=(e,)):
             return super().rlwe_c0(ctx, limbs, a, s, e, m, factor, perm)
         limbs = [int(l) for l in limbs]
+        q = self.prime_column(ctx, limbs)
         out = self.xp.empty(a.shape, dtype=np.uint32)
-        ne = self.transform(self._small(e, ctx, limbs), ctx, limbs)
+        ne = self.transform(self._small(e, ctx.n, q), ctx, limbs)
         perm = _NULL if perm is None else self.put(np.asarray(perm, dtype=np.int64))
         f = _NULL if factor is None else self.put(np.asarray(factor, dtype=np.uint64).reshape(-1))
-        self._launch("rlwe_c0_rows", len(limbs), ctx.n, ne, a, s, m, perm, f, self.prime_column(ctx, limbs),
-                     np.int32(ctx.n), out)
+        self._launch("rlwe_c0_rows", len(limbs), ctx.n, ne, a, s, m, perm, f, q, np.int32(ctx.n), out)
         return out
 
     def mulmod(self, a, b, q):
