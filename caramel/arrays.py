@@ -18,4 +18,11 @@ def is_device_array(a) -> bool:
     return (cp is not None and isinstance(a, cp.ndarray)) or hasattr(a, "__cuda_array_interface__")
 
 
-__all__ = ["is_device_array"]
+def to_host(a) -> np.ndarray:
+    """``a`` as a host NumPy array: a GPU array copied down (its ``get``, which waits for the stream), anything
+    else as :func:`numpy.asarray` gives it. For small arrays (flags, a row); the client copies large ones through
+    pinned buffers (:meth:`caramel.ckks.arith.ClientArith.get`)."""
+    return a.get() if is_device_array(a) else np.asarray(a)
+
+
+__all__ = ["is_device_array", "to_host"]

@@ -39,6 +39,7 @@ from functools import lru_cache
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
+from caramel.arrays import to_host
 from caramel.errors import ArgumentError
 
 #: Coefficients below this magnitude are returned as int64 by :func:`encode`.
@@ -212,7 +213,7 @@ def rounded_rows(x, fits, out) -> list:
     """Per row of the rounded coefficients ``x`` ((P, N) float64, host or device): ``out[p]`` (already holding
     its int64 values) where ``fits[p]`` (a host bool per row: every |x| < 2^62), else the row as Python ints
     (:func:`float_to_int`, which raises for a non-finite value)."""
-    return [out[p] if fits[p] else float_to_int(x[p].get() if hasattr(x, "get") else x[p]) for p in range(len(fits))]
+    return [out[p] if fits[p] else float_to_int(to_host(x[p])) for p in range(len(fits))]
 
 
 def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables | None = None) -> list:
@@ -236,7 +237,7 @@ def encode_rows(parts, scales, n: int, out=None, *, xp=np, tables: EncodeTables 
     xp.multiply(x, xp.asarray(host_scales), out=x)
     xp.rint(x, out=x)
     fits = (x.max(axis=1) < INT64_LIMIT) & (x.min(axis=1) > -INT64_LIMIT)  # False for a row with nan
-    fits = fits.get() if hasattr(fits, "get") else fits
+    fits = to_host(fits)
     for p in np.flatnonzero(fits):
         out[p] = x[p]  # exact: integers below 2^62
     return rounded_rows(x, fits, out)

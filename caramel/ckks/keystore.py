@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from caramel import cores
+from caramel.arrays import to_host
 from caramel.ckks.keys import PendingKeys, SecretDist, SecretKey, Secrets, key_limbs, redraw_a
 from caramel.ckks.keyset import KeySet
 from caramel.ckks.sampling import PcgState, lemire_state_rows
@@ -630,7 +631,7 @@ def _device_redraws(ctx, items) -> list[Future]:
             with _thread_stream():
                 drawn = [lemire_state_rows(tuple(ctx.q(l) for l in limbs), ctx.n, st, xp) for limbs, st in items]
                 flags = xp.stack([status[0] for _, status in drawn]) if drawn else xp.zeros(0, dtype=np.int64)
-                flags = flags.get() if hasattr(flags, "get") else np.asarray(flags)  # waits for every draw
+                flags = to_host(flags)  # waits for every draw
                 for fut, (out, _), flag, (limbs, st) in zip(futures, drawn, flags, items):
                     fut.set_result(xp.asarray(_host_redraw(ctx, limbs, st)) if flag else out)
         except BaseException as exc:  # noqa: BLE001 (handed to the waiting caller)

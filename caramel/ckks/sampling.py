@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+from caramel.arrays import to_host
 from caramel.errors import ArgumentError
 
 #: Coin pairs of the centred binomial error: sigma = sqrt(CBD_K / 2) ~ 3.2.
@@ -470,7 +471,7 @@ def lemire_device(qs, n: int, rng: np.random.Generator, xp):
         return None
     st = PcgState.of(rng)
     out, status = lemire_state_rows(qs, n, st, xp)
-    failed, pos = (int(x) for x in (status.get() if hasattr(status, "get") else status))
+    failed, pos = (int(x) for x in to_host(status))
     if failed:
         return lemire_rows(qs, n, rng, xp)
     _leave_generator_at(bg, state, pos, lambda i: _word_of(st, i))

@@ -184,7 +184,7 @@ class GpuArith(ClientArith):
         array kernels of :mod:`caramel.ring.ntt` on :attr:`xp`."""
         limbs = [int(l) for l in limbs]
         xp = self.xp
-        if self._cuda_sizes(ctx) and limbs:
+        if self._on_kernels(ctx.n) and limbs:
             from caramel.backends.cuda import ntt as cuda_ntt
             from caramel.backends.cuda.backend import cuda_ring
 
@@ -206,10 +206,6 @@ class GpuArith(ClientArith):
             r1 = min(r0 + chunk, len(limbs))
             kernel(res[r0:r1], out[r0:r1], row_tables(tabs[r0:r1], not inverse, xp, self._twiddles), xp)
         return out
-
-    def _cuda_sizes(self, ctx) -> bool:
-        """Whether ``ctx``'s transforms run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16)."""
-        return self._on_kernels(ctx.n)
 
     def _on_kernels(self, n: int, *rows, i64=()) -> bool:
         """Whether rows of N = ``n`` words run on caramel's CUDA kernels (:attr:`cuda_ntt`, N = 2^12 .. 2^16): the
@@ -322,11 +318,11 @@ class GpuArith(ClientArith):
         return rounded_rows(x, over.get() == 0, out)
 
     def plaintext_rows(self, coeffs, ctx, groups):
-        """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_cuda_sizes`, int64
+        """:meth:`ClientArith.plaintext_rows` on caramel's CUDA kernels (:meth:`_on_kernels`, int64
         coefficients, on the host or the device): at most one copy of the coefficients to the device, one launch
         of ``residue_rows`` (:data:`CLIENT_ROWS_SRC`) for every row, one forward NTT of every row in place."""
         coeffs = coeffs if isinstance(coeffs, self.xp.ndarray) else np.asarray(coeffs)
-        if not (self._cuda_sizes(ctx) and coeffs.dtype == np.int64 and coeffs.ndim == 2
+        if not (self._on_kernels(ctx.n) and coeffs.dtype == np.int64 and coeffs.ndim == 2
                 and coeffs.shape[1] == ctx.n):
             return super().plaintext_rows(coeffs, ctx, groups)
         from caramel.backends.cuda import ntt as cuda_ntt
@@ -340,10 +336,8 @@ class GpuArith(ClientArith):
         rows = np.zeros(len(groups) + 1, dtype=np.int64)
         rows[1:] = np.cumsum([len(g) for g in groups])
         meta = cp.asarray(np.concatenate([rows, ctx.moduli(flat).reshape(-1).astype(np.int64)]))
-        kernel = _rows_kernel("residue_rows")
-        grid = (-(-n // _ROW_THREADS), len(groups))
         c = cp.ascontiguousarray(cp.asarray(coeffs))
-        kernel(grid, (_ROW_THREADS,), (c, meta, np.int32(len(groups)), np.int32(n), out))
+        self._launch("residue_rows", len(groups), n, c, meta, np.int32(len(groups)), np.int32(n), out)
         slots = cp.asarray(np.arange(len(flat), dtype=np.int32))
         cuda_ntt.ntt(cuda_ring(ctx), out, slots, slots, cp.asarray(np.array(flat, dtype=np.int32)))
         return out
