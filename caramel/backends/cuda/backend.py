@@ -72,7 +72,7 @@ class CupyBackend(Backend):
                 f"{avail} bytes are available (device total {total})") from e
         self.scalars = cp.zeros(1, dtype=cp.uint32)
         self._dev: dict[int, tuple] = {}
-        self._convs: dict = {}
+        self._convs: dict = {}  # key -> tables (_shared), as _crt
         self._crt: dict = {}
         self._rsv_extra: dict[int, tuple] = {}
         self._counters: dict[int, tuple] = {}
@@ -80,6 +80,17 @@ class CupyBackend(Backend):
     @property
     def nbytes(self) -> int:
         return int(self.arena.nbytes)
+
+    @staticmethod
+    def _shared(cache: dict, key, make):
+        """``make()``, device tables that every stream of the device reads, made once on the current stream and
+        cached only once that stream has finished them (:func:`~caramel.backends.cuda.transfer.settled`)."""
+        from caramel.backends.cuda.transfer import settled
+
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = settled(make())
+        return got
 
     def d(self, x: np.ndarray):
         """The cached device int32 copy of host index array ``x``."""
@@ -140,13 +151,8 @@ class CupyBackend(Backend):
 
         tables = None
         if prologue.kind.value == "baseconv":
-            key = ("ntt-load", tuple(prologue.in_limbs))
-            tables = self._convs.get(key)
-            if tables is None:
-                tables = self._convs[key] = dntt.PrologueTables(self.ring, prologue.in_limbs)
-                stream = _cp().cuda.get_current_stream()
-                if not stream.is_capturing():  # the tables in place before a kernel of another stream reads them
-                    stream.synchronize()
+            tables = self._shared(self._convs, ("ntt-load", tuple(prologue.in_limbs)),
+                                  lambda: dntt.PrologueTables(self.ring, prologue.in_limbs))
         dntt.ntt_prologue(self.ring, self.arena, prologue.kind.value, self.d(ins), self.d(outs), self.d(primes),
                           self.d(args), mode, tables, half, self.kernels)
 
@@ -163,10 +169,8 @@ class CupyBackend(Backend):
     def base_convert(self, in_limbs, out_limbs, ins, outs, mode) -> None:
         from caramel.backends.cuda import basis as dbasis
 
-        key = (tuple(in_limbs), tuple(out_limbs))
-        conv = self._convs.get(key)
-        if conv is None:
-            conv = self._convs[key] = dbasis.BaseConversion(self.ring, in_limbs, out_limbs)
+        conv = self._shared(self._convs, (tuple(in_limbs), tuple(out_limbs)),
+                            lambda: dbasis.BaseConversion(self.ring, in_limbs, out_limbs))
         conv.convert(self.arena, self.d(ins), self.d(outs), mode)
 
     def sud_lift(self, ins, outs, src_primes, dst_primes, mode) -> None:
@@ -179,9 +183,7 @@ class CupyBackend(Backend):
         from caramel.backends.cuda import crt as dcrt
 
         basis = tuple(basis)
-        crt = self._crt.get(basis)
-        if crt is None:
-            crt = self._crt[basis] = dcrt.CrtBasis(self.ring, basis)
+        crt = self._shared(self._crt, basis, lambda: dcrt.CrtBasis(self.ring, basis))
         m = len(basis)
         extra = self._rsv_extra.get(id(ins))
         if extra is None or extra[0] is not ins:
