@@ -301,7 +301,7 @@ class MemoryLane:
         from collections import ChainMap
         from contextlib import nullcontext
 
-        from caramel.arrays import is_device_array
+        from caramel.arrays import to_host
 
         t0 = time.perf_counter()
         memory = ChainMap(dict(feed.image()), self.template)
@@ -312,7 +312,7 @@ class MemoryLane:
         for store in result.stores:  # in chip order: a limb stored by several chips is the last one's (merge order)
             for m, a in store.items():
                 if m in wanted:
-                    outputs[m] = np.asarray(a.get() if is_device_array(a) else a, dtype=np.uint32)
+                    outputs[m] = np.asarray(to_host(a), dtype=np.uint32)
         return LaneOutput(outputs, {"replay": t1 - t0})
 
     def finish(self, ticket: LaneOutput) -> LaneOutput:
