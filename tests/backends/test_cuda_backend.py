@@ -3,8 +3,8 @@ conversions, CRT bases, prologue tables) are complete before any stream reads th
 
 A run's streams are non-blocking: work queued on stream A behind A's kernels has not run when a kernel of stream B
 does (eager runs of a 2-chip program on one GPU, whose tasks spread over three streams, read such tables that way
-and gave wrong limbs under load). A busy kernel holds stream A while a table is made there; stream B then reads it at once. Skipped
-without CuPy or a CUDA device."""
+and gave wrong limbs under load). A busy kernel holds stream A while a table is made there; stream B then reads it
+at once. Skipped without CuPy or a CUDA device."""
 
 from __future__ import annotations
 
