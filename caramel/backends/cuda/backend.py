@@ -85,10 +85,10 @@ class CupyBackend(Backend):
     def _shared(cache: dict, key, make):
         """``make()``, device tables that every stream of the device reads, made once on the current stream and
         cached only once that stream has finished them (:func:`~caramel.backends.cuda.transfer.settled`)."""
-        from caramel.backends.cuda.transfer import settled
-
         got = cache.get(key)
         if got is None:
+            from caramel.backends.cuda.transfer import settled
+
             got = cache[key] = settled(make())
         return got
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from caramel.arrays import is_device_array
 from caramel.ckks.rns import mulmod, prime_column, to_residues
 from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.errors import ArgumentError, CaramelError
@@ -94,7 +95,7 @@ class ClientArith(abc.ABC):
 
     def get(self, a) -> np.ndarray:
         """``a`` as a host NumPy array (a GPU array copied down through pinned staging buffers)."""
-        if hasattr(a, "get") and not isinstance(a, np.ndarray):
+        if is_device_array(a):
             from caramel.backends.cuda.transfer import download
 
             return download(a)
