@@ -260,8 +260,9 @@ def scaling(rec: Record, args, counts: list[int]) -> None:
     except ImportError as e:  # matplotlib is an extra
         log(f"no plot: {e}")
     for p in result.points:
+        s = result.speedup(p)
         rec.add(f"scaling {p.program} on {p.gpus} devices", p.median_ms, "ms", min=p.min_ms, max=p.max_ms,
-                speedup=round(result.speedup(p), 3), **{k: v for k, v in vars(p).items()
+                speedup=None if s is None else round(s, 3), **{k: v for k, v in vars(p).items()
                                                         if k not in ("program", "gpus", "median_ms", "min_ms",
                                                                      "max_ms")})
         want = stored_digests().get(digest_key(p.program, args.n, 1))

@@ -381,8 +381,8 @@ class ThroughputPoint:
     instances: int
     wall_s: float
     per_second: float
-    speedup: float = 1.0
-    efficiency: float = 1.0
+    speedup: float | None = None  # rate(G) / rate(1); None without a one-device point
+    efficiency: float | None = None  # speedup / G
     digest: str = ""
 
 
@@ -392,7 +392,7 @@ def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, r
     :class:`~caramel.executor.Executor` on G devices; G instances' inputs encrypted before timing, from
     seeds ``seed .. seed+G-1``, each submitted ``rounds`` times after one untimed round; inputs named by
     ``options.shared`` resident). ``options``: :class:`~caramel.options.RunOptions` or its fields (the
-    check is off). Speedup = rate(G) / rate(smallest G) * smallest G; efficiency = speedup / G. Every
+    check is off). Speedup = rate(G) / rate(1), efficiency = speedup / G, both None when ``gpus`` has no 1. Every
     run of one input must have the digest of its first run."""
     from caramel.ckks.device import resolve as client_device, using as using_client
     from caramel.ckks.keyset import generate_keyset
@@ -420,9 +420,9 @@ def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, r
         count = g * rounds
         points.append(ThroughputPoint(program.name, g, count, wall, count / wall if wall > 0 else 0.0, digest=first[0]))
         log(f"throughput on {g} device(s): {count} instances in {wall:.2f} s ({count / wall:.2f}/s)")
-    base = points[0]
-    for p in points:
-        p.speedup = p.per_second / base.per_second * base.gpus if base.per_second else 0.0
+    base = next((p for p in points if p.gpus == 1 and p.per_second), None)
+    for p in points if base else ():
+        p.speedup = p.per_second / base.per_second
         p.efficiency = p.speedup / p.gpus
     return points
 

@@ -86,18 +86,19 @@ class ScalingResult:
     throughput: list = field(default_factory=list)  # caramel.batch.ThroughputPoint per G (--throughput)
 
     def speedup(self, p: ScalingPoint) -> float | None:
-        """Measured speedup over the fewest devices measured (None: ``p`` or every point not measured)."""
-        base = next((q for q in self.points if q.measured), None)
+        """Measured speedup t(1) / t(G) (None: ``p`` not measured, or no one-device run measured: a speedup over
+        G0 > 1 devices would assume G0 of them scale perfectly)."""
+        base = next((q for q in self.points if q.measured and q.gpus == 1 and q.replay_ms), None)
         if base is None or not p.measured or not p.replay_ms:
             return None
-        return base.replay_ms * base.gpus / p.replay_ms
+        return base.replay_ms / p.replay_ms
 
     def predicted_speedup(self, p: ScalingPoint) -> float | None:
-        """The model's speedup over its own prediction for the fewest devices (a prediction)."""
-        base = next((q for q in self.points if q.predicted_ms), None)
+        """The model's speedup over its own prediction for one device (a prediction; None without one)."""
+        base = next((q for q in self.points if q.predicted_ms and q.gpus == 1), None)
         if base is None or not p.predicted_ms:
             return None
-        return base.predicted_ms * base.gpus / p.predicted_ms
+        return base.predicted_ms / p.predicted_ms
 
 
 def family_member(family: str, chips: int) -> str:
@@ -143,7 +144,8 @@ def render_scaling(result: ScalingResult) -> str:
                                               if result.backend == "gpu" else ""))
     if result.throughput:  # program-level parallelism: the 1-chip program, one instance per device
         trows = [(str(t.gpus), t.program, str(t.instances), f"{t.wall_s:.3f}", f"{t.per_second:.2f}",
-                  f"{t.speedup:.2f}x", f"{t.efficiency:.0%}") for t in result.throughput]
+                  "-" if t.speedup is None else f"{t.speedup:.2f}x",
+                  "-" if t.efficiency is None else f"{t.efficiency:.0%}") for t in result.throughput]
         lines += ["", "throughput (the 1-chip program, one instance per device at a time; runs only):",
                   _table((devices, "program", "instances", "wall s", "instances/s", "speedup", "efficiency"), trows)]
     return "\n".join(lines)
@@ -210,14 +212,13 @@ def plot_writer(result: ScalingResult, path, targets: Sequence[tuple[int, float]
                label="predicted (timeline model)")
     a.set(xlabel="devices", ylabel="ms per run", xticks=x, xticklabels=[str(v) for v in g], title="time per run")
     a.legend(fontsize=7)
-    if run:
-        b.plot([p.gpus for _, p in run], [result.speedup(p) for _, p in run], "o-", label="latency (G-chip program)")
-    if pred:
-        b.plot([p.gpus for _, p in pred], [result.predicted_speedup(p) for _, p in pred], "D--", mfc="none",
-               label="latency, predicted")
-    if result.throughput:
-        b.plot([t.gpus for t in result.throughput], [t.speedup for t in result.throughput], "D-",
-               label="throughput (1-chip program)")
+    curves = (([(p.gpus, result.speedup(p)) for _, p in run], "o-", {}, "latency (G-chip program)"),
+              ([(p.gpus, result.predicted_speedup(p)) for _, p in pred], "D--", {"mfc": "none"}, "latency, predicted"),
+              ([(t.gpus, t.speedup) for t in result.throughput], "D-", {}, "throughput (1-chip program)"))
+    for points, style, kw, label in curves:  # a curve only where a one-device point gives speedups
+        points = [(gpus, s) for gpus, s in points if s is not None]
+        if points:
+            b.plot(*zip(*points), style, label=label, **kw)
     b.plot([min(g), max(g)], [min(g), max(g)], ":", color="gray", label="ideal (speedup = devices)")
     tg = [t for t in targets if t[0] <= max(g)]
     if tg:

@@ -423,3 +423,8 @@ def test_cli_shared_batch_equals_single_runs_with_shared(rot1, capsys):
 def test_shared_without_batch_in_process_mode_is_refused(capsys):
     code = main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--distributed", "--shared", "x", "-q"])
     assert code == 2 and "--shared goes with --batch in process mode" in capsys.readouterr().err
+
+
+def test_throughput_without_one_device_has_no_speedup(rot1):
+    (point,) = measure_throughput(rot1, [2], n=N, backend="cpu-plan", rounds=1)
+    assert point.per_second > 0 and point.speedup is None and point.efficiency is None

@@ -108,3 +108,27 @@ def test_a_missing_member_fails_before_any_point_runs(tmp_path, monkeypatch):
     with pytest.raises(CaramelError, match="Mul_4L_3c"):
         profile_scaling(str(tmp_path / "Mul_4L"), [1, 3], n=256, seed=3, repeats=1, backend="cpu-plan")
     assert not started
+
+
+def _point(gpus: int, ms: float | None, predicted: float | None = None):
+    from caramel.scaling import ScalingPoint
+
+    return ScalingPoint(f"P_{gpus}c", gpus, ms, ms, ms, 1, 0, 0, None, None, predicted_ms=predicted)
+
+
+def test_speedup_is_over_one_device_measured_never_assumed():
+    from caramel.scaling import ScalingResult, render_scaling
+
+    def result(*points):
+        return ScalingResult("P", 256, "exact", "cpu-plan", "cpu", "wall", "today", list(points))
+
+    r = result(_point(1, 12.0, 11.0), _point(2, 8.0, 7.0), _point(4, None, 5.5))
+    assert [r.speedup(p) for p in r.points] == [1.0, 1.5, None]
+    assert [r.predicted_speedup(p) for p in r.points] == [1.0, pytest.approx(11 / 7), 2.0]
+    # without a one-device run, 2 and 4 devices have times but no speedup: t(2) * 2 would assume 2 scale perfectly
+    r = result(_point(2, 8.0, 7.0), _point(4, 5.0, 5.5))
+    assert [r.speedup(p) for p in r.points] == [None, None]
+    assert [r.predicted_speedup(p) for p in r.points] == [None, None]
+    rows = [line.split() for line in render_scaling(r).splitlines() if line.split()[:2] in (["2", "P_2c"], ["4", "P_4c"])]
+    assert [row[5:7] for row in rows] == [["-", "-"], ["-", "-"]]
+
