@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -309,11 +309,12 @@ def scaling_trace(result: ScalingResult) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
 
-def compute_only_ms(plan, ctx, memory, mode, gpus: int, repeats: int = 10, streams: int = 1) -> list[float]:
-    """The replay time of each device's program WITHOUT its collectives (``collectives=False``),
-    on ``streams`` streams like the run, one device after another on the current GPU: the compute
-    floor of a G-device run. A G-GPU replay minus its busiest device's floor is what
-    communication and waiting cost."""
+def _device_floors(plan, ctx, memory, mode, gpus: int, repeats: int, streams: int, comm_stream: bool = True,
+                   then: Callable | None = None) -> list[tuple[float, Any]]:
+    """Each device program of a ``gpus``-device run in turn, alone on the current GPU and without its collectives:
+    its floor in ms (the median replay of its graph on ``streams`` streams like the run) and what
+    ``then(run, schedule, stream)`` returns (None without it), called with its
+    :class:`~caramel.execute.runner.DeviceRun` before the next device's run is made (its arena freed first)."""
     import cupy as cp
 
     from caramel.backends.cuda.backend import CupyBackend
@@ -321,43 +322,6 @@ def compute_only_ms(plan, ctx, memory, mode, gpus: int, repeats: int = 10, strea
     from caramel.execute.placement import gpu_device_programs
     from caramel.execute.runner import DeviceRun
     from caramel.execute.timing import time_runs
-
-    out = []
-    for prog in gpu_device_programs(plan, gpus, ctx, streams):
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            run = DeviceRun(prog, plan, ctx, memory, Mode(mode), CupyBackend)
-            run.run(collectives=False)  # compiles kernels, uploads index arrays
-            launcher = StreamLauncher(run.schedule(streams), stream) if streams > 1 else None
-            stream.synchronize()
-            stream.begin_capture()
-            try:
-                launch_device(run, launcher, collectives=False)
-            finally:
-                graph = stream.end_capture()
-        out.append(time_runs(lambda: graph.launch(stream), stream, repeats).median_ms)
-        del run, graph
-        cp.get_default_memory_pool().free_all_blocks()
-    return out
-
-
-def device_profiles(plan, ctx, memory, mode, gpus: int, repeats: int = 10, streams: int = 1, *,
-                    comm_stream: bool = True):
-    """Each device program of a ``gpus``-device run, alone on the current GPU, one after another, without its
-    collectives: per device (its floor in ms: its program replayed as a graph on ``streams`` streams like the run,
-    as :func:`compute_only_ms`; its :class:`~caramel.timeline.DeviceTimeline`: every call timed by clock stamps in a
-    one-stream graph, on the run's stream schedule). The inputs of the timeline model's prediction.
-    ``comm_stream``: whether the schedule keeps a stream for communication (False: as a 1-chip
-    :class:`~caramel.execute.cuda_graph.GpuRun`)."""
-    import cupy as cp
-
-    from caramel.backends.cuda.backend import CupyBackend
-    from caramel.execute.cuda_graph import StreamLauncher, launch_device
-    from caramel.execute.placement import gpu_device_programs
-    from caramel.execute.runner import DeviceRun
-    from caramel.execute.timing import time_runs
-    from caramel.profile import _graph_stamps
-    from caramel.timeline import measured_timeline
 
     out = []
     for prog in gpu_device_programs(plan, gpus, ctx, streams):
@@ -372,9 +336,34 @@ def device_profiles(plan, ctx, memory, mode, gpus: int, repeats: int = 10, strea
             try:
                 launch_device(run, launcher, collectives=False)
             finally:
-                graph = stream.end_capture()
-        floor = time_runs(lambda: graph.launch(stream), stream, repeats).median_ms
-        graph = None  # (its memory back before the stamped graphs)
+                captured = stream.end_capture()
+        floor = time_runs(lambda: captured.launch(stream), stream, repeats).median_ms
+        captured = None  # the graph's memory back before what ``then`` captures
+        out.append((floor, then(run, schedule, stream) if then else None))
+        run = None  # the arena back before the next device's
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def compute_only_ms(plan, ctx, memory, mode, gpus: int, repeats: int = 10, streams: int = 1) -> list[float]:
+    """The replay time of each device's program WITHOUT its collectives (``collectives=False``),
+    on ``streams`` streams like the run, one device after another on the current GPU: the compute
+    floor of a G-device run. A G-GPU replay minus its busiest device's floor is what
+    communication and waiting cost."""
+    return [floor for floor, _ in _device_floors(plan, ctx, memory, mode, gpus, repeats, streams)]
+
+
+def device_profiles(plan, ctx, memory, mode, gpus: int, repeats: int = 10, streams: int = 1, *,
+                    comm_stream: bool = True):
+    """Each device program of a ``gpus``-device run, alone on the current GPU, one after another, without its
+    collectives: per device (its floor in ms, as :func:`compute_only_ms`; its
+    :class:`~caramel.timeline.DeviceTimeline`: every call timed by clock stamps in a one-stream graph, on the run's
+    stream schedule). The inputs of the timeline model's prediction. ``comm_stream``: whether the schedule keeps a
+    stream for communication (False: as a 1-chip :class:`~caramel.execute.cuda_graph.GpuRun`)."""
+    from caramel.profile import _graph_stamps
+    from caramel.timeline import measured_timeline
+
+    def stamped(run, schedule, stream):
         gap = float(np.median(np.diff(_graph_stamps(stream, lambda mark: [mark() for _ in range(65)], 65))))
 
         def body(mark):
@@ -383,10 +372,9 @@ def device_profiles(plan, ctx, memory, mode, gpus: int, repeats: int = 10, strea
 
         at = _graph_stamps(stream, body, len(run.calls) + 1)
         call_us = [1e3 * max(at[i + 1] - at[i] - gap, 0.0) for i in range(len(run.calls))]
-        out.append((floor, measured_timeline(run, schedule, call_us, ctx.n)))
-        run = None  # the arena back before the next device's
-        cp.get_default_memory_pool().free_all_blocks()
-    return out
+        return measured_timeline(run, schedule, call_us, ctx.n)
+
+    return _device_floors(plan, ctx, memory, mode, gpus, repeats, streams, comm_stream, then=stamped)
 
 
 def predict(progs, n: int, streams: int, measured: Sequence | None = None):

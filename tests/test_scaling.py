@@ -1,4 +1,5 @@
-"""Tests of ``caramel.scaling`` (``caramel profile FAMILY --gpus ...``) on simulated devices: no GPU."""
+"""Tests of ``caramel.scaling`` (``caramel profile FAMILY --gpus ...``) on simulated devices, and on a GPU (skipped
+without one) each device's floor and timeline."""
 
 from __future__ import annotations
 
@@ -132,3 +133,29 @@ def test_speedup_is_over_one_device_measured_never_assumed():
     rows = [line.split() for line in render_scaling(r).splitlines() if line.split()[:2] in (["2", "P_2c"], ["4", "P_4c"])]
     assert [row[5:7] for row in rows] == [["-", "-"], ["-", "-"]]
 
+
+def test_each_device_alone_on_a_gpu_has_a_floor_and_a_timeline():
+    """On a GPU: the floors of :func:`compute_only_ms` and :func:`device_profiles` (each device program of a
+    2-device run replayed without collectives on the current GPU) are times, and each device's timeline has a task
+    per call of its run."""
+    pytest.importorskip("cupy")
+    from caramel.api import default_spec, gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA device")
+    import numpy as np
+
+    from caramel.ckks.check import prepare_check
+    from caramel.plan import build_plan
+    from caramel.ring import Context
+    from caramel.scaling import compute_only_ms, device_profiles
+
+    program = load_program(REPO_PROGRAMS / "Mul_4L_2c", progress=False)
+    ctx = Context(n=4096)
+    memory = prepare_check(default_spec(program), program, ctx, rng=np.random.default_rng(3)).memory
+    plan = build_plan(program)
+    floors = compute_only_ms(plan, ctx, memory, "exact", 2, repeats=3, streams=2)
+    profiles = device_profiles(plan, ctx, memory, "exact", 2, repeats=3, streams=2)
+    assert len(floors) == len(profiles) == 2 and all(f > 0 for f in floors)
+    for floor, timeline in profiles:
+        assert floor > 0 and timeline.tasks and timeline.compute_us() > 0
