@@ -9,7 +9,8 @@ machinery but shows no speedup). Then one instrumented eager run records every c
 for the trace. The busiest device's time splits into compute and communication: on the GPU,
 compute is its program replayed as a graph without collectives (:func:`device_profiles`) and
 communication the replay minus that; on the CPU, the instrumented run's collectives (including
-waiting for peers). Speedup = t(1) / t(G), efficiency = speedup / G.
+waiting for peers). Speedup = t(1) / t(G), efficiency = speedup / G; both need a one-device run (``--gpus 2,4``
+alone shows times and no speedup).
 
 The prediction: on the GPU, each device's program alone on the current GPU (one after another, no
 collectives): its kernels timed one by one (clock stamps in a one-stream graph) and its floor on the
