@@ -136,8 +136,8 @@ def test_speedup_is_over_one_device_measured_never_assumed():
 
 def test_each_device_alone_on_a_gpu_has_a_floor_and_a_timeline():
     """On a GPU: the floors of :func:`compute_only_ms` and :func:`device_profiles` (each device program of a
-    2-device run replayed without collectives on the current GPU) are times, and each device's timeline has a task
-    per call of its run."""
+    2-device run replayed without collectives on the current GPU) are times, and each device's timeline has tasks
+    that compute."""
     pytest.importorskip("cupy")
     from caramel.api import default_spec, gpu_available
 
