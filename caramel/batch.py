@@ -421,9 +421,10 @@ def measure_throughput(program: Program, gpus: Sequence[int], options=None, *, r
         points.append(ThroughputPoint(program.name, g, count, wall, count / wall if wall > 0 else 0.0, digest=first[0]))
         log(f"throughput on {g} device(s): {count} instances in {wall:.2f} s ({count / wall:.2f}/s)")
     base = next((p for p in points if p.gpus == 1 and p.per_second), None)
-    for p in points if base else ():
-        p.speedup = p.per_second / base.per_second
-        p.efficiency = p.speedup / p.gpus
+    if base is not None:
+        for p in points:
+            p.speedup = p.per_second / base.per_second
+            p.efficiency = p.speedup / p.gpus
     return points
 
 
