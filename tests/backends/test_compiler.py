@@ -4,11 +4,15 @@ waiting, the heaviest first, one pool shared by every caller, identical sources 
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import pytest
 
 from caramel.backends.cuda import compiler
+from caramel.backends.cuda.config import EpilogueConfig
 from caramel.backends.cuda.kernel_set import COMPILE_WEIGHTS, KernelSet
+from caramel.backends.cuda.ntt.epilogue import epilogue_scalar, epilogue_weight
+from caramel.expr import Expr, ExprOp
 from caramel.ring import Context, Mode
 
 from tests.backends.test_config import fake  # noqa: F401 (the fixture, shared)
@@ -50,6 +54,57 @@ def test_heaviest_first(fake):
     assert log == ["heavy", "mid", "one", "two", "light"]
 
 
+def test_a_heavier_job_queued_later_starts_first(fake):
+    """A free thread takes the heaviest job pending whichever batch queued it: a long compile queued late (a plan's
+    base conversion behind its epilogues) does not wait for the lighter jobs queued before it."""
+    log: list[str] = []
+    gate = threading.Event()
+    blocker = compiler.schedule([Job("blocker", gate=gate)], workers=1)
+    early = compiler.schedule([Job("a", log=log), Job("b", log=log)], workers=1)
+    late = compiler.schedule([Job("late", 3, log=log), Job("c", log=log)], workers=1)
+    gate.set()
+    for batch in (blocker, early, late):
+        batch.wait(progress=False)
+    assert log == ["late", "a", "b", "c"]
+
+
+RUNS: list[str] = []  # what Value jobs ran
+
+
+class Value(NamedTuple):
+    """A job that is a value (as a Module is): equal jobs are the same job."""
+
+    name: str
+
+    def __call__(self):
+        RUNS.append(self.name)
+        compiler.module(self.name)
+
+
+def test_an_equal_job_queued_again_is_not_run_again(fake):
+    """A job equal to one queued before on the device is not queued again (no thread of the pool waits on it): the
+    later batch holds the earlier job's future; another device, or a job that failed, is queued anew."""
+    runs = RUNS
+    runs.clear()
+    gate = threading.Event()
+    blocker = compiler.schedule([Job("blocker", gate=gate)], workers=1)
+    first = compiler.schedule([Value("x")], workers=1)
+    again = compiler.schedule([Value("x"), Value("y")], workers=1)
+    assert again.futures[0] is first.futures[0] and len(again) == 2
+    gate.set()
+    for batch in (blocker, first, again):
+        batch.wait(progress=False)
+    assert runs == ["x", "y"]
+    with fake.cuda.Device(1):
+        compiler.compile_sources([Value("x")], workers=1, progress=False)
+    assert runs == ["x", "y", "x"]
+    with pytest.raises(RuntimeError, match="nvrtc says no"):
+        compiler.compile_sources([Value("broken")], workers=1, progress=False)
+    with pytest.raises(RuntimeError, match="nvrtc says no"):
+        compiler.compile_sources([Value("broken")], workers=1, progress=False)
+    assert runs.count("broken") == 2
+
+
 def test_batches_share_the_pool_and_the_cache(fake):
     """Two batches on one pool: the second's job of a source the first is compiling waits for it (one compile), and
     the earlier batch's jobs go first; a pool of another size is another pool."""
@@ -88,6 +143,31 @@ def test_modules_are_jobs_weighted_by_family():
     assert compiler.weight(lambda: None) == 1.0 and callable(heaviest)
     two = KernelSet(Context(65536)).ring(list(Mode)).modules
     assert len([k for k in two if k[0] == "prologue"]) == 3 * len(Mode)
+
+
+def _sum_of(n_vec: int, transformed: int) -> Expr:
+    """x0 + x1 + ... + x(n_vec - 1), its first ``transformed`` operands read through the transform."""
+    ops = tuple(ExprOp("add", (0 if k == 0 else n_vec + k - 1, k + 1)) for k in range(n_vec - 1))
+    return Expr(n_vec, 0, ops, (2 * n_vec - 2,), transformed=tuple(range(transformed)))
+
+
+def test_epilogue_modules_weigh_their_register_pressure():
+    """An epilogue module weighs its program's registers (epilogue_weight), not its family's 1: evaluated in 16-byte
+    words (few transformed operands) a wide program outweighs a base conversion and the same program evaluated one
+    residue a thread, so that the programs whose first candidates spill (and compile a second and a third) start
+    first; a batch orders them so."""
+    config = EpilogueConfig()
+    found = KernelSet(Context(65536))
+    wide, narrow, scalar = _sum_of(25, 1), _sum_of(6, 1), _sum_of(25, config.scalar_from + 3)
+    assert not epilogue_scalar(1, config) and epilogue_scalar(config.scalar_from + 3, config)
+    for expr in (narrow, scalar, wide):
+        found.elementwise(expr, None, None, None, None)
+    weights = {m.key[3]: m.weight for m in found.modules.values() if m.key[0] == "epilogue"}
+    assert weights == {e: epilogue_weight(len(e.transformed), e.n_vec, 1, config) for e in (wide, narrow, scalar)}
+    assert weights[wide] == 1 + 26 * 4 / 32 > COMPILE_WEIGHTS["basis"] > weights[narrow]
+    assert weights[wide] > weights[scalar] == 1 + 26 / 32
+    order = sorted(found.modules.values(), key=lambda m: -compiler.weight(m))
+    assert [m.key[3] for m in order if m.key[0] == "epilogue"] == [wide, narrow, scalar]
 
 
 def test_jobs_compile_at_once(fake):

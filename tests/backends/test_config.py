@@ -105,6 +105,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(compiler, "_modules", {})
     monkeypatch.setattr(compiler, "_functions", {})
     monkeypatch.setattr(compiler, "_pools", {})
+    monkeypatch.setattr(compiler, "_queued", {})
     return cp
 
 

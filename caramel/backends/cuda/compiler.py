@@ -13,9 +13,11 @@ CuPy's own cache, keyed by their generated source the same way). :func:`schedule
 compile pool (:data:`default_workers` threads: NVRTC is thread-safe and releases the GIL) and returns at once, a
 :class:`Batch` to wait for; :func:`compile_sources` schedules and waits, with a progress bar. Every caller shares the
 pool, so the GPU warm-up's jobs (:func:`caramel.ckks.device.warm_up`) and a plan's precompile
-(:mod:`caramel.execute.precompile`) never run more compiles at once than the machine has cores. Within a batch the
-heaviest jobs (a job's ``weight`` attribute, default 1) start first, so that one long module (the NTT) does not
-finish last.
+(:mod:`caramel.execute.precompile`) never run more compiles at once than the machine has cores. A free thread takes
+the heaviest job pending (a job's ``weight`` attribute, default 1; ties in queueing order), whichever call queued it,
+so that a long module (the NTT, a base conversion) queued late does not finish last. A job queued again while an
+equal one (a :class:`~caramel.backends.cuda.kernel_set.Module` is a value) is queued or done on that device is not
+run twice: the later batch waits for the earlier job, and no thread of the pool blocks on it.
 
 CuPy is imported lazily: this module imports without it.
 """
@@ -23,7 +25,10 @@ CuPy is imported lazily: this module imports without it.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import heapq
 import importlib.resources
+import itertools
 import os
 import threading
 import time
@@ -39,11 +44,13 @@ NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 _lock = threading.Lock()
 _modules: dict[tuple, concurrent.futures.Future] = {}  # (device, options, code) -> the module, once compiled
 _functions: dict[tuple, object] = {}  # (device, options, code, name) -> the kernel
-_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # threads -> the compile pool of that many
+_pools: dict[int, "_Pool"] = {}  # threads -> the compile pool of that many
+_queued: dict[tuple, concurrent.futures.Future] = {}  # (device, job) -> its future, for hashable jobs
 
 
-def _forget_pools() -> None:  # a forked child has none of the parent's threads
+def _forget_pools() -> None:  # a forked child has none of the parent's threads, nor their jobs
     _pools.clear()
+    _queued.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -104,13 +111,49 @@ def default_workers() -> int:
     return cores.available()
 
 
-def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+class _Pool:
+    """``workers`` threads, each taking the heaviest job pending when it is free (ties in queueing order): every
+    job queued adds one task to a thread pool, and the task runs whichever job then weighs most."""
+
+    def __init__(self, workers: int):
+        self.threads = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="caramel-compile")
+        self.pending: list[tuple] = []  # heap of (-weight, order, call, future)
+        self.order = itertools.count()
+        self.lock = threading.Lock()
+
+    def submit(self, call: Callable[[], object], weight: float) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self.lock:
+            heapq.heappush(self.pending, (-weight, next(self.order), call, future))
+        self.threads.submit(self._run_heaviest)
+        return future
+
+    def _run_heaviest(self) -> None:
+        with self.lock:
+            _, _, call, future = heapq.heappop(self.pending)
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # noqa: BLE001 (the batch's wait raises it)
+                future.set_exception(exc)
+
+
+def _pool(workers: int) -> _Pool:
     """The process's compile pool of ``workers`` threads (made on first use, kept: its threads idle between jobs)."""
     with _lock:
         pool = _pools.get(workers)
         if pool is None:
-            pool = _pools[workers] = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="caramel-compile")
+            pool = _pools[workers] = _Pool(workers)
         return pool
+
+
+def _identity(device: int, job) -> tuple | None:
+    """What makes ``job`` the same job on ``device`` (None for an unhashable job: never deduplicated)."""
+    try:
+        hash(job)
+    except TypeError:
+        return None
+    return device, job
 
 
 def weight(job) -> float:
@@ -158,10 +201,11 @@ class Batch:
 
 
 def schedule(jobs: Iterable[Callable[[], object]], *, workers: int | None = None) -> Batch:
-    """Queue ``jobs`` on the compile pool of ``workers`` threads (default :func:`default_workers`), the heaviest
-    first (:func:`weight`; ties in the given order), each run with the CUDA device current here made current in
-    its thread; returns at once. Jobs already queued by earlier calls go first."""
-    jobs = sorted(jobs, key=lambda j: -weight(j))
+    """Queue ``jobs`` on the compile pool of ``workers`` threads (default :func:`default_workers`), each run with the
+    CUDA device current here made current in its thread, and return at once. The heaviest job pending starts first,
+    whichever call queued it (:func:`weight`; ties in queueing order, here the given order). A job equal to one
+    queued before on this device (and not failed) is not queued again: the batch holds the earlier job's future."""
+    jobs = list(jobs)
     started = time.perf_counter()
     if not jobs:
         return Batch([], started)
@@ -172,7 +216,17 @@ def schedule(jobs: Iterable[Callable[[], object]], *, workers: int | None = None
             return job()
 
     pool = _pool(max(1, workers or default_workers()))
-    return Batch([pool.submit(run, job) for job in jobs], started)
+    futures = []
+    with _lock:
+        for job in jobs:
+            ident = _identity(device, job)
+            future = _queued.get(ident) if ident is not None else None
+            if future is None or (future.done() and future.exception() is not None):
+                future = pool.submit(functools.partial(run, job), weight(job))
+                if ident is not None:
+                    _queued[ident] = future
+            futures.append(future)
+    return Batch(futures, started)
 
 
 def compile_sources(jobs: Iterable[Callable[[], object]], *, workers: int | None = None,

@@ -21,6 +21,7 @@ from caramel.backends.cuda.compiler import NVRTC_OPTIONS, function
 from caramel.backends.cuda.config import KernelConfig
 from caramel.backends.cuda.context import COMMON_SRC, TWIDDLE_SRC
 from caramel.backends.cuda.ntt.common import ring_lazy
+from caramel.backends.cuda.ntt.epilogue import epilogue_weight
 from caramel.backends.cuda.ntt.prologue import PROLOGUE_CODES, prologue_kernel
 from caramel.backends.cuda.ntt.transform import kernel_names, transform_source
 from caramel.backends.cuda.target import CUDA_TARGET
@@ -28,7 +29,8 @@ from caramel.backends.cuda.transfer import GATHER_SRC
 
 #: Multiprocessors of the device assumed without one (an H200's): the tensor-core conversion's build depends on it.
 MULTIPROCESSORS = 132
-#: Relative compile times of the module families (1 for the others), the order in which a batch starts them
+#: Relative compile times of the module families (1 for the others; an epilogue's is its own,
+#: :func:`~caramel.backends.cuda.ntt.epilogue.epilogue_weight`), the order in which a batch starts them
 #: (:func:`caramel.backends.cuda.compiler.schedule`): the transform module is by far the longest to compile, several
 #: times any other family's module.
 COMPILE_WEIGHTS = MappingProxyType({"ntt": 8.0, "basis": 3.0, "automorphism": 2.0, "crt": 1.5})
@@ -38,10 +40,12 @@ class Module(NamedTuple):
     """A module a run loads: ``key`` says what it is (its family first: ``("ntt", N, lazy)``,
     ``("elementwise", expr)``, ...); ``candidates`` are (source, kernel names, options) in the order the launch
     tries them: the first that compiles without local memory is taken (an epilogue's launch bounds), else the last.
-    Every other module has one candidate."""
+    Every other module has one candidate. ``weight``: its relative compile time, the order in which a batch starts it
+    (:data:`COMPILE_WEIGHTS`, or an epilogue's own)."""
 
     key: tuple
     candidates: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
+    weight: float = 1.0
 
     def compile(self) -> None:
         """Compile and load the module on the current device (the candidates in turn, as the launch takes them)."""
@@ -50,11 +54,6 @@ class Module(NamedTuple):
                 break
 
     __call__ = compile  # a job of caramel.backends.cuda.compiler.schedule
-
-    @property
-    def weight(self) -> float:
-        """Its relative compile time (:data:`COMPILE_WEIGHTS`), the order in which a batch starts it."""
-        return COMPILE_WEIGHTS.get(self.key[0], 1.0)
 
 
 class KernelSet(Backend):
@@ -73,10 +72,10 @@ class KernelSet(Backend):
     def _add(self, key: tuple, code: str, names: tuple[str, ...], options: tuple[str, ...] = NVRTC_OPTIONS) -> None:
         module = self.modules.get(key)
         if module is None:
-            self.modules[key] = Module(key, ((code, names, options),))
+            self.modules[key] = Module(key, ((code, names, options),), COMPILE_WEIGHTS.get(key[0], 1.0))
         elif not set(names) <= set(module.candidates[0][1]):
             code, known, options = module.candidates[0]
-            self.modules[key] = Module(key, ((code, tuple(sorted(set(known) | set(names))), options),))
+            self.modules[key] = module._replace(candidates=((code, tuple(sorted(set(known) | set(names))), options),))
 
     def _transform(self) -> None:
         self._add(("ntt", self.n, self.lazy), transform_source(self.logn, self.lazy, self.kernels.ntt),
@@ -98,8 +97,10 @@ class KernelSet(Backend):
         if expr.transformed and self.logn > 12:
             key = ("epilogue", self.n, self.lazy, expr)
             if key not in self.modules:
-                sources = elementwise.epilogue_sources(expr, self.logn, self.lazy, self.kernels.epilogue)
-                self.modules[key] = Module(key, tuple((code, name, NVRTC_OPTIONS) for _, code in sources))
+                config = self.kernels.epilogue
+                sources = elementwise.epilogue_sources(expr, self.logn, self.lazy, config)
+                weight = epilogue_weight(len(expr.transformed), expr.n_vec, len(expr.outputs), config)
+                self.modules[key] = Module(key, tuple((code, name, NVRTC_OPTIONS) for _, code in sources), weight)
             return
         self._add(("elementwise", expr), elementwise.plain_source(expr, self.kernels.elementwise.threads), name)
 

@@ -153,6 +153,15 @@ def epilogue_scalar(operands: int, config: EpilogueConfig) -> bool:
     return operands >= config.scalar_from and epilogue_groups(operands) == 1
 
 
+def epilogue_weight(operands: int, n_vec: int, outputs: int, config: EpilogueConfig) -> float:
+    """An epilogue module's relative compile time (a module of most families: 1), the order in which a batch of
+    compiles starts it: ``1 + W / 32``, W the registers that its program's ``n_vec`` vector operands and ``outputs``
+    outputs take, 4 each evaluated in 16-byte words and 1 each one residue a thread (:func:`epilogue_scalar`, with
+    ``operands`` transformed operands). Register pressure is what makes a candidate spill, so that the module compiles
+    its next candidate, up to three in a row: started first, those chains do not end a batch late."""
+    return 1.0 + (n_vec + outputs) * (1 if epilogue_scalar(operands, config) else 4) / 32
+
+
 def epilogue_staged(operands: tuple[int, ...], plain: tuple[int, ...], blocks: int,
                     config: EpilogueConfig) -> tuple[int, ...]:
     """The plain operands an epilogue kernel with transformed ``operands`` stages in shared memory (``stage``, 4 KiB
