@@ -136,6 +136,17 @@ def _queue_lane_kernels(device: int) -> None:
         schedule(lane_jobs())
 
 
+def _queue_on(device: int | None, schedule: Callable[..., object], *args) -> None:
+    """``schedule(*args)`` (a compile-pool queueing of :mod:`caramel.execute.precompile`) with CUDA device ``device``
+    current; nothing without a device."""
+    if device is None:
+        return
+    import cupy as cp
+
+    with cp.cuda.Device(device):
+        schedule(*args)
+
+
 class ClientScope:
     """Where the client arithmetic of an executor runs: its :class:`~caramel.ckks.device.ClientDevice`
     and, on the GPU, the CUDA device (one lane's GPU: the inputs it makes are read there in place;
@@ -484,14 +495,16 @@ class Executor:
     def _plan_ahead(self, lane_gpus: list[tuple[int, ...]]) -> Future | None:
         """The future of the lanes' plan (:func:`caramel.plan_cache.cached_plan`, for the CUDA backend's target on a
         GPU), built on a host thread of its own while the caller makes the keys (on the GPU client mostly device
-        work and compiles, which leave the host's interpreter free); on a GPU the plan's kernels are queued on the
-        compile pool as soon as it exists (:func:`caramel.execute.precompile.schedule_plan`, on the first lane's
-        device), before the future resolves; the plan's cache entry and a deferred load-cache entry
-        (:func:`caramel.cache.write_deferred`) are written after that, while the kernels compile. None for the
-        reference backend (no plan). An error of the plan is the future's."""
+        work and compiles, which leave the host's interpreter free); on a GPU, on the first lane's device, the
+        modules of the plan's elementwise programs are queued on the compile pool as soon as fusion has fixed them
+        (:func:`caramel.execute.precompile.schedule_programs`) and the rest of its kernels' once it exists
+        (:func:`~caramel.execute.precompile.schedule_plan`), before the future resolves; the plan's cache entry and a
+        deferred load-cache entry (:func:`caramel.cache.write_deferred`) are written after that, while the kernels
+        compile. None for the reference backend (no plan). An error of the plan is the future's."""
         if self.backend == "cpu":
             return None
         from caramel.cache import write_deferred
+        from caramel.execute.precompile import schedule_plan, schedule_programs
         from caramel.plan_cache import cached_plan
 
         if self.backend == "gpu":
@@ -505,19 +518,17 @@ class Executor:
         def queue(plan) -> None:
             logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
                          time.perf_counter() - t0)
-            if device is not None:
-                import cupy as cp
+            _queue_on(device, schedule_plan, plan, ctx, [opts.mode], opts.kernels)
 
-                from caramel.execute.precompile import schedule_plan
-
-                with cp.cuda.Device(device):
-                    schedule_plan(plan, ctx, [opts.mode], opts.kernels)
+        def fused(exprs) -> None:
+            _queue_on(device, schedule_programs, exprs, ctx, opts.kernels)
 
         def build() -> None:
             try:
                 if device is not None:
                     _queue_lane_kernels(device)
-                done.set_result(cached_plan(program, target=target, built=queue))  # queue runs before its entry's write
+                # queue runs before the plan's entry is written, fused before the plan exists
+                done.set_result(cached_plan(program, target=target, built=queue, fused=fused))
             except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
                 done.set_exception(exc)
                 return

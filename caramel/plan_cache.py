@@ -282,13 +282,15 @@ def from_bytes(data: bytes, meta: dict, name: str):
 
 def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_INPUTS, cache: bool = True,
                 fuse_ntt=True, max_outputs: int = MAX_OUTPUTS, fuse_automorphism: bool = True,
-                target: Target = NEUTRAL, built: Callable[[Plan], None] | None = None):
+                target: Target = NEUTRAL, built: Callable[[Plan], None] | None = None,
+                fused: Callable[[frozenset], None] | None = None):
     """``build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
     fuse_automorphism=fuse_automorphism, target=target)``, read from the plan cache when
     ``program`` came from :func:`caramel.parse.load_program` and an entry for it (and this planner)
     is there, else built and (for such a program, in a trusted folder) written there. The plan's
     ``timings`` then has one phase, ``cache``. ``built`` is called with the plan as soon as it exists, before its
-    entry is written (a first run queues its kernels' compiles there)."""
+    entry is written (a first run queues its kernels' compiles there); ``fused``, only when it is built, is
+    :func:`~caramel.plan.build_plan`'s (its elementwise programs, sooner)."""
     from caramel.plan import build_plan
 
     key = program_key(program) if cache else None
@@ -300,7 +302,7 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_IN
     write = plan is None and usable
     if plan is None:
         plan = build_plan(program, fuse=fuse, max_inputs=max_inputs, fuse_ntt=fuse_ntt, max_outputs=max_outputs,
-                          fuse_automorphism=fuse_automorphism, target=target)
+                          fuse_automorphism=fuse_automorphism, target=target, fused=fused)
     if built is not None:
         built(plan)
     if write:

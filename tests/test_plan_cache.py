@@ -17,7 +17,7 @@ import pytest
 import caramel.cache as cache
 import caramel.plan_cache as pc
 from caramel.parse import load_program
-from caramel.plan import build_plan
+from caramel.plan import Kind, build_plan
 
 from tests.conftest import corpus
 
@@ -75,6 +75,17 @@ def test_built_sees_the_plan_before_its_entry_is_written(fresh_cache, hit):
     assert len(seen) == 1 and seen[0][0] is plan
     assert seen[0][1] == (entries(fresh_cache) if hit else [])  # on a miss the entry comes after the hook
     assert len(entries(fresh_cache)) == 1
+
+
+def test_fused_is_called_only_when_the_plan_is_built(fresh_cache):
+    """``fused`` (build_plan's: the plan's elementwise programs, before it exists) is called on a miss, with the
+    programs of the plan's elementwise kernels, and not on a hit (the plan is there at once)."""
+    program = load_program(MUL, progress=False)
+    seen = []
+    plan = pc.cached_plan(program, fused=seen.append)
+    assert seen == [{k.expr for c in plan.chips for k in c.kernels if k.kind is Kind.ELEMENTWISE}] and seen[0]
+    pc.cached_plan(program, fused=seen.append)
+    assert len(seen) == 1
 
 
 def test_entry_and_folder_are_private(fresh_cache):

@@ -6,10 +6,12 @@ steps' local sums, copies and ``% q``) to its backend call, exactly as :class:`~
 does, and runs the calls on a :class:`~caramel.backends.cuda.kernel_set.KernelSet`, which records the module each
 one loads; :func:`precompile` compiles them on the compile pool (NVRTC is thread-safe), each distinct source once in
 the process (:mod:`caramel.backends.cuda.compiler`) and in CuPy's disk cache across processes. The GPU executors call
-it before their first launch; ``caramel compile`` calls it ahead of a run. :func:`schedule_plan` queues the modules
-of a plan's kernels and of its communication's local work (:func:`plan_modules`, no device program needed) as soon
-as the plan exists and returns at once (:class:`caramel.Executor` calls it from the thread that builds the plan,
-while the keys are made): the executor's precompile then finds them compiled or compiling.
+it before their first launch; ``caramel compile`` calls it ahead of a run. :func:`schedule_programs` queues the
+modules of a plan's elementwise programs (most of its compiles: the NTT epilogues) as soon as fusion has fixed them,
+and :func:`schedule_plan` the rest of its kernels' and of its communication's local work (:func:`plan_modules`, no
+device program needed) once the plan exists; both return at once (:class:`caramel.Executor` calls them from the
+thread that builds the plan, while the keys are made): the executor's precompile then finds them compiled or
+compiling, and waits for them (the compile pool queues a module once).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from caramel.execute.placement import CommStep, DeviceProgram
 from caramel.execute.runner import _copy_calls, _local_calls, _packed, local_work_calls, lower_kernel
+from caramel.expr import Expr
 from caramel.plan.kernel import Kind, Plan
 from caramel.ring import Context, Mode
 
@@ -86,6 +89,23 @@ def _multiprocessors() -> int:
     return int(cp.cuda.Device().attributes["MultiProcessorCount"])
 
 
+def schedule_programs(exprs: Iterable[Expr], ctx: Context, kernels=None):
+    """Queue on the compile pool, for the current CUDA device, the module of each elementwise program of ``exprs``
+    (its plain or epilogue kernel) and return at once (a :class:`~caramel.backends.cuda.compiler.Batch`): a plan's,
+    from :func:`caramel.plan.build_plan`'s ``fused``, before the plan exists."""
+    from caramel.backends.cuda.compiler import schedule
+    from caramel.backends.cuda.kernel_set import KernelSet
+
+    t0 = time.perf_counter()
+    found = KernelSet(ctx, kernels, _multiprocessors())
+    for expr in exprs:
+        found.elementwise(expr, None, None, None, None)
+    batch = schedule(found.modules.values())
+    logger.debug("cold path: %d kernel modules of elementwise programs queued %.2f s", len(batch),
+                 time.perf_counter() - t0)
+    return batch
+
+
 def schedule_plan(plan: Plan, ctx: Context, modes: Iterable[Mode], kernels=None):
     """Queue on the compile pool every module of :func:`plan_modules` for the current CUDA device and return at once
     (a :class:`~caramel.backends.cuda.compiler.Batch`)."""
@@ -115,4 +135,4 @@ def precompile(progs: Sequence[DeviceProgram], plan: Plan, ctx: Context, modes: 
     return len(modules)
 
 
-__all__ = ["device_calls", "needed_modules", "plan_modules", "precompile", "schedule_plan"]
+__all__ = ["device_calls", "needed_modules", "plan_modules", "precompile", "schedule_plan", "schedule_programs"]

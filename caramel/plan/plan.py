@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
 from caramel.errors import ArgumentError
+from caramel.expr import Expr
 from caramel.plan import dag as _dag
 from caramel.plan import fusion
 from caramel.plan.kernel import ChipPlan, Comm, Kind, Op, Plan, ScalarSpec
@@ -168,7 +170,8 @@ ROW_ORDERS = ("recent", "batch")
 
 def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.MAX_INPUTS, fuse_ntt=True,
                max_outputs: int = fusion.MAX_OUTPUTS, fuse_automorphism: bool = True, row_order: str = "recent",
-               fuse_epilogue: bool = True, target: Target = NEUTRAL) -> Plan:
+               fuse_epilogue: bool = True, target: Target = NEUTRAL,
+               fused: Callable[[frozenset[Expr]], None] | None = None) -> Plan:
     """Plan ``program``: SSA renaming, lowering, dead-code removal, elementwise fusion (trees of
     at most ``max_inputs`` vector inputs; ``fuse=False`` keeps one operation per kernel row),
     fusion across NTT boundaries (:func:`caramel.plan.fusion.fuse_ntt_loads`, with ``fuse`` only:
@@ -182,7 +185,8 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
     batching (:mod:`caramel.plan.fusion`) and the rows of every kernel ordered by ``row_order``: ``"recent"``,
     most recently written inputs first on ``target`` (the backend's :class:`~caramel.target.Target`, which the plan
     records; :func:`caramel.plan.order.recent_first`: the faster replay, docs/PERFORMANCE.md), or ``"batch"``, as
-    batched.
+    batched. ``fused`` is called once fusion has fixed the programs of the plan's elementwise kernels, before batching
+    and ordering, with the set of them (a first run queues their compiles there).
     The cyclic garbage collector is paused meanwhile (:func:`caramel.parse.no_gc`)."""
     loads = fusion.ntt_load_kinds(fuse_ntt) if fuse else frozenset()
     if max_inputs < 1 or max_outputs < 1:
@@ -191,7 +195,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
         raise ArgumentError(f"row_order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
     with no_gc():
         plan = _build(program, fuse, max_inputs, loads, max_outputs if fuse else 1, bool(fuse and fuse_automorphism),
-                      bool(fuse and fuse_epilogue))
+                      bool(fuse and fuse_epilogue), fused)
         if row_order == "recent":
             t0 = time.perf_counter()
             plan = recent_first(plan, target)
@@ -201,7 +205,7 @@ def build_plan(program: Program, *, fuse: bool = True, max_inputs: int = fusion.
 
 
 def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = frozenset(),
-           max_outputs: int = 1, automorphisms: bool = False, epilogues: bool = False) -> Plan:
+           max_outputs: int = 1, automorphisms: bool = False, epilogues: bool = False, fused=None) -> Plan:
     marks = [time.perf_counter()]  # after each phase: ssa, lower, fuse, batch
     chips = _dag.program_ssa(program)
     fix_received_tags(chips)
@@ -224,6 +228,8 @@ def _build(program: Program, fuse: bool, max_inputs: int, loads: frozenset = fro
             units[c], levels[c] = fusion.fuse_automorphisms(us, lv, pins[c])
     if epilogues:
         units = [fusion.fuse_ntt_epilogues(us, pinned) for us, pinned in zip(units, pins)]
+    if fused is not None:  # an ELEMENTWISE unit's batching key is its program
+        fused(frozenset(u.key for us in units for u in us if u.kind is Kind.ELEMENTWISE))
     kernels = [
         fusion.batch(u, lv, [ins.line for ins in c.stream.instructions]) for u, lv, c in zip(units, levels, chips)
     ]

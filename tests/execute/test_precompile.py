@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from caramel.expr import Expr, ExprOp
 from caramel.plan import Kind, build_plan
 from caramel.ring import Context, Mode
 
+from tests.backends.test_config import fake  # noqa: F401 (the fixture, shared)
 from tests.conftest import REPO, caramel_cli
 from tests.plan.plan_helpers import load_corpus
 
@@ -66,6 +68,30 @@ def test_the_plans_modules_cover_every_placement(name):
         assert needed <= early, (gpus, needed - early)
         if gpus < len(plan.chips):
             assert needed - kernels_only  # the local sums of chips that share a device
+
+
+def test_a_plans_programs_queued_while_it_is_built_are_not_queued_again(fake, monkeypatch):
+    """What a first run queues from build_plan's ``fused`` (schedule_programs: the modules of the plan's elementwise
+    programs, its epilogues among them) the plan then needs, and schedule_plan, once the plan exists, holds those
+    jobs' futures rather than queueing them again; every module compiles once."""
+    from caramel.execute import precompile
+
+    class Loaded(fake.RawModule):
+        def get_function(self, name):
+            return types.SimpleNamespace(local_size_bytes=0)
+
+    fake.RawModule = Loaded
+    monkeypatch.setattr(precompile, "_multiprocessors", lambda: 132)
+    seen, ctx = [], Context(65536)
+    plan = build_plan(load_corpus("BootstrapModRaise_4L_2c"), target=CUDA_TARGET, fused=seen.append)
+    early = precompile.schedule_programs(seen[0], ctx)
+    later = precompile.schedule_plan(plan, ctx, [Mode.EXACT])
+    early.wait(progress=False)
+    later.wait(progress=False)
+    modules = plan_modules(plan, ctx, [Mode.EXACT])
+    assert any(e.transformed for e in seen[0]) and len(early) > 2  # epilogues, beside the ring's two modules
+    assert {id(f) for f in early.futures} < {id(f) for f in later.futures}  # the plan's batch holds them all
+    assert len(fake.compiles) == len(set(fake.compiles)) == len(modules)
 
 
 def test_epilogues_carry_their_launch_bounds():

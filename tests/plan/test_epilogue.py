@@ -18,6 +18,16 @@ from caramel.ring import Context
 from plan_helpers import check_plan, corpus, load_corpus, random_memory, store_mismatches
 
 
+@pytest.mark.parametrize("name", ["BootstrapModRaise_4L_2c", "RotMulAdd_4L_1c", "PolyX8_4L_4c"])
+def test_fused_sees_every_program_of_the_plans_elementwise_kernels_once(name):
+    """build_plan's ``fused`` is called once, with the programs of the plan's elementwise kernels: the epilogues
+    among them (a first run queues their compiles there, before batching and ordering)."""
+    seen = []
+    plan = build_plan(load_corpus(name), fused=seen.append)
+    assert seen == [{k.expr for c in plan.chips for k in c.kernels if k.kind is Kind.ELEMENTWISE}]
+    assert any(e.transformed for e in seen[0])
+
+
 @lru_cache(maxsize=None)
 def context(n: int) -> Context:
     return Context(n=n)
