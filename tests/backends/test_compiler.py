@@ -84,8 +84,7 @@ class Value(NamedTuple):
 def test_an_equal_job_queued_again_is_not_run_again(fake):
     """A job equal to one queued before on the device is not queued again (no thread of the pool waits on it): the
     later batch holds the earlier job's future; another device, or a job that failed, is queued anew."""
-    runs = RUNS
-    runs.clear()
+    RUNS.clear()
     gate = threading.Event()
     blocker = compiler.schedule([Job("blocker", gate=gate)], workers=1)
     first = compiler.schedule([Value("x")], workers=1)
@@ -94,15 +93,15 @@ def test_an_equal_job_queued_again_is_not_run_again(fake):
     gate.set()
     for batch in (blocker, first, again):
         batch.wait(progress=False)
-    assert runs == ["x", "y"]
+    assert RUNS == ["x", "y"]
     with fake.cuda.Device(1):
         compiler.compile_sources([Value("x")], workers=1, progress=False)
-    assert runs == ["x", "y", "x"]
+    assert RUNS == ["x", "y", "x"]
     with pytest.raises(RuntimeError, match="nvrtc says no"):
         compiler.compile_sources([Value("broken")], workers=1, progress=False)
     with pytest.raises(RuntimeError, match="nvrtc says no"):
         compiler.compile_sources([Value("broken")], workers=1, progress=False)
-    assert runs.count("broken") == 2
+    assert RUNS.count("broken") == 2
 
 
 def test_batches_share_the_pool_and_the_cache(fake):
