@@ -663,7 +663,11 @@ class Executor:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.shutdown(wait=True, cancel_futures=exc_type is not None)
+        """Shut down: after an exception, cancel the instances not started; after one that ends the program
+        (Ctrl-C's KeyboardInterrupt, SystemExit: not an ``Exception``) without waiting for those started, whose
+        lanes close in the background (a run on the CPU may be seconds from its end: a Ctrl-C stops at once)."""
+        failed = exc_type is not None
+        self.shutdown(wait=not failed or issubclass(exc_type, Exception), cancel_futures=failed)
 
     @property
     def device_ids(self) -> list[tuple[int, ...]]:

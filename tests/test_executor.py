@@ -5,6 +5,7 @@ Every digest is compared with a single run's (the reference interpreter on its o
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import CancelledError, as_completed
 
 import numpy as np
@@ -191,6 +192,35 @@ def test_shutdown_cancels_what_has_not_started(rot1, monkeypatch):
     with pytest.raises(CancelledError):
         futures[1].result()
     ex.shutdown(wait=True)
+
+
+def test_ctrl_c_leaves_the_executor_at_once(rot1, monkeypatch):
+    """A KeyboardInterrupt in the ``with`` block leaves without waiting for the instance that runs (its lane
+    finishes and closes in the background) and cancels those not started; an ordinary exception waits for it."""
+    import caramel.executor as executor_mod
+
+    go, running, real = threading.Event(), threading.Event(), executor_mod.draw_inputs
+
+    def draw(*a, **k):
+        running.set()
+        go.wait(60)
+        return real(*a, **k)
+    monkeypatch.setattr(executor_mod, "draw_inputs", draw)
+    for stop, waits in ((KeyboardInterrupt, False), (ValueError, True)):
+        go.clear()
+        running.clear()
+        futures = []
+        with pytest.raises(stop):
+            with Executor(rot1, n=N, backend="cpu-plan", seed=SEED, workers=1) as ex:
+                futures = [ex.submit() for _ in range(3)]
+                assert running.wait(30)
+                threading.Timer(1.0, go.set).start()  # the running instance goes on a second later
+                t0 = time.monotonic()
+                raise stop
+        left = time.monotonic() - t0
+        assert futures[0].done() is waits and all(f.cancelled() for f in futures[1:])
+        assert (left >= 1.0) is waits
+        assert futures[0].result(timeout=60).digest == single(rot1, SEED).digest
 
 
 def test_the_capacity_is_what_the_executor_works_on_at_once(rot1, monkeypatch):
