@@ -124,27 +124,25 @@ def _is_object(value) -> bool:
     return isinstance(value, (Ciphertext, Plaintext, Scalar))
 
 
-def _queue_lane_kernels(device: int) -> None:
-    """Queue on the compile pool, for CUDA device ``device``, the modules a GPU lane compiles whatever its plan
-    (:func:`caramel.execute.gpu_pipeline.lane_jobs`)."""
-    import cupy as cp
-
-    from caramel.backends.cuda.compiler import schedule
-    from caramel.execute.gpu_pipeline import lane_jobs
-
-    with cp.cuda.Device(device):
-        schedule(lane_jobs())
-
-
 def _queue_on(device: int | None, schedule: Callable[..., object], *args) -> None:
-    """``schedule(*args)`` (a compile-pool queueing of :mod:`caramel.execute.precompile`) with CUDA device ``device``
-    current; nothing without a device."""
+    """``schedule(*args)`` (a compile-pool queueing) with CUDA device ``device`` current; nothing without a device."""
     if device is None:
         return
     import cupy as cp
 
     with cp.cuda.Device(device):
         schedule(*args)
+
+
+def _queue_lane_kernels(device: int | None) -> None:
+    """Queue on the compile pool, for CUDA device ``device``, the modules a GPU lane compiles whatever its plan
+    (:func:`caramel.execute.gpu_pipeline.lane_jobs`); nothing without a device."""
+    if device is None:
+        return
+    from caramel.backends.cuda.compiler import schedule
+    from caramel.execute.gpu_pipeline import lane_jobs
+
+    _queue_on(device, lambda: schedule(lane_jobs()))
 
 
 class ClientScope:
@@ -525,8 +523,7 @@ class Executor:
 
         def build() -> None:
             try:
-                if device is not None:
-                    _queue_lane_kernels(device)
+                _queue_lane_kernels(device)
                 # queue runs before the plan's entry is written, fused before the plan exists
                 done.set_result(cached_plan(program, target=target, built=queue, fused=fused))
             except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
