@@ -363,8 +363,11 @@ LONG_RUN = SHARED_PROGRAMS / "BootstrapLike_20L_1c"
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a process group")
 def test_ctrl_c_exits_130_with_one_line_and_leaves_nothing_behind():
     # The same code path as the `caramel` console script (caramel.cli:main), with a line on stdout once
-    # the imports are done, so that the signal lands in the command and not in Python's start-up.
-    script = ("import sys\nfrom caramel.cli import main\nprint('ready', flush=True)\n"
+    # the imports are done, so that the signal lands in the command and not in Python's start-up. Ctrl-C's
+    # handler as in a terminal's foreground: a background job of a non-interactive shell (a CI script's `&`)
+    # inherits SIGINT ignored.
+    script = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from caramel.cli import main\nprint('ready', flush=True)\n"
               f"sys.exit(main(['run', {str(LONG_RUN)!r}, '--n', '65536', '--backend', 'cpu', '-q', '--no-check']))\n")
     env = dict(os.environ, CARAMEL_PROGRESS="0", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -95,7 +95,8 @@ def _launcher(tmp_path: Path, nproc: int, heartbeat: float = 20.0, env: dict | N
     tmp = tmp_path.with_name(tmp_path.name + "-tmp")
     tmp.mkdir(exist_ok=True)
     env = {"TMPDIR": str(tmp), **(env or {})}
-    script = ("import sys; from caramel.launch import launch; from caramel.errors import CaramelError\n"
+    script = ("import signal, sys; from caramel.launch import launch; from caramel.errors import CaramelError\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a foreground (not inherited ignored)\n"
               f"try:\n    sys.exit(launch({nproc}, [], command=[sys.executable, '-c', {SLEEPER!r}], grace=2, "
               f"heartbeat_timeout={heartbeat}))\n"
               "except CaramelError as e:\n    print('caramel: error:', e, file=sys.stderr); sys.exit(2)\n"
