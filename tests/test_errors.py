@@ -495,7 +495,8 @@ def test_client_functions_raise_caramel_errors():
         encode(np.zeros(5), 2.0**20, 64)
     with pytest.raises(ArgumentError, match="Hamming weight"):
         sparse_ternary(64, 65, np.random.default_rng(0))
-    ct = encrypt(ctx, Secrets.generate(64, 0).s, encode(np.zeros(32), 2.0**20, 64), [0, 1], np.random.default_rng(0), 2.0**20)
+    ct = encrypt(ctx, Secrets.generate(64, 0).s, encode(np.zeros(32), 2.0**20, 64), [0, 1], np.random.default_rng(0),
+                 2.0**20)
     with pytest.raises(MissingLimbError, match="no limb 5") as info:
         ct.limb(0, 5)
     assert isinstance(info.value, (CaramelError, KeyError))
