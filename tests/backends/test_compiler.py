@@ -104,6 +104,22 @@ def test_an_equal_job_queued_again_is_not_run_again(fake):
     assert RUNS.count("broken") == 2
 
 
+def test_a_cancelled_job_is_queued_anew(fake):
+    """A job whose future was cancelled before it ran is queued again by a later batch (not held, nor asked for an
+    exception it never had)."""
+    RUNS.clear()
+    gate = threading.Event()
+    blocker = compiler.schedule([Job("blocker", gate=gate)], workers=1)
+    first = compiler.schedule([Value("x")], workers=1)
+    assert first.futures[0].cancel()
+    again = compiler.schedule([Value("x")], workers=1)
+    assert again.futures[0] is not first.futures[0]
+    gate.set()
+    blocker.wait(progress=False)
+    again.wait(progress=False)
+    assert RUNS == ["x"]
+
+
 def test_batches_share_the_pool_and_the_cache(fake):
     """Two batches on one pool: the second's job of a source the first is compiling waits for it (one compile), and
     the earlier batch's jobs go first; a pool of another size is another pool."""

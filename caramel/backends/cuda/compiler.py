@@ -204,7 +204,8 @@ def schedule(jobs: Iterable[Callable[[], object]], *, workers: int | None = None
     """Queue ``jobs`` on the compile pool of ``workers`` threads (default :func:`default_workers`), each run with the
     CUDA device current here made current in its thread, and return at once. The heaviest job pending starts first,
     whichever call queued it (:func:`weight`; ties in queueing order, here the given order). A job equal to one
-    queued before on this device (and not failed) is not queued again: the batch holds the earlier job's future."""
+    queued before on this device (and not failed or cancelled) is not queued again: the batch holds the earlier job's
+    future."""
     jobs = list(jobs)
     started = time.perf_counter()
     if not jobs:
@@ -221,7 +222,7 @@ def schedule(jobs: Iterable[Callable[[], object]], *, workers: int | None = None
         for job in jobs:
             ident = _identity(device, job)
             future = _queued.get(ident) if ident is not None else None
-            if future is None or (future.done() and future.exception() is not None):
+            if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
                 future = pool.submit(functools.partial(run, job), weight(job))
                 if ident is not None:
                     _queued[ident] = future
