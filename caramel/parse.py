@@ -2,7 +2,9 @@
 
 Sources: a compiled program folder (``instructions<p>``, ``inputs<p>``, ``program_inputs``), a
 ``.tar``/``.tar.gz``/``.tar.xz`` archive of one (``archive.tar.xz#member`` picks one program of an
-archive that holds several), or a single ``instructions`` file.
+archive that holds several), or a single ``instructions`` file. A program of an archive is parsed as soon as the
+archive's read (a thread of its own; xz decompressed in large steps, without the GIL) has passed its files, while the
+rest of the archive is read: the whole archive is still read and checked, and decides the files.
 
 Two parsers give the same :class:`Program`:
 
@@ -26,9 +28,11 @@ import hashlib
 import io
 import json
 import logging
+import lzma
 import os
 import re
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 from collections import defaultdict
@@ -651,17 +655,54 @@ def _read_folder(path: Path) -> _Files:
     return _Files(path.name, str(path), files)
 
 
-def _read_archive(path: Path, member: str | None, data: bytes | None = None) -> _Files:
-    """The program files of an archive; every member's declared size is checked at its header,
-    before anything of it is decompressed (a member beyond :data:`MAX_FILE_BYTES`, or more than
-    :data:`MAX_ARCHIVE_BYTES` declared in all, is refused), and a program file is read no further
-    than its declared size. ``data``: the archive's bytes, already read (else the file is opened)."""
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_TAR_SLACK = 64 << 20  # what an archive decompresses to beyond its members' data at most: headers and padding
+
+
+class _Unxz(io.RawIOBase):
+    """The decompressed bytes of an xz stream ``data``, read forward only, decompressed :data:`STEP` bytes a call
+    (the decompressor releases the GIL for each: another thread parses meanwhile, with few hand-overs of the GIL), and
+    no further than ``limit`` bytes (an OSError beyond)."""
+
+    STEP = 8 << 20
+
+    def __init__(self, data: bytes, limit: int):
+        self.decompressor, self.data, self.limit = lzma.LZMADecompressor(), data, limit
+        self.chunk, self.at, self.out = b"", 0, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.at == len(self.chunk):
+            if self.decompressor.eof:
+                return 0
+            self.chunk, self.at, self.data = self.decompressor.decompress(self.data, max_length=self.STEP), 0, b""
+            self.out += len(self.chunk)
+            if self.out > self.limit:
+                raise OSError(f"decompresses to more than {_mib(self.limit)}")
+        n = min(len(buffer), len(self.chunk) - self.at)
+        buffer[:n] = self.chunk[self.at:self.at + n]
+        self.at += n
+        return n
+
+
+def _archive_members(path: Path, data: bytes | None) -> Iterator[tuple[str, str, bytes]]:
+    """(folder, file name, bytes) of every program file of an archive, in its order; every member's declared size is
+    checked at its header, before anything of it is decompressed (a member beyond :data:`MAX_FILE_BYTES`, or more
+    than :data:`MAX_ARCHIVE_BYTES` declared in all, is refused), and a program file is read no further than its
+    declared size. ``data``: the archive's bytes, already read (else the file is opened)."""
     def refuse(reason: str):
         raise ParseError(Location(str(path)), reason)
 
     try:
-        with (tarfile.open(path) if data is None else tarfile.open(fileobj=io.BytesIO(data))) as tar:
-            groups: dict[str, dict[str, bytes]] = {}
+        if data is None:
+            opened = tarfile.open(path)
+        elif data.startswith(_XZ_MAGIC):  # read forward, decompressed in large steps (see _Unxz)
+            opened = tarfile.open(fileobj=_Unxz(data, MAX_ARCHIVE_BYTES + _TAR_SLACK), mode="r|")
+        else:
+            opened = tarfile.open(fileobj=io.BytesIO(data))
+        with opened as tar:
             declared = 0
             while (info := tar.next()) is not None:
                 if not info.isfile():
@@ -675,12 +716,22 @@ def _read_archive(path: Path, member: str | None, data: bytes | None = None) -> 
                            "set of compiled programs")
                 folder, _, name = info.name.rpartition("/")
                 if _is_program_file(name):
-                    data = tar.extractfile(info).read(info.size + 1)
-                    if len(data) != info.size:
-                        refuse(f"member {info.name[:80]!r} holds {len(data)} bytes, its header says {info.size}")
-                    groups.setdefault(folder, {})[name] = data
+                    blob = tar.extractfile(info).read(info.size + 1)
+                    if len(blob) != info.size:
+                        refuse(f"member {info.name[:80]!r} holds {len(blob)} bytes, its header says {info.size}")
+                    yield folder, name, blob
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ParseError(Location(str(path)), f"cannot read archive: {exc}") from None
+
+
+def _matches(folder: str, member: str) -> bool:
+    """Whether an archive's ``folder`` is the program named ``member`` (its path or its last part)."""
+    return folder == member or folder.rpartition("/")[2] == member
+
+
+def _program_of(path: Path, member: str | None, groups: dict[str, dict[str, bytes]]) -> _Files:
+    """The :class:`_Files` of program ``member`` (None: the only one) among an archive's ``groups`` (folder -> its
+    program files)."""
     groups = {k: v for k, v in groups.items() if any(_INSTR.fullmatch(n) for n in v)}
     if not groups:
         raise ParseError(Location(str(path)), "archive holds no compiled program (no 'instructions<p>' files)")
@@ -690,11 +741,64 @@ def _read_archive(path: Path, member: str | None, data: bytes | None = None) -> 
             raise ParseError(Location(str(path)), f"archive holds several programs; pick one with '{path}#NAME' ({names})")
         folder = next(iter(groups))
     else:
-        matches = [k for k in groups if k == member or k.rpartition("/")[2] == member]
+        matches = [k for k in groups if _matches(k, member)]
         if len(matches) != 1:
             raise ParseError(Location(str(path)), f"archive has no program named {member!r}")
         folder = matches[0]
     return _archive_files(path, folder, groups[folder])
+
+
+def _read_archive(path: Path, member: str | None, data: bytes | None = None) -> _Files:
+    """The program files of an archive (:func:`_archive_members`, :func:`_program_of`)."""
+    groups: dict[str, dict[str, bytes]] = {}
+    for folder, name, blob in _archive_members(path, data):
+        groups.setdefault(folder, {})[name] = blob
+    return _program_of(path, member, groups)
+
+
+class _ArchiveRead:
+    """An archive read on a thread of its own (LZMA decompresses without the GIL): :meth:`first` gives program
+    ``member``'s files as soon as the read has passed its folder (a program file of another folder follows), so that
+    parsing them overlaps the rest of the read; :meth:`finish` waits for the whole read and gives what
+    :func:`_read_archive` gives, or raises what it raises (a later member of that folder, or an error further on, is
+    found there, as before)."""
+
+    def __init__(self, path: Path, member: str, data: bytes | None):
+        self.path, self.member = path, member
+        self.groups: dict[str, dict[str, bytes]] = {}
+        self.early: _Files | None = None
+        self.error: BaseException | None = None
+        self.passed = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(data,), name="caramel-archive", daemon=True)
+        self.thread.start()
+
+    def _read(self, data: bytes | None) -> None:
+        last = None
+        try:
+            for folder, name, blob in _archive_members(self.path, data):
+                if folder != last and last is not None and self.early is None and _matches(last, self.member):
+                    files = self.groups[last]
+                    if any(_INSTR.fullmatch(n) for n in files):
+                        self.early = _archive_files(self.path, last, dict(files))
+                        self.passed.set()
+                self.groups.setdefault(folder, {})[name] = blob
+                last = folder
+        except BaseException as exc:  # noqa: BLE001 (finish raises it)
+            self.error = exc
+        finally:
+            self.passed.set()
+
+    def first(self) -> _Files | None:
+        """The program's files once the read has passed its folder (None: it ended, or failed, before that)."""
+        self.passed.wait()
+        return self.early
+
+    def finish(self) -> _Files:
+        """The program's files from the whole archive (:func:`_read_archive`'s), or its error."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return _program_of(self.path, self.member, self.groups)
 
 
 def _archive_files(path: Path, folder: str, files: dict[str, bytes]) -> _Files:
@@ -883,6 +987,32 @@ def no_gc():
             gc.enable()
 
 
+def _load_archive(path: Path, member: str | None, data: bytes, build: Callable[[_Files], Program]
+                  ) -> tuple[_Files, Program]:
+    """(files, ``build(files)``) of program ``member`` of an archive: built from its files as soon as the read has
+    passed them (:class:`_ArchiveRead`), while the rest of the archive is read; built again only where the whole
+    archive gives other files. An error of the archive comes before one of the program's."""
+    if member is None:  # the only program: known only at the end
+        files = _read_archive(path, member, data)
+        with no_gc():
+            return files, build(files)
+    reading = _ArchiveRead(path, member, data)
+    early, program, failed = reading.first(), None, None
+    if early is not None:
+        try:
+            with no_gc():
+                program = build(early)
+        except ParseError as exc:
+            failed = exc
+    files = reading.finish()
+    if early is None or files.files != early.files or files.member != early.member:
+        with no_gc():
+            return files, build(files)
+    if failed is not None:
+        raise failed
+    return files, program
+
+
 def load_program(
     source: str | os.PathLike,
     *,
@@ -897,13 +1027,15 @@ def load_program(
     Raises :class:`~caramel.errors.ParseError` naming the file, line and column of the first
     malformed line. Validation is separate: :func:`caramel.validate.validate`.
     """
+    archive = _archive_bytes(source)
     if not cache:
+        if archive is not None:
+            return _load_archive(*archive, lambda f: build_program(f, fast=fast, progress=progress))[1]
         files = read_source(source)
         with no_gc():
             return build_program(files, fast=fast, progress=progress)
     from caramel import cache as store
 
-    archive = _archive_bytes(source)
     files = read_source(source) if archive is None else None
     folder = store.cache_dir()
     usable = store.trusted_folder(folder, create=True)
@@ -928,10 +1060,11 @@ def load_program(
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     if archive is not None:
-        files = _read_archive(archive[0], archive[1], archive[2])
+        files, program = _load_archive(*archive, lambda f: build_program(f, fast=fast, progress=progress))
         meta = {**meta, "archive_folder": files.member}
-    with no_gc():
-        program = build_program(files, fast=fast, progress=progress)
+    else:
+        with no_gc():
+            program = build_program(files, fast=fast, progress=progress)
     logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count,
                  time.perf_counter() - t0)
     if usable:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,71 @@ def test_archive_with_several_programs_needs_a_member(tmp_path):
     assert [s.instructions for s in program.streams] == [s.instructions for s in folder.streams]
 
 
+def _streams(program):
+    """What a program is, whatever path it was read from: its streams' instructions and its manifest's entries."""
+    return [s.instructions for s in program.streams], program.manifest.entries
+
+
+@needs_corpus
+def test_a_program_split_across_an_archive_is_read_whole(tmp_path, fresh_cache):
+    """A program whose files are not together in the archive (another program's between them) is built from all of
+    them: the files before the other program's (read early, without the manifests) are not the program."""
+    archive = tmp_path / "split.tar.xz"
+    first, rest = ["instructions0", "instructions1"], ["program_inputs", "inputs0", "inputs1"]
+    with tarfile.open(archive, "w:xz") as tar:
+        for name in first:
+            tar.add(shared("Add_4L_2c") / name, arcname=f"Add_4L_2c/{name}")
+        tar.add(shared("Mul_4L_1c"), arcname="Mul_4L_1c")
+        for name in rest:
+            tar.add(shared("Add_4L_2c") / name, arcname=f"Add_4L_2c/{name}")
+    for cache in (False, True):
+        program = load_program(f"{archive}#Add_4L_2c", cache=cache)
+        assert _streams(program) == _streams(load_program(shared("Add_4L_2c"), cache=False))
+
+
+@needs_corpus
+def test_an_archive_error_past_the_program_comes_first(tmp_path):
+    """A read error after the program's files (a member shorter than its header says) is the load's error, as when
+    the whole archive was read before parsing; so it is when the program itself has a bad line."""
+    archive = tmp_path / "cut.tar"
+    bad = tmp_path / "Bad_4L_1c"
+    shutil.copytree(shared("Add_4L_1c"), bad)
+    os.chmod(bad / "instructions0", 0o644)
+    (bad / "instructions0").write_text("frobnicate r1: r2\n")
+    for name, folder in (("Add_4L_1c", shared("Add_4L_1c")), ("Bad_4L_1c", bad)):
+        with tarfile.open(archive, "w") as tar:
+            tar.add(folder, arcname=name)
+            tar.add(shared("Mul_4L_1c"), arcname="Mul_4L_1c")
+        with tarfile.open(archive) as tar:
+            last = tar.getmembers()[-1]  # a file of Mul_4L_1c: cut in its middle
+        archive.write_bytes(archive.read_bytes()[: last.offset_data + last.size // 2])
+        err = load_error(f"{archive}#{name}")
+        assert "cannot read archive" in str(err) or "bytes, its header says" in str(err), str(err)
+
+
+@needs_corpus
+def test_a_program_is_built_while_the_rest_of_the_archive_is_read(tmp_path, monkeypatch):
+    """The archive's read (a thread of its own) gives the program's files once it has passed them, and the program
+    is built while the read goes on: here the read waits, after the next program's first file, until the build has
+    begun."""
+    building = threading.Event()
+    files = {p.name: p.read_bytes() for p in shared("Add_4L_1c").iterdir()}
+
+    def members(path, data):
+        yield from (("Add_4L_1c", name, blob) for name, blob in files.items())
+        yield "Mul_4L_1c", "instructions0", (shared("Mul_4L_1c") / "instructions0").read_bytes()
+        assert building.wait(10)
+        yield "Mul_4L_1c", "program_inputs", (shared("Mul_4L_1c") / "program_inputs").read_bytes()
+
+    def build(f):
+        building.set()
+        return caramel.parse.build_program(f)
+
+    monkeypatch.setattr(caramel.parse, "_archive_members", members)
+    got, program = caramel.parse._load_archive(tmp_path / "any.tar", "Add_4L_1c", None, build)
+    assert got.files == files and _streams(program) == _streams(load_program(shared("Add_4L_1c"), cache=False))
+
+
 def test_corrupt_archive(tmp_path):
     archive = tmp_path / "bad.tar"
     archive.write_bytes(b"\0" * 512 + b"junk" * 100)
@@ -332,6 +398,18 @@ def test_archive_members_beyond_the_total_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(caramel.parse, "MAX_ARCHIVE_BYTES", 4000)
     with pytest.raises(ParseError, match="members declare more than"):
         load_program(f"{archive}#Add_4L_2c", cache=False)
+
+
+def test_an_xz_archive_decompresses_no_further_than_its_bound():
+    """An xz archive is read forward in large steps (whole, here) and never decompressed beyond its bound (the
+    programs' bound and the headers' slack): 3 MiB of zeros against a bound of 1 MiB are refused, not held."""
+    import lzma
+
+    data = lzma.compress(bytes(3 << 20))
+    reader = caramel.parse._Unxz(data, 4 << 20)
+    assert reader.read() == bytes(3 << 20)
+    with pytest.raises(OSError, match="more than 1 MiB"):
+        caramel.parse._Unxz(data, 1 << 20).read()
 
 
 def test_member_shorter_than_declared_is_an_error(tmp_path):
