@@ -660,9 +660,9 @@ _TAR_SLACK = 64 << 20  # what an archive decompresses to beyond its members' dat
 
 
 class _Unxz(io.RawIOBase):
-    """The decompressed bytes of an xz stream ``data``, read forward only, decompressed :data:`STEP` bytes a call
-    (the decompressor releases the GIL for each: another thread parses meanwhile, with few hand-overs of the GIL), and
-    no further than ``limit`` bytes (an OSError beyond)."""
+    """The decompressed bytes of xz data ``data`` (one stream or several in a row), read forward only, decompressed
+    :data:`STEP` bytes a call (the decompressor releases the GIL for each: another thread parses meanwhile, with few
+    hand-overs of the GIL), and no further than ``limit`` bytes (an OSError beyond)."""
 
     STEP = 8 << 20
 
@@ -675,8 +675,10 @@ class _Unxz(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         if self.at == len(self.chunk):
-            if self.decompressor.eof:
-                return 0
+            if self.decompressor.eof:  # the next stream of a concatenated file, if any (as xz reads them)
+                if not self.decompressor.unused_data:
+                    return 0
+                self.decompressor, self.data = lzma.LZMADecompressor(), self.decompressor.unused_data
             self.chunk, self.at, self.data = self.decompressor.decompress(self.data, max_length=self.STEP), 0, b""
             self.out += len(self.chunk)
             if self.out > self.limit:

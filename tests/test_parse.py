@@ -401,13 +401,15 @@ def test_archive_members_beyond_the_total_are_refused(tmp_path, monkeypatch):
 
 
 def test_an_xz_archive_decompresses_no_further_than_its_bound():
-    """An xz archive is read forward in large steps (whole, here) and never decompressed beyond its bound (the
-    programs' bound and the headers' slack): 3 MiB of zeros against a bound of 1 MiB are refused, not held."""
+    """An xz archive is read forward in large steps (whole, here, and a second stream after the first, as xz reads
+    them) and never decompressed beyond its bound (the programs' bound and the headers' slack): 3 MiB of zeros
+    against a bound of 1 MiB are refused, not held."""
     import lzma
 
     data = lzma.compress(bytes(3 << 20))
     reader = caramel.parse._Unxz(data, 4 << 20)
     assert reader.read() == bytes(3 << 20)
+    assert caramel.parse._Unxz(data + lzma.compress(b"next"), 4 << 20).read() == bytes(3 << 20) + b"next"
     with pytest.raises(OSError, match="more than 1 MiB"):
         caramel.parse._Unxz(data, 1 << 20).read()
 
