@@ -72,6 +72,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,11 +387,13 @@ def check_path(program_name: str, checks_dir: str | Path | None = None) -> Path:
 class DecodedInputs(Mapping[str, Any]):
     """The inputs' exact messages by name (:class:`PreparedCheck`'s ``values``): a vector input's
     decode(encode(v)) is computed on first use (an FFT each; a run whose formulas never read an input,
-    e.g. unjudged outputs, computes none), a scalar's value is given."""
+    e.g. unjudged outputs, computes none), a scalar's value is given. Threads may read it at once (the checks of
+    two instances submitted with the same ready inputs): a value is computed once, and no reader sees it before."""
 
     def __init__(self) -> None:
         self._items: dict[str, Any] = {}
         self._pending: dict[str, tuple[np.ndarray, float, int]] = {}
+        self._lock = threading.Lock()
 
     def put(self, name: str, value: Any) -> None:
         self._items[name] = value
@@ -402,11 +405,12 @@ class DecodedInputs(Mapping[str, Any]):
         self._pending[name] = (coeffs, scale, n)
 
     def __getitem__(self, name: str) -> Any:
-        pending = self._pending.pop(name, None)
-        if pending is not None:
-            coeffs, scale, n = pending
-            self._items[name] = decode(host_array(coeffs), scale, n)
-        return self._items[name]
+        with self._lock:
+            pending = self._pending.pop(name, None)
+            if pending is not None:
+                coeffs, scale, n = pending
+                self._items[name] = decode(host_array(coeffs), scale, n)
+            return self._items[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import tomllib
 from pathlib import Path
 
@@ -398,3 +399,30 @@ def test_a_check_file_with_a_non_ascii_tolerance_key_is_a_clean_cli_error(tmp_pa
     assert main(["run", str(program), "--n", "256", "--backend", "cpu", "--check", str(check), "-q"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("caramel: error:") and "unknown key" in err and "Traceback" not in err
+
+
+def test_decoded_inputs_read_by_two_threads_at_once(monkeypatch):
+    """Two threads read a pending input of one DecodedInputs at once (the checks of two instances submitted with the
+    same ready inputs): both get its decoded value, computed once; the second waits for the first's decode rather
+    than reading the placeholder (None) the first has not yet replaced."""
+    import threading
+
+    import caramel.ckks.check as check_module
+
+    calls = []
+
+    def slow_decode(coeffs, scale, n):
+        calls.append(n)
+        time.sleep(0.2)
+        return np.full(n // 2, 0.5)
+
+    monkeypatch.setattr(check_module, "decode", slow_decode)
+    values = check_module.DecodedInputs()
+    values.put_decoded("x", np.zeros(16, dtype=np.int64), 2.0**20, 16)
+    got = []
+    readers = [threading.Thread(target=lambda: got.append(values["x"])) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    assert calls == [16] and len(got) == 2 and all(g is not None and np.array_equal(g, np.full(8, 0.5)) for g in got)
