@@ -179,15 +179,18 @@ class InstanceInputs(dict):
 
 class _ObjectValues(Mapping):
     """The messages of inputs given as objects, decoded when a check first reads them (a ciphertext
-    decrypted under the executor's secret, a plaintext decoded, a scalar divided by its scale)."""
+    decrypted under the executor's secret, a plaintext decoded, a scalar divided by its scale): once, whichever
+    threads read them (the shared inputs' are every instance's)."""
 
     def __init__(self, objects: Mapping[str, Any], plan: InputPlan, secrets):
         self.objects, self.plan, self.secrets, self._done = objects, plan, secrets, {}
+        self._lock = threading.Lock()
 
     def __getitem__(self, name: str):
-        if name not in self._done:
-            self._done[name] = _decode_object(self.objects[name], self.plan, name, self.secrets)
-        return self._done[name]
+        with self._lock:
+            if name not in self._done:
+                self._done[name] = _decode_object(self.objects[name], self.plan, name, self.secrets)
+            return self._done[name]
 
     def __iter__(self):
         return iter(self.objects)

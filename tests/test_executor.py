@@ -371,3 +371,26 @@ def test_an_error_of_the_plan_is_the_constructors(rot1, monkeypatch):
     monkeypatch.setattr(plan_cache, "cached_plan", broken)
     with pytest.raises(ExecutionError, match="no plan today"):
         Executor(rot1, n=N, backend="cpu-plan", seed=SEED)
+
+
+def test_an_object_input_is_decoded_once_whichever_threads_read_it(monkeypatch):
+    """The message of an input given as an object is decoded when a check first reads it: two threads reading it at
+    once (the checks of two instances sharing it) decode it once and both get it."""
+    import caramel.executor as executor
+
+    calls = []
+
+    def slow(obj, plan, name, secrets):
+        calls.append(name)
+        time.sleep(0.2)
+        return np.full(4, 0.25)
+
+    monkeypatch.setattr(executor, "_decode_object", slow)
+    values = executor._ObjectValues({"x": object()}, None, None)
+    got = []
+    readers = [threading.Thread(target=lambda: got.append(values["x"])) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    assert calls == ["x"] and len(got) == 2 and all(np.array_equal(g, np.full(4, 0.25)) for g in got)
