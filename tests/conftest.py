@@ -24,6 +24,19 @@ def bootstrap51(tmp_path_factory) -> Path:
     return where
 
 
+def read_at_once(mapping, key, readers: int = 2) -> list:
+    """``mapping[key]`` read by ``readers`` threads at once; what each got."""
+    import threading
+
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(mapping[key])) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def caramel_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m caramel.cli ARGS`` from the repository root (output captured)."""
     return subprocess.run([sys.executable, "-m", "caramel.cli", *args], capture_output=True, text=True,

@@ -16,7 +16,7 @@ from caramel.errors import BindingError, ExecutionError
 from caramel.executor import Executor, InstanceResult
 from caramel.parse import load_program
 
-from tests.conftest import REPO, SHARED_PROGRAMS
+from tests.conftest import REPO, SHARED_PROGRAMS, read_at_once
 
 ROT1 = REPO / "programs" / "MulRotate_4L_1c"  # x, y ciphertexts; rotation keys
 N = 1024
@@ -387,10 +387,5 @@ def test_an_object_input_is_decoded_once_whichever_threads_read_it(monkeypatch):
 
     monkeypatch.setattr(executor, "_decode_object", slow)
     values = executor._ObjectValues({"x": object()}, None, None)
-    got = []
-    readers = [threading.Thread(target=lambda: got.append(values["x"])) for _ in range(2)]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join()
+    got = read_at_once(values, "x")
     assert calls == ["x"] and len(got) == 2 and all(np.array_equal(g, np.full(4, 0.25)) for g in got)

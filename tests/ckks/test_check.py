@@ -38,6 +38,7 @@ from caramel.ring import Mode
 
 from ckks_helpers import PROGRAMS, context, load, load_manifest
 from ckks_refeval import Ref, run_family
+from tests.conftest import read_at_once
 
 FAMILIES = [
     "Add", "AddScalar", "PtSub", "PtMul", "Rotate", "RotMulAdd", "Rescale", "Relin", "Mul", "MulRescale",
@@ -405,8 +406,6 @@ def test_decoded_inputs_read_by_two_threads_at_once(monkeypatch):
     """Two threads read a pending input of one DecodedInputs at once (the checks of two instances submitted with the
     same ready inputs): both get its decoded value, computed once; the second waits for the first's decode rather
     than reading the placeholder (None) the first has not yet replaced."""
-    import threading
-
     import caramel.ckks.check as check_module
 
     calls = []
@@ -419,10 +418,5 @@ def test_decoded_inputs_read_by_two_threads_at_once(monkeypatch):
     monkeypatch.setattr(check_module, "decode", slow_decode)
     values = check_module.DecodedInputs()
     values.put_decoded("x", np.zeros(16, dtype=np.int64), 2.0**20, 16)
-    got = []
-    readers = [threading.Thread(target=lambda: got.append(values["x"])) for _ in range(2)]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join()
+    got = read_at_once(values, "x")
     assert calls == [16] and len(got) == 2 and all(g is not None and np.array_equal(g, np.full(8, 0.5)) for g in got)
