@@ -137,8 +137,6 @@ def _queue_on(device: int | None, schedule: Callable[..., object], *args) -> Non
 def _queue_lane_kernels(device: int | None) -> None:
     """Queue on the compile pool, for CUDA device ``device``, the modules a GPU lane compiles whatever its plan
     (:func:`caramel.execute.gpu_pipeline.lane_jobs`); nothing without a device."""
-    if device is None:
-        return
     from caramel.backends.cuda.compiler import schedule
     from caramel.execute.gpu_pipeline import lane_jobs
 

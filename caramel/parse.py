@@ -23,6 +23,7 @@ pickle) with an integrity digest; :mod:`caramel.cache` says what is checked befo
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import io
@@ -644,9 +645,14 @@ def _is_program_file(name: str) -> bool:
     return bool(_INSTR.fullmatch(name) or _INPUTS.fullmatch(name) or name == "program_inputs")
 
 
+def _has_instructions(names) -> bool:
+    """Whether file ``names`` hold an ``instructions<p>`` file (a compiled program's folder)."""
+    return any(_INSTR.fullmatch(n) for n in names)
+
+
 def _read_folder(path: Path) -> _Files:
     files = {p.name: read_regular(p) for p in sorted(path.iterdir()) if _is_program_file(p.name)}
-    if not any(_INSTR.fullmatch(k) for k in files):
+    if not _has_instructions(files):
         raise ParseError(Location(str(path)), "no 'instructions<p>' files in this folder: not a compiled program")
     total = sum(map(len, files.values()))
     if total > MAX_ARCHIVE_BYTES:
@@ -734,7 +740,7 @@ def _matches(folder: str, member: str) -> bool:
 def _program_of(path: Path, member: str | None, groups: dict[str, dict[str, bytes]]) -> _Files:
     """The :class:`_Files` of program ``member`` (None: the only one) among an archive's ``groups`` (folder -> its
     program files)."""
-    groups = {k: v for k, v in groups.items() if any(_INSTR.fullmatch(n) for n in v)}
+    groups = {k: v for k, v in groups.items() if _has_instructions(v)}
     if not groups:
         raise ParseError(Location(str(path)), "archive holds no compiled program (no 'instructions<p>' files)")
     if member is None:
@@ -780,7 +786,7 @@ class _ArchiveRead:
             for folder, name, blob in _archive_members(self.path, data):
                 if folder != last and last is not None and self.early is None and _matches(last, self.member):
                     files = self.groups[last]
-                    if any(_INSTR.fullmatch(n) for n in files):
+                    if _has_instructions(files):
                         self.early = _archive_files(self.path, last, dict(files))
                         self.passed.set()
                 self.groups.setdefault(folder, {})[name] = blob
@@ -1029,13 +1035,14 @@ def load_program(
     Raises :class:`~caramel.errors.ParseError` naming the file, line and column of the first
     malformed line. Validation is separate: :func:`caramel.validate.validate`.
     """
+    build = functools.partial(build_program, fast=fast, progress=progress)
     archive = _archive_bytes(source)
     if not cache:
         if archive is not None:
-            return _load_archive(*archive, lambda f: build_program(f, fast=fast, progress=progress))[1]
+            return _load_archive(*archive, build)[1]
         files = read_source(source)
         with no_gc():
-            return build_program(files, fast=fast, progress=progress)
+            return build(files)
     from caramel import cache as store
 
     files = read_source(source) if archive is None else None
@@ -1062,11 +1069,11 @@ def load_program(
         except store.CacheEntryError as exc:
             logger.info("rebuilding cache entry %s: %s", cache_file, exc)
     if archive is not None:
-        files, program = _load_archive(*archive, lambda f: build_program(f, fast=fast, progress=progress))
+        files, program = _load_archive(*archive, build)
         meta = {**meta, "archive_folder": files.member}
     else:
         with no_gc():
-            program = build_program(files, fast=fast, progress=progress)
+            program = build(files)
     logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count,
                  time.perf_counter() - t0)
     if usable:
