@@ -87,26 +87,28 @@ def main(argv: list[str] | None = None) -> int:
         if got:
             digests.setdefault(command[1], set()).add(got.group(1))
 
+    main_run = ["run", program_path(args.program), *ring, "--backend", "gpu", "--no-check", "-v"]
     with tempfile.TemporaryDirectory(prefix="bench-coldstart-") as tmp:
-        rounds = [f"run{r}" for r in range(args.rounds)] + ["compile"]
-        for round_ in rounds:
-            kernels = Path(tmp) / f"cupy-{round_}"
-            env = {**env0, "CUPY_CACHE_DIR": str(kernels), "CARAMEL_CACHE": str(Path(tmp) / f"caramel-{round_}")}
-            main_run = ["run", program_path(args.program), *ring, "--backend", "gpu", "--no-check", "-v"]
-            if round_ != "compile":
-                mark = f" #{int(round_[3:]) + 1}" if args.rounds > 1 else ""
-                step("cold", main_run, env, kernels, mark)
-                step("again", main_run, env, kernels, mark)
-                for name in args.new:
-                    new_run = ["run", program_path(name), *ring, "--backend", "gpu", "--no-check", "-v"]
-                    step(f"new {name}", new_run, env, kernels, mark)
-                    step(f"new {name} again", new_run, env, kernels, mark)
-            else:
-                step("compile", ["compile", program_path(args.program), *ring, "-v"], env, kernels)
-                before = kernel_files(kernels)
-                step("after compile", main_run, env, kernels)
-                rec.check("the run after caramel compile compiles no kernel", kernel_files(kernels) == before,
-                          f"{kernel_files(kernels) - before} added")
+        def empty_caches(label: str) -> tuple[Path, dict]:
+            kernels = Path(tmp) / f"cupy-{label}"
+            return kernels, {**env0, "CUPY_CACHE_DIR": str(kernels),
+                             "CARAMEL_CACHE": str(Path(tmp) / f"caramel-{label}")}
+
+        for r in range(args.rounds):
+            kernels, env = empty_caches(f"run{r}")
+            mark = f" #{r + 1}" if args.rounds > 1 else ""
+            step("cold", main_run, env, kernels, mark)
+            step("again", main_run, env, kernels, mark)
+            for name in args.new:
+                new_run = ["run", program_path(name), *ring, "--backend", "gpu", "--no-check", "-v"]
+                step(f"new {name}", new_run, env, kernels, mark)
+                step(f"new {name} again", new_run, env, kernels, mark)
+        kernels, env = empty_caches("compile")
+        step("compile", ["compile", program_path(args.program), *ring, "-v"], env, kernels)
+        before = kernel_files(kernels)
+        step("after compile", main_run, env, kernels)
+        rec.check("the run after caramel compile compiles no kernel", kernel_files(kernels) == before,
+                  f"{kernel_files(kernels) - before} added")
     median = " (median of the rounds)" if args.rounds > 1 else ""
     if "cold" in walls:
         cold = statistics.median(walls["cold"])
