@@ -269,7 +269,8 @@ if hasattr(os, "register_at_fork"):
 
 class _Draw:
     """``size`` uniform values in [-m, m) of one input, from word ``offset`` on of the words counted from
-    generator state ``start`` (:class:`_Uniform`), made when first asked for (:meth:`values`), or given."""
+    generator state ``start`` (:class:`_Uniform`): made where they are used (:func:`_fill_parts` writes them into
+    their row), made when first asked for (:meth:`values`), or given."""
 
     __slots__ = ("size", "offset", "m", "start", "value")
 
@@ -278,30 +279,49 @@ class _Draw:
 
     def values(self) -> np.ndarray:
         if self.value is None:
-            _make_draws([self])
+            _make_draws([(self, None)])
         return self.value
+
+
+def uniform_into(rng: np.random.Generator, m, out: np.ndarray) -> None:
+    """``rng.uniform(-m, m, out.size)`` written into ``out`` (C-contiguous float64), bit for bit and with the same
+    words: NumPy's uniform is low + (high - low) u for each raw double u (one rounded product, one rounded sum), so
+    u drawn straight into ``out`` (``Generator.random``) then scaled and shifted in place is the same, without an
+    array of its own."""
+    low, high = float(-m), float(m)
+    rng.random(out=out)
+    out *= high - low
+    out += low
 
 
 _draw_rngs = threading.local()
 
 
-def _make_draws(draws) -> None:
-    """Make the ``draws`` not yet made (:class:`_Draw`): per first state, this thread's generator put in that state
-    (:meth:`~caramel.ckks.sampling.PcgState.put`), advanced from draw to draw in the order of their words."""
-    runs: dict[int, list[_Draw]] = {}
-    for d in draws:
+def _make_draws(jobs) -> None:
+    """Make the draws of ``jobs``, pairs (:class:`_Draw`, ``out``): written into the float64 row ``out``
+    (:func:`uniform_into`), or kept as the draw's value where ``out`` is None. Per first state, this thread's
+    generator is put in that state (:meth:`~caramel.ckks.sampling.PcgState.put`) and advanced from draw to draw in
+    the order of their words."""
+    runs: dict[int, list] = {}
+    for d, out in jobs:
         if d.value is None:
-            runs.setdefault(id(d.start), []).append(d)
+            runs.setdefault(id(d.start), []).append((d, out))
+        elif out is not None:
+            out[:] = d.value
     rng = getattr(_draw_rngs, "rng", None)
     if rng is None and runs:
         rng = _draw_rngs.rng = np.random.Generator(np.random.PCG64())
     for run in runs.values():
-        run.sort(key=lambda d: d.offset)
-        rng, at = run[0].start.put(rng), 0
-        for d in run:
+        run.sort(key=lambda job: job[0].offset)
+        rng, at = run[0][0].start.put(rng), 0
+        for d, out in run:
             if d.offset > at:
                 rng.bit_generator.advance(d.offset - at)
-            d.value, at = rng.uniform(-d.m, d.m, d.size), d.offset + d.size
+            if out is None:
+                d.value = rng.uniform(-d.m, d.m, d.size)
+            else:
+                uniform_into(rng, d.m, out)
+            at = d.offset + d.size
 
 
 class _Uniform:
@@ -310,8 +330,8 @@ class _Uniform:
     :meth:`take` counts the words, and :meth:`flush` (before an encryption draws from ``rng``, and at the
     end) only moves a PCG64 ``rng`` past them (:func:`~caramel.ckks.sampling.advance_raw`) and keeps the
     state where they start. A draw of :data:`LAZY_SIZE` values or more is made where it is used
-    (:meth:`_Draw.values`, e.g. in an encoding thread) from a generator in that state advanced to its
-    first word; the shorter ones at once, from one. Another bit generator draws them all at once, in order.
+    (:func:`_fill_parts`, e.g. in a drawing thread, straight into its row) from a generator in that state advanced
+    to its first word; the shorter ones at once, from one. Another bit generator draws them all at once, in order.
     """
 
     #: Draws at least this long are made where they are used.
@@ -337,21 +357,26 @@ class _Uniform:
         advance_raw(self.rng.bit_generator, total)
         for d in pending:
             d.start = start
-        _make_draws([d for d in pending if d.size < self.LAZY_SIZE])
+        _make_draws([(d, None) for d in pending if d.size < self.LAZY_SIZE])
 
 
 def _fill_parts(sources, n: int, parts: np.ndarray) -> None:
     """Write into ``parts`` the rows [re | im] (:func:`~caramel.ckks.encoding.slot_parts`) of vectors: each source a
-    drawn pair (re, im or None: a real vector) of :class:`_Draw` or a row [re | im] (given values)."""
+    drawn pair (re, im or None: a real vector) of :class:`_Draw`, drawn straight into its half row, or a row
+    [re | im] (given values)."""
     half = n // 2
-    _make_draws([d for src in sources if not isinstance(src, np.ndarray) for d in src if d is not None])
+    jobs = []
     for row, src in zip(parts, sources):
         if isinstance(src, np.ndarray):
             row[:] = src
             continue
         re, im = src
-        row[:half] = re.values()
-        row[half:] = 0.0 if im is None else im.values()
+        jobs.append((re, row[:half]))
+        if im is None:
+            row[half:] = 0.0
+        else:
+            jobs.append((im, row[half:]))
+    _make_draws(jobs)
 
 
 def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any] | None = None):
@@ -363,18 +388,20 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
     ``names`` draw nothing, as supplied inputs there draw nothing.
 
     The same bits as there, made in bulk: the uniform draws counted, then made where they are used
-    (:class:`_Uniform`: a plaintext's values :data:`DRAW_ROWS` at a time on :data:`DRAW_THREADS` threads),
-    the plaintexts encoded all at once on the client's device
-    (:meth:`~caramel.ckks.arith.base.ClientArith.encode_rows`: the GPU client transforms them on the GPU) and
-    put in NTT form there (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded on
-    the host and encrypted in its turn (its encryption draws from ``rng``)."""
+    (:class:`_Uniform`: a plaintext's values :data:`DRAW_ROWS` at a time on :data:`DRAW_THREADS` threads, straight
+    into the client's reused host rows, :meth:`~caramel.ckks.arith.base.ClientArith.host_rows`), the plaintexts
+    encoded all at once on the client's device (:meth:`~caramel.ckks.arith.base.ClientArith.encode_rows`: the GPU
+    client transforms them on the GPU) and put in NTT form there
+    (:func:`~caramel.ckks.plaintext.plaintexts_from_coeffs`); a ciphertext is encoded there too and encrypted in its
+    turn (its encryption draws from ``rng``)."""
     from caramel.ckks.check import _supplied_fits
     from caramel.ckks.device import chosen
-    from caramel.ckks.encoding import encode_rows, slot_parts
+    from caramel.ckks.encoding import slot_parts
     from caramel.ckks.encrypt import encrypt
     from caramel.ckks.plaintext import encode_scalar, plaintext_from_coeffs, plaintexts_from_coeffs
 
     ctx, spec = plan.ctx, plan.spec
+    dev = chosen()
     wanted = set(names)
     supplied = supplied or {}
     n, slots = ctx.n, ctx.n // 2
@@ -399,16 +426,15 @@ def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any
             draws.flush()
             parts = np.empty((1, n))
             _fill_parts([sources[name]], n, parts)
-            coeffs = sources[name] = encode_rows(parts, [scale], n)[0]
+            coeffs = sources[name] = dev.encode_rows(parts, [scale], n, dev.xp.empty((1, n), dtype=np.int64))[0]
             objects[name] = encrypt(ctx, secrets.s, coeffs, limbs, rng, scale)
     draws.flush()
     plain = [name for name, obj in objects.items() if obj is None and spec.inputs[name].kind != InputKind.SCALAR]
-    parts = np.empty((len(plain), n))
+    parts = dev.host_rows(len(plain), n)
     tasks = [_drawer().submit(_fill_parts, [sources[x] for x in plain[r0 : r0 + DRAW_ROWS]], n,
                               parts[r0 : r0 + DRAW_ROWS]) for r0 in range(0, len(plain), DRAW_ROWS)]
     for task in tasks:
         task.result()
-    dev = chosen()
     coeffs = dev.xp.empty((len(plain), n), dtype=np.int64)
     sources.update(zip(plain, dev.encode_rows(parts, [plan.scales[x] for x in plain], n, coeffs)))
     batched = [name for name in plain if sources[name].dtype == np.int64]

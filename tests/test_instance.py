@@ -143,6 +143,50 @@ def test_plaintexts_share_one_array(setup):
     assert all(b - a == len(p.limbs) * N * 4 for a, b, p in zip(rows, rows[1:], plain))  # consecutive rows
 
 
+@pytest.mark.parametrize("bits", [np.random.PCG64, np.random.MT19937], ids=["pcg64", "mt19937"])
+@pytest.mark.parametrize("m", [1.0, 0.25, 3, 2**53 + 1, 1e-300, 1e307], ids=str)
+def test_uniform_into_is_numpys_uniform(bits, m):
+    """Drawn into a row, the same bits as NumPy's uniform(-m, m), taking the same words."""
+    for size in (0, 1, 7, 4096):
+        a, b = np.random.Generator(bits(5)), np.random.Generator(bits(5))
+        want = a.uniform(-m, m, size)
+        row = np.full(2 * size + 3, np.nan)
+        instance.uniform_into(b, m, row[3 : 3 + size])
+        assert np.array_equal(row[3 : 3 + size].view(np.uint64), want.view(np.uint64)), size
+        assert np.isnan(row[:3]).all() and np.isnan(row[3 + size :]).all()
+        assert same_state(a.bit_generator.state, b.bit_generator.state)
+
+
+def test_host_rows_are_the_threads_own_and_kept():
+    """A thread gets its buffer back (grown when asked for more); another thread gets another."""
+    import threading
+
+    first = HOST.host_rows(3, 8)
+    again = HOST.host_rows(2, 8)
+    assert first.shape == (3, 8) and again.shape == (2, 8) and first.dtype == np.float64
+    assert again.__array_interface__["data"][0] == first.__array_interface__["data"][0]
+    grown = HOST.host_rows(5, 8)
+    assert grown.shape == (5, 8) and np.shares_memory(HOST.host_rows(1, 8), grown)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(HOST.host_rows(5, 8)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(other[0], grown)
+
+
+@pytest.mark.parametrize("client", [HOST, "gpu"], ids=["host", "gpu"])
+def test_instances_one_after_another_on_one_thread(setup, client):
+    """The thread's host rows reused from instance to instance: each instance still draws prepare_check's."""
+    if client == "gpu" and not __import__("caramel.api", fromlist=["gpu_available"]).gpu_available():
+        pytest.skip("needs CuPy and a CUDA GPU")
+    plan = input_plan(setup[0], setup[1], setup[2])
+    for seed in (21, 22):
+        rng = input_rng(seed)
+        with using(client):
+            objects, values = draw_inputs(plan, setup[3].secrets, rng, plan.names)
+        check((objects, values, rng.bit_generator.state), reference(setup, seed), plan.names)
+
+
 @pytest.mark.skipif(not __import__("caramel.api", fromlist=["gpu_available"]).gpu_available(),
                     reason="needs CuPy and a CUDA GPU")
 @pytest.mark.parametrize("keep", [False, True], ids=["copied-back", "kept-on-the-gpu"])

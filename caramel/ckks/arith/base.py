@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import threading
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -33,6 +34,7 @@ from caramel.ckks.sampling import cbd, uniform_residues
 from caramel.errors import ArgumentError, CaramelError
 
 _U64 = np.uint64
+_rows_kept = threading.local()  # per thread: the float64 buffer of ClientArith.host_rows
 
 
 class ClientDeviceError(CaramelError, ValueError):
@@ -101,6 +103,16 @@ class ClientArith(abc.ABC):
             return download(a)
         return np.asarray(a)
 
+    def host_rows(self, rows: int, n: int) -> np.ndarray:
+        """A (rows, n) float64 host array to fill with rows for :meth:`encode_rows`: the calling thread's buffer,
+        valid until its next call (kept, and grown when a call needs more, so that an instance's rows touch no fresh
+        pages)."""
+        size = rows * n
+        kept = getattr(_rows_kept, "buffer", None)
+        if kept is None or kept.size < size:
+            kept = _rows_kept.buffer = np.empty(size)
+        return kept[:size].reshape(rows, n)
+
     def place(self):
         """Where this implementation's arrays are made now (a key of the caches of device arrays): None on the
         host."""
@@ -119,7 +131,7 @@ class ClientArith(abc.ABC):
         """Encoding: NTT(c mod q) of integer coefficients ``coeffs`` (host int64 or Python ints) on
         ``limbs``, (k, N) uint32. A row of N int64 coefficients is one plaintext of :meth:`plaintext_rows`
         (an implementation's fast path, the same bits)."""
-        c = np.asarray(coeffs)
+        c = coeffs if is_device_array(coeffs) else np.asarray(coeffs)
         if c.dtype == np.int64 and c.shape == (ctx.n,):
             return self.plaintext_rows(c[None], ctx, [limbs])
         limbs = [int(l) for l in limbs]

@@ -176,6 +176,16 @@ class GpuArith(ClientArith):
     def rows(self, fn, total: int, n: int) -> None:
         fn(0, total)
 
+    def host_rows(self, rows: int, n: int) -> np.ndarray:
+        """:meth:`ClientArith.host_rows` in the thread's pinned buffer for the current device
+        (:func:`~caramel.backends.cuda.transfer.pinned_scratch`) when the encoding runs on caramel's kernels, which copy
+        it up without the driver's staging."""
+        if not (self.cuda_ntt and hasattr(self.xp, "cuda")):
+            return super().host_rows(rows, n)
+        from caramel.backends.cuda.transfer import pinned_scratch
+
+        return pinned_scratch(rows * n * 8).view(np.float64).reshape(rows, n)
+
     def transform(self, res, ctx, limbs, inverse: bool = False):
         """On caramel's CUDA kernels (N = 2^12 .. 2^16, :attr:`cuda_ntt`), the executor's own
         (:func:`caramel.backends.cuda.ntt.ntt`, which compute the reference's transform from the
@@ -290,6 +300,7 @@ class GpuArith(ClientArith):
         device, one launch to gather the transform's input, one per stage of the transform, one for the twist,
         scale, rounding and int64 rows, one copy back of a flag per row (a row of Python ints is copied down and
         converted on the host). Else the array operations of :attr:`xp` (the same bits)."""
+        from caramel.backends.cuda.transfer import upload_pinned
         from caramel.ckks.encoding import checked_rows, encode_rows, encode_tables, rounded_rows
 
         xp = self.xp
@@ -299,6 +310,9 @@ class GpuArith(ClientArith):
             tables = _encode_tables[key] = self._settled(encode_tables(n).on(xp.asarray))
         if not self.cuda_ntt:
             return encode_rows(xp.asarray(parts), scales, n, out, xp=xp, tables=tables)
+        if (hasattr(xp, "cuda") and isinstance(parts, np.ndarray) and parts.dtype == np.float64
+                and parts.flags.c_contiguous):
+            parts = upload_pinned(parts)  # no staging copy when they are host_rows' pinned rows
         parts, host_scales = checked_rows(parts, scales, n, xp)
         rows, m = parts.shape[0], n // 2
         if rows == 0:
