@@ -279,49 +279,84 @@ class _Draw:
 
     def values(self) -> np.ndarray:
         if self.value is None:
-            _make_draws([(self, None)])
+            _make_draws([self])
         return self.value
 
 
 def uniform_into(rng: np.random.Generator, m, out: np.ndarray) -> None:
     """``rng.uniform(-m, m, out.size)`` written into ``out`` (C-contiguous float64), bit for bit and with the same
     words: NumPy's uniform is low + (high - low) u for each raw double u (one rounded product, one rounded sum), so
-    u drawn straight into ``out`` (``Generator.random``) then scaled and shifted in place is the same, without an
-    array of its own."""
-    low, high = float(-m), float(m)
+    u drawn straight into ``out`` (``Generator.random``) then scaled in place (:func:`_scale_uniform`) is the
+    same."""
     rng.random(out=out)
-    out *= high - low
-    out += low
+    _scale_uniform(out, m)
+
+
+def _scale_uniform(u: np.ndarray, m) -> None:
+    """u <- low + (high - low) u in place, low = -m and high = m as NumPy's uniform takes them (doubles)."""
+    low, high = float(-m), float(m)
+    u *= high - low
+    u += low
 
 
 _draw_rngs = threading.local()
 
 
-def _make_draws(jobs) -> None:
-    """Make the draws of ``jobs``, pairs (:class:`_Draw`, ``out``): written into the float64 row ``out``
-    (:func:`uniform_into`), or kept as the draw's value where ``out`` is None. Per first state, this thread's
-    generator is put in that state (:meth:`~caramel.ckks.sampling.PcgState.put`) and advanced from draw to draw in
-    the order of their words."""
-    runs: dict[int, list] = {}
-    for d, out in jobs:
-        if d.value is None:
-            runs.setdefault(id(d.start), []).append((d, out))
-        elif out is not None:
-            out[:] = d.value
+def _thread_rng() -> np.random.Generator:
+    """This thread's generator, put in a draw's state before each use (:meth:`~caramel.ckks.sampling.PcgState.put`)."""
     rng = getattr(_draw_rngs, "rng", None)
-    if rng is None and runs:
+    if rng is None:
         rng = _draw_rngs.rng = np.random.Generator(np.random.PCG64())
+    return rng
+
+
+def _word_runs(items, draw_of):
+    """``items`` grouped by the first state of their draw (``draw_of(item)``), each group in the order of its
+    words."""
+    runs: dict[int, list] = {}
+    for item in items:
+        runs.setdefault(id(draw_of(item).start), []).append(item)
     for run in runs.values():
-        run.sort(key=lambda job: job[0].offset)
-        rng, at = run[0][0].start.put(rng), 0
-        for d, out in run:
+        run.sort(key=lambda item: draw_of(item).offset)
+        yield run
+
+
+def _make_draws(draws) -> None:
+    """Make the values of the ``draws`` not yet made (:class:`_Draw`): per first state, this thread's generator put
+    in that state and advanced from draw to draw in the order of their words."""
+    for run in _word_runs([d for d in draws if d.value is None], lambda d: d):
+        rng, at = run[0].start.put(_thread_rng()), 0
+        for d in run:
             if d.offset > at:
                 rng.bit_generator.advance(d.offset - at)
-            if out is None:
-                d.value = rng.uniform(-d.m, d.m, d.size)
-            else:
-                uniform_into(rng, d.m, out)
-            at = d.offset + d.size
+            d.value, at = rng.uniform(-d.m, d.m, d.size), d.offset + d.size
+
+
+def _draw_into(flat: np.ndarray, spans) -> None:
+    """Draw ``spans``, pairs (:class:`_Draw`, lo) whose values land in ``flat[lo : lo + size]`` (:func:`uniform_into`,
+    bit for bit), in few calls: each call releases and takes back the GIL, which the executor's other threads hold
+    often. Draws whose words follow on from one another and whose places do too (an input's real and imaginary
+    parts; consecutive inputs) are one ``Generator.random``; places that follow on with one magnitude are scaled in
+    one step."""
+    for run in _word_runs(spans, lambda span: span[0]):
+        rng, at, i = run[0][0].start.put(_thread_rng()), 0, 0
+        while i < len(run):
+            first, lo = run[i]
+            words, hi, i = first.offset + first.size, lo + first.size, i + 1
+            while i < len(run) and run[i][0].offset == words and run[i][1] == hi:
+                words, hi, i = words + run[i][0].size, hi + run[i][0].size, i + 1
+            if first.offset > at:
+                rng.bit_generator.advance(first.offset - at)
+            rng.random(out=flat[lo:hi])
+            at = words
+    spans = sorted(spans, key=lambda span: span[1])
+    i = 0
+    while i < len(spans):
+        first, lo = spans[i]
+        hi, i = lo + first.size, i + 1
+        while i < len(spans) and spans[i][1] == hi and spans[i][0].m == first.m:
+            hi, i = hi + spans[i][0].size, i + 1
+        _scale_uniform(flat[lo:hi], first.m)
 
 
 class _Uniform:
@@ -357,26 +392,30 @@ class _Uniform:
         advance_raw(self.rng.bit_generator, total)
         for d in pending:
             d.start = start
-        _make_draws([(d, None) for d in pending if d.size < self.LAZY_SIZE])
+        _make_draws([d for d in pending if d.size < self.LAZY_SIZE])
 
 
 def _fill_parts(sources, n: int, parts: np.ndarray) -> None:
-    """Write into ``parts`` the rows [re | im] (:func:`~caramel.ckks.encoding.slot_parts`) of vectors: each source a
-    drawn pair (re, im or None: a real vector) of :class:`_Draw`, drawn straight into its half row, or a row
-    [re | im] (given values)."""
+    """Write into ``parts`` (C-contiguous) the rows [re | im] (:func:`~caramel.ckks.encoding.slot_parts`) of vectors:
+    each source a drawn pair (re, im or None: a real vector) of :class:`_Draw`, drawn straight into its half rows
+    (:func:`_draw_into`), or a row [re | im] (given values)."""
+    if not parts.flags.c_contiguous:
+        raise ValueError("_fill_parts writes C-contiguous rows")
     half = n // 2
-    jobs = []
-    for row, src in zip(parts, sources):
+    flat = parts.reshape(-1)  # a view
+    spans = []
+    for r, src in enumerate(sources):
         if isinstance(src, np.ndarray):
-            row[:] = src
+            parts[r] = src
             continue
-        re, im = src
-        jobs.append((re, row[:half]))
-        if im is None:
-            row[half:] = 0.0
-        else:
-            jobs.append((im, row[half:]))
-    _make_draws(jobs)
+        for d, lo in zip(src, (r * n, r * n + half)):
+            if d is None:
+                flat[lo : lo + half] = 0.0
+            elif d.value is not None:
+                flat[lo : lo + half] = d.value
+            else:
+                spans.append((d, lo))
+    _draw_into(flat, spans)
 
 
 def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any] | None = None):
