@@ -283,17 +283,11 @@ class _Draw:
         return self.value
 
 
-def uniform_into(rng: np.random.Generator, m, out: np.ndarray) -> None:
-    """``rng.uniform(-m, m, out.size)`` written into ``out`` (C-contiguous float64), bit for bit and with the same
-    words: NumPy's uniform is low + (high - low) u for each raw double u (one rounded product, one rounded sum), so
-    u drawn straight into ``out`` (``Generator.random``) then scaled in place (:func:`_scale_uniform`) is the
-    same."""
-    rng.random(out=out)
-    _scale_uniform(out, m)
-
-
 def _scale_uniform(u: np.ndarray, m) -> None:
-    """u <- low + (high - low) u in place, low = -m and high = m as NumPy's uniform takes them (doubles)."""
+    """u <- low + (high - low) u in place, low = -m and high = m as NumPy's uniform takes them (doubles). NumPy's
+    ``uniform(-m, m, size)`` is that for each raw double u (one rounded product, one rounded sum), so u drawn
+    straight into place (``Generator.random``, the same words) then scaled here is its draw, bit for bit, without an
+    array of its own."""
     low, high = float(-m), float(m)
     u *= high - low
     u += low
@@ -333,7 +327,7 @@ def _make_draws(draws) -> None:
 
 
 def _draw_into(flat: np.ndarray, spans) -> None:
-    """Draw ``spans``, pairs (:class:`_Draw`, lo) whose values land in ``flat[lo : lo + size]`` (:func:`uniform_into`,
+    """Draw ``spans``, pairs (:class:`_Draw`, lo) whose values land in ``flat[lo : lo + size]`` (:func:`_scale_uniform`:
     bit for bit), in few calls: each call releases and takes back the GIL, which the executor's other threads hold
     often. Draws whose words follow on from one another and whose places do too (an input's real and imaginary
     parts; consecutive inputs) are one ``Generator.random``; places that follow on with one magnitude are scaled in

@@ -145,13 +145,14 @@ def test_plaintexts_share_one_array(setup):
 
 @pytest.mark.parametrize("bits", [np.random.PCG64, np.random.MT19937], ids=["pcg64", "mt19937"])
 @pytest.mark.parametrize("m", [1.0, 0.25, 3, 2**53 + 1, 1e-300, 1e307], ids=str)
-def test_uniform_into_is_numpys_uniform(bits, m):
-    """Drawn into a row, the same bits as NumPy's uniform(-m, m), taking the same words."""
+def test_random_scaled_in_place_is_numpys_uniform(bits, m):
+    """Drawn into a row and scaled there, the same bits as NumPy's uniform(-m, m), taking the same words."""
     for size in (0, 1, 7, 4096):
         a, b = np.random.Generator(bits(5)), np.random.Generator(bits(5))
         want = a.uniform(-m, m, size)
         row = np.full(2 * size + 3, np.nan)
-        instance.uniform_into(b, m, row[3 : 3 + size])
+        b.random(out=row[3 : 3 + size])
+        instance._scale_uniform(row[3 : 3 + size], m)
         assert np.array_equal(row[3 : 3 + size].view(np.uint64), want.view(np.uint64)), size
         assert np.isnan(row[:3]).all() and np.isnan(row[3 + size :]).all()
         assert same_state(a.bit_generator.state, b.bit_generator.state)
