@@ -275,7 +275,8 @@ def launch(nproc: int, args: Sequence[str], timeout: float | None = None, grace:
            heartbeat_timeout: float | None = HEARTBEAT_SECONDS, startup: float = STARTUP_SECONDS) -> int:
     """Run ``nproc`` processes of ``python -m caramel.cli ARGS --distributed`` (RANK, WORLD_SIZE,
     LOCAL_RANK, CARAMEL_RENDEZVOUS in a fresh private folder with CARAMEL_RENDEZVOUS_BACKEND=file,
-    CARAMEL_HEARTBEAT there, CARAMEL_RUN_ID a fresh uuid; NCCL_NVLS_ENABLE=0 unless set) and wait
+    CARAMEL_HEARTBEAT there, CARAMEL_RUN_ID a fresh uuid, CARAMEL_LAUNCHER this process's pid;
+    NCCL_NVLS_ENABLE=0 unless set) and wait
     for all (see the module docstring). Returns 0 when all succeed, 1 when a rank's check failed;
     raises :class:`ExecutionError` for any other ending, naming the rank, when a rank's heartbeat
     stops for ``heartbeat_timeout`` seconds (None: not watched) and when ``timeout`` seconds pass.
@@ -290,7 +291,7 @@ def launch(nproc: int, args: Sequence[str], timeout: float | None = None, grace:
         heartbeat = str(Path(tmp) / "heartbeat")
         base = {**os.environ, **(env or {}), "WORLD_SIZE": str(nproc),
                 "CARAMEL_RENDEZVOUS": str(Path(tmp) / "rendezvous.json"), "CARAMEL_RENDEZVOUS_BACKEND": "file",
-                "CARAMEL_RUN_ID": run_id, "CARAMEL_HEARTBEAT": heartbeat}
+                "CARAMEL_RUN_ID": run_id, "CARAMEL_HEARTBEAT": heartbeat, "CARAMEL_LAUNCHER": str(os.getpid())}
         base.setdefault("NCCL_NVLS_ENABLE", "0")
         procs: list[subprocess.Popen] = []
         stopped = []

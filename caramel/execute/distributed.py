@@ -55,13 +55,15 @@ _ENV = (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
 class Place:
     """This process: ``rank`` of ``world`` processes, on CUDA device ``local_rank``;
     ``rendezvous``: the file path of the file rendezvous (``CARAMEL_RENDEZVOUS``, None when not
-    set); ``run_id``: the launcher's name of the run, when it gives one."""
+    set); ``run_id``: the launcher's name of the run, when it gives one; ``launcher``: the pid of the
+    ``caramel launch`` that started the ranks (``CARAMEL_LAUNCHER``), which starts one process per rank."""
 
     rank: int
     world: int
     local_rank: int
     rendezvous: Path | None = None
     run_id: str | None = None
+    launcher: int | None = None
 
 
 #: Variables that name one run of a launcher, in the order tried: every rank of a run sees the same.
@@ -90,8 +92,9 @@ def launch_env(env: Mapping[str, str] | None = None) -> Place | None:
                                      f"{env.get(rank)!r}/{env.get(world)!r}/{env.get(local)!r}") from None
             if not 0 <= r < w:
                 raise ExecutionError(f"{rank} = {r} is outside 0..{w - 1} ({world} = {w})")
-            where = env.get("CARAMEL_RENDEZVOUS")
-            return Place(r, w, lr, Path(where) if where else None, _env_run_id(env))
+            where, launcher = env.get("CARAMEL_RENDEZVOUS"), env.get("CARAMEL_LAUNCHER", "")
+            return Place(r, w, lr, Path(where) if where else None, _env_run_id(env),
+                         int(launcher) if launcher.isdigit() else None)
     return None
 
 

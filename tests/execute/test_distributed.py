@@ -33,6 +33,8 @@ def test_launch_env_reads_torchrun_mpirun_and_slurm_variables(tmp_path):
                        "CARAMEL_RENDEZVOUS": rdv}).local_rank == 1
     assert launch_env({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "CARAMEL_RENDEZVOUS": rdv}).local_rank == 2
     assert launch_env({"RANK": "0", "WORLD_SIZE": "2"}).rendezvous is None  # MPI or a store may not need the file
+    assert launch_env({"RANK": "0", "WORLD_SIZE": "2", "CARAMEL_LAUNCHER": "4321"}).launcher == 4321
+    assert launch_env({"RANK": "0", "WORLD_SIZE": "2", "CARAMEL_LAUNCHER": "x"}).launcher is None
     with pytest.raises(ExecutionError, match="outside 0..1"):
         launch_env({"RANK": "2", "WORLD_SIZE": "2", "CARAMEL_RENDEZVOUS": rdv})
 
@@ -118,6 +120,25 @@ def test_the_file_rendezvous_meets_broadcasts_and_gathers(tmp_path):
     assert {o[0] for o in out.values()} == {"run1"} and all(o[1] == {"g": [1, 2, 3]} for o in out.values())
     assert [g["rank"] for g in out[0][2]] == [0, 1, 2] and out[1][2] is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # every hello and message removed
+
+
+@pytest.mark.parametrize("launcher", ["parent", "self", None])
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_that_close_right_after_meeting_leave_none_waiting(tmp_path, launcher, world):
+    """Only the ranks of one caramel launch (their parent the launcher their place names) skip the settling beats;
+    they leave the meeting once every other rank has said it saw them, so that a rank that meets and closes at once
+    (its hello gone) never leaves another waiting for it."""
+    import os
+
+    pid = {"parent": os.getppid(), "self": os.getpid(), None: None}[launcher]
+
+    def rank(r):
+        with FileRendezvous(Place(r, world, r, tmp_path / "rdv.json", "run1", pid), beat=0.05) as rdv:
+            rdv.meet(IDENT if world == 2 else RunIdentity("digest", 1024, "exact", 0, 3, "cpu-plan"), 20)
+            return rdv.launched
+    out, errors = _ranks(rank, world, timeout=30)
+    assert not errors and out == {r: launcher == "parent" for r in range(world)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_stale_hello_of_an_earlier_run_is_not_a_rank(tmp_path):

@@ -11,7 +11,10 @@ private folder under ``caramel launch``, a shared file system across machines). 
   live hello at a rank beyond the world, or a second process writing this rank's hello (two
   processes with the same RANK: each sees the other's hello replace its own) fail at once, naming
   the ranks and their processes. The meeting ends when every rank's hello is live, in the meeting,
-  and agrees, after :data:`SETTLE` more beats in which no duplicate showed.
+  and agrees, after :data:`SETTLE` more beats in which no duplicate showed (the time the others also
+  take to see this rank). The ranks of one ``caramel launch`` (one process per rank: a process whose
+  parent is the launcher that ``CARAMEL_LAUNCHER`` names) skip those beats: each says in its hello that
+  it has seen every other (``met``), and leaves once every other has said so or ended after it was seen.
 * **Messages.** A value for rank d under tag t is ``<path>.<run>.m<src>-<d>.<t>`` (written
   atomically, in :func:`~caramel.execute.rendezvous.encode`'s format, never pickle; the receiver
   reads it, bounded by :data:`MESSAGE_LIMIT`, and removes it). Files of another run id are never read.
@@ -22,6 +25,7 @@ private folder under ``caramel launch``, a shared file system across machines). 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -87,6 +91,8 @@ class FileRendezvous(Rendezvous):
         self.rank, self.world, self.run_id = place.rank, place.world, place.run_id
         self.base = Path(place.rendezvous)
         self.beat, self.stale = beat, stale
+        #: Whether no second process of a rank can come (the module docstring): the ranks of one ``caramel launch``.
+        self.launched = getattr(place, "launcher", None) == os.getppid()
         self.base.parent.mkdir(parents=True, exist_ok=True)
         self._hello = {**hello(self.rank, self.world, self.run_id, None), "phase": "start", "beat": 0}
         self._written: bytes | None = None
@@ -188,9 +194,18 @@ class FileRendezvous(Rendezvous):
                 problem = disagreements(hellos)
                 if problem is not None:
                     raise Disagreement(f"the ranks disagree: {problem}")
-                settled = settled or time.monotonic()
-                if time.monotonic() - settled >= SETTLE * self.beat:
-                    break
+                if self.launched:
+                    if self._hello["phase"] != "met":
+                        with self._lock:
+                            self._hello["phase"] = "met"
+                        self._write_hello()
+                    if all(self._watch[r].hello is None or self._watch[r].hello.get("phase") == "met"
+                           for r in confirmed):  # each has seen this rank (or ended after it was seen)
+                        break
+                else:
+                    settled = settled or time.monotonic()
+                    if time.monotonic() - settled >= SETTLE * self.beat:
+                        break
             if time.monotonic() > deadline:
                 stale = [r for r in waiting if self._watch[r].data is not None and not self._live(self._watch[r])]
                 more = f" (the hello of rank(s) {stale} is stale: of an earlier run?)" if stale else ""
