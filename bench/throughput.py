@@ -3,6 +3,8 @@
 
     python -m bench.throughput --out DIR [--base .ab] [--program BootstrapLike_51L_1c] [--n 65536]
                                [--backend gpu] [--batch 64] [--instances 64] [--singles 2]
+    # several GPUs (nvidia-h200-x2: --nproc 2), the batch in one process against `caramel launch`, 3 rounds:
+    python -m bench.throughput --out DIR --skip-family --batch 256 --nproc 2 --nproc-rounds 3
     # at a small N without a GPU (what the tests run, so that this does not rot):
     python -m bench.throughput --out /tmp/tp --program programs/MulRotate_4L_1c --n 1024 --backend cpu-plan \\
         --batch 4 --instances 4 --singles 1 --base .
@@ -19,6 +21,10 @@ makes one in ``.ab/``) needs nothing it lacks:
   (the one-device point of the family's 1-chip program: every input of each instance uploaded; the figure the
   base commit can take).
 
+* ``processes`` (``--nproc P``): this tree's batch in one process and in P (``caramel launch --nproc P -- run ...``,
+  a process a device), alternating, ``--nproc-rounds`` rounds: every round's rate, and P processes against one by
+  the medians of the rounds (a host's speed drifts from round to round); every digest the same in both.
+
 The key store DIR is made once (``caramel keys``, this tree) unless ``--keys`` names one. The digests of the
 batch's first ``--singles`` instances are compared with single runs of this tree (``caramel run --seed S+i
 --key-seed S --keys DIR``), and the two trees' batch digests with each other. One JSON record,
@@ -31,6 +37,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -138,6 +145,28 @@ def singles(args, program: str, keys: Path, out: Path, commands: list) -> list[s
     return digests
 
 
+def processes(args, program: str, keys: Path, out: Path, commands: list) -> dict[str, Any]:
+    """This tree's batch in one process and in ``--nproc`` processes, alternating (module docstring)."""
+    common = ["run", program, "--n", str(args.n), "--backend", args.backend, "-q", "--batch", str(args.batch),
+              "--seed", str(args.seed), "--keys", str(keys)]
+    forms = {"one": [], "launched": ["launch", "--nproc", str(args.nproc), "--"]}
+    rates: dict[str, list] = {form: [] for form in forms}
+    digests: list = []
+    for r in range(args.nproc_rounds):
+        for form, prefix in forms.items():
+            path = out / f"processes-{form}-{r}.json"
+            run([sys.executable, "-m", "caramel.cli", *prefix, *common, "--json", str(path)], ROOT, args.timeout,
+                commands)
+            doc = read_json(path)
+            rates[form].append(doc["summary"]["per_second"] if doc else None)
+            digests.append([x["digest"] for x in doc["instances"]] if doc else None)
+    measured = {form: [x for x in got if x is not None] for form, got in rates.items()}
+    medians = {form: statistics.median(got) for form, got in measured.items() if got}
+    return {"nproc": args.nproc, "rounds": args.nproc_rounds, "per_second": rates, "medians": medians,
+            "ratio": medians["launched"] / medians["one"] if len(medians) == 2 else None,
+            "digests_equal": digests[0] is not None and all(d == digests[0] for d in digests)}
+
+
 def table(record: dict[str, Any]) -> str:
     rows = [("figure", *record["trees"])]
     names = [("serving_per_second", "serving instances/s (shared resident)"),
@@ -148,6 +177,15 @@ def table(record: dict[str, Any]) -> str:
         cells = [record["trees"][t].get(key) for t in record["trees"]]
         if any(c is not None for c in cells):
             rows.append((label, *(f"{c:.2f}" if isinstance(c, (int, float)) else "-" for c in cells)))
+    scaled = record.get("processes")
+    if scaled:
+        for form, label in (("one", "  one process"), ("launched", f"  {scaled['nproc']} processes")):
+            got = scaled["medians"].get(form)
+            rows.append((f"{label}, --batch {record['batch']}, median of {scaled['rounds']}",
+                         *(f"{got:.2f}" if got is not None and t == "after" else "-" for t in record["trees"])))
+        ratio = scaled["ratio"]
+        rows.append((f"  {scaled['nproc']} processes / one", *(f"{ratio:.2f}x" if ratio and t == "after" else "-"
+                                                               for t in record["trees"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
@@ -169,8 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keys", help="an existing key store for the program (default: made under --out)")
     p.add_argument("--skip-family", action="store_true", help="skip the `profile FAMILY --gpus 1` figure")
+    p.add_argument("--nproc", type=int, default=1, help="also the batch in this many processes (`caramel launch`), "
+                   "against one process (default 1: not taken)")
+    p.add_argument("--nproc-rounds", type=int, default=3, help="rounds of --nproc, alternating (default 3)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per command")
     args = p.parse_args(argv)
+    if args.nproc < 1 or args.nproc_rounds < 1:
+        p.error("--nproc and --nproc-rounds must be at least 1")
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -188,16 +231,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.base:
         trees["before"] = measure(Path(args.base).resolve(), "before", args, program, keys, out, commands)
     trees["after"] = measure(ROOT, "after", args, program, keys, out, commands)
+    scaled = processes(args, program, keys, out, commands) if args.nproc > 1 else None
     single = singles(args, program, keys, out, commands)
     after = trees["after"].get("batch_digests") or []
     checks = {"singles": single, "singles_equal": bool(single) and single == after[: len(single)]}
     if "before" in trees:
         checks["before_equal_after"] = trees["before"].get("batch_digests") == after
+    if scaled is not None:
+        checks["processes_equal"] = scaled["digests_equal"]
     from caramel.results import environment  # this tree's
 
     record = {"bench": "throughput", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "program": program, "n": args.n, "backend": args.backend, "batch": args.batch,
               "instances": args.instances, "seed": args.seed, "keys": str(keys), "trees": trees, "checks": checks,
+              **({"processes": scaled} if scaled is not None else {}),
               "commands": commands,
               "command": shlex.join([sys.executable, "-m", "bench.throughput", *(argv or sys.argv[1:])]),
               "environment": environment()}
@@ -205,10 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(table(record))
     print(f"digests: batch == single runs: {'yes' if checks['singles_equal'] else 'NO'}"
-          + (f"; before == after: {'yes' if checks['before_equal_after'] else 'NO'}" if "before" in trees else ""))
+          + (f"; before == after: {'yes' if checks['before_equal_after'] else 'NO'}" if "before" in trees else "")
+          + (f"; {args.nproc} processes == one: {'yes' if checks['processes_equal'] else 'NO'}"
+             if scaled is not None else ""))
     print(f"record: {path}")
-    ok = checks["singles_equal"] and checks.get("before_equal_after", True) and all(
-        c["exit"] in (0, 1) for c in commands)
+    ok = checks["singles_equal"] and checks.get("before_equal_after", True) and checks.get("processes_equal", True) \
+        and all(c["exit"] in (0, 1) for c in commands)
     return 0 if ok else 1
 
 

@@ -27,3 +27,24 @@ def test_throughput_bench_runs_both_trees_and_checks_digests(tmp_path, capsys):
     assert set(after["phases_s"]["serving"]) >= {"encrypt", "upload", "replay", "download", "digest", "check"}
     assert all(c["exit"] == 0 for c in record["commands"]) and "environment" in record
     assert "serving instances/s" in text and "batch == single runs: yes" in text
+
+
+def test_throughput_bench_takes_the_batch_in_several_processes(tmp_path, capsys):
+    """``--nproc 2``: the batch in one process and under ``caramel launch --nproc 2``, alternating; each round's rate,
+    the ratio of the medians, and every digest the same in both forms."""
+    from bench.throughput import main
+
+    out = tmp_path / "tp"
+    code = main(["--out", str(out), "--program", str(REPO / "programs" / "MulRotate_4L_1c"), "--n", "1024",
+                 "--backend", "cpu-plan", "--batch", "4", "--instances", "2", "--singles", "1", "--skip-family",
+                 "--nproc", "2", "--nproc-rounds", "2"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    record = json.loads((out / "throughput.json").read_text())
+    scaled = record["processes"]
+    assert scaled["nproc"] == 2 and scaled["rounds"] == 2 and record["checks"]["processes_equal"] is True
+    assert all(len(v) == 2 and all(x > 0 for x in v) for v in scaled["per_second"].values())
+    assert scaled["ratio"] == scaled["medians"]["launched"] / scaled["medians"]["one"] > 0
+    launched = [c for c in record["commands"] if " launch --nproc 2 -- run " in c["command"]]
+    assert len(launched) == 2 and all(c["exit"] == 0 for c in launched)
+    assert "2 processes / one" in text and "2 processes == one: yes" in text
