@@ -23,7 +23,6 @@ pickle) with an integrity digest; :mod:`caramel.cache` says what is checked befo
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import hashlib
 import io
@@ -997,25 +996,23 @@ def no_gc():
 
 def _load_archive(path: Path, member: str | None, data: bytes, build: Callable[[_Files], Program]
                   ) -> tuple[_Files, Program]:
-    """(files, ``build(files)``) of program ``member`` of an archive: built from its files as soon as the read has
-    passed them (:class:`_ArchiveRead`), while the rest of the archive is read; built again only where the whole
-    archive gives other files. An error of the archive comes before one of the program's."""
+    """(files, ``build(files)``) of program ``member`` of an archive (``build`` pauses the garbage collector itself,
+    :func:`no_gc`): built from its files as soon as the read has passed them (:class:`_ArchiveRead`), while the rest
+    of the archive is read; built again only where the whole archive gives other files. An error of the archive comes
+    before one of the program's."""
     if member is None:  # the only program: known only at the end
         files = _read_archive(path, member, data)
-        with no_gc():
-            return files, build(files)
+        return files, build(files)
     reading = _ArchiveRead(path, member, data)
     early, program, failed = reading.first(), None, None
     if early is not None:
         try:
-            with no_gc():
-                program = build(early)
+            program = build(early)
         except ParseError as exc:
             failed = exc
     files = reading.finish()
     if early is None or files.files != early.files or files.member != early.member:
-        with no_gc():
-            return files, build(files)
+        return files, build(files)
     if failed is not None:
         raise failed
     return files, program
@@ -1035,14 +1032,15 @@ def load_program(
     Raises :class:`~caramel.errors.ParseError` naming the file, line and column of the first
     malformed line. Validation is separate: :func:`caramel.validate.validate`.
     """
-    build = functools.partial(build_program, fast=fast, progress=progress)
+    def build(files: _Files) -> Program:
+        with no_gc():
+            return build_program(files, fast=fast, progress=progress)
+
     archive = _archive_bytes(source)
     if not cache:
         if archive is not None:
             return _load_archive(*archive, build)[1]
-        files = read_source(source)
-        with no_gc():
-            return build(files)
+        return build(read_source(source))
     from caramel import cache as store
 
     files = read_source(source) if archive is None else None
@@ -1072,8 +1070,7 @@ def load_program(
         files, program = _load_archive(*archive, build)
         meta = {**meta, "archive_folder": files.member}
     else:
-        with no_gc():
-            program = build(files)
+        program = build(files)
     logger.debug("cold path: parse of %s (%d instructions) %.2f s", program.name, program.instruction_count,
                  time.perf_counter() - t0)
     if usable:
