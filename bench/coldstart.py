@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         if got:
             digests.setdefault(command[1], set()).add(got.group(1))
 
-    main_run = ["run", program_path(args.program), *ring, "--backend", "gpu", "--no-check", "-v"]
+    def run_of(name: str) -> list[str]:
+        return ["run", program_path(name), *ring, "--backend", "gpu", "--no-check", "-v"]
+
+    main_run = run_of(args.program)
     with tempfile.TemporaryDirectory(prefix="bench-coldstart-") as tmp:
         def empty_caches(label: str) -> tuple[Path, dict]:
             kernels = Path(tmp) / f"cupy-{label}"
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             step("cold", main_run, env, kernels, mark)
             step("again", main_run, env, kernels, mark)
             for name in args.new:
-                new_run = ["run", program_path(name), *ring, "--backend", "gpu", "--no-check", "-v"]
+                new_run = run_of(name)
                 step(f"new {name}", new_run, env, kernels, mark)
                 step(f"new {name} again", new_run, env, kernels, mark)
         kernels, env = empty_caches("compile")
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if pairs:
             ratios = [first / second for first, second in pairs]
             for r, ratio in enumerate(ratios):
-                rec.add(f"{name} (not seen before): first run / second run" + (f" #{r + 1}" if median else ""),
+                rec.add(f"{name} (not seen before): first run / second run" + (f" #{r + 1}" if args.rounds > 1 else ""),
                         ratio, "x")
             ratio = statistics.median(ratios)
             rec.check(f"{name}: first run within {args.new_ratio:g}x its second{median}", ratio <= args.new_ratio,
