@@ -98,14 +98,19 @@ def commit_of(tree: Path) -> str | None:
     return got.stdout.strip() or None if got.returncode == 0 else None
 
 
+def batch_command(args, program: str, keys: Path, path: Path, prefix: Sequence[str] = ()) -> list[str]:
+    """``caramel [PREFIX] run PROGRAM --batch B --keys DIR --json PATH`` (``prefix``: e.g. ``launch --nproc P --``)."""
+    return [sys.executable, "-m", "caramel.cli", *prefix, "run", program, "--n", str(args.n), "--backend", args.backend,
+            "-q", "--batch", str(args.batch), "--seed", str(args.seed), "--keys", str(keys), "--json", str(path)]
+
+
 def measure(tree: Path, tag: str, args, program: str, keys: Path, out: Path, commands: list) -> dict[str, Any]:
     """Every figure of one tree (module docstring)."""
     py, cli = sys.executable, ["-m", "caramel.cli"]
     common = ["--n", str(args.n), "--backend", args.backend, "-q"]
     figures: dict[str, Any] = {"tree": str(tree), "commit": commit_of(tree)}
     batch_json = out / f"{tag}-batch.json"
-    run([py, *cli, "run", program, *common, "--batch", str(args.batch), "--seed", str(args.seed), "--keys", str(keys),
-         "--json", str(batch_json)], tree, args.timeout, commands)
+    run(batch_command(args, program, keys, batch_json), tree, args.timeout, commands)
     doc = read_json(batch_json)
     if doc is not None:
         figures["batch_per_second"] = doc["summary"]["per_second"]
@@ -147,16 +152,13 @@ def singles(args, program: str, keys: Path, out: Path, commands: list) -> list[s
 
 def processes(args, program: str, keys: Path, out: Path, commands: list) -> dict[str, Any]:
     """This tree's batch in one process and in ``--nproc`` processes, alternating (module docstring)."""
-    common = ["run", program, "--n", str(args.n), "--backend", args.backend, "-q", "--batch", str(args.batch),
-              "--seed", str(args.seed), "--keys", str(keys)]
-    forms = {"one": [], "launched": ["launch", "--nproc", str(args.nproc), "--"]}
+    forms = {"one": (), "launched": ("launch", "--nproc", str(args.nproc), "--")}
     rates: dict[str, list] = {form: [] for form in forms}
     digests: list = []
     for r in range(args.nproc_rounds):
         for form, prefix in forms.items():
             path = out / f"processes-{form}-{r}.json"
-            run([sys.executable, "-m", "caramel.cli", *prefix, *common, "--json", str(path)], ROOT, args.timeout,
-                commands)
+            run(batch_command(args, program, keys, path, prefix), ROOT, args.timeout, commands)
             doc = read_json(path)
             rates[form].append(doc["summary"]["per_second"] if doc else None)
             digests.append([x["digest"] for x in doc["instances"]] if doc else None)
