@@ -61,6 +61,7 @@ from caramel.instance import (
     input_plan,
     key_image,
     output_digest,
+    reserve_rows,
     resolve_check,
 )
 from caramel import options as run_options
@@ -367,15 +368,52 @@ class Executor:
         self._scopes = [ClientScope(self.client, g[0] if self.client.on_gpu else None) for g in lane_gpus] or \
             [ClientScope(self.client, 0 if self.client.on_gpu else None)]
         self.client_scope = self._scopes[0]
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._todo: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+        # Instances prepared for a lane: one queue per lane when each lane's instances are prepared on its
+        # GPU (preparer k serves lane k % lanes), else one queue that every lane reads. One lane per slot.
+        lanes = len(self.groups)
+        self._ready = [queue.Queue() for _ in range(lanes)] if self._keep_on_device else [queue.Queue()] * lanes
+        workers = max(preparers(opts), lanes if self._keep_on_device else 1)
+        self._threads: list[threading.Thread] = []
+        self._stages = {"prepare": workers, "drive": lanes, "finish": max(1, min(4, cores.available() // 2))}
+        self._left = dict(self._stages)
+        # The preparers start now: each makes its stream and reused rows while the keys and the lanes are made
+        # (no instance can reach them before this constructor returns).
+        for k in range(workers):
+            self._spawn(lambda k=k: self._prepare_loop(k % lanes), f"caramel-prepare-{k}")
+        try:
+            self._setup(keys, given, planning, one_gpu, log)
+        except BaseException:
+            self._todo.put(_STOP)
+            raise
+        #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
+        self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
+        self._permits = threading.Semaphore(self.capacity)
+        for k, lane in enumerate(self.lanes):
+            self._spawn(lambda k=k, lane=lane: self._drive_loop(lane, self._ready[k]), f"caramel-lane-{k}")
+        for k in range(self._stages["finish"]):
+            self._spawn(self._finish_loop, f"caramel-finish-{k}")
+
+    # ------------------------------------------------------------------ setup
+
+    def _setup(self, keys, given: dict, planning: Future | None, one_gpu: bool, log) -> None:
+        """The constructor's work after its threads' state: the keys (``keys``, else generated), the shared inputs
+        (``given``: values or objects by name, the others drawn), then the lanes (on the plan of ``planning``)."""
+        plan = self.plan_inputs
         t0 = time.perf_counter()
         if keys is None:
             from caramel.ckks.keyset import generate_keyset
 
             with self.client_scope():
-                keys = generate_keyset(program, self.ctx, opts.keys_seed, background=True,
+                keys = generate_keyset(self.program, self.ctx, self.options.keys_seed, background=True,
                                        on_device=one_gpu and self.client.on_gpu and bool(plan.req.keys),
                                        progress=self._phase("keys"))
-            logger.debug("cold path: keys of %s (%d evaluation keys queued on the %s client) %.2f s", program.name,
+            logger.debug("cold path: keys of %s (%d evaluation keys queued on the %s client) %.2f s", self.program.name,
                          len(keys.keys), "GPU" if self.client.on_gpu else "host", time.perf_counter() - t0)
         self.keys = keys
         self.timings["keys"] = time.perf_counter() - t0
@@ -389,7 +427,7 @@ class Executor:
             from caramel.ckks.keyset import input_rng
 
             with self.client_scope():
-                made, values = draw_inputs(plan, keys.secrets, input_rng(opts.keys_seed), drawn,
+                made, values = draw_inputs(plan, keys.secrets, input_rng(self.options.keys_seed), drawn,
                                            {n: v for n, v in given.items() if n not in objects})
             objects.update(made)
         self.shared_objects = objects
@@ -410,36 +448,10 @@ class Executor:
             raise
         self.timings["plan"] = time.perf_counter() - t0
         logger.debug("cold path: lanes of %s (with the plan's wait: the precompile's, arenas, uploads, eager run, "
-                     "capture) %.2f s", program.name, self.timings["plan"])
-        log(f"{program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
+                     "capture) %.2f s", self.program.name, self.timings["plan"])
+        log(f"{self.program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
             f"inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
             f"{self.timings['plan']:.2f} s")
-        self._counter = itertools.count()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._broken: BaseException | None = None
-        self._todo: queue.Queue = queue.Queue()
-        self._done: queue.Queue = queue.Queue()
-        # Instances prepared for a lane: one queue per lane when each lane's instances are prepared on its
-        # GPU (preparer k serves lane k % lanes), else one queue that every lane reads.
-        lanes = len(self.lanes)
-        self._ready = [queue.Queue() for _ in range(lanes)] if self._keep_on_device else [queue.Queue()] * lanes
-        cpus = cores.available()
-        workers = max(preparers(opts), lanes if self._keep_on_device else 1)
-        #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
-        self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
-        self._permits = threading.Semaphore(self.capacity)
-        self._threads: list[threading.Thread] = []
-        self._stages = {"prepare": workers, "drive": len(self.lanes), "finish": max(1, min(4, cpus // 2))}
-        self._left = dict(self._stages)
-        for k in range(workers):
-            self._spawn(lambda k=k: self._prepare_loop(k % lanes), f"caramel-prepare-{k}")
-        for k, lane in enumerate(self.lanes):
-            self._spawn(lambda k=k, lane=lane: self._drive_loop(lane, self._ready[k]), f"caramel-lane-{k}")
-        for k in range(self._stages["finish"]):
-            self._spawn(self._finish_loop, f"caramel-finish-{k}")
-
-    # ------------------------------------------------------------------ setup
 
     def _gpu_devices(self, group: tuple[int, ...]) -> tuple[int, ...]:
         """The CUDA devices of a slot: the group renumbered onto ``device_ids``; the default slot: one
@@ -745,6 +757,8 @@ class Executor:
         ready = self._ready[lane]
         try:
             stream = self._client_stream(scope)
+            with scope(self._keep_on_device):
+                reserve_rows(self.plan_inputs, self.varying)
         except BaseException as exc:  # noqa: BLE001 - no stream: the device's error, for every instance
             self._break(exc)
             stream = None

@@ -432,6 +432,17 @@ def _fill_parts(sources, n: int, parts: np.ndarray) -> None:
     _draw_into(flat, spans)
 
 
+def reserve_rows(plan: InputPlan, names) -> None:
+    """Make the calling thread's reused host rows (:meth:`~caramel.ckks.arith.base.ClientArith.host_rows`, on the
+    client's current device) as large as :func:`draw_inputs` of ``names`` needs, before its first call: one row
+    per plaintext input (a ciphertext's or a scalar's draws go elsewhere). A thread that prepares instances calls it
+    while the run is set up, so that no instance waits for the buffer's allocation (pinned, on a GPU client)."""
+    from caramel.ckks.device import chosen
+
+    rows = sum(1 for name in names if plan.kind(name) not in (InputKind.SCALAR, InputKind.CIPHERTEXT))
+    chosen().host_rows(rows, plan.ctx.n)
+
+
 def draw_inputs(plan: InputPlan, secrets, rng, names, supplied: Mapping[str, Any] | None = None):
     """The inputs ``names`` of one instance as ``(objects, values)``: per name a Ciphertext, Plaintext or
     Scalar (the client's current device does the arithmetic; GPU arrays inside

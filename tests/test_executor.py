@@ -389,3 +389,20 @@ def test_an_object_input_is_decoded_once_whichever_threads_read_it(monkeypatch):
     values = executor._ObjectValues({"x": object()}, None, None)
     got = read_at_once(values, "x")
     assert calls == ["x"] and len(got) == 2 and all(np.array_equal(g, np.full(4, 0.25)) for g in got)
+
+
+def test_a_setup_that_fails_leaves_no_thread(rot1):
+    """The preparers start before the keys and lanes are made (to make their buffers meanwhile); a key set that
+    lacks the program's rotation keys fails the constructor, and its preparers stop with it."""
+    from caramel.ckks.keyset import generate_keyset
+    from caramel.ring import Context
+
+    mul = load_program(REPO / "programs" / "Mul_4L_1c", progress=False)
+    keys = generate_keyset(mul, Context(n=N), SEED)
+    before = set(threading.enumerate())
+    with pytest.raises(BindingError, match="lacks"):
+        Executor(rot1, n=N, backend="cpu-plan", seed=SEED, keys=keys)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [t for t in threading.enumerate() if t not in before and t.is_alive()]:
+        time.sleep(0.02)
+    assert not [t.name for t in threading.enumerate() if t not in before and t.name.startswith("caramel-prepare")]

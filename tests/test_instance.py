@@ -190,6 +190,30 @@ def test_host_rows_are_the_threads_own_and_kept():
     assert not np.shares_memory(other[0], grown)
 
 
+def test_reserved_rows_are_those_the_draws_fill(setup):
+    """reserve_rows makes the thread's rows as large as draw_inputs asks for: one per plaintext input drawn (not
+    the ciphertext's, not a scalar's), so the first draw reuses that buffer instead of making a new one."""
+    import threading
+
+    plan = input_plan(setup[0], setup[1], setup[2])
+    plain = [n for n in plan.names if plan.kind(n) is InputKind.PLAINTEXT]
+    assert 0 < len(plain) < len(plan.names)
+    got = []
+
+    def fresh_thread():
+        instance.reserve_rows(plan, plan.names)
+        reserved = HOST.host_rows(1, N)
+        draw_inputs(plan, setup[3].secrets, input_rng(4), plan.names)
+        got.append((reserved, HOST.host_rows(1, N), HOST.host_rows(len(plain) + 1, N)))
+
+    thread = threading.Thread(target=fresh_thread)
+    thread.start()
+    thread.join()
+    reserved, after_draw, one_more = got[0]
+    assert after_draw.ctypes.data == reserved.ctypes.data  # the draw found its rows made
+    assert not np.shares_memory(one_more, reserved)  # and no more than it needs
+
+
 @pytest.mark.parametrize("client", [HOST, "gpu"], ids=["host", "gpu"])
 def test_instances_one_after_another_on_one_thread(setup, client):
     """The thread's host rows reused from instance to instance: each instance still draws prepare_check's."""
