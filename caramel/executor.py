@@ -26,7 +26,8 @@ with seed S and key seed K has the digest of ``run_program(seed=S + i, key_seed=
 
 Threads: ``workers`` host threads prepare instances (draw, encode, encrypt on the client device; a GPU
 client's work on each thread's own CUDA stream; with a lane per GPU, each thread serves one lane and works on
-its GPU, which reads the rows in place), one driver thread per lane issues them, and finisher
+its GPU, which reads the rows in place); they start with the constructor and make their stream and reused rows
+while the keys and lanes are made. One driver thread per lane issues the instances, and finisher
 threads wait for each, compute its digest (:func:`caramel.instance.output_digest`), check it and
 resolve its future. An instance whose inputs are bad (a missing limb, a residue out of range, a value
 that does not fit) fails alone; an error of a device stops the executor: the instances not yet run
@@ -449,8 +450,8 @@ class Executor:
         self.timings["plan"] = time.perf_counter() - t0
         logger.debug("cold path: lanes of %s (with the plan's wait: the precompile's, arenas, uploads, eager run, "
                      "capture) %.2f s", self.program.name, self.timings["plan"])
-        log(f"{self.program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, shared "
-            f"inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
+        log(f"{self.program.name}: {len(self.lanes)} lane(s) ({self.backend}); keys {self.timings['keys']:.2f} s, "
+            f"shared inputs ({', '.join(self.shared) or 'none'}) {self.timings['shared']:.2f} s, plan and devices "
             f"{self.timings['plan']:.2f} s")
 
     def _gpu_devices(self, group: tuple[int, ...]) -> tuple[int, ...]:
@@ -759,7 +760,7 @@ class Executor:
             stream = self._client_stream(scope)
             with scope(self._keep_on_device):
                 reserve_rows(self.plan_inputs, self.varying)
-        except BaseException as exc:  # noqa: BLE001 - no stream: the device's error, for every instance
+        except BaseException as exc:  # noqa: BLE001 - no stream or rows: the device's error, for every instance
             self._break(exc)
             stream = None
         while True:
