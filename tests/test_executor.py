@@ -402,7 +402,11 @@ def test_a_setup_that_fails_leaves_no_thread(rot1):
     before = set(threading.enumerate())
     with pytest.raises(BindingError, match="lacks"):
         Executor(rot1, n=N, backend="cpu-plan", seed=SEED, keys=keys)
+
+    def preparers():
+        return [t.name for t in threading.enumerate() if t not in before and t.name.startswith("caramel-prepare")]
+
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and [t for t in threading.enumerate() if t not in before and t.is_alive()]:
+    while preparers() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not [t.name for t in threading.enumerate() if t not in before and t.name.startswith("caramel-prepare")]
+    assert not preparers()
