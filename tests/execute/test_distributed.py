@@ -122,6 +122,25 @@ def test_the_file_rendezvous_meets_broadcasts_and_gathers(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # every hello and message removed
 
 
+def test_a_receive_looks_soon_then_at_its_pace(tmp_path, monkeypatch):
+    """A receive looks for its message after 1, 2 and 4 ms, then every 5 ms: a message written soon after the
+    receiver began to wait (the ranks' start of a batch) is seen within milliseconds, not a fixed poll's 20."""
+    from caramel.execute.rendezvous import file as file_rdv
+
+    with _file(tmp_path, 0) as receiver, _file(tmp_path, 1) as sender:
+        slept = []
+
+        def sleep(seconds):
+            slept.append(seconds)
+            if len(slept) == 6:
+                sender.send(0, "late", {"after": len(slept)})
+
+        monkeypatch.setattr(file_rdv.time, "sleep", sleep)
+        got = receiver.receive(1, "late", 20)
+    assert got == {"after": 6}
+    assert slept == [0.001, 0.002, 0.004, 0.005, 0.005, 0.005]
+
+
 @pytest.mark.parametrize("launcher", ["parent", "self", None])
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_that_close_right_after_meeting_leave_none_waiting(tmp_path, launcher, world):

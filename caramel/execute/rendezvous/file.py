@@ -25,6 +25,7 @@ private folder under ``caramel launch``, a shared file system across machines). 
 from __future__ import annotations
 
 import json
+import itertools
 import os
 import re
 import threading
@@ -51,7 +52,13 @@ SKEW = 5.0
 #: Bytes of a hello and of one message file read at most.
 HELLO_LIMIT = 1 << 16
 MESSAGE_LIMIT = 1 << 40
-_POLL = 0.02
+#: Seconds between two looks at the peers' hellos while meeting.
+_MEET_POLL = 0.02
+#: Seconds between two looks for a message: ``_POLLS`` first, then every ``_POLL``. A message is seen within a few
+#: milliseconds of its writing (the ranks start a batch together within them; a collective of the CPU fabric waits no
+#: longer); a rank that waits long looks 200 times a second, a file's open that finds nothing.
+_POLLS = (0.001, 0.002, 0.004)
+_POLL = 0.005
 _TAG = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
@@ -211,7 +218,7 @@ class FileRendezvous(Rendezvous):
                 more = f" (the hello of rank(s) {stale} is stale: of an earlier run?)" if stale else ""
                 raise ExecutionError(f"waited {timeout:g} s at {self.base} for rank(s) {waiting} of {self.world}"
                                      f"{more}; did every process start, with the same CARAMEL_RENDEZVOUS?")
-            time.sleep(_POLL)
+            time.sleep(_MEET_POLL)
         with self._lock:
             self._hello["phase"] = "met"
         zero = hellos[0]
@@ -258,6 +265,7 @@ class FileRendezvous(Rendezvous):
         path = self._message(source, self.rank, tag)
         deadline = time.monotonic() + timeout
         checked = 0.0
+        waits = itertools.chain(_POLLS, itertools.repeat(_POLL))
         while True:
             data = _read(path, MESSAGE_LIMIT)
             if data is not None:
@@ -273,7 +281,7 @@ class FileRendezvous(Rendezvous):
                 self._check_peer(source, tag)
             if now > deadline:
                 raise ExecutionError(f"waited {timeout:g} s for {tag} from rank {source} at {path}")
-            time.sleep(_POLL)
+            time.sleep(next(waits))
 
     def _check_peer(self, source: int, tag: str) -> None:
         w = self._observe(source)
