@@ -435,11 +435,11 @@ def _fill_parts(sources, n: int, parts: np.ndarray) -> None:
 def reserve_rows(plan: InputPlan, names) -> None:
     """Make the calling thread's reused host rows (:meth:`~caramel.ckks.arith.base.ClientArith.host_rows`, on the
     client's current device) as large as :func:`draw_inputs` of ``names`` needs, before its first call: one row
-    per plaintext input (a ciphertext's or a scalar's draws go elsewhere). A thread that prepares instances calls it
+    per plaintext input (a ciphertext's and a scalar's draws go elsewhere). A thread that prepares instances calls it
     while the run is set up, so that no instance waits for the buffer's allocation (pinned, on a GPU client)."""
     from caramel.ckks.device import chosen
 
-    rows = sum(1 for name in names if plan.kind(name) not in (InputKind.SCALAR, InputKind.CIPHERTEXT))
+    rows = sum(1 for name in names if plan.kind(name) is InputKind.PLAINTEXT)
     chosen().host_rows(rows, plan.ctx.n)
 
 

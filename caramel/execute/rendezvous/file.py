@@ -24,8 +24,8 @@ private folder under ``caramel launch``, a shared file system across machines). 
 
 from __future__ import annotations
 
-import json
 import itertools
+import json
 import os
 import re
 import threading
