@@ -341,6 +341,24 @@ def _make_draws(draws) -> None:
             d.value, at = rng.uniform(-d.m, d.m, d.size), d.offset + d.size
 
 
+def _stretches(items, follows):
+    """``items`` cut where an item does not follow on from the one before it (``follows(before, item)`` false): the
+    lists of consecutive items, in order."""
+    stretch: list = []
+    for item in items:
+        if stretch and not follows(stretch[-1], item):
+            yield stretch
+            stretch = []
+        stretch.append(item)
+    if stretch:
+        yield stretch
+
+
+def _end(span) -> int:
+    """Where a span (:class:`_Draw`, lo) of :func:`_draw_into` ends in its flat rows."""
+    return span[1] + span[0].size
+
+
 def _draw_into(flat: np.ndarray, spans) -> None:
     """Draw ``spans``, pairs (:class:`_Draw`, lo) whose values land in ``flat[lo : lo + size]`` (:func:`_scale_uniform`:
     bit for bit), in few calls: each call releases and takes back the GIL, which the executor's other threads hold
@@ -353,24 +371,16 @@ def _draw_into(flat: np.ndarray, spans) -> None:
             flat[lo : lo + d.size] = d.value
         return
     for run in _word_runs(spans, lambda span: span[0]):
-        rng, at, i = run[0][0].start.put(_thread_rng()), 0, 0
-        while i < len(run):
-            first, lo = run[i]
-            words, hi, i = first.offset + first.size, lo + first.size, i + 1
-            while i < len(run) and run[i][0].offset == words and run[i][1] == hi:
-                words, hi, i = words + run[i][0].size, hi + run[i][0].size, i + 1
+        rng, at = run[0][0].start.put(_thread_rng()), 0
+        for stretch in _stretches(run, lambda a, b: b[0].offset == a[0].offset + a[0].size and b[1] == _end(a)):
+            first, lo = stretch[0]
             if first.offset > at:
                 rng.bit_generator.advance(first.offset - at)
-            rng.random(out=flat[lo:hi])
-            at = words
-    spans = sorted(spans, key=lambda span: span[1])
-    i = 0
-    while i < len(spans):
-        first, lo = spans[i]
-        hi, i = lo + first.size, i + 1
-        while i < len(spans) and spans[i][1] == hi and spans[i][0].m == first.m:
-            hi, i = hi + spans[i][0].size, i + 1
-        _scale_uniform(flat[lo:hi], first.m)
+            rng.random(out=flat[lo : _end(stretch[-1])])
+            at = stretch[-1][0].offset + stretch[-1][0].size
+    for stretch in _stretches(sorted(spans, key=lambda span: span[1]),
+                              lambda a, b: b[1] == _end(a) and b[0].m == a[0].m):
+        _scale_uniform(flat[stretch[0][1] : _end(stretch[-1])], stretch[0][0].m)
 
 
 class _Uniform:
