@@ -90,7 +90,8 @@ class Instance:
 @dataclass
 class BatchSummary:
     """Instances, wall time (seconds, from the first instance's start to the last one's end,
-    keys excluded) and instances per second; ``slots``: instances run at once."""
+    keys excluded) and instances per second; ``slots``: instances run at once, in all ``processes``
+    together."""
 
     instances: int
     wall_s: float
@@ -137,7 +138,7 @@ class BatchResult:
 
         digests = [r["digest"] for r in self.records]
         return {"program": self.program, "n": self.n, "mode": self.mode, "backend": self.backend,
-                "devices": self.summary.slots * self.summary.devices_per_instance * self.summary.processes,
+                "devices": self.summary.slots * self.summary.devices_per_instance,
                 "seed": self.seed, "key_seed": self.key_seed, "batch": len(self.records) + len(self.failed),
                 "shared": list(self.shared),
                 "digest": digests[0] if len(digests) == 1 and not self.failed else None, "passed": self.summary.passed,

@@ -336,6 +336,7 @@ def test_batch_in_two_processes(program, tmp_path):
     doc = json.loads(record.read_text())
     assert [r["instance"] for r in doc["instances"]] == [0, 1, 2, 3] and [r["rank"] for r in doc["instances"]] == [0, 1, 0, 1]
     assert doc["summary"]["processes"] == 2 and doc["summary"]["passed"] is True
+    assert doc["devices"] == 2  # one device per rank, counted once
 
 
 def test_batch_in_two_processes_reads_the_key_store(tmp_path):

@@ -91,7 +91,7 @@ def test_a_batch_on_three_workers_has_the_digests_of_one_process(client):
         again = [x.digest for x in pool.map([4, 1], timeout=DEADLINE)]  # resident runners, reused
     assert [r["digest"] for r in have.records] == [r["digest"] for r in want.records]
     assert [r["instance"] for r in have.records] == list(range(6))
-    assert have.passed and have.summary.processes == 3
+    assert have.passed and have.summary.processes == 3 and have.body()["devices"] == 3  # one per worker
     assert len({r["worker"] for r in have.records}) > 1  # spread over the workers
     assert all(x.outputs is not None and "z" in x.outputs for x in have.instances)
     assert again == [want.records[4]["digest"], want.records[1]["digest"]]
