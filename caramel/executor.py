@@ -32,11 +32,18 @@ threads wait for each, compute its digest (:func:`caramel.instance.output_digest
 resolve its future. An instance whose inputs are bad (a missing limb, a residue out of range, a value
 that does not fit) fails alone; an error of a device stops the executor: the instances not yet run
 fail with an :class:`ExecutionError` naming it.
+
+The garbage collector: an open executor's setup (the program, its plan, keys, graphs: hundreds of
+thousands of objects that live as long as it) is moved out of the cyclic collector's generations
+(:func:`gc.freeze`), so that a full collection in the middle of a batch does not walk them with the
+interpreter held; the last executor to shut down puts them back (:func:`gc.unfreeze`), unless the
+process had frozen objects of its own before, which are then left as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import queue
@@ -124,6 +131,33 @@ def _is_object(value) -> bool:
     from caramel.ckks.plaintext import Plaintext, Scalar
 
     return isinstance(value, (Ciphertext, Plaintext, Scalar))
+
+
+class _LongLived:
+    """Open executors' hold on :func:`gc.freeze` (see the module docstring): ``hold`` freezes every object
+    tracked now (an executor's setup among them), ``release`` after the last holder unfreezes them, unless
+    objects were frozen before the first hold (the process's own use, which this leaves alone)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.holders = 0
+        self._ours = False
+
+    def hold(self) -> None:
+        with self._lock:
+            if self.holders == 0 and self._ours:
+                self._ours = gc.get_freeze_count() == 0
+            self.holders += 1
+            gc.freeze()
+
+    def release(self) -> None:
+        with self._lock:
+            self.holders -= 1
+            if self.holders == 0 and self._ours:
+                gc.unfreeze()
+
+
+LONG_LIVED = _LongLived()
 
 
 def _queue_on(device: int | None, schedule: Callable[..., object], *args) -> None:
@@ -387,11 +421,14 @@ class Executor:
         # (no instance can reach them before this constructor returns).
         for k in range(workers):
             self._spawn(lambda k=k: self._prepare_loop(k % lanes), f"caramel-prepare-{k}")
+        self._frozen = False
         try:
             self._setup(keys, given, planning, one_gpu, log)
         except BaseException:
             self._todo.put(_STOP)
             raise
+        LONG_LIVED.hold()
+        self._frozen = True
         #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
         self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
         self._permits = threading.Semaphore(self.capacity)
@@ -898,6 +935,10 @@ class Executor:
         lanes, self.lanes = self.lanes, []
         for lane in lanes:
             lane.close(self._broken is not None if failed is None else failed)
+        with self._lock:
+            frozen, self._frozen = self._frozen, False
+        if frozen:
+            LONG_LIVED.release()
 
     def _close_when_done(self) -> None:
         for t in list(self._threads):
