@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.harness import ROOT, log, program_path
+from bench.harness import ROOT, commit, log, program_path
 
 #: The program of the figures of record.
 PROGRAM = "BootstrapLike_51L_1c"
@@ -89,15 +89,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def commit_of(tree: Path) -> str | None:
-    """The commit of ``tree``: ``.rev`` of a ``bench ab`` copy, else ``git rev-parse`` there."""
-    rev = tree / ".rev"
-    if rev.is_file():
-        return rev.read_text().strip()
-    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
-    return got.stdout.strip() or None if got.returncode == 0 else None
-
-
 def batch_command(args, program: str, keys: Path, path: Path, prefix: Sequence[str] = ()) -> list[str]:
     """``caramel [PREFIX] run PROGRAM --batch B --keys DIR --json PATH`` (``prefix``: e.g. ``launch --nproc P --``)."""
     return [sys.executable, "-m", "caramel.cli", *prefix, "run", program, "--n", str(args.n), "--backend", args.backend,
@@ -108,7 +99,7 @@ def measure(tree: Path, tag: str, args, program: str, keys: Path, out: Path, com
     """Every figure of one tree (module docstring)."""
     py, cli = sys.executable, ["-m", "caramel.cli"]
     common = ["--n", str(args.n), "--backend", args.backend, "-q"]
-    figures: dict[str, Any] = {"tree": str(tree), "commit": commit_of(tree)}
+    figures: dict[str, Any] = {"tree": str(tree), "commit": commit(tree.resolve())}
     batch_json = out / f"{tag}-batch.json"
     run(batch_command(args, program, keys, batch_json), tree, args.timeout, commands)
     doc = read_json(batch_json)

@@ -8,8 +8,10 @@ import json
 from tests.conftest import REPO
 
 
-def test_throughput_bench_runs_both_trees_and_checks_digests(tmp_path, capsys):
+def test_throughput_bench_runs_both_trees_and_checks_digests(tmp_path, capsys, monkeypatch):
     from bench.throughput import main
+
+    monkeypatch.setenv("BENCH_COMMIT", "c0ffee1")  # a device's copy names its commit so (bench.harness.commit)
 
     out = tmp_path / "tp"
     code = main(["--out", str(out), "--program", str(REPO / "programs" / "MulRotate_4L_1c"), "--n", "1024",
@@ -26,6 +28,7 @@ def test_throughput_bench_runs_both_trees_and_checks_digests(tmp_path, capsys):
     assert record["trees"]["before"]["batch_per_second"] > 0 and len(after["batch_digests"]) == 3
     assert set(after["phases_s"]["serving"]) >= {"encrypt", "upload", "replay", "download", "digest", "check"}
     assert all(c["exit"] == 0 for c in record["commands"]) and "environment" in record
+    assert after["commit"] == "c0ffee1"
     assert "serving instances/s" in text and "batch == single runs: yes" in text
 
 
