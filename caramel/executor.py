@@ -164,9 +164,9 @@ def _queue_on(device: int | None, schedule: Callable[..., object], *args) -> Non
     """``schedule(*args)`` (a compile-pool queueing) with CUDA device ``device`` current; nothing without a device."""
     if device is None:
         return
-    import cupy as cp
+    from caramel.backends.cuda.device import on_device
 
-    with cp.cuda.Device(device):
+    with on_device(device):
         schedule(*args)
 
 
@@ -196,9 +196,9 @@ class ClientScope:
             if self.cuda is None:
                 yield
                 return
-            import cupy as cp
+            from caramel.backends.cuda.device import on_device
 
-            with cp.cuda.Device(self.cuda):
+            with on_device(self.cuda):
                 yield
 
 

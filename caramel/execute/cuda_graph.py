@@ -141,6 +141,7 @@ class MultiGpuRun:
                  comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False,
                  reuse: str | None = None, kernels: KernelConfig | None = None):
         import cupy as cp
+        from caramel.backends.cuda.device import on_device
 
         from caramel.backends.cuda.backend import CupyBackend, available_bytes
         from caramel.backends.cuda.transfer import row_maxima
@@ -160,7 +161,7 @@ class MultiGpuRun:
         streams = DEFAULT_STREAMS if streams is None else streams
         free = []  # what the arena of each hosted device may take (the rows' reuse depends on it)
         for i in ids[: len(self.hosted)]:
-            with cp.cuda.Device(i):
+            with on_device(i):
                 free.append(available_bytes()[0])
         # (checks the collectives)
         self.progs = gpu_device_programs(plan, g, ctx, streams, reuse=reuse, free_bytes=min(free))
@@ -179,7 +180,7 @@ class MultiGpuRun:
 
         def setup(d: int):
             def go():
-                with cp.cuda.Device(self.device_ids[d]):
+                with on_device(self.device_ids[d]):
                     stream = self.streams[d] = cp.cuda.Stream(non_blocking=True)
                     with stream:
                         run = DeviceRun(self.progs[d], plan, ctx, memory, self.mode,
@@ -202,7 +203,7 @@ class MultiGpuRun:
                     stream.synchronize()
             return go
 
-        with cp.cuda.Device(self.device_ids[self.hosted[0]]):  # every kernel compiled now, in parallel
+        with on_device(self.device_ids[self.hosted[0]]):  # every kernel compiled now, in parallel
             precompile([self.progs[d] for d in self.hosted], plan, ctx, [self.mode], kernels)
         self._each(setup, "setup")
 
@@ -222,10 +223,10 @@ class MultiGpuRun:
         return run_threads([make(d) for d in self.hosted], self.timeout, lambda e: self.abort(), describe)
 
     def _on(self, d: int, body):
-        import cupy as cp
+        from caramel.backends.cuda.device import on_device
 
         def go():
-            with cp.cuda.Device(self.device_ids[d]), self.streams[d]:
+            with on_device(self.device_ids[d]), self.streams[d]:
                 return body(d)
         return go
 

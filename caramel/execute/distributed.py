@@ -149,9 +149,9 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, rdv: Rendezvous, progs, g
                 streams: int | None, log) -> list[dict]:
     """This rank's device on its GPU: NCCL communicators from the ids rank 0 broadcast, a
     one-device :class:`~caramel.execute.cuda_graph.MultiGpuRun`; the stores of its chips."""
-    import cupy as cp
     from cupy.cuda import nccl
 
+    from caramel.backends.cuda.device import on_device
     from caramel.execute.cuda_graph import MultiGpuRun
     from caramel.execute.fabric.nccl import nccl_environment
 
@@ -164,7 +164,7 @@ def _gpu_stores(plan, ctx, memory, mode, place: Place, rdv: Rendezvous, progs, g
         raise ExecutionError(f"rank 0 sent no NCCL id for device groups {missing}")
     log(f"NCCL ids of {len(groups)} device group(s) received")
     comms: dict[int, dict] = {place.rank: {}}
-    with cp.cuda.Device(place.local_rank):
+    with on_device(place.local_rank):
         for g in groups:  # the same order on every rank
             if place.rank in g:
                 comms[place.rank][g] = _communicator(nccl, len(g), ids[g], g.index(place.rank))

@@ -135,6 +135,7 @@ class GpuRowLane:
                  source: Callable[[Mem], tuple[Key, int] | None], outputs: Sequence[Mem], *, device_id: int = 0,
                  streams: int | None = None, depth: int | None = None, kernels=None):
         import cupy as cp
+        from caramel.backends.cuda.device import on_device
 
         from caramel.execute.cuda_graph import GRAPH_STREAMS, GpuRun, MultiGpuRun
         from caramel.plan.kernel import Kind
@@ -143,7 +144,7 @@ class GpuRowLane:
         self.depth = depth or DEFAULT_DEPTH
         self.row_bytes = 4 * ctx.n
         extra = {} if kernels is None else {"kernels": kernels}
-        with cp.cuda.Device(self.device_id):
+        with on_device(self.device_id):
             one_chip = len(plan.chips) == 1 and not any(k.kind is Kind.COMM for k in plan.chips[0].kernels)
             if one_chip:
                 self.run = GpuRun(plan, ctx, template, mode, streams=streams or GRAPH_STREAMS, **extra)
@@ -220,6 +221,7 @@ class GpuRowLane:
     def start(self, feed: Feed) -> _Slot:
         """Issue one instance on a free slot (waits for one); returns the slot as the ticket."""
         import cupy as cp
+        from caramel.backends.cuda.device import on_device
 
         slot = self.free.get()
         t0 = time.perf_counter()
@@ -232,7 +234,7 @@ class GpuRowLane:
         slot.stage_s = time.perf_counter() - t0
         k, ko, ev = len(self.layout), len(self.layout.out_rows), slot.events
         rt = cp.cuda.runtime
-        with cp.cuda.Device(self.device_id):
+        with on_device(self.device_id):
             ev["up0"].record(self.up)
             if host:
                 rt.memcpyAsync(slot.in_dev.data.ptr, slot.in_host.ctypes.data, slot.in_host.nbytes, _H2D, self.up.ptr)
@@ -298,9 +300,9 @@ class GpuRowLane:
         if self._closed:
             return
         self._closed = True
-        import cupy as cp
+        from caramel.backends.cuda.device import on_device
 
-        with cp.cuda.Device(self.device_id):
+        with on_device(self.device_id):
             if not failed:
                 self.compute.synchronize()
                 self.down.synchronize()

@@ -64,7 +64,8 @@ def test_gathered_programs_are_other_kernels():
 
 
 class FakeCupy:
-    """Just enough of CuPy for the compile cache: a current device and RawModules that count their compiles."""
+    """Just enough of CuPy for the compile cache: a current device per thread (a thread has a context once it set
+    one, as with CUDA 12) and RawModules that count their compiles."""
 
     def __init__(self, fail: str = ""):
         self.compiles: list[str] = []
@@ -93,9 +94,14 @@ class FakeCupy:
             def __exit__(self, *exc):
                 fake.device.d = self.old
 
+        def set_device(d):
+            fake.device.d = d
+
         self.RawModule = RawModule
-        self.cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
-            getDevice=lambda: getattr(fake.device, "d", 0)))
+        self.cuda = types.SimpleNamespace(
+            Device=Device, runtime=types.SimpleNamespace(getDevice=lambda: getattr(fake.device, "d", 0),
+                                                         setDevice=set_device),
+            driver=types.SimpleNamespace(ctxGetCurrent=lambda: int(hasattr(fake.device, "d"))))
 
 
 @pytest.fixture

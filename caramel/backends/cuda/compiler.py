@@ -35,6 +35,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from caramel import cores
+from caramel.backends.cuda.device import on_device
 
 #: Options passed to NVRTC for every module (CuPy adds the device's own architecture, sm_90 on Hopper). No fused
 #: multiply-add, so that the float64 sums of exact base conversion round exactly like the CPU reference (the kernels
@@ -213,7 +214,7 @@ def schedule(jobs: Iterable[Callable[[], object]], *, workers: int | None = None
     device = _cupy().cuda.runtime.getDevice()
 
     def run(job):
-        with _cupy().cuda.Device(device):
+        with on_device(device, _cupy()):
             return job()
 
     pool = _pool(max(1, workers or default_workers()))

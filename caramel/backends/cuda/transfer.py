@@ -34,6 +34,7 @@ import threading
 import numpy as np
 
 from caramel import cores
+from caramel.backends.cuda.device import on_device
 from caramel.arrays import is_device_array
 
 #: Bytes of one pinned staging buffer (two per thread).
@@ -155,7 +156,7 @@ def _gather_rows(arena, src: np.ndarray, dst: np.ndarray) -> None:
     from caramel.backends.cuda.compiler import function
 
     cp = _cp()
-    with cp.cuda.Device(arena.data.device_id):
+    with on_device(arena.data.device_id):
         fn = function(GATHER_SRC, "gather_rows", ())
     n = arena.shape[1]
     for r0 in range(0, len(src), 65535):

@@ -1,0 +1,31 @@
+"""Which CUDA device a host thread works on.
+
+CuPy's ``cupy.cuda.Device(i)`` makes device i current and, on exit, makes current again the device it found: in a
+thread that has not used CUDA yet, device 0. Since CUDA 12, making a device current creates its primary context,
+so a process working on GPU 1 alone (a rank of ``caramel launch``) would open a context, and its memory, on GPU 0
+from every new thread that entered GPU 1. :func:`on_device` leaves such a thread on the device it entered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def on_device(index: int, cupy=None) -> Iterator[None]:
+    """CUDA device ``index`` current in the enclosed code; afterwards the device current before, unless the thread had
+    no CUDA context before (then ``index`` stays current: see the module docstring). ``cupy``: the CuPy module
+    (default: imported)."""
+    if cupy is None:
+        import cupy
+    cp = cupy
+    if not cp.cuda.driver.ctxGetCurrent():
+        cp.cuda.runtime.setDevice(index)
+        yield
+        return
+    with cp.cuda.Device(index):
+        yield
+
+
+__all__ = ["on_device"]
