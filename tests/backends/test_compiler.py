@@ -199,4 +199,3 @@ def test_jobs_compile_at_once(fake):
     fake.RawModule = Together
     assert compiler.compile_sources([Job(f"k{i}") for i in range(4)], workers=4, progress=False) == 4
     assert sorted(fake.compiles) == [f"k{i}" for i in range(4)]
-
