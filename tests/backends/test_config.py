@@ -101,7 +101,8 @@ class FakeCupy:
         self.cuda = types.SimpleNamespace(
             Device=Device, runtime=types.SimpleNamespace(getDevice=lambda: getattr(fake.device, "d", 0),
                                                          setDevice=set_device),
-            driver=types.SimpleNamespace(ctxGetCurrent=lambda: int(hasattr(fake.device, "d"))))
+            driver=types.SimpleNamespace(ctxGetCurrent=lambda: int(hasattr(fake.device, "d")),
+                                         CUDADriverError=RuntimeError))
 
 
 @pytest.fixture

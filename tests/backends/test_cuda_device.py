@@ -45,6 +45,19 @@ def test_a_fresh_thread_stays_on_the_device_it_entered_first():
     t.join()
     assert seen == [1, 1, 2, 1]
 
+
+def test_a_process_without_cuda_yet_has_no_context():
+    """Before any CUDA call the driver answers "not initialized": no context, so the device entered stays."""
+    cp = FakeCupy()
+
+    def not_initialized():
+        raise cp.cuda.driver.CUDADriverError("CUDA_ERROR_NOT_INITIALIZED")
+
+    cp.cuda.driver.ctxGetCurrent = not_initialized
+    with on_device(1, cp):
+        pass
+    assert cp.cuda.runtime.getDevice() == 1
+
 PROBE = """
 import ctypes, threading
 import cupy as cp

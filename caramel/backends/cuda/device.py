@@ -12,6 +12,14 @@ import contextlib
 from typing import Iterator
 
 
+def _has_context(cp) -> bool:
+    """Whether the calling thread has a current CUDA context."""
+    try:
+        return bool(cp.cuda.driver.ctxGetCurrent())
+    except cp.cuda.driver.CUDADriverError:  # CUDA_ERROR_NOT_INITIALIZED: no CUDA call in this process yet
+        return False
+
+
 @contextlib.contextmanager
 def on_device(index: int, cupy=None) -> Iterator[None]:
     """CUDA device ``index`` current in the enclosed code; afterwards the device current before, unless the thread had
@@ -20,7 +28,7 @@ def on_device(index: int, cupy=None) -> Iterator[None]:
     if cupy is None:
         import cupy
     cp = cupy
-    if not cp.cuda.driver.ctxGetCurrent():
+    if not _has_context(cp):
         cp.cuda.runtime.setDevice(index)
         yield
         return
