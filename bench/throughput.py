@@ -21,9 +21,12 @@ makes one in ``.ab/``) needs nothing it lacks:
   (the one-device point of the family's 1-chip program: every input of each instance uploaded; the figure the
   base commit can take).
 
-* ``processes`` (``--nproc P``): this tree's batch in one process and in P (``caramel launch --nproc P -- run ...``,
-  a process a device), alternating, ``--nproc-rounds`` rounds: every round's rate, and P processes against one by
-  the medians of the rounds (a host's speed drifts from round to round); every digest the same in both.
+* ``processes`` (``--nproc P``): this tree's batch of B in one process, in P (``caramel launch --nproc P -- run ...``,
+  a process a device; B / P instances each) and as P x B instances in P (B each), alternating, ``--nproc-rounds``
+  rounds: every round's rate, and each P-process form against one process by the medians of the rounds (a host's
+  speed drifts from round to round). The first ratio splits one batch: each process pays the batch's fill (its first
+  instance's draw, replay and digest) on a P-th of the work. The second gives each process the one process's work:
+  the rate of P GPUs at the load of one. Every digest of an instance is the same in each form.
 
 The key store DIR is made once (``caramel keys``, this tree) unless ``--keys`` names one. The digests of the
 batch's first ``--singles`` instances are compared with single runs of this tree (``caramel run --seed S+i
@@ -89,10 +92,12 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def batch_command(args, program: str, keys: Path, path: Path, prefix: Sequence[str] = ()) -> list[str]:
-    """``caramel [PREFIX] run PROGRAM --batch B --keys DIR --json PATH`` (``prefix``: e.g. ``launch --nproc P --``)."""
+def batch_command(args, program: str, keys: Path, path: Path, prefix: Sequence[str] = (),
+                  batch: int | None = None) -> list[str]:
+    """``caramel [PREFIX] run PROGRAM --batch B --keys DIR --json PATH`` (``prefix``: e.g. ``launch --nproc P --``;
+    ``batch``: default ``--batch``)."""
     return [sys.executable, "-m", "caramel.cli", *prefix, "run", program, "--n", str(args.n), "--backend", args.backend,
-            "-q", "--batch", str(args.batch), "--seed", str(args.seed), "--keys", str(keys), "--json", str(path)]
+            "-q", "--batch", str(batch or args.batch), "--seed", str(args.seed), "--keys", str(keys), "--json", str(path)]
 
 
 def measure(tree: Path, tag: str, args, program: str, keys: Path, out: Path, commands: list) -> dict[str, Any]:
@@ -142,21 +147,27 @@ def singles(args, program: str, keys: Path, out: Path, commands: list) -> list[s
 
 
 def processes(args, program: str, keys: Path, out: Path, commands: list) -> dict[str, Any]:
-    """This tree's batch in one process and in ``--nproc`` processes, alternating (module docstring)."""
-    forms = {"one": (), "launched": ("launch", "--nproc", str(args.nproc), "--")}
+    """This tree's batch in one process and in ``--nproc`` processes, split and each the whole, alternating (module
+    docstring)."""
+    launch = ("launch", "--nproc", str(args.nproc), "--")
+    forms = {"one": ((), args.batch), "launched": (launch, args.batch), "launched_each": (launch, args.batch * args.nproc)}
     rates: dict[str, list] = {form: [] for form in forms}
     digests: list = []
     for r in range(args.nproc_rounds):
-        for form, prefix in forms.items():
+        for form, (prefix, batch) in forms.items():
             path = out / f"processes-{form}-{r}.json"
-            run(batch_command(args, program, keys, path, prefix), ROOT, args.timeout, commands)
+            run(batch_command(args, program, keys, path, prefix, batch), ROOT, args.timeout, commands)
             doc = read_json(path)
             rates[form].append(doc["summary"]["per_second"] if doc else None)
-            digests.append([x["digest"] for x in doc["instances"]] if doc else None)
+            digests.append([x["digest"] for x in doc["instances"]][: args.batch] if doc else None)
     measured = {form: [x for x in got if x is not None] for form, got in rates.items()}
     medians = {form: statistics.median(got) for form, got in measured.items() if got}
-    return {"nproc": args.nproc, "rounds": args.nproc_rounds, "per_second": rates, "medians": medians,
-            "ratio": medians["launched"] / medians["one"] if len(medians) == 2 else None,
+
+    def ratio(form: str) -> float | None:
+        return medians[form] / medians["one"] if form in medians and "one" in medians else None
+
+    return {"nproc": args.nproc, "rounds": args.nproc_rounds, "batch_each": args.batch * args.nproc,
+            "per_second": rates, "medians": medians, "ratio": ratio("launched"), "ratio_each": ratio("launched_each"),
             "digests_equal": digests[0] is not None and all(d == digests[0] for d in digests)}
 
 
@@ -172,13 +183,18 @@ def table(record: dict[str, Any]) -> str:
             rows.append((label, *(f"{c:.2f}" if isinstance(c, (int, float)) else "-" for c in cells)))
     scaled = record.get("processes")
     if scaled:
-        for form, label in (("one", "  one process"), ("launched", f"  {scaled['nproc']} processes")):
+        def after_only(text: str | None):
+            return tuple(text if text is not None and t == "after" else "-" for t in record["trees"])
+
+        p, batch, each = scaled["nproc"], record["batch"], scaled["batch_each"]
+        for form, label, ratio in (("one", f"one process, --batch {batch}", None),
+                                   ("launched", f"{p} processes, --batch {batch} ({batch // p} each)", "ratio"),
+                                   ("launched_each", f"{p} processes, --batch {each} ({batch} each)", "ratio_each")):
             got = scaled["medians"].get(form)
-            rows.append((f"{label}, --batch {record['batch']}, median of {scaled['rounds']}",
-                         *(f"{got:.2f}" if got is not None and t == "after" else "-" for t in record["trees"])))
-        ratio = scaled["ratio"]
-        rows.append((f"  {scaled['nproc']} processes / one", *(f"{ratio:.2f}x" if ratio and t == "after" else "-"
-                                                               for t in record["trees"])))
+            rows.append((f"  {label}, median of {scaled['rounds']}", *after_only(None if got is None else f"{got:.2f}")))
+            if ratio:
+                x = scaled[ratio]
+                rows.append(("    / one process", *after_only(None if x is None else f"{x:.2f}x")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)

@@ -33,8 +33,9 @@ def test_throughput_bench_runs_both_trees_and_checks_digests(tmp_path, capsys, m
 
 
 def test_throughput_bench_takes_the_batch_in_several_processes(tmp_path, capsys):
-    """``--nproc 2``: the batch in one process and under ``caramel launch --nproc 2``, alternating; each round's rate,
-    the ratio of the medians, and every digest the same in both forms."""
+    """``--nproc 2``: the batch in one process, under ``caramel launch --nproc 2``, and twice the batch under it (each
+    process the one process's load), alternating; each round's rate, the ratios of the medians, and every digest of
+    an instance the same in each form."""
     from bench.throughput import main
 
     out = tmp_path / "tp"
@@ -46,8 +47,13 @@ def test_throughput_bench_takes_the_batch_in_several_processes(tmp_path, capsys)
     record = json.loads((out / "throughput.json").read_text())
     scaled = record["processes"]
     assert scaled["nproc"] == 2 and scaled["rounds"] == 2 and record["checks"]["processes_equal"] is True
+    assert set(scaled["per_second"]) == {"one", "launched", "launched_each"} and scaled["batch_each"] == 8
     assert all(len(v) == 2 and all(x > 0 for x in v) for v in scaled["per_second"].values())
     assert scaled["ratio"] == scaled["medians"]["launched"] / scaled["medians"]["one"] > 0
+    assert scaled["ratio_each"] == scaled["medians"]["launched_each"] / scaled["medians"]["one"] > 0
     launched = [c for c in record["commands"] if " launch --nproc 2 -- run " in c["command"]]
-    assert len(launched) == 2 and all(c["exit"] == 0 for c in launched)
-    assert "2 processes / one" in text and "2 processes == one: yes" in text
+    assert len(launched) == 4 and all(c["exit"] == 0 for c in launched)
+    assert sum(" --batch 8 " in c["command"] for c in launched) == 2  # each process the one process's 4
+    each = json.loads((out / "processes-launched_each-0.json").read_text())
+    assert [r["rank"] for r in each["instances"]] == [0, 1] * 4
+    assert "2 processes, --batch 8 (4 each)" in text and "2 processes == one: yes" in text
