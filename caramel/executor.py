@@ -145,7 +145,7 @@ class _LongLived:
 
     def hold(self) -> None:
         with self._lock:
-            if self.holders == 0 and self._ours:
+            if self.holders == 0:
                 self._ours = gc.get_freeze_count() == 0
             self.holders += 1
             gc.freeze()

@@ -419,53 +419,56 @@ def _in_generations(obj) -> bool:
     return any(o is obj for o in gc.get_objects())
 
 
-def test_an_open_executors_setup_is_frozen_until_the_last_shuts_down(rot1):
-    """A full collection during a batch would walk the program, plan and keys with the interpreter held: while an
-    executor is open they are frozen (gc.freeze); the last executor to shut down unfreezes them."""
-    from caramel.executor import LONG_LIVED
-
+@pytest.fixture
+def long_lived(monkeypatch):
+    """The executors' hold on gc.freeze, fresh, in a process with nothing frozen (an executor that another test left
+    open froze its objects: unfrozen here, which only costs collections)."""
     import gc
 
-    if LONG_LIVED.holders or gc.get_freeze_count():
-        pytest.skip("another executor of this process is open, or the process froze objects itself")
+    from caramel import executor
+
+    gc.unfreeze()
+    fresh = executor._LongLived()
+    monkeypatch.setattr(executor, "LONG_LIVED", fresh)
+    yield fresh
+    gc.unfreeze()
+
+
+def test_an_open_executors_setup_is_frozen_until_the_last_shuts_down(rot1, long_lived):
+    """A full collection during a batch would walk the program, plan and keys with the interpreter held: while an
+    executor is open they are frozen (gc.freeze); the last executor to shut down unfreezes them."""
+    import gc
+
     first = Executor(rot1, n=N, backend="cpu-plan", seed=SEED)
-    assert not _in_generations(first) and not _in_generations(rot1)
+    assert not _in_generations(first) and not _in_generations(rot1) and long_lived.holders == 1
     second = Executor(rot1, n=N, backend="cpu-plan", seed=SEED)
     first.shutdown()
     assert not _in_generations(second) and not _in_generations(first)  # the second still holds the freeze
     assert second.submit().result().digest == single(rot1, SEED).digest
     second.shutdown()
     second.shutdown()  # a second shutdown releases nothing more
-    assert LONG_LIVED.holders == 0 and gc.get_freeze_count() == 0
+    assert long_lived.holders == 0 and gc.get_freeze_count() == 0
     assert _in_generations(first) and _in_generations(rot1)
 
 
-def test_a_setup_that_fails_holds_no_freeze(rot1):
+def test_a_setup_that_fails_holds_no_freeze(rot1, long_lived):
     from caramel.ckks.keyset import generate_keyset
-    from caramel.executor import LONG_LIVED
     from caramel.ring import Context
 
-    holders = LONG_LIVED.holders
     keys = generate_keyset(load_program(REPO / "programs" / "Mul_4L_1c", progress=False), Context(n=N), SEED)
     with pytest.raises(BindingError, match="lacks"):
         Executor(rot1, n=N, backend="cpu-plan", seed=SEED, keys=keys)
-    assert LONG_LIVED.holders == holders
+    assert long_lived.holders == 0
 
 
-def test_the_processs_own_frozen_objects_stay_frozen(rot1):
+def test_the_processs_own_frozen_objects_stay_frozen(rot1, long_lived):
     """A process that froze objects itself (e.g. before forking workers) keeps them frozen after the executors."""
     import gc
 
-    from caramel.executor import LONG_LIVED
-
-    if LONG_LIVED.holders or gc.get_freeze_count():
-        pytest.skip("another executor of this process is open, or the process froze objects itself")
     mine = [object(), {}]
     gc.freeze()
-    try:
-        with Executor(rot1, n=N, backend="cpu-plan", seed=SEED):
-            pass
-        assert not _in_generations(mine)
-    finally:
-        gc.unfreeze()
+    with Executor(rot1, n=N, backend="cpu-plan", seed=SEED):
+        pass
+    assert not _in_generations(mine) and long_lived.holders == 0
+    gc.unfreeze()
     assert _in_generations(mine)

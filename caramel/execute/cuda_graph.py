@@ -141,8 +141,8 @@ class MultiGpuRun:
                  comms: Mapping[int, Mapping] | None = None, streams: int | None = None, per_row: bool = False,
                  reuse: str | None = None, kernels: KernelConfig | None = None):
         import cupy as cp
-        from caramel.backends.cuda.device import on_device
 
+        from caramel.backends.cuda.device import on_device
         from caramel.backends.cuda.backend import CupyBackend, available_bytes
         from caramel.backends.cuda.transfer import row_maxima
 

@@ -135,8 +135,8 @@ class GpuRowLane:
                  source: Callable[[Mem], tuple[Key, int] | None], outputs: Sequence[Mem], *, device_id: int = 0,
                  streams: int | None = None, depth: int | None = None, kernels=None):
         import cupy as cp
-        from caramel.backends.cuda.device import on_device
 
+        from caramel.backends.cuda.device import on_device
         from caramel.execute.cuda_graph import GRAPH_STREAMS, GpuRun, MultiGpuRun
         from caramel.plan.kernel import Kind
 
@@ -221,6 +221,7 @@ class GpuRowLane:
     def start(self, feed: Feed) -> _Slot:
         """Issue one instance on a free slot (waits for one); returns the slot as the ticket."""
         import cupy as cp
+
         from caramel.backends.cuda.device import on_device
 
         slot = self.free.get()

@@ -21,13 +21,12 @@ def _has_context(cp) -> bool:
 
 
 @contextlib.contextmanager
-def on_device(index: int, cupy=None) -> Iterator[None]:
+def on_device(index: int, cp=None) -> Iterator[None]:
     """CUDA device ``index`` current in the enclosed code; afterwards the device current before, unless the thread had
-    no CUDA context before (then ``index`` stays current: see the module docstring). ``cupy``: the CuPy module
+    no CUDA context before (then ``index`` stays current: see the module docstring). ``cp``: the CuPy module
     (default: imported)."""
-    if cupy is None:
-        import cupy
-    cp = cupy
+    if cp is None:
+        import cupy as cp
     if not _has_context(cp):
         cp.cuda.runtime.setDevice(index)
         yield

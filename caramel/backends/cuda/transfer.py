@@ -34,8 +34,8 @@ import threading
 import numpy as np
 
 from caramel import cores
-from caramel.backends.cuda.device import on_device
 from caramel.arrays import is_device_array
+from caramel.backends.cuda.device import on_device
 
 #: Bytes of one pinned staging buffer (two per thread).
 STAGE_BYTES = 32 << 20
