@@ -427,8 +427,6 @@ class Executor:
         except BaseException:
             self._todo.put(_STOP)
             raise
-        LONG_LIVED.hold()
-        self._frozen = True
         #: Instances worked on at once (:func:`capacity`); those submitted beyond wait, not yet drawn.
         self.capacity = capacity(opts, len(self.lanes), max(lane.depth for lane in self.lanes))
         self._permits = threading.Semaphore(self.capacity)
@@ -436,6 +434,8 @@ class Executor:
             self._spawn(lambda k=k, lane=lane: self._drive_loop(lane, self._ready[k]), f"caramel-lane-{k}")
         for k in range(self._stages["finish"]):
             self._spawn(self._finish_loop, f"caramel-finish-{k}")
+        LONG_LIVED.hold()  # last: a constructor that raises holds nothing
+        self._frozen = True
 
     # ------------------------------------------------------------------ setup
 
