@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-
 import threading
 
 import pytest
@@ -25,6 +24,11 @@ def _gpus() -> int:
     import cupy
 
     return cupy.cuda.runtime.getDeviceCount()
+
+
+def two_gpus(test):
+    """Mark ``test`` as a GPU test that needs two CUDA devices (skipped with fewer)."""
+    return pytest.mark.gpu(pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")(test))
 
 
 def test_a_fresh_thread_stays_on_the_device_it_entered_first():
@@ -58,6 +62,7 @@ def test_a_process_without_cuda_yet_has_no_context():
         pass
     assert cp.cuda.runtime.getDevice() == 1
 
+
 PROBE = """
 import ctypes, threading
 import cupy as cp
@@ -80,8 +85,7 @@ def probe(body: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+@two_gpus
 def test_a_new_thread_that_enters_gpu_1_stays_there_and_leaves_gpu_0_alone():
     body = """
     seen = []
@@ -97,8 +101,7 @@ def test_a_new_thread_that_enters_gpu_1_stays_there_and_leaves_gpu_0_alone():
     assert probe(body.format(enter="on_device")) == "1 False"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+@two_gpus
 def test_a_thread_on_a_device_returns_to_it():
     assert probe("""
     cp.cuda.runtime.setDevice(0)
@@ -108,8 +111,7 @@ def test_a_thread_on_a_device_returns_to_it():
     """) == "1 0"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+@two_gpus
 def test_an_executor_on_gpu_1_opens_no_context_on_gpu_0():
     """Its preparers, lane, finishers, plan thread and compile pool all work on GPU 1 (as a rank of `caramel launch`
     with LOCAL_RANK 1 does)."""
