@@ -66,6 +66,8 @@ class RunOutcome:
     digest: str
     #: seconds per phase (``keys``, ``encrypt``, ``plan``, ``run``, ``check``; :mod:`caramel.results`)
     timings: dict[str, float] = field(default_factory=dict)
+    #: whether the run replayed the fused plan (``RunOptions.fusion``); None on the reference interpreter
+    fused: bool | None = None
 
     @cached_property
     def outputs(self) -> dict[str, np.ndarray]:
@@ -134,7 +136,7 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
             result = ex.submit(supplied, seed=opts.seed).result()
             bar.set_description(f"{program.name}: decrypt and check")
             bar.update()
-            backend = ex.backend
+            backend, fused = ex.backend, ex.fused
             image = {**ex.shared_image, **input_image(ex.plan_inputs.req, result.objects)}
         bar.update()
     finally:
@@ -151,7 +153,7 @@ def run_program(program: Program, options: RunOptions | None = None, *, keys=Non
     memory = {**image, **result.memory}
     run = RunResult(_chip_stores(program, result.memory), memory, program.instruction_count)
     return RunOutcome(program, ctx, opts.mode, backend, prepared, run, result.report, timings["run"], result.digest,
-                      timings)
+                      timings, fused)
 
 
 def _chip_stores(program: Program, outputs) -> list[dict]:

@@ -308,7 +308,8 @@ def _run_loaded(args: argparse.Namespace, program, load_s: float) -> int:
         outcome.timings["keys"] += keys_s  # loading the key store (--keys DIR) is the keys phase
     gpus = devices_used(program, outcome.backend, args.gpus)
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
-          f"mode {args.mode}, backend {outcome.backend} on {gpus} device(s): ran in {outcome.seconds:.2f} s")
+          f"mode {args.mode}, backend {outcome.backend} on {gpus} device(s){KERNELS_NOTE[outcome.fused]}: ran in "
+          f"{outcome.seconds:.2f} s")
     print(f"output digest (sha256): {outcome.digest}")
     _run_results(args, outcome, load_s, gpus)
     if outcome.report is None:
@@ -316,6 +317,10 @@ def _run_loaded(args: argparse.Namespace, program, load_s: float) -> int:
         return EXIT_OK
     print(outcome.report.summary())
     return EXIT_OK if outcome.report.passed else EXIT_CHECK_FAILED
+
+
+#: What a run's line says of its plan (:attr:`caramel.api.RunOutcome.fused`; None: the reference, no plan).
+KERNELS_NOTE = {True: ", fused kernels", False: ", one kernel per instruction", None: ""}
 
 
 def _run_cluster(args: argparse.Namespace, program, check) -> int:
@@ -366,7 +371,8 @@ def _run_options(args: argparse.Namespace, check, **fields):
     from caramel.options import RunOptions
 
     values = dict(n=args.n, mode=args.mode, backend=args.backend, seed=args.seed, key_seed=args.key_seed,
-                  check=check, gpus=args.gpus, streams=args.streams, shared=getattr(args, "shared", None) or ())
+                  check=check, gpus=args.gpus, streams=args.streams, shared=getattr(args, "shared", None) or (),
+                  fusion=args.fusion or ("auto" if args.batch is None else "on"))
     return RunOptions(**{**values, **fields})
 
 
@@ -544,7 +550,13 @@ def _identity(args: argparse.Namespace, program, check, world: int, backend: str
     from caramel.parse import read_source, source_digest
 
     return RunIdentity(source_digest(read_source(args.program)), args.n, args.mode, args.seed, world, backend,
-                       check_digest(resolve_check(program, check)), args.key_seed, batch)
+                       check_digest(resolve_check(program, check)), args.key_seed, batch, _fused_ranks(args))
+
+
+def _fused_ranks(args: argparse.Namespace) -> bool:
+    """Whether the ranks of a process-mode run replay the fused plan: ``--fusion`` but ``auto`` on (the ranks must
+    agree on one plan, which their caches need not)."""
+    return getattr(args, "fusion", None) != "off"
 
 
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
@@ -567,7 +579,8 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
         # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
         keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
         prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
-        result = run_distributed(build_plan(program), ctx, prepared.memory, Mode(args.mode), place, rdv,
+        result = run_distributed(build_plan(program, fuse=_fused_ranks(args)), ctx, prepared.memory, Mode(args.mode),
+                                 place, rdv,
                                  backend=backend, streams=args.streams)
     if result is None:
         return EXIT_OK
@@ -965,6 +978,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("exact", "textbook", "emulator"), default="exact",
                    help="arithmetic of base conversion and rescale (ISA.md decision 2; default exact)")
     from caramel.api import BACKENDS  # imported here, after _start_gpu
+    from caramel.options import FUSIONS
 
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
@@ -1003,6 +1017,12 @@ def build_parser() -> argparse.ArgumentParser:
                 label="outputs", stdout=False, suffixes=(".npz",))
     p.add_argument("--save-limbs", action="store_true", help="with --save-outputs: also the raw output limbs "
                    "(<name>.c0, <name>.c1, <name>.limbs)")
+    p.add_argument("--fusion", choices=FUSIONS, metavar="{" + ",".join(FUSIONS) + "}",
+                   help="the plan the cpu-plan and gpu backends replay: on (fused kernels, the fastest replay), off "
+                        "(one kernel per instruction: a few generic kernels, compiled in a second on a fresh "
+                        "machine), auto (fused when this program's fused plan is cached: after a fused run or "
+                        "`caramel compile`; else off). Default: auto for one instance, on with --batch (compiling "
+                        "a program's fused kernels takes seconds of every core; one replay does not repay them)")
     _add_json(p, "the results (digest, checks, time per phase, environment)")
     _add_keys(p)
 

@@ -418,7 +418,9 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
     world = len(addresses)
     place = Place(rank, world, device, None, job.token)
     backend = "gpu" if opts.backend == "gpu" else "cpu-plan"
-    identity = RunIdentity(job.fingerprint, opts.n, opts.mode.value, opts.seed, world, backend, None, opts.key_seed)
+    fused = opts.fusion != "off"  # auto is on: the workers must agree on one plan, which their caches need not
+    identity = RunIdentity(job.fingerprint, opts.n, opts.mode.value, opts.seed, world, backend, None, opts.key_seed,
+                           fused=fused)
     timings: dict[str, float] = {}
     with DaskRendezvous(rank, addresses, job.token, worker, plugin.office, job.timeout) as rdv:
         # (a failure in this block aborts the other ranks)
@@ -438,7 +440,7 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
             prepared = prepare_inputs(job.program, ctx, keys, opts.seed, opts.check, supplied)
         timings["keys"] = time.perf_counter() - t
         t = time.perf_counter()
-        result = run_distributed(cached_plan(job.program), ctx, prepared.memory, opts.mode, place, rdv,
+        result = run_distributed(cached_plan(job.program, fuse=fused), ctx, prepared.memory, opts.mode, place, rdv,
                                  backend=backend, streams=opts.streams, timeout=job.timeout)
         timings["run"] = time.perf_counter() - t
     if result is None:

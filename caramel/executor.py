@@ -96,6 +96,17 @@ def batch_layout(chips: int, gpus: int | None) -> list[tuple[int, ...]]:
     return [tuple(range(j * chips, (j + 1) * chips)) for j in range(gpus // chips)]
 
 
+def fuses(fusion: str, program: Program, target) -> bool:
+    """Whether the plan of ``program`` for ``target`` is fused under ``fusion`` (:data:`caramel.options.FUSIONS`):
+    ``on``; ``auto`` when the fused plan is in the plan cache (:func:`caramel.plan_cache.plan_cached`), a sign that
+    a fused run or ``caramel compile`` made its kernels; never ``off``."""
+    if fusion == "auto":
+        from caramel.plan_cache import plan_cached
+
+        return plan_cached(program, target=target)
+    return fusion == "on"
+
+
 def preparers(options: RunOptions) -> int:
     """Host threads of an executor that prepare instances: ``options.workers``, else half the cores, 1 to 4."""
     return options.workers or max(1, min(4, cores.available() // 2))
@@ -382,6 +393,8 @@ class Executor:
         check_prime_count(program, self.ctx)
         self.groups = self._groups()
         lane_gpus = [self._gpu_devices(g) for g in self.groups] if self.backend == "gpu" else []
+        #: Whether the lanes run the fused plan (``options.fusion``, :func:`fuses`); None on the reference backend.
+        self.fused: bool | None = None
         planning = self._plan_ahead(lane_gpus)  # on a host thread, while the inputs' needs and the keys are made
         self.spec = resolve_check(program, opts.check)
         self.plan_inputs = plan = input_plan(program, self.ctx, self.spec or default_spec(program))
@@ -563,6 +576,9 @@ class Executor:
         program, ctx, opts = self.program, self.ctx, self.options
         device = lane_gpus[0][0] if lane_gpus and lane_gpus[0] else None
         done: Future = Future()
+        fuse = self.fused = fuses(opts.fusion, program, target)
+        logger.debug("%s: %s (fusion %s)", program.name, "fused kernels" if fuse else "one kernel per instruction",
+                    opts.fusion)
 
         def queue(plan) -> None:
             logger.debug("cold path: plan of %s (%d kernels) %.2f s", program.name, plan.kernels,
@@ -576,7 +592,7 @@ class Executor:
             try:
                 _queue_lane_kernels(device)
                 # queue runs before the plan's entry is written, fused before the plan exists
-                done.set_result(cached_plan(program, target=target, built=queue, fused=fused))
+                done.set_result(cached_plan(program, target=target, fuse=fuse, built=queue, fused=fused))
             except BaseException as exc:  # noqa: BLE001 (the constructor raises it)
                 done.set_exception(exc)
                 return

@@ -33,6 +33,12 @@ BACKENDS = ("auto", "cpu", "cpu-plan", "gpu")
 #: Where the client arithmetic (keys, encoding, encryption, decryption) runs: ``auto`` (None): the GPU
 #: when the backend is the GPU, else the host.
 CLIENTS = ("auto", "cpu", "gpu")
+#: Values of ``fusion``: ``on`` (the fused plan: fewer, larger kernels, the fastest replay), ``off`` (one kernel per
+#: instruction: a handful of generic kernels that every program shares), ``auto`` (the fused plan when it is in the
+#: plan cache, whose kernels a fused run or ``caramel compile`` made; else ``off``). Compiling a program's fused
+#: kernels takes seconds of every core, and they save milliseconds a replay: a single run of a program never fused
+#: does not repay them (``caramel run``'s default without ``--batch``).
+FUSIONS = ("on", "off", "auto")
 #: Words of ``shared`` that name every input of a kind (:func:`shared_names`).
 SHARED_KINDS = {"ciphertexts": "ciphertext", "plaintexts": "plaintext", "scalars": "scalar"}
 #: Largest ring degree the kernels support.
@@ -58,7 +64,8 @@ class RunOptions:
     GPU executors; ``shared``: the inputs every instance shares (input names, ``fnmatch`` patterns, or
     the words ``ciphertexts``, ``plaintexts``, ``scalars``; a comma-separated string is split), written
     once into a resident device; ``depth``: instances in flight per device (GPU lanes; default 3);
-    ``workers``: host threads preparing (encoding, encrypting) instances (default by the client)."""
+    ``workers``: host threads preparing (encoding, encrypting) instances (default by the client); ``fusion``: which
+    plan the backends that run one replay (``cpu-plan``, ``gpu``) take, one of :data:`FUSIONS` (default ``on``)."""
 
     n: int = 65536
     mode: Mode = Mode.EXACT
@@ -74,6 +81,7 @@ class RunOptions:
     shared: tuple[str, ...] = ()
     depth: int | None = None
     workers: int | None = None
+    fusion: str = "on"
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,6 +117,8 @@ class RunOptions:
                     object.__setattr__(self, "device_ids", tuple(int(i) for i in ids))
                     if self.gpus is not None and _integer(self.gpus) and self.gpus > len(ids):
                         problems.append(f"gpus = {self.gpus} but only {len(ids)} device_ids given {list(ids)}")
+        if self.fusion not in FUSIONS:
+            problems.append(f"fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
         if self.client is not None and self.client not in CLIENTS:
             problems.append(f"client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
         if self.check is not None and not isinstance(self.check, (str, Path)) and \

@@ -316,6 +316,18 @@ def cached_plan(program: Program, *, fuse: bool = True, max_inputs: int = MAX_IN
     return plan
 
 
+def plan_cached(program: Program, *, target: Target = NEUTRAL, fuse: bool = True) -> bool:
+    """Whether the plan cache holds an entry that :func:`cached_plan` with these options (the others at their
+    defaults) would read for ``program``: a regular file at its path in a trusted cache folder. Its contents are
+    not read: an entry that fails when read is rebuilt as if absent."""
+    key = program_key(program)
+    folder = store.cache_dir()
+    if key is None or not store.trusted_folder(folder, create=False):
+        return False
+    path = entry_path(folder, _meta(key, fuse, MAX_INPUTS, True, MAX_OUTPUTS, True, target))
+    return path.is_file() and not path.is_symlink()
+
+
 def _read_plan(path: Path, meta: dict, name: str, target: Target):
     """The plan of the cache entry ``path``, or None (no entry, or one to rebuild)."""
     data = store.read_entry(path)
@@ -408,4 +420,4 @@ def cached_schedule(tasks, n_streams: int, reserved: int, build, *, cache: bool 
 
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "SUFFIX", "cached_plan", "cached_schedule", "decode", "encode", "from_bytes",
-           "planner_fingerprint", "program_key", "remember", "tasks_digest", "to_bytes"]
+           "plan_cached", "planner_fingerprint", "program_key", "remember", "tasks_digest", "to_bytes"]

@@ -2,7 +2,8 @@
 
 A run's record (:func:`run_record`)::
 
-    {"caramel": 1, "kind": "run", "program": ..., "n": ..., "mode": ..., "backend": ..., "devices": ...,
+    {"caramel": 1, "kind": "run", "program": ..., "n": ..., "mode": ..., "backend": ...,
+     "fused": true | false | null (the plan's fusion; null: the reference interpreter), "devices": ...,
      "seed": ..., "key_seed": ..., "digest": "<sha256>", "passed": true | false | null,
      "checks": {"z": {"verdict": "PASS" | "FAIL" | "none", "precision_bits": ..., "median_bits": ...,
                       "max_error": ..., "median_error": ..., "tolerance_bits": ..., "limbs": [...]}},
@@ -146,6 +147,7 @@ def run_record(outcome, timings: Mapping[str, float], *, gpus: Any = None, seed:
         "n": int(outcome.ctx.n),
         "mode": outcome.mode.value,
         "backend": outcome.backend,
+        "fused": outcome.fused,
         "devices": gpus,
         "seed": seed,
         "key_seed": key_seed,

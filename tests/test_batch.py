@@ -429,3 +429,22 @@ def test_shared_without_batch_in_process_mode_is_refused(capsys):
 def test_throughput_without_one_device_has_no_speedup(rot1):
     (point,) = measure_throughput(rot1, [2], n=N, backend="cpu-plan", rounds=1)
     assert point.per_second > 0 and point.speedup is None and point.efficiency is None
+
+
+@pytest.mark.parametrize(("extra", "fuse"), [([], True), (["--fusion", "off"], False)])
+def test_a_batch_fuses_unless_told_otherwise(fresh_cache, monkeypatch, capsys, extra, fuse):
+    """``caramel run --batch`` replays the fused plan by default, even on a fresh cache (``--fusion on``: the batch
+    repays the fused kernels' compile); ``--fusion off`` is one kernel per instruction."""
+    import caramel.plan_cache as plan_cache
+
+    asked, real = [], plan_cache.cached_plan
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("fuse", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_cache, "cached_plan", spy)
+    assert main(["run", str(MUL2), "--n", str(N), "--backend", "cpu-plan", "--batch", "2", "--no-check", "-q",
+                 *extra]) == 0
+    assert asked == [fuse]
+    capsys.readouterr()

@@ -361,6 +361,36 @@ def test_the_plan_is_built_while_the_keys_are_made(rot1, monkeypatch):
     assert result.digest == single(rot1, SEED).digest
 
 
+def test_fusion_picks_the_plan_and_auto_fuses_once_a_fused_plan_is_cached(fresh_cache, monkeypatch):
+    """``fusion``: ``off`` plans one kernel per instruction, ``on`` the fused plan, ``auto`` the fused one only once its
+    entry is in the plan cache (written by the ``on`` executor); every digest is the single run's."""
+    import caramel.plan_cache as plan_cache
+    from caramel.plan import build_plan
+
+    program = load_program(ROT1, progress=False)  # from the load cache's side: its plan can be cached
+    reference = single(program, SEED).digest
+    planned, real = [], plan_cache.cached_plan
+
+    def spy(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        planned.append(plan.kernels)
+        return plan
+
+    monkeypatch.setattr(plan_cache, "cached_plan", spy)
+    seen = []
+    for fusion in ("auto", "off", "on", "auto"):
+        with Executor(program, n=N, backend="cpu-plan", seed=SEED, fusion=fusion) as ex:
+            seen.append((fusion, ex.fused, ex.submit().result().digest == reference))
+    assert seen == [("auto", False, True), ("off", False, True), ("on", True, True), ("auto", True, True)]
+    unfused, fused = build_plan(program, fuse=False).kernels, build_plan(program).kernels
+    assert unfused != fused and planned == [unfused, unfused, fused, fused]
+
+
+def test_the_reference_backend_has_no_plan_to_fuse(rot1):
+    with Executor(rot1, n=N, backend="cpu", seed=SEED, fusion="off") as ex:
+        assert ex.fused is None
+
+
 def test_an_error_of_the_plan_is_the_constructors(rot1, monkeypatch):
     """A plan that fails on its thread fails the executor's constructor with its own error (after the keys)."""
     import caramel.plan_cache as plan_cache

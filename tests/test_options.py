@@ -39,6 +39,7 @@ def test_defaults_and_conversions():
     ({"client": "tpu"}, "client must be one of auto, cpu, gpu"),
     ({"check": 3}, "check must be 'auto', a check file's path"),
     ({"shared": ["x", ""]}, "shared must be input names"),
+    ({"fusion": True}, "fusion must be one of on, off, auto"),
 ])
 def test_each_bad_field_is_named(fields, message):
     with pytest.raises(ArgumentError, match=message):

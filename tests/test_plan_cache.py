@@ -65,6 +65,27 @@ def test_cached_plan_equals_build_plan(fresh_cache, path):
     assert same_types(pc.cached_plan(program, fuse=False), unfused)
 
 
+def test_plan_cached_says_whether_cached_plan_would_read_an_entry(fresh_cache):
+    """Per options and target: an entry of the fused plan says nothing of the unfused one; a program that the load
+    cache does not know (built in Python) has no entry; a planted symlink in the entry's place is not one."""
+    from caramel.backends.cuda.target import CUDA_TARGET
+
+    program = load_program(MUL, progress=False)
+    assert not pc.plan_cached(program)
+    pc.cached_plan(program)
+    assert pc.plan_cached(program) and not pc.plan_cached(program, fuse=False)
+    assert not pc.plan_cached(program, target=CUDA_TARGET)
+    pc.cached_plan(program, fuse=False)
+    assert pc.plan_cached(program, fuse=False)
+    assert not pc.plan_cached(dataclasses.replace(program))  # another object: not the load cache's
+    entry = pc.entry_path(fresh_cache, pc._meta(pc.program_key(program), True, pc.MAX_INPUTS))
+    assert entry.is_file()
+    target = fresh_cache / "elsewhere"
+    entry.rename(target)
+    entry.symlink_to(target)
+    assert not pc.plan_cached(program)
+
+
 @pytest.mark.parametrize("hit", [False, True], ids=["miss", "hit"])
 def test_built_sees_the_plan_before_its_entry_is_written(fresh_cache, hit):
     program = load_program(MUL, progress=False)

@@ -50,6 +50,23 @@ def test_run_json_has_every_field(tmp_path, capsys):
     assert line and all(p in line[0] for p in ("load", "keys", "encrypt", "run", "check"))
 
 
+def test_a_single_run_fuses_once_its_fused_plan_is_cached(fresh_cache, tmp_path, capsys):
+    """``caramel run`` without ``--batch`` takes ``--fusion auto``: one kernel per instruction until a fused run has
+    cached the fused plan, then fused; ``--fusion off`` is off; the reference has no plan. The run's line and JSON say
+    which, and the digest is the same every time."""
+    seen = []
+    for extra in (["--backend", "cpu-plan"], ["--backend", "cpu-plan", "--fusion", "on"], ["--backend", "cpu-plan"],
+                  ["--backend", "cpu-plan", "--fusion", "off"], ["--backend", "cpu"]):
+        out = tmp_path / f"run{len(seen)}.json"
+        assert main(["run", str(MUL2), "--n", str(N), "--no-check", "-q", "--json", str(out), *extra]) == 0
+        doc, text = strict(out), capsys.readouterr().out
+        seen.append((doc["fused"], "device(s), fused kernels: ran" in text,
+                     "device(s), one kernel per instruction: ran" in text, doc["digest"]))
+    assert [s[:3] for s in seen] == [(False, False, True), (True, True, False), (True, True, False),
+                                     (False, False, True), (None, False, False)]
+    assert len({s[3] for s in seen}) == 1
+
+
 def test_json_of_a_failed_check_and_exit_code(tmp_path):
     """A check that fails still writes the record, verdict FAIL, and the command exits 1."""
     check = tmp_path / "wrong.toml"

@@ -178,12 +178,14 @@ def test_a_stale_hello_of_an_earlier_run_is_not_a_rank(tmp_path):
     ("world", r"rank 1 \(pid \d+ on host .*\) has WORLD_SIZE 3, rank 0 .* has 2"),
     ("run", r"rank 1 .* is in run 'b', rank 0 .* in run 'a'"),
     ("seed", r"rank 1 does not match rank 0 \(seed 1 at rank 1, 0 at rank 0\)"),
+    ("fused", r"rank 1 does not match rank 0 \(fused False at rank 1, True at rank 0\)"),
 ])
 def test_ranks_that_disagree_fail_within_seconds_saying_what_differs(tmp_path, case, message):
     def rank(r):
         world = 3 if case == "world" and r == 1 else 2
         run_id = ("a", "b")[r] if case == "run" else "a"
-        ident = RunIdentity("digest", 1024, "exact", r if case == "seed" else 0, 2, "cpu-plan")
+        ident = RunIdentity("digest", 1024, "exact", r if case == "seed" else 0, 2, "cpu-plan",
+                            fused=not (case == "fused" and r == 1))
         with FileRendezvous(Place(r, world, r, tmp_path / "rdv.json", run_id), beat=0.05) as rdv:
             rdv.meet(ident, 60)
     start = time.monotonic()

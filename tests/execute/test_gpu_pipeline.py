@@ -84,6 +84,31 @@ def test_instances_over_two_gpus_equal_single_runs(client):
         assert client == "cpu" or r.client.cuda == r.device_ids[0]
 
 
+@pytest.mark.parametrize("mode", ["exact", "textbook", "emulator"])
+@pytest.mark.parametrize("name", ["MulRotate_10L_1c", "BootstrapModRaise_10L_1c"])
+def test_one_kernel_per_instruction_equals_the_reference(name, mode):
+    """``fusion="off"`` (a first single run's plan): the unfused plan's generic kernels on a GPU lane; every
+    instance's digest is its single run's on the reference."""
+    program = find_program(name)
+    with Executor(program, n=N, backend="gpu", mode=mode, seed=7, check=None, fusion="off", depth=2) as ex:
+        assert ex.fused is False
+        results = list(ex.map([None] * 3))
+    for i, r in enumerate(results):
+        assert r.digest == single(program, 7 + i, 7, mode=mode), f"{name} {mode} instance {i}"
+
+
+def test_one_kernel_per_instruction_over_two_gpus():
+    """The unfused plan of a 2-chip program resident on two GPUs (``dis``/``rcv``/``joi`` between them)."""
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("2 GPUs needed")
+    program = load_program(ROOT / "programs" / "BootstrapModRaise_4L_2c", progress=False)
+    with Executor(program, n=N, backend="gpu", seed=8, check=None, fusion="off", gpus=2, client="cpu") as ex:
+        results = list(ex.map([None] * 2))
+    assert {r.device_ids for r in results} == {(0, 1)}
+    for i, r in enumerate(results):
+        assert r.digest == single(program, 8 + i, 8), f"instance {i}"
+
+
 def test_a_k_chip_program_on_one_gpu_lane():
     program = load_program(ROOT / "programs" / "Mul_4L_2c", progress=False)
     with Executor(program, n=N, backend="gpu", seed=2, check="auto", gpus=1, client="cpu") as ex:
