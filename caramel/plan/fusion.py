@@ -105,10 +105,9 @@ def fuse(
     # trees: the trees not folded (yet), by the buffer their root writes (an operation's outputs are buffers of
     # their own: SSA), as (root j, prime, micro-ops, vector inputs).
     trees: dict[int, tuple[int, int, list, int]] = {}
-    tree = trees.get if enable else {}.get
     for j, kind, prime, ins, outs, scalars, name, index in zip(live, kinds, primes, op_ins, op_outs, op_scalars, op_args,
                                                                 op_index):
-        if kind is not E:
+        if kind is not E or not enable:  # (unfused: every operation its own unit, below)
             continue
         twice = len(ins) == 2 and ins[0] == ins[1]
         if twice:
@@ -117,7 +116,7 @@ def fuse(
         args: list = []
         n_leaves = len(ins)
         for b in ins:
-            t = tree(b)
+            t = trees.get(b)
             if t is not None and n_use[b] == 1 and t[1] == prime and n_leaves - 1 + t[3] <= max_inputs:
                 del trees[b]
                 if micro is None:  # (the folded tree's list is its own: extended in place)
@@ -141,8 +140,12 @@ def fuse(
     units: list[Unit] = []
     add = units.append
     exprs: dict = {}
-    for kind, prime, ins, outs, arg, index in zip(kinds, primes, op_ins, op_outs, op_args, op_index):
+    for kind, prime, ins, outs, scalars, arg, index in zip(kinds, primes, op_ins, op_outs, op_scalars, op_args,
+                                                           op_index):
         if kind is E:
+            if not enable:
+                add(_op_unit(prime, ins, outs, scalars, arg, index, exprs))
+                continue
             t = trees.get(outs[0])
             if t is not None:  # (else folded into its consumer)
                 add(_tree_unit(prime, outs, t[2], exprs))
@@ -266,6 +269,24 @@ def _tree_unit(prime: int, outs: tuple[int, ...], micro: list, exprs: dict) -> U
     ins = tuple([a >> 1 for a in vec])
     row = Row(prime, ins, outs, tuple([a >> 1 for a in sca]))
     return Unit(Kind.ELEMENTWISE, expr, row, ins, outs, tuple(sorted({m[3] for m in micro})))
+
+
+def _op_unit(prime: int, ins: tuple[int, ...], outs: tuple[int, ...], scalars: tuple[int, ...], name: str,
+             index: int, exprs: dict) -> Unit:
+    """The unit of one elementwise operation alone: :func:`_tree_unit` of its one-operation tree (its arguments as
+    :func:`fuse` writes them), which operands numbered in order when no argument repeats: the expression is then the
+    operation's name and arity alone."""
+    nv, ns = len(ins), len(scalars)
+    if not (nv == 2 and ins[0] == ins[1]) and len(set(ins)) == nv and len(set(scalars)) == ns:
+        key = (nv, ns, (name,), tuple(range(nv + ns)))
+        expr = exprs.get(key)
+        if expr is None:
+            expr = exprs[key] = Expr(nv, ns, _expr_ops((name,), key[3]), (nv + ns,))
+        return _new(Unit, (Kind.ELEMENTWISE, expr, _new(Row, (prime, ins, outs, scalars, None, ())), ins, outs,
+                           (index,)))
+    vec = ins[:1] if nv == 2 and ins[0] == ins[1] else ins
+    args = [2 * b for b in vec] + [2 * b for b in ins[len(vec):]] + [2 * s + 1 for s in scalars]
+    return _tree_unit(prime, outs, [(0, name, tuple(args), index)], exprs)
 
 
 def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = MAX_INPUTS,

@@ -267,3 +267,19 @@ def test_report_and_json():
     data = json.loads(plan.to_json())
     assert [len(c["kernels"]) for c in data["chips"]] == [len(c.kernels) for c in plan.chips]
     assert data["chips"][0]["kernels"][0]["kind"] in {k.value for k in Kind}
+
+
+@pytest.mark.parametrize(("name", "ins", "scalars"), [
+    ("add", (3, 4), ()), ("mul", (3, 3), ()), ("sub", (5,), (1,)), ("mul", (6,), (2,)), ("neg", (7,), ()),
+])
+def test_an_operation_alone_is_its_one_operation_tree(name, ins, scalars):
+    """An unfused plan's unit of one elementwise operation (``fusion._op_unit``) is ``fusion._tree_unit`` of the
+    one-operation tree that fusion would write for it, repeated operands included, sharing its expression object."""
+    from caramel.plan import fusion
+
+    twice = len(ins) == 2 and ins[0] == ins[1]
+    args = [2 * b for b in (ins[:1] if twice else ins)] + ([2 * ins[0]] if twice else []) + [2 * s + 1 for s in scalars]
+    exprs: dict = {}
+    tree = fusion._tree_unit(0, (9,), [(0, name, tuple(args), 11)], exprs)
+    alone = fusion._op_unit(0, ins, (9,), scalars, name, 11, exprs)
+    assert alone == tree and alone.key is tree.key and len(exprs) == 1
