@@ -8,7 +8,8 @@ Steps, every run ``caramel run PROGRAM --backend gpu --no-check -v`` (its proces
 ``cold path:`` lines): ``cold`` with an empty CuPy kernel cache and empty caramel caches; ``again`` (every cache
 warm); per program of ``--new`` its first run (its own load and plan caches empty, the kernel cache warm from the runs
 before: a program not seen before) and its second; then, with every cache empty again, ``caramel compile PROGRAM`` and
-``after compile``. Also how many binaries each step added to CuPy's kernel cache (the kernels it compiled). Checks:
+``after compile``. The runs before ``caramel compile`` take one kernel per instruction (``--fusion auto``: no fused plan
+is cached), the run after it the fused plan, so the one-digest check compares the two plans. Also how many binaries each step added to CuPy's kernel cache (the kernels it compiled). Checks:
 the cold run within ``--cold-limit`` seconds, each new program's first run within ``--new-ratio`` times its second,
 the run after ``caramel compile`` compiles nothing, and every run of a program prints one digest. With ``--rounds R``
 the steps up to the new programs' run R times, each round with empty caches (steps labelled ``#1`` .. ``#R``), and
