@@ -580,8 +580,7 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
         keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
         prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
         result = run_distributed(build_plan(program, fuse=_fused_ranks(args)), ctx, prepared.memory, Mode(args.mode),
-                                 place, rdv,
-                                 backend=backend, streams=args.streams)
+                                 place, rdv, backend=backend, streams=args.streams)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
@@ -1019,8 +1018,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(<name>.c0, <name>.c1, <name>.limbs)")
     p.add_argument("--fusion", choices=FUSIONS, metavar="{" + ",".join(FUSIONS) + "}",
                    help="the plan the cpu-plan and gpu backends replay: on (fused kernels, the fastest replay), off "
-                        "(one kernel per instruction: a few generic kernels, compiled in a second on a fresh "
-                        "machine), auto (fused when this program's fused plan is cached: after a fused run or "
+                        "(one kernel per instruction: a few generic kernels that every program shares), auto (fused when this program's fused plan is cached: after a fused run or "
                         "`caramel compile`; else off). Default: auto for one instance, on with --batch (compiling "
                         "a program's fused kernels takes seconds of every core; one replay does not repay them)")
     _add_json(p, "the results (digest, checks, time per phase, environment)")

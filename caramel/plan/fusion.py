@@ -274,19 +274,17 @@ def _tree_unit(prime: int, outs: tuple[int, ...], micro: list, exprs: dict) -> U
 def _op_unit(prime: int, ins: tuple[int, ...], outs: tuple[int, ...], scalars: tuple[int, ...], name: str,
              index: int, exprs: dict) -> Unit:
     """The unit of one elementwise operation alone: :func:`_tree_unit` of its one-operation tree (its arguments as
-    :func:`fuse` writes them), which operands numbered in order when no argument repeats: the expression is then the
+    :func:`fuse` writes them). When no operand repeats, they are numbered in order and the expression is the
     operation's name and arity alone."""
     nv, ns = len(ins), len(scalars)
-    if not (nv == 2 and ins[0] == ins[1]) and len(set(ins)) == nv and len(set(scalars)) == ns:
-        key = (nv, ns, (name,), tuple(range(nv + ns)))
-        expr = exprs.get(key)
-        if expr is None:
-            expr = exprs[key] = Expr(nv, ns, _expr_ops((name,), key[3]), (nv + ns,))
-        return _new(Unit, (Kind.ELEMENTWISE, expr, _new(Row, (prime, ins, outs, scalars, None, ())), ins, outs,
-                           (index,)))
-    vec = ins[:1] if nv == 2 and ins[0] == ins[1] else ins
-    args = [2 * b for b in vec] + [2 * b for b in ins[len(vec):]] + [2 * s + 1 for s in scalars]
-    return _tree_unit(prime, outs, [(0, name, tuple(args), index)], exprs)
+    if len(set(ins)) < nv or len(set(scalars)) < ns:
+        return _tree_unit(prime, outs, [(0, name, tuple([2 * b for b in ins] + [2 * s + 1 for s in scalars]), index)],
+                          exprs)
+    key = (nv, ns, (name,), tuple(range(nv + ns)))
+    expr = exprs.get(key)
+    if expr is None:
+        expr = exprs[key] = Expr(nv, ns, _expr_ops((name,), key[3]), (nv + ns,))
+    return _new(Unit, (Kind.ELEMENTWISE, expr, _new(Row, (prime, ins, outs, scalars, None, ())), ins, outs, (index,)))
 
 
 def merge_siblings(units: list[Unit], unit_levels: list[int], max_inputs: int = MAX_INPUTS,
