@@ -980,8 +980,8 @@ def build_parser() -> argparse.ArgumentParser:
     from caramel.options import FUSIONS
 
     p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (fused plan "
-                        "on NumPy), gpu (default auto)")
+                   help="auto (a GPU when usable, else cpu), cpu (reference interpreter), cpu-plan (the plan "
+                        "on NumPy, see --fusion), gpu (default auto)")
     p.add_argument("--seed", type=_seed, default=0, help="seed for secrets, keys and random inputs (default 0)")
     p.add_argument("--check", metavar="CHECK.toml",
                    help="check file: inputs and output formulas (default: caramel/checks/<Family>.toml if "
