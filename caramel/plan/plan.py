@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import chain
 from typing import Callable
 
 import numpy as np
@@ -275,8 +276,19 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = Fals
     buffer written). ``keep_inputs``:
     the rows of inputs and the zero buffer are never released either, so that a replayed run (a
     CUDA graph) finds its inputs in place (more rows)."""
-    rows = np.full(chip.n_buffers, -1, dtype=np.int64)
-    last = np.full(chip.n_buffers, -1, dtype=np.int64)
+    if reuse not in REUSE:
+        raise ValueError(f"reuse must be one of {', '.join(map(repr, REUSE))}, not {reuse!r}")
+    # (Python lists while assigning: an element of a NumPy array costs a scalar object each read and write)
+    rows = [-1] * chip.n_buffers
+    count = 0
+    start = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
+    if reuse == "none":  # no row is released: rows in the order of first use
+        for b in chain(start, (b for kernel in chip.kernels for b in kernel.writes())):
+            if rows[b] < 0:
+                rows[b] = count
+                count += 1
+        return np.array(rows, dtype=np.int64), count
+    last = [-1] * chip.n_buffers
     for k, kernel in enumerate(chip.kernels):
         for b in kernel.reads():
             last[b] = k
@@ -285,26 +297,23 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = Fals
         pinned |= set(chip.inputs.values()) | ({chip.zero_buffer} if chip.zero_buffer >= 0 else set())
     for b in pinned:
         last[b] = len(chip.kernels)
-    if reuse not in REUSE:
-        raise ValueError(f"reuse must be one of {', '.join(map(repr, REUSE))}, not {reuse!r}")
     free: deque[int] = deque()
     pop = free.pop if reuse == "lifo" else free.popleft
-    count = 0
 
     def take() -> int:
         nonlocal count
-        if free and reuse != "none":
+        if free:
             return pop()
         count += 1
         return count - 1
 
-    start = list(chip.inputs.values()) + ([chip.zero_buffer] if chip.zero_buffer >= 0 else [])
     for b in start:
         if rows[b] < 0:
             rows[b] = take()
     dying: dict[int, list[int]] = {}
-    for b in np.flatnonzero(last >= 0):
-        dying.setdefault(int(last[b]), []).append(int(b))
+    for b, k in enumerate(last):
+        if k >= 0:
+            dying.setdefault(k, []).append(b)
     for k, kernel in enumerate(chip.kernels):
         for b in kernel.writes():
             if rows[b] < 0:
@@ -312,5 +321,5 @@ def assign_rows(chip: ChipPlan, *, reuse: str = "lifo", keep_inputs: bool = Fals
             if last[b] < 0:  # written, never read: release after this kernel
                 dying.setdefault(k, []).append(b)
         for b in dying.pop(k, ()):
-            free.append(int(rows[b]))
-    return rows, count
+            free.append(rows[b])
+    return np.array(rows, dtype=np.int64), count
