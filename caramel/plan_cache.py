@@ -202,10 +202,10 @@ def decode(arrays, header: dict, name: str):
     from caramel.plan.kernel import ChipPlan, Comm, Expr, ExprOp, Kernel, Kind, Plan, Prologue, Row, ScalarSpec
 
     off = arrays["tup_off"].tolist()
-    val = arrays["tup_val"].tolist()
-    if not off or off[0] != 0 or off[-1] != len(val) or any(b < a for a, b in zip(off, off[1:])):
+    val = tuple(arrays["tup_val"].tolist())  # (a tuple's slices are tuples)
+    if not off or off[0] != 0 or off[-1] != len(val) or (np.diff(arrays["tup_off"]) < 0).any():
         raise PlanEntryError("tuple table inconsistent")
-    tuples = [tuple(val[a:b]) for a, b in zip(off, off[1:])]
+    tuples = [val[a:b] for a, b in zip(off, off[1:])]
     nt = len(tuples)
     try:  # (an Expr checks itself)
         exprs = [Expr(int(n), int(s), tuple(ExprOp(str(o), tuple(int(x) for x in a)) for o, a in ops),
@@ -224,8 +224,9 @@ def decode(arrays, header: dict, name: str):
         raise PlanEntryError("row, collective or kernel counts do not add up")
     ins, outs, sca = (map(tuples.__getitem__, _ids(r[f], nt, "row tuple")) for f in ("ins", "outs", "scalars"))
     args = [a if h else None for a, h in zip(r["arg"].tolist(), r["has_arg"].tolist())]
-    gathers = [tuple(a if h else None for h, a in zip(t[::2], t[1::2]))
-               for t in map(tuples.__getitem__, _ids(r["gather"], nt, "row tuple"))]
+    gather_ids = _ids(r["gather"], nt, "row tuple")
+    gather_of = {i: tuple(a if h else None for h, a in zip(tuples[i][::2], tuples[i][1::2])) for i in set(gather_ids)}
+    gathers = list(map(gather_of.__getitem__, gather_ids))  # (each distinct one decoded once)
     rows = list(map(tuple.__new__, [Row] * len(args), zip(r["prime"].tolist(), ins, outs, sca, args, gathers)))
     ops = [store._OPCODES[i] for i in _ids(c["op"], len(store._OPCODES), "opcode")]
     comms = [Comm(op, *f) for op, *f in zip(ops, *(c[x].tolist() for x in ("sync", "size", "src", "dst", "prime")))]
@@ -238,6 +239,9 @@ def decode(arrays, header: dict, name: str):
     pros = [None if i < 0 else Prologue(kinds[i], int(w), li) for i, w, li in
             zip(_ids(k["pro_kind"], len(kinds), "prologue kind", none=True), k["pro_width"].tolist(), pro_in)]
     halves = k["half"].tolist()
+    widths = [len(e.gathered) if e is not None else 0 for e in expr]  # each row's gather: its kernel's width
+    if (np.diff(arrays["tup_off"])[r["gather"]] // 2 != np.repeat(widths, k["rows"])).any():
+        raise PlanEntryError("gathered operands inconsistent")
     kernels, at_r, at_c = [], 0, 0
     for i in range(len(kind)):
         if halves[i] not in (0, 1) or (halves[i] and kind[i] is not Kind.NTT):
@@ -246,9 +250,6 @@ def decode(arrays, header: dict, name: str):
         if pro is not None and (kind[i] is not Kind.NTT or pro.kind not in (Kind.SUD_LIFT, Kind.MOD, Kind.BASECONV)
                                 or any(len(rw.ins) != pro.width for rw in rows[at_r:at_r + n_rows[i]])):
             raise PlanEntryError("NTT prologue inconsistent")
-        width = len(expr[i].gathered) if expr[i] is not None else 0
-        if any(len(rw.gather) != width for rw in rows[at_r:at_r + n_rows[i]]):
-            raise PlanEntryError("gathered operands inconsistent")
         kernels.append(Kernel(kind[i], tuple(rows[at_r:at_r + n_rows[i]]), expr[i], lim_in[i], lim_out[i],
                               tuple(comms[at_c:at_c + n_comms[i]]), levels[i], lines[i], pros[i], bool(halves[i])))
         at_r += n_rows[i]

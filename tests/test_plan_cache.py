@@ -203,7 +203,10 @@ def _rewrite(data: bytes, change) -> bytes:
     lambda a: a.pop("c_op"),
     lambda a: a["k_half"].__setitem__(0, 2),  # not a flag
     lambda a: a["k_half"].__setitem__(int(np.flatnonzero(a["k_kind"] != 2)[0]), 1),  # half, not an NTT
-], ids=["past", "negative", "expr", "kind", "counts", "offsets", "missing", "half", "half-kind"])
+    lambda a: a["tup_off"].__setitem__(1, a["tup_off"][2] + 1),  # offsets that go back
+    lambda a: a["r_gather"].__setitem__(0, int(np.flatnonzero(np.diff(a["tup_off"]) == 2)[0])),  # a gather, width 0
+], ids=["past", "negative", "expr", "kind", "counts", "offsets", "missing", "half", "half-kind", "backwards",
+        "gather"])
 def test_inconsistent_tables_are_refused(fresh_cache, change):
     program, _, _, _ = plans(MUL)
     (entry,) = entries(fresh_cache)
