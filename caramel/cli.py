@@ -547,16 +547,12 @@ def _identity(args: argparse.Namespace, program, check, world: int, backend: str
     """What every rank of a process-mode run must agree on (:class:`caramel.execute.rendezvous.RunIdentity`)."""
     from caramel.api import resolve_check
     from caramel.execute.distributed import RunIdentity, check_digest
+    from caramel.options import ranks_fuse
     from caramel.parse import read_source, source_digest
 
     return RunIdentity(source_digest(read_source(args.program)), args.n, args.mode, args.seed, world, backend,
-                       check_digest(resolve_check(program, check)), args.key_seed, batch, _fused_ranks(args))
-
-
-def _fused_ranks(args: argparse.Namespace) -> bool:
-    """Whether the ranks of a process-mode run replay the fused plan: ``--fusion`` but ``auto`` on (the ranks must
-    agree on one plan, which their caches need not)."""
-    return getattr(args, "fusion", None) != "off"
+                       check_digest(resolve_check(program, check)), args.key_seed, batch,
+                       ranks_fuse(getattr(args, "fusion", None)))
 
 
 def _run_distributed(args: argparse.Namespace, program, check) -> int:
@@ -567,6 +563,7 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
     from caramel.ckks.keyset import generate_keyset
     from caramel.execute.distributed import run_distributed
     from caramel.execute.rendezvous import open_rendezvous
+    from caramel.options import ranks_fuse
     from caramel.plan import build_plan
     from caramel.ring import Mode
 
@@ -579,8 +576,9 @@ def _run_distributed(args: argparse.Namespace, program, check) -> int:
         # the keys and inputs of `caramel run --seed S [--key-seed K]` (caramel.ckks.keyset), so the digests agree
         keys = generate_keyset(program, ctx, key_seed_for(args.seed, args.key_seed))
         prepared = prepare_inputs(program, ctx, keys, args.seed, spec)
-        result = run_distributed(build_plan(program, fuse=_fused_ranks(args)), ctx, prepared.memory, Mode(args.mode),
-                                 place, rdv, backend=backend, streams=args.streams)
+        plan = build_plan(program, fuse=ranks_fuse(args.fusion))
+        result = run_distributed(plan, ctx, prepared.memory, Mode(args.mode), place, rdv, backend=backend,
+                                 streams=args.streams)
     if result is None:
         return EXIT_OK
     print(f"{program.name}: {program.instruction_count} instructions on {program.chips} chip(s), N = {args.n}, "
@@ -1018,8 +1016,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(<name>.c0, <name>.c1, <name>.limbs)")
     p.add_argument("--fusion", choices=FUSIONS, metavar="{" + ",".join(FUSIONS) + "}",
                    help="the plan the cpu-plan and gpu backends replay: on (fused kernels, the fastest replay), off "
-                        "(one kernel per instruction: a few generic kernels that every program shares), auto (fused when this program's fused plan is cached: after a fused run or "
-                        "`caramel compile`; else off). Default: auto for one instance, on with --batch (compiling "
+                        "(one kernel per instruction: a few generic kernels that every program shares), auto "
+                        "(fused when this program's fused plan is cached: after a fused run or `caramel compile`; "
+                        "else off). Default: auto for one instance, on with --batch (compiling "
                         "a program's fused kernels takes seconds of every core; one replay does not repay them)")
     _add_json(p, "the results (digest, checks, time per phase, environment)")
     _add_keys(p)

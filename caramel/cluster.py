@@ -47,7 +47,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from caramel import cores
 from caramel.errors import CaramelError
-from caramel.options import RunOptions
+from caramel.options import RunOptions, ranks_fuse
 from caramel.program import Program
 
 try:  # the plugin's base class; caramel.cluster imports without Dask (ClusterExecutor then says how to install it)
@@ -418,7 +418,7 @@ def run_rank(job: Job, rank: int, addresses: Sequence[str], device: int = 0) -> 
     world = len(addresses)
     place = Place(rank, world, device, None, job.token)
     backend = "gpu" if opts.backend == "gpu" else "cpu-plan"
-    fused = opts.fusion != "off"  # auto is on: the workers must agree on one plan, which their caches need not
+    fused = ranks_fuse(opts.fusion)
     identity = RunIdentity(job.fingerprint, opts.n, opts.mode.value, opts.seed, world, backend, None, opts.key_seed,
                            fused=fused)
     timings: dict[str, float] = {}

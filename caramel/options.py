@@ -162,6 +162,13 @@ class RunOptions:
         return self.seed if self.key_seed is None else self.key_seed
 
 
+def ranks_fuse(fusion: str | None) -> bool:
+    """Whether the ranks of one partitioned run (process mode, a cluster's workers) replay the fused plan under
+    ``fusion``: ``auto`` (or None, unset) is ``on`` there, since the ranks must agree on one plan and their plan
+    caches need not."""
+    return fusion != "off"
+
+
 def key_seed_for(seed: int, key_seed: int | None) -> int:
     """The seed of a run's secrets and evaluation keys: ``key_seed`` when given, else the run's
     ``seed`` (``caramel run --seed S`` uses key seed S; its inputs always come from S)."""

@@ -325,7 +325,7 @@ def plan_cached(program: Program, *, target: Target = NEUTRAL, fuse: bool = True
     folder = store.cache_dir()
     if key is None or not store.trusted_folder(folder, create=False):
         return False
-    path = entry_path(folder, _meta(key, fuse, MAX_INPUTS, True, MAX_OUTPUTS, True, target))
+    path = entry_path(folder, _meta(key, fuse, MAX_INPUTS, target=target))
     return path.is_file() and not path.is_symlink()
 
 

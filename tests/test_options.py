@@ -69,3 +69,10 @@ def test_shared_names_by_kind_name_and_pattern():
     assert shared_names(("ciphertexts",), {"p": "plaintext"}) == ()  # a kind may select nothing
     with pytest.raises(ArgumentError, match="'z' names no input"):
         shared_names(("z",), kinds)
+
+
+def test_the_ranks_of_one_run_fuse_unless_told_off():
+    """Process mode and a cluster's partitioned run take ``auto`` (and an unset option) as ``on``: one plan for all."""
+    from caramel.options import ranks_fuse
+
+    assert [ranks_fuse(f) for f in ("on", "off", "auto", None)] == [True, False, True, True]

@@ -51,7 +51,7 @@ class RunIdentity:
     check: str | None = None  # SHA-256 of the check file's text, or None
     key_seed: int | None = None  # the seed of the key material (caramel.ckks.keyset), when not ``seed``
     batch: int | None = None  # instances of a batch, None for one partitioned run
-    fused: bool = True  # the plan's fusion (RunOptions.fusion; in process mode ``auto`` is on: no rank reads its cache)
+    fused: bool = True  # whether the plan is fused (caramel.options.ranks_fuse)
 
     def to_json(self) -> dict:
         return dict(vars(self))
